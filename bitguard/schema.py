@@ -1,0 +1,103 @@
+"""The record schema: every column of a rank file, defined once.
+
+A run directory holds `manifest.json` and one DuckDB file per rank (`rank-N.duckdb`). The
+collectors write rows shaped by the tables below; ingest, the API models, the Perfetto mapping
+and docs/SCHEMA.md derive from them (a test checks the docs against this module). This module
+knows nothing about torch or about how rows are produced.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+SCHEMA_VERSION = 1  # bump on any change to a table below; readers refuse newer versions
+MANIFEST_NAME = "manifest.json"
+RANK_FILE = "rank-{rank}.duckdb"
+
+PHASES = ("forward", "backward", "optimizer", "data")
+ROLES = ("input", "output", "grad_input", "grad_output", "grad", "param", "state")
+
+
+@dataclass(frozen=True)
+class Column:
+    name: str  # column name in DuckDB and in every export
+    sql: str  # DuckDB type
+    doc: str  # one line for docs/SCHEMA.md
+
+
+@dataclass(frozen=True)
+class Table:
+    name: str
+    doc: str
+    columns: tuple[Column, ...]
+
+    @property
+    def names(self) -> list[str]:
+        return [c.name for c in self.columns]
+
+    def ddl(self) -> str:
+        cols = ",\n  ".join(f"{c.name} {c.sql}" for c in self.columns)
+        return f"CREATE TABLE IF NOT EXISTS {self.name} (\n  {cols}\n)"
+
+
+EVENTS = Table(
+    "events",
+    "One row per observed boundary crossing, in completion order on its rank.",
+    (
+        Column("seq", "BIGINT", "per-rank sequence number in completion order, from 0"),
+        Column("rank", "INTEGER", "rank of the process that recorded the event"),
+        Column("world_size", "INTEGER", "world size of the job"),
+        Column("step", "INTEGER", "training step: 0 until the first optimizer.step() ends; step() belongs to the step it ends"),
+        Column("phase", "VARCHAR", "forward | backward | optimizer | data"),
+        Column("boundary", "VARCHAR", "dotted module path from named_modules() (root: its class name), or a parameter's dotted name for gradient and optimizer events"),
+        Column("module_type", "VARCHAR", "class name of the module (owning module for a parameter; optimizer class for optimizer events)"),
+        Column("kind", "VARCHAR", "module | grad | step | batch: what the event observed"),
+        Column("call", "INTEGER", "occurrence of this boundary, phase and kind within the step, from 0"),
+        Column("depth", "INTEGER", "module nesting depth at the call (root modules are 0)"),
+        Column("thread", "VARCHAR", "name of the Python thread the event completed on"),
+        Column("device", "VARCHAR", "device of the event's first tensor (cpu, cuda:0, ...)"),
+        Column("stream", "BIGINT", "CUDA stream handle the digests ran on, NULL on CPU"),
+        Column("t_start_ns", "BIGINT", "wall-clock start, ns since the epoch"),
+        Column("t_end_ns", "BIGINT", "wall-clock end, ns since the epoch"),
+        Column("stack_id", "INTEGER", "user call stack, key into stacks"),
+    ),
+)
+
+TENSORS = Table(
+    "tensors",
+    "One row per tensor an event observed, with its two 64-bit digests.",
+    (
+        Column("seq", "BIGINT", "event the tensor belongs to"),
+        Column("role", "VARCHAR", "input | output | grad_input | grad_output | grad | param | state"),
+        Column("idx", "INTEGER", "position among the event's tensors of this role (pytree flatten order)"),
+        Column("path", "VARCHAR", "pytree key path inside the argument or output, e.g. [0] or .logits or ['mask']"),
+        Column("shape", "BIGINT[]", "tensor shape"),
+        Column("dtype", "VARCHAR", "torch dtype without the torch. prefix"),
+        Column("strides", "BIGINT[]", "strides in elements as recorded (the digest reads logical row-major order)"),
+        Column("nbytes", "BIGINT", "number of bytes digested"),
+        Column("xor", "UBIGINT", "XOR of the 64-bit little-endian words of the bytes (zero-padded tail)"),
+        Column("pos", "UBIGINT", "order-sensitive digest: sum of mix(w_i)*(2i+1) mod 2^64 (see docs/DIGESTS.md)"),
+        Column("tid", "BIGINT", "tensor identity within the rank: the same tensor object keeps its id, linking producer and consumer events"),
+        Column("storage", "BIGINT", "address of the tensor's storage (0 when unknown): links views of one buffer"),
+    ),
+)
+
+STACKS = Table(
+    "stacks",
+    "Deduplicated user call stacks.",
+    (
+        Column("stack_id", "INTEGER", "key used by events.stack_id"),
+        Column("frames", "VARCHAR", "JSON list of 'file:line in function', outermost first"),
+    ),
+)
+
+META = Table(
+    "meta",
+    "Facts about the rank's recording, as JSON values (schema_version, mode, determinism, status...).",
+    (
+        Column("key", "VARCHAR", "name of the fact"),
+        Column("value", "VARCHAR", "JSON-encoded value"),
+    ),
+)
+
+TABLES = (EVENTS, TENSORS, STACKS, META)

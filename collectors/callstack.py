@@ -1,0 +1,69 @@
+"""User call stacks for events, deduplicated.
+
+A frame is "user" when it is not inside torch, bitguard or the Python standard library: the
+stack shows the training script and model code (transformers included) that reached the
+boundary. Stacks are interned so that each distinct stack is stored once.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import sysconfig
+
+import torch
+
+
+def _package_dir(module) -> str:
+    return os.path.dirname(os.path.abspath(module.__file__)) + os.sep
+
+
+def _skip_prefixes() -> tuple[str, ...]:
+    import bitguard
+    import bitguard.backend
+    import bitguard.collectors
+    import bitguard.cuda
+
+    dirs = [_package_dir(m) for m in (torch, bitguard, bitguard.collectors, bitguard.cuda, bitguard.backend)]
+    return tuple(dirs)
+
+
+_SKIP_PREFIXES = _skip_prefixes()
+_STDLIB = sysconfig.get_paths()["stdlib"] + os.sep
+MAX_FRAMES = 24  # deepest frames kept (innermost)
+
+
+def _is_user(filename: str) -> bool:
+    if filename.startswith(_SKIP_PREFIXES) or filename.startswith("<"):
+        return False
+    return not filename.startswith(_STDLIB) or "site-packages" in filename
+
+
+class StackTable:
+    """Interns user stacks; `new` holds rows (stack_id, frames_json) not yet written."""
+
+    def __init__(self) -> None:
+        self._ids: dict[tuple, int] = {}
+        self.new: list[tuple[int, str]] = []
+
+    def capture(self) -> int:
+        frame = sys._getframe(2)
+        key = []
+        while frame is not None and len(key) < MAX_FRAMES:
+            code = frame.f_code
+            if _is_user(code.co_filename):
+                key.append((code, frame.f_lineno))
+            frame = frame.f_back
+        key = tuple(key)
+        sid = self._ids.get(key)
+        if sid is None:
+            sid = len(self._ids)
+            self._ids[key] = sid
+            frames = [f"{c.co_filename}:{line} in {c.co_name}" for c, line in reversed(key)]
+            self.new.append((sid, json.dumps(frames)))
+        return sid
+
+    def take_new(self) -> list[tuple[int, str]]:
+        rows, self.new = self.new, []
+        return rows

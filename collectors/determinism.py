@@ -1,0 +1,112 @@
+"""Determinism controls applied before the user's script runs.
+
+Each control is applied only when asked and reported in a flat dict that goes to the manifest,
+so a reader can tell two runs apart by their settings before blaming an operator. This module
+does not hide nondeterminism that remains (a racy third-party kernel stays racy: that is what
+bitguard should expose).
+"""
+
+from __future__ import annotations
+
+import os
+import random
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class DeterminismConfig:
+    enabled: bool = True  # False: record the settings as found, change nothing
+    seed: int = 0  # seed for Python, NumPy and torch CPU/CUDA RNGs
+    warn_only: bool = False  # torch.use_deterministic_algorithms(..., warn_only=)
+    threads: int | None = None  # intra-op threads; None keeps the value the script would get
+
+
+def _seed_worker(worker_id: int) -> None:  # DataLoader worker_init_fn
+    import numpy as np
+
+    seed = torch.initial_seed() % 2**32
+    random.seed(seed)
+    np.random.seed(seed)
+
+
+def _patch_dataloader() -> None:
+    from torch.utils.data import DataLoader
+
+    if getattr(DataLoader.__init__, "_bitguard", False):
+        return
+    original = DataLoader.__init__
+
+    def __init__(self, *args, **kwargs):
+        user_fn = kwargs.get("worker_init_fn")
+
+        def worker_init(worker_id: int) -> None:
+            _seed_worker(worker_id)
+            if user_fn is not None:
+                user_fn(worker_id)
+
+        kwargs["worker_init_fn"] = worker_init
+        original(self, *args, **kwargs)
+
+    __init__._bitguard = True
+    __init__._original = original
+    DataLoader.__init__ = __init__
+
+
+def unpatch_dataloader() -> None:
+    from torch.utils.data import DataLoader
+
+    original = getattr(DataLoader.__init__, "_original", None)
+    if original is not None:
+        DataLoader.__init__ = original
+
+
+def current_settings() -> dict:
+    """The settings in force now, whether or not bitguard set them."""
+    return {
+        "torch_threads": torch.get_num_threads(),
+        "torch_interop_threads": torch.get_num_interop_threads(),
+        "deterministic_algorithms": torch.are_deterministic_algorithms_enabled(),
+        "deterministic_warn_only": torch.is_deterministic_algorithms_warn_only_enabled(),
+        "cudnn_deterministic": torch.backends.cudnn.deterministic,
+        "cudnn_benchmark": torch.backends.cudnn.benchmark,
+        "tf32_matmul": torch.backends.cuda.matmul.allow_tf32,
+        "tf32_cudnn": torch.backends.cudnn.allow_tf32,
+        "float32_matmul_precision": torch.get_float32_matmul_precision(),
+        "CUBLAS_WORKSPACE_CONFIG": os.environ.get("CUBLAS_WORKSPACE_CONFIG"),
+        "NCCL_ALGO": os.environ.get("NCCL_ALGO"),
+        "NCCL_PROTO": os.environ.get("NCCL_PROTO"),
+        "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS"),
+    }
+
+
+def apply(config: DeterminismConfig) -> dict:
+    """Apply the controls; return what is now in force, for the manifest."""
+    if not config.enabled:
+        return {"enabled": False, **current_settings()}
+    import numpy as np
+
+    random.seed(config.seed)
+    np.random.seed(config.seed % 2**32)
+    torch.manual_seed(config.seed)  # seeds CUDA generators too
+    torch.use_deterministic_algorithms(True, warn_only=config.warn_only)
+    torch.backends.cudnn.deterministic = True
+    torch.backends.cudnn.benchmark = False
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    torch.set_float32_matmul_precision("highest")
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    os.environ.setdefault("NCCL_ALGO", "Ring")
+    os.environ.setdefault("NCCL_PROTO", "Simple")
+    # On CPU the thread count alone changes reduction order: pin it (to the default unless told)
+    # so both runs state, and use, the same value.
+    torch.set_num_threads(config.threads or torch.get_num_threads())
+    _patch_dataloader()
+    return {
+        "enabled": True,
+        "seed": config.seed,
+        "seeded": ["python", "numpy", "torch_cpu", "torch_cuda"],
+        "dataloader_worker_seeding": True,
+        **current_settings(),
+    }

@@ -1,0 +1,367 @@
+"""Collectors: the hooks that observe every model boundary of a training process.
+
+`Collector.install()` attaches global module forward hooks (every `nn.Module`, whenever it was
+created), a global optimizer step hook, and per-parameter gradient hooks for every root module
+it meets. Each observation becomes one event row plus one row per tensor with its digests.
+
+Gradients are observed without touching the autograd graph's arithmetic: no module backward
+hooks (those insert identity nodes, which was seen to reorder gradient sums), only tensor hooks
+on tensors that already exist and post-accumulate hooks on parameters. Consequences:
+- a module's backward event holds `grad_output` (the gradient of each output tensor) and
+  `grad_input` (the full gradient of each input tensor that requires grad, i.e. summed over all
+  of that tensor's consumers); it completes when all of them have arrived, or at the next
+  flush point (next root forward, optimizer step, end) with what did arrive.
+- a parameter's gradient event holds `grad_input` (what autograd delivered) and `grad` (the
+  `.grad` after accumulation), so an accumulation fault is told apart from a wrong gradient.
+
+Nothing here knows how rows are stored (see store.py) or compared (backend/).
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+import threading
+import time
+import weakref
+from dataclasses import dataclass, field, fields, is_dataclass
+from functools import partial
+
+import torch
+from torch.utils import _pytree as pytree
+
+from bitguard.collectors.callstack import StackTable
+from bitguard.cuda.fingerprint import digest_async
+
+# Trusted mode observes only these module types (and gradients, optimizer steps, data).
+HEAVY_MODULES = re.compile(r"Linear|Embedding|Norm|Attention|Attn|MoE|Router|Expert|Conv", re.IGNORECASE)
+MAX_REPORTED_ERRORS = 20
+
+
+@dataclass
+class _Frame:
+    module: torch.nn.Module
+    name: str
+    depth: int
+    t0: int
+    record: bool
+    inputs: list = field(default_factory=list)
+
+
+@dataclass
+class _Backward:
+    """A module call waiting for the gradients of its outputs and inputs."""
+
+    name: str
+    module_type: str
+    depth: int
+    t0: int
+    expected: int
+    rows: list = field(default_factory=list)
+    arrived: int = 0
+    done: bool = False
+
+
+def _flatten(obj, prefix: str = ""):
+    """(path, tensor) for every tensor in a nested container, dataclasses included."""
+    leaves, _ = pytree.tree_flatten_with_path(obj)
+    for path, leaf in leaves:
+        key = prefix + pytree.keystr(path)
+        if isinstance(leaf, torch.Tensor):
+            yield key, leaf
+        elif is_dataclass(leaf) and not isinstance(leaf, type):
+            yield from _flatten({f.name: getattr(leaf, f.name) for f in fields(leaf)}, key)
+
+
+class Collector:
+    def __init__(self, store, mode: str = "full", steps: tuple[int, int | None] | None = None,
+                 rank: int = 0, world_size: int = 1):
+        self.store = store
+        self.mode = mode
+        self.steps = steps
+        self.rank = rank
+        self.world_size = world_size
+        self.step = 0
+        self.enabled = True
+        self.errors: list[str] = store.errors
+        self._advance = False
+        self._seq = 0
+        self._calls: dict[tuple, int] = {}
+        self._names: dict[int, tuple[weakref.ref, str]] = {}
+        self._root_names: set[str] = set()
+        self._params: dict[int, tuple[weakref.ref, str, str]] = {}
+        self._param_in: dict[int, list] = {}
+        self._tids: dict[int, tuple[weakref.ref, int]] = {}
+        self._next_tid = 1
+        self._local = threading.local()
+        self._pending: list[_Backward] = []
+        self._handles: list = []
+        self._stacks = StackTable()
+        self._lock = threading.RLock()
+
+    # -- installation ----------------------------------------------------------------------
+    def install(self) -> None:
+        from torch.nn.modules import module as nn_module
+        from torch.optim import optimizer as optim
+
+        self._handles += [
+            nn_module.register_module_forward_pre_hook(self._guard(self._on_forward_pre)),
+            nn_module.register_module_forward_hook(
+                self._guard(self._on_forward), with_kwargs=True, always_call=True),
+            optim.register_optimizer_step_post_hook(self._guard(self._on_optimizer_step)),
+        ]
+
+    def remove(self) -> None:
+        """Flush what is pending and remove every hook this collector installed."""
+        self._guard(self._flush_backward)()
+        for handle in self._handles:
+            handle.remove()
+        self._handles.clear()
+        self.enabled = False
+
+    # -- failure containment ---------------------------------------------------------------
+    def _guard(self, fn):
+        def guarded(*args, **kwargs):
+            if not self.enabled:
+                return None
+            try:
+                fn(*args, **kwargs)
+            except Exception as exc:  # noqa: BLE001 - the training must go on
+                self._fail(fn.__name__, exc)
+            return None
+
+        guarded.__name__ = fn.__name__
+        return guarded
+
+    def _fail(self, where: str, exc: BaseException) -> None:
+        message = f"{where}: {type(exc).__name__}: {exc}"
+        if len(self.errors) < MAX_REPORTED_ERRORS:
+            self.errors.append(message)
+            print(f"bitguard: collector error (training continues): {message}", file=sys.stderr)
+
+    # -- helpers ---------------------------------------------------------------------------
+    def _frames(self) -> list[_Frame]:
+        frames = getattr(self._local, "frames", None)
+        if frames is None:
+            frames = self._local.frames = []
+        return frames
+
+    def _in_window(self) -> bool:
+        if self.steps is None:
+            return True
+        start, end = self.steps
+        return self.step >= start and (end is None or self.step < end)
+
+    def _maybe_advance(self) -> None:
+        if self._advance:
+            self._advance = False
+            self.step += 1
+            self._calls.clear()
+
+    def _tid(self, t: torch.Tensor) -> int:
+        key = id(t)
+        entry = self._tids.get(key)
+        if entry is not None and entry[0]() is t:
+            return entry[1]
+        param = self._params.get(key)
+        if param is not None and param[0]() is t:
+            return param[3]
+        tid = self._next_tid
+        self._next_tid += 1
+        tids = self._tids
+        self._tids[key] = (weakref.ref(t, lambda _r, k=key: tids.pop(k, None)), tid)
+        return tid
+
+    def _row(self, t: torch.Tensor, role: str, idx: int, path: str) -> list:
+        t = t.detach()
+        digest = digest_async(t)
+        xor, pos = digest if isinstance(digest, tuple) else (digest, digest)
+        try:
+            storage = t.untyped_storage().data_ptr()
+        except Exception:  # noqa: BLE001 - tensors without storage (meta, some subclasses)
+            storage = 0
+        return [0, role, idx, path, list(t.shape), str(t.dtype).removeprefix("torch."), list(t.stride()),
+                t.numel() * t.element_size(), xor, pos, self._tid(t), storage]
+
+    def _rows(self, obj, role: str, start: int = 0, prefix: str = "") -> list[list]:
+        return [self._row(t, role, start + i, path)
+                for i, (path, t) in enumerate(_flatten(obj, prefix)) if t.layout == torch.strided]
+
+    def _emit(self, phase: str, kind: str, name: str, module_type: str, depth: int, t0: int,
+              rows: list[list]) -> None:
+        with self._lock:
+            key = (name, phase, kind)
+            call = self._calls.get(key, 0)
+            self._calls[key] = call + 1
+            seq = self._seq
+            self._seq += 1
+            for row in rows:
+                row[0] = seq
+            device, stream = "cpu", None
+            if rows:
+                first = rows[0]
+                device = self._row_device(first)
+                if device.startswith("cuda"):
+                    stream = torch.cuda.current_stream(torch.device(device)).cuda_stream
+            event = (seq, self.rank, self.world_size, self.step, phase, name, module_type, kind, call,
+                     depth, threading.current_thread().name, device, stream, t0, time.time_ns(),
+                     self._stacks.capture())
+            self.store.add(event, rows, self._stacks.take_new())
+
+    def _row_device(self, row: list) -> str:
+        return "cpu" if isinstance(row[8], int) else str(getattr(row[8], "device", "cuda"))
+
+    # -- module naming ---------------------------------------------------------------------
+    def _register_root(self, module: torch.nn.Module) -> str:
+        base = type(module).__name__
+        name, n = base, 1
+        while name in self._root_names:
+            n += 1
+            name = f"{base}#{n}"
+        self._root_names.add(name)
+        for sub_name, sub in module.named_modules():
+            if id(sub) not in self._names:
+                self._names[id(sub)] = (weakref.ref(sub), sub_name or name)
+        for p_name, p in module.named_parameters():
+            if id(p) in self._params or not p.requires_grad:
+                continue
+            owner = module.get_submodule(p_name.rpartition(".")[0]) if "." in p_name else module
+            tid = -1 - len(self._params)  # parameters get negative ids, stable across steps
+            self._params[id(p)] = (weakref.ref(p), p_name, type(owner).__name__, tid)
+            self._handles.append(p.register_hook(self._guard(partial(self._on_param_grad, id(p)))))
+            self._handles.append(p.register_post_accumulate_grad_hook(
+                self._guard(partial(self._on_param_accumulated, id(p)))))
+        return name
+
+    def _name_of(self, module: torch.nn.Module, parent: _Frame | None) -> str:
+        entry = self._names.get(id(module))
+        if entry is not None and entry[0]() is module:
+            return entry[1]
+        if parent is None:
+            return self._register_root(module)
+        name = f"{parent.name}.<{type(module).__name__}>"
+        self._names[id(module)] = (weakref.ref(module), name)
+        return name
+
+    def _wanted(self, module: torch.nn.Module) -> bool:
+        return self.mode == "full" or bool(HEAVY_MODULES.search(type(module).__name__))
+
+    # -- forward ---------------------------------------------------------------------------
+    def _on_forward_pre(self, module, args) -> None:
+        frames = self._frames()
+        self._maybe_advance()
+        parent = frames[-1] if frames else None
+        if parent is None:
+            self._flush_backward()
+        name = self._name_of(module, parent)
+        t0 = time.time_ns()
+        in_window = self._in_window()
+        frame = _Frame(module, name, len(frames), t0, in_window and self._wanted(module))
+        frames.append(frame)
+        is_model_root = parent is None and in_window and any(True for _ in module.parameters())
+        if frame.record or is_model_root:
+            frame.inputs = self._rows(args, "input")
+        if is_model_root:
+            rows = [list(r) for r in frame.inputs]
+            self._emit("data", "batch", name, type(module).__name__, 0, t0, rows)
+
+    def _on_forward(self, module, args, kwargs, output) -> None:
+        frames = self._frames()
+        if not frames or frames[-1].module is not module:
+            # an exception unwound past frames we never closed: drop them
+            while frames and frames[-1].module is not module:
+                frames.pop()
+            if not frames:
+                return
+        frame = frames.pop()
+        if not frame.record:
+            return
+        rows = frame.inputs + self._rows(kwargs, "input", len(frame.inputs)) if kwargs else frame.inputs
+        out_rows = self._rows(output, "output") if output is not None else []
+        mtype = type(module).__name__
+        self._emit("forward", "module", frame.name, mtype, frame.depth, frame.t0, rows + out_rows)
+        if torch.is_grad_enabled():
+            self._watch_backward(frame, mtype, args, kwargs, output)
+
+    # -- backward --------------------------------------------------------------------------
+    def _watch_backward(self, frame: _Frame, mtype: str, args, kwargs, output) -> None:
+        outs = [(p, t) for p, t in _flatten(output) if t.requires_grad]
+        ins = [(p, t) for p, t in _flatten((args, kwargs)) if t.requires_grad]
+        if not outs:
+            return
+        state = _Backward(frame.name, mtype, frame.depth, time.time_ns(), len(outs) + len(ins))
+        for i, (path, t) in enumerate(outs):
+            t.register_hook(self._guard(partial(self._on_grad, state, "grad_output", i, path)))
+        for i, (path, t) in enumerate(ins):
+            t.register_hook(self._guard(partial(self._on_grad, state, "grad_input", i, path)))
+        with self._lock:
+            self._pending.append(state)
+
+    def _on_grad(self, state: _Backward, role: str, idx: int, path: str, grad) -> None:
+        if state.done or grad is None:
+            return
+        if state.arrived == 0:
+            state.t0 = time.time_ns()
+        state.rows.append(self._row(grad, role, idx, path))
+        state.arrived += 1
+        if state.arrived >= state.expected:
+            self._finish_backward(state)
+
+    def _finish_backward(self, state: _Backward) -> None:
+        state.done = True
+        order = {"grad_output": 0, "grad_input": 1}
+        rows = sorted(state.rows, key=lambda r: (order[r[1]], r[2]))
+        self._emit("backward", "module", state.name, state.module_type, state.depth, state.t0, rows)
+
+    def _flush_backward(self) -> None:
+        with self._lock:
+            pending, self._pending = self._pending, []
+        for state in pending:
+            if not state.done and state.arrived:
+                self._finish_backward(state)
+
+    # -- parameter gradients ---------------------------------------------------------------
+    def _on_param_grad(self, pid: int, grad) -> None:
+        if not self._in_window() or grad is None:
+            return
+        param = self._params[pid][0]()
+        if param is None:
+            return
+        row = self._row(grad, "grad_input", 0, "")
+        # When .grad is None the incoming gradient becomes .grad as is: reuse its digest.
+        self._param_in[pid] = [time.time_ns(), row, param.grad is None]
+
+    def _on_param_accumulated(self, pid: int, param) -> None:
+        pending = self._param_in.pop(pid, None)
+        if pending is None or param.grad is None:
+            return
+        t0, row_in, fresh = pending
+        row = list(row_in)
+        row[1] = "grad"
+        if not fresh:
+            row = self._row(param.grad, "grad", 0, "")
+        _, name, owner, _ = self._params[pid]
+        self._emit("backward", "grad", name, owner, 0, t0, [row_in, row])
+
+    # -- optimizer -------------------------------------------------------------------------
+    def _on_optimizer_step(self, optimizer, args, kwargs) -> None:
+        self._flush_backward()
+        if self._in_window():
+            opt_type = type(optimizer).__name__
+            for group in optimizer.param_groups:
+                for p in group["params"]:
+                    if p.grad is None:
+                        continue
+                    t0 = time.time_ns()
+                    entry = self._params.get(id(p))
+                    name = entry[1] if entry is not None and entry[0]() is p else f"<param {id(p):x}>"
+                    rows = [self._row(p, "param", 0, "")]
+                    if self.mode == "full":
+                        state = optimizer.state.get(p, {})
+                        rows += [self._row(v, "state", i, f"['{k}']") for i, (k, v) in enumerate(
+                            (k, v) for k, v in state.items() if isinstance(v, torch.Tensor))]
+                    self._emit("optimizer", "step", name, opt_type, 0, t0, rows)
+        self._advance = True
+        # End of a training step: make every event of it durable before training goes on.
+        if not self.store.sync():
+            self._fail("step barrier", TimeoutError("writer did not commit within 30 s"))
