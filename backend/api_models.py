@@ -1,0 +1,191 @@
+"""What the browser sends and sees: the REST API's request and response models.
+
+These are the API's shapes, kept apart from the catalogue rows in workspace.py and from the
+engine's values. Where the API passes an engine value through (a comparison's summary, an
+event's detail, a rules file) the model names it and says where its fields are defined
+instead of retyping them: the rules file format is `bitguard.backend.rules`, the event columns
+are `Comparison.events()`, the record fields are `bitguard.schema`.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field
+
+# -- errors -------------------------------------------------------------------------------------
+
+class ErrorInfo(BaseModel):
+    type: str = Field(description="class name from bitguard.errors (NotARun, RulesError, NotFound...)")
+    message: str = Field(description="what was wrong and what to do, on one line")
+
+
+class ErrorBody(BaseModel):
+    error: ErrorInfo
+
+
+ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
+    code: {"model": ErrorBody, "description": text}
+    for code, text in ((400, "bad input, not a run, corrupt run, invalid rules"), (404, "no such object"),
+                       (409, "comparison not ready yet"), (413, "upload over a size limit"))
+}
+
+# -- runs ---------------------------------------------------------------------------------------
+
+class RunPublic(BaseModel):
+    id: str
+    name: str
+    created: float = Field(description="seconds since the epoch when it was uploaded")
+    world_size: int
+    ranks: list[int] = Field(description="ranks with a rank file")
+    files: int
+    bytes: int
+    status: str | None = Field(description="manifest status: complete | failed | interrupted | running")
+    command: list[str] | str | None = None
+    mode: str | None = None
+    start_time: str | None = None
+    info: Any = Field(None, description="what the engine's open_run() read from the run")
+
+
+class UploadLimits(BaseModel):
+    max_file_bytes: int
+    max_run_bytes: int
+    max_files: int
+
+# -- rule sets ----------------------------------------------------------------------------------
+
+RULES_DOC = "rules in the `bitguard.rules/1` format of `compare --rules` (see bitguard.backend.rules)"
+
+
+class RuleSetCreate(BaseModel):
+    name: str = Field(description="unique name, 1-80 characters")
+    rules: list[dict[str, Any]] = Field(default_factory=list, description=RULES_DOC)
+
+
+class RuleSetUpdate(BaseModel):
+    name: str | None = Field(None, description="new name (rename), or absent")
+    rules: list[dict[str, Any]] | None = Field(None, description=RULES_DOC + "; saved as the next version")
+
+
+class RuleSetCopy(BaseModel):
+    name: str = Field(description="name of the new rule set")
+    version: int | None = Field(None, description="version to copy; the latest when absent")
+
+
+class RuleSetVersion(BaseModel):
+    version: int
+    created: float
+    rules: int = Field(description="number of rules in that version")
+
+
+class RuleSetPublic(BaseModel):
+    id: str
+    name: str
+    created: float
+    updated: float
+    version: int = Field(description="the version shown")
+    latest_version: int
+    rules: list[dict[str, Any]] = Field(description=RULES_DOC)
+    file: dict[str, Any] = Field(description="the whole rules file, as `export` downloads it")
+    versions: list[RuleSetVersion] | None = None
+    comparisons: list[str] | None = Field(None, description="comparisons using this rule set (after an edit)")
+
+# -- comparisons --------------------------------------------------------------------------------
+
+class ComparisonCreate(BaseModel):
+    run_a: str = Field(description="id of the reference run")
+    run_b: str = Field(description="id of the suspect run")
+    rule_set_id: str | None = Field(None, description="rule set whose latest version applies")
+
+
+class ComparisonRerun(BaseModel):
+    rule_set_id: str | None = Field(None, description="attach this rule set (null: no rules)")
+    keep_rule_set: bool = Field(True, description="when true and rule_set_id is null, rerun with the current rule set")
+
+
+class NamedRef(BaseModel):
+    id: str
+    name: str
+
+
+class RuleSetRef(BaseModel):
+    id: str
+    name: str
+    version: int | None
+    latest_version: int
+
+
+class PivotPosition(BaseModel):
+    rank: int
+    pos: int = Field(description="position of the pivot in its rank's timeline")
+
+
+class ComparisonPublic(BaseModel):
+    id: str
+    run_a: NamedRef
+    run_b: NamedRef
+    rule_set: RuleSetRef | None
+    status: Literal["queued", "running", "ready", "failed", "stale"]
+    revision: int = Field(description="bumped by every rerun")
+    error: ErrorInfo | None
+    created: float
+    updated: float
+    verdict: str | None = Field(description="identical | diverged, once ready")
+    summary: dict[str, Any] | None = Field(
+        description="the engine's `bitguard.compare/1` document (Comparison.to_dict()), with propagation "
+                    "reduced to node and edge counts (GET .../graph has the graph)")
+    ranks: list[int] | None
+    pivot_position: PivotPosition | None
+
+
+class Pivot(BaseModel):
+    verdict: str
+    first_divergence: dict[str, Any] | None = Field(description="rank, step, phase, boundary, blame, stack, tensors...")
+    position: PivotPosition | None
+    rules_fired: list[dict[str, Any]] = Field(default_factory=list)
+
+
+class TimelineLaneBins(BaseModel):
+    side: Literal["a", "b"]
+    phase: str
+    status: list[int] = Field(description="worst status code per bin (index into status_codes)")
+    n: list[int] = Field(description="events per bin")
+    diverged: list[int] = Field(description="divergent events per bin")
+
+
+class TimelineBins(BaseModel):
+    start: float
+    width: float
+    count: int
+    lanes: list[TimelineLaneBins]
+
+
+class Timeline(BaseModel):
+    rank: int
+    axis: Literal["seq", "time"] = Field(description="seq: aligned position; time: ns since the side's first event")
+    start: float
+    end: float
+    extent: list[float]
+    mode: Literal["bins", "events"] = Field(description="bins when the window holds more than raw_event_limit events")
+    lanes: list[dict[str, str]]
+    status_codes: list[str]
+    count_a: int
+    count_b: int
+    prefix: dict[str, Any] | None = Field(description="extent of the identical prefix per side")
+    pivot: dict[str, Any] | None = Field(description="where the pivot is, when it is on this rank")
+    bins: TimelineBins | None = None
+    events: list[dict[str, Any]] | None = Field(None, description="Comparison.events() rows plus pos, a_x, b_x")
+
+
+class EventsPage(BaseModel):
+    rank: int | None
+    total: int
+    offset: int
+    limit: int
+    rows: list[dict[str, Any]] = Field(description="Comparison.events() columns plus pos")
+
+
+class Neighbours(BaseModel):
+    node: dict[str, Any]
+    consumers: list[dict[str, Any]]
+    producers: list[dict[str, Any]]

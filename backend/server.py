@@ -1,0 +1,527 @@
+"""`bitguard serve`: the explorer's REST API and the browser front end, over one workspace.
+
+`create_app(workspace_dir)` builds the FastAPI app; `serve(workspace, host, port)` runs it
+under uvicorn, on 127.0.0.1 unless told otherwise. Uploads stream straight into a temporary
+folder inside the workspace, are checked (safe relative paths, size limits, the engine's
+`open_run`) and only then renamed into place, so a rejected or interrupted upload leaves
+nothing behind. Every `BitguardError` (and every other failure) reaches the browser as
+`{"error": {"type": ..., "message": ...}}`.
+
+This module knows HTTP; what a workspace holds is workspace.py, what a comparison finds is the
+engine's.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import asdict, dataclass
+from pathlib import Path, PurePosixPath
+from typing import Literal
+
+from fastapi import FastAPI, Query, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import FileResponse, JSONResponse, Response
+from fastapi.staticfiles import StaticFiles
+from python_multipart.exceptions import FormParserError
+from python_multipart.multipart import MultipartParser, parse_options_header
+from starlette.concurrency import run_in_threadpool
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
+
+from bitguard.backend import api_models as m
+from bitguard.backend.workspace import Workspace, validate_rules
+from bitguard.errors import BadInput, BitguardError, NotFound
+
+FRONTEND = Path(__file__).resolve().parent.parent / "frontend"
+GiB = 1 << 30
+
+
+@dataclass
+class ServerConfig:
+    max_file_bytes: int = 8 * GiB  # largest single file in a run upload
+    max_run_bytes: int = 32 * GiB  # largest run upload, all its files together
+    max_files: int = 4096  # most files in one run upload
+    raw_event_limit: int = 1500  # a timeline window with at most this many events is sent event by event
+    max_bins: int = 4000  # most bins one timeline request may ask for
+    max_page: int = 5000  # most rows one events page may hold
+
+
+class TooLarge(BadInput):
+    """An upload over a size limit."""
+
+    http_status = 413
+
+
+def default_workspace() -> str:
+    import platformdirs
+
+    return platformdirs.user_data_dir("bitguard")
+
+
+def _human(n: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if n < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return str(n)
+
+
+# -- uploads ------------------------------------------------------------------------------------
+
+_DRIVE = re.compile(r"^[A-Za-z]:")
+_FILENAME = re.compile(rb'filename="((?:[^"\\]|\\.)*)"')
+
+
+def safe_relpath(name: str) -> PurePosixPath:
+    """The relative path a browser sent for a file, or BadInput if it could escape the folder."""
+    if not name or "\x00" in name:
+        raise BadInput("an uploaded file has no usable name; upload the run folder with the directory picker")
+    if name.startswith(("/", "\\")) or _DRIVE.match(name):
+        raise BadInput(f"{name!r} is an absolute path; upload files by their path inside the run folder")
+    if "\\" in name:
+        raise BadInput(f"{name!r} contains a backslash; upload files with '/'-separated relative paths")
+    parts = name.split("/")
+    if any(p in ("", ".", "..") for p in parts):
+        raise BadInput(f"{name!r} is not a plain relative path ('..', '.' and empty parts are refused)")
+    return PurePosixPath(*parts)
+
+
+class _UploadReceiver:
+    """Multipart callbacks that write each file part under `folder`, enforcing the limits."""
+
+    def __init__(self, folder: Path, config: ServerConfig):
+        self.folder = folder
+        self.config = config
+        self.fields: dict[str, str] = {}
+        self.paths: list[PurePosixPath] = []
+        self.total = 0
+        self._headers: dict[str, bytes] = {}
+        self._field = b""
+        self._value = b""
+        self._file = None
+        self._file_name = ""
+        self._file_size = 0
+        self._text: bytearray | None = None
+        self._text_name = ""
+
+    def callbacks(self) -> dict:
+        return {
+            "on_part_begin": self._part_begin,
+            "on_header_field": lambda d, s, e: self._add("_field", d[s:e]),
+            "on_header_value": lambda d, s, e: self._add("_value", d[s:e]),
+            "on_header_end": self._header_end,
+            "on_headers_finished": self._headers_finished,
+            "on_part_data": self._data,
+            "on_part_end": self._part_end,
+        }
+
+    def _add(self, attr: str, data: bytes) -> None:
+        setattr(self, attr, getattr(self, attr) + data)
+
+    def _part_begin(self) -> None:
+        self._headers = {}
+
+    def _header_end(self) -> None:
+        self._headers[self._field.decode("latin-1").lower()] = self._value
+        self._field = self._value = b""
+
+    def _headers_finished(self) -> None:
+        disposition = self._headers.get("content-disposition", b"")
+        _, options = parse_options_header(disposition)
+        field = options.get(b"name", b"").decode("utf-8", "replace")
+        raw = _FILENAME.search(disposition)  # read raw: parse_options_header drops "C:\" prefixes
+        if raw is None and b"filename=" not in disposition:
+            self._text, self._text_name = bytearray(), field
+            return
+        name = raw.group(1).decode("utf-8", "replace") if raw else ""
+        name = name.replace('\\"', '"').replace("%22", '"')
+        rel = safe_relpath(name)
+        if len(self.paths) >= self.config.max_files:
+            raise BadInput(f"a run upload may hold at most {self.config.max_files} files; is this the run folder?")
+        if rel in self.paths:
+            raise BadInput(f"{rel} is uploaded twice; upload one run folder at a time")
+        target = self.folder.joinpath(*rel.parts)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        if target.exists():
+            raise BadInput(f"{rel} clashes with another uploaded path; upload one run folder at a time")
+        self.paths.append(rel)
+        self._file = open(target, "xb")  # noqa: SIM115 - closed in _part_end or close()
+        self._file_name, self._file_size = str(rel), 0
+
+    def _data(self, data: bytes, start: int, end: int) -> None:
+        n = end - start
+        if self._file is not None:
+            self._file_size += n
+            self.total += n
+            if self._file_size > self.config.max_file_bytes:
+                raise TooLarge(f"{self._file_name} is over the {_human(self.config.max_file_bytes)} per-file limit; "
+                               "start the server with a larger limit or compare these runs with `bitguard compare`")
+            if self.total > self.config.max_run_bytes:
+                raise TooLarge(f"this run is over the {_human(self.config.max_run_bytes)} per-run upload limit; "
+                               "compare it with `bitguard compare` on the machine that holds it")
+            self._file.write(data[start:end])
+        elif self._text is not None:
+            if len(self._text) + n > 4096:
+                raise BadInput(f"form field {self._text_name!r} is over 4 KiB")
+            self._text += data[start:end]
+
+    def _part_end(self) -> None:
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+        elif self._text is not None:
+            self.fields[self._text_name] = self._text.decode("utf-8", "replace")
+            self._text = None
+
+    def close(self) -> None:
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+
+
+def _run_root(folder: Path, paths: list[PurePosixPath]) -> tuple[Path, str | None]:
+    """The uploaded run directory: the folder itself, or the one folder every path sits in."""
+    if not paths:
+        raise BadInput("the upload holds no files; pick a run folder (it holds manifest.json and rank-N.duckdb)")
+    if (folder / "manifest.json").is_file():
+        return folder, None
+    tops = {p.parts[0] for p in paths}
+    if len(tops) == 1 and all(len(p.parts) > 1 for p in paths):
+        top = tops.pop()
+        return folder / top, top
+    return folder, None
+
+
+async def _drain(request: Request, limit: int) -> None:
+    """Read what is left of a refused body (up to `limit` bytes) so the browser sees the answer."""
+    seen = 0
+    try:
+        async for chunk in request.stream():
+            seen += len(chunk)
+            if seen > limit:
+                return
+    except (ClientDisconnect, RuntimeError):
+        return
+
+
+# -- the app ------------------------------------------------------------------------------------
+
+def _error(status: int, type_: str, message: str) -> JSONResponse:
+    return JSONResponse({"error": {"type": type_, "message": message}}, status_code=status)
+
+
+def create_app(workspace_dir: str | os.PathLike | None = None, config: ServerConfig | None = None) -> FastAPI:
+    config = config or ServerConfig()
+    ws = Workspace(workspace_dir or default_workspace())
+    from contextlib import asynccontextmanager
+
+    @asynccontextmanager
+    async def lifespan(_app):
+        yield
+        ws.close()
+
+    app = FastAPI(title="bitguard explorer", version="1", lifespan=lifespan,
+                  description="Upload two runs, compare them, walk from the pivot through what it corrupted, "
+                              "and curate benign-difference rules.")
+    app.state.workspace = ws
+    app.state.config = config
+
+    @app.exception_handler(BitguardError)
+    async def _bitguard_error(_request: Request, exc: BitguardError):
+        return _error(exc.http_status, type(exc).__name__, exc.message)
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation_error(_request: Request, exc: RequestValidationError):
+        problems = [f"{'.'.join(str(p) for p in e.get('loc', ()) if p != 'body') or 'request'}: {e.get('msg')}"
+                    for e in exc.errors()[:4]]
+        return _error(400, "BadInput", "; ".join(problems or ["invalid request"]) + " (the API is described at /docs)")
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(request: Request, exc: StarletteHTTPException):
+        if exc.status_code == 404:
+            return _error(404, "NotFound", f"no such page or API route: {request.url.path}; the API is under /api, "
+                                           "described at /docs")
+        if exc.status_code == 405:
+            return _error(405, "BadInput", f"{request.method} is not allowed on {request.url.path}")
+        return _error(exc.status_code, "BadInput", str(exc.detail))
+
+    @app.exception_handler(Exception)
+    async def _internal_error(_request: Request, exc: Exception):
+        return _error(500, "InternalError", f"{type(exc).__name__}: {exc} (a bug in bitguard; please report it)")
+
+    errors = m.ERROR_RESPONSES
+
+    # -- runs ---------------------------------------------------------------------------
+    @app.get("/api/health", tags=["meta"])
+    def health() -> dict:
+        return {"ok": True, "workspace": str(ws.root)}
+
+    @app.get("/api/limits", tags=["runs"], response_model=m.UploadLimits)
+    def limits():
+        return {k: v for k, v in asdict(config).items() if k in m.UploadLimits.model_fields}
+
+    @app.post("/api/runs", tags=["runs"], response_model=m.RunPublic, status_code=201, responses=errors,
+              openapi_extra={"requestBody": {"required": True, "content": {"multipart/form-data": {"schema": {
+                  "type": "object",
+                  "properties": {
+                      "name": {"type": "string", "description": "run name (default: the uploaded folder's name)"},
+                      "files": {"type": "array", "items": {"type": "string", "format": "binary"},
+                                "description": "the run folder's files, each with its relative path as filename"},
+                  }}}}}})
+    async def upload_run(request: Request, name: str | None = Query(None, description="run name")):
+        """Upload a run directory: multipart parts whose filenames are paths relative to the run folder."""
+        ctype, params = parse_options_header(request.headers.get("content-type", ""))
+        if ctype != b"multipart/form-data" or b"boundary" not in params:
+            raise BadInput("upload a run as multipart/form-data, one part per file named by its relative path")
+        length = int(request.headers.get("content-length") or 0)
+        if length > config.max_run_bytes + 1_000_000:
+            await _drain(request, config.max_run_bytes)
+            raise TooLarge(f"this upload ({_human(length)}) is over the {_human(config.max_run_bytes)} per-run limit; "
+                           "compare it with `bitguard compare` on the machine that holds it")
+        with ws.staging() as staged:
+            payload = staged / "payload"
+            payload.mkdir()
+            receiver = _UploadReceiver(payload, config)
+            parser = MultipartParser(params[b"boundary"], receiver.callbacks())
+            try:
+                async for chunk in request.stream():
+                    await run_in_threadpool(parser.write, chunk)
+                parser.finalize()
+            except ClientDisconnect:
+                raise BadInput("the upload was interrupted; nothing was kept, upload the run again") from None
+            except FormParserError as exc:
+                raise BadInput(f"the upload is not well-formed multipart/form-data ({exc}); "
+                               "upload the run folder from the browser or with curl -F") from None
+            except BitguardError:
+                receiver.close()
+                await _drain(request, config.max_run_bytes * 2)
+                raise
+            finally:
+                receiver.close()
+            root, top = _run_root(payload, receiver.paths)
+            run_name = name or receiver.fields.get("name") or top or "run"
+            return await run_in_threadpool(ws.commit_run, root, run_name)
+
+    @app.get("/api/runs", tags=["runs"], response_model=list[m.RunPublic])
+    def list_runs():
+        return ws.runs()
+
+    @app.get("/api/runs/{run_id}", tags=["runs"], response_model=m.RunPublic, responses=errors)
+    def get_run(run_id: str):
+        return ws.run(run_id)
+
+    @app.delete("/api/runs/{run_id}", tags=["runs"], status_code=204, responses=errors)
+    def delete_run(run_id: str):
+        """Delete a run and the comparisons that use it."""
+        ws.delete_run(run_id)
+        return Response(status_code=204)
+
+    # -- rule sets ----------------------------------------------------------------------
+    def _rules_file(rules: list[dict]) -> dict:
+        return {"schema": "bitguard.rules/1", "rules": rules}
+
+    @app.get("/api/rulesets", tags=["rules"], response_model=list[m.RuleSetPublic])
+    def list_rule_sets():
+        return ws.rule_sets()
+
+    @app.post("/api/rulesets", tags=["rules"], response_model=m.RuleSetPublic, status_code=201, responses=errors)
+    def create_rule_set(body: m.RuleSetCreate):
+        return ws.create_rule_set(body.name, _rules_file(body.rules))
+
+    @app.post("/api/rulesets/import", tags=["rules"], response_model=m.RuleSetPublic, status_code=201,
+              responses=errors)
+    async def import_rule_set(request: Request, name: str | None = Query(None, description="name (default: file's)")):
+        """Import a rules file (the JSON `compare --rules` reads), as a raw JSON body or a multipart `file`."""
+        import json
+
+        ctype, _ = parse_options_header(request.headers.get("content-type", ""))
+        filename = None
+        if ctype == b"multipart/form-data":
+            form = await request.form(max_files=1, max_fields=4)
+            upload = form.get("file")
+            if upload is None or isinstance(upload, str):
+                raise BadInput("send the rules file as the multipart part named 'file'")
+            raw = await upload.read(1_000_001)
+            filename = upload.filename
+            name = name or (form.get("name") if isinstance(form.get("name"), str) else None)
+        else:
+            raw = await request.body()
+        if len(raw) > 1_000_000:
+            raise TooLarge("a rules file over 1 MB is not a rules file")
+        try:
+            body = json.loads(raw)
+        except ValueError as exc:
+            raise BadInput(f"the rules file is not JSON ({exc}); export one from the rules panel or "
+                           "write one as docs describe") from None
+        stem = Path(filename).name.split(".")[0] if filename else None
+        return ws.create_rule_set(name or stem or "imported rules", validate_rules(body))
+
+    @app.get("/api/rulesets/{rule_set_id}", tags=["rules"], response_model=m.RuleSetPublic, responses=errors)
+    def get_rule_set(rule_set_id: str, version: int | None = Query(None, description="a saved version; latest")):
+        return ws.rule_set(rule_set_id, version)
+
+    @app.put("/api/rulesets/{rule_set_id}", tags=["rules"], response_model=m.RuleSetPublic, responses=errors)
+    def update_rule_set(rule_set_id: str, body: m.RuleSetUpdate):
+        """Rename and/or save the rules as the next version; comparisons using the set rerun."""
+        out = ws.update_rule_set(rule_set_id, body.name, None if body.rules is None else _rules_file(body.rules))
+        for cid in out.get("comparisons", []):
+            ws.rerun(cid)
+        return out
+
+    @app.delete("/api/rulesets/{rule_set_id}", tags=["rules"], status_code=204, responses=errors)
+    def delete_rule_set(rule_set_id: str):
+        ws.delete_rule_set(rule_set_id)
+        return Response(status_code=204)
+
+    @app.post("/api/rulesets/{rule_set_id}/copy", tags=["rules"], response_model=m.RuleSetPublic, status_code=201,
+              responses=errors)
+    def copy_rule_set(rule_set_id: str, body: m.RuleSetCopy):
+        """Save a rule set (or one of its versions) under a new name."""
+        return ws.create_rule_set(body.name, ws.rules_body(rule_set_id, body.version))
+
+    @app.get("/api/rulesets/{rule_set_id}/export", tags=["rules"], responses=errors)
+    def export_rule_set(rule_set_id: str, version: int | None = None):
+        """The rules file, as `bitguard compare --rules FILE` reads it."""
+        rs = ws.rule_set(rule_set_id, version)
+        safe = re.sub(r"[^\w.-]+", "-", rs["name"]).strip("-") or "rules"
+        return JSONResponse(rs["file"], headers={
+            "Content-Disposition": f'attachment; filename="{safe}.v{rs["version"]}.rules.json"'})
+
+    # -- comparisons --------------------------------------------------------------------
+    @app.post("/api/comparisons", tags=["comparisons"], response_model=m.ComparisonPublic, status_code=202,
+              responses=errors)
+    def create_comparison(body: m.ComparisonCreate):
+        """Start comparing two runs; poll GET /api/comparisons/{id} until status is ready."""
+        return ws.create_comparison(body.run_a, body.run_b, body.rule_set_id)
+
+    @app.get("/api/comparisons", tags=["comparisons"], response_model=list[m.ComparisonPublic])
+    def list_comparisons():
+        return ws.comparisons()
+
+    @app.get("/api/comparisons/{cid}", tags=["comparisons"], response_model=m.ComparisonPublic, responses=errors)
+    def get_comparison(cid: str):
+        """The comparison's status and, once ready, its summary (the `bitguard.compare/1` document)."""
+        return ws.comparison(cid)
+
+    @app.delete("/api/comparisons/{cid}", tags=["comparisons"], status_code=204, responses=errors)
+    def delete_comparison(cid: str):
+        ws.delete_comparison(cid)
+        return Response(status_code=204)
+
+    @app.post("/api/comparisons/{cid}/rerun", tags=["comparisons"], response_model=m.ComparisonPublic,
+              status_code=202, responses=errors)
+    def rerun_comparison(cid: str, body: m.ComparisonRerun | None = None):
+        """Recompute with the latest version of its rule set, or attach another rule set first."""
+        body = body or m.ComparisonRerun()
+        if body.rule_set_id is None and body.keep_rule_set:
+            return ws.rerun(cid)
+        return ws.rerun(cid, body.rule_set_id)
+
+    @app.get("/api/comparisons/{cid}/pivot", tags=["comparisons"], response_model=m.Pivot, responses=errors)
+    def pivot(cid: str):
+        """The first divergent event with its blame, blame window, call stack and tensor digests."""
+        result = ws.result(cid)
+        s = result.summary
+        return {"verdict": s.get("verdict"), "first_divergence": s.get("first_divergence"),
+                "position": result.pivot_position(), "rules_fired": s.get("rules_fired") or []}
+
+    @app.get("/api/comparisons/{cid}/timeline", tags=["comparisons"], response_model=m.Timeline, responses=errors)
+    def timeline(cid: str, rank: int = 0, axis: Literal["seq", "time"] = "seq",
+                 start: float | None = Query(None, description="window start (position, or ns for axis=time)"),
+                 end: float | None = Query(None, description="window end, exclusive"),
+                 bins: int = Query(800, ge=1, description="bins across the window")):
+        """One rank's two timelines over a window: per-phase binned status counts, or raw events when few."""
+        result = ws.result(cid)
+        out = result.timeline(rank).window(axis, start, end, min(bins, config.max_bins), config.raw_event_limit)
+        return {"rank": rank, **out}
+
+    @app.get("/api/comparisons/{cid}/events", tags=["comparisons"], response_model=m.EventsPage, responses=errors)
+    def events(cid: str, rank: int | None = None,
+               status: str | None = Query(None, description="identical | diverged | benign | only_a | only_b"),
+               offset: int = Query(0, ge=0), limit: int = Query(200, ge=1)):
+        """Aligned events with their alignment status, a page at a time."""
+        import polars as pl
+
+        result = ws.result(cid)
+        ranks = [rank] if rank is not None else result.ranks
+        frames = [result.timeline(r).frame for r in ranks]
+        frame = pl.concat(frames) if frames else pl.DataFrame()
+        if status and frame.height:
+            frame = frame.filter(pl.col("status") == status)
+        limit = min(limit, config.max_page)
+        return {"rank": rank, "total": frame.height, "offset": offset, "limit": limit,
+                "rows": frame.slice(offset, limit).to_dicts() if frame.height else []}
+
+    @app.get("/api/comparisons/{cid}/events/{rank}/{side}/{seq}", tags=["comparisons"], responses=errors)
+    def event_detail(cid: str, rank: int, side: Literal["a", "b"], seq: int):
+        """One event: its fields, call stack, and tensor digests on both sides."""
+        result = ws.result(cid)
+        tl = result.timeline(rank)
+        with result.lock:
+            detail = result.engine.event_detail(rank, side, seq)
+        return {**detail, "pos": tl.locate(side, seq)}
+
+    @app.get("/api/comparisons/{cid}/graph", tags=["comparisons"], responses=errors)
+    def graph(cid: str, limit: int = Query(2000, ge=1)):
+        """The propagation graph (nodes and edges), cut to `limit` nodes."""
+        result = ws.result(cid)
+        with result.lock:
+            g = result.engine.propagation_graph()
+        nodes = g.get("nodes", [])
+        keep = {n["id"] for n in nodes[:limit]}
+        return {"nodes": [result.with_positions(n) for n in nodes[:limit]],
+                "edges": [e for e in g.get("edges", []) if e["source"] in keep and e["target"] in keep],
+                "total_nodes": len(nodes)}
+
+    @app.get("/api/comparisons/{cid}/graph/nodes/{node_id}", tags=["comparisons"], response_model=m.Neighbours,
+             responses=errors)
+    def neighbours(cid: str, node_id: str):
+        """A node of the propagation graph with the divergent events it fed (consumers) and was fed by."""
+        result = ws.result(cid)
+        with result.lock:
+            try:
+                n = result.engine.neighbours(_node_key(node_id))
+            except KeyError:
+                raise NotFound(f"no node {node_id!r} in the propagation graph of {cid}") from None
+        return {"node": result.with_positions(n["node"]),
+                "consumers": [result.with_positions(c) for c in n.get("consumers", [])],
+                "producers": [result.with_positions(p) for p in n.get("producers", [])]}
+
+    @app.get("/api/comparisons/{cid}/perfetto", tags=["comparisons"], responses=errors)
+    def perfetto(cid: str):
+        """The comparison as a Perfetto trace (open it at ui.perfetto.dev)."""
+        path = ws.perfetto_path(cid)
+        c = ws.comparison(cid)
+        name = re.sub(r"[^\w.-]+", "-", f"{c['run_a']['name']}-vs-{c['run_b']['name']}").strip("-")
+        return FileResponse(path, media_type="application/octet-stream", filename=f"{name}.pftrace")
+
+    # -- the front end ------------------------------------------------------------------
+    @app.get("/", include_in_schema=False)
+    def index():
+        return FileResponse(FRONTEND / "index.html", headers={"Cache-Control": "no-cache"})
+
+    @app.get("/static/vendor/plotly.min.js", include_in_schema=False)
+    def plotly_js():
+        import plotly
+
+        return FileResponse(Path(plotly.__file__).parent / "package_data" / "plotly.min.js",
+                            media_type="text/javascript", headers={"Cache-Control": "max-age=86400"})
+
+    app.mount("/static", StaticFiles(directory=FRONTEND), name="static")
+    return app
+
+
+def _node_key(node_id: str):
+    """Graph node ids arrive as path text; the engine's may be ints."""
+    return int(node_id) if node_id.lstrip("-").isdigit() else node_id
+
+
+def serve(workspace: str | None = None, host: str = "127.0.0.1", port: int = 8000,
+          config: ServerConfig | None = None) -> None:
+    """Run the explorer until interrupted. Binds to loopback unless `host` says otherwise."""
+    import uvicorn
+
+    app = create_app(workspace, config)
+    print(f"bitguard explorer: http://{host}:{port}/  (workspace {app.state.workspace.root})", flush=True)
+    uvicorn.run(app, host=host, port=port, log_level="warning")

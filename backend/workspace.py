@@ -1,0 +1,658 @@
+"""The explorer's workspace: uploaded runs, rule sets with their versions, and comparisons.
+
+A workspace is a folder:
+
+    workspace.duckdb     the catalogue: runs, rule sets and their versions, comparisons
+    runs/<id>/           run directories, byte for byte as uploaded
+    comparisons/<id>/    files made from a comparison (its Perfetto trace)
+    tmp/                 uploads being received; whatever is left there at start-up is a dead upload
+
+One DuckDB connection serves the catalogue, guarded by a lock. Comparisons run one at a time on
+a worker thread through the comparison engine (`bitguard.compare`), and each result stays in
+memory as the engine's object plus, per rank, the few numpy columns the timelines are binned
+from. Only the catalogue survives a restart: a comparison is recomputed from its runs and its
+rule-set version the first time it is asked for again.
+
+This module knows nothing about HTTP (server.py maps it onto routes) and nothing about how
+runs are aligned or blamed (the engine does that).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import secrets
+import shutil
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+import duckdb
+import numpy as np
+import polars as pl
+
+from bitguard.errors import BadInput, BitguardError, NotFound
+from bitguard.schema import MANIFEST_NAME, PHASES
+
+
+class ComparisonNotReady(BitguardError):
+    """A comparison that is still being computed (or failed); poll its summary."""
+
+    http_status = 409
+
+
+_CATALOGUE = """
+CREATE TABLE IF NOT EXISTS runs (
+  id VARCHAR PRIMARY KEY, name VARCHAR, created DOUBLE, world_size INTEGER, ranks INTEGER[],
+  files INTEGER, bytes BIGINT, info VARCHAR);
+CREATE TABLE IF NOT EXISTS rule_sets (
+  id VARCHAR PRIMARY KEY, name VARCHAR, created DOUBLE, updated DOUBLE, version INTEGER);
+CREATE TABLE IF NOT EXISTS rule_set_versions (
+  rule_set VARCHAR, version INTEGER, created DOUBLE, body VARCHAR, PRIMARY KEY (rule_set, version));
+CREATE TABLE IF NOT EXISTS comparisons (
+  id VARCHAR PRIMARY KEY, run_a VARCHAR, run_b VARCHAR, rule_set VARCHAR, rule_set_version INTEGER,
+  created DOUBLE, updated DOUBLE, revision INTEGER, status VARCHAR, error VARCHAR, summary VARCHAR);
+"""
+
+# timeline status codes, in order of severity: a bin shows the worst status it holds
+STATUS_CODES = ("empty", "identical", "benign", "gap", "diverged")
+_CODE = {"identical": 1, "benign": 2, "only_a": 3, "only_b": 3, "diverged": 4}
+_NAME_RE = re.compile(r"^[\w .,:+()@#-]{1,80}$")
+
+
+def _new_id(prefix: str) -> str:
+    return f"{prefix}{secrets.token_hex(4)}"
+
+
+def _now() -> float:
+    return time.time()
+
+
+def _check_name(name: str, what: str) -> str:
+    name = (name or "").strip()
+    if not _NAME_RE.match(name):
+        raise BadInput(f"{what} name {name!r} is not usable; use 1-80 letters, digits, spaces or . , : + ( ) @ # - _")
+    return name
+
+
+def _engine_compare(dir_a: str, dir_b: str, rules):
+    import bitguard
+
+    compare = getattr(bitguard, "compare", None)
+    if compare is None:  # the package root may not re-export it
+        from bitguard.backend.compare import compare
+    return compare(dir_a, dir_b, rules=rules)
+
+
+def validate_rules(body: dict) -> dict:
+    """A rules file (`bitguard.rules/1`) as the engine reads it, normalised; raises RulesError."""
+    from bitguard.backend.rules import RuleSet
+
+    if not isinstance(body, dict):
+        raise BadInput("a rules file is a JSON object with \"schema\" and \"rules\"; got " + type(body).__name__)
+    return RuleSet.from_dict(body).to_dict()
+
+
+def validate_run(path: str):
+    """The engine's reading of a run directory (raises NotARun, SchemaMismatch, CorruptRun)."""
+    from bitguard.backend.ingest import open_run
+
+    return open_run(path)
+
+
+# -- the timelines of one comparison -------------------------------------------------------------
+
+@dataclass
+class RankTimeline:
+    """One rank's aligned items as flat arrays, in A order (position = index)."""
+
+    frame: pl.DataFrame  # the engine's events(rank) rows, in position order, with a `pos` column
+    code: np.ndarray  # int8 status code per position (STATUS_CODES)
+    lane_a: np.ndarray  # int8 phase index of the A event, -1 where A has none
+    lane_b: np.ndarray  # int8 phase index of the B event, -1 where B has none
+    a_x: np.ndarray  # float64 ns since A's first event on this rank, NaN where A has none
+    b_x: np.ndarray  # float64 ns since B's first event on this rank, NaN where B has none
+    phases: list[str]  # the phases present, in PHASES order
+    pivot: int | None  # position of the pivot on this rank
+    prefix_end: int  # positions [0, prefix_end) are the identical prefix
+
+    @classmethod
+    def from_frame(cls, frame: pl.DataFrame) -> "RankTimeline":
+        frame = frame.sort("row").with_row_index("pos")
+        code = frame.select(pl.col("status").replace_strict(_CODE, default=0, return_dtype=pl.Int8))
+        code = code.to_series().to_numpy()
+        present = [p for p in frame["phase"].unique().to_list() if p is not None]
+        phases = [p for p in PHASES if p in present] + sorted(p for p in present if p not in PHASES)
+        phase_idx = frame.select(pl.col("phase").replace_strict({p: i for i, p in enumerate(phases)},
+                                                                default=0, return_dtype=pl.Int8))
+        phase_idx = phase_idx.to_series().to_numpy()
+        has_a = frame["a_seq"].is_not_null().to_numpy()
+        has_b = frame["b_seq"].is_not_null().to_numpy()
+
+        def offsets(col: str, has: np.ndarray) -> np.ndarray:
+            t = frame[col].cast(pl.Float64).to_numpy().astype(np.float64, copy=True)
+            t[~has] = np.nan
+            if has.any():
+                t -= np.nanmin(t)
+            return t
+
+        pivots = np.flatnonzero(frame["is_pivot"].fill_null(False).to_numpy())
+        in_prefix = frame["in_prefix"].fill_null(False).to_numpy()
+        not_prefix = np.flatnonzero(~in_prefix)
+        return cls(
+            frame=frame,
+            code=code,
+            lane_a=np.where(has_a, phase_idx, -1).astype(np.int8),
+            lane_b=np.where(has_b, phase_idx, -1).astype(np.int8),
+            a_x=offsets("a_t_start_ns", has_a),
+            b_x=offsets("b_t_start_ns", has_b),
+            phases=phases,
+            pivot=int(pivots[0]) if len(pivots) else None,
+            prefix_end=int(not_prefix[0]) if len(not_prefix) else int(frame.height),
+        )
+
+    @property
+    def size(self) -> int:
+        return int(self.code.shape[0])
+
+    def extent(self, axis: str) -> tuple[float, float]:
+        if axis == "seq":
+            return 0.0, float(max(self.size, 1))
+        ends = [np.nanmax(x) for x in (self.a_x, self.b_x) if np.isfinite(x).any()]
+        return 0.0, float(max(ends) + 1) if ends else 1.0
+
+    def _positions(self, axis: str, start: float, end: float) -> tuple[np.ndarray, np.ndarray]:
+        """Positions of the A events and of the B events whose x lies in [start, end)."""
+        if axis == "seq":
+            lo, hi = max(int(np.floor(start)), 0), min(int(np.ceil(end)), self.size)
+            idx = np.arange(lo, max(lo, hi))
+            return idx[self.lane_a[idx] >= 0], idx[self.lane_b[idx] >= 0]
+        out = []
+        for x in (self.a_x, self.b_x):
+            with np.errstate(invalid="ignore"):
+                out.append(np.flatnonzero((x >= start) & (x < end)))
+        return out[0], out[1]
+
+    def window(self, axis: str, start: float | None, end: float | None, bins: int, raw_limit: int) -> dict:
+        """The timeline between start and end: binned counts, or the raw events when few."""
+        lo, hi = self.extent(axis)
+        start = lo if start is None else max(float(start), lo)
+        end = hi if end is None else min(float(end), hi)
+        if end <= start:
+            end = start + 1.0
+        pos_a, pos_b = self._positions(axis, start, end)
+        lanes = [{"side": side, "phase": p} for side in ("a", "b") for p in self.phases]
+        out = {
+            "axis": axis, "start": start, "end": end, "extent": [lo, hi], "lanes": lanes,
+            "status_codes": list(STATUS_CODES), "count_a": int(pos_a.size), "count_b": int(pos_b.size),
+            "prefix": self._prefix(axis), "pivot": self._marker(self.pivot),
+        }
+        if len(np.union1d(pos_a, pos_b)) <= raw_limit:
+            out["mode"] = "events"
+            out["events"] = self._raw(np.union1d(pos_a, pos_b))
+            return out
+        out["mode"] = "bins"
+        out["bins"] = self._bins(axis, start, end, bins, pos_a, pos_b)
+        return out
+
+    def _bins(self, axis, start, end, bins, pos_a, pos_b) -> dict:
+        n_phase = len(self.phases)
+        width = (end - start) / bins
+        lanes_out = []
+        for side, pos, lane, x in (("a", pos_a, self.lane_a, self.a_x), ("b", pos_b, self.lane_b, self.b_x)):
+            coord = pos.astype(np.float64) if axis == "seq" else x[pos]
+            b = np.clip(((coord - start) / width).astype(np.int64), 0, bins - 1)
+            key = (lane[pos].astype(np.int64) * bins + b) * len(STATUS_CODES) + self.code[pos]
+            counts = np.bincount(key, minlength=n_phase * bins * len(STATUS_CODES))
+            counts = counts.reshape(n_phase, bins, len(STATUS_CODES))
+            total = counts.sum(axis=2)
+            worst = np.where(total > 0, len(STATUS_CODES) - 1 - np.argmax(counts[:, :, ::-1] > 0, axis=2), 0)
+            for i, phase in enumerate(self.phases):
+                lanes_out.append({"side": side, "phase": phase, "status": worst[i].tolist(),
+                                  "n": total[i].tolist(), "diverged": counts[i, :, 4].tolist()})
+        return {"start": start, "width": width, "count": bins, "lanes": lanes_out}
+
+    def _raw(self, pos: np.ndarray) -> list[dict]:
+        rows = self.frame[pos.tolist()] if pos.size else self.frame.head(0)
+        rows = rows.with_columns(a_x=pl.Series(self.a_x[pos]), b_x=pl.Series(self.b_x[pos])).with_columns(
+            pl.col("a_x").fill_nan(None), pl.col("b_x").fill_nan(None))
+        keep = ["pos", "status", "in_prefix", "reordered", "is_pivot", "step", "phase", "boundary", "module_type",
+                "call", "a_seq", "b_seq", "a_x", "b_x"]
+        return rows.select([c for c in keep if c in rows.columns]).to_dicts()
+
+    def _prefix(self, axis: str) -> dict | None:
+        if self.prefix_end == 0:
+            return None
+        if axis == "seq":
+            return {"a": [0.0, float(self.prefix_end)], "b": [0.0, float(self.prefix_end)]}
+        a = self.a_x[:self.prefix_end]
+        b = self.b_x[:self.prefix_end]
+        return {"a": [0.0, float(np.nanmax(a))] if np.isfinite(a).any() else None,
+                "b": [0.0, float(np.nanmax(b))] if np.isfinite(b).any() else None}
+
+    def _marker(self, pos: int | None) -> dict | None:
+        if pos is None:
+            return None
+        ax, bx = self.a_x[pos], self.b_x[pos]
+        row = self.frame.row(pos, named=True)
+        return {"pos": pos, "a_x": None if np.isnan(ax) else float(ax), "b_x": None if np.isnan(bx) else float(bx),
+                "a_seq": row.get("a_seq"), "b_seq": row.get("b_seq"), "phase": row.get("phase")}
+
+    def locate(self, side: str, seq: int) -> int | None:
+        col = "a_seq" if side == "a" else "b_seq"
+        hit = self.frame.filter(pl.col(col) == seq)
+        return int(hit["pos"][0]) if hit.height else None
+
+
+class Result:
+    """A computed comparison: the engine's object and the timelines drawn from it."""
+
+    def __init__(self, engine_obj, revision: int):
+        self.engine = engine_obj
+        self.revision = revision
+        self.lock = threading.RLock()  # the engine's object may hold DuckDB connections
+        full = engine_obj.to_dict()
+        graph = full.pop("propagation", None) or {}
+        full["propagation"] = {"nodes": len(graph.get("nodes", [])), "edges": len(graph.get("edges", []))}
+        self.summary = full
+        events = engine_obj.events()
+        self.ranks = sorted(int(r) for r in events["rank"].unique().to_list()) if events.height else []
+        self.timelines = {r: RankTimeline.from_frame(events.filter(pl.col("rank") == r)) for r in self.ranks}
+
+    def timeline(self, rank: int) -> RankTimeline:
+        if rank not in self.timelines:
+            raise NotFound(f"rank {rank} is not in this comparison; its ranks are {self.ranks}")
+        return self.timelines[rank]
+
+    def pivot_position(self) -> dict | None:
+        fd = self.summary.get("first_divergence")
+        if not fd:
+            return None
+        tl = self.timelines.get(fd.get("rank"))
+        if tl is None or tl.pivot is None:
+            return None
+        return {"rank": fd.get("rank"), "pos": tl.pivot}
+
+    def with_positions(self, node: dict) -> dict:
+        """A graph node plus its position in its rank's timeline (what the browser scrolls to)."""
+        tl = self.timelines.get(node.get("rank"))
+        pos = None
+        if tl is not None:
+            if node.get("a_seq") is not None:
+                pos = tl.locate("a", node["a_seq"])
+            if pos is None and node.get("b_seq") is not None:
+                pos = tl.locate("b", node["b_seq"])
+        return {**node, "pos": pos}
+
+
+# -- the workspace ------------------------------------------------------------------------------
+
+class Workspace:
+    def __init__(self, root: str | os.PathLike):
+        self.root = Path(root).expanduser().resolve()
+        for sub in ("runs", "comparisons", "tmp"):
+            (self.root / sub).mkdir(parents=True, exist_ok=True)
+        db = self.root / "workspace.duckdb"
+        try:
+            self._con = duckdb.connect(str(db))
+        except duckdb.IOException as exc:
+            raise BadInput(f"workspace {self.root} is in use by another process ({exc}); stop the other "
+                           "`bitguard serve` or pass --workspace with another folder") from None
+        self._lock = threading.RLock()
+        with self._lock:
+            self._con.execute(_CATALOGUE)
+        self._results: dict[str, Result] = {}
+        self._pending: dict[str, int] = {}  # comparison id -> revision queued
+        self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="bitguard-compare")
+        self._sweep()
+
+    def close(self) -> None:
+        self._worker.shutdown(wait=False, cancel_futures=True)
+        with self._lock:
+            self._con.close()
+
+    # -- catalogue helpers ------------------------------------------------------------------
+    def _query(self, sql: str, params: list | tuple = ()) -> list[dict]:
+        with self._lock:
+            cur = self._con.execute(sql, params)
+            cols = [d[0] for d in cur.description] if cur.description else []
+            return [dict(zip(cols, row)) for row in cur.fetchall()]
+
+    def _exec(self, sql: str, params: list | tuple = ()) -> None:
+        with self._lock:
+            self._con.execute(sql, params).fetchall()
+
+    def _sweep(self) -> None:
+        """Remove dead uploads and run folders the catalogue does not know (a crash mid-commit)."""
+        for child in (self.root / "tmp").iterdir():
+            shutil.rmtree(child, ignore_errors=True)
+        known = {r["id"] for r in self._query("SELECT id FROM runs")}
+        for child in (self.root / "runs").iterdir():
+            if child.name not in known:
+                shutil.rmtree(child, ignore_errors=True)
+        self._exec("UPDATE comparisons SET status = 'stale' WHERE status IN ('queued', 'running')")
+
+    # -- runs ----------------------------------------------------------------------------
+    @contextlib.contextmanager
+    def staging(self):
+        """A fresh folder inside the workspace for an upload; removed unless committed."""
+        path = self.root / "tmp" / secrets.token_hex(8)
+        path.mkdir()
+        try:
+            yield path
+        finally:
+            shutil.rmtree(path, ignore_errors=True)
+
+    def commit_run(self, staged: Path, name: str) -> dict:
+        """Validate a staged run directory and move it into runs/ in one rename."""
+        name = _check_name(name, "run")
+        for p in staged.rglob("*"):
+            if p.is_symlink():
+                raise BadInput(f"{p.relative_to(staged)} is a link; upload the files themselves")
+        info = validate_run(str(staged))
+        files = [p for p in staged.rglob("*") if p.is_file()]
+        nbytes = sum(p.stat().st_size for p in files)
+        try:
+            manifest = json.loads((staged / MANIFEST_NAME).read_text())
+        except (OSError, ValueError):
+            manifest = {}
+        world_size = int(getattr(info, "world_size", None) or manifest.get("world_size") or 1)
+        ranks = [int(r) for r in (getattr(info, "ranks", None) or range(world_size))]
+        plain = _plain(info)
+        if isinstance(plain, dict):  # the staging path and a second copy of the manifest say nothing
+            plain = {k: v for k, v in plain.items() if k not in ("path", "manifest")}
+        details = {"manifest": manifest, "info": plain}
+        run_id = _new_id("r")
+        os.rename(staged, self.root / "runs" / run_id)  # atomic: a run is all there or not there
+        try:
+            self._exec("INSERT INTO runs VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                       (run_id, name, _now(), world_size, ranks, len(files), nbytes, json.dumps(details, default=str)))
+        except Exception:
+            shutil.rmtree(self.root / "runs" / run_id, ignore_errors=True)
+            raise
+        return self.run(run_id)
+
+    def runs(self) -> list[dict]:
+        return [_run_public(r) for r in self._query("SELECT * FROM runs ORDER BY created DESC")]
+
+    def run(self, run_id: str) -> dict:
+        rows = self._query("SELECT * FROM runs WHERE id = ?", (run_id,))
+        if not rows:
+            raise NotFound(f"no run {run_id!r} in this workspace; GET /api/runs lists them")
+        return _run_public(rows[0])
+
+    def run_path(self, run_id: str) -> str:
+        self.run(run_id)
+        return str(self.root / "runs" / run_id)
+
+    def delete_run(self, run_id: str) -> None:
+        """Delete a run and every comparison that uses it."""
+        self.run(run_id)
+        for c in self._query("SELECT id FROM comparisons WHERE run_a = ? OR run_b = ?", (run_id, run_id)):
+            self.delete_comparison(c["id"])
+        self._exec("DELETE FROM runs WHERE id = ?", (run_id,))
+        trash = self.root / "tmp" / f"deleted-{run_id}"
+        os.rename(self.root / "runs" / run_id, trash)  # gone from runs/ at once, then erased
+        shutil.rmtree(trash, ignore_errors=True)
+
+    # -- rule sets -----------------------------------------------------------------------
+    def rule_sets(self) -> list[dict]:
+        rows = self._query("SELECT s.*, v.body FROM rule_sets s JOIN rule_set_versions v "
+                           "ON v.rule_set = s.id AND v.version = s.version ORDER BY s.name")
+        return [_rule_set_public(r, versions=None) for r in rows]
+
+    def rule_set(self, rule_set_id: str, version: int | None = None) -> dict:
+        rows = self._query("SELECT * FROM rule_sets WHERE id = ?", (rule_set_id,))
+        if not rows:
+            raise NotFound(f"no rule set {rule_set_id!r}; GET /api/rulesets lists them")
+        head = rows[0]
+        versions = self._query("SELECT version, created, body FROM rule_set_versions WHERE rule_set = ? "
+                               "ORDER BY version", (rule_set_id,))
+        version = head["version"] if version is None else int(version)
+        chosen = [v for v in versions if v["version"] == version]
+        if not chosen:
+            raise NotFound(f"rule set {head['name']!r} has no version {version}; it has 1..{head['version']}")
+        return _rule_set_public({**head, "body": chosen[0]["body"]}, versions=versions, version=version)
+
+    def rules_body(self, rule_set_id: str, version: int | None = None) -> dict:
+        return self.rule_set(rule_set_id, version)["file"]
+
+    def _name_free(self, name: str, except_id: str | None = None) -> None:
+        clash = self._query("SELECT id FROM rule_sets WHERE name = ? AND id IS DISTINCT FROM ?", (name, except_id))
+        if clash:
+            raise BadInput(f"a rule set named {name!r} exists already; pick another name or edit that one")
+
+    def create_rule_set(self, name: str, body: dict) -> dict:
+        name = _check_name(name, "rule set")
+        body = validate_rules(body)
+        with self._lock:
+            self._name_free(name)
+            rs_id, now = _new_id("rs"), _now()
+            self._exec("INSERT INTO rule_sets VALUES (?, ?, ?, ?, 1)", (rs_id, name, now, now))
+            self._exec("INSERT INTO rule_set_versions VALUES (?, 1, ?, ?)", (rs_id, now, json.dumps(body)))
+        return self.rule_set(rs_id)
+
+    def update_rule_set(self, rule_set_id: str, name: str | None, body: dict | None) -> dict:
+        """Rename and/or save new rules as the next version (earlier versions are kept)."""
+        with self._lock:
+            current = self.rule_set(rule_set_id)
+            if name is not None:
+                name = _check_name(name, "rule set")
+                self._name_free(name, except_id=rule_set_id)
+                self._exec("UPDATE rule_sets SET name = ?, updated = ? WHERE id = ?", (name, _now(), rule_set_id))
+            if body is not None:
+                body = validate_rules(body)
+                if body != current["file"]:
+                    version = current["latest_version"] + 1
+                    self._exec("INSERT INTO rule_set_versions VALUES (?, ?, ?, ?)",
+                               (rule_set_id, version, _now(), json.dumps(body)))
+                    self._exec("UPDATE rule_sets SET version = ?, updated = ? WHERE id = ?",
+                               (version, _now(), rule_set_id))
+            users = self._query("SELECT id FROM comparisons WHERE rule_set = ?", (rule_set_id,))
+        return self.rule_set(rule_set_id) | {"comparisons": [u["id"] for u in users]}
+
+    def delete_rule_set(self, rule_set_id: str) -> None:
+        """Delete a rule set; the comparisons that used it are recomputed without rules."""
+        self.rule_set(rule_set_id)
+        users = self._query("SELECT id FROM comparisons WHERE rule_set = ?", (rule_set_id,))
+        with self._lock:
+            self._exec("UPDATE comparisons SET rule_set = NULL, rule_set_version = NULL WHERE rule_set = ?",
+                       (rule_set_id,))
+            self._exec("DELETE FROM rule_set_versions WHERE rule_set = ?", (rule_set_id,))
+            self._exec("DELETE FROM rule_sets WHERE id = ?", (rule_set_id,))
+        for u in users:
+            self.rerun(u["id"])
+
+    # -- comparisons ---------------------------------------------------------------------
+    def create_comparison(self, run_a: str, run_b: str, rule_set_id: str | None = None) -> dict:
+        self.run(run_a), self.run(run_b)
+        version = self.rule_set(rule_set_id)["version"] if rule_set_id else None
+        cid, now = _new_id("c"), _now()
+        self._exec("INSERT INTO comparisons VALUES (?, ?, ?, ?, ?, ?, ?, 1, 'queued', NULL, NULL)",
+                   (cid, run_a, run_b, rule_set_id, version, now, now))
+        self._schedule(cid, 1)
+        return self.comparison(cid)
+
+    def comparisons(self) -> list[dict]:
+        rows = self._query("SELECT id FROM comparisons ORDER BY created DESC")
+        return [self.comparison(r["id"]) for r in rows]
+
+    def _record(self, cid: str) -> dict:
+        rows = self._query("SELECT * FROM comparisons WHERE id = ?", (cid,))
+        if not rows:
+            raise NotFound(f"no comparison {cid!r}; GET /api/comparisons lists them")
+        return rows[0]
+
+    def comparison(self, cid: str) -> dict:
+        """The comparison's record; a ready one not in memory (after a restart) is recomputed."""
+        rec = self._record(cid)
+        if rec["status"] in ("ready", "stale") and cid not in self._results and cid not in self._pending:
+            self._exec("UPDATE comparisons SET status = 'queued' WHERE id = ?", (cid,))
+            self._schedule(cid, rec["revision"])
+            rec = self._record(cid)
+        return self._comparison_public(rec)
+
+    def _comparison_public(self, rec: dict) -> dict:
+        runs = {r: self._query("SELECT id, name FROM runs WHERE id = ?", (rec[r],)) for r in ("run_a", "run_b")}
+        rule_set = None
+        if rec["rule_set"]:
+            rows = self._query("SELECT id, name, version FROM rule_sets WHERE id = ?", (rec["rule_set"],))
+            if rows:
+                rule_set = {"id": rows[0]["id"], "name": rows[0]["name"], "version": rec["rule_set_version"],
+                            "latest_version": rows[0]["version"]}
+        summary = json.loads(rec["summary"]) if rec["summary"] else None
+        result = self._results.get(rec["id"])
+        return {
+            "id": rec["id"],
+            "run_a": runs["run_a"][0] if runs["run_a"] else {"id": rec["run_a"], "name": "?"},
+            "run_b": runs["run_b"][0] if runs["run_b"] else {"id": rec["run_b"], "name": "?"},
+            "rule_set": rule_set,
+            "status": rec["status"],
+            "revision": rec["revision"],
+            "error": json.loads(rec["error"]) if rec["error"] else None,
+            "created": rec["created"],
+            "updated": rec["updated"],
+            "verdict": summary.get("verdict") if summary else None,
+            "summary": summary,
+            "ranks": result.ranks if result else None,
+            "pivot_position": result.pivot_position() if result else None,
+        }
+
+    def rerun(self, cid: str, rule_set_id: str | None | type(...) = ...) -> dict:
+        """Recompute with the latest version of the comparison's rule set (or a newly given one)."""
+        with self._lock:
+            rec = self._record(cid)
+            rule_set = rec["rule_set"] if rule_set_id is ... else rule_set_id
+            version = self.rule_set(rule_set)["version"] if rule_set else None
+            revision = rec["revision"] + 1
+            self._exec("UPDATE comparisons SET rule_set = ?, rule_set_version = ?, revision = ?, status = 'queued', "
+                       "error = NULL, updated = ? WHERE id = ?", (rule_set, version, revision, _now(), cid))
+        self._schedule(cid, revision)
+        return self.comparison(cid)
+
+    def delete_comparison(self, cid: str) -> None:
+        self._record(cid)
+        self._exec("DELETE FROM comparisons WHERE id = ?", (cid,))
+        self._results.pop(cid, None)
+        shutil.rmtree(self.root / "comparisons" / cid, ignore_errors=True)
+
+    def result(self, cid: str) -> Result:
+        rec = self._record(cid)
+        result = self._results.get(cid)
+        if result is None or rec["status"] != "ready":
+            if rec["status"] == "failed":
+                err = json.loads(rec["error"])
+                raise ComparisonNotReady(f"comparison {cid} failed: {err['message']}")
+            if cid not in self._pending and result is None:
+                self.comparison(cid)  # schedules the recomputation
+            raise ComparisonNotReady(f"comparison {cid} is {rec['status']}; poll GET /api/comparisons/{cid} "
+                                     "until its status is ready")
+        return result
+
+    def perfetto_path(self, cid: str) -> Path:
+        result = self.result(cid)
+        folder = self.root / "comparisons" / cid
+        folder.mkdir(parents=True, exist_ok=True)
+        path = folder / f"r{result.revision}.pftrace"
+        if not path.exists():
+            tmp = folder / f".{secrets.token_hex(4)}.tmp"
+            with result.lock:
+                result.engine.export_perfetto(str(tmp))
+            os.replace(tmp, path)
+        return path
+
+    def _schedule(self, cid: str, revision: int) -> None:
+        with self._lock:
+            self._pending[cid] = revision
+        self._worker.submit(self._compute, cid, revision)
+
+    def _compute(self, cid: str, revision: int) -> None:
+        try:
+            rec = self._record(cid)
+        except NotFound:
+            self._pending.pop(cid, None)
+            return
+        if rec["revision"] != revision:
+            return  # a newer rerun is queued behind this one
+        self._exec("UPDATE comparisons SET status = 'running', updated = ? WHERE id = ?", (_now(), cid))
+        try:
+            rules = self.rules_body(rec["rule_set"], rec["rule_set_version"]) if rec["rule_set"] else None
+            engine_obj = _engine_compare(str(self.root / "runs" / rec["run_a"]), str(self.root / "runs" / rec["run_b"]),
+                                         rules)
+            result = Result(engine_obj, revision)
+        except Exception as exc:  # noqa: BLE001 - recorded on the comparison and shown to the user
+            error = {"type": type(exc).__name__ if isinstance(exc, BitguardError) else "InternalError",
+                     "message": str(exc) if isinstance(exc, BitguardError) else f"{type(exc).__name__}: {exc}"}
+            with self._lock:
+                if self._record_or_none(cid, revision):
+                    self._exec("UPDATE comparisons SET status = 'failed', error = ?, updated = ? WHERE id = ?",
+                               (json.dumps(error), _now(), cid))
+                    self._pending.pop(cid, None)
+                    self._results.pop(cid, None)
+            if not isinstance(exc, BitguardError):
+                import traceback
+
+                traceback.print_exc()
+            return
+        with self._lock:
+            if self._record_or_none(cid, revision):
+                self._results[cid] = result
+                self._exec("UPDATE comparisons SET status = 'ready', summary = ?, updated = ? WHERE id = ?",
+                           (json.dumps(result.summary, default=str), _now(), cid))
+                self._pending.pop(cid, None)
+
+    def _record_or_none(self, cid: str, revision: int) -> bool:
+        rows = self._query("SELECT revision FROM comparisons WHERE id = ?", (cid,))
+        return bool(rows) and rows[0]["revision"] == revision
+
+    def wait(self, cid: str, timeout: float = 60.0) -> dict:
+        """Block until the comparison is ready or failed (for scripts and tests)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            c = self.comparison(cid)
+            if c["status"] in ("ready", "failed") or time.monotonic() > deadline:
+                return c
+            time.sleep(0.02)
+
+
+def _plain(obj):
+    """A JSON-able view of an engine value (dataclass, object or plain)."""
+    import dataclasses
+
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return {f.name: _plain(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+    if isinstance(obj, dict):
+        return {str(k): _plain(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple, set)):
+        return [_plain(v) for v in obj]
+    if isinstance(obj, (str, int, float, bool)) or obj is None:
+        return obj
+    return str(obj)
+
+
+def _run_public(row: dict) -> dict:
+    details = json.loads(row["info"] or "{}")
+    manifest = details.get("manifest", {})
+    return {
+        "id": row["id"], "name": row["name"], "created": row["created"], "world_size": row["world_size"],
+        "ranks": list(row["ranks"] or []), "files": row["files"], "bytes": row["bytes"],
+        "status": manifest.get("status"), "command": manifest.get("command"), "mode": manifest.get("mode"),
+        "start_time": manifest.get("start_time"), "info": details.get("info"),
+    }
+
+
+def _rule_set_public(row: dict, versions: list[dict] | None, version: int | None = None) -> dict:
+    body = json.loads(row["body"])
+    out = {
+        "id": row["id"], "name": row["name"], "created": row["created"], "updated": row["updated"],
+        "version": version if version is not None else row["version"], "latest_version": row["version"],
+        "rules": body.get("rules", []), "file": body,
+    }
+    if versions is not None:
+        out["versions"] = [{"version": v["version"], "created": v["created"],
+                            "rules": len(json.loads(v["body"]).get("rules", []))} for v in versions]
+    return out
