@@ -1,0 +1,19 @@
+"""bitguard: where two PyTorch training runs first stop computing the same thing.
+
+    with bitguard.record("runs/a"):       # or: bitguard record --out runs/a -- python train.py
+        train()
+    c = bitguard.compare("runs/a", "runs/b")
+"""
+
+from bitguard.errors import BitguardError
+from bitguard.recording import record
+
+
+def compare(a, b, rules=None, rank=None):
+    """Compare two run directories; returns a `Comparison` (see bitguard.backend.compare)."""
+    from bitguard.backend.compare import compare as _compare
+
+    return _compare(a, b, rules=rules, rank=rank)
+
+
+__all__ = ["BitguardError", "compare", "record"]

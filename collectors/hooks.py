@@ -127,15 +127,16 @@ class Collector:
             try:
                 fn(*args, **kwargs)
             except Exception as exc:  # noqa: BLE001 - the training must go on
-                self._fail(fn.__name__, exc)
+                self._fail(guarded.__name__, exc)
             return None
 
-        guarded.__name__ = fn.__name__
+        name = getattr(fn, "__name__", None) or getattr(getattr(fn, "func", None), "__name__", "hook")
+        guarded.__name__ = name
         return guarded
 
     def _fail(self, where: str, exc: BaseException) -> None:
         message = f"{where}: {type(exc).__name__}: {exc}"
-        if len(self.errors) < MAX_REPORTED_ERRORS:
+        if message not in self.errors and len(self.errors) < MAX_REPORTED_ERRORS:
             self.errors.append(message)
             print(f"bitguard: collector error (training continues): {message}", file=sys.stderr)
 
@@ -173,6 +174,7 @@ class Collector:
         return tid
 
     def _row(self, t: torch.Tensor, role: str, idx: int, path: str) -> list:
+        tid = self._tid(t)  # of the object the user holds, before detach() makes a new one
         t = t.detach()
         digest = digest_async(t)
         xor, pos = digest if isinstance(digest, tuple) else (digest, digest)
@@ -181,7 +183,7 @@ class Collector:
         except Exception:  # noqa: BLE001 - tensors without storage (meta, some subclasses)
             storage = 0
         return [0, role, idx, path, list(t.shape), str(t.dtype).removeprefix("torch."), list(t.stride()),
-                t.numel() * t.element_size(), xor, pos, self._tid(t), storage]
+                t.numel() * t.element_size(), xor, pos, tid, storage]
 
     def _rows(self, obj, role: str, start: int = 0, prefix: str = "") -> list[list]:
         return [self._row(t, role, start + i, path)

@@ -1,0 +1,134 @@
+"""The first divergence and its blame.
+
+Given one rank's aligned pairs with their per-tensor digest differences, `blame` says where the
+fault most likely sits:
+
+- `data`     the model's input batch differs;
+- `source`   every input of the boundary matched and an output differs: this boundary computed
+             differently (`fault_class` says which part: forward, backward, accumulation for a
+             parameter whose incoming gradient matched but whose .grad did not, optimizer for a
+             parameter that differs after step() although its gradient matched);
+- `consumer` an input already differs: the fault sits between observed boundaries, upstream.
+             The blame window is the innermost enclosing module whose inputs were still
+             identical, minus its observed children.
+
+This module reads polars frames prepared by compare.py; it does not align or load anything.
+"""
+
+from __future__ import annotations
+
+import polars as pl
+
+# Which tensor roles are the inputs of an event's computation, per (phase, kind).
+INPUT_ROLES = {
+    ("forward", "module"): ("input",),
+    ("backward", "module"): ("grad_output",),
+    ("backward", "grad"): ("grad_input",),
+    ("optimizer", "step"): (),
+    ("data", "batch"): (),
+}
+
+
+def _differing_roles(diffs: pl.DataFrame, a_seq: int) -> set[str]:
+    rows = diffs.filter((pl.col("a_seq") == a_seq) & pl.col("differs") & ~pl.col("ignored"))
+    return set(rows["role"].to_list())
+
+
+def _owner(param_name: str) -> str:
+    return param_name.rpartition(".")[0]
+
+
+def blame(pivot: dict, events_a: pl.DataFrame, status: dict[int, str], diffs: pl.DataFrame) -> dict:
+    """Blame for the pivot event (a dict of its A-side event fields plus b_seq)."""
+    phase, kind = pivot["phase"], pivot["kind"]
+    differing = _differing_roles(diffs, pivot["seq"])
+    inputs = INPUT_ROLES.get((phase, kind), ())
+    inputs_differ = bool(differing & set(inputs))
+    result = {"blame": "source", "fault_class": phase, "differing_roles": sorted(differing), "blame_window": None}
+    if phase == "data":
+        result.update(blame="data", fault_class="data")
+    elif phase == "optimizer":
+        result.update(fault_class="optimizer")
+        result["blame_window"] = {"module": pivot["boundary"], "detail":
+                                  "the parameter differs after step() while its gradient and the previous "
+                                  "parameters matched: the optimizer update computed differently"}
+    elif kind == "grad":
+        owner = _owner_backward(pivot, events_a, diffs)
+        if owner is not None and owner["grad_output_differs"]:
+            result.update(blame="consumer", fault_class="backward")
+            result["blame_window"] = {"module": owner["boundary"], "detail":
+                                      "the gradient reaching this module's output already differed"}
+        elif "grad_input" in differing:
+            result.update(fault_class="backward")
+            result["blame_window"] = {"module": _owner(pivot["boundary"]) or pivot["boundary"], "detail":
+                                      "the gradient computed for this parameter differs while the gradient "
+                                      "reaching its module matched: the module's backward (weight gradient)"}
+        else:
+            result.update(fault_class="accumulation")
+            result["blame_window"] = {"module": pivot["boundary"], "detail":
+                                      "the incoming gradient matched but .grad after accumulation differs: "
+                                      "gradient accumulation (a missed zero_grad, a wrong accumulate)"}
+    elif inputs_differ:
+        result["blame"] = "consumer"
+        result["blame_window"] = _window(pivot, events_a, status, diffs)
+    return result
+
+
+def _owner_backward(pivot: dict, events_a: pl.DataFrame, diffs: pl.DataFrame) -> dict | None:
+    owner = _owner(pivot["boundary"])
+    rows = events_a.filter((pl.col("phase") == "backward") & (pl.col("kind") == "module")
+                           & (pl.col("boundary") == owner) & (pl.col("step") == pivot["step"]))
+    if rows.is_empty():
+        return None
+    seqs = rows["seq"].to_list()
+    d = diffs.filter(pl.col("a_seq").is_in(seqs) & (pl.col("role") == "grad_output") & pl.col("differs")
+                     & ~pl.col("ignored"))
+    return {"boundary": owner, "grad_output_differs": not d.is_empty()}
+
+
+def _window(pivot: dict, events_a: pl.DataFrame, status: dict[int, str], diffs: pl.DataFrame) -> dict:
+    """Innermost enclosing module whose inputs were identical, minus its observed children."""
+    phase = pivot["phase"]
+    same = events_a.filter((pl.col("phase") == phase) & (pl.col("kind") == "module") & (pl.col("step") == pivot["step"]))
+    if phase == "forward":
+        ancestors = same.filter((pl.col("depth") < pivot["depth"]) & (pl.col("t_start_ns") <= pivot["t_start_ns"])
+                                & (pl.col("t_end_ns") >= pivot["t_end_ns"])).sort("depth", descending=True)
+    else:
+        prefixes = _prefixes(pivot["boundary"])
+        ancestors = same.filter(pl.col("boundary").is_in(prefixes)).sort("depth", descending=True)
+    input_roles = INPUT_ROLES[(phase, "module")]
+    for anc in ancestors.iter_rows(named=True):
+        d = diffs.filter((pl.col("a_seq") == anc["seq"]) & pl.col("role").is_in(input_roles) & pl.col("differs")
+                         & ~pl.col("ignored"))
+        if d.is_empty():
+            children = _children(anc, same, phase)
+            before = [c for c in children if c["seq"] < pivot["seq"]]
+            return {
+                "module": anc["boundary"],
+                "module_type": anc["module_type"],
+                "excluding_children": [c["boundary"] for c in children],
+                "after": before[-1]["boundary"] if before else None,
+                "before": pivot["boundary"],
+                "detail": f"inputs of {anc['boundary']} matched; the difference arose in its own code "
+                          f"between its observed children"
+                          + (f", after {before[-1]['boundary']}" if before else "")
+                          + f" and before {pivot['boundary']}",
+            }
+    return {"module": None, "detail": "no enclosing module had identical inputs: the fault is upstream of every "
+                                      "observed boundary (e.g. in the data pipeline or in code outside modules)"}
+
+
+def _prefixes(boundary: str) -> list[str]:
+    parts = boundary.split(".")
+    return [".".join(parts[:i]) for i in range(1, len(parts))]
+
+
+def _children(anc: dict, same: pl.DataFrame, phase: str) -> list[dict]:
+    if phase == "forward":
+        kids = same.filter((pl.col("depth") == anc["depth"] + 1) & (pl.col("t_start_ns") >= anc["t_start_ns"])
+                           & (pl.col("t_end_ns") <= anc["t_end_ns"]))
+    else:
+        depth = anc["boundary"].count(".") + 1
+        kids = same.filter(pl.col("boundary").str.starts_with(anc["boundary"] + ".")
+                           & (pl.col("boundary").str.count_matches(r"\.") == depth))
+    return kids.sort("seq").select("seq", "boundary").to_dicts()

@@ -1,0 +1,129 @@
+"""Propagation: which divergent events the pivot reaches, summarised per module and phase.
+
+Edges run forward in time between divergent events of one rank:
+- dataflow: an event's output tensor is another's input (same tensor identity), forward
+  (`output` -> `input`) and backward (`grad_input` of a consumer -> `grad_output` of its producer);
+- nesting: a divergent child forward call -> the enclosing call it belongs to;
+- forward -> backward of the same module in the same step (saved activations);
+- a module's backward -> its parameters' gradient events; gradient -> optimizer step of that
+  parameter; optimizer step -> the owning module's next forward (the updated weights).
+The graph is returned summarised: one node per (phase, kind, boundary) with the first step
+reached and the number of divergent events, one edge per (source node, target node, kind).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict, deque
+
+import polars as pl
+
+
+def node_id(rank: int, phase: str, kind: str, boundary: str) -> str:
+    return f"r{rank}:{phase}:{kind}:{boundary}"
+
+
+def _dataflow(tensors: pl.DataFrame, producer_role: str, consumer_role: str) -> list[tuple[int, int]]:
+    prod = tensors.filter((pl.col("role") == producer_role) & (pl.col("tid") > 0)).select(
+        pl.col("seq").alias("src"), "tid")
+    cons = tensors.filter((pl.col("role") == consumer_role) & (pl.col("tid") > 0)).select(
+        pl.col("seq").alias("dst"), "tid")
+    joined = prod.join(cons, on="tid").filter(pl.col("src") != pl.col("dst"))
+    return list(zip(joined["src"].to_list(), joined["dst"].to_list()))
+
+
+def build(rank: int, events: pl.DataFrame, tensors: pl.DataFrame, divergent: set[int], pivot_seq: int) -> dict:
+    """Summarised propagation graph from `pivot_seq` over the divergent A-side events."""
+    ev = events.filter(pl.col("seq").is_in(list(divergent)))
+    tens = tensors.filter(pl.col("seq").is_in(list(divergent)))
+    info = {r["seq"]: r for r in ev.select("seq", "step", "phase", "kind", "boundary", "module_type", "depth",
+                                            "t_start_ns", "t_end_ns").iter_rows(named=True)}
+    edges: list[tuple[int, int, str]] = []
+    edges += [(s, d, "dataflow") for s, d in _dataflow(tens, "output", "input")]
+    edges += [(s, d, "dataflow") for s, d in _dataflow(tens, "grad_input", "grad_output")]
+    fwd = sorted((r for r in info.values() if r["phase"] == "forward"), key=lambda r: r["seq"])
+    by_module_step: dict[tuple, list] = defaultdict(list)
+    for r in info.values():
+        by_module_step[(r["boundary"], r["step"], r["phase"], r["kind"])].append(r["seq"])
+    # nesting: child forward -> the innermost enclosing forward call
+    open_calls: list[dict] = []
+    for r in sorted(fwd, key=lambda r: (r["t_start_ns"], -r["t_end_ns"])):
+        while open_calls and open_calls[-1]["t_end_ns"] < r["t_end_ns"]:
+            open_calls.pop()
+        if open_calls and open_calls[-1]["depth"] < r["depth"]:
+            edges.append((r["seq"], open_calls[-1]["seq"], "nesting"))
+        open_calls.append(r)
+    opt_by_param_step = {}
+    for r in info.values():
+        key = (r["boundary"], r["step"])
+        if r["phase"] == "forward":
+            for b in by_module_step.get((r["boundary"], r["step"], "backward", "module"), []):
+                edges.append((r["seq"], b, "activation"))
+        elif r["phase"] == "backward" and r["kind"] == "grad":
+            owner = r["boundary"].rpartition(".")[0]
+            for b in by_module_step.get((owner, r["step"], "backward", "module"), []):
+                edges.append((b, r["seq"], "weight-grad"))
+            for o in by_module_step.get((r["boundary"], r["step"], "optimizer", "step"), []):
+                edges.append((r["seq"], o, "update"))
+        elif r["phase"] == "optimizer":
+            opt_by_param_step[key] = r["seq"]
+    next_forward: dict[str, list] = defaultdict(list)
+    for r in fwd:
+        next_forward[r["boundary"]].append((r["step"], r["seq"]))
+    for (param, step), seq in opt_by_param_step.items():
+        owner = param.rpartition(".")[0]
+        later = [s for st, s in next_forward.get(owner, []) if st > step]
+        if later:
+            edges.append((seq, min(later), "weights"))
+    # reachability from the pivot, forward in completion order (dataflow into an enclosing call
+    # that completed later is allowed: completion order is what the record certifies)
+    out: dict[int, list] = defaultdict(list)
+    for s, d, k in edges:
+        if s in info and d in info:
+            out[s].append((d, k))
+    reached = {pivot_seq}
+    queue = deque([pivot_seq])
+    while queue:
+        s = queue.popleft()
+        for d, _ in out[s]:
+            if d not in reached:
+                reached.add(d)
+                queue.append(d)
+    return _summarise(rank, info, reached, out, pivot_seq, len(divergent))
+
+
+def _summarise(rank, info, reached, out, pivot_seq, n_divergent) -> dict:
+    nodes: dict[str, dict] = {}
+    for seq in sorted(reached):
+        r = info.get(seq)
+        if r is None:
+            continue
+        nid = node_id(rank, r["phase"], r["kind"], r["boundary"])
+        node = nodes.get(nid)
+        if node is None:
+            nodes[nid] = node = {"id": nid, "rank": rank, "phase": r["phase"], "kind": r["kind"],
+                                 "boundary": r["boundary"], "module_type": r["module_type"],
+                                 "step": r["step"], "first_step": r["step"], "count": 0, "a_seq": seq,
+                                 "is_pivot": False}
+        node["count"] += 1
+        node["first_step"] = min(node["first_step"], r["step"])
+        if seq == pivot_seq:
+            node["is_pivot"] = True
+    edges: dict[tuple, dict] = {}
+    for s in reached:
+        if s not in info:
+            continue
+        for d, kind in out[s]:
+            if d not in reached:
+                continue
+            a, b = info[s], info[d]
+            src = node_id(rank, a["phase"], a["kind"], a["boundary"])
+            dst = node_id(rank, b["phase"], b["kind"], b["boundary"])
+            if src == dst:
+                continue
+            e = edges.setdefault((src, dst, kind), {"source": src, "target": dst, "kind": kind, "count": 0,
+                                                    "first_step": b["step"]})
+            e["count"] += 1
+            e["first_step"] = min(e["first_step"], b["step"])
+    ordered = sorted(nodes.values(), key=lambda n: n["a_seq"])
+    return {"nodes": ordered, "edges": sorted(edges.values(), key=lambda e: (e["first_step"], e["source"])),
+            "reached_events": len(reached), "divergent_events": n_divergent}

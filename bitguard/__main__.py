@@ -1,0 +1,5 @@
+import sys
+
+from bitguard.cli import main
+
+sys.exit(main())

@@ -1,0 +1,199 @@
+"""The `bitguard` command line: record, compare, export-perfetto, serve, eval.
+
+Every `BitguardError` becomes one line on stderr and exit status 2; nothing else is caught.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+from bitguard.errors import BadInput, BitguardError, NotSupported
+
+_PYTHON = re.compile(r"^python[\d.]*$")
+
+
+def _record_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--out", required=True, help="run directory to write (must be empty unless --force)")
+    p.add_argument("--mode", default="full", help="full: every module; trusted: heavy modules only (cheaper)")
+    p.add_argument("--seed", type=int, default=0, help="seed for Python, NumPy and torch RNGs (default 0)")
+    p.add_argument("--steps", default=None, help="record only steps A:B (B exclusive, 'A:' open-ended)")
+    p.add_argument("--force", action="store_true", help="replace an existing recording in --out")
+    p.add_argument("--no-determinism", dest="determinism", action="store_false",
+                   help="leave RNGs, deterministic algorithms, TF32 and threads as the script sets them")
+    p.add_argument("--warn-only", action="store_true",
+                   help="torch.use_deterministic_algorithms(warn_only=True): warn instead of failing")
+    p.add_argument("--threads", type=int, default=None,
+                   help="torch intra-op threads (default: what the script would get; stated in the manifest)")
+    p.add_argument("command", nargs=argparse.REMAINDER,
+                   help="-- python SCRIPT [ARGS...]  (or -- SCRIPT [ARGS...] to run in this process, "
+                        "e.g. under torchrun -m bitguard record)")
+
+
+def _record_kwargs(args) -> dict:
+    return dict(out=args.out, mode=args.mode, seed=args.seed, steps=args.steps, force=args.force,
+                determinism=args.determinism, warn_only=args.warn_only, threads=args.threads)
+
+
+def cmd_record(args) -> int:
+    from bitguard.recording import MODES, bitguard_files, check_writable, parse_steps, run_script
+
+    command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    if not command:
+        raise BadInput("nothing to record; give the training command after --, e.g. "
+                       "bitguard record --out runs/a -- python train.py")
+    if args.mode not in MODES:
+        raise BadInput(f"unknown --mode {args.mode!r}; use one of: {', '.join(MODES)}")
+    parse_steps(args.steps)
+    program = os.path.basename(command[0])
+    if command[0].endswith(".py"):
+        # In-process: one rank of a job (torchrun -m bitguard record --out DIR -- train.py).
+        return run_script(command[0], command[1:], command=list(command), **_record_kwargs(args))
+    if not _PYTHON.match(program):
+        raise NotSupported(f"not supported yet: launching {program!r}; record each process instead with "
+                           f"'{program} ... -m bitguard record --out DIR -- SCRIPT' or use 'python SCRIPT'")
+    py_opts, rest = [], command[1:]
+    while rest and rest[0].startswith("-"):
+        if rest[0] in ("-m", "-c"):
+            raise NotSupported(f"not supported yet: 'python {rest[0]} ...'; pass the script's path instead")
+        py_opts.append(rest.pop(0))
+    if not rest:
+        raise BadInput("no script after python; give the training script, e.g. -- python train.py")
+    script = rest[0]
+    if not Path(script).is_file():
+        raise BadInput(f"script {script} not found; give the path of the training script after -- python")
+    out = Path(args.out)
+    if out.exists() and not out.is_dir():
+        raise BadInput(f"--out {out} is a file; give a directory")
+    check_writable(out)
+    existing = list(out.iterdir())
+    if existing:
+        if not args.force:
+            raise BadInput(f"--out {out} is not empty ({len(existing)} entries); choose an empty directory "
+                           f"or pass --force to replace the recording there")
+        for p in bitguard_files(out):
+            p.unlink()
+    child = [command[0], *py_opts, "-m", "bitguard", "record", *_forwarded(args), "--", *rest]
+    return _launch(child, out, command)
+
+
+def _forwarded(args) -> list[str]:
+    opts = ["--out", args.out, "--mode", args.mode, "--seed", str(args.seed)]
+    if args.steps:
+        opts += ["--steps", args.steps]
+    if not args.determinism:
+        opts.append("--no-determinism")
+    if args.warn_only:
+        opts.append("--warn-only")
+    if args.threads:
+        opts += ["--threads", str(args.threads)]
+    return opts
+
+
+def _launch(child: list[str], out: Path, command: list[str]) -> int:
+    from bitguard import manifest
+
+    env = dict(os.environ, BITGUARD_LAUNCHER_COMMAND=" ".join(command))
+    proc = subprocess.Popen(child, env=env)
+    forward = lambda signum, frame: proc.send_signal(signum)  # noqa: E731
+    old = {s: signal.signal(s, forward) for s in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        code = proc.wait()
+    finally:
+        for s, handler in old.items():
+            signal.signal(s, handler)
+    exit_status = code if code >= 0 else 128 - code
+    try:
+        data = manifest.read(out)
+    except (OSError, ValueError):
+        data = {"tool": "bitguard", "status": "running", "command": command, "world_size": 1}
+    data["command"] = command
+    data["exit_status"] = exit_status
+    if code < 0:
+        data["signal"] = signal.Signals(-code).name
+    if data.get("status") == "running" or (exit_status and data.get("status") == "complete"):
+        data["status"] = "interrupted" if code in (-signal.SIGINT, -signal.SIGTERM) else "failed"
+        data["complete"] = False
+    manifest.write(out, data)
+    return exit_status
+
+
+def cmd_compare(args) -> int:
+    from bitguard.backend.compare import compare
+    from bitguard.backend.report import render_text
+
+    comparison = compare(args.run_a, args.run_b, rules=args.rules, rank=args.rank)
+    if args.json:
+        import json
+
+        print(json.dumps(comparison.to_dict(), indent=2))
+    else:
+        print(render_text(comparison))
+    return 0 if comparison.verdict == "identical" else 1
+
+
+def cmd_export_perfetto(args) -> int:
+    from bitguard.backend.compare import compare
+
+    comparison = compare(args.run_a, args.run_b, rules=args.rules)
+    path = comparison.export_perfetto(args.output)
+    print(f"wrote {path} (open it at ui.perfetto.dev: Open trace file)")
+    return 0
+
+
+def cmd_serve(args) -> int:
+    from bitguard.backend.server import serve
+
+    serve(args.workspace, args.host, args.port)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="bitguard", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="cmd", required=True)
+
+    p = sub.add_parser("record", help="run a training script with collectors attached; write a run directory")
+    _record_options(p)
+    p.set_defaults(func=cmd_record)
+
+    p = sub.add_parser("compare", help="compare two run directories; exit 0 identical, 1 diverged, 2 bad input")
+    p.add_argument("run_a", help="reference run directory")
+    p.add_argument("run_b", help="suspect run directory")
+    p.add_argument("--rules", default=None, help="benign-difference rules file (JSON, bitguard.rules/1)")
+    p.add_argument("--rank", type=int, default=None, help="compare only this rank")
+    p.add_argument("--json", action="store_true", help="print the bitguard.compare/1 JSON report")
+    p.set_defaults(func=cmd_compare)
+
+    p = sub.add_parser("export-perfetto", help="write a Perfetto trace of the comparison")
+    p.add_argument("run_a")
+    p.add_argument("run_b")
+    p.add_argument("-o", "--output", required=True, help="trace file to write (.perfetto-trace)")
+    p.add_argument("--rules", default=None)
+    p.set_defaults(func=cmd_export_perfetto)
+
+    p = sub.add_parser("serve", help="start the browser explorer")
+    p.add_argument("--workspace", default=None, help="workspace directory (default: user data dir)")
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
+    p.add_argument("--port", type=int, default=8000)
+    p.set_defaults(func=cmd_serve)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = parser.parse_args(argv)
+    try:
+        return args.func(args)
+    except BitguardError as exc:
+        print(f"bitguard {args.cmd}: error: {exc.message}", file=sys.stderr)
+        return exc.exit_code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

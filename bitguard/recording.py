@@ -1,0 +1,202 @@
+"""Recording a training process: the `record` context manager and the in-process runner.
+
+`record(DIR)` applies the determinism controls, opens this rank's file, installs the
+collectors, and on exit removes them and marks the run complete, failed or interrupted. The
+script runner executes a user's script unchanged inside such a recording (used by
+`bitguard record` in a child process and directly under `torchrun -m bitguard record`).
+"""
+
+from __future__ import annotations
+
+import os
+import runpy
+import signal
+import sys
+import threading
+import time
+import traceback
+from pathlib import Path
+
+from bitguard import manifest
+from bitguard.errors import BadInput
+from bitguard.schema import MANIFEST_NAME, RANK_FILE
+
+MODES = ("full", "trusted")
+
+
+def disabled() -> bool:
+    """The one switch: BITGUARD_DISABLE=1 turns every collector into a no-op."""
+    return os.environ.get("BITGUARD_DISABLE", "") not in ("", "0")
+
+
+def rank_and_world() -> tuple[int, int]:
+    try:
+        import torch.distributed as dist
+
+        if dist.is_available() and dist.is_initialized():
+            return dist.get_rank(), dist.get_world_size()
+    except Exception:  # noqa: BLE001
+        pass
+    return int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
+
+
+def parse_steps(text: str | None) -> tuple[int, int | None] | None:
+    """'A:B' records steps A..B-1; 'A:' from A on; None records every step."""
+    if text is None:
+        return None
+    start, sep, end = text.partition(":")
+    try:
+        if not sep:
+            raise ValueError
+        window = (int(start or 0), int(end) if end else None)
+    except ValueError:
+        raise BadInput(f"--steps {text!r} is not A:B (e.g. 0:10 or 5:); give a step range") from None
+    if window[0] < 0 or (window[1] is not None and window[1] <= window[0]):
+        raise BadInput(f"--steps {text!r} is an empty or negative range; give A:B with 0 <= A < B")
+    return window
+
+
+def check_writable(directory: Path) -> None:
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        probe = directory / f".bitguard-write-test-{os.getpid()}"
+        probe.write_text("")
+        probe.unlink()
+    except OSError as exc:
+        raise BadInput(f"cannot write the run directory {directory}: {exc.strerror or exc}; "
+                       f"choose another --out") from None
+
+
+def bitguard_files(directory: Path) -> list[Path]:
+    return [p for p in directory.iterdir()
+            if p.name == MANIFEST_NAME or (p.name.startswith("rank-") and p.suffix in (".duckdb", ".wal", ".json"))
+            or p.name.endswith(".duckdb.wal")]
+
+
+class record:
+    """`with bitguard.record(DIR, mode="full"):` records everything the block trains."""
+
+    def __init__(self, out: str | os.PathLike, mode: str = "full", seed: int = 0,
+                 steps: str | tuple | None = None, force: bool = False, determinism: bool = True,
+                 warn_only: bool = False, threads: int | None = None, command: list[str] | None = None):
+        if mode not in MODES:
+            raise BadInput(f"unknown mode {mode!r}; use one of: {', '.join(MODES)}")
+        self.out = Path(out)
+        self.mode = mode
+        self.seed = seed
+        self.steps = parse_steps(steps) if isinstance(steps, str) or steps is None else tuple(steps)
+        self.force = force
+        self.determinism = determinism
+        self.warn_only = warn_only
+        self.threads = threads
+        self.command = command or list(sys.argv)
+        self.collector = None
+        self.store = None
+        self._old_sigterm = None
+
+    def __enter__(self):
+        if disabled():
+            return self
+        rank, world = rank_and_world()
+        self.rank, self.world = rank, world
+        check_writable(self.out)
+        rank_path = self.out / RANK_FILE.format(rank=rank)
+        if rank_path.exists():
+            if not self.force:
+                raise BadInput(f"{rank_path} already exists; record into an empty directory or pass --force "
+                               f"to replace it")
+            for p in (rank_path, Path(str(rank_path) + ".wal")):
+                p.unlink(missing_ok=True)
+
+        from bitguard.collectors import determinism as det
+        from bitguard.collectors.hooks import Collector
+        from bitguard.collectors.store import RankStore
+        from bitguard.cuda.fingerprint import warmup
+
+        settings = det.apply(det.DeterminismConfig(self.determinism, self.seed, self.warn_only, self.threads))
+        self._manifest = manifest.new(self.command, self.mode, world, settings, self.steps)
+        if rank == 0:
+            manifest.write(self.out, self._manifest)
+        warmup()
+        self.store = RankStore(str(rank_path), {
+            "rank": rank, "world_size": world, "mode": self.mode, "determinism": settings,
+            "steps": self.steps, "start_time_ns": time.time_ns(), "pid": os.getpid(),
+        })
+        self.collector = Collector(self.store, self.mode, self.steps, rank, world)
+        self.collector.install()
+        if threading.current_thread() is threading.main_thread() \
+                and signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+            self._old_sigterm = signal.signal(signal.SIGTERM, _sigterm_to_exit)
+        return self
+
+    def __exit__(self, exc_type, exc, tb):
+        if self.collector is None:
+            return False
+        if exc_type is None or (exc_type is SystemExit and exc.code in (0, None)):
+            status = "complete"
+        elif exc_type is KeyboardInterrupt or (exc_type is SystemExit and exc.code in (130, 143)):
+            status = "interrupted"
+        else:
+            status = "failed"
+        self.finish(status, _exit_code(exc_type, exc))
+        return False
+
+    def finish(self, status: str, exit_status: int | None) -> None:
+        from bitguard.collectors.determinism import unpatch_dataloader
+
+        collector, self.collector = self.collector, None
+        collector.remove()
+        unpatch_dataloader()
+        steps_seen = collector.step + (1 if collector._advance else 0)
+        self.store.close(status, {"end_time_ns": time.time_ns(), "steps_completed": steps_seen,
+                                  "events": collector._seq})
+        if self._old_sigterm is not None:
+            signal.signal(signal.SIGTERM, self._old_sigterm)
+        if self.rank == 0:
+            self._manifest.update(status=status, complete=status == "complete", exit_status=exit_status,
+                                  end_time=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+                                  collector_errors=list(self.store.errors), events_rank0=collector._seq,
+                                  steps_completed=steps_seen)
+            manifest.write(self.out, self._manifest)
+        if self.store.errors:
+            print(f"bitguard: {len(self.store.errors)} collector error(s) recorded in {self.out}",
+                  file=sys.stderr)
+
+
+def _sigterm_to_exit(signum, frame):
+    raise SystemExit(128 + signum)
+
+
+def _exit_code(exc_type, exc) -> int:
+    if exc_type is None:
+        return 0
+    if exc_type is SystemExit:
+        code = exc.code
+        return 0 if code is None else code if isinstance(code, int) else 1
+    if exc_type is KeyboardInterrupt:
+        return 130
+    return 1
+
+
+def run_script(script: str, args: list[str], **record_kwargs) -> int:
+    """Run SCRIPT with ARGS as `python SCRIPT ARGS` would, inside a recording. Returns its exit status."""
+    path = Path(script)
+    if not path.is_file():
+        raise BadInput(f"script {script} not found; give the path of the training script after --")
+    recording = record(**record_kwargs)
+    recording.__enter__()  # bad input raises here, before the script runs
+    sys.argv = [str(path), *args]
+    sys.path.insert(0, str(path.resolve().parent))
+    failure = (None, None, None)
+    try:
+        runpy.run_path(str(path), run_name="__main__")
+    except SystemExit as exc:
+        failure = (SystemExit, exc, exc.__traceback__)
+        if not isinstance(exc.code, (int, type(None))):
+            print(exc.code, file=sys.stderr)
+    except BaseException as exc:  # noqa: BLE001 - the script's own failure, reported as python would
+        failure = (type(exc), exc, exc.__traceback__)
+        traceback.print_exc()
+    finally:
+        recording.__exit__(*failure)
+    return _exit_code(failure[0], failure[1])

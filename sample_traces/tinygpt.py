@@ -1,0 +1,285 @@
+"""A small GPT and its training loop: the workload bitguard's tests, benchmarks and scenarios record.
+
+This is an ordinary training script; it never imports bitguard. Faults for the localisation
+scenarios are switched on with --fault (each is a realistic bug, injected at a known place):
+
+  forward-bitflip   flip one bit of blocks.{L}.mlp.fc's output (inside a module's forward)
+  functional        perturb the residual add between blocks.{L}.attn and blocks.{L}.ln_2 (a
+                    functional op between modules)
+  backward          corrupt the gradient that blocks.{L}.attn.proj sends back (a wrong backward)
+  embedding-race    corrupt a few rows of the token embedding's gradient (a backward race)
+  grad-accum        skip optimizer.zero_grad() from --fault-step on (gradients accumulate)
+  optimizer         a wrong update for one parameter (lm_head.weight scaled by 1.0001 in step())
+  data              a different batch at --fault-step
+  data-order        shuffled batch order from --fault-step on
+  rng-shift         one extra RNG draw before --fault-step (shifts every dropout mask after it)
+  bf16-variance     compute layer-norm variance in bf16 (low-precision normalization)
+  swap              swap two elements of blocks.{L}.attn.qkv's output (XOR cannot see it)
+  double-flip       flip the same bit in two elements of that output (cancels under XOR)
+  nondeterministic  a nondeterministic reduction order in blocks.{L}.mlp (varies between reruns)
+  benign-dropout    an extra dropout module with p=0 inserted (structure differs, values do not)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+import time
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float = 1e-6):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x):
+        var = x.float().pow(2).mean(-1, keepdim=True)
+        return (x.float() * torch.rsqrt(var + self.eps)).to(x.dtype) * self.weight
+
+
+class LowPrecisionLayerNorm(nn.LayerNorm):
+    """LayerNorm whose variance is computed in bf16 (the 'bf16-variance' fault)."""
+
+    def forward(self, x):
+        mean = x.mean(-1, keepdim=True)
+        var = (x - mean).to(torch.bfloat16).pow(2).mean(-1, keepdim=True).to(x.dtype)
+        return (x - mean) / torch.sqrt(var + self.eps) * self.weight + self.bias
+
+
+class CausalSelfAttention(nn.Module):
+    def __init__(self, width: int, heads: int, dropout: float):
+        super().__init__()
+        self.heads = heads
+        self.qkv = nn.Linear(width, 3 * width)
+        self.proj = nn.Linear(width, width)
+        self.drop = nn.Dropout(dropout)
+
+    def forward(self, x):
+        b, t, c = x.shape
+        q, k, v = self.qkv(x).split(c, dim=2)
+        q, k, v = (z.view(b, t, self.heads, c // self.heads).transpose(1, 2) for z in (q, k, v))
+        att = (q @ k.transpose(-2, -1)) / math.sqrt(k.size(-1))
+        mask = torch.ones(t, t, dtype=torch.bool, device=x.device).tril()
+        att = self.drop(att.masked_fill(~mask, float("-inf")).softmax(-1))
+        y = (att @ v).transpose(1, 2).reshape(b, t, c)
+        return self.proj(y)
+
+
+class MLP(nn.Module):
+    def __init__(self, width: int):
+        super().__init__()
+        self.fc = nn.Linear(width, 4 * width)
+        self.act = nn.GELU()
+        self.proj = nn.Linear(4 * width, width)
+
+    def forward(self, x):
+        return self.proj(self.act(self.fc(x)))
+
+
+class Block(nn.Module):
+    def __init__(self, width: int, heads: int, norm: type, dropout: float):
+        super().__init__()
+        self.ln_1 = norm(width)
+        self.attn = CausalSelfAttention(width, heads, dropout)
+        self.ln_2 = norm(width)
+        self.mlp = MLP(width)
+
+    def forward(self, x):
+        x = residual_add(x, self.attn(self.ln_1(x)))
+        return x + self.mlp(self.ln_2(x))
+
+
+def residual_add(x, y):  # a functional op between modules (the 'functional' fault patches it)
+    return x + y
+
+
+class GPT(nn.Module):
+    def __init__(self, vocab: int, seq: int, width: int, layers: int, heads: int, norm: type, dropout: float):
+        super().__init__()
+        self.wte = nn.Embedding(vocab, width)
+        self.wpe = nn.Embedding(seq, width)
+        self.drop = nn.Dropout(dropout)
+        self.blocks = nn.ModuleList(Block(width, heads, norm, dropout) for _ in range(layers))
+        self.ln_f = norm(width)
+        self.lm_head = nn.Linear(width, vocab, bias=False)
+
+    def forward(self, idx):
+        pos = torch.arange(idx.size(1), device=idx.device)
+        x = self.drop(self.wte(idx) + self.wpe(pos))
+        for block in self.blocks:
+            x = block(x)
+        return self.lm_head(self.ln_f(x))
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--layers", type=int, default=2)
+    p.add_argument("--width", type=int, default=32)
+    p.add_argument("--heads", type=int, default=4)
+    p.add_argument("--seq", type=int, default=16)
+    p.add_argument("--batch", type=int, default=4)
+    p.add_argument("--vocab", type=int, default=64)
+    p.add_argument("--steps", type=int, default=3)
+    p.add_argument("--dtype", choices=("fp32", "bf16"), default="fp32")
+    p.add_argument("--norm", choices=("layer", "rms"), default="layer")
+    p.add_argument("--dropout", type=float, default=0.0)
+    p.add_argument("--lr", type=float, default=1e-2)
+    p.add_argument("--seed", type=int, default=1234)
+    p.add_argument("--fault", default=None)
+    p.add_argument("--fault-step", type=int, default=1)
+    p.add_argument("--fault-layer", type=int, default=0)
+    p.add_argument("--results", default=None, help="write losses (hex floats) and final parameters here (.pt)")
+    p.add_argument("--progress", action="store_true", help="print 'step N done' after each step")
+    p.add_argument("--sleep", type=float, default=0.0, help="seconds to sleep after each step")
+    return p.parse_args(argv)
+
+
+def flip_bit(t: torch.Tensor, flat_index: int, bit: int) -> torch.Tensor:
+    """Return t with one bit of one element flipped (through an integer view of the bytes)."""
+    out = t.clone()
+    ints = out.view({2: torch.int16, 4: torch.int32, 8: torch.int64}[out.element_size()]).view(-1)
+    ints[flat_index] ^= 1 << bit
+    return out
+
+
+def install_fault(args, model: GPT, state: dict):
+    """Patch the model for the chosen fault; `state['step']` is the current step."""
+    fault, layer = args.fault, args.fault_layer
+    active = lambda: state["step"] >= args.fault_step  # noqa: E731
+    block = model.blocks[layer]
+    if fault == "forward-bitflip":
+        fc = block.mlp.fc
+        original = fc.forward
+        fc.forward = lambda x: flip_bit(original(x), 3, 7) if active() else original(x)
+    elif fault == "functional":
+        global residual_add
+        plain = residual_add
+
+        def residual_add(x, y):  # noqa: F811
+            out = plain(x, y)
+            return flip_bit(out, 5, 3) if active() else out
+    elif fault == "backward":
+        proj = block.attn.proj
+        original = proj.forward
+
+        class Scale(torch.autograd.Function):
+            @staticmethod
+            def forward(ctx, x):
+                return x.view_as(x)
+
+            @staticmethod
+            def backward(ctx, g):
+                return flip_bit(g, 2, 9) if active() else g
+
+        proj.forward = lambda x: original(Scale.apply(x))
+    elif fault == "embedding-race":
+        def corrupt(g):
+            if not active():
+                return g
+            g = g.clone()
+            g[1] = g[1] + g[2] * 1e-3  # two rows' updates mixed, as a racy scatter-add would
+            return g
+
+        model.wte.weight.register_hook(corrupt)
+    elif fault == "nondeterministic":
+        fc = block.mlp.fc
+        original = fc.forward
+        salt = int.from_bytes(os.urandom(2), "little")
+
+        def racy(x):
+            out = original(x)
+            if not active():
+                return out
+            # a reduction whose order depends on scheduling: here, on the process
+            perm = torch.randperm(out.shape[-1], generator=torch.Generator().manual_seed(salt))
+            return out + (out[..., perm] - out[..., perm]) + (out * 1e-7 if salt % 2 else 0)
+
+        fc.forward = racy
+    elif fault in ("swap", "double-flip"):
+        qkv = block.attn.qkv
+        original = qkv.forward
+
+        def permuted(x):
+            out = original(x)
+            if not active():
+                return out
+            out = out.clone()
+            flat = out.view(-1)
+            if fault == "swap":
+                i, j = 0, 8  # different 64-bit words, unequal values
+                flat[i], flat[j] = flat[j].clone(), flat[i].clone()
+                return out
+            a = flip_bit(out, 0, 4).view(-1)[0]
+            flat[0] = a
+            return flip_bit(out, 2, 4)  # same bit, another word: cancels in XOR
+
+        qkv.forward = permuted
+    elif fault == "benign-dropout":
+        block.mlp.act = nn.Sequential(nn.GELU(), nn.Dropout(0.0))
+    elif fault not in (None, "grad-accum", "optimizer", "data", "data-order", "rng-shift", "bf16-variance"):
+        sys.exit(f"unknown --fault {fault}")
+
+
+def batches(args, steps: int):
+    g = torch.Generator().manual_seed(args.seed + 1)
+    data = torch.randint(0, args.vocab, (steps, args.batch, args.seq + 1), generator=g)
+    order = list(range(steps))
+    if args.fault == "data-order":
+        tail = order[args.fault_step:]
+        order = order[:args.fault_step] + tail[1:] + tail[:1]
+    if args.fault == "data":
+        data[args.fault_step, 0, 0] = (data[args.fault_step, 0, 0] + 1) % args.vocab
+    return [data[i] for i in order]
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    torch.manual_seed(args.seed)
+    dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[args.dtype]
+    norm = RMSNorm if args.norm == "rms" else nn.LayerNorm
+    if args.fault == "bf16-variance":
+        norm = LowPrecisionLayerNorm
+    model = GPT(args.vocab, args.seq, args.width, args.layers, args.heads, norm, args.dropout).to(dtype)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.01)
+    state = {"step": 0}
+    install_fault(args, model, state)
+    if args.fault == "optimizer":
+        def wrong_update(opt, *_):  # part of the optimizer's step, for one parameter
+            if state["step"] >= args.fault_step:
+                with torch.no_grad():
+                    model.lm_head.weight.mul_(1.0001)
+
+        optimizer.register_step_post_hook(wrong_update)
+    losses = []
+    for step, batch in enumerate(batches(args, args.steps)):
+        state["step"] = step
+        if args.fault == "rng-shift" and step == args.fault_step:
+            torch.rand(1)
+        x, y = batch[:, :-1], batch[:, 1:]
+        if not (args.fault == "grad-accum" and step >= args.fault_step):
+            optimizer.zero_grad(set_to_none=True)
+        logits = model(x)
+        loss = F.cross_entropy(logits.float().view(-1, logits.size(-1)), y.reshape(-1))
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.item())
+        if args.progress:
+            print(f"step {step} done", flush=True)
+        if args.sleep:
+            time.sleep(args.sleep)
+    if args.results:
+        torch.save({"losses": [float(l).hex() for l in losses],
+                    "params": {k: v.detach().clone() for k, v in model.state_dict().items()}}, args.results)
+    return losses
+
+
+if __name__ == "__main__":
+    main()
