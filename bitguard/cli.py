@@ -30,6 +30,8 @@ def _record_options(p: argparse.ArgumentParser) -> None:
                    help="torch.use_deterministic_algorithms(warn_only=True): warn instead of failing")
     p.add_argument("--threads", type=int, default=None,
                    help="torch intra-op threads (default: what the script would get; stated in the manifest)")
+    p.add_argument("--dump", action="store_true",
+                   help="also store every tensor's bytes (small models only: for tolerance studies and debugging)")
     p.add_argument("command", nargs=argparse.REMAINDER,
                    help="-- python SCRIPT [ARGS...]  (or -- SCRIPT [ARGS...] to run in this process, "
                         "e.g. under torchrun -m bitguard record)")
@@ -37,7 +39,7 @@ def _record_options(p: argparse.ArgumentParser) -> None:
 
 def _record_kwargs(args) -> dict:
     return dict(out=args.out, mode=args.mode, seed=args.seed, steps=args.steps, force=args.force,
-                determinism=args.determinism, warn_only=args.warn_only, threads=args.threads)
+                determinism=args.determinism, warn_only=args.warn_only, threads=args.threads, dump=args.dump)
 
 
 def cmd_record(args) -> int:
@@ -92,6 +94,8 @@ def _forwarded(args) -> list[str]:
         opts.append("--warn-only")
     if args.threads:
         opts += ["--threads", str(args.threads)]
+    if args.dump:
+        opts.append("--dump")
     return opts
 
 

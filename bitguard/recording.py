@@ -78,7 +78,8 @@ class record:
 
     def __init__(self, out: str | os.PathLike, mode: str = "full", seed: int = 0,
                  steps: str | tuple | None = None, force: bool = False, determinism: bool = True,
-                 warn_only: bool = False, threads: int | None = None, command: list[str] | None = None):
+                 warn_only: bool = False, threads: int | None = None, command: list[str] | None = None,
+                 dump: bool = False):
         if mode not in MODES:
             raise BadInput(f"unknown mode {mode!r}; use one of: {', '.join(MODES)}")
         self.out = Path(out)
@@ -89,6 +90,7 @@ class record:
         self.determinism = determinism
         self.warn_only = warn_only
         self.threads = threads
+        self.dump = dump
         self.command = command or list(sys.argv)
         self.collector = None
         self.store = None
@@ -114,15 +116,15 @@ class record:
         from bitguard.cuda.fingerprint import warmup
 
         settings = det.apply(det.DeterminismConfig(self.determinism, self.seed, self.warn_only, self.threads))
-        self._manifest = manifest.new(self.command, self.mode, world, settings, self.steps)
+        self._manifest = manifest.new(self.command, self.mode, world, settings, self.steps, {"dump": self.dump})
         if rank == 0:
             manifest.write(self.out, self._manifest)
         warmup()
         self.store = RankStore(str(rank_path), {
             "rank": rank, "world_size": world, "mode": self.mode, "determinism": settings,
-            "steps": self.steps, "start_time_ns": time.time_ns(), "pid": os.getpid(),
+            "steps": self.steps, "start_time_ns": time.time_ns(), "pid": os.getpid(), "dump": self.dump,
         })
-        self.collector = Collector(self.store, self.mode, self.steps, rank, world)
+        self.collector = Collector(self.store, self.mode, self.steps, rank, world, dump=self.dump)
         self.collector.install()
         if threading.current_thread() is threading.main_thread() \
                 and signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:

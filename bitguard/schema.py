@@ -100,4 +100,15 @@ META = Table(
     ),
 )
 
-TABLES = (EVENTS, TENSORS, STACKS, META)
+DUMPS = Table(
+    "dumps",
+    "Full tensor bytes, only when recorded with --dump (small models: tolerance studies, debugging).",
+    (
+        Column("seq", "BIGINT", "event the tensor belongs to"),
+        Column("role", "VARCHAR", "tensor role, as in tensors"),
+        Column("idx", "INTEGER", "tensor index, as in tensors"),
+        Column("data", "BLOB", "the tensor's bytes in logical row-major order"),
+    ),
+)
+
+TABLES = (EVENTS, TENSORS, STACKS, META, DUMPS)

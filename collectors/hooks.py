@@ -75,12 +75,13 @@ def _flatten(obj, prefix: str = ""):
 
 class Collector:
     def __init__(self, store, mode: str = "full", steps: tuple[int, int | None] | None = None,
-                 rank: int = 0, world_size: int = 1):
+                 rank: int = 0, world_size: int = 1, dump: bool = False):
         self.store = store
         self.mode = mode
         self.steps = steps
         self.rank = rank
         self.world_size = world_size
+        self.dump = dump  # also store every tensor's bytes (small models only)
         self.step = 0
         self.enabled = True
         self.errors: list[str] = store.errors
@@ -182,8 +183,11 @@ class Collector:
             storage = t.untyped_storage().data_ptr()
         except Exception:  # noqa: BLE001 - tensors without storage (meta, some subclasses)
             storage = 0
-        return [0, role, idx, path, list(t.shape), str(t.dtype).removeprefix("torch."), list(t.stride()),
-                t.numel() * t.element_size(), xor, pos, tid, storage]
+        row = [0, role, idx, path, list(t.shape), str(t.dtype).removeprefix("torch."), list(t.stride()),
+               t.numel() * t.element_size(), xor, pos, tid, storage]
+        if self.dump:  # the bytes ride along as a 13th item until _emit moves them to the dumps table
+            row.append(t.contiguous().reshape(-1).view(torch.uint8).cpu().numpy().tobytes() if t.numel() else b"")
+        return row
 
     def _rows(self, obj, role: str, start: int = 0, prefix: str = "") -> list[list]:
         return [self._row(t, role, start + i, path)
@@ -199,6 +203,7 @@ class Collector:
             self._seq += 1
             for row in rows:
                 row[0] = seq
+            dumps = [(seq, r[1], r[2], r.pop()) for r in rows] if self.dump else ()
             device, stream = "cpu", None
             if rows:
                 first = rows[0]
@@ -208,7 +213,7 @@ class Collector:
             event = (seq, self.rank, self.world_size, self.step, phase, name, module_type, kind, call,
                      depth, threading.current_thread().name, device, stream, t0, time.time_ns(),
                      self._stacks.capture())
-            self.store.add(event, rows, self._stacks.take_new())
+            self.store.add(event, rows, self._stacks.take_new(), dumps)
 
     def _row_device(self, row: list) -> str:
         return "cpu" if isinstance(row[8], int) else str(getattr(row[8], "device", "cuda"))

@@ -20,7 +20,7 @@ import traceback
 import duckdb
 import pyarrow as pa
 
-from bitguard.schema import EVENTS, META, SCHEMA_VERSION, STACKS, TABLES, TENSORS
+from bitguard.schema import DUMPS, EVENTS, META, SCHEMA_VERSION, STACKS, TABLES, TENSORS
 
 _ARROW_TYPES = {
     "BIGINT": pa.int64(),
@@ -28,6 +28,7 @@ _ARROW_TYPES = {
     "VARCHAR": pa.string(),
     "UBIGINT": pa.uint64(),
     "BIGINT[]": pa.list_(pa.int64()),
+    "BLOB": pa.binary(),
 }
 
 
@@ -35,7 +36,7 @@ def arrow_schema(table) -> pa.Schema:
     return pa.schema([(c.name, _ARROW_TYPES[c.sql]) for c in table.columns])
 
 
-_SCHEMAS = {t.name: arrow_schema(t) for t in (EVENTS, TENSORS, STACKS)}
+_SCHEMAS = {t.name: arrow_schema(t) for t in (EVENTS, TENSORS, STACKS, DUMPS)}
 _XOR = TENSORS.names.index("xor")
 _POS = TENSORS.names.index("pos")
 
@@ -67,6 +68,7 @@ class RankStore:
         self._events: list[tuple] = []
         self._tensors: list[list] = []
         self._stacks: list[tuple] = []
+        self._dumps: list[tuple] = []
         self._queue: queue.Queue = queue.Queue(maxsize=queue_batches)
         self._con = duckdb.connect(path)
         for table in TABLES:
@@ -77,17 +79,19 @@ class RankStore:
         self._thread.start()
 
     # -- training thread -------------------------------------------------------------------
-    def add(self, event: tuple, tensors: list[list], stacks: list[tuple]) -> None:
+    def add(self, event: tuple, tensors: list[list], stacks: list[tuple], dumps: list[tuple] = ()) -> None:
         self._events.append(event)
         self._tensors.extend(tensors)
         if stacks:
             self._stacks.extend(stacks)
+        if dumps:
+            self._dumps.extend(dumps)
         if len(self._events) >= self._batch_events:
             self._push()
 
     def _push(self, marker: threading.Event | None = None) -> None:
-        batch = (self._events, self._tensors, self._stacks, marker)
-        self._events, self._tensors, self._stacks = [], [], []
+        batch = (self._events, self._tensors, self._stacks, self._dumps, marker)
+        self._events, self._tensors, self._stacks, self._dumps = [], [], [], []
         self._queue.put(batch)  # blocks when the writer is behind: back-pressure
 
     def sync(self, timeout: float = 30.0) -> bool:
@@ -128,10 +132,10 @@ class RankStore:
             batch = self._queue.get()
             if batch is None:
                 return
-            events, tensors, stacks, marker = batch
+            events, tensors, stacks, dumps, marker = batch
             try:
                 if events or stacks:
-                    self._write(events, tensors, stacks)
+                    self._write(events, tensors, stacks, dumps)
             except Exception as exc:  # noqa: BLE001
                 self._report(f"writing {len(events)} events to {self.path} failed: {exc}")
                 traceback.print_exc(file=sys.stderr)
@@ -139,12 +143,13 @@ class RankStore:
                 if marker is not None:
                     marker.set()
 
-    def _write(self, events: list[tuple], tensors: list[list], stacks: list[tuple]) -> None:
+    def _write(self, events: list[tuple], tensors: list[list], stacks: list[tuple], dumps: list[tuple]) -> None:
         _resolve_digests(tensors)
         tables = {
             EVENTS.name: _to_arrow(events, _SCHEMAS[EVENTS.name]),
             TENSORS.name: _to_arrow(tensors, _SCHEMAS[TENSORS.name]),
             STACKS.name: _to_arrow(stacks, _SCHEMAS[STACKS.name]),
+            DUMPS.name: _to_arrow(dumps, _SCHEMAS[DUMPS.name]),
         }
         con = self._con
         con.execute("BEGIN")
