@@ -1,0 +1,80 @@
+"""The (xor, pos) digests of a host buffer, computed by a Numba kernel at memory bandwidth.
+
+`digest_words` is the whole kernel: one pass over a slice of uint64 words, numbered from
+`start_index`, that LLVM vectorises (AVX-512 `vpmullq` where the CPU has it). One thread reads
+memory as fast as `np.sum` does (see docs/PERFORMANCE.md), so `digest_buffer` runs on the
+calling thread unless asked for more; with `threads > 1` it splits the words into chunks on a
+short-lived thread pool. The kernel releases the GIL (`nogil=True`), so plain Python threads
+run it in parallel; Numba's own parallel layers are avoided on purpose: the default OpenMP layer
+halves throughput on two cores and the workqueue layer aborts when two Python threads (say the
+training loop and autograd's) enter it at once.
+
+Chunks combine because both digests are sums in a group: XOR for `xor`, addition mod 2^64 for
+`pos` (each chunk's terms already carry their global word index).
+
+This module knows bytes and words only; turning a tensor into bytes is `tensor_bytes`' job.
+"""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+from functools import reduce
+
+import numpy as np
+from numba import njit
+
+CHUNK_WORDS = 1 << 21  # words per task when threads > 1 (16 MiB: big enough to hide the pool)
+_U = np.uint64
+_MASK = (1 << 64) - 1
+
+
+@njit(cache=True, nogil=True)
+def digest_words(words, start_index):
+    """(xor, pos) of `words` (1-d uint64), the first being word number `start_index`."""
+    x = _U(0)
+    p = _U(0)
+    odd = _U(2) * _U(start_index) + _U(1)  # 2i+1, kept in uint64: mixing in int64 gives float64
+    for k in range(words.size):
+        w = words[k]
+        x ^= w
+        p += (w ^ (w >> _U(32)) ^ (w >> _U(48))) * odd
+        odd += _U(2)
+    return x, p
+
+
+def combine(a: tuple[int, int], b: tuple[int, int]) -> tuple[int, int]:
+    """The digests of two disjoint word ranges, joined: XOR the xors, add the pos mod 2^64."""
+    return a[0] ^ b[0], (a[1] + b[1]) & _MASK
+
+
+def digest_words_chunked(words: np.ndarray, start_index: int = 0, threads: int = 1) -> tuple[int, int]:
+    """`digest_words` as Python ints, over `threads` threads when the buffer is big enough."""
+    if threads <= 1 or words.size <= CHUNK_WORDS:
+        x, p = digest_words(words, start_index)
+        return int(x), int(p)
+
+    def part(lo: int) -> tuple[int, int]:
+        x, p = digest_words(words[lo : lo + CHUNK_WORDS], start_index + lo)
+        return int(x), int(p)
+
+    with ThreadPoolExecutor(max_workers=threads, thread_name_prefix="bitguard-digest") as pool:
+        return reduce(combine, pool.map(part, range(0, words.size, CHUNK_WORDS)), (0, 0))
+
+
+def digest_buffer(raw: np.ndarray, threads: int = 1) -> tuple[int, int]:
+    """(xor, pos) of a 1-d contiguous uint8 array, zero-padding its last word.
+
+    Whole words are read in place when the buffer starts on an 8-byte boundary and copied once
+    when it does not (a view at an odd storage offset); the 1..7 tail bytes go through a padded
+    8-byte copy as word number len(raw) // 8.
+    """
+    n_words, n_tail = divmod(raw.size, 8)
+    body = raw[: n_words * 8]
+    if body.ctypes.data % 8:
+        body = body.copy()  # NumPy allocates at 16-byte (or wider) boundaries
+    acc = digest_words_chunked(body.view(np.uint64), 0, threads)  # native order: x86/ARM are little-endian
+    if n_tail:
+        last = np.zeros(8, dtype=np.uint8)
+        last[:n_tail] = raw[n_words * 8 :]
+        acc = combine(acc, digest_words_chunked(last.view(np.uint64), n_words))
+    return acc

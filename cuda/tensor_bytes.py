@@ -1,0 +1,34 @@
+"""The bytes a digest reads: any strided tensor as a flat uint8 tensor in logical row-major order.
+
+Both kernels start from here. The result is a view of the tensor's own memory when the tensor
+is contiguous with no lazy conjugate or negative bit; otherwise it is a fresh copy, made on the
+tensor's device (and, on CUDA, on the current stream), costing one extra read and write of the
+tensor. Nothing here changes the tensor or records autograd history.
+
+Layouts without one strided buffer (sparse, nested, quantized) and tensors without data (meta)
+are refused with a `NotSupported` that says what to digest instead.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from bitguard.errors import NotSupported
+
+
+def tensor_bytes(t: torch.Tensor) -> torch.Tensor:
+    """A 1-d uint8 tensor holding `t`'s logical row-major bytes, on `t`'s device."""
+    if t.layout != torch.strided or t.is_quantized or t.is_nested:
+        raise NotSupported(
+            f"cannot digest a {t.layout} tensor{' (quantized)' if t.is_quantized else ''}: "
+            "only dense strided tensors have one byte order; digest its dense form "
+            "(to_dense(), int_repr() or unbind()) instead"
+        )
+    if t.device.type == "meta":
+        raise NotSupported("cannot digest a tensor on the meta device: it has no data; digest it once it is materialised")
+    with torch.no_grad():
+        t = t.detach()  # Parameters and requires_grad tensors: same memory, no autograd
+        if type(t) is not torch.Tensor:
+            t = t.as_subclass(torch.Tensor)  # a subclass's overrides must not see our views
+        t = t.resolve_conj().resolve_neg()  # lazy bits: the logical value is not the stored bytes
+        return t.contiguous().reshape(-1).view(torch.uint8)
