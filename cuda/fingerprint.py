@@ -1,0 +1,70 @@
+"""The public digest API the collectors call: (xor, pos) of any tensor, on its own device.
+
+`digest(t)` answers at once. `digest_async(t)` answers at once for host tensors and with a
+`Pending` for CUDA tensors, whose kernel is queued on the tensor's current stream without any
+host synchronisation; `resolve(items)` turns a list mixing answers and pendings into answers,
+reading back each batch of GPU results once. The definition of the two digests is in
+docs/DIGESTS.md; `bitguard.cuda.reference` is its plain NumPy transcription.
+
+Tensors on other devices (mps, xpu, ...) are copied to the host first. This module holds one
+piece of state: the process's `CudaDigester`, created on the first CUDA tensor.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import TYPE_CHECKING, Union
+
+import numpy as np
+import torch
+
+from bitguard.cuda.cpu_kernel import digest_buffer
+from bitguard.cuda.tensor_bytes import tensor_bytes
+
+if TYPE_CHECKING:
+    from bitguard.cuda.cuda_kernel import CudaDigester, Pending
+
+Digest = tuple[int, int]  # (xor, pos), each an unsigned 64-bit value as a Python int
+
+_digester: CudaDigester | None = None
+_digester_lock = threading.Lock()
+
+
+def digest(t: torch.Tensor) -> Digest:
+    """(xor, pos) of `t`'s logical row-major bytes; waits for a CUDA tensor's kernel."""
+    return resolve([digest_async(t)])[0]
+
+
+def digest_async(t: torch.Tensor) -> Union[Digest, "Pending"]:
+    """(xor, pos) of a host tensor, or a `Pending` for a CUDA tensor; never synchronises CUDA."""
+    if t.device.type == "cuda":
+        return cuda_digester().submit(t)
+    b = tensor_bytes(t)
+    if b.device.type != "cpu":
+        b = b.cpu()
+    return digest_buffer(b.numpy()) if b.numel() else (0, 0)
+
+
+def resolve(items: list[Union[Digest, "Pending"]]) -> list[Digest]:
+    """The answers of `digest_async` calls, in order; pendings are read back batch by batch."""
+    pending = [x for x in items if not isinstance(x, tuple)]
+    answers = iter(cuda_digester().collect(pending) if pending else ())
+    return [x if isinstance(x, tuple) else next(answers) for x in items]
+
+
+def cuda_digester() -> CudaDigester:
+    """The process's digester for CUDA tensors (created on first use)."""
+    global _digester
+    with _digester_lock:
+        if _digester is None:
+            from bitguard.cuda.cuda_kernel import CudaDigester
+
+            _digester = CudaDigester()
+        return _digester
+
+
+def warmup() -> None:
+    """Compile (or load from Numba's cache) the kernels, so no training step pays for it."""
+    digest_buffer(np.zeros(9, dtype=np.uint8))  # whole words and a tail: the one CPU signature
+    if torch.cuda.is_available():
+        digest(torch.zeros(9, dtype=torch.uint8, device="cuda"))

@@ -1,0 +1,181 @@
+"""The public digest API on host tensors: every dtype and view against the NumPy reference, and
+the changes each digest must (and, as documented, may not) notice."""
+
+import numpy as np
+import pytest
+import torch
+
+from bitguard.cuda import fingerprint
+from bitguard.cuda.cpu_kernel import digest_words
+from bitguard.cuda.fingerprint import digest, digest_async, resolve, warmup
+from bitguard.cuda.reference import digest_tensor_reference
+from bitguard.errors import NotSupported
+
+DTYPES = [
+    torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.float8_e4m3fn, torch.float8_e5m2,
+    torch.int8, torch.uint8, torch.int16, torch.int32, torch.int64, torch.bool, torch.complex64,
+]  # fmt: skip
+
+
+def random_tensor(shape, dtype, seed=0) -> torch.Tensor:
+    """Random bytes of any dtype (every bit pattern, NaNs included); bools stay 0 or 1."""
+    g = torch.Generator().manual_seed(seed)
+    if dtype == torch.bool:
+        return torch.randint(0, 2, shape, generator=g).bool()
+    nbytes = int(np.prod(shape)) * torch.empty((), dtype=dtype).element_size()
+    return torch.randint(0, 256, (nbytes,), dtype=torch.uint8, generator=g).view(dtype).reshape(shape)
+
+
+VIEWS = {
+    "empty": lambda t: t[:0],
+    "empty 3-d": lambda t: t.reshape(6, 5, 7)[:, :0],
+    "one element": lambda t: t[:1, :1],
+    "0-dim": lambda t: t[3, 4],
+    "contiguous 3-d": lambda t: t.reshape(6, 5, 7),
+    "transposed": lambda t: t.t(),
+    "stepped slice": lambda t: t[1::2, ::3],
+    "expanded": lambda t: t[:1].expand(9, -1),
+    "permuted": lambda t: t.reshape(6, 5, 7).permute(2, 0, 1),
+    "odd offset": lambda t: t.reshape(-1)[3:198],
+}
+
+
+@pytest.mark.parametrize("view", VIEWS, ids=str)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_digest_equals_reference(dtype, view, same_digest):
+    t = VIEWS[view](random_tensor((30, 7), dtype))
+    same_digest(digest(t), digest_tensor_reference(t), f"{dtype} {view} {tuple(t.shape)}")
+
+
+@pytest.mark.parametrize("n", [3, 7, 9, 1000003])
+@pytest.mark.parametrize("dtype", [torch.int8, torch.uint8, torch.bool, torch.float8_e4m3fn])
+def test_odd_byte_counts(n, dtype, same_digest):
+    t = random_tensor((n,), dtype, seed=n)
+    same_digest(digest(t), digest_tensor_reference(t), f"{n} {dtype} elements")
+
+
+def test_zero_size_is_zero():
+    assert digest(torch.empty(0, 3)) == digest(torch.empty(0, dtype=torch.bfloat16)) == (0, 0)
+
+
+def test_lazy_conjugate_and_negative_views(same_digest):
+    c = random_tensor((5, 3), torch.complex64).nan_to_num()
+    for name, t in {"conj": c.conj(), "conj of transposed": c.t().conj(), "negative imag": c.conj().imag}.items():
+        same_digest(digest(t), digest_tensor_reference(t), name)
+    assert digest(c.conj()) != digest(c)
+
+
+def test_parameters_and_subclasses(same_digest):
+    class Tagged(torch.Tensor):
+        pass
+
+    x = random_tensor((4, 9), torch.float32).nan_to_num()
+    for t in (torch.nn.Parameter(x.clone()), x.clone().as_subclass(Tagged)):
+        same_digest(digest(t), digest_tensor_reference(x), type(t).__name__)
+
+
+def test_tensor_and_autograd_state_unchanged():
+    x = torch.randn(16, 16, requires_grad=True)
+    y = (x * 3).t()
+    y_before, grad_fn, version = y.detach().clone(), y.grad_fn, y._version
+    digest(y)
+    resolve([digest_async(y), digest_async(x)])
+    assert y.grad_fn is grad_fn and y._version == version and y.requires_grad and x.grad is None
+    assert torch.equal(y.detach(), y_before)
+    y.sum().backward()
+    assert torch.equal(x.grad, torch.full_like(x, 3.0))
+
+
+def test_unsupported_layouts_say_what_to_do():
+    with pytest.raises(NotSupported, match="to_dense"):
+        digest(torch.eye(3).to_sparse())
+    with pytest.raises(NotSupported, match="meta"):
+        digest(torch.empty(3, device="meta"))
+
+
+def test_async_on_host_answers_at_once(same_digest):
+    ts = [random_tensor((n,), torch.bfloat16, seed=n) for n in (1, 5, 64)]
+    items = [digest_async(t) for t in ts]
+    assert all(isinstance(i, tuple) for i in items)
+    for t, got in zip(ts, resolve(items)):
+        same_digest(got, digest_tensor_reference(t), f"{t.numel()} bf16")
+
+
+def test_warmup_compiles_what_digest_runs():
+    warmup()
+    signatures = len(digest_words.signatures)
+    for dtype in (torch.float32, torch.bfloat16, torch.bool):
+        digest(random_tensor((11,), dtype))
+        digest(random_tensor((11, 4), dtype).t())
+    assert len(digest_words.signatures) == signatures
+
+
+FLIP_DTYPES = [torch.float32, torch.bfloat16, torch.float16, torch.float8_e5m2, torch.int8, torch.float64, torch.complex64]
+
+
+def flip_bit(t: torch.Tensor, bit: int) -> torch.Tensor:
+    """A copy of `t` with bit `bit` of its row-major bytes flipped."""
+    out = t.clone()
+    out.reshape(-1).view(torch.uint8)[bit // 8] ^= 1 << (bit % 8)
+    return out
+
+
+@pytest.mark.parametrize("dtype", FLIP_DTYPES, ids=str)
+def test_any_single_bit_flip_changes_both_digests(dtype):
+    t = random_tensor((37, 5), dtype)
+    nbits = t.numel() * t.element_size() * 8
+    before = digest(t)
+    for bit in np.random.default_rng(1).choice(nbits, 40, replace=False).tolist() + [0, nbits - 1]:
+        after = digest(flip_bit(t, bit))
+        assert after[0] != before[0], f"{dtype}: flipping bit {bit} kept xor {before[0]:#018x}"
+        assert after[1] != before[1], f"{dtype}: flipping bit {bit} kept pos {before[1]:#018x}"
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.int8, torch.float64, torch.int64], ids=str)
+def test_swapping_two_unequal_elements_changes_pos(dtype):
+    t = random_tensor((999,), dtype, seed=3)
+    words_per_element = t.element_size() / 8
+    rng = np.random.default_rng(2)
+    for _ in range(50):
+        i, j = rng.choice(t.numel(), 2, replace=False).tolist()
+        if torch.equal(t[i : i + 1].view(torch.uint8), t[j : j + 1].view(torch.uint8)):
+            continue
+        s = t.clone()
+        s[i], s[j] = t[j], t[i]
+        before, after = digest(t), digest(s)
+        assert after[1] != before[1], f"{dtype}: swapping elements {i} and {j} kept pos {before[1]:#018x}"
+        if words_per_element == 1:  # whole words swapped: xor cannot see it
+            assert after[0] == before[0]
+
+
+def test_bf16_swap_across_words_changes_pos():
+    t = torch.tensor([1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0], dtype=torch.bfloat16)
+    s = t.clone()
+    s[1], s[5] = t[5], t[1]  # same lane of words 0 and 1: the words trade bits, xor is blind
+    assert digest(s)[0] == digest(t)[0]
+    assert digest(s)[1] != digest(t)[1], f"pos kept {digest(t)[1]:#018x}"
+
+
+def test_same_bit_flipped_in_two_words_changes_pos():
+    """Cancels in xor; pos sees it for every bit when the words are under 2^15 apart (DIGESTS.md)."""
+    t = random_tensor((1000,), torch.int64, seed=5)
+    before = digest(t)
+    rng = np.random.default_rng(4)
+    for bit in range(64):
+        i, j = sorted(rng.choice(t.numel(), 2, replace=False).tolist())
+        after = digest(flip_bit(flip_bit(t, 64 * i + bit), 64 * j + bit))
+        assert after[0] == before[0]
+        assert after[1] != before[1], f"bit {bit} flipped in words {i} and {j} kept pos {before[1]:#018x}"
+
+
+def test_documented_blind_spots_of_pos():
+    """The two smallest cases docs/DIGESTS.md lists as invisible to both digests."""
+    # Swapping adjacent words whose difference is 0x8000000080008000 (mix of it is 2^63).
+    words = torch.tensor([5, (5 ^ 0x8000000080008000) - 2**64, 9], dtype=torch.int64)  # as int64
+    assert digest(words) == digest(words[[1, 0, 2]])
+    # Flipping bit 63 in words 32767 and 32768 when mix bit 15 agrees and mix bit 31 differs.
+    words = torch.zeros(32769, dtype=torch.int64)
+    words[32768] = 2**31
+    flipped = words.clone()
+    flipped[32767:] ^= -(2**63)
+    assert digest(words) == digest(flipped)
