@@ -69,12 +69,12 @@ def digest_buffer(raw: np.ndarray, threads: int = 1) -> tuple[int, int]:
     8-byte copy as word number len(raw) // 8.
     """
     n_words, n_tail = divmod(raw.size, 8)
-    body = raw[: n_words * 8]
-    if body.ctypes.data % 8:
-        body = body.copy()  # NumPy allocates at 16-byte (or wider) boundaries
-    acc = digest_words_chunked(body.view(np.uint64), 0, threads)  # native order: x86/ARM are little-endian
+    words = raw[: n_words * 8].view(np.uint64)  # native order: x86 and ARM are little-endian
+    if not words.flags.aligned:
+        words = words.copy()  # NumPy allocates at 16-byte (or wider) boundaries
+    acc = digest_words_chunked(words, 0, threads)
     if n_tail:
-        last = np.zeros(8, dtype=np.uint8)
-        last[:n_tail] = raw[n_words * 8 :]
-        acc = combine(acc, digest_words_chunked(last.view(np.uint64), n_words))
+        last = np.zeros(1, dtype=np.uint64)
+        last.view(np.uint8)[:n_tail] = raw[n_words * 8 :]
+        acc = combine(acc, digest_words_chunked(last, n_words))
     return acc

@@ -26,9 +26,9 @@ def tensor_bytes(t: torch.Tensor) -> torch.Tensor:
         )
     if t.device.type == "meta":
         raise NotSupported("cannot digest a tensor on the meta device: it has no data; digest it once it is materialised")
-    with torch.no_grad():
-        t = t.detach()  # Parameters and requires_grad tensors: same memory, no autograd
-        if type(t) is not torch.Tensor:
-            t = t.as_subclass(torch.Tensor)  # a subclass's overrides must not see our views
+    t = t.detach()  # Parameters and requires_grad tensors: same memory, and nothing below is recorded
+    if type(t) is not torch.Tensor:
+        t = t.as_subclass(torch.Tensor)  # a subclass's overrides must not see our views
+    if t.is_conj() or t.is_neg():
         t = t.resolve_conj().resolve_neg()  # lazy bits: the logical value is not the stored bytes
-        return t.contiguous().reshape(-1).view(torch.uint8)
+    return t.contiguous().reshape(-1).view(torch.uint8)
