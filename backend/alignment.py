@@ -44,8 +44,9 @@ _BOTH = 3
 _KBAND = 0
 _SLOPE = 1
 
-# Slots of the statistics array that _align_monotone returns.
+# Slots of the statistics array that _align_monotone returns, and their number.
 _ST_ANCHORS, _ST_SUB_ANCHORS, _ST_WINDOWS, _ST_SPARSE, _ST_NARROWED, _ST_CELLS, _ST_MAX_WINDOW = range(7)
+_N_STATS = 7
 
 DEFAULT_MAX_CELLS = 1 << 23
 """DP cells (one byte of traceback each) above which a window is split again before solving."""
@@ -116,7 +117,7 @@ def full_dp_align(keys_a: np.ndarray, keys_b: np.ndarray) -> Alignment:
     kb = _as_keys(keys_b, "keys_b")
     n, m = ka.size, kb.size
     match_a = np.full(n, -1, dtype=np.int64)
-    stats = np.zeros(7, dtype=np.int64)
+    stats = np.zeros(_N_STATS, dtype=np.int64)
     if n and m:
         stats[_ST_CELLS] = _solve_window(ka, kb, 0, n, 0, m, max(n, m), _KBAND, match_a)
         stats[_ST_WINDOWS] = 1
@@ -469,7 +470,7 @@ def _align_monotone(ka, kb, band, max_cells, max_pairs):
     n = ka.size
     m = kb.size
     match_a = np.full(n, -1, dtype=np.int64)
-    stats = np.zeros(7, dtype=np.int64)
+    stats = np.zeros(_N_STATS, dtype=np.int64)
     stack = [(0, n, 0, m, True)]  # windows [a_lo, a_hi) x [b_lo, b_hi); True: the whole runs
     while len(stack) > 0:
         a_lo, a_hi, b_lo, b_hi, whole = stack.pop()
@@ -490,7 +491,7 @@ def _align_monotone(ka, kb, band, max_cells, max_pairs):
         if wn == 0 or wm == 0:
             continue
         cells = _band_cells(wn, wm, band, _KBAND)
-        if cells > max_cells and not whole:
+        if cells > max_cells and not whole:  # (the whole runs were just searched for anchors)
             if _split_at_anchors(ka, kb, a_lo, a_hi, b_lo, b_hi, match_a, stack, stats, _ST_SUB_ANCHORS):
                 continue
         stats[_ST_WINDOWS] += 1
