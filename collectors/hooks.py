@@ -70,7 +70,8 @@ def _flatten(obj, prefix: str = ""):
         if isinstance(leaf, torch.Tensor):
             yield key, leaf
         elif is_dataclass(leaf) and not isinstance(leaf, type):
-            yield from _flatten({f.name: getattr(leaf, f.name) for f in fields(leaf)}, key)
+            for f in fields(leaf):
+                yield from _flatten(getattr(leaf, f.name), f"{key}.{f.name}")
 
 
 class Collector:

@@ -1,0 +1,31 @@
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+TINYGPT = ROOT / "sample_traces" / "tinygpt.py"
+SCRIPTS = ROOT / "tests" / "scripts"
+BITGUARD = [sys.executable, "-m", "bitguard"]
+
+
+def run(cmd, **kw):
+    kw.setdefault("capture_output", True)
+    kw.setdefault("text", True)
+    kw.setdefault("timeout", 300)
+    return subprocess.run([str(c) for c in cmd], **kw)
+
+
+def record(out, *script_args, options=(), script=TINYGPT, check=True):
+    """`bitguard record --out OUT OPTIONS -- python SCRIPT ARGS` in a subprocess."""
+    proc = run([*BITGUARD, "record", "--out", out, *options, "--", sys.executable, script, *script_args])
+    if check:
+        assert proc.returncode == 0, proc.stderr
+    return proc
+
+
+@pytest.fixture
+def record_run():
+    return record

@@ -1,0 +1,290 @@
+"""The recorder: what a run directory holds, reproducibility, faults, crashes and bad input."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import duckdb
+import pytest
+
+import bitguard
+from bitguard.schema import EVENTS, TENSORS
+from .conftest import BITGUARD, SCRIPTS, TINYGPT, record, run
+
+
+def events(run_dir, rank=0):
+    con = duckdb.connect(str(run_dir / f"rank-{rank}.duckdb"), read_only=True)
+    try:
+        ev = con.sql("SELECT * FROM events ORDER BY seq").fetchall()
+        tensors = con.sql("SELECT * FROM tensors ORDER BY seq, role, idx").fetchall()
+    finally:
+        con.close()
+    return ev, tensors
+
+
+def digests_by_event(run_dir):
+    ev, tensors = events(run_dir)
+    names = EVENTS.names
+    t_names = TENSORS.names
+    out = []
+    by_seq = {}
+    for t in tensors:
+        row = dict(zip(t_names, t))
+        by_seq.setdefault(row["seq"], []).append((row["role"], row["idx"], row["xor"], row["pos"]))
+    for e in ev:
+        row = dict(zip(names, e))
+        key = (row["step"], row["phase"], row["kind"], row["boundary"], row["call"])
+        out.append((key, tuple(by_seq.get(row["seq"], ()))))
+    return out
+
+
+def test_run_directory_layout_and_event_fields(tmp_path):
+    out = tmp_path / "run"
+    record(out, "--steps", "2")
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["status"] == "complete" and manifest["complete"] and manifest["exit_status"] == 0
+    for key in ("tool_version", "schema_version", "command", "versions", "devices", "world_size", "determinism",
+                "start_time", "end_time", "mode"):
+        assert key in manifest, key
+    det = manifest["determinism"]
+    assert det["enabled"] and det["deterministic_algorithms"] and not det["cudnn_benchmark"]
+    assert det["torch_threads"] >= 1 and det["CUBLAS_WORKSPACE_CONFIG"] and det["NCCL_ALGO"]
+    ev, tensors = events(out)
+    rows = [dict(zip(EVENTS.names, e)) for e in ev]
+    phases = {r["phase"] for r in rows}
+    assert phases == {"data", "forward", "backward", "optimizer"}
+    assert [r["seq"] for r in rows] == list(range(len(rows)))
+    assert rows[0]["phase"] == "data" and rows[0]["step"] == 0
+    # the optimizer step belongs to the step it ends; the next forward is the next step
+    opt = [r for r in rows if r["phase"] == "optimizer"]
+    assert {r["step"] for r in opt} == {0, 1}
+    first_step1 = next(r for r in rows if r["step"] == 1)
+    assert first_step1["phase"] == "data"
+    names = {r["boundary"] for r in rows}
+    assert {"GPT", "blocks.0.attn.qkv", "lm_head", "blocks.0.mlp.fc.weight"} <= names
+    grads = [r for r in rows if r["kind"] == "grad"]
+    assert grads and all(r["phase"] == "backward" for r in grads)
+    trow = [dict(zip(TENSORS.names, t)) for t in tensors]
+    roles = {t["role"] for t in trow}
+    assert {"input", "output", "grad_input", "grad_output", "grad", "param", "state"} <= roles
+    qkv = next(r for r in rows if r["boundary"] == "blocks.0.attn.qkv" and r["phase"] == "forward")
+    assert qkv["module_type"] == "Linear" and qkv["depth"] == 3 and qkv["t_end_ns"] >= qkv["t_start_ns"]
+    qkv_t = [t for t in trow if t["seq"] == qkv["seq"]]
+    assert [t["role"] for t in qkv_t] == ["input", "output"]
+    assert qkv_t[1]["shape"] == [4, 16, 96] and qkv_t[1]["dtype"] == "float32" and qkv_t[1]["nbytes"] == 4 * 16 * 96 * 4
+    # dataflow: ln_1's output tensor is qkv's input tensor
+    ln1 = next(r for r in rows if r["boundary"] == "blocks.0.ln_1" and r["phase"] == "forward")
+    ln1_out = next(t for t in trow if t["seq"] == ln1["seq"] and t["role"] == "output")
+    assert ln1_out["tid"] == qkv_t[0]["tid"] and ln1_out["xor"] == qkv_t[0]["xor"]
+    con = duckdb.connect(str(out / "rank-0.duckdb"), read_only=True)
+    stack = json.loads(con.sql(f"SELECT frames FROM stacks WHERE stack_id = {qkv['stack_id']}").fetchall()[0][0])
+    con.close()
+    assert any("tinygpt.py" in f and "in forward" in f for f in stack), stack
+
+
+def test_two_recordings_in_separate_processes_have_identical_digests(tmp_path):
+    record(tmp_path / "a", "--steps", "2", "--dropout", "0.1")
+    record(tmp_path / "b", "--steps", "2", "--dropout", "0.1")
+    a, b = digests_by_event(tmp_path / "a"), digests_by_event(tmp_path / "b")
+    assert len(a) == len(b) > 100
+    for (ka, da), (kb, db) in zip(a, b):
+        assert ka == kb
+        assert da == db, f"event {ka} differs between identical runs"
+
+
+def test_fault_inside_a_linear_changes_that_event_and_only_later_ones(tmp_path):
+    record(tmp_path / "ref", "--steps", "2")
+    record(tmp_path / "bad", "--steps", "2", "--fault", "forward-bitflip", "--fault-step", "1")
+    a, b = digests_by_event(tmp_path / "ref"), digests_by_event(tmp_path / "bad")
+    assert [k for k, _ in a] == [k for k, _ in b]
+    differing = [i for i, ((_, da), (_, db)) in enumerate(zip(a, b)) if da != db]
+    first = differing[0]
+    assert a[first][0] == (1, "forward", "module", "blocks.0.mlp.fc", 0), a[first][0]
+    # its input matched, its output did not
+    ins_a = [t for t in a[first][1] if t[0] == "input"]
+    ins_b = [t for t in b[first][1] if t[0] == "input"]
+    assert ins_a == ins_b
+
+
+def test_keyword_inputs_and_nested_outputs_are_digested(tmp_path):
+    out = tmp_path / "run"
+    record(out, script=SCRIPTS / "containers.py")
+    ev, tensors = events(out)
+    rows = {(r[EVENTS.names.index("boundary")], r[EVENTS.names.index("phase")]): r[0] for r in ev
+            if r[EVENTS.names.index("step")] == 0}
+    inner = [dict(zip(TENSORS.names, t)) for t in tensors if t[0] == rows[("inner", "forward")]]
+    assert [(t["role"], t["path"]) for t in inner] == [
+        ("input", "[0]"), ("input", "['scale']"), ("output", "['y']"), ("output", "['pair'][0]"),
+        ("output", "['pair'][1]")], inner
+    root = [dict(zip(TENSORS.names, t)) for t in tensors if t[0] == rows[("Model", "forward")]]
+    assert [t["path"] for t in root if t["role"] == "output"] == [".logits", ".extras['aux']"], root
+
+
+def test_killed_run_leaves_a_readable_directory_with_completed_steps(tmp_path):
+    out = tmp_path / "run"
+    cmd = [*BITGUARD, "record", "--out", out, "--", sys.executable, TINYGPT, "--steps", "50", "--progress",
+           "--sleep", "0.3"]
+    proc = subprocess.Popen([str(c) for c in cmd], stdout=subprocess.PIPE, text=True)
+    seen = 0
+    for line in proc.stdout:
+        if line.startswith("step "):
+            seen += 1
+        if seen == 3:
+            break
+    # SIGKILL the training process (the recorder's child), not the launcher
+    child = int(subprocess.run(["pgrep", "-f", "-P", str(proc.pid), "tinygpt"], capture_output=True,
+                               text=True).stdout.split()[0])
+    os.kill(child, signal.SIGKILL)
+    assert proc.wait(timeout=60) == 128 + signal.SIGKILL
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["status"] == "failed" and manifest["signal"] == "SIGKILL" and not manifest["complete"]
+    ev, _ = events(out)
+    steps = {dict(zip(EVENTS.names, e))["step"] for e in ev}
+    assert {0, 1, 2} <= steps, steps
+    per_step = {}
+    for e in ev:
+        r = dict(zip(EVENTS.names, e))
+        per_step[r["step"]] = per_step.get(r["step"], 0) + 1
+    assert per_step[0] == per_step[1] == per_step[2]  # every completed step is whole
+    # and it compares against a complete run as an incomplete-but-identical prefix
+    record(tmp_path / "full", "--steps", "50")
+    c = bitguard.compare(tmp_path / "full", out)
+    assert c.verdict == "identical"
+    assert c.to_dict()["incomplete"]["b"].startswith("status failed")
+
+
+def test_failing_script_leaves_a_run_marked_failed_with_its_exit_code(tmp_path):
+    script = tmp_path / "fails.py"
+    script.write_text("import torch\nm = torch.nn.Linear(2, 2)\nm(torch.ones(1, 2))\nraise SystemExit(3)\n")
+    proc = record(tmp_path / "run", script=script, check=False)
+    assert proc.returncode == 3
+    manifest = json.loads((tmp_path / "run" / "manifest.json").read_text())
+    assert manifest["status"] == "failed" and manifest["exit_status"] == 3
+    ev, _ = events(tmp_path / "run")
+    assert len(ev) == 2  # data + forward of the Linear
+
+
+def test_exception_in_script_exits_1_and_keeps_events(tmp_path):
+    script = tmp_path / "raises.py"
+    script.write_text("import torch\nm = torch.nn.Linear(2, 2)\nm(torch.ones(1, 2))\nraise ValueError('boom')\n")
+    proc = record(tmp_path / "run", script=script, check=False)
+    assert proc.returncode == 1 and "ValueError: boom" in proc.stderr
+    assert json.loads((tmp_path / "run" / "manifest.json").read_text())["status"] == "failed"
+    assert len(events(tmp_path / "run")[0]) == 2
+
+
+@pytest.mark.parametrize("case", ["non-empty", "unwritable", "missing-script", "unknown-mode", "bad-steps",
+                                  "no-command", "launcher"])
+def test_bad_input_gets_one_line_and_exit_2(tmp_path, case):
+    out = tmp_path / "run"
+    script = TINYGPT
+    opts = []
+    cmd_tail = [sys.executable, script]
+    if case == "non-empty":
+        out.mkdir()
+        (out / "keep.txt").write_text("precious")
+    elif case == "unwritable":
+        (tmp_path / "file").write_text("")
+        out = tmp_path / "file" / "run"
+    elif case == "missing-script":
+        cmd_tail = [sys.executable, tmp_path / "nope.py"]
+    elif case == "unknown-mode":
+        opts = ["--mode", "paranoid"]
+    elif case == "bad-steps":
+        opts = ["--steps", "5"]
+    elif case == "no-command":
+        cmd_tail = []
+    elif case == "launcher":
+        cmd_tail = ["deepspeed", script]
+    proc = run([*BITGUARD, "record", "--out", out, *opts, "--", *cmd_tail])
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("bitguard record: error: "), proc.stderr
+    if case == "non-empty":
+        assert (out / "keep.txt").read_text() == "precious"  # nothing already there is lost
+        assert "--force" in lines[0]
+
+
+def test_force_replaces_an_earlier_recording(tmp_path):
+    record(tmp_path / "run", "--steps", "1")
+    record(tmp_path / "run", "--steps", "2", options=["--force"])
+    assert {dict(zip(EVENTS.names, e))["step"] for e in events(tmp_path / "run")[0]} == {0, 1}
+
+
+def test_collector_failure_never_crashes_training(tmp_path, monkeypatch):
+    import torch
+
+    from bitguard.collectors import hooks
+
+    calls = {"n": 0}
+    real = hooks.digest_async
+
+    def flaky(t):
+        calls["n"] += 1
+        if calls["n"] % 7 == 0:
+            raise RuntimeError("simulated digest failure")
+        return real(t)
+
+    monkeypatch.setattr(hooks, "digest_async", flaky)
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU(), torch.nn.Linear(4, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with bitguard.record(tmp_path / "run"):
+        for _ in range(3):
+            opt.zero_grad()
+            model(torch.randn(2, 4)).sum().backward()
+            opt.step()
+    manifest = json.loads((tmp_path / "run" / "manifest.json").read_text())
+    assert manifest["status"] == "complete"
+    assert any("simulated digest failure" in e for e in manifest["collector_errors"])
+
+
+def test_python_api_removes_every_hook_it_installed(tmp_path):
+    import torch
+    from torch.nn.modules import module as nn_module
+    from torch.optim import optimizer as optim
+
+    before = (len(nn_module._global_forward_pre_hooks), len(nn_module._global_forward_hooks),
+              len(optim._global_optimizer_post_hooks))
+    model = torch.nn.Linear(3, 3)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with bitguard.record(tmp_path / "run", mode="trusted"):
+        model(torch.ones(1, 3)).sum().backward()
+        opt.step()
+    after = (len(nn_module._global_forward_pre_hooks), len(nn_module._global_forward_hooks),
+             len(optim._global_optimizer_post_hooks))
+    assert before == after
+    assert not model.weight._backward_hooks and not model.weight._post_accumulate_grad_hooks
+
+
+def test_disable_switch_turns_recording_into_a_no_op(tmp_path, monkeypatch):
+    import torch
+
+    monkeypatch.setenv("BITGUARD_DISABLE", "1")
+    with bitguard.record(tmp_path / "run"):
+        torch.nn.Linear(2, 2)(torch.ones(1, 2))
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.slow
+def test_torchrun_two_ranks_gloo(tmp_path):
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
+    for name in ("a", "b"):
+        proc = run([*torchrun, "-m", "bitguard", "record", "--out", tmp_path / name, "--",
+                    SCRIPTS / "ddp_train.py"], env={**os.environ, "OMP_NUM_THREADS": "1"})
+        assert proc.returncode == 0, proc.stderr[-3000:]
+    for name in ("a", "b"):
+        assert (tmp_path / name / "rank-0.duckdb").exists() and (tmp_path / name / "rank-1.duckdb").exists()
+        assert json.loads((tmp_path / name / "manifest.json").read_text())["world_size"] == 2
+    ev1, _ = events(tmp_path / "a", rank=1)
+    assert {dict(zip(EVENTS.names, e))["rank"] for e in ev1} == {1}
+    assert {dict(zip(EVENTS.names, e))["world_size"] for e in ev1} == {2}
+    assert bitguard.compare(tmp_path / "a", tmp_path / "b").verdict == "identical"
+    proc = run([*torchrun, "-m", "bitguard", "record", "--out", tmp_path / "c", "--", SCRIPTS / "ddp_train.py"],
+               env={**os.environ, "OMP_NUM_THREADS": "1", "FAULT_RANK": "1"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    fd = bitguard.compare(tmp_path / "a", tmp_path / "c").first_divergence
+    assert (fd["rank"], fd["step"], fd["phase"], fd["blame"]) == (1, 1, "data", "data")
