@@ -1,0 +1,366 @@
+"""Figures for the notebook: the aligned timeline, the propagation graph and the summary table.
+
+Each is a thin drawing over what `Comparison` already computed: `timeline` reads
+`Comparison.events()`, `propagation_figure` reads `Comparison.propagation_graph()` and
+`summary_html` reads the report fields of `Comparison.to_dict()`. Nothing here aligns, compares
+or blames; a figure that needs a number the comparison does not have is a change to compare.py.
+"""
+
+from __future__ import annotations
+
+import html
+import math
+
+import plotly.graph_objects as go
+import polars as pl
+
+MAX_POINTS = 20_000  # above this many markers the timeline aggregates rows into bins
+STATUS_COLOURS = {  # also the legend order
+    "identical": "#9ccfa4",
+    "benign": "#7fb1e0",
+    "diverged": "#d62728",
+    "only_a": "#ff9f1c",
+    "only_b": "#9467bd",
+}
+STATUS_LABELS = {"identical": "identical", "benign": "benign (rule)", "diverged": "diverged",
+                 "only_a": "only in A", "only_b": "only in B"}
+SEVERITY = {"identical": 0, "benign": 1, "only_a": 2, "only_b": 2, "diverged": 3}  # a bin shows its worst
+PHASE_COLOURS = {"data": "#7f7f7f", "forward": "#1f77b4", "backward": "#ff7f0e", "optimizer": "#2ca02c"}
+EDGE_COLOURS = {"dataflow": "#555555", "nesting": "#9e9e9e", "activation": "#1f77b4", "weight-grad": "#ff7f0e",
+                "update": "#2ca02c", "weights": "#8c564b"}
+PIVOT_COLOUR = "#d62728"
+_SCATTERGL_ABOVE = 5_000  # markers; WebGL keeps big figures responsive
+
+
+def _scatter(n: int):
+    return go.Scattergl if n > _SCATTERGL_ABOVE else go.Scatter
+
+
+# -- timeline ------------------------------------------------------------------------------------
+
+def timeline(comparison, rank: int | None = None) -> go.Figure:
+    """Run A above run B for each rank, one tick per aligned event (x = row), coloured by status.
+
+    The identical prefix is shaded, a gap (an event the other run has) is an open cross on the
+    run that lacks it, the pivot is a star with its annotation. Above `MAX_POINTS` markers rows
+    are binned and each bin is drawn in its worst status, its hover giving the counts.
+    """
+    ev = comparison.events(rank)
+    fig = go.Figure()
+    if ev.is_empty():
+        return _empty(fig, "no events recorded" + ("" if rank is None else f" on rank {rank}"))
+    ranks = sorted(ev["rank"].unique().to_list())
+    lane_y = {(r, side): -(3 * i + (0 if side == "a" else 1)) for i, r in enumerate(ranks) for side in "ab"}
+    points = _lane_points(ev, lane_y)
+    width = _bin_width(ev, len(ranks))
+    if width > 1:
+        points = _binned(points, width)
+    n = points.height
+    for status, colour in STATUS_COLOURS.items():
+        sub = points.filter(pl.col("status") == status)
+        if sub.height:
+            fig.add_trace(_scatter(n)(
+                x=sub["x"].to_list(), y=sub["y"].to_list(), mode="markers", name=STATUS_LABELS[status],
+                marker={"symbol": "line-ns-open", "size": 16, "color": colour, "line": {"width": 2}},
+                hovertext=sub["hover"].to_list(), hoverinfo="text"))
+    gaps = points.filter(pl.col("status") == "gap")
+    if gaps.height:
+        fig.add_trace(_scatter(n)(
+            x=gaps["x"].to_list(), y=gaps["y"].to_list(), mode="markers", name="gap (missing on this run)",
+            marker={"symbol": "x-thin-open", "size": 9, "color": "#444444", "line": {"width": 1.5}},
+            hovertext=gaps["hover"].to_list(), hoverinfo="text"))
+    for r in ranks:
+        _prefix_band(fig, ev.filter(pl.col("rank") == r), lane_y[(r, "a")], lane_y[(r, "b")])
+    _pivots(fig, ev, lane_y, comparison.first_divergence, _scatter(n))
+    tickvals = [lane_y[(r, s)] for r in ranks for s in "ab"]
+    ticktext = [f"rank {r} · {'A (reference)' if s == 'a' else 'B (suspect)'}" for r in ranks for s in "ab"]
+    fd = comparison.first_divergence
+    title = ("identical: every aligned event matched" if fd is None else
+             f"diverged at {fd['phase']} {fd['boundary']}, step {fd['step']}, rank {fd['rank']} ({fd['blame']})")
+    binned = f" (bins of {width} rows)" if width > 1 else ""
+    fig.update_layout(
+        title={"text": f"Run A vs run B: {html.escape(title)}"}, template="plotly_white",
+        height=150 + 100 * len(ranks), margin={"l": 150, "r": 30, "t": 90, "b": 50},
+        legend={"orientation": "h", "y": 1.02, "yanchor": "bottom", "x": 0},
+        xaxis={"title": {"text": f"aligned event (row){binned}"}, "zeroline": False},
+        yaxis={"tickvals": tickvals, "ticktext": ticktext, "zeroline": False, "showgrid": False,
+               "range": [min(tickvals) - 0.8, max(tickvals) + 0.8]},
+        hovermode="closest")
+    return fig
+
+
+def _lane_points(ev: pl.DataFrame, lane_y: dict) -> pl.DataFrame:
+    """One marker per (row, run): the event's status where the run has it, 'gap' where it does not."""
+    frames = []
+    for side in "ab":
+        seq = f"{side}_seq"
+        y = pl.col("rank").replace_strict({r: y for (r, s), y in lane_y.items() if s == side}, return_dtype=pl.Int64)
+        frames.append(ev.select(
+            "rank", pl.col("row").cast(pl.Int64).alias("x"), y.alias("y"),
+            pl.when(pl.col(seq).is_null()).then(pl.lit("gap")).otherwise(pl.col("status")).alias("status"),
+            pl.format("{} · {} {} ({})<br>step {} · {} · seq {}{}",
+                      pl.when(pl.col(seq).is_null()).then(pl.lit(f"missing in {side.upper()}"))
+                      .otherwise(pl.col("status")),
+                      pl.col("phase"), _escaped("boundary"), pl.col("kind"), pl.col("step"),
+                      _escaped("module_type").fill_null(""), pl.col(seq).cast(pl.String).fill_null("–"),
+                      pl.when(pl.col("rule_id").is_not_null()).then(pl.format("<br>rule {}", _escaped("rule_id")))
+                      .otherwise(pl.lit(""))).alias("hover"),
+            pl.col("step")))
+    return pl.concat(frames)
+
+
+def _escaped(column: str) -> pl.Expr:
+    """The column with &, < and > escaped: plotly reads hover text as HTML."""
+    return pl.col(column).str.replace_all("&", "&amp;", literal=True).str.replace_all(
+        "<", "&lt;", literal=True).str.replace_all(">", "&gt;", literal=True)
+
+
+def _bin_width(ev: pl.DataFrame, n_ranks: int) -> int:
+    if 2 * ev.height <= MAX_POINTS:
+        return 1
+    per_lane = MAX_POINTS // (2 * n_ranks)
+    longest = ev.group_by("rank").len()["len"].max()
+    return max(1, math.ceil(longest / per_lane))
+
+
+def _binned(points: pl.DataFrame, width: int) -> pl.DataFrame:
+    sev = pl.col("status").replace_strict({**SEVERITY, "gap": 2}, return_dtype=pl.Int8)
+    worst = {v: k for k, v in SEVERITY.items() if k != "only_b"}
+    counts = [(pl.col("status") == s).sum().alias(s) for s in [*STATUS_COLOURS, "gap"]]
+    g = points.with_columns((pl.col("x") // width).alias("bin"), sev.alias("sev")).group_by("rank", "y", "bin").agg(
+        pl.col("x").min().alias("x0"), pl.col("x").max().alias("x1"), pl.col("sev").max().alias("sev"),
+        pl.col("step").min().alias("s0"), pl.col("step").max().alias("s1"), *counts,
+        # a bin's worst 'only' status keeps its side; a bin of gaps only is drawn as a gap
+        pl.col("status").filter(pl.col("status").is_in(["only_a", "only_b"])).first().alias("only"),
+    ).sort("rank", "y", "bin")
+    status = (pl.when(pl.col("sev") == 2).then(pl.coalesce("only", pl.lit("gap")))
+              .otherwise(pl.col("sev").replace_strict(worst, return_dtype=pl.String)))
+    detail = pl.concat_str([pl.when(pl.col(s) > 0).then(pl.format("{} " + STATUS_LABELS.get(s, "gap"), pl.col(s)))
+                            for s in [*STATUS_COLOURS, "gap"]], separator=", ", ignore_nulls=True)
+    return g.select("rank", ((pl.col("x0") + pl.col("x1")) / 2).alias("x"), "y", status.alias("status"),
+                    pl.format("rows {}–{} · steps {}–{}<br>{}", "x0", "x1", "s0", "s1", detail).alias("hover"))
+
+
+def _prefix_band(fig: go.Figure, ev: pl.DataFrame, y_a: int, y_b: int) -> None:
+    prefix = ev.filter(pl.col("in_prefix"))
+    if prefix.is_empty():
+        return
+    end = int(prefix["row"].max()) + 0.5
+    fig.add_shape(type="rect", x0=-0.5, x1=end, y0=y_b - 0.45, y1=y_a + 0.45, fillcolor="#2ca02c",
+                  opacity=0.08, line={"width": 0}, layer="below")
+    fig.add_annotation(x=-0.5, y=y_a + 0.45, xanchor="left", yanchor="bottom", showarrow=False,
+                       text=f"identical prefix: {prefix.height} events", font={"size": 10, "color": "#2c7a3a"})
+
+
+def _pivots(fig: go.Figure, ev: pl.DataFrame, lane_y: dict, first: dict | None, trace) -> None:
+    """Stars on the pivot rows (`trace`: the markers' own type, or WebGL would draw over them)."""
+    pivots = ev.filter(pl.col("is_pivot"))
+    if pivots.is_empty():
+        return
+    xs, ys, text = [], [], []
+    for p in pivots.iter_rows(named=True):
+        for side in "ab":
+            xs.append(p["row"])
+            ys.append(lane_y[(p["rank"], side)])
+            text.append(f"PIVOT {html.escape(p['boundary'])}<br>{p['phase']} step {p['step']} · rank {p['rank']}")
+        is_first = first is not None and first["rank"] == p["rank"]
+        if is_first or pivots.height <= 8:
+            label = f"PIVOT: {html.escape(p['boundary'])}<br>{p['phase']} · step {p['step']}"
+            if is_first:
+                label += f" · {first['blame']}"
+            fig.add_annotation(x=p["row"], y=lane_y[(p["rank"], "a")], ax=40, ay=-45, text=label,
+                               showarrow=True, arrowhead=2, arrowcolor=PIVOT_COLOUR, font={"color": PIVOT_COLOUR},
+                               bgcolor="rgba(255,255,255,0.85)", bordercolor=PIVOT_COLOUR, align="left")
+    fig.add_trace(trace(x=xs, y=ys, mode="markers", name="pivot", hovertext=text, hoverinfo="text",
+                        marker={"symbol": "star", "size": 16, "color": PIVOT_COLOUR,
+                                "line": {"width": 1, "color": "white"}}))
+
+
+def _empty(fig: go.Figure, text: str) -> go.Figure:
+    fig.add_annotation(text=html.escape(text), showarrow=False, x=0.5, y=0.5, xref="paper", yref="paper",
+                       font={"size": 14})
+    fig.update_layout(template="plotly_white", height=220, xaxis={"visible": False}, yaxis={"visible": False})
+    return fig
+
+
+# -- propagation graph ---------------------------------------------------------------------------
+
+def _column(node: dict) -> tuple:
+    """Where a node stands left to right: its first step, then the phase's place in a step."""
+    place = {"data": 0, "forward": 1, "backward": 2, "optimizer": 4}.get(node["phase"], 5)
+    if node["phase"] == "backward" and node["kind"] == "grad":
+        place = 3
+    return node["first_step"], place
+
+
+def propagation_figure(comparison) -> go.Figure:
+    """The propagation graph left to right: a column per (first step, phase), nodes by phase colour.
+
+    Within a column nodes go top to bottom in the order they were first reached; each rank has
+    its own band. Edges are lines (with arrows up to 300 edges), hover on an edge's midpoint.
+    """
+    graph = comparison.propagation_graph()
+    fig = go.Figure()
+    nodes, edges = graph["nodes"], graph["edges"]
+    if not nodes:
+        return _empty(fig, "no divergence: nothing propagates")
+    columns = sorted({_column(n) for n in nodes})
+    col_x = {c: i for i, c in enumerate(columns)}
+    pos: dict[str, tuple[float, float]] = {}
+    band_top = 0.0
+    headers = {}
+    for rank in sorted({n["rank"] for n in nodes}):
+        by_col: dict[tuple, list] = {}
+        for n in sorted((n for n in nodes if n["rank"] == rank), key=lambda n: n["a_seq"]):
+            by_col.setdefault(_column(n), []).append(n)
+        tallest = max(len(v) for v in by_col.values())
+        for c, members in by_col.items():
+            for i, n in enumerate(members):
+                pos[n["id"]] = (col_x[c], band_top - i - (tallest - len(members)) / 2)
+            headers[c] = max(headers.get(c, band_top), band_top)
+        band_top -= tallest + 1.5
+    arrows = _edges(fig, edges, pos, {n["id"]: n for n in nodes})
+    for phase, colour in PHASE_COLOURS.items():
+        members = [n for n in nodes if n["phase"] == phase]
+        if members:
+            fig.add_trace(_node_trace(members, pos, phase, colour, show_text=len(nodes) <= 40))
+    other = [n for n in nodes if n["phase"] not in PHASE_COLOURS]
+    if other:
+        fig.add_trace(_node_trace(other, pos, "other", "#bcbd22", show_text=len(nodes) <= 40))
+    pivot = [n for n in nodes if n["is_pivot"]]
+    for n in pivot:
+        x, y = pos[n["id"]]
+        arrows.append({"x": x, "y": y, "ax": 45, "ay": -24, "xanchor": "left",
+                       "text": f"PIVOT: {html.escape(n['boundary'])}",
+                       "showarrow": True, "arrowhead": 2, "arrowcolor": PIVOT_COLOUR, "font": {"color": PIVOT_COLOUR},
+                       "bgcolor": "rgba(255,255,255,0.85)"})
+    if pivot:
+        fig.add_trace(go.Scatter(
+            x=[pos[n["id"]][0] for n in pivot], y=[pos[n["id"]][1] for n in pivot], mode="markers", name="pivot",
+            hoverinfo="skip", marker={"symbol": "circle-open", "size": 26, "color": PIVOT_COLOUR, "line": {"width": 3}}))
+    for c, top in headers.items():
+        step, place = c
+        phase = {0: "data", 1: "forward", 2: "backward", 3: "gradients", 4: "optimizer"}.get(place, "other")
+        arrows.append({"x": col_x[c], "y": top + 0.9, "text": f"step {step}<br>{phase}", "showarrow": False,
+                       "font": {"size": 10, "color": "#555555"}})
+    fig.update_layout(
+        annotations=arrows,
+        title={"text": f"Propagation from the pivot: {len(nodes)} module/phase nodes, {len(edges)} edges"},
+        template="plotly_white", height=max(320, 120 + 28 * int(1.5 - band_top)),
+        margin={"l": 30, "r": 30, "t": 90, "b": 30}, hovermode="closest",
+        legend={"orientation": "h", "y": 1.02, "yanchor": "bottom", "x": 0},
+        xaxis={"visible": False, "range": [-0.6, len(columns) - 0.4]},
+        yaxis={"visible": False, "range": [band_top + 0.5, 1.6]})
+    return fig
+
+
+def _node_trace(members: list[dict], pos: dict, name: str, colour: str, show_text: bool) -> go.Scatter:
+    hover = [f"<b>{html.escape(n['boundary'])}</b> ({html.escape(n['module_type'] or '')})<br>"
+             f"{n['phase']} {n['kind']} · rank {n['rank']}<br>first reached at step {n['first_step']}"
+             f" · {n['count']} divergent event{'s' if n['count'] != 1 else ''}" for n in members]
+    return go.Scatter(
+        x=[pos[n["id"]][0] for n in members], y=[pos[n["id"]][1] for n in members],
+        mode="markers+text" if show_text else "markers", name=name, hovertext=hover, hoverinfo="text",
+        text=[html.escape(n["boundary"]) for n in members] if show_text else None, textposition="middle right",
+        textfont={"size": 9},
+        marker={"size": [9 + 3 * math.log2(1 + n["count"]) for n in members], "color": colour,
+                "line": {"width": 1, "color": "white"}})
+
+
+def _edges(fig: go.Figure, edges: list[dict], pos: dict, nodes: dict) -> list[dict]:
+    """Add the edge traces; return the arrows as annotation dicts (added in one go: plotly
+    validates each `add_annotation` against all the others, quadratic in their number)."""
+    mids_x, mids_y, mids_text = [], [], []
+    arrows: list[dict] = []
+    for kind, colour in {**EDGE_COLOURS, **{e["kind"]: "#777777" for e in edges if e["kind"] not in EDGE_COLOURS}}.items():
+        xs, ys = [], []
+        for e in edges:
+            if e["kind"] != kind or e["source"] not in pos or e["target"] not in pos:
+                continue
+            (x0, y0), (x1, y1) = pos[e["source"]], pos[e["target"]]
+            xs += [x0, x1, None]
+            ys += [y0, y1, None]
+            mids_x.append((x0 + x1) / 2)
+            mids_y.append((y0 + y1) / 2)
+            src, dst = nodes[e["source"]], nodes[e["target"]]
+            mids_text.append(f"{html.escape(src['boundary'])} ({src['phase']}) → {html.escape(dst['boundary'])} "
+                             f"({dst['phase']})<br>{kind} · {e['count']}× · first at step {e['first_step']}")
+            if len(edges) <= 300:
+                arrows.append({"x": x1, "y": y1, "ax": x0, "ay": y0, "xref": "x", "yref": "y", "axref": "x",
+                               "ayref": "y", "text": "", "showarrow": True, "arrowhead": 2, "arrowsize": 1,
+                               "arrowwidth": 1, "arrowcolor": colour, "standoff": 6, "opacity": 0.6})
+        if xs:
+            fig.add_trace(go.Scatter(x=xs, y=ys, mode="lines", name=f"{kind} edge", hoverinfo="skip",
+                                     line={"width": 1, "color": colour}, opacity=0.6))
+    if mids_x:
+        fig.add_trace(go.Scatter(x=mids_x, y=mids_y, mode="markers", name="edge (hover)", showlegend=False,
+                                 hovertext=mids_text, hoverinfo="text",
+                                 marker={"size": 6, "color": "rgba(0,0,0,0.15)"}))
+    return arrows
+
+
+# -- summary -------------------------------------------------------------------------------------
+
+_CSS = ("<style>.bitguard-summary table{border-collapse:collapse;font-size:13px}"
+        ".bitguard-summary th{text-align:left;vertical-align:top;padding:3px 12px 3px 0;white-space:nowrap}"
+        ".bitguard-summary td{padding:3px 0;vertical-align:top}"
+        ".bitguard-summary .diverged{color:#d62728;font-weight:bold}"
+        ".bitguard-summary .identical{color:#2c7a3a;font-weight:bold}"
+        ".bitguard-summary table table td,.bitguard-summary table table th{padding:1px 10px 1px 0}</style>")
+
+
+def _e(value) -> str:
+    return html.escape("" if value is None else str(value))
+
+
+def summary_html(comparison) -> str:
+    """A compact table of the report: verdict, pivot and blame, alignment, rules, manifests."""
+    d = comparison.to_dict()
+    rows: list[tuple[str, str]] = []
+    verdict = d["verdict"]
+    rows.append(("verdict", f'<span class="{_e(verdict)}">{_e(verdict)}</span>'))
+    rows.append(("runs", f"A {_e(d['run_a'])}<br>B {_e(d['run_b'])}"))
+    fd = d["first_divergence"]
+    if fd is not None:
+        rows.append(("pivot", f"<code>{_e(fd['boundary'])}</code> ({_e(fd['module_type'])}, call {_e(fd['call'])})"
+                              f" · {_e(fd['phase'])} {_e(fd['kind'])} · step {_e(fd['step'])} · rank {_e(fd['rank'])}"))
+        rows.append(("blame", f"{_e(fd['blame'])} ({_e(fd['fault_class'])})"))
+        w = fd.get("blame_window")
+        if w:
+            text = f"<code>{_e(w.get('module'))}</code>" if w.get("module") else ""
+            if w.get("excluding_children"):
+                text += " minus children " + ", ".join(f"<code>{_e(c)}</code>" for c in w["excluding_children"])
+            rows.append(("blame window", text + (f"<br>{_e(w.get('detail'))}" if w.get("detail") else "")))
+        tensors = [t for t in fd["tensors"] if t["differs"]]
+        if tensors:
+            rows.append(("differing tensors", "<br>".join(
+                f"{_e(t['role'])}[{_e(t['index'])}] {_e(t['dtype'])}{_e(list(t['shape'] or []))} "
+                f"A <code>{_e(t['a']['xor'])}:{_e(t['a']['pos'])}</code> "
+                f"B <code>{_e(t['b']['xor'])}:{_e(t['b']['pos'])}</code>" for t in tensors)))
+        others = {r: p for r, p in d["pivots_per_rank"].items() if p and int(r) != fd["rank"]}
+        if others:
+            rows.append(("pivots on other ranks", "<br>".join(
+                f"rank {_e(r)}: {_e(p['phase'])} <code>{_e(p['boundary'])}</code> step {_e(p['step'])} ({_e(p['blame'])})"
+                for r, p in sorted(others.items(), key=lambda kv: int(kv[0])))))
+    al = d["alignment"]
+    rows.append(("alignment", f"A {al['events_a']} events, B {al['events_b']} events · {al['matched']} matched "
+                              f"({al['reordered']} reordered) · gaps A {al['gaps_a']} / B {al['gaps_b']} "
+                              f"({al['allowed_gaps']} allowed by rules) · identical prefix {al['identical_prefix']}"))
+    if al["gaps_before_pivot"]:
+        rows.append(("gaps before the pivot", "<br>".join(
+            f"only in {_e(g['side'].upper())}: {_e(g['phase'])} <code>{_e(g['boundary'])}</code> step {_e(g['step'])}"
+            f" rank {_e(g['rank'])}" for g in al["gaps_before_pivot"][:10])
+            + (f"<br>… {len(al['gaps_before_pivot']) - 10} more" if len(al["gaps_before_pivot"]) > 10 else "")))
+    rows.append(("rules fired", ", ".join(f"<code>{_e(r['id'])}</code> ×{_e(r['count'])}" for r in d["rules_fired"])
+                 or "none"))
+    if d["manifest_diffs"]:
+        inner = "".join(f"<tr><td><code>{_e(m['field'])}</code></td><td>A {_e(m['a'])}</td><td>B {_e(m['b'])}</td>"
+                        f"<td>{_e(m['why'])}</td></tr>" for m in d["manifest_diffs"])
+        rows.append(("manifest differences", f"<table>{inner}</table>"))
+    else:
+        rows.append(("manifest differences", "none"))
+    if d["incomplete"]:
+        rows.append(("incomplete", "<br>".join(f"run {_e(side.upper())}: {_e(why)}"
+                                               for side, why in d["incomplete"].items())))
+    body = "".join(f"<tr><th>{_e(k)}</th><td>{v}</td></tr>" for k, v in rows)
+    return f'<div class="bitguard-summary">{_CSS}<table>{body}</table></div>'
