@@ -30,8 +30,8 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 
 from bitguard.backend import api_models as m
-from bitguard.backend.workspace import Workspace, validate_rules
-from bitguard.errors import BadInput, BitguardError, NotFound
+from bitguard.backend.workspace import DEFAULT_BINS, Workspace, validate_rules
+from bitguard.errors import BadInput, BitguardError
 
 FRONTEND = Path(__file__).resolve().parent.parent / "frontend"
 GiB = 1 << 30
@@ -213,7 +213,7 @@ def _error(status: int, type_: str, message: str) -> JSONResponse:
 
 def create_app(workspace_dir: str | os.PathLike | None = None, config: ServerConfig | None = None) -> FastAPI:
     config = config or ServerConfig()
-    ws = Workspace(workspace_dir or default_workspace())
+    ws = Workspace(workspace_dir or default_workspace(), raw_event_limit=config.raw_event_limit)
     from contextlib import asynccontextmanager
 
     @asynccontextmanager
@@ -256,6 +256,17 @@ def create_app(workspace_dir: str | os.PathLike | None = None, config: ServerCon
     @app.get("/api/health", tags=["meta"])
     def health() -> dict:
         return {"ok": True, "workspace": str(ws.root)}
+
+    @app.get("/api/schema", tags=["meta"])
+    def schema() -> dict:
+        """The vocabularies the browser offers (phases, roles, rule actions), from their one definition."""
+        from bitguard.backend import rules
+        from bitguard.backend.workspace import STATUS_CODES
+        from bitguard.schema import PHASES, ROLES
+
+        return {"phases": list(PHASES), "roles": list(ROLES), "rule_actions": list(rules.ACTIONS),
+                "rule_match_fields": list(rules.MATCH_FIELDS), "rules_schema": rules.RULES_SCHEMA,
+                "status_codes": list(STATUS_CODES)}
 
     @app.get("/api/limits", tags=["runs"], response_model=m.UploadLimits)
     def limits():
@@ -319,7 +330,9 @@ def create_app(workspace_dir: str | os.PathLike | None = None, config: ServerCon
 
     # -- rule sets ----------------------------------------------------------------------
     def _rules_file(rules: list[dict]) -> dict:
-        return {"schema": "bitguard.rules/1", "rules": rules}
+        from bitguard.backend.rules import RULES_SCHEMA
+
+        return {"schema": RULES_SCHEMA, "rules": rules}
 
     @app.get("/api/rulesets", tags=["rules"], response_model=list[m.RuleSetPublic])
     def list_rule_sets():
@@ -430,10 +443,14 @@ def create_app(workspace_dir: str | os.PathLike | None = None, config: ServerCon
     def timeline(cid: str, rank: int = 0, axis: Literal["seq", "time"] = "seq",
                  start: float | None = Query(None, description="window start (position, or ns for axis=time)"),
                  end: float | None = Query(None, description="window end, exclusive"),
-                 bins: int = Query(800, ge=1, description="bins across the window")):
+                 bins: int = Query(DEFAULT_BINS, ge=1, description="bins across the window"),
+                 around: int | None = Query(None, description="instead of start/end: a window around this position"),
+                 span: int = Query(240, ge=1, description="with around: about how many events the window holds")):
         """One rank's two timelines over a window: per-phase binned status counts, or raw events when few."""
-        result = ws.result(cid)
-        out = result.timeline(rank).window(axis, start, end, min(bins, config.max_bins), config.raw_event_limit)
+        tl = ws.result(cid).timeline(rank)
+        if around is not None:
+            start, end = tl.around(axis, around, span)
+        out = tl.window(axis, start, end, min(bins, config.max_bins), config.raw_event_limit)
         return {"rank": rank, **out}
 
     @app.get("/api/comparisons/{cid}/events", tags=["comparisons"], response_model=m.EventsPage, responses=errors)
@@ -480,10 +497,7 @@ def create_app(workspace_dir: str | os.PathLike | None = None, config: ServerCon
         """A node of the propagation graph with the divergent events it fed (consumers) and was fed by."""
         result = ws.result(cid)
         with result.lock:
-            try:
-                n = result.engine.neighbours(_node_key(node_id))
-            except KeyError:
-                raise NotFound(f"no node {node_id!r} in the propagation graph of {cid}") from None
+            n = result.engine.neighbours(node_id)
         return {"node": result.with_positions(n["node"]),
                 "consumers": [result.with_positions(c) for c in n.get("consumers", [])],
                 "producers": [result.with_positions(p) for p in n.get("producers", [])]}
@@ -510,11 +524,6 @@ def create_app(workspace_dir: str | os.PathLike | None = None, config: ServerCon
 
     app.mount("/static", StaticFiles(directory=FRONTEND), name="static")
     return app
-
-
-def _node_key(node_id: str):
-    """Graph node ids arrive as path text; the engine's may be ints."""
-    return int(node_id) if node_id.lstrip("-").isdigit() else node_id
 
 
 def serve(workspace: str | None = None, host: str = "127.0.0.1", port: int = 8000,

@@ -28,7 +28,7 @@ import shutil
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import duckdb
@@ -60,6 +60,7 @@ CREATE TABLE IF NOT EXISTS comparisons (
 
 # timeline status codes, in order of severity: a bin shows the worst status it holds
 STATUS_CODES = ("empty", "identical", "benign", "gap", "diverged")
+DEFAULT_BINS = 800  # bins of a timeline window when the browser does not say
 _CODE = {"identical": 1, "benign": 2, "only_a": 3, "only_b": 3, "diverged": 4}
 _NAME_RE = re.compile(r"^[\w .,:+()@#-]{1,80}$")
 
@@ -86,6 +87,14 @@ def _engine_compare(dir_a: str, dir_b: str, rules):
     if compare is None:  # the package root may not re-export it
         from bitguard.backend.compare import compare
     return compare(dir_a, dir_b, rules=rules)
+
+
+def _warm_engine() -> None:
+    """Import the engine on the worker before the first comparison asks for it (seconds, once)."""
+    try:
+        import bitguard.backend.compare  # noqa: F401
+    except Exception:  # noqa: BLE001 - the first comparison will report the same failure properly
+        pass
 
 
 def validate_rules(body: dict) -> dict:
@@ -119,6 +128,7 @@ class RankTimeline:
     phases: list[str]  # the phases present, in PHASES order
     pivot: int | None  # position of the pivot on this rank
     prefix_end: int  # positions [0, prefix_end) are the identical prefix
+    whole: dict = field(default_factory=dict, repr=False)  # (axis, bins, raw_limit) -> whole-rank window
 
     @classmethod
     def from_frame(cls, frame: pl.DataFrame) -> "RankTimeline":
@@ -134,10 +144,11 @@ class RankTimeline:
         has_b = frame["b_seq"].is_not_null().to_numpy()
 
         def offsets(col: str, has: np.ndarray) -> np.ndarray:
-            t = frame[col].cast(pl.Float64).to_numpy().astype(np.float64, copy=True)
+            # subtract in int64 first: ns since the epoch do not fit a float64 exactly
+            t = frame[col]
+            t0 = t.min() if has.any() else 0
+            t = (t - t0).cast(pl.Float64).to_numpy().astype(np.float64, copy=True)
             t[~has] = np.nan
-            if has.any():
-                t -= np.nanmin(t)
             return t
 
         pivots = np.flatnonzero(frame["is_pivot"].fill_null(False).to_numpy())
@@ -177,8 +188,28 @@ class RankTimeline:
                 out.append(np.flatnonzero((x >= start) & (x < end)))
         return out[0], out[1]
 
+    def around(self, axis: str, pos: int, span: int) -> tuple[float, float]:
+        """A window of about `span` events with position `pos` a third of the way in."""
+        pos = min(max(int(pos), 0), max(self.size - 1, 0))
+        first, last = max(pos - span // 3, 0), min(pos + span - span // 3, self.size)
+        if axis == "seq":
+            return float(first), float(max(last, first + 1))
+        xs = np.concatenate([self.a_x[first:last], self.b_x[first:last]])
+        xs = xs[np.isfinite(xs)]
+        if not xs.size:
+            return self.extent(axis)
+        return float(xs.min()), float(xs.max() + 1)
+
     def window(self, axis: str, start: float | None, end: float | None, bins: int, raw_limit: int) -> dict:
         """The timeline between start and end: binned counts, or the raw events when few."""
+        if start is None and end is None:  # the overview strip asks for this on every open
+            key = (axis, bins, raw_limit)
+            if key not in self.whole:
+                self.whole[key] = self._window(axis, None, None, bins, raw_limit)
+            return self.whole[key]
+        return self._window(axis, start, end, bins, raw_limit)
+
+    def _window(self, axis: str, start: float | None, end: float | None, bins: int, raw_limit: int) -> dict:
         lo, hi = self.extent(axis)
         start = lo if start is None else max(float(start), lo)
         end = hi if end is None else min(float(end), hi)
@@ -191,10 +222,12 @@ class RankTimeline:
             "status_codes": list(STATUS_CODES), "count_a": int(pos_a.size), "count_b": int(pos_b.size),
             "prefix": self._prefix(axis), "pivot": self._marker(self.pivot),
         }
-        if len(np.union1d(pos_a, pos_b)) <= raw_limit:
-            out["mode"] = "events"
-            out["events"] = self._raw(np.union1d(pos_a, pos_b))
-            return out
+        if max(pos_a.size, pos_b.size) <= raw_limit:  # only then is the union worth making
+            both = np.union1d(pos_a, pos_b)
+            if both.size <= raw_limit:
+                out["mode"] = "events"
+                out["events"] = self._raw(both)
+                return out
         out["mode"] = "bins"
         out["bins"] = self._bins(axis, start, end, bins, pos_a, pos_b)
         return out
@@ -251,7 +284,7 @@ class RankTimeline:
 class Result:
     """A computed comparison: the engine's object and the timelines drawn from it."""
 
-    def __init__(self, engine_obj, revision: int):
+    def __init__(self, engine_obj, revision: int, raw_limit: int | None = None):
         self.engine = engine_obj
         self.revision = revision
         self.lock = threading.RLock()  # the engine's object may hold DuckDB connections
@@ -262,6 +295,9 @@ class Result:
         events = engine_obj.events()
         self.ranks = sorted(int(r) for r in events["rank"].unique().to_list()) if events.height else []
         self.timelines = {r: RankTimeline.from_frame(events.filter(pl.col("rank") == r)) for r in self.ranks}
+        if raw_limit is not None:  # the overview strip of every rank, ready before "ready"
+            for tl in self.timelines.values():
+                tl.window("seq", None, None, DEFAULT_BINS, raw_limit)
 
     def timeline(self, rank: int) -> RankTimeline:
         if rank not in self.timelines:
@@ -292,8 +328,9 @@ class Result:
 # -- the workspace ------------------------------------------------------------------------------
 
 class Workspace:
-    def __init__(self, root: str | os.PathLike):
+    def __init__(self, root: str | os.PathLike, raw_event_limit: int | None = None):
         self.root = Path(root).expanduser().resolve()
+        self.raw_event_limit = raw_event_limit  # when set, overview windows are made with each result
         for sub in ("runs", "comparisons", "tmp"):
             (self.root / sub).mkdir(parents=True, exist_ok=True)
         db = self.root / "workspace.duckdb"
@@ -308,6 +345,7 @@ class Workspace:
         self._results: dict[str, Result] = {}
         self._pending: dict[str, int] = {}  # comparison id -> revision queued
         self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="bitguard-compare")
+        self._worker.submit(_warm_engine)
         self._sweep()
 
     def close(self) -> None:
@@ -478,8 +516,8 @@ class Workspace:
         return self.comparison(cid)
 
     def comparisons(self) -> list[dict]:
-        rows = self._query("SELECT id FROM comparisons ORDER BY created DESC")
-        return [self.comparison(r["id"]) for r in rows]
+        # listing does not recompute: after a restart a comparison is recomputed when opened
+        return [self._comparison_public(r) for r in self._query("SELECT * FROM comparisons ORDER BY created DESC")]
 
     def _record(self, cid: str) -> dict:
         rows = self._query("SELECT * FROM comparisons WHERE id = ?", (cid,))
@@ -583,7 +621,7 @@ class Workspace:
             rules = self.rules_body(rec["rule_set"], rec["rule_set_version"]) if rec["rule_set"] else None
             engine_obj = _engine_compare(str(self.root / "runs" / rec["run_a"]), str(self.root / "runs" / rec["run_b"]),
                                          rules)
-            result = Result(engine_obj, revision)
+            result = Result(engine_obj, revision, self.raw_event_limit)
         except Exception as exc:  # noqa: BLE001 - recorded on the comparison and shown to the user
             error = {"type": type(exc).__name__ if isinstance(exc, BitguardError) else "InternalError",
                      "message": str(exc) if isinstance(exc, BitguardError) else f"{type(exc).__name__}: {exc}"}

@@ -24,7 +24,8 @@ def scenarios(tmp_path_factory) -> dict[str, tuple[str, str]]:
 def server(tmp_path_factory):
     """One server for the session, with small upload limits so the limit checks are cheap."""
     ws = str(tmp_path_factory.mktemp("api") / "workspace")
-    srv = start_server(ws, {"max_file_bytes": 4 << 20, "max_run_bytes": 6 << 20, "max_files": 50})
+    srv = start_server(ws, {"max_file_bytes": 4 << 20, "max_run_bytes": 6 << 20, "max_files": 50,
+                            "raw_event_limit": 30})
     yield srv
     srv.stop()
 
@@ -65,6 +66,7 @@ def wait_ready(client: httpx.Client, cid: str, timeout: float = 60) -> dict:
 
 
 def compare(client: httpx.Client, pair: tuple[str, str], rule_set_id: str | None = None) -> dict:
+    """Upload both sides of a scenario, compare them and wait for the result."""
     a, b = upload(client, pair[0]), upload(client, pair[1])
     r = client.post("/api/comparisons", json={"run_a": a["id"], "run_b": b["id"], "rule_set_id": rule_set_id})
     assert r.status_code == 202, r.text

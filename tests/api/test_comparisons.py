@@ -1,0 +1,163 @@
+"""Comparisons through the API: summary, pivot, timelines, events, propagation, rules, reruns."""
+
+from __future__ import annotations
+
+import pytest
+
+from api.conftest import assert_error, compare, upload, wait_ready
+
+PROBE_RULE = {"id": "probe-debug-only", "action": "ignore", "match": {"boundary": "model.probe", "phase": "forward"}}
+
+
+@pytest.fixture(scope="module")
+def probe(client_module, scenarios):
+    return compare(client_module, scenarios["benign_probe_then_real"])
+
+
+@pytest.fixture(scope="module")
+def client_module(server):
+    import httpx
+
+    with httpx.Client(base_url=server.url, timeout=30) as c:
+        yield c
+
+
+def test_summary_and_pivot(client, probe):
+    assert probe["verdict"] == "diverged" and probe["ranks"] == [0]
+    fd = probe["summary"]["first_divergence"]
+    assert (fd["boundary"], fd["step"], fd["phase"], fd["blame"]) == ("model.probe", 0, "forward", "source")
+    assert probe["summary"]["schema"] == "bitguard.compare/1"
+    assert probe["summary"]["propagation"] == {"nodes": 1, "edges": 0}, "the summary carries counts, not the graph"
+    pivot = client.get(f"/api/comparisons/{probe['id']}/pivot").json()
+    assert pivot["first_divergence"]["boundary"] == "model.probe"
+    assert pivot["position"] == {"rank": 0, "pos": 1} == probe["pivot_position"]
+    assert [t["differs"] for t in pivot["first_divergence"]["tensors"]] == [False, True]
+
+
+def test_timeline_raw_window_around_the_pivot(client, probe):
+    t = client.get(f"/api/comparisons/{probe['id']}/timeline", params={"rank": 0, "start": 0, "end": 20}).json()
+    assert t["mode"] == "events" and t["axis"] == "seq" and t["extent"] == [0, 39]
+    assert [ln["phase"] for ln in t["lanes"]] == ["forward", "backward", "optimizer"] * 2
+    assert [e["pos"] for e in t["events"]] == list(range(20))
+    assert t["events"][1]["status"] == "diverged" and t["events"][1]["is_pivot"]
+    assert t["prefix"] == {"a": [0, 1], "b": [0, 1]} and t["pivot"]["pos"] == 1
+    assert t["events"][0]["a_x"] == 0 and t["events"][0]["b_x"] == 0
+
+
+def test_timeline_bins_count_every_event(client, probe):
+    t = client.get(f"/api/comparisons/{probe['id']}/timeline", params={"rank": 0, "bins": 4}).json()
+    assert t["mode"] == "bins" and t["bins"]["count"] == 4
+    lanes = t["bins"]["lanes"]
+    for side in ("a", "b"):
+        assert sum(sum(ln["n"]) for ln in lanes if ln["side"] == side) == 39
+    fwd_a = next(ln for ln in lanes if ln["side"] == "a" and ln["phase"] == "forward")
+    assert fwd_a["status"][0] == t["status_codes"].index("diverged"), "a bin shows its worst status"
+    assert sum(sum(ln["diverged"]) for ln in lanes if ln["side"] == "a") == 1 + 10 + 13, "probe at step 0, blocks 2.. and backward at step 1, all of step 2"
+
+
+def test_timeline_by_time(client, probe):
+    t = client.get(f"/api/comparisons/{probe['id']}/timeline", params={"axis": "time", "start": 0, "end": 50_000}).json()
+    assert t["axis"] == "time" and t["mode"] == "events"
+    assert [e["pos"] for e in t["events"]] == [0, 1, 2, 3, 4]
+    assert t["events"][2]["a_x"] == 20_000
+    big = client.get(f"/api/comparisons/{probe['id']}/timeline", params={"axis": "time", "bins": 10}).json()
+    assert big["mode"] == "bins" and big["extent"][1] > 380_000
+
+
+def test_events_pages_and_detail(client, probe):
+    page = client.get(f"/api/comparisons/{probe['id']}/events", params={"status": "diverged", "limit": 5}).json()
+    assert page["total"] == 24 and len(page["rows"]) == 5
+    row = page["rows"][0]
+    for col in ("rank", "row", "pos", "status", "in_prefix", "reordered", "is_pivot", "step", "phase", "boundary",
+                "module_type", "call", "a_seq", "b_seq", "a_t_start_ns", "b_t_start_ns"):
+        assert col in row, col
+    nxt = client.get(f"/api/comparisons/{probe['id']}/events", params={"offset": 38, "limit": 5}).json()
+    assert len(nxt["rows"]) == 1 and nxt["total"] == 39
+    d = client.get(f"/api/comparisons/{probe['id']}/events/0/a/1").json()
+    assert d["event"]["boundary"] == "model.probe" and d["status"] == "diverged" and d["pos"] == 1
+    assert d["stack"] and d["tensors_a"][1]["xor"] != d["tensors_b"][1]["xor"]
+    assert d["tensors_a"][0]["shape"] == [8, 16] and d["tensors_a"][0]["dtype"] == "float32"
+    assert_error(client.get(f"/api/comparisons/{probe['id']}/events/0/a/999"), 404, "NotFound", "999")
+    assert_error(client.get(f"/api/comparisons/{probe['id']}/timeline", params={"rank": 5}), 404, "NotFound", "rank 5")
+
+
+def test_a_rule_moves_the_pivot_and_the_graph_follows(client, scenarios):
+    c = compare(client, scenarios["benign_probe_then_real"])
+    rs = client.post("/api/rulesets", json={"name": "probe is benign", "rules": [PROBE_RULE]}).json()
+    r = client.post(f"/api/comparisons/{c['id']}/rerun", json={"rule_set_id": rs["id"]})
+    assert r.status_code == 202 and r.json()["revision"] == 2
+    c2 = wait_ready(client, c["id"])
+    fd = c2["summary"]["first_divergence"]
+    assert (fd["boundary"], fd["step"]) == ("model.layers.2", 1)
+    assert c2["summary"]["rules_fired"] == [{"id": "probe-debug-only", "count": 2}]
+    assert c2["rule_set"] == {"id": rs["id"], "name": "probe is benign", "version": 1, "latest_version": 1}
+    benign = client.get(f"/api/comparisons/{c['id']}/events", params={"status": "benign"}).json()
+    assert [r["boundary"] for r in benign["rows"]] == ["model.probe", "model.probe"]
+    graph = client.get(f"/api/comparisons/{c['id']}/graph").json()
+    pivot = next(n for n in graph["nodes"] if n["is_pivot"])
+    assert pivot["pos"] == c2["pivot_position"]["pos"]
+    hop1 = client.get(f"/api/comparisons/{c['id']}/graph/nodes/{pivot['id']}").json()
+    assert [n["boundary"] for n in hop1["consumers"]] == ["model.layers.3"]
+    hop2 = client.get(f"/api/comparisons/{c['id']}/graph/nodes/{hop1['consumers'][0]['id']}").json()
+    assert [n["boundary"] for n in hop2["consumers"]] == ["model.layers.4"]
+    assert [n["boundary"] for n in hop2["producers"]] == ["model.layers.2"]
+    assert hop2["consumers"][0]["pos"] == hop2["node"]["pos"] + 1
+    assert_error(client.get(f"/api/comparisons/{c['id']}/graph/nodes/r0:nope"), 404, "NotFound")
+    # editing the rule set reruns the comparisons that use it: without the rule the probe is back
+    client.put(f"/api/rulesets/{rs['id']}", json={"rules": []})
+    c3 = wait_ready(client, c["id"])
+    assert c3["revision"] == 3 and c3["summary"]["first_divergence"]["boundary"] == "model.probe"
+    assert c3["rule_set"]["version"] == 2
+
+
+def test_identical_runs(client, scenarios):
+    c = compare(client, scenarios["identical"])
+    assert c["verdict"] == "identical" and c["pivot_position"] is None
+    t = client.get(f"/api/comparisons/{c['id']}/timeline").json()
+    assert t["pivot"] is None and t["prefix"]["a"] == [0, t["extent"][1]]
+    assert client.get(f"/api/comparisons/{c['id']}/pivot").json()["first_divergence"] is None
+
+
+def test_gaps_on_two_ranks(client, scenarios):
+    c = compare(client, scenarios["gap_then_divergence"])
+    assert c["ranks"] == [0, 1] and c["pivot_position"]["rank"] == 1
+    t = client.get(f"/api/comparisons/{c['id']}/timeline", params={"rank": 1, "start": 0, "end": 10}).json()
+    gap = next(e for e in t["events"] if e["status"] == "only_a")
+    assert gap["boundary"] == "model.probe" and gap["b_seq"] is None and gap["b_x"] is None
+    t0 = client.get(f"/api/comparisons/{c['id']}/timeline", params={"rank": 0, "bins": 3}).json()
+    fwd_b = next(ln for ln in t0["bins"]["lanes"] if ln["side"] == "b" and ln["phase"] == "forward")
+    fwd_a = next(ln for ln in t0["bins"]["lanes"] if ln["side"] == "a" and ln["phase"] == "forward")
+    assert sum(fwd_a["n"]) == sum(fwd_b["n"]) + 1
+    assert fwd_a["status"][0] == t0["status_codes"].index("gap")
+
+
+def test_incompatible_runs_fail_with_the_engine_message(client, scenarios):
+    a = upload(client, scenarios["identical"][0])
+    b = upload(client, scenarios["gap_then_divergence"][1])
+    r = client.post("/api/comparisons", json={"run_a": a["id"], "run_b": b["id"]})
+    c = wait_ready(client, r.json()["id"])
+    assert c["status"] == "failed" and c["error"]["type"] == "IncompatibleRuns"
+    assert "world size" in c["error"]["message"]
+    assert_error(client.get(f"/api/comparisons/{c['id']}/timeline"), 409, "ComparisonNotReady", "failed")
+    assert_error(client.post("/api/comparisons", json={"run_a": a["id"], "run_b": "r-none"}), 404, "NotFound")
+
+
+def test_perfetto_download(client, probe):
+    pytest.importorskip("bitguard.backend.perfetto_export")
+    r = client.get(f"/api/comparisons/{probe['id']}/perfetto")
+    assert r.status_code == 200, r.text
+    assert "reference-vs-suspect.pftrace" in r.headers["content-disposition"] and len(r.content) > 100
+
+
+def test_deleting_a_run_deletes_its_comparisons(client, scenarios):
+    c = compare(client, scenarios["identical"])
+    assert client.delete(f"/api/runs/{c['run_a']['id']}").status_code == 204
+    assert_error(client.get(f"/api/comparisons/{c['id']}"), 404, "NotFound")
+    assert client.get(f"/api/comparisons/{c['id']}/timeline").status_code == 404
+
+
+def test_timeline_window_around_a_position(client, probe):
+    seq = client.get(f"/api/comparisons/{probe['id']}/timeline", params={"around": 20, "span": 9}).json()
+    assert (seq["start"], seq["end"]) == (17, 26) and [e["pos"] for e in seq["events"]] == list(range(17, 26))
+    t = client.get(f"/api/comparisons/{probe['id']}/timeline", params={"axis": "time", "around": 20, "span": 9}).json()
+    assert t["start"] == 170_000 and [e["pos"] for e in t["events"]] == list(range(17, 26))
