@@ -1,0 +1,139 @@
+// The explorer's shell: routes between the home view (#/) and a comparison (#/c/<id>), polls a
+// comparison until it is ready, and announces it to the views. Each view is its own module and
+// listens for the events in dom.js; none of them calls another directly.
+
+import { api, comparisonPath } from "./api.js";
+import { $, EV, SEL, el, emit, on, show, fill } from "./dom.js";
+import { count } from "./format.js";
+import * as detail from "./detail.js";
+import * as pivot from "./pivot.js";
+import * as propagation from "./propagation.js";
+import * as rules from "./rules.js";
+import * as timeline from "./timeline.js";
+import * as upload from "./upload.js";
+
+const st = { id: null, loaded: null, poll: null, firstDraw: false };
+
+function route() {
+  clearTimeout(st.poll);
+  const m = location.hash.match(/^#\/c\/([\w-]+)/);
+  if (m) openComparison(m[1]);
+  else openHome();
+}
+
+function openHome() {
+  st.id = null;
+  st.loaded = null;
+  show(SEL.viewComparison, false);
+  show(SEL.viewHome, true);
+  show(SEL.perfetto, false);
+  upload.open();
+}
+
+function openComparison(id) {
+  show(SEL.viewHome, false);
+  show(SEL.viewComparison, true);
+  if (st.id !== id) {
+    st.id = id;
+    st.loaded = null;
+    st.firstDraw = false;
+    performance.mark("bitguard:open");
+    fill($(SEL.summary));
+  }
+  poll(id);
+}
+
+function banner(kind, ...content) {
+  const b = $(SEL.banner);
+  b.className = `banner ${kind}`;
+  fill(b, ...content);
+  show(b, kind !== "none");
+}
+
+async function poll(id) {
+  let c;
+  try {
+    c = await api.get(comparisonPath(id));
+  } catch (e) {
+    banner("error", e.message, " ", el("a", { href: "#/" }, "Back to the start"));
+    return;
+  }
+  if (st.id !== id) return;
+  header(c);
+  if (c.status === "ready") {
+    banner("none");
+    if (!st.loaded || st.loaded.revision !== c.revision) {
+      if (!st.loaded) performance.mark("bitguard:ready");
+      st.loaded = c;
+      summary(c);
+      emit(EV.comparisonLoaded, c);
+    }
+    return;
+  }
+  if (c.status === "failed") {
+    banner("error", el("b", {}, `${c.error.type}: `), c.error.message);
+    return;
+  }
+  const why = st.loaded ? `Re-running with ${c.rule_set ? `rule set ${c.rule_set.name} v${c.rule_set.version}` : "no rules"}…` : `Comparing ${c.run_a.name} with ${c.run_b.name}…`;
+  banner("busy", el("span", { class: "spinner" }), why);
+  st.poll = setTimeout(() => poll(id), 150);
+}
+
+function header(c) {
+  document.title = `${c.run_a.name} vs ${c.run_b.name} · bitguard`;
+  fill($(SEL.title), el("span", { class: "title" },
+    el("span", { class: "side-tag a" }, "A"), el("span", { class: "run", title: c.run_a.id }, c.run_a.name),
+    el("span", { class: "vs" }, "vs"),
+    el("span", { class: "side-tag b" }, "B"), el("span", { class: "run", title: c.run_b.id }, c.run_b.name),
+    c.verdict ? el("span", { class: `badge ${c.verdict}`, id: "verdict" }, c.verdict) : null,
+  ));
+  const link = $(SEL.perfetto);
+  link.href = comparisonPath(c.id, "/perfetto");
+  show(link, c.status === "ready");
+}
+
+function stat(k, v, cls = "") {
+  return el("div", { class: `stat ${cls}` }, el("div", { class: "k" }, k), el("div", { class: "v" }, v));
+}
+
+function summary(c) {
+  const s = c.summary || {};
+  const al = s.alignment || {};
+  const fd = s.first_divergence;
+  const fired = (s.rules_fired || []).reduce((acc, r) => acc + r.count, 0);
+  fill($(SEL.summary), 
+    stat("verdict", c.verdict, `verdict ${c.verdict}`),
+    stat("pivot", fd ? `step ${fd.step} · ${fd.phase}` : "—"),
+    stat("events A / B", `${count(al.events_a)} / ${count(al.events_b)}`),
+    stat("matched", count(al.matched)),
+    stat("identical prefix", count(al.identical_prefix)),
+    stat("gaps A / B", `${count(al.gaps_a)} / ${count(al.gaps_b)}`),
+    stat("ranks", (c.ranks || []).join(", ")),
+    stat("rules fired", count(fired)),
+    s.manifest_diffs && s.manifest_diffs.length ? stat("setup differs", s.manifest_diffs.map((d) => d.field).slice(0, 3).join(", "), "") : null,
+  );
+}
+
+function init() {
+  timeline.init();
+  pivot.init();
+  detail.init();
+  propagation.init();
+  rules.init();
+  upload.init();
+  on(EV.rulesSaved, () => st.id && poll(st.id));
+  on(EV.timelineDrawn, (d) => {
+    // the benchmark and the browser tests wait for this: the comparison is drawn
+    if (!st.firstDraw) {
+      st.firstDraw = true;
+      performance.mark("bitguard:first-draw"); // after bitguard:ready, the poll that saw it ready
+    }
+    document.body.dataset.drawnRevision = String(d.revision);
+  });
+  window.addEventListener("hashchange", route);
+  if (!location.hash) location.hash = "#/";
+  else route();
+}
+
+if (document.readyState === "loading") document.addEventListener("DOMContentLoaded", init);
+else init();

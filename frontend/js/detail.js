@@ -1,0 +1,96 @@
+// The selected-event panel: one aligned event with its status, call stack and the digests of
+// its tensors on both sides. "Mark as benign" hands the event to the rules panel.
+
+import { api, comparisonPath } from "./api.js";
+import { $, EV, SEL, el, emit, on, toast, fill } from "./dom.js";
+import { duration, shape } from "./format.js";
+
+let comparison = null;
+let token = 0;
+
+export function init() {
+  on(EV.comparisonLoaded, (c) => {
+    const same = comparison && comparison.id === c.id;
+    comparison = c;
+    if (!same) renderEmpty();
+  });
+  on(EV.selectEvent, (sel) => load(sel));
+  renderEmpty();
+}
+
+function renderEmpty() {
+  fill($(SEL.detailPanel), 
+    el("h2", {}, "Selected event"),
+    el("p", { class: "note" }, "Click an event in the timelines or a node in the propagation view to see its digests on both sides."),
+  );
+}
+
+async function load(sel) {
+  if (!comparison || sel.seq == null) return;
+  const mine = ++token;
+  try {
+    const d = await api.get(comparisonPath(comparison.id, `/events/${sel.rank}/${sel.side}/${sel.seq}`));
+    if (mine === token) render(d);
+  } catch (e) {
+    toast(e.message, "error");
+  }
+}
+
+// digests of both sides, one row per (role, index): {role, index, path, shape, dtype, a, b, differs, ignored}
+export function pairTensors(tensorsA, tensorsB) {
+  const rows = new Map();
+  const key = (t) => `${t.role}:${t.index}`;
+  for (const t of tensorsA || []) rows.set(key(t), { ...t, a: { xor: t.xor, pos: t.pos }, b: null });
+  for (const t of tensorsB || []) {
+    const r = rows.get(key(t)) || { ...t, a: null };
+    r.b = { xor: t.xor, pos: t.pos };
+    if (!rows.has(key(t))) rows.set(key(t), r);
+  }
+  for (const r of rows.values()) r.differs = !r.a || !r.b || r.a.xor !== r.b.xor || r.a.pos !== r.b.pos;
+  return Array.from(rows.values());
+}
+
+export function digestTable(rows) {
+  if (!rows.length) return el("p", { class: "note" }, "No tensors recorded for this event.");
+  const body = rows.map((r) =>
+    el("tr", { class: r.ignored ? "ignored" : r.differs ? "differs" : "" },
+      el("td", {}, `${r.role}[${r.index}]`, el("br"), el("span", { class: "mono", style: "color:#5f6b7a" }, `${shape(r.shape)} ${r.dtype || ""}`)),
+      el("td", { class: "hex" }, r.a ? r.a.xor : "—", el("br"), r.a ? r.a.pos : ""),
+      el("td", { class: "hex" }, r.b ? r.b.xor : "—", el("br"), r.b ? r.b.pos : ""),
+      el("td", {}, r.ignored ? el("span", { class: "badge benign", title: r.rule_id || "" }, "benign") : r.differs ? el("span", { class: "badge diverged" }, "differs") : el("span", { class: "badge identical" }, "same")),
+    ));
+  return el("table", { class: "digests" },
+    el("thead", {}, el("tr", {}, el("th", {}, "tensor"), el("th", {}, "A xor / pos"), el("th", {}, "B xor / pos"), el("th", {}, ""))),
+    el("tbody", {}, body));
+}
+
+export function stackBlock(frames) {
+  if (!frames || !frames.length) return el("p", { class: "note" }, "No call stack recorded.");
+  return el("pre", { class: "stack" }, frames.join("\n"));
+}
+
+function render(d) {
+  const e = d.event;
+  const rows = pairTensors(d.tensors_a, d.tensors_b);
+  const pair = d.pair || {};
+  const benignable = ["diverged", "only_a", "only_b"].includes(d.status);
+  const panel = $(SEL.detailPanel);
+  panel.dataset.boundary = e.boundary;
+  fill(panel, 
+    el("div", { class: "pivot-head" }, el("h2", { style: "margin:0" }, "Selected event"), el("span", { class: `badge ${d.status}` }, d.status.replace("_", " ")), d.is_pivot ? el("span", { class: "badge", style: "background:#f3e8f7;color:#7a1fa2" }, "pivot") : null),
+    el("div", { class: "boundary-name" }, e.boundary),
+    el("div", { class: "kv", style: "margin-top:6px" },
+      el("span", { class: "k" }, "step · phase"), el("span", { class: "v" }, `${e.step} · ${e.phase} (${e.kind})`),
+      el("span", { class: "k" }, "module"), el("span", { class: "v mono" }, e.module_type || ""),
+      el("span", { class: "k" }, "rank · call"), el("span", { class: "v" }, `${d.rank} · ${e.call}`),
+      el("span", { class: "k" }, "seq A · B"), el("span", { class: "v mono" }, `${pair.a_seq ?? "—"} · ${pair.b_seq ?? "—"}`),
+      el("span", { class: "k" }, "duration"), el("span", { class: "v" }, duration(e.t_end_ns - e.t_start_ns)),
+    ),
+    el("h3", {}, "Digests"),
+    digestTable(rows),
+    el("h3", {}, "Call stack"),
+    stackBlock(d.stack),
+    el("div", { class: "panel-actions" },
+      benignable ? el("button", { id: "mark-benign", class: "btn benign", onclick: () => emit(EV.markBenign, d), title: "Open a rule prefilled from this event" }, "Mark as benign…") : null),
+  );
+}

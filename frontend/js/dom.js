@@ -1,0 +1,102 @@
+// Every element id and event name the front end uses, in one place. The browser tests read
+// the same ids (tests/browser/pages.py mirrors SEL), so a renamed element fails loudly.
+
+export const SEL = {
+  // shell
+  title: "#title",
+  perfetto: "#perfetto",
+  toast: "#toast",
+  viewHome: "#view-home",
+  viewComparison: "#view-comparison",
+  // upload (home)
+  pickA: "#pick-a",
+  pickB: "#pick-b",
+  statusA: "#status-a",
+  statusB: "#status-b",
+  progressA: "#progress-a",
+  progressB: "#progress-b",
+  homeRuleSet: "#home-ruleset",
+  compare: "#compare",
+  comparisonsTable: "#comparisons-table",
+  runsTable: "#runs-table",
+  // comparison view
+  banner: "#cmp-status",
+  summary: "#summary",
+  rankSelect: "#rank-select",
+  axisToggle: "#axis-toggle",
+  gotoPivot: "#goto-pivot",
+  legend: "#legend",
+  overview: "#overview",
+  timeline: "#timeline",
+  timelineInfo: "#timeline-info",
+  propagation: "#propagation",
+  propBack: "#prop-back",
+  propForward: "#prop-forward",
+  propCrumbs: "#prop-crumbs",
+  pivotPanel: "#pivot-panel",
+  detailPanel: "#detail-panel",
+  rulesPanel: "#rules-panel",
+};
+
+export const EV = {
+  comparisonLoaded: "bitguard:comparison-loaded", // detail: comparison (status ready)
+  selectEvent: "bitguard:select-event", // detail: {rank, pos, side, seq, source}
+  markBenign: "bitguard:mark-benign", // detail: event detail from the API
+  rulesSaved: "bitguard:rules-saved", // detail: {ruleSet, comparison}
+  timelineDrawn: "bitguard:timeline-drawn", // detail: {rank, axis, start, end, mode}
+};
+
+// resolves with window.Plotly once plotly.js (loaded async by index.html) has run
+export const plotly = new Promise((resolve) => {
+  if (window.Plotly) resolve(window.Plotly);
+  else window.addEventListener("plotly-ready", () => resolve(window.Plotly), { once: true });
+});
+
+export const $ = (sel, root = document) => root.querySelector(sel);
+export const $$ = (sel, root = document) => Array.from(root.querySelectorAll(sel));
+
+export function emit(name, detail) {
+  document.dispatchEvent(new CustomEvent(name, { detail }));
+}
+
+export function on(name, fn) {
+  document.addEventListener(name, (e) => fn(e.detail));
+}
+
+// el("div", {class: "x", onclick: f}, "text", child...) -> a new element
+export function el(tag, attrs = {}, ...children) {
+  const node = document.createElement(tag);
+  for (const [k, v] of Object.entries(attrs || {})) {
+    if (v === undefined || v === null || v === false) continue;
+    if (k.startsWith("on") && typeof v === "function") node.addEventListener(k.slice(2), v);
+    else if (k === "dataset") Object.assign(node.dataset, v);
+    else if (k === "text") node.textContent = v;
+    else node.setAttribute(k, v === true ? "" : v);
+  }
+  for (const c of children.flat()) {
+    if (c === undefined || c === null || c === false) continue;
+    node.append(c instanceof Node ? c : document.createTextNode(String(c)));
+  }
+  return node;
+}
+
+// replace a node's children, skipping null/false (what el() skips too)
+export function fill(node, ...children) {
+  const target = typeof node === "string" ? $(node) : node;
+  target.replaceChildren(...children.flat().filter((c) => c !== null && c !== undefined && c !== false));
+  return target;
+}
+
+export function show(sel, visible = true) {
+  const node = typeof sel === "string" ? $(sel) : sel;
+  node.classList.toggle("hidden", !visible);
+}
+
+let toastTimer = null;
+export function toast(message, kind = "info") {
+  const t = $(SEL.toast);
+  t.textContent = message;
+  t.className = `toast ${kind}`;
+  clearTimeout(toastTimer);
+  toastTimer = setTimeout(() => (t.className = "toast hidden"), kind === "error" ? 8000 : 3500);
+}

@@ -1,0 +1,58 @@
+// How values read on screen: statuses and their colours, sizes, durations, digests.
+
+// status code order matches the server's status_codes (worst last)
+export const STATUS = {
+  empty: { label: "none", color: "#f1f3f5" },
+  identical: { label: "identical", color: "#b9dcc3" },
+  benign: { label: "benign", color: "#8fb8e8" },
+  gap: { label: "gap (one side only)", color: "#f2a65a" },
+  diverged: { label: "diverged", color: "#d6453d" },
+};
+export const STATUS_OF_ROW = { identical: "identical", benign: "benign", only_a: "gap", only_b: "gap", diverged: "diverged" };
+export const PREFIX_FILL = "rgba(46, 160, 90, 0.10)";
+export const PIVOT_COLOR = "#7a1fa2";
+export const SELECT_COLOR = "#111827";
+
+export function bytes(n) {
+  if (n == null) return "";
+  const units = ["B", "KiB", "MiB", "GiB", "TiB"];
+  let i = 0;
+  while (n >= 1024 && i < units.length - 1) {
+    n /= 1024;
+    i += 1;
+  }
+  return i === 0 ? `${n} B` : `${n.toFixed(1)} ${units[i]}`;
+}
+
+export function duration(ns) {
+  if (ns == null || Number.isNaN(ns)) return "";
+  const a = Math.abs(ns);
+  if (a >= 1e9) return `${(ns / 1e9).toFixed(3)} s`;
+  if (a >= 1e6) return `${(ns / 1e6).toFixed(3)} ms`;
+  if (a >= 1e3) return `${(ns / 1e3).toFixed(1)} µs`;
+  return `${Math.round(ns)} ns`;
+}
+
+export const count = (n) => (n == null ? "" : Number(n).toLocaleString("en-US"));
+
+export function when(seconds) {
+  if (!seconds) return "";
+  const d = new Date(seconds * 1000);
+  return d.toLocaleString(undefined, { dateStyle: "medium", timeStyle: "short" });
+}
+
+export const shape = (s) => (Array.isArray(s) ? `[${s.join(", ")}]` : s == null ? "" : String(s));
+
+export function sideName(side) {
+  return side === "a" ? "A" : "B";
+}
+
+export function eventTitle(e) {
+  return `${e.phase} ${e.boundary}`;
+}
+
+export function slug(text) {
+  return String(text || "rule").toLowerCase().replace(/[^a-z0-9_.:-]+/g, "-").replace(/^-+|-+$/g, "").slice(0, 60) || "rule";
+}
+
+export const today = () => new Date().toISOString().slice(0, 10);

@@ -1,0 +1,76 @@
+// The pivot panel: the first divergent event, why bitguard blames it, where the fault sits,
+// its call stack and the input and output digests on each side.
+
+import { api, comparisonPath } from "./api.js";
+import { $, EV, SEL, el, emit, on, toast, fill } from "./dom.js";
+import { count } from "./format.js";
+import { digestTable, stackBlock } from "./detail.js";
+
+const BLAME = {
+  source: "its inputs matched and an output differs: this boundary computed differently",
+  consumer: "an input already differed: the fault sits upstream, between observed boundaries",
+  data: "the input batch itself differs",
+};
+
+let comparison = null;
+
+export function init() {
+  on(EV.comparisonLoaded, (c) => {
+    comparison = c;
+    render(c);
+  });
+}
+
+function render(c) {
+  const panel = $(SEL.pivotPanel);
+  const fd = c.summary && c.summary.first_divergence;
+  if (!fd) {
+    const al = (c.summary && c.summary.alignment) || {};
+    panel.dataset.boundary = "";
+    fill(panel, 
+      el("h2", {}, "No divergence"),
+      el("p", {}, `The two runs computed the same thing on all ${count(al.matched)} matched events`,
+        al.gaps_a || al.gaps_b ? ` (with ${count(al.gaps_a)} events only in A and ${count(al.gaps_b)} only in B)` : "", "."),
+    );
+    return;
+  }
+  panel.dataset.boundary = fd.boundary;
+  const win = fd.blame_window;
+  const rows = (fd.tensors || []).map((t) => ({ ...t, a: t.a && t.a.xor ? t.a : null, b: t.b && t.b.xor ? t.b : null }));
+  fill(panel, 
+    el("div", { class: "pivot-head" }, el("span", { class: "dot" }), el("h2", { style: "margin:0" }, "Pivot"), el("span", { class: "badge diverged" }, "first divergence")),
+    el("div", { id: "pivot-boundary", class: "boundary-name" }, fd.boundary),
+    el("div", { class: "kv", style: "margin-top:6px" },
+      el("span", { class: "k" }, "step · phase"), el("span", { class: "v" }, `${fd.step} · ${fd.phase} (${fd.kind})`),
+      el("span", { class: "k" }, "module"), el("span", { class: "v mono" }, fd.module_type || ""),
+      el("span", { class: "k" }, "rank · call"), el("span", { class: "v" }, `${fd.rank} · ${fd.call}`),
+      el("span", { class: "k" }, "blame"), el("span", { class: "v" }, el("b", {}, fd.blame), ` (${fd.fault_class}): ${BLAME[fd.blame] || ""}`),
+      el("span", { class: "k" }, "blame window"), el("span", { class: "v" }, win ? [win.module ? el("span", { class: "mono" }, win.module) : "", win.module ? ": " : "", win.detail || ""] : "this boundary"),
+      el("span", { class: "k" }, "differs in"), el("span", { class: "v" }, (fd.differing_roles || []).join(", ") || "—"),
+      el("span", { class: "k" }, "seq A · B"), el("span", { class: "v mono" }, `${fd.a_seq} · ${fd.b_seq}`),
+    ),
+    el("h3", {}, "Input and output digests"),
+    digestTable(rows),
+    el("h3", {}, "Call stack"),
+    stackBlock(fd.stack),
+    el("div", { class: "panel-actions" },
+      el("button", { class: "btn small", onclick: () => selectPivot() }, "Show in timeline"),
+      el("button", { id: "pivot-benign", class: "btn small benign", onclick: () => markPivotBenign(fd) }, "Mark as benign…"),
+    ),
+  );
+}
+
+function selectPivot() {
+  const p = comparison.pivot_position;
+  const fd = comparison.summary.first_divergence;
+  if (p) emit(EV.selectEvent, { rank: p.rank, pos: p.pos, side: "a", seq: fd.a_seq, source: "pivot" });
+}
+
+async function markPivotBenign(fd) {
+  try {
+    const d = await api.get(comparisonPath(comparison.id, `/events/${fd.rank}/a/${fd.a_seq}`));
+    emit(EV.markBenign, d);
+  } catch (e) {
+    toast(e.message, "error");
+  }
+}

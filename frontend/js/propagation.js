@@ -1,0 +1,127 @@
+// The propagation view: from the pivot, column by column, the divergent events each node fed.
+// Clicking a node expands its consumers in the next column and selects its event in the
+// timelines; Back and Forward walk the trail of clicks without losing the expanded columns.
+
+import { api, comparisonPath } from "./api.js";
+import { $, EV, SEL, el, emit, on, toast, fill } from "./dom.js";
+import { count } from "./format.js";
+
+const st = {
+  c: null,
+  nodes: new Map(), // id -> node (with its timeline position)
+  neighbours: new Map(), // id -> {node, consumers, producers}
+  pivot: null,
+  history: [], // trails of node ids; a trail is the path of clicked nodes from the pivot
+  at: -1,
+};
+
+export function init() {
+  on(EV.comparisonLoaded, (c) => load(c));
+  $(SEL.propBack).addEventListener("click", () => go(st.at - 1));
+  $(SEL.propForward).addEventListener("click", () => go(st.at + 1));
+}
+
+async function load(c) {
+  st.c = c;
+  st.nodes.clear();
+  st.neighbours.clear();
+  st.history = [];
+  st.at = -1;
+  st.pivot = null;
+  if (!c.pivot_position) {
+    fill($(SEL.propagation), el("p", { class: "note" }, "No divergence, nothing propagated."));
+    syncButtons([]);
+    return;
+  }
+  try {
+    const g = await api.get(comparisonPath(c.id, "/graph"), { limit: 5000 });
+    if (st.c !== c) return;
+    for (const n of g.nodes) st.nodes.set(n.id, n);
+    st.pivot = g.nodes.find((n) => n.is_pivot) || null;
+    if (!st.pivot) {
+      fill($(SEL.propagation), el("p", { class: "note" }, "The propagation graph has no pivot node."));
+      return;
+    }
+    await expand(st.pivot.id);
+    st.history = [[st.pivot.id]];
+    st.at = 0;
+    render();
+  } catch (e) {
+    toast(e.message, "error");
+  }
+}
+
+async function expand(id) {
+  if (st.neighbours.has(id)) return st.neighbours.get(id);
+  const n = await api.get(comparisonPath(st.c.id, `/graph/nodes/${encodeURIComponent(id)}`));
+  st.neighbours.set(id, n);
+  for (const x of [n.node, ...n.consumers, ...n.producers]) if (!st.nodes.has(x.id)) st.nodes.set(x.id, x);
+  return n;
+}
+
+const trail = () => st.history[st.at] || [];
+
+async function clickNode(column, node) {
+  const path = trail().slice(0, column).concat([node.id]);
+  await expand(node.id);
+  st.history = st.history.slice(0, st.at + 1);
+  st.history.push(path);
+  st.at = st.history.length - 1;
+  render();
+  select(node);
+}
+
+async function go(index) {
+  if (index < 0 || index >= st.history.length) return;
+  st.at = index;
+  const path = trail();
+  for (const id of path) await expand(id);
+  render();
+  select(st.nodes.get(path[path.length - 1]));
+}
+
+function select(node) {
+  if (!node) return;
+  emit(EV.selectEvent, { rank: node.rank, pos: node.pos, side: "a", seq: node.a_seq, source: "propagation" });
+}
+
+function card(node, column, selected, edge) {
+  return el("div", {
+    class: `node${selected ? " selected" : ""}${node.is_pivot ? " pivot" : ""}`,
+    dataset: { nodeId: node.id, boundary: node.boundary },
+    title: `${node.phase} ${node.boundary}: ${node.count} divergent event(s) from step ${node.first_step}`,
+    onclick: () => clickNode(column, node),
+  },
+  el("div", { class: "b" }, node.boundary),
+  el("div", { class: "m" }, el("span", {}, `${node.phase}${node.kind && node.kind !== "module" ? ` · ${node.kind}` : ""}`), el("span", {}, `step ${node.first_step}`), el("span", {}, `${count(node.count)}×`), node.is_pivot ? el("b", { style: "color:#7a1fa2" }, "pivot") : null),
+  edge ? el("div", { class: "edge" }, `via ${edge}`) : null);
+}
+
+function render() {
+  const path = trail();
+  const columns = [];
+  // column 0: the pivot; column i+1: the consumers of the node clicked in column i
+  columns.push(el("div", { class: "column" }, el("h4", {}, "Pivot"), card(st.pivot, 0, path[0] === st.pivot.id)));
+  path.forEach((id, i) => {
+    const n = st.neighbours.get(id);
+    if (!n) return;
+    const col = el("div", { class: "column" }, el("h4", {}, `Fed by ${st.nodes.get(id).boundary.split(".").slice(-2).join(".")}`));
+    if (!n.consumers.length) col.append(el("p", { class: "note" }, "No divergent consumer: the difference stops here or leaves the recorded boundaries."));
+    for (const c of n.consumers) col.append(card(c, i + 1, path[i + 1] === c.id, c.edge));
+    columns.push(col);
+  });
+  fill($(SEL.propagation), ...columns);
+  syncButtons(path);
+  const box = $(SEL.propagation);
+  box.scrollLeft = box.scrollWidth;
+}
+
+function syncButtons(path) {
+  $(SEL.propBack).disabled = st.at <= 0;
+  $(SEL.propForward).disabled = st.at < 0 || st.at >= st.history.length - 1;
+  fill($(SEL.propCrumbs), ...path.flatMap((id, i) => {
+    const n = st.nodes.get(id);
+    const name = n ? n.boundary : id;
+    return i === path.length - 1 ? [el("b", {}, name)] : [name, " › "];
+  }));
+}

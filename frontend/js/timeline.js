@@ -1,0 +1,415 @@
+// The comparison view's two matched timelines: run A's lanes above run B's, one lane per
+// phase, for one rank, by aligned position or by time. The server sends a window at a time,
+// binned when it holds many events and event by event when few; zooming asks for the next
+// window. An overview strip shows the whole rank and where the window is.
+
+import { api, comparisonPath } from "./api.js";
+import { $, $$, EV, SEL, el, emit, on, fill, plotly } from "./dom.js";
+import { count, duration, PIVOT_COLOR, PREFIX_FILL, SELECT_COLOR, STATUS, STATUS_OF_ROW } from "./format.js";
+
+const CODES = ["empty", "identical", "benign", "gap", "diverged"];
+const SPAN = 240; // events in a window opened around one event
+const BINS = 900;
+const LANE_GAP = 0.9; // blank space between A's and B's lanes, in lane heights
+
+const st = {
+  c: null, // the comparison
+  rank: 0,
+  axis: "seq",
+  data: null, // the last detail window from the server
+  overview: null,
+  selected: null, // {rank, pos, side, seq}
+  token: 0, // the latest detail request; older answers are dropped
+  drawnFor: null,
+};
+
+function colorscale() {
+  const stops = [];
+  CODES.forEach((code, i) => {
+    const lo = i === 0 ? 0 : (i - 0.5) / (CODES.length - 1);
+    const hi = i === CODES.length - 1 ? 1 : (i + 0.5) / (CODES.length - 1);
+    stops.push([lo, STATUS[code].color], [hi, STATUS[code].color]);
+  });
+  return stops;
+}
+
+export function init() {
+  const legend = $(SEL.legend);
+  for (const code of CODES.slice(1)) legend.append(el("span", {}, el("i", { style: `background:${STATUS[code].color}` }), STATUS[code].label));
+  legend.append(el("span", {}, el("i", { style: `background:${PREFIX_FILL};border:1px solid #9fd0b1` }), "identical prefix"));
+  legend.append(el("span", {}, el("i", { style: `background:${PIVOT_COLOR}` }), "pivot"));
+  $(SEL.rankSelect).addEventListener("change", (e) => setRank(Number(e.target.value)));
+  for (const b of $$("button", $(SEL.axisToggle))) b.addEventListener("click", () => setAxis(b.dataset.axis));
+  $(SEL.gotoPivot).addEventListener("click", () => gotoPivot());
+  on(EV.comparisonLoaded, (c) => load(c));
+  on(EV.selectEvent, (sel) => {
+    st.selected = sel;
+    if (sel.source !== "timeline") reveal(sel);
+    else drawDetail();
+  });
+}
+
+function pivotPos(rank = st.rank) {
+  const p = st.c && st.c.pivot_position;
+  return p && p.rank === rank ? p.pos : null;
+}
+
+async function load(c) {
+  const same = st.c && st.c.id === c.id;
+  st.c = c;
+  if (!same) {
+    st.axis = "seq";
+    st.selected = null;
+  }
+  st.rank = c.pivot_position ? c.pivot_position.rank : (same && c.ranks.includes(st.rank) ? st.rank : c.ranks[0]);
+  const select = $(SEL.rankSelect);
+  fill(select, ...c.ranks.map((r) => el("option", { value: r, selected: r === st.rank }, `${r}`)));
+  select.disabled = c.ranks.length < 2;
+  syncAxisButtons();
+  await refresh({ around: pivotPos() });
+}
+
+function syncAxisButtons() {
+  for (const b of $$("button", $(SEL.axisToggle))) b.classList.toggle("on", b.dataset.axis === st.axis);
+}
+
+async function setRank(rank) {
+  st.rank = rank;
+  await refresh({ around: pivotPos() });
+}
+
+async function setAxis(axis) {
+  if (axis === st.axis) return;
+  const centre = st.selected && st.selected.rank === st.rank ? st.selected.pos : middlePos();
+  st.axis = axis;
+  syncAxisButtons();
+  await refresh({ around: centre });
+}
+
+function middlePos() {
+  const d = st.data;
+  if (d && d.mode === "events" && d.events.length) return d.events[Math.floor(d.events.length / 3)].pos;
+  return pivotPos();
+}
+
+export async function gotoPivot() {
+  const p = st.c && st.c.pivot_position;
+  if (!p) return;
+  if (p.rank !== st.rank) {
+    st.rank = p.rank;
+    $(SEL.rankSelect).value = String(p.rank);
+  }
+  await refresh({ around: p.pos });
+}
+
+async function reveal(sel) {
+  if (sel.pos == null) return;
+  if (sel.rank !== st.rank) {
+    st.rank = sel.rank;
+    $(SEL.rankSelect).value = String(sel.rank);
+    await refresh({ around: sel.pos });
+    return;
+  }
+  const d = st.data;
+  const visible = d && d.mode === "events" && d.events.some((e) => e.pos === sel.pos);
+  if (visible) drawDetail();
+  else await refresh({ around: sel.pos, overviewToo: false });
+}
+
+// fetch the overview (whole rank) and a detail window, then draw both
+async function refresh({ around = null, start = null, end = null, overviewToo = true } = {}) {
+  const c = st.c;
+  const base = { rank: st.rank, axis: st.axis };
+  const token = ++st.token;
+  const detailParams = around != null ? { ...base, around, span: SPAN, bins: BINS }
+    : start != null ? { ...base, start, end, bins: BINS } : { ...base, bins: BINS };
+  const jobs = [api.get(comparisonPath(c.id, "/timeline"), detailParams)];
+  if (overviewToo) jobs.push(api.get(comparisonPath(c.id, "/timeline"), base)); // server's default bins: ready-made
+  const [detail, overview] = await Promise.all(jobs);
+  await plotly;
+  if (token !== st.token || c !== st.c) return; // a newer request won
+  st.data = detail;
+  if (overview) st.overview = overview;
+  drawDetail();
+  drawOverview();
+  emit(EV.timelineDrawn, { rank: st.rank, axis: st.axis, start: detail.start, end: detail.end, mode: detail.mode, revision: c.revision });
+}
+
+// -- geometry ------------------------------------------------------------------------------
+function laneY(d) {
+  // A's lanes 0..k-1 on top, a gap, B's lanes below; returns {side: {phase: y}}
+  const y = { a: {}, b: {} };
+  const phases = d.lanes.filter((l) => l.side === "a").map((l) => l.phase);
+  phases.forEach((p, i) => {
+    y.a[p] = i;
+    y.b[p] = phases.length + LANE_GAP + i;
+  });
+  return { y, phases, bottom: 2 * phases.length + LANE_GAP - 1 };
+}
+
+function shapesFor(d, geo, { labels = true } = {}) {
+  const shapes = [];
+  const annotations = [];
+  const aTop = -0.5;
+  const aBot = geo.phases.length - 0.5;
+  const bTop = geo.phases.length + LANE_GAP - 0.5;
+  const bBot = geo.bottom + 0.5;
+  if (d.prefix) {
+    for (const [side, y0, y1] of [["a", aTop, aBot], ["b", bTop, bBot]]) {
+      const r = d.prefix[side];
+      if (!r) continue;
+      shapes.push({ type: "rect", xref: "x", yref: "y", x0: r[0], x1: r[1], y0, y1, fillcolor: PREFIX_FILL, line: { width: 0 }, layer: "below" });
+    }
+    const r = d.prefix.a;
+    if (labels && r && r[1] > d.start && r[0] < d.end) {
+      annotations.push({ x: Math.max(r[0], d.start), xanchor: "left", y: bBot, yanchor: "bottom", text: "identical prefix", showarrow: false, font: { size: 10, color: "#2e8b57" }, bgcolor: "rgba(255,255,255,0.7)" });
+    }
+  }
+  if (d.pivot) {
+    const xa = st.axis === "seq" ? d.pivot.pos + 0.5 : d.pivot.a_x;
+    const xb = st.axis === "seq" ? d.pivot.pos + 0.5 : d.pivot.b_x;
+    const line = { color: PIVOT_COLOR, width: 2, dash: "dot" };
+    if (xa != null) shapes.push({ type: "line", x0: xa, x1: xa, y0: aTop, y1: st.axis === "seq" ? bBot : aBot, line });
+    if (xb != null && st.axis === "time") shapes.push({ type: "line", x0: xb, x1: xb, y0: bTop, y1: bBot, line });
+    if (labels && xa != null && xa >= d.start && xa <= d.end) {
+      annotations.push({ x: xa, y: aTop, yanchor: "bottom", text: "<b>pivot</b>", showarrow: false, font: { size: 11, color: PIVOT_COLOR } });
+    }
+  }
+  return { shapes, annotations };
+}
+
+function laneTicks(geo) {
+  const vals = [];
+  const text = [];
+  for (const side of ["a", "b"]) {
+    for (const p of geo.phases) {
+      vals.push(geo.y[side][p]);
+      text.push(`${side.toUpperCase()} · ${p}`);
+    }
+  }
+  return { tickvals: vals, ticktext: text };
+}
+
+function xTitle() {
+  return st.axis === "seq" ? "aligned position (matched events share a column)" : "time since each run's first event on this rank";
+}
+
+function xTicks() {
+  return st.axis === "time" ? { tickformat: "~s", ticksuffix: "ns" } : { tickformat: ",d" };
+}
+
+// -- the detail chart -----------------------------------------------------------------------
+function binTraces(d, geo) {
+  const b = d.bins;
+  const z = [];
+  const text = [];
+  const ys = [];
+  const rowOf = {};
+  for (const ln of b.lanes) rowOf[`${ln.side}:${ln.phase}`] = ln;
+  const yValues = [];
+  for (const side of ["a", "b"]) for (const p of geo.phases) yValues.push([side, p, geo.y[side][p]]);
+  for (const [side, p, y] of yValues) {
+    const ln = rowOf[`${side}:${p}`];
+    ys.push(y);
+    z.push(ln.status.map((s, i) => (ln.n[i] ? s : null)));
+    text.push(ln.n.map((n, i) => (n ? `${side.toUpperCase()} · ${p}<br>${count(n)} events${ln.diverged[i] ? `, <b>${count(ln.diverged[i])} diverged</b>` : ""}<br>${CODES[ln.status[i]]}` : "")));
+  }
+  const x = Array.from({ length: b.count }, (_, i) => b.start + (i + 0.5) * b.width);
+  return [{
+    type: "heatmap", x, y: ys, z, text, hoverinfo: "text", zmin: 0, zmax: CODES.length - 1,
+    colorscale: colorscale(), showscale: false, xgap: 0, ygap: 3, hoverongaps: false,
+  }];
+}
+
+function eventTraces(d, geo) {
+  const xs = { a: [], b: [] };
+  const ys = { a: [], b: [] };
+  const colors = { a: [], b: [] };
+  const custom = { a: [], b: [] };
+  const hover = { a: [], b: [] };
+  const links = { x: [], y: [] };
+  const badLinks = { x: [], y: [] };
+  const missing = { x: [], y: [], text: [] };
+  const n = d.events.length;
+  const size = Math.max(5, Math.min(14, Math.round(900 / Math.max(n, 1))));
+  for (const e of d.events) {
+    const color = STATUS[STATUS_OF_ROW[e.status] || "identical"].color;
+    const x = { a: st.axis === "seq" ? e.pos + 0.5 : e.a_x, b: st.axis === "seq" ? e.pos + 0.5 : e.b_x };
+    for (const side of ["a", "b"]) {
+      const seq = side === "a" ? e.a_seq : e.b_seq;
+      if (seq == null || x[side] == null) continue;
+      xs[side].push(x[side]);
+      ys[side].push(geo.y[side][e.phase]);
+      colors[side].push(color);
+      custom[side].push([side, seq, e.pos]);
+      hover[side].push(`<b>${side.toUpperCase()}</b> seq ${seq} · step ${e.step}<br>${e.phase} <b>${e.boundary}</b> (${e.module_type})<br>${e.status}${e.is_pivot ? " · <b>pivot</b>" : ""}${e.reordered ? " · reordered" : ""}`);
+    }
+    if (e.a_seq != null && e.b_seq != null && x.a != null && x.b != null) {
+      const target = e.status === "diverged" ? badLinks : links;
+      target.x.push(x.a, x.b, null);
+      target.y.push(geo.y.a[e.phase] + 0.3, geo.y.b[e.phase] - 0.3, null);
+    } else if (st.axis === "seq") {
+      const side = e.a_seq == null ? "a" : "b";
+      missing.x.push(e.pos + 0.5);
+      missing.y.push(geo.y[side][e.phase]);
+      missing.text.push(`no ${e.phase} ${e.boundary} in run ${side.toUpperCase()} here (gap)`);
+    }
+  }
+  const traces = [
+    { type: "scatter", mode: "lines", x: links.x, y: links.y, line: { color: "rgba(95,107,122,0.28)", width: 1 }, hoverinfo: "skip", name: "matched" },
+    { type: "scatter", mode: "lines", x: badLinks.x, y: badLinks.y, line: { color: "rgba(214,69,61,0.55)", width: 1.2 }, hoverinfo: "skip", name: "matched, differing" },
+  ];
+  for (const side of ["a", "b"]) {
+    traces.push({
+      type: "scatter", mode: "markers", x: xs[side], y: ys[side], customdata: custom[side], text: hover[side], hoverinfo: "text",
+      marker: { symbol: "square", size, color: colors[side], line: { width: 0.5, color: "rgba(0,0,0,0.25)" } }, name: `run ${side.toUpperCase()}`,
+    });
+  }
+  traces.push({
+    type: "scatter", mode: "markers", x: missing.x, y: missing.y, text: missing.text, hoverinfo: "text",
+    marker: { symbol: "x-thin-open", size: size + 2, color: "#c46d12", line: { width: 2, color: "#c46d12" } }, name: "gap",
+  });
+  const sel = selectedPoints(d, geo, size);
+  if (sel) traces.push(sel);
+  return traces;
+}
+
+function selectedPoints(d, geo, size) {
+  const s = st.selected;
+  if (!s || s.rank !== st.rank) return null;
+  const e = d.events.find((ev) => ev.pos === s.pos);
+  if (!e) return null;
+  const x = [];
+  const y = [];
+  for (const side of ["a", "b"]) {
+    const xv = st.axis === "seq" ? e.pos + 0.5 : e[`${side}_x`];
+    if (xv == null || e[`${side}_seq`] == null) continue;
+    x.push(xv);
+    y.push(geo.y[side][e.phase]);
+  }
+  return { type: "scatter", mode: "markers", x, y, hoverinfo: "skip", marker: { symbol: "square-open", size: size + 8, color: SELECT_COLOR, line: { width: 2.5, color: SELECT_COLOR } }, name: "selected" };
+}
+
+function drawDetail() {
+  const d = st.data;
+  if (!d || !window.Plotly) return;
+  const geo = laneY(d);
+  const traces = d.mode === "bins" ? binTraces(d, geo) : eventTraces(d, geo);
+  const { shapes, annotations } = shapesFor(d, geo);
+  const layout = {
+    margin: { l: 104, r: 14, t: 22, b: 44 },
+    height: 340,
+    showlegend: false,
+    dragmode: "zoom",
+    hovermode: "closest",
+    plot_bgcolor: "#fff",
+    paper_bgcolor: "#fff",
+    font: { family: getComputedStyle(document.body).fontFamily, size: 12, color: "#1f2933" },
+    xaxis: { range: [d.start, d.end], title: { text: xTitle(), font: { size: 11, color: "#5f6b7a" } }, showgrid: true, gridcolor: "#eef1f4", zeroline: false, ...xTicks() },
+    yaxis: { range: [geo.bottom + 0.6, -0.6], fixedrange: true, showgrid: false, zeroline: false, ...laneTicks(geo) },
+    shapes,
+    annotations,
+  };
+  const node = $(SEL.timeline);
+  window.Plotly.react(node, traces, layout, { displaylogo: false, responsive: true, modeBarButtonsToRemove: ["select2d", "lasso2d", "autoScale2d", "toImage"] });
+  if (!node.dataset.wired) {
+    node.dataset.wired = "1";
+    node.on("plotly_click", onDetailClick);
+    node.on("plotly_relayout", onRelayout);
+  }
+  node.dataset.mode = d.mode;
+  node.dataset.rank = String(st.rank);
+  node.dataset.axis = st.axis;
+  const what = d.mode === "bins" ? `${count(d.bins.count)} bins of ${st.axis === "seq" ? count(Math.round(d.bins.width)) + " positions" : duration(d.bins.width)}` : `${count(d.events.length)} events, each drawn`;
+  const span = st.axis === "seq" ? `positions ${count(Math.floor(d.start))}–${count(Math.ceil(d.end))} of ${count(d.extent[1])}` : `${duration(d.start)} – ${duration(d.end)} of ${duration(d.extent[1])}`;
+  fill($(SEL.timelineInfo), 
+    el("span", {}, `rank ${st.rank} · ${span}`),
+    el("span", {}, `A ${count(d.count_a)} / B ${count(d.count_b)} events in view · ${what}`),
+    el("span", {}, "drag to zoom · double-click for the whole rank · click an event to inspect it"),
+  );
+}
+
+function onDetailClick(ev) {
+  const p = ev.points && ev.points[0];
+  if (!p) return;
+  if (st.data.mode === "bins") {
+    const w = st.data.bins.width;
+    refresh({ start: p.x - 2 * w, end: p.x + 2 * w, overviewToo: false });
+    return;
+  }
+  if (!p.customdata) return;
+  const [side, seq, pos] = p.customdata;
+  emit(EV.selectEvent, { rank: st.rank, side, seq, pos, source: "timeline" });
+}
+
+let relayoutTimer = null;
+function onRelayout(ev) {
+  if (ev["xaxis.autorange"]) {
+    clearTimeout(relayoutTimer);
+    relayoutTimer = setTimeout(() => refresh({ overviewToo: false }), 60);
+    return;
+  }
+  const a = ev["xaxis.range[0]"] ?? (ev["xaxis.range"] && ev["xaxis.range"][0]);
+  const b = ev["xaxis.range[1]"] ?? (ev["xaxis.range"] && ev["xaxis.range"][1]);
+  if (a == null || b == null) return;
+  clearTimeout(relayoutTimer);
+  relayoutTimer = setTimeout(() => refresh({ start: a, end: b, overviewToo: false }), 120);
+}
+
+// -- the overview strip --------------------------------------------------------------------
+function drawOverview() {
+  const o = st.overview;
+  const d = st.data;
+  if (!o || !d || !window.Plotly) return;
+  const b = o.bins;
+  let x;
+  const z = [];
+  const text = [];
+  if (o.mode === "bins") {
+    x = Array.from({ length: b.count }, (_, i) => b.start + (i + 0.5) * b.width);
+    for (const side of ["a", "b"]) {
+      const lanes = b.lanes.filter((l) => l.side === side);
+      const worst = x.map((_, i) => Math.max(...lanes.map((l) => (l.n[i] ? l.status[i] : 0))));
+      const n = x.map((_, i) => lanes.reduce((acc, l) => acc + l.n[i], 0));
+      const dv = x.map((_, i) => lanes.reduce((acc, l) => acc + l.diverged[i], 0));
+      z.push(worst.map((w, i) => (n[i] ? w : null)));
+      text.push(n.map((k, i) => `${side.toUpperCase()}: ${count(k)} events${dv[i] ? `, ${count(dv[i])} diverged` : ""}`));
+    }
+  } else {
+    x = o.events.map((e) => (st.axis === "seq" ? e.pos + 0.5 : e.a_x ?? e.b_x));
+    for (const side of ["a", "b"]) {
+      z.push(o.events.map((e) => (e[`${side}_seq`] == null ? null : CODES.indexOf(STATUS_OF_ROW[e.status]))));
+      text.push(o.events.map((e) => `${side.toUpperCase()}: ${e.phase} ${e.boundary} (${e.status})`));
+    }
+  }
+  const shapes = [{ type: "rect", x0: d.start, x1: d.end, y0: -0.5, y1: 1.5, line: { color: "#2f5fd0", width: 1.5 }, fillcolor: "rgba(47,95,208,0.08)" }];
+  if (o.pivot) {
+    const xp = st.axis === "seq" ? o.pivot.pos + 0.5 : o.pivot.a_x;
+    if (xp != null) shapes.push({ type: "line", x0: xp, x1: xp, y0: -0.5, y1: 1.5, line: { color: PIVOT_COLOR, width: 2 } });
+  }
+  const layout = {
+    margin: { l: 104, r: 14, t: 4, b: 18 },
+    height: 78,
+    showlegend: false,
+    dragmode: false,
+    plot_bgcolor: "#fff",
+    paper_bgcolor: "#fff",
+    font: { family: getComputedStyle(document.body).fontFamily, size: 11, color: "#5f6b7a" },
+    xaxis: { range: o.extent, fixedrange: true, showgrid: false, zeroline: false, ...xTicks() },
+    yaxis: { range: [1.5, -0.5], fixedrange: true, tickvals: [0, 1], ticktext: ["run A", "run B"], showgrid: false, zeroline: false },
+    shapes,
+  };
+  const node = $(SEL.overview);
+  window.Plotly.react(node, [{ type: "heatmap", x, y: [0, 1], z, text, hoverinfo: "text", zmin: 0, zmax: CODES.length - 1, colorscale: colorscale(), showscale: false, ygap: 2, hoverongaps: false }], layout, { displayModeBar: false, responsive: true });
+  if (!node.dataset.wired) {
+    node.dataset.wired = "1";
+    node.on("plotly_click", (ev) => {
+      const p = ev.points && ev.points[0];
+      if (!p || !st.data) return;
+      const half = (st.data.end - st.data.start) / 2;
+      refresh({ start: p.x - half, end: p.x + half, overviewToo: false });
+    });
+  }
+}
+
+export const current = () => ({ rank: st.rank, axis: st.axis, data: st.data });

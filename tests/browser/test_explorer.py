@@ -1,0 +1,133 @@
+"""The explorer in Debian's Chromium: upload two runs, read the pivot, walk the propagation,
+mark a divergence benign, watch the pivot move, and find the rule again after a reload."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+
+import httpx
+import pytest
+
+from api.conftest import compare as api_compare
+from browser.pages import EV, SEL, click_point, pivot_boundary, wait_drawn
+
+pytestmark = pytest.mark.browser
+
+
+def test_selectors_and_events_are_defined_once():
+    assert SEL["pickA"] == "#pick-a" and SEL["timeline"] == "#timeline" and len(SEL) > 25
+    assert EV["timelineDrawn"] == "bitguard:timeline-drawn"
+
+
+def test_upload_compare_mark_benign_and_walk_the_propagation(page, explorer, scenario_dirs, artifacts):
+    errors: list[str] = []
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    ref, suspect = scenario_dirs["probe"]
+    page.goto(explorer.url + "/")
+    page.set_input_files(SEL["pickA"], ref)
+    page.set_input_files(SEL["pickB"], suspect)
+    page.wait_for_selector(f"{SEL['statusA']}[data-state=ok]")
+    page.wait_for_selector(f"{SEL['statusB']}[data-state=ok]")
+    assert "reference" in page.inner_text(SEL["statusA"]) and "suspect" in page.inner_text(SEL["statusB"])
+    assert page.evaluate(f"document.querySelector('{SEL['progressB']}').style.width") == "100%"
+    page.click(SEL["compare"])
+
+    # the comparison view opens on the pivot, named, highlighted and in view
+    wait_drawn(page, 1)
+    assert pivot_boundary(page) == "model.probe"
+    assert "diverged" in page.inner_text("#verdict")
+    assert page.get_attribute(SEL["timeline"], "data-mode") == "events"
+    assert "pivot" in page.inner_text(SEL["timeline"])
+    page.screenshot(path=str(artifacts / "comparison-view.png"), full_page=True)
+
+    # mark the pivot benign: a rule prefilled from it, saved as a new rule set; the pivot moves
+    page.click("#pivot-benign")
+    assert page.input_value("#rule-boundary") == "model.probe"
+    assert page.input_value("#rule-action") == "ignore" and page.input_value("#rule-phase") == "forward"
+    page.fill("#rule-author", "browser test")
+    page.click("#rule-apply")
+    assert page.is_visible("#rules-dirty")
+    page.click("#ruleset-save")
+    page.fill("#ruleset-name", "probe is debug output")
+    page.click("#ruleset-name-ok")
+    wait_drawn(page, 2)
+    assert pivot_boundary(page) == "model.layers.2"
+    assert "fired 2×" in page.inner_text(SEL["rulesPanel"])
+
+    # two hops through the propagation view; each click selects the event in the timelines
+    page.click(".column:nth-child(2) .node[data-boundary='model.layers.3']")
+    page.wait_for_selector(f"{SEL['detailPanel']}[data-boundary='model.layers.3']")
+    page.click(".column:nth-child(3) .node[data-boundary='model.layers.4']")
+    page.wait_for_selector(f"{SEL['detailPanel']}[data-boundary='model.layers.4']")
+    page.wait_for_selector(".column:nth-child(4) .node[data-boundary='Net']")
+    assert page.inner_text(SEL["propCrumbs"]).split(" › ") == ["model.layers.2", "model.layers.3", "model.layers.4"]
+    # back and forth without losing place
+    page.click(SEL["propBack"])
+    page.wait_for_selector(f"{SEL['detailPanel']}[data-boundary='model.layers.3']")
+    assert page.is_visible(".column:nth-child(3) .node.selected[data-boundary='model.layers.3']") is False
+    assert page.is_visible(".column:nth-child(2) .node.selected[data-boundary='model.layers.3']")
+    page.click(SEL["propForward"])
+    page.wait_for_selector(f"{SEL['detailPanel']}[data-boundary='model.layers.4']")
+    assert page.is_visible(".column:nth-child(3) .node.selected[data-boundary='model.layers.4']")
+    page.screenshot(path=str(artifacts / "comparison-after-rule.png"), full_page=True)
+
+    # the rule set persists: reload and it is still attached, with its rule
+    page.reload()
+    wait_drawn(page, 2)
+    assert pivot_boundary(page) == "model.layers.2"
+    page.wait_for_selector(".rule[data-rule-id='benign-model.probe']")
+    assert "browser test" in page.inner_text(SEL["rulesPanel"])
+    assert page.input_value("#ruleset-select") != ""
+    assert errors == []
+
+
+def test_a_folder_that_is_not_a_run_shows_why(page, explorer, tmp_path):
+    folder = tmp_path / "notes"
+    folder.mkdir()
+    (folder / "todo.txt").write_text("compare the runs\n")
+    page.goto(explorer.url + "/")
+    page.set_input_files(SEL["pickA"], str(folder))
+    page.wait_for_selector(f"{SEL['statusA']}[data-state=error]")
+    message = page.inner_text(SEL["statusA"])
+    assert message.startswith("notes: ") and "manifest.json" in message, message
+    assert page.is_disabled(SEL["compare"])
+    assert page.get_attribute(".picker[data-side=a]", "class").split() == ["picker", "error"]
+
+
+def test_ranks_time_axis_gaps_and_clicking_an_event(page, explorer, scenario_dirs):
+    with httpx.Client(base_url=explorer.url, timeout=30) as client:
+        c = api_compare(client, scenario_dirs["gap"])
+    page.goto(f"{explorer.url}/#/c/{c['id']}")
+    wait_drawn(page, 1)
+    # the pivot is on rank 1: the view opens there
+    assert page.input_value(SEL["rankSelect"]) == "1"
+    assert pivot_boundary(page) == "model.layers.1"
+    page.select_option(SEL["rankSelect"], "0")
+    page.wait_for_selector(f"{SEL['timeline']}[data-rank='0']")
+    assert "gap" in page.inner_text(SEL["timeline"]) or page.locator(f"{SEL['timeline']} .point").count() > 0
+    page.click(f"{SEL['axisToggle']} button[data-axis=time]")
+    page.wait_for_selector(f"{SEL['timeline']}[data-axis='time']")
+    assert "ns" in page.inner_text(SEL["timelineInfo"]) or "µs" in page.inner_text(SEL["timelineInfo"])
+    page.click(f"{SEL['axisToggle']} button[data-axis=seq]")
+    page.wait_for_selector(f"{SEL['timeline']}[data-axis='seq']")
+    # click the first drawn event of run B; its detail opens with digests of both sides
+    side, seq, _ = click_point(page, "run B", 3)
+    assert side == "b"
+    page.wait_for_selector(f"{SEL['detailPanel']} .digests")
+    assert "B xor / pos" in page.inner_text(SEL["detailPanel"])
+    page.click(SEL["gotoPivot"])
+    page.wait_for_selector(f"{SEL['timeline']}[data-rank='1']")
+
+
+def test_perfetto_download(page, explorer, scenario_dirs):
+    pytest.importorskip("bitguard.backend.perfetto_export")
+    with httpx.Client(base_url=explorer.url, timeout=30) as client:
+        c = api_compare(client, scenario_dirs["probe"])
+    page.goto(f"{explorer.url}/#/c/{c['id']}")
+    wait_drawn(page, 1)
+    with page.expect_download() as info:
+        page.click(SEL["perfetto"])
+    download = info.value
+    assert download.suggested_filename.endswith(".pftrace") and os.path.getsize(download.path()) > 100
