@@ -1,0 +1,174 @@
+"""Compare on recorded runs: the pivot lands where the fault was injected, with the right blame."""
+
+import json
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+import bitguard
+
+ROOT = Path(__file__).resolve().parents[2]
+TINYGPT = ROOT / "sample_traces" / "tinygpt.py"
+BITGUARD = [sys.executable, "-m", "bitguard"]
+STEPS = ["--steps", "3"]
+
+FAULTS = {  # fault -> (step, phase, boundary, blame, fault_class)
+    "forward-bitflip": (1, "forward", "blocks.0.mlp.fc", "source", "forward"),
+    "functional": (1, "forward", "blocks.0.ln_2", "consumer", "forward"),
+    "backward": (1, "backward", "blocks.0.attn.proj", "source", "backward"),
+    "grad-accum": (1, "backward", "lm_head.weight", "source", "accumulation"),
+    "optimizer": (1, "optimizer", "lm_head.weight", "source", "optimizer"),
+    "data": (1, "data", "GPT", "data", "data"),
+}
+
+
+def _record(out: Path, *args: str) -> None:
+    proc = subprocess.run([*BITGUARD, "record", "--out", str(out), "--", sys.executable, str(TINYGPT), *STEPS, *args],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    base = tmp_path_factory.mktemp("pivot-runs")
+    jobs = {"reference": [], "rerun": [], **{f: ["--fault", f, "--fault-step", "1"] for f in FAULTS}}
+    with ThreadPoolExecutor(2) as pool:
+        list(pool.map(lambda kv: _record(base / kv[0], *kv[1]), jobs.items()))
+    return base
+
+
+def compare_cli(*args):
+    return subprocess.run([*BITGUARD, "compare", *map(str, args)], capture_output=True, text=True, timeout=120)
+
+
+def test_identical_runs_compare_identical(runs):
+    proc = compare_cli(runs / "reference", runs / "rerun", "--json")
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(proc.stdout)
+    assert report["schema"] == "bitguard.compare/1" and report["verdict"] == "identical"
+    assert report["first_divergence"] is None
+    al = report["alignment"]
+    assert al["events_a"] == al["events_b"] == al["matched"] == al["identical_prefix"] > 0
+    assert al["gaps_a"] == al["gaps_b"] == 0
+
+
+@pytest.mark.parametrize("fault", sorted(FAULTS))
+def test_pivot_lands_on_the_injected_fault(runs, fault):
+    proc = compare_cli(runs / "reference", runs / fault, "--json")
+    assert proc.returncode == 1, proc.stderr
+    report = json.loads(proc.stdout)
+    fd = report["first_divergence"]
+    got = (fd["step"], fd["phase"], fd["boundary"], fd["blame"], fd["fault_class"])
+    assert got == FAULTS[fault], f"{fault}: pivot {got}, expected {FAULTS[fault]}"
+    for key in ("rank", "module_type", "call", "blame_window", "stack", "tensors"):
+        assert key in fd
+    assert any(t["differs"] for t in fd["tensors"])
+    for key in ("events_a", "events_b", "matched", "gaps_a", "gaps_b", "identical_prefix", "band", "max_window"):
+        assert key in report["alignment"]
+    assert report["alignment"]["identical_prefix"] > 0
+    assert report["propagation"]["nodes"][0]["is_pivot"]
+
+
+def test_consumer_blame_names_its_window(runs):
+    fd = bitguard.compare(runs / "reference", runs / "functional").first_divergence
+    window = fd["blame_window"]
+    assert window["module"] == "blocks.0" and window["after"] == "blocks.0.attn"
+    assert "blocks.0.attn" in window["excluding_children"] and "blocks.0.mlp" in window["excluding_children"]
+
+
+def test_propagation_reaches_later_modules_and_steps(runs):
+    c = bitguard.compare(runs / "reference", runs / "forward-bitflip")
+    graph = c.propagation_graph()
+    ids = {n["id"] for n in graph["nodes"]}
+    assert "r0:forward:module:blocks.0.mlp.act" in ids and "r0:forward:module:lm_head" in ids
+    assert "r0:optimizer:step:blocks.0.mlp.fc.weight" in ids
+    # the corrupted weights carry it into the next step: modules first reached at step 2
+    assert {n["first_step"] for n in graph["nodes"]} == {1, 2}
+    assert any(e["kind"] == "weights" for e in graph["edges"])
+    hop = c.neighbours("r0:forward:module:blocks.0.mlp.fc")
+    assert {n["boundary"] for n in hop["consumers"]} >= {"blocks.0.mlp.act", "blocks.0.mlp"}
+    text = compare_cli(runs / "reference", runs / "forward-bitflip").stdout
+    assert "VERDICT: diverged" in text and "blocks.0.mlp.fc" in text and "blame: source" in text
+
+
+def test_ignore_rule_on_the_pivot_moves_it_to_the_next_real_divergence(runs, tmp_path):
+    rules = {"schema": "bitguard.rules/1", "rules": [
+        {"id": "fc-noise", "action": "ignore", "match": {"boundary": "blocks.0.mlp.fc", "phase": "forward"},
+         "note": "test", "author": "tests", "created": "2026-11-29"}]}
+    path = tmp_path / "rules.json"
+    path.write_text(json.dumps(rules))
+    report = json.loads(compare_cli(runs / "reference", runs / "forward-bitflip", "--rules", path, "--json").stdout)
+    fd = report["first_divergence"]
+    assert (fd["step"], fd["phase"], fd["boundary"], fd["blame"]) == (1, "forward", "blocks.0.mlp.act", "consumer")
+    assert report["rules_fired"] == [{"id": "fc-noise", "count": 2}]  # steps 1 and 2
+
+
+def test_allow_gap_rule_accepts_an_inserted_helper(runs, tmp_path):
+    _record(tmp_path / "helper", "--fault", "benign-dropout", "--fault-step", "0")
+    c = bitguard.compare(runs / "reference", tmp_path / "helper")
+    d = c.to_dict()
+    # the inserted Sequential(GELU, Dropout) is structure only: the digests still all match
+    assert d["alignment"]["gaps_b"] > 0 and d["alignment"]["gaps_before_pivot"]
+    rules = {"rules": [{"id": "helper", "action": "allow-gap", "match": {"boundary": "blocks.0.mlp.act*"}}]}
+    d2 = bitguard.compare(runs / "reference", tmp_path / "helper", rules=rules).to_dict()
+    assert d2["alignment"]["gaps_before_pivot"] == [] and d2["rules_fired"][0]["id"] == "helper"
+
+
+def _corrupt_copies(src: Path, tmp: Path) -> dict:
+    import shutil
+
+    cases = {}
+    cases["not-a-run"] = tmp / "empty"
+    cases["not-a-run"].mkdir()
+    newer = tmp / "newer"
+    shutil.copytree(src, newer)
+    m = json.loads((newer / "manifest.json").read_text())
+    m["schema_version"] = 99
+    (newer / "manifest.json").write_text(json.dumps(m))
+    cases["newer-schema"] = newer
+    trunc = tmp / "truncated"
+    shutil.copytree(src, trunc)
+    data = (trunc / "rank-0.duckdb").read_bytes()
+    (trunc / "rank-0.duckdb").write_bytes(data[: len(data) // 3])
+    cases["truncated"] = trunc
+    wider = tmp / "wider"
+    shutil.copytree(src, wider)
+    shutil.copy(src / "rank-0.duckdb", wider / "rank-1.duckdb")
+    m = json.loads((wider / "manifest.json").read_text())
+    m["world_size"] = 2
+    (wider / "manifest.json").write_text(json.dumps(m))
+    cases["world-size"] = wider
+    return cases
+
+
+@pytest.mark.parametrize("case,needle", [
+    ("not-a-run", "no manifest.json"),
+    ("newer-schema", "schema version 99"),
+    ("truncated", "truncated"),
+    ("world-size", "ranks [0, 1]"),
+    ("missing", "does not exist"),
+    ("bad-rules", "rule 'x': field 'action'"),
+])
+def test_bad_input_gets_one_line_and_exit_2(runs, tmp_path, case, needle):
+    cases = _corrupt_copies(runs / "reference", tmp_path)
+    cases["missing"] = tmp_path / "nowhere"
+    args = [runs / "reference", cases.get(case, runs / "rerun")]
+    if case == "bad-rules":
+        (tmp_path / "r.json").write_text(json.dumps({"rules": [{"id": "x", "action": "hide"}]}))
+        args += ["--rules", tmp_path / "r.json"]
+    proc = compare_cli(*args)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("bitguard compare: error: ") and needle in lines[0], proc.stderr
+
+
+def test_manifest_differences_are_reported_before_the_verdict(runs, tmp_path):
+    _record(tmp_path / "threads", "--seed", "1234")  # same numbers...
+    m = json.loads((tmp_path / "threads" / "manifest.json").read_text())
+    m["determinism"]["torch_threads"] = 7  # ...but say the thread count differed
+    (tmp_path / "threads" / "manifest.json").write_text(json.dumps(m))
+    d = bitguard.compare(runs / "reference", tmp_path / "threads").to_dict()
+    assert any(x["field"] == "determinism.torch_threads" and x["b"] == 7 for x in d["manifest_diffs"])
