@@ -15,7 +15,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from bitguard.backend.alignment import Alignment, align, full_dp_align
+from bitguard.backend.alignment import Alignment, _stable_order, align, full_dp_align
 from bitguard.errors import BadInput
 
 FRESH = 1 << 40  # keys from here on never occur in a base run: events that exist only in B
@@ -348,3 +348,11 @@ def test_signed_keys_are_taken_bit_for_bit():
 def test_bad_input_says_what_to_pass(kwargs, keys_a, message):
     with pytest.raises(BadInput, match=message):
         align(keys_a, np.zeros(3, dtype=np.uint64), **kwargs)
+
+
+@SETTINGS
+@given(values=st.lists(st.one_of(st.integers(0, 3), st.integers(0, 2**64 - 1)), max_size=200))
+def test_the_radix_sort_is_a_stable_argsort(values):
+    arr = keys(values)
+    got, want = _stable_order(arr), np.argsort(arr, kind="stable")
+    assert np.array_equal(got, want), f"radix order {got} vs numpy's stable argsort {want}"
