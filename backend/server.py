@@ -39,12 +39,25 @@ GiB = 1 << 30
 
 @dataclass
 class ServerConfig:
-    max_file_bytes: int = 8 * GiB  # largest single file in a run upload
-    max_run_bytes: int = 32 * GiB  # largest run upload, all its files together
-    max_files: int = 4096  # most files in one run upload
+    max_file_bytes: int = 8 * GiB  # largest single file in a run upload (env BITGUARD_MAX_FILE_BYTES)
+    max_run_bytes: int = 32 * GiB  # largest run upload, all files together (env BITGUARD_MAX_RUN_BYTES)
+    max_files: int = 4096  # most files in one run upload (env BITGUARD_MAX_FILES)
     raw_event_limit: int = 1500  # a timeline window with at most this many events is sent event by event
     max_bins: int = 4000  # most bins one timeline request may ask for
     max_page: int = 5000  # most rows one events page may hold
+
+    @classmethod
+    def from_env(cls, env=os.environ) -> "ServerConfig":
+        """Defaults, with the upload limits overridden by BITGUARD_MAX_* environment variables."""
+        config = cls()
+        for name in ("max_file_bytes", "max_run_bytes", "max_files"):
+            raw = env.get(f"BITGUARD_{name.upper()}")
+            if raw:
+                try:
+                    setattr(config, name, int(float(raw)))
+                except ValueError:
+                    raise BadInput(f"BITGUARD_{name.upper()}={raw!r} is not a number of bytes/files") from None
+        return config
 
 
 class TooLarge(BadInput):
@@ -138,7 +151,8 @@ class _UploadReceiver:
         name = name.replace('\\"', '"').replace("%22", '"')
         rel = safe_relpath(name)
         if len(self.paths) >= self.config.max_files:
-            raise BadInput(f"a run upload may hold at most {self.config.max_files} files; is this the run folder?")
+            raise BadInput(f"a run upload may hold at most {self.config.max_files} files (BITGUARD_MAX_FILES); "
+                           "is this the run folder?")
         if rel in self.paths:
             raise BadInput(f"{rel} is uploaded twice; upload one run folder at a time")
         target = self.folder.joinpath(*rel.parts)
@@ -156,10 +170,12 @@ class _UploadReceiver:
             self.total += n
             if self._file_size > self.config.max_file_bytes:
                 raise TooLarge(f"{self._file_name} is over the {_human(self.config.max_file_bytes)} per-file limit; "
-                               "start the server with a larger limit or compare these runs with `bitguard compare`")
+                               "start the server with a larger BITGUARD_MAX_FILE_BYTES or compare these runs "
+                               "with `bitguard compare`")
             if self.total > self.config.max_run_bytes:
                 raise TooLarge(f"this run is over the {_human(self.config.max_run_bytes)} per-run upload limit; "
-                               "compare it with `bitguard compare` on the machine that holds it")
+                               "start the server with a larger BITGUARD_MAX_RUN_BYTES or compare it with "
+                               "`bitguard compare` on the machine that holds it")
             self._file.write(data[start:end])
         elif self._text is not None:
             if len(self._text) + n > 4096:
@@ -212,7 +228,7 @@ def _error(status: int, type_: str, message: str) -> JSONResponse:
 
 
 def create_app(workspace_dir: str | os.PathLike | None = None, config: ServerConfig | None = None) -> FastAPI:
-    config = config or ServerConfig()
+    config = config or ServerConfig.from_env()
     ws = Workspace(workspace_dir or default_workspace(), raw_event_limit=config.raw_event_limit)
     from contextlib import asynccontextmanager
 
@@ -289,7 +305,8 @@ def create_app(workspace_dir: str | os.PathLike | None = None, config: ServerCon
         if length > config.max_run_bytes + 1_000_000:
             await _drain(request, config.max_run_bytes)
             raise TooLarge(f"this upload ({_human(length)}) is over the {_human(config.max_run_bytes)} per-run limit; "
-                           "compare it with `bitguard compare` on the machine that holds it")
+                           "start the server with a larger BITGUARD_MAX_RUN_BYTES or compare it with "
+                           "`bitguard compare` on the machine that holds it")
         with ws.staging() as staged:
             payload = staged / "payload"
             payload.mkdir()

@@ -63,6 +63,7 @@ STATUS_CODES = ("empty", "identical", "benign", "gap", "diverged")
 DEFAULT_BINS = 800  # bins of a timeline window when the browser does not say
 _CODE = {"identical": 1, "benign": 2, "only_a": 3, "only_b": 3, "diverged": 4}
 _NAME_RE = re.compile(r"^[\w .,:+()@#-]{1,80}$")
+KEEP = object()  # rerun(): keep the comparison's rule set
 
 
 def _new_id(prefix: str) -> str:
@@ -387,7 +388,7 @@ class Workspace:
 
     def commit_run(self, staged: Path, name: str) -> dict:
         """Validate a staged run directory and move it into runs/ in one rename."""
-        name = _check_name(name, "run")
+        name = re.sub(r"[^\w .,:+()@#-]+", "-", name or "").strip(" -")[:80] or "run"  # a folder name, tidied
         for p in staged.rglob("*"):
             if p.is_symlink():
                 raise BadInput(f"{p.relative_to(staged)} is a link; upload the files themselves")
@@ -560,11 +561,12 @@ class Workspace:
             "pivot_position": result.pivot_position() if result else None,
         }
 
-    def rerun(self, cid: str, rule_set_id: str | None | type(...) = ...) -> dict:
-        """Recompute with the latest version of the comparison's rule set (or a newly given one)."""
+    def rerun(self, cid: str, rule_set_id: str | None | object = KEEP) -> dict:
+        """Recompute with the latest version of the comparison's rule set, or with `rule_set_id`
+        (None: no rules) attached instead."""
         with self._lock:
             rec = self._record(cid)
-            rule_set = rec["rule_set"] if rule_set_id is ... else rule_set_id
+            rule_set = rec["rule_set"] if rule_set_id is KEEP else rule_set_id
             version = self.rule_set(rule_set)["version"] if rule_set else None
             revision = rec["revision"] + 1
             self._exec("UPDATE comparisons SET rule_set = ?, rule_set_version = ?, revision = ?, status = 'queued', "

@@ -63,7 +63,12 @@ const trail = () => st.history[st.at] || [];
 
 async function clickNode(column, node) {
   const path = trail().slice(0, column).concat([node.id]);
-  await expand(node.id);
+  try {
+    await expand(node.id);
+  } catch (e) {
+    toast(e.message, "error");
+    return;
+  }
   st.history = st.history.slice(0, st.at + 1);
   st.history.push(path);
   st.at = st.history.length - 1;
@@ -71,11 +76,10 @@ async function clickNode(column, node) {
   select(node);
 }
 
-async function go(index) {
+function go(index) {
   if (index < 0 || index >= st.history.length) return;
   st.at = index;
-  const path = trail();
-  for (const id of path) await expand(id);
+  const path = trail(); // every node on a trail was expanded when it was clicked
   render();
   select(st.nodes.get(path[path.length - 1]));
 }

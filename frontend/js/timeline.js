@@ -4,7 +4,7 @@
 // window. An overview strip shows the whole rank and where the window is.
 
 import { api, comparisonPath } from "./api.js";
-import { $, $$, EV, SEL, el, emit, on, fill, plotly } from "./dom.js";
+import { $, $$, EV, SEL, el, emit, fill, on, plotly, toast } from "./dom.js";
 import { count, duration, PIVOT_COLOR, PREFIX_FILL, SELECT_COLOR, STATUS, STATUS_OF_ROW } from "./format.js";
 
 const CODES = ["empty", "identical", "benign", "gap", "diverged"];
@@ -123,16 +123,40 @@ async function refresh({ around = null, start = null, end = null, overviewToo = 
   const token = ++st.token;
   const detailParams = around != null ? { ...base, around, span: SPAN, bins: BINS }
     : start != null ? { ...base, start, end, bins: BINS } : { ...base, bins: BINS };
+  if (start != null && st.axis === "time") {
+    detailParams.start = start * NS; // the page shows seconds, the server counts ns
+    detailParams.end = end * NS;
+  }
   const jobs = [api.get(comparisonPath(c.id, "/timeline"), detailParams)];
   if (overviewToo) jobs.push(api.get(comparisonPath(c.id, "/timeline"), base)); // server's default bins: ready-made
-  const [detail, overview] = await Promise.all(jobs);
+  let detail;
+  let overview;
+  try {
+    [detail, overview] = await Promise.all(jobs);
+  } catch (e) {
+    if (e.type !== "ComparisonNotReady") toast(e.message, "error"); // a rerun started: it redraws when ready
+    return;
+  }
   await plotly;
   if (token !== st.token || c !== st.c) return; // a newer request won
-  st.data = detail;
-  if (overview) st.overview = overview;
+  st.data = inSeconds(detail);
+  if (overview) st.overview = inSeconds(overview);
   drawDetail();
   drawOverview();
   emit(EV.timelineDrawn, { rank: st.rank, axis: st.axis, start: detail.start, end: detail.end, mode: detail.mode, revision: c.revision });
+}
+
+// a time window arrives in ns since each side's first event; it is drawn in seconds
+const NS = 1e9;
+function inSeconds(d) {
+  if (d.axis !== "time") return d;
+  const s = (v) => (v == null ? v : v / NS);
+  const out = { ...d, start: s(d.start), end: s(d.end), extent: d.extent.map(s) };
+  if (d.prefix) out.prefix = { a: d.prefix.a && d.prefix.a.map(s), b: d.prefix.b && d.prefix.b.map(s) };
+  if (d.pivot) out.pivot = { ...d.pivot, a_x: s(d.pivot.a_x), b_x: s(d.pivot.b_x) };
+  if (d.bins) out.bins = { ...d.bins, start: s(d.bins.start), width: s(d.bins.width) };
+  if (d.events) out.events = d.events.map((e) => ({ ...e, a_x: s(e.a_x), b_x: s(e.b_x) }));
+  return out;
 }
 
 // -- geometry ------------------------------------------------------------------------------
@@ -195,7 +219,7 @@ function xTitle() {
 }
 
 function xTicks() {
-  return st.axis === "time" ? { tickformat: "~s", ticksuffix: "ns" } : { tickformat: ",d" };
+  return st.axis === "time" ? { ticksuffix: " s" } : { tickformat: ",d" };
 }
 
 // -- the detail chart -----------------------------------------------------------------------
@@ -320,8 +344,8 @@ function drawDetail() {
   node.dataset.mode = d.mode;
   node.dataset.rank = String(st.rank);
   node.dataset.axis = st.axis;
-  const what = d.mode === "bins" ? `${count(d.bins.count)} bins of ${st.axis === "seq" ? count(Math.round(d.bins.width)) + " positions" : duration(d.bins.width)}` : `${count(d.events.length)} events, each drawn`;
-  const span = st.axis === "seq" ? `positions ${count(Math.floor(d.start))}–${count(Math.ceil(d.end))} of ${count(d.extent[1])}` : `${duration(d.start)} – ${duration(d.end)} of ${duration(d.extent[1])}`;
+  const what = d.mode === "bins" ? `${count(d.bins.count)} bins of ${st.axis === "seq" ? count(Math.round(d.bins.width)) + " positions" : duration(d.bins.width * NS)}` : `${count(d.events.length)} events, each drawn`;
+  const span = st.axis === "seq" ? `positions ${count(Math.floor(d.start))}–${count(Math.ceil(d.end))} of ${count(d.extent[1])}` : `${duration(d.start * NS)} – ${duration(d.end * NS)} of ${duration(d.extent[1] * NS)}`;
   fill($(SEL.timelineInfo), 
     el("span", {}, `rank ${st.rank} · ${span}`),
     el("span", {}, `A ${count(d.count_a)} / B ${count(d.count_b)} events in view · ${what}`),

@@ -161,3 +161,63 @@ def test_timeline_window_around_a_position(client, probe):
     assert (seq["start"], seq["end"]) == (17, 26) and [e["pos"] for e in seq["events"]] == list(range(17, 26))
     t = client.get(f"/api/comparisons/{probe['id']}/timeline", params={"axis": "time", "around": 20, "span": 9}).json()
     assert t["start"] == 170_000 and [e["pos"] for e in t["events"]] == list(range(17, 26))
+
+
+def test_concurrent_comparisons_and_uploads(client, server, scenarios):
+    import threading
+
+    import httpx
+
+    pair = scenarios["benign_probe_then_real"]
+    a, b = upload(client, pair[0]), upload(client, pair[1])
+    created, uploaded = [], []
+
+    def start_one():
+        with httpx.Client(base_url=server.url, timeout=30) as c:
+            created.append(c.post("/api/comparisons", json={"run_a": a["id"], "run_b": b["id"]}).json()["id"])
+
+    def upload_one():
+        with httpx.Client(base_url=server.url, timeout=30) as c:
+            uploaded.append(upload(c, pair[1])["id"])
+
+    threads = [threading.Thread(target=f) for f in (start_one, upload_one) * 4]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(set(created)) == 4 and len(set(uploaded)) == 4
+    for cid in created:
+        c = wait_ready(client, cid)
+        assert c["status"] == "ready" and c["summary"]["first_divergence"]["boundary"] == "model.probe"
+    listed = {r["id"] for r in client.get("/api/runs").json()}
+    assert set(uploaded) <= listed
+
+
+@pytest.mark.timeout(120)
+def test_comparisons_survive_a_restart(tmp_path, scenarios):
+    import httpx
+
+    from api.live_server import start_server
+
+    ws = str(tmp_path / "workspace")
+    first = start_server(ws)
+    try:
+        with httpx.Client(base_url=first.url, timeout=30) as c:
+            cmp = compare(c, scenarios["benign_probe_then_real"])
+            rs = c.post("/api/rulesets", json={"name": "probe", "rules": [PROBE_RULE]}).json()
+            c.post(f"/api/comparisons/{cmp['id']}/rerun", json={"rule_set_id": rs["id"]})
+            assert wait_ready(c, cmp["id"])["summary"]["first_divergence"]["boundary"] == "model.layers.2"
+    finally:
+        first.stop()
+    second = start_server(ws)
+    try:
+        with httpx.Client(base_url=second.url, timeout=30) as c:
+            listed = {x["id"]: x for x in c.get("/api/comparisons").json()}
+            assert listed[cmp["id"]]["status"] == "ready", "listing shows the stored summary without recomputing"
+            assert_error(c.get(f"/api/comparisons/{cmp['id']}/timeline"), 409, "ComparisonNotReady")
+            again = wait_ready(c, cmp["id"])
+            assert again["summary"]["first_divergence"]["boundary"] == "model.layers.2"
+            assert again["rule_set"]["name"] == "probe" and again["revision"] == 2
+            assert c.get(f"/api/comparisons/{cmp['id']}/timeline").json()["pivot"]["pos"] == again["pivot_position"]["pos"]
+    finally:
+        second.stop()

@@ -144,3 +144,27 @@ def test_delete_a_run(client, server, scenarios):
     assert not Path(server.workspace, "runs", run["id"]).exists()
     assert_error(client.get(f"/api/runs/{run['id']}"), 404, "NotFound", run["id"])
     assert_error(client.delete(f"/api/runs/{run['id']}"), 404, "NotFound")
+
+
+def test_a_folder_name_becomes_a_tidy_run_name(client, scenarios, tmp_path):
+    odd = tmp_path / "lr=0.1 [bf16]"
+    shutil.copytree(scenarios["identical"][0], odd)
+    assert upload(client, str(odd))["name"] == "lr-0.1 -bf16"
+
+
+def test_links_inside_a_staged_run_are_refused(tmp_path, scenarios):
+    import pytest
+
+    from bitguard.backend.workspace import Workspace
+    from bitguard.errors import BadInput
+
+    ws = Workspace(tmp_path / "ws")
+    try:
+        with ws.staging() as staged:
+            shutil.copytree(scenarios["identical"][0], staged / "run")
+            os.symlink("/etc/passwd", staged / "run" / "notes.txt")
+            with pytest.raises(BadInput, match="notes.txt is a link"):
+                ws.commit_run(staged / "run", "linked")
+        assert ws.runs() == [] and list((tmp_path / "ws" / "tmp").iterdir()) == []
+    finally:
+        ws.close()
