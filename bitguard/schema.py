@@ -112,3 +112,18 @@ DUMPS = Table(
 )
 
 TABLES = (EVENTS, TENSORS, STACKS, META, DUMPS)
+
+
+def markdown() -> str:
+    """docs/SCHEMA.md, derived from the tables above. Regenerate with
+    `python -c "from bitguard.schema import markdown; print(markdown(), end='')" > docs/SCHEMA.md`."""
+    out = ["# Run directory schema", "",
+           f"Schema version {SCHEMA_VERSION}. A run directory holds `{MANIFEST_NAME}` and one DuckDB file per rank",
+           f"(`{RANK_FILE.format(rank='N')}`) with the tables below. This file is generated from",
+           "`bitguard/schema.py`; a test fails when the two disagree.", "",
+           f"Phases: {', '.join(PHASES)}. Tensor roles: {', '.join(ROLES)}.", ""]
+    for table in TABLES:
+        out += [f"## `{table.name}`", "", table.doc, "", "| column | type | meaning |", "| --- | --- | --- |"]
+        out += [f"| `{c.name}` | {c.sql} | {c.doc.replace('|', chr(92) + '|')} |" for c in table.columns]
+        out.append("")
+    return "\n".join(out)

@@ -70,7 +70,9 @@ class RankStore:
         self._stacks: list[tuple] = []
         self._dumps: list[tuple] = []
         self._queue: queue.Queue = queue.Queue(maxsize=queue_batches)
-        self._con = duckdb.connect(path)
+        # One DuckDB thread and a small buffer pool: the writer is a guest beside the training's
+        # own threads and memory (collector memory must stay bounded whatever the run length).
+        self._con = duckdb.connect(path, config={"threads": 1, "memory_limit": "32MB"})
         for table in TABLES:
             self._con.execute(table.ddl())
         self.set_meta({"schema_version": SCHEMA_VERSION, "status": "running", **meta})

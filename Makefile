@@ -1,0 +1,41 @@
+# The two commands of the README: `make demo` (the main job) and `make test` (the suite).
+# Both install everything they need into .venv first; nothing is assumed on the machine.
+
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+DEMO_A := sample_traces/demo/reference
+DEMO_B := sample_traces/demo/suspect
+PORT ?= 8000
+
+.PHONY: demo test install chromium bench
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	# torch is pinned: pip takes the CPU wheel; an unpinned torch pulls a multi-GB CUDA build
+	$(PY) -m pip install -q 'torch==2.13.0' -e '.[dev]'
+	touch $(STAMP)
+
+install: $(STAMP)
+
+# Debian's Chromium for the browser tests (Playwright drives it; no browser download).
+chromium:
+	@command -v chromium >/dev/null 2>&1 || { \
+	  echo "installing Debian's chromium for the browser tests"; \
+	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null) \
+	  || { echo "could not install chromium (needs root and Debian's apt); browser tests will be skipped"; }; }
+
+demo: $(STAMP)
+	@test -f $(DEMO_A)/manifest.json || $(PY) -m bitguard.sample_traces.demo $(DEMO_A) $(DEMO_B)
+	-$(PY) -m bitguard compare $(DEMO_A) $(DEMO_B)
+	$(PY) -m bitguard serve --port $(PORT) --demo $(DEMO_A) $(DEMO_B)
+
+test: $(STAMP) chromium
+	$(PY) -m pytest -q -p no:cacheprovider
+
+bench: $(STAMP)
+	$(PY) benchmarks/bench_digest.py
+	$(PY) benchmarks/bench_recording.py
+	$(PY) benchmarks/bench_alignment.py

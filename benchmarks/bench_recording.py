@@ -1,0 +1,162 @@
+"""Recording overhead per training step and collector memory, on a CPU GPT training loop.
+
+Steady-state step time of the same loop (6 layers, width 256, sequence 128, batch 8) run plainly,
+recorded in full mode and recorded in trusted mode, alternated round by round so that machine
+noise hits all three alike; medians and ratios are from this one run. Start-up cost (imports,
+kernel compilation) is measured separately in fresh processes. Memory: RSS growth of a long
+recorded run (small model, many steps) between an early and a late step, and the peak size of the
+writer queue.
+
+    python benchmarks/bench_recording.py [--rounds 5] [--steps 4] [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "sample_traces"))
+
+
+def rss_mib() -> float:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+
+def build(layers=6, width=256, seq=128, batch=8, vocab=512):
+    import torch
+
+    import tinygpt
+
+    torch.manual_seed(0)
+    model = tinygpt.GPT(vocab, seq, width, layers, 4, torch.nn.LayerNorm, 0.0)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    data = torch.randint(0, vocab, (batch, seq + 1))
+    return model, opt, data
+
+
+def step(model, opt, data):
+    import torch.nn.functional as F
+
+    opt.zero_grad(set_to_none=True)
+    logits = model(data[:, :-1])
+    loss = F.cross_entropy(logits.view(-1, logits.size(-1)), data[:, 1:].reshape(-1))
+    loss.backward()
+    opt.step()
+
+
+def timed_steps(model, opt, data, n: int) -> list[float]:
+    out = []
+    for _ in range(n):
+        t = time.perf_counter()
+        step(model, opt, data)
+        out.append(time.perf_counter() - t)
+    return out
+
+
+def overhead(rounds: int, steps: int) -> dict:
+    import bitguard
+
+    model, opt, data = build()
+    timed_steps(model, opt, data, 2)  # warm the allocator and kernels
+    times = {"plain": [], "full": [], "trusted": []}
+    with tempfile.TemporaryDirectory() as tmp:
+        # one throw-away recording pays the one-off costs (kernel compile, DuckDB load)
+        with bitguard.record(Path(tmp) / "warm", mode="trusted", determinism=False):
+            timed_steps(model, opt, data, 1)
+        for r in range(rounds):
+            for mode in ("plain", "full", "trusted"):
+                if mode == "plain":
+                    times[mode] += timed_steps(model, opt, data, steps)[1:]
+                else:
+                    with bitguard.record(Path(tmp) / f"{mode}-{r}", mode=mode, determinism=False):
+                        times[mode] += timed_steps(model, opt, data, steps)[1:]
+    med = {k: statistics.median(v) for k, v in times.items()}
+    return {"median_step_s": med, "samples": {k: len(v) for k, v in times.items()},
+            "ratio_full": med["full"] / med["plain"], "ratio_trusted": med["trusted"] / med["plain"]}
+
+
+def startup() -> dict:
+    def run(code: str) -> float:
+        best = []
+        for _ in range(3):
+            t = time.perf_counter()
+            subprocess.run([sys.executable, "-c", code], check=True)
+            best.append(time.perf_counter() - t)
+        return statistics.median(best)
+
+    base = run("import torch")
+    with_bitguard = run("import torch, tempfile, bitguard\n"
+                        "with bitguard.record(tempfile.mkdtemp(), determinism=False): pass")
+    return {"python_import_torch_s": base, "import_bitguard_and_open_recording_s": with_bitguard,
+            "startup_cost_s": with_bitguard - base}
+
+
+def memory(steps: int) -> dict:
+    import bitguard
+    from bitguard.collectors import store
+
+    model, opt, data = build(layers=2, width=64, seq=32, batch=4, vocab=128)
+    peak_queue = 0
+    original_push = store.RankStore._push
+
+    def push(self, marker=None):
+        nonlocal peak_queue
+        peak_queue = max(peak_queue, self._queue.qsize())
+        original_push(self, marker)
+
+    store.RankStore._push = push
+    samples = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        base = rss_mib()
+        with bitguard.record(Path(tmp) / "long", determinism=False):
+            for i in range(steps):
+                step(model, opt, data)
+                if i in (20, steps // 2, steps - 1):
+                    samples[i] = rss_mib()
+        size = sum(p.stat().st_size for p in (Path(tmp) / "long").iterdir()) / 2**20
+    store.RankStore._push = original_push
+    first, last = samples[20], samples[steps - 1]
+    return {"steps": steps, "rss_before_recording_mib": base, "rss_at_step_mib": samples,
+            "growth_step20_to_end_mib": last - first, "extra_over_plain_at_end_mib": last - base,
+            "peak_queue_batches": peak_queue, "run_dir_mib": size,
+            "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--steps", type=int, default=4, help="steps per round and mode (the first is dropped)")
+    p.add_argument("--memory-steps", type=int, default=600)
+    p.add_argument("--json", action="store_true")
+    args = p.parse_args()
+    import torch
+
+    result = {"torch_threads": torch.get_num_threads(), "overhead": overhead(args.rounds, args.steps),
+              "startup": startup(), "memory": memory(args.memory_steps)}
+    if args.json:
+        print(json.dumps(result, indent=2))
+        return
+    o, s, m = result["overhead"], result["startup"], result["memory"]
+    print(f"GPT 6x256, seq 128, batch 8, {result['torch_threads']} threads; medians over {o['samples']['plain']} steps")
+    for mode in ("plain", "full", "trusted"):
+        ratio = o["median_step_s"][mode] / o["median_step_s"]["plain"]
+        print(f"  {mode:8s} {o['median_step_s'][mode] * 1000:8.1f} ms/step   {ratio:5.3f}x")
+    print(f"start-up: import torch {s['python_import_torch_s']:.2f} s; + bitguard and a recording "
+          f"{s['import_bitguard_and_open_recording_s']:.2f} s (one-off cost {s['startup_cost_s']:.2f} s)")
+    print(f"memory over {m['steps']} steps: RSS growth step 20 -> end {m['growth_step20_to_end_mib']:.1f} MiB; "
+          f"extra over before recording {m['extra_over_plain_at_end_mib']:.1f} MiB; peak writer queue "
+          f"{m['peak_queue_batches']} batches; run dir {m['run_dir_mib']:.1f} MiB")
+
+
+if __name__ == "__main__":
+    main()
