@@ -251,13 +251,14 @@ def create_app(workspace_dir: str | os.PathLike | None = None, config: ServerCon
     async def _validation_error(_request: Request, exc: RequestValidationError):
         problems = [f"{'.'.join(str(p) for p in e.get('loc', ()) if p != 'body') or 'request'}: {e.get('msg')}"
                     for e in exc.errors()[:4]]
-        return _error(400, "BadInput", "; ".join(problems or ["invalid request"]) + " (the API is described at /docs)")
+        message = "; ".join(problems or ["invalid request"])
+        return _error(400, "BadInput", f"{message} (the API is described at /openapi.json)")
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(request: Request, exc: StarletteHTTPException):
         if exc.status_code == 404:
             return _error(404, "NotFound", f"no such page or API route: {request.url.path}; the API is under /api, "
-                                           "described at /docs")
+                                           "described at /openapi.json")
         if exc.status_code == 405:
             return _error(405, "BadInput", f"{request.method} is not allowed on {request.url.path}")
         return _error(exc.status_code, "BadInput", str(exc.detail))

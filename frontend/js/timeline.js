@@ -65,6 +65,7 @@ async function load(c) {
   const select = $(SEL.rankSelect);
   fill(select, ...c.ranks.map((r) => el("option", { value: r, selected: r === st.rank }, `${r}`)));
   select.disabled = c.ranks.length < 2;
+  $(SEL.gotoPivot).disabled = !c.pivot_position;
   syncAxisButtons();
   await refresh({ around: pivotPos() });
 }

@@ -12,6 +12,8 @@ import pytest
 import fixtures_runs as runs
 from api.live_server import start_server
 
+os.environ.setdefault("NO_PROXY", "127.0.0.1,localhost")  # the live server is on loopback, never via a proxy
+
 
 @pytest.fixture(scope="session")
 def scenarios(tmp_path_factory) -> dict[str, tuple[str, str]]:
@@ -86,5 +88,3 @@ def assert_error(response: httpx.Response, status: int, type_: str, *words: str)
         assert w in message, (w, message)
     return message
 
-
-os.environ.setdefault("NO_PROXY", "127.0.0.1,localhost")

@@ -52,11 +52,13 @@ def test_timeline_bins_count_every_event(client, probe):
         assert sum(sum(ln["n"]) for ln in lanes if ln["side"] == side) == 39
     fwd_a = next(ln for ln in lanes if ln["side"] == "a" and ln["phase"] == "forward")
     assert fwd_a["status"][0] == t["status_codes"].index("diverged"), "a bin shows its worst status"
-    assert sum(sum(ln["diverged"]) for ln in lanes if ln["side"] == "a") == 1 + 10 + 13, "probe at step 0, blocks 2.. and backward at step 1, all of step 2"
+    diverged = sum(sum(ln["diverged"]) for ln in lanes if ln["side"] == "a")
+    assert diverged == 1 + 10 + 13, "the probe at step 0, blocks 2.. and backward at step 1, all of step 2"
 
 
 def test_timeline_by_time(client, probe):
-    t = client.get(f"/api/comparisons/{probe['id']}/timeline", params={"axis": "time", "start": 0, "end": 50_000}).json()
+    t = client.get(f"/api/comparisons/{probe['id']}/timeline",
+                   params={"axis": "time", "start": 0, "end": 50_000}).json()
     assert t["axis"] == "time" and t["mode"] == "events"
     assert [e["pos"] for e in t["events"]] == [0, 1, 2, 3, 4]
     assert t["events"][2]["a_x"] == 20_000
@@ -218,6 +220,7 @@ def test_comparisons_survive_a_restart(tmp_path, scenarios):
             again = wait_ready(c, cmp["id"])
             assert again["summary"]["first_divergence"]["boundary"] == "model.layers.2"
             assert again["rule_set"]["name"] == "probe" and again["revision"] == 2
-            assert c.get(f"/api/comparisons/{cmp['id']}/timeline").json()["pivot"]["pos"] == again["pivot_position"]["pos"]
+            timeline = c.get(f"/api/comparisons/{cmp['id']}/timeline").json()
+            assert timeline["pivot"]["pos"] == again["pivot_position"]["pos"]
     finally:
         second.stop()

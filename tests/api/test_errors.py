@@ -16,7 +16,8 @@ def test_every_bitguard_error_class_gets_its_status_and_its_name(tmp_path):
 
     app = create_app(str(tmp_path / "ws"))
     classes = [c for _, c in inspect.getmembers(errors, inspect.isclass) if issubclass(c, errors.BitguardError)]
-    assert {"NotARun", "CorruptRun", "SchemaMismatch", "RulesError", "NotFound", "BadInput"} <= {c.__name__ for c in classes}
+    names = {c.__name__ for c in classes}
+    assert {"NotARun", "CorruptRun", "SchemaMismatch", "RulesError", "NotFound", "BadInput"} <= names
     for cls in classes:
         @app.get(f"/raise/{cls.__name__}")
         def _raise(cls=cls):
@@ -39,7 +40,8 @@ def test_malformed_requests(client):
     assert_error(client.post("/api/comparisons", json={"run_a": 3}), 400, "BadInput", "run_b")
     assert_error(client.post("/api/runs", content=b"{}", headers={"content-type": "application/json"}),
                  400, "BadInput", "multipart")
-    assert_error(client.post("/api/runs", content=b"garbage", headers={"content-type": "multipart/form-data; boundary=q"}),
+    multipart = {"content-type": "multipart/form-data; boundary=q"}
+    assert_error(client.post("/api/runs", content=b"garbage", headers=multipart),
                  400, "BadInput")
     assert_error(client.delete("/api/health"), 405, "BadInput")
 

@@ -17,7 +17,8 @@ def test_a_recorded_bitflip_is_found_through_the_api(client, tmp_path_factory):
     fd = c["summary"]["first_divergence"]
     assert (fd["boundary"], fd["phase"], fd["step"], fd["blame"]) == ("blocks.0.mlp.fc", "forward", 1, "source")
     pos = c["pivot_position"]
-    t = client.get(f"/api/comparisons/{c['id']}/timeline", params={"rank": pos["rank"], "around": pos["pos"], "span": 20}).json()
+    t = client.get(f"/api/comparisons/{c['id']}/timeline",
+                   params={"rank": pos["rank"], "around": pos["pos"], "span": 20}).json()
     assert t["pivot"]["pos"] == pos["pos"] and any(e["is_pivot"] for e in t["events"])
     detail = client.get(f"/api/comparisons/{c['id']}/events/{fd['rank']}/a/{fd['a_seq']}").json()
     assert detail["stack"] and any(x["role"] == "output" for x in detail["tensors_a"])

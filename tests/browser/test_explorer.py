@@ -4,8 +4,6 @@ mark a divergence benign, watch the pivot move, and find the rule again after a 
 from __future__ import annotations
 
 import os
-import re
-import shutil
 
 import httpx
 import pytest
@@ -131,3 +129,44 @@ def test_perfetto_download(page, explorer, scenario_dirs):
         page.click(SEL["perfetto"])
     download = info.value
     assert download.suggested_filename.endswith(".pftrace") and os.path.getsize(download.path()) > 100
+
+
+def test_edit_delete_import_rules_and_the_pivot_follows(page, explorer, scenario_dirs, tmp_path):
+    import json
+
+    rule = {"id": "probe-debug", "action": "ignore", "match": {"boundary": "model.probe"}, "note": "first note"}
+    with httpx.Client(base_url=explorer.url, timeout=30) as client:
+        rs = client.post("/api/rulesets", json={"name": "edit me", "rules": [rule]}).json()
+        c = api_compare(client, scenario_dirs["probe"], rule_set_id=rs["id"])
+    page.goto(f"{explorer.url}/#/c/{c['id']}")
+    wait_drawn(page, 1)
+    assert pivot_boundary(page) == "model.layers.2"
+    assert page.inner_text("#ruleset-version").startswith("v1")
+    # edit the rule's note: a second version, the comparison reruns
+    page.click(".rule[data-rule-id='probe-debug'] button:has-text('Edit')")
+    page.fill("#rule-note", "edited in the browser")
+    page.click("#rule-apply")
+    page.click("#ruleset-save")
+    wait_drawn(page, 2)
+    assert page.inner_text("#ruleset-version").startswith("v2")
+    assert "edited in the browser" in page.inner_text(SEL["rulesPanel"])
+    assert page.get_attribute("#ruleset-export", "href") == f"/api/rulesets/{rs['id']}/export"
+    # delete it and save: nothing is benign any more, the pivot moves back to the probe
+    page.click(".rule[data-rule-id='probe-debug'] button:has-text('Delete')")
+    page.click("#ruleset-save")
+    wait_drawn(page, 3)
+    assert pivot_boundary(page) == "model.probe"
+    # import a rules file: a new rule set, attached, and the pivot moves again
+    path = tmp_path / "team-probe.rules.json"
+    path.write_text(json.dumps({"schema": "bitguard.rules/1", "rules": [rule]}))
+    page.set_input_files("#ruleset-import", str(path))
+    wait_drawn(page, 4)
+    assert pivot_boundary(page) == "model.layers.2"
+    assert page.input_value("#ruleset-select") not in ("", rs["id"])
+    # an invalid rule is refused with the engine's message, naming the rule and the field
+    page.click("#rule-add")
+    page.fill("#rule-id", "bad rule!")
+    page.click("#rule-apply")
+    page.click("#ruleset-save")
+    page.wait_for_selector("#rules-error")
+    assert "bad rule!" in page.inner_text("#rules-error") and "id" in page.inner_text("#rules-error")
