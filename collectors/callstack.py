@@ -45,14 +45,19 @@ class StackTable:
 
     def __init__(self) -> None:
         self._ids: dict[tuple, int] = {}
+        self._user: dict = {}  # code object -> is it user code (cached: this runs for every event)
         self.new: list[tuple[int, str]] = []
 
     def capture(self) -> int:
         frame = sys._getframe(2)
         key = []
+        user = self._user
         while frame is not None and len(key) < MAX_FRAMES:
             code = frame.f_code
-            if _is_user(code.co_filename):
+            is_user = user.get(code)
+            if is_user is None:
+                is_user = user[code] = _is_user(code.co_filename)
+            if is_user:
                 key.append((code, frame.f_lineno))
             frame = frame.f_back
         key = tuple(key)

@@ -64,6 +64,13 @@ class _Backward:
 
 def _flatten(obj, prefix: str = ""):
     """(path, tensor) for every tensor in a nested container, dataclasses included."""
+    if isinstance(obj, torch.Tensor):  # the common cases, without pytree's cost
+        yield prefix, obj
+        return
+    if type(obj) is tuple and all(isinstance(x, torch.Tensor) for x in obj):
+        for i, x in enumerate(obj):
+            yield f"{prefix}[{i}]", x
+        return
     leaves, _ = pytree.tree_flatten_with_path(obj)
     for path, leaf in leaves:
         key = prefix + pytree.keystr(path)
