@@ -288,3 +288,22 @@ def test_torchrun_two_ranks_gloo(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     fd = bitguard.compare(tmp_path / "a", tmp_path / "c").first_divergence
     assert (fd["rank"], fd["step"], fd["phase"], fd["blame"]) == (1, 1, "data", "data")
+
+
+def test_sigterm_flushes_and_marks_the_run_interrupted(tmp_path):
+    out = tmp_path / "run"
+    cmd = [*BITGUARD, "record", "--out", out, "--", sys.executable, TINYGPT, "--steps", "50", "--progress",
+           "--sleep", "0.3"]
+    proc = subprocess.Popen([str(c) for c in cmd], stdout=subprocess.PIPE, text=True)
+    for line in proc.stdout:
+        if line.startswith("step 1 "):
+            break
+    proc.send_signal(signal.SIGTERM)  # the launcher forwards it to the training process
+    assert proc.wait(timeout=60) == 128 + signal.SIGTERM
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["status"] == "interrupted" and manifest["exit_status"] == 128 + signal.SIGTERM
+    con = duckdb.connect(str(out / "rank-0.duckdb"), read_only=True)
+    meta = dict(con.sql("SELECT key, value FROM meta").fetchall())
+    steps = {r[0] for r in con.sql("SELECT DISTINCT step FROM events").fetchall()}
+    con.close()
+    assert json.loads(meta["status"]) == "interrupted" and {0, 1} <= steps
