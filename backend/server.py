@@ -545,10 +545,19 @@ def create_app(workspace_dir: str | os.PathLike | None = None, config: ServerCon
 
 
 def serve(workspace: str | None = None, host: str = "127.0.0.1", port: int = 8000,
-          config: ServerConfig | None = None) -> None:
-    """Run the explorer until interrupted. Binds to loopback unless `host` says otherwise."""
+          config: ServerConfig | None = None, demo: tuple[str, str] | None = None) -> None:
+    """Run the explorer until interrupted. Binds to loopback unless `host` says otherwise.
+
+    `demo`: two run directories on this machine to import (once) and compare; the printed
+    address opens that comparison.
+    """
     import uvicorn
 
     app = create_app(workspace, config)
-    print(f"bitguard explorer: http://{host}:{port}/  (workspace {app.state.workspace.root})", flush=True)
+    ws = app.state.workspace
+    page = f"http://{'127.0.0.1' if host in ('0.0.0.0', '::') else host}:{port}/"
+    if demo:
+        run_a, run_b = (ws.import_run(path) for path in demo)
+        page += f"#/c/{ws.ensure_comparison(run_a['id'], run_b['id'])['id']}"
+    print(f"bitguard explorer: {page}  (workspace {ws.root}; Ctrl-C stops it)", flush=True)
     uvicorn.run(app, host=host, port=port, log_level="warning")

@@ -386,7 +386,25 @@ class Workspace:
         finally:
             shutil.rmtree(path, ignore_errors=True)
 
-    def commit_run(self, staged: Path, name: str) -> dict:
+    def import_run(self, path: str | os.PathLike, name: str | None = None) -> dict:
+        """Copy a run directory on this machine into the workspace, as an upload would, once:
+        a run already imported from the same folder with the same manifest is reused."""
+        source = Path(path).expanduser().resolve()
+        if not source.is_dir():
+            raise BadInput(f"{source} is not a folder; give the run directory `bitguard record --out` wrote")
+        try:
+            manifest = json.loads((source / MANIFEST_NAME).read_text())
+        except (OSError, ValueError):
+            manifest = None
+        for row in self._query("SELECT id, info FROM runs ORDER BY created DESC"):
+            details = json.loads(row["info"] or "{}")
+            if details.get("source") == str(source) and details.get("manifest") == manifest:
+                return self.run(row["id"])
+        with self.staging() as staged:
+            shutil.copytree(source, staged / "run", symlinks=True)  # links stay links: commit refuses them
+            return self.commit_run(staged / "run", name or source.name, source=str(source))
+
+    def commit_run(self, staged: Path, name: str, source: str | None = None) -> dict:
         """Validate a staged run directory and move it into runs/ in one rename."""
         name = re.sub(r"[^\w .,:+()@#-]+", "-", name or "").strip(" -")[:80] or "run"  # a folder name, tidied
         for p in staged.rglob("*"):
@@ -404,7 +422,7 @@ class Workspace:
         plain = _plain(info)
         if isinstance(plain, dict):  # the staging path and a second copy of the manifest say nothing
             plain = {k: v for k, v in plain.items() if k not in ("path", "manifest")}
-        details = {"manifest": manifest, "info": plain}
+        details = {"manifest": manifest, "info": plain, "source": source}
         run_id = _new_id("r")
         os.rename(staged, self.root / "runs" / run_id)  # atomic: a run is all there or not there
         try:
@@ -515,6 +533,12 @@ class Workspace:
                    (cid, run_a, run_b, rule_set_id, version, now, now))
         self._schedule(cid, 1)
         return self.comparison(cid)
+
+    def ensure_comparison(self, run_a: str, run_b: str) -> dict:
+        """The latest comparison of these two runs without rules, made if there is none."""
+        rows = self._query("SELECT id FROM comparisons WHERE run_a = ? AND run_b = ? AND rule_set IS NULL "
+                           "ORDER BY created DESC LIMIT 1", (run_a, run_b))
+        return self.comparison(rows[0]["id"]) if rows else self.create_comparison(run_a, run_b)
 
     def comparisons(self) -> list[dict]:
         # listing does not recompute: after a restart a comparison is recomputed when opened

@@ -6,11 +6,13 @@ import json
 import os
 import shutil
 import socket
+import subprocess
+import sys
 import threading
 from pathlib import Path
 from urllib.parse import urlparse
 
-from api.conftest import assert_error, run_files, upload
+from api.conftest import assert_error, run_files, upload, wait_ready
 
 
 def _workspace_state(server) -> tuple[set, list]:
@@ -168,3 +170,39 @@ def test_links_inside_a_staged_run_are_refused(tmp_path, scenarios):
         assert ws.runs() == [] and list((tmp_path / "ws" / "tmp").iterdir()) == []
     finally:
         ws.close()
+
+
+def test_serve_with_a_demo_pair_imports_it_once(tmp_path, scenarios):
+    """`bitguard serve --demo A B`: the pair is copied in and compared; a second start reuses both."""
+    import httpx
+
+    from api.live_server import free_port
+
+    ref, suspect = scenarios["benign_probe_then_real"]
+    ws = str(tmp_path / "ws")
+    code = ("import sys\nfrom bitguard.backend.server import serve\n"
+            "serve(sys.argv[1], '127.0.0.1', int(sys.argv[2]), demo=(sys.argv[3], sys.argv[4]))\n")
+    printed = []
+    for _ in range(2):
+        port = free_port()
+        proc = subprocess.Popen([sys.executable, "-u", "-c", code, ws, str(port), ref, suspect],
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        try:
+            line = proc.stdout.readline()
+            printed.append(line)
+            assert line.startswith(f"bitguard explorer: http://127.0.0.1:{port}/#/c/"), line
+            cid = line.split("#/c/")[1].split()[0]
+            with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=30) as c:
+                for _ in range(100):
+                    try:
+                        c.get("/api/health")
+                        break
+                    except httpx.TransportError:
+                        threading.Event().wait(0.1)
+                assert wait_ready(c, cid)["summary"]["first_divergence"]["boundary"] == "model.probe"
+                assert len(c.get("/api/runs").json()) == 2
+        finally:
+            proc.terminate()
+            proc.wait(10)
+    ids = [line.split("#/c/")[1].split()[0] for line in printed]
+    assert ids[0] == ids[1], "the second start reopens the same comparison"
