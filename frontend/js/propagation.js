@@ -109,7 +109,8 @@ function render() {
   path.forEach((id, i) => {
     const n = st.neighbours.get(id);
     if (!n) return;
-    const col = el("div", { class: "column" }, el("h4", {}, `Fed by ${st.nodes.get(id).boundary.split(".").slice(-2).join(".")}`));
+    const from = st.nodes.get(id);
+    const col = el("div", { class: "column" }, el("h4", { title: `${from.phase} ${from.boundary}` }, `Fed by ${from.boundary.split(".").slice(-2).join(".")} · ${from.phase}`));
     if (!n.consumers.length) col.append(el("p", { class: "note" }, "No divergent consumer: the difference stops here or leaves the recorded boundaries."));
     for (const c of n.consumers) col.append(card(c, i + 1, path[i + 1] === c.id, c.edge));
     columns.push(col);
