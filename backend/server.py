@@ -31,7 +31,7 @@ from starlette.requests import ClientDisconnect
 
 from bitguard.backend import api_models as m
 from bitguard.backend.workspace import DEFAULT_BINS, Workspace, validate_rules
-from bitguard.errors import BadInput, BitguardError
+from bitguard.errors import BadInput, BitguardError, TooLarge
 
 FRONTEND = Path(__file__).resolve().parent.parent / "frontend"
 GiB = 1 << 30
@@ -59,11 +59,6 @@ class ServerConfig:
                     raise BadInput(f"BITGUARD_{name.upper()}={raw!r} is not a number of bytes/files") from None
         return config
 
-
-class TooLarge(BadInput):
-    """An upload over a size limit."""
-
-    http_status = 413
 
 
 def default_workspace() -> str:

@@ -35,14 +35,9 @@ import duckdb
 import numpy as np
 import polars as pl
 
-from bitguard.errors import BadInput, BitguardError, NotFound
+from bitguard.errors import BadInput, BitguardError, ComparisonNotReady, NotFound
 from bitguard.schema import MANIFEST_NAME, PHASES
 
-
-class ComparisonNotReady(BitguardError):
-    """A comparison that is still being computed (or failed); poll its summary."""
-
-    http_status = 409
 
 
 _CATALOGUE = """

@@ -52,3 +52,15 @@ class NotFound(BitguardError):
     """A run, comparison, rule set or event that does not exist."""
 
     http_status = 404
+
+
+class ComparisonNotReady(BitguardError):
+    """A comparison that is still being computed (or failed); poll its summary."""
+
+    http_status = 409
+
+
+class TooLarge(BadInput):
+    """An upload over a size limit."""
+
+    http_status = 413
