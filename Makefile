@@ -28,7 +28,7 @@ chromium:
 	  || { echo "could not install chromium (needs root and Debian's apt); browser tests will be skipped"; }; }
 
 demo: $(STAMP)
-	@test -f $(DEMO_A)/manifest.json || $(PY) -m bitguard.sample_traces.demo $(DEMO_A) $(DEMO_B)
+	@test -f $(DEMO_A)/manifest.json -a -f $(DEMO_B)/manifest.json || $(PY) -m bitguard.sample_traces.scenarios demo --out sample_traces/demo
 	-$(PY) -m bitguard compare $(DEMO_A) $(DEMO_B)
 	$(PY) -m bitguard serve --port $(PORT) --demo $(DEMO_A) $(DEMO_B)
 
