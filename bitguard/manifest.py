@@ -15,7 +15,7 @@ import sys
 import time
 from pathlib import Path
 
-from bitguard.schema import MANIFEST_NAME, SCHEMA_VERSION
+from bitguard.schema import DIGEST, MANIFEST_NAME, SCHEMA_VERSION
 
 STATUSES = ("running", "complete", "failed", "interrupted")
 
@@ -70,6 +70,7 @@ def new(command: list[str], mode: str, world_size: int, determinism: dict, steps
         "tool": "bitguard",
         "tool_version": tool_version(),
         "schema_version": SCHEMA_VERSION,
+        "digest": DIGEST,
         "command": command,
         "cwd": os.getcwd(),
         "mode": mode,

@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 SCHEMA_VERSION = 1  # bump on any change to a table below; readers refuse newer versions
+DIGEST = "xor64+pos-fmix64"  # names the digest definition (docs/DIGESTS.md); runs compare only under the same one
 MANIFEST_NAME = "manifest.json"
 RANK_FILE = "rank-{rank}.duckdb"
 
@@ -76,7 +77,7 @@ TENSORS = Table(
         Column("strides", "BIGINT[]", "strides in elements as recorded (the digest reads logical row-major order)"),
         Column("nbytes", "BIGINT", "number of bytes digested"),
         Column("xor", "UBIGINT", "XOR of the 64-bit little-endian words of the bytes (zero-padded tail)"),
-        Column("pos", "UBIGINT", "order-sensitive digest: sum of mix(w_i)*(2i+1) mod 2^64 (see docs/DIGESTS.md)"),
+        Column("pos", "UBIGINT", "order-sensitive digest: sum of fmix64(w_i)*(2i+1) mod 2^64 (see docs/DIGESTS.md)"),
         Column("tid", "BIGINT", "tensor identity within the rank: the same tensor object keeps its id, linking producer and consumer events"),
         Column("storage", "BIGINT", "address of the tensor's storage (0 when unknown): links views of one buffer"),
     ),

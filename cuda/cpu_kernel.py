@@ -26,6 +26,9 @@ from numba import njit
 CHUNK_WORDS = 1 << 21  # words per task when threads > 1 (16 MiB: big enough to hide the pool)
 _U = np.uint64
 _MASK = (1 << 64) - 1
+_M1 = np.uint64(0xFF51AFD7ED558CCD)  # murmur3 fmix64 multipliers (docs/DIGESTS.md)
+_M2 = np.uint64(0xC4CEB9FE1A85EC53)
+_S = np.uint64(33)
 
 
 @njit(cache=True, nogil=True)
@@ -37,7 +40,9 @@ def digest_words(words, start_index):
     for k in range(words.size):
         w = words[k]
         x ^= w
-        p += (w ^ (w >> _U(32)) ^ (w >> _U(48))) * odd
+        m = (w ^ (w >> _S)) * _M1
+        m = (m ^ (m >> _S)) * _M2
+        p += (m ^ (m >> _S)) * odd
         odd += _U(2)
     return x, p
 

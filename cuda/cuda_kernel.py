@@ -36,8 +36,10 @@ BLOCKS_PER_SM = 8  # most blocks launched per multiprocessor; the loop strides o
 
 
 @cuda.jit(device=True)
-def _mix(w):
-    return w ^ (w >> uint64(32)) ^ (w >> uint64(48))
+def _mix(w):  # murmur3 fmix64: a bijection whose output bits all depend on every input bit
+    m = (w ^ (w >> uint64(33))) * uint64(0xFF51AFD7ED558CCD)
+    m = (m ^ (m >> uint64(33))) * uint64(0xC4CEB9FE1A85EC53)
+    return m ^ (m >> uint64(33))
 
 
 @cuda.jit

@@ -2,7 +2,7 @@
 
 Each line follows docs/DIGESTS.md: bytes in logical row-major order, zero-padded to whole
 little-endian 64-bit words w_0..w_{n-1}; `xor` is the XOR of all w_i and `pos` is
-sum(mix(w_i) * (2i+1)) mod 2^64 with mix(w) = w ^ (w >> 32) ^ (w >> 48). NumPy's uint64 array
+sum(mix(w_i) * (2i+1)) mod 2^64 with mix the murmur3 64-bit finalizer (fmix64). NumPy's uint64 array
 arithmetic wraps mod 2^64, which is exactly the arithmetic the definition asks for.
 
 Nothing here is fast or shared with the kernels, on purpose: not the kernels' byte handling
@@ -29,7 +29,10 @@ def digest_bytes_reference(buf: bytes | bytearray | memoryview | np.ndarray) -> 
     padded = np.zeros(-(-raw.size // 8) * 8, dtype=np.uint8)
     padded[: raw.size] = raw
     words = padded.view("<u8")
-    mixed = words ^ (words >> np.uint64(32)) ^ (words >> np.uint64(48))
+    s33 = np.uint64(33)
+    mixed = (words ^ (words >> s33)) * np.uint64(0xFF51AFD7ED558CCD)
+    mixed = (mixed ^ (mixed >> s33)) * np.uint64(0xC4CEB9FE1A85EC53)
+    mixed = mixed ^ (mixed >> s33)
     odd = np.arange(words.size, dtype=np.uint64) * np.uint64(2) + np.uint64(1)
     xor = np.bitwise_xor.reduce(words)
     pos = np.sum(mixed * odd, dtype=np.uint64)

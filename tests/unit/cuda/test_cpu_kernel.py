@@ -17,7 +17,9 @@ def digest_by_integers(buf: bytes) -> tuple[int, int]:
     for i in range(len(buf) // 8):
         w = int.from_bytes(buf[8 * i : 8 * i + 8], "little")
         xor ^= w
-        pos = (pos + (w ^ (w >> 32) ^ (w >> 48)) * (2 * i + 1)) & MASK
+        m = ((w ^ (w >> 33)) * 0xFF51AFD7ED558CCD) & MASK
+        m = ((m ^ (m >> 33)) * 0xC4CEB9FE1A85EC53) & MASK
+        pos = (pos + (m ^ (m >> 33)) * (2 * i + 1)) & MASK
     return xor, pos
 
 
