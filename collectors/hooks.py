@@ -377,6 +377,6 @@ class Collector:
                             (k, v) for k, v in state.items() if isinstance(v, torch.Tensor))]
                     self._emit("optimizer", "step", name, opt_type, 0, t0, rows)
         self._advance = True
-        # End of a training step: make every event of it durable before training goes on.
-        if not self.store.sync():
+        # End of a training step: the previous step is durable before this one's events go on.
+        if not self.store.step_barrier():
             self._fail("step barrier", TimeoutError("writer did not commit within 30 s"))

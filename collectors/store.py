@@ -3,9 +3,10 @@
 The training thread appends rows to a small batch; full batches go through a bounded queue
 (back-pressure: a full queue makes the training thread wait, memory never grows without
 bound) to one writer thread that resolves pending GPU digests and inserts each batch in one
-transaction. `sync()` is a barrier: it returns once everything added before it is committed,
-which the collector calls at the end of each training step so that a killed run keeps every
-completed step. A failing write is reported (stderr and `errors`), never raised into training.
+transaction. `sync()` is a barrier: it returns once everything added before it is committed;
+`step_barrier()`, called at the end of each training step, waits for the previous step's commit
+only, so that a killed run keeps every step before its last completed one without the training
+thread waiting for the writer. A failing write is reported (stderr and `errors`), never raised into training.
 This module knows the schema's tables but nothing about torch modules or hooks.
 """
 
@@ -77,6 +78,7 @@ class RankStore:
             self._con.execute(table.ddl())
         self.set_meta({"schema_version": SCHEMA_VERSION, "status": "running", **meta})
         self._closed = False
+        self._previous_step: threading.Event | None = None
         self._thread = threading.Thread(target=self._run, name="bitguard-writer", daemon=True)
         self._thread.start()
 
@@ -103,6 +105,19 @@ class RankStore:
         done = threading.Event()
         self._push(done)
         return done.wait(timeout)
+
+    def step_barrier(self, timeout: float = 30.0) -> bool:
+        """End of a training step: queue a commit point and wait for the previous step's one.
+
+        The writer commits step k while step k+1 trains, so the training thread rarely waits;
+        when step k+1 ends, everything of step k and before is durable. False on timeout.
+        """
+        if self._closed:
+            return True
+        done = threading.Event()
+        self._push(done)
+        previous, self._previous_step = self._previous_step, done
+        return previous is None or previous.wait(timeout)
 
     def set_meta(self, items: dict) -> None:
         """Write facts into the meta table (called before the writer starts or after it stops)."""
