@@ -308,3 +308,15 @@ def test_sigterm_flushes_and_marks_the_run_interrupted(tmp_path):
     steps = {r[0] for r in con.sql("SELECT DISTINCT step FROM events").fetchall()}
     con.close()
     assert json.loads(meta["status"]) == "interrupted" and {0, 1} <= steps
+
+
+def test_step_window_and_trusted_mode(tmp_path):
+    record(tmp_path / "window", "--steps", "3", options=["--steps", "1:2"])
+    rows = [dict(zip(EVENTS.names, e)) for e in events(tmp_path / "window")[0]]
+    assert {r["step"] for r in rows} == {1}
+    assert {r["phase"] for r in rows} == {"data", "forward", "backward", "optimizer"}
+    record(tmp_path / "trusted", "--steps", "1", options=["--mode", "trusted"])
+    rows = [dict(zip(EVENTS.names, e)) for e in events(tmp_path / "trusted")[0]]
+    module_types = {r["module_type"] for r in rows if r["kind"] == "module"}
+    assert module_types == {"Embedding", "LayerNorm", "Linear", "CausalSelfAttention"}, module_types
+    assert {r["kind"] for r in rows} == {"batch", "module", "grad", "step"}
