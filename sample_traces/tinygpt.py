@@ -7,17 +7,25 @@ scenarios are switched on with --fault (each is a realistic bug, injected at a k
   functional        perturb the residual add between blocks.{L}.attn and blocks.{L}.ln_2 (a
                     functional op between modules)
   backward          corrupt the gradient that blocks.{L}.attn.proj sends back (a wrong backward)
-  embedding-race    corrupt a few rows of the token embedding's gradient (a backward race)
+  embedding-race    mix two rows of the token embedding's gradient (a backward race)
   grad-accum        skip optimizer.zero_grad() from --fault-step on (gradients accumulate)
   optimizer         a wrong update for one parameter (lm_head.weight scaled by 1.0001 in step())
   data              a different batch at --fault-step
   data-order        shuffled batch order from --fault-step on
   rng-shift         one extra RNG draw before --fault-step (shifts every dropout mask after it)
-  bf16-variance     compute layer-norm variance in bf16 (low-precision normalization)
+  bf16-variance     every LayerNorm computes its variance in bf16 (low-precision normalization;
+                    the modules keep their type, as after a kernel or library regression)
   swap              swap two elements of blocks.{L}.attn.qkv's output (XOR cannot see it)
   double-flip       flip the same bit in two elements of that output (cancels under XOR)
-  nondeterministic  a nondeterministic reduction order in blocks.{L}.mlp (varies between reruns)
+  nondeterministic  blocks.{L}.mlp.fc sums its split-K partial products in an order drawn afresh
+                    on every call (a racy reduction: varies between reruns)
   benign-dropout    an extra dropout module with p=0 inserted (structure differs, values do not)
+  benign-probe      with --probe: the activation-statistics probe (whose result training never
+                    uses) computes in bf16 (a benign difference a rule should accept)
+
+Every fault but benign-dropout is active from --fault-step on. --losses FILE writes the per-step
+losses as JSON; --no-seed leaves the global RNG to the launcher (model initialisation then
+depends on whoever seeds it, as in many training stacks).
 """
 
 from __future__ import annotations
@@ -28,6 +36,7 @@ import math
 import os
 import sys
 import time
+from functools import partial
 
 import torch
 import torch.nn as nn
@@ -45,13 +54,24 @@ class RMSNorm(nn.Module):
         return (x.float() * torch.rsqrt(var + self.eps)).to(x.dtype) * self.weight
 
 
-class LowPrecisionLayerNorm(nn.LayerNorm):
-    """LayerNorm whose variance is computed in bf16 (the 'bf16-variance' fault)."""
+def low_precision_layer_norm(norm: nn.LayerNorm, x):
+    """LayerNorm with its variance computed in bf16 (the 'bf16-variance' fault)."""
+    mean = x.mean(-1, keepdim=True)
+    var = (x - mean).to(torch.bfloat16).pow(2).mean(-1, keepdim=True).to(x.dtype)
+    return (x - mean) / torch.sqrt(var + norm.eps) * norm.weight + norm.bias
+
+
+class ActivationStats(nn.Module):
+    """A logging probe: the RMS of the final hidden state, which training never uses (--probe)."""
+
+    def __init__(self):
+        super().__init__()
+        self.low_precision = False  # the 'benign-probe' fault
 
     def forward(self, x):
-        mean = x.mean(-1, keepdim=True)
-        var = (x - mean).to(torch.bfloat16).pow(2).mean(-1, keepdim=True).to(x.dtype)
-        return (x - mean) / torch.sqrt(var + self.eps) * self.weight + self.bias
+        with torch.no_grad():
+            h = x.to(torch.bfloat16) if self.low_precision else x
+            return h.float().pow(2).mean().sqrt()
 
 
 class CausalSelfAttention(nn.Module):
@@ -102,7 +122,8 @@ def residual_add(x, y):  # a functional op between modules (the 'functional' fau
 
 
 class GPT(nn.Module):
-    def __init__(self, vocab: int, seq: int, width: int, layers: int, heads: int, norm: type, dropout: float):
+    def __init__(self, vocab: int, seq: int, width: int, layers: int, heads: int, norm: type, dropout: float,
+                 probe: bool = False):
         super().__init__()
         self.wte = nn.Embedding(vocab, width)
         self.wpe = nn.Embedding(seq, width)
@@ -110,12 +131,16 @@ class GPT(nn.Module):
         self.blocks = nn.ModuleList(Block(width, heads, norm, dropout) for _ in range(layers))
         self.ln_f = norm(width)
         self.lm_head = nn.Linear(width, vocab, bias=False)
+        self.stats = ActivationStats() if probe else None
+        self.last_rms = None
 
     def forward(self, idx):
         pos = torch.arange(idx.size(1), device=idx.device)
         x = self.drop(self.wte(idx) + self.wpe(pos))
         for block in self.blocks:
             x = block(x)
+        if self.stats is not None:
+            self.last_rms = self.stats(x)  # logged, never trained on
         return self.lm_head(self.ln_f(x))
 
 
@@ -133,10 +158,14 @@ def parse_args(argv=None):
     p.add_argument("--dropout", type=float, default=0.0)
     p.add_argument("--lr", type=float, default=1e-2)
     p.add_argument("--seed", type=int, default=1234)
+    p.add_argument("--no-seed", dest="self_seed", action="store_false",
+                   help="do not seed the global RNG (leave it to the launcher, as many training stacks do)")
+    p.add_argument("--probe", action="store_true", help="add the activation-statistics probe (model.stats)")
     p.add_argument("--fault", default=None)
     p.add_argument("--fault-step", type=int, default=1)
     p.add_argument("--fault-layer", type=int, default=0)
     p.add_argument("--results", default=None, help="write losses (hex floats) and final parameters here (.pt)")
+    p.add_argument("--losses", default=None, help="write the per-step losses here (JSON)")
     p.add_argument("--progress", action="store_true", help="print 'step N done' after each step")
     p.add_argument("--sleep", type=float, default=0.0, help="seconds to sleep after each step")
     return p.parse_args(argv)
@@ -185,22 +214,28 @@ def install_fault(args, model: GPT, state: dict):
             if not active():
                 return g
             g = g.clone()
-            g[1] = g[1] + g[2] * 1e-3  # two rows' updates mixed, as a racy scatter-add would
+            touched = g.abs().sum(1).nonzero().flatten()  # rows of tokens in this batch
+            i, j = touched[0], touched[-1]
+            g[i] = g[i] + g[j] * 1e-3  # two rows' updates mixed, as a racy scatter-add would
             return g
 
         model.wte.weight.register_hook(corrupt)
     elif fault == "nondeterministic":
         fc = block.mlp.fc
         original = fc.forward
-        salt = int.from_bytes(os.urandom(2), "little")
+        # the order in which split-K workers finish: outside every RNG a training run can seed
+        schedule = torch.Generator().manual_seed(int.from_bytes(os.urandom(8), "little") >> 1)
+        chunks = torch.arange(fc.in_features).chunk(max(1, fc.in_features // 2))
 
         def racy(x):
-            out = original(x)
             if not active():
-                return out
-            # a reduction whose order depends on scheduling: here, on the process
-            perm = torch.randperm(out.shape[-1], generator=torch.Generator().manual_seed(salt))
-            return out + (out[..., perm] - out[..., perm]) + (out * 1e-7 if salt % 2 else 0)
+                return original(x)
+            parts = [x[..., idx] @ fc.weight[:, idx].T for idx in chunks]
+            order = torch.randperm(len(parts), generator=schedule).tolist()
+            out = parts[order[0]]
+            for k in order[1:]:
+                out = out + parts[k]
+            return out + fc.bias
 
         fc.forward = racy
     elif fault in ("swap", "double-flip"):
@@ -213,18 +248,38 @@ def install_fault(args, model: GPT, state: dict):
                 return out
             out = out.clone()
             flat = out.view(-1)
+            # two query elements of token 1 (token 0 attends to itself only: its softmax hides any
+            # change), at the same place in two consecutive 64-bit words
+            i = out.shape[-1]
+            j = i + 8 // out.element_size()
             if fault == "swap":
-                i, j = 0, 8  # different 64-bit words, unequal values
-                flat[i], flat[j] = flat[j].clone(), flat[i].clone()
+                flat[i], flat[j] = flat[j].clone(), flat[i].clone()  # unequal values: pos sees it
                 return out
-            a = flip_bit(out, 0, 4).view(-1)[0]
-            flat[0] = a
-            return flip_bit(out, 2, 4)  # same bit, another word: cancels in XOR
+            flat[i] = flip_bit(out, i, 4).view(-1)[i]
+            return flip_bit(out, j, 4)  # the same bit in another word: cancels in XOR
 
         qkv.forward = permuted
+    elif fault == "bf16-variance":
+        def regressed(norm, exact, x):
+            return low_precision_layer_norm(norm, x) if active() else exact(x)
+
+        for norm in model.modules():
+            if isinstance(norm, nn.LayerNorm):
+                norm.forward = partial(regressed, norm, norm.forward)
     elif fault == "benign-dropout":
         block.mlp.act = nn.Sequential(nn.GELU(), nn.Dropout(0.0))
-    elif fault not in (None, "grad-accum", "optimizer", "data", "data-order", "rng-shift", "bf16-variance"):
+    elif fault == "benign-probe":
+        if model.stats is None:
+            sys.exit("--fault benign-probe needs --probe")
+        stats = model.stats
+        original = stats.forward
+
+        def probe(x):
+            stats.low_precision = active()
+            return original(x)
+
+        stats.forward = probe
+    elif fault not in (None, "grad-accum", "optimizer", "data", "data-order", "rng-shift"):
         sys.exit(f"unknown --fault {fault}")
 
 
@@ -242,12 +297,11 @@ def batches(args, steps: int):
 
 def main(argv=None):
     args = parse_args(argv)
-    torch.manual_seed(args.seed)
+    if args.self_seed:
+        torch.manual_seed(args.seed)
     dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[args.dtype]
     norm = RMSNorm if args.norm == "rms" else nn.LayerNorm
-    if args.fault == "bf16-variance":
-        norm = LowPrecisionLayerNorm
-    model = GPT(args.vocab, args.seq, args.width, args.layers, args.heads, norm, args.dropout).to(dtype)
+    model = GPT(args.vocab, args.seq, args.width, args.layers, args.heads, norm, args.dropout, args.probe).to(dtype)
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.01)
     state = {"step": 0}
     install_fault(args, model, state)
@@ -275,6 +329,9 @@ def main(argv=None):
             print(f"step {step} done", flush=True)
         if args.sleep:
             time.sleep(args.sleep)
+    if args.losses:
+        with open(args.losses, "w") as f:
+            json.dump({"losses": losses}, f)
     if args.results:
         torch.save({"losses": [float(l).hex() for l in losses],
                     "params": {k: v.detach().clone() for k, v in model.state_dict().items()}}, args.results)
