@@ -5,16 +5,23 @@ notebook and the web server all read. Per rank it aligns the two event streams b
 (alignment.py), compares the digests of every matched pair tensor by tensor, applies the
 benign-difference rules, walks the pairs in run A's order to the first divergent pair (the
 pivot), blames it (pivot.py) and follows what it corrupted (propagation.py).
+
+Two analysis options exist for ablation studies (docs/EVALUATION.md): `fingerprint` picks what
+makes two paired tensors differ (equivalence.py; default `xor+pos`, both digests), and `probes`
+keeps only the events whose boundary matches one of the given globs, as if only those
+boundaries had been instrumented.
 """
 
 from __future__ import annotations
 
+import fnmatch
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 import polars as pl
 
+from bitguard.backend import equivalence
 from bitguard.backend import pivot as pivot_mod
 from bitguard.backend import propagation
 from bitguard.backend.alignment import align
@@ -91,9 +98,21 @@ def _apply_ignore(diffs: pl.DataFrame, events: pl.DataFrame, rules: RuleSet, ran
     return diffs.with_columns(pl.col("_rule").is_not_null().alias("ignored")).rename({"_rule": "rule_id"})
 
 
-def _compare_rank(rank: int, run_a: RunInfo, run_b: RunInfo, rules: RuleSet, fired: dict, band: int) -> RankComparison:
+def _keep_probes(events: pl.DataFrame, tensors: pl.DataFrame, probes) -> tuple[pl.DataFrame, pl.DataFrame]:
+    if probes is None:
+        return events, tensors
+    names = events["boundary"].unique().to_list()
+    kept = [b for b in names if any(fnmatch.fnmatchcase(b, g) for g in probes)]
+    events = events.filter(pl.col("boundary").is_in(kept))
+    return events, tensors.filter(pl.col("seq").is_in(events["seq"].implode()))
+
+
+def _compare_rank(rank: int, run_a: RunInfo, run_b: RunInfo, rules: RuleSet, fired: dict, band: int,
+                  fingerprint: str = "xor+pos", probes=None) -> RankComparison:
     ea, ta, sa = load_rank(run_a, rank)
     eb, tb, sb = load_rank(run_b, rank)
+    ea, ta = _keep_probes(ea, ta, probes)
+    eb, tb = _keep_probes(eb, tb, probes)
     al = align(ea["key"].to_numpy().astype(np.uint64), eb["key"].to_numpy().astype(np.uint64), band=band)
     seq_a, seq_b = ea["seq"].to_numpy(), eb["seq"].to_numpy()
     pairs = pl.DataFrame({
@@ -102,7 +121,8 @@ def _compare_rank(rank: int, run_a: RunInfo, run_b: RunInfo, rules: RuleSet, fir
         "b_seq": seq_b[al.b_idx] if len(al.b_idx) else np.empty(0, np.int64),
         "reordered": al.reordered,
     }, schema={"a_pos": pl.Int64, "b_pos": pl.Int64, "a_seq": pl.Int64, "b_seq": pl.Int64, "reordered": pl.Boolean})
-    diffs = _apply_ignore(_pair_tensors(pairs, ta, tb), ea, rules, rank, fired)
+    diffs = equivalence.apply(_pair_tensors(pairs, ta, tb), fingerprint, run_a.ranks[rank], run_b.ranks[rank])
+    diffs = _apply_ignore(diffs, ea, rules, rank, fired)
     per_pair = diffs.group_by("a_seq").agg(
         (pl.col("differs") & ~pl.col("ignored")).any().alias("diverged"),
         (pl.col("differs") & pl.col("ignored")).any().alias("benign"),
@@ -175,10 +195,12 @@ class Comparison:
     """The result of comparing run A (reference) with run B (suspect)."""
 
     def __init__(self, run_a: RunInfo, run_b: RunInfo, rules: RuleSet, ranks: dict[int, RankComparison],
-                 fired: dict, band: int):
+                 fired: dict, band: int, fingerprint: str = "xor+pos", probes: list[str] | None = None):
         self.run_a, self.run_b, self.rules = run_a, run_b, rules
         self.ranks = ranks
         self.band = band
+        self.fingerprint = fingerprint  # what made two paired tensors differ (equivalence.py)
+        self.probes = probes  # boundary globs kept, None for every recorded event
         self.rules_fired = [{"id": k, "count": v} for k, v in sorted(fired.items())]
         pivots = [rc for rc in ranks.values() if rc.pivot is not None]
         self._first = min(pivots, key=lambda rc: (rc.pivot["step"], rc.pivot["t_end_ns"])) if pivots else None
@@ -277,6 +299,7 @@ class Comparison:
             "rules_fired": self.rules_fired,
             "manifest_diffs": self.manifest_diffs,
             "incomplete": self.incomplete(),
+            "analysis": {"fingerprint": self.fingerprint, "probes": self.probes},
         }
 
     # -- tables for the explorer and the notebook -------------------------------------------
@@ -401,7 +424,12 @@ class Comparison:
         return f"<Comparison {self.run_a.name} vs {self.run_b.name}: {self.verdict}{where}>"
 
 
-def compare(a, b, rules=None, rank: int | None = None, band: int = DEFAULT_BAND) -> Comparison:
+def compare(a, b, rules=None, rank: int | None = None, band: int = DEFAULT_BAND, fingerprint: str = "xor+pos",
+            probes: list[str] | None = None) -> Comparison:
+    """Compare run A (reference) with run B (suspect). `fingerprint` and `probes` are analysis
+    options for ablations (see the module docstring); the defaults are bitguard's method."""
+    equivalence.check(fingerprint)
+    probes = None if probes is None else list(probes)
     run_a = a if isinstance(a, RunInfo) else open_run(a)
     run_b = b if isinstance(b, RunInfo) else open_run(b)
     rule_set = RuleSet.load(rules)
@@ -420,5 +448,5 @@ def compare(a, b, rules=None, rank: int | None = None, band: int = DEFAULT_BAND)
                 f"one rank with --rank")
         selected = sorted(ranks_a)
     fired: dict[str, int] = {}
-    ranks = {r: _compare_rank(r, run_a, run_b, rule_set, fired, band) for r in selected}
-    return Comparison(run_a, run_b, rule_set, ranks, fired, band)
+    ranks = {r: _compare_rank(r, run_a, run_b, rule_set, fired, band, fingerprint, probes) for r in selected}
+    return Comparison(run_a, run_b, rule_set, ranks, fired, band, fingerprint, probes)
