@@ -157,6 +157,12 @@ def cmd_serve(args) -> int:
     return 0
 
 
+def cmd_eval(args) -> int:
+    from bitguard.sample_traces.evaluation import main as evaluate
+
+    return evaluate(args)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="bitguard", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="cmd", required=True)
@@ -185,6 +191,22 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
     p.add_argument("--port", type=int, default=8000)
     p.set_defaults(func=cmd_serve)
+
+    p = sub.add_parser("eval", help="record the sample fault scenarios, localise each one, print the tables "
+                                    "(docs/EVALUATION.md); exit 0 when every fault is localised")
+    p.add_argument("scenarios", nargs="*", metavar="SCENARIO", help="scenario names (default: all; see "
+                   "python -m bitguard.sample_traces.scenarios list)")
+    p.add_argument("--out", default="runs/eval", help="where recordings are kept and reused (default runs/eval)")
+    p.add_argument("--json", action="store_true", help="print the bitguard.eval/1 JSON document")
+    p.add_argument("--ablations", action="store_true",
+                   help="also score XOR-only, sum, 1e-3 tolerance, no determinism and few-probes analyses")
+    p.add_argument("--watch-steps", type=int, default=100,
+                   help="steps of the plain runs the loss watcher reads (0: skip the loss watcher)")
+    p.add_argument("--workers", type=int, default=2, help="recordings and comparisons run at once (default 2)")
+    p.add_argument("--no-reruns", dest="reruns", action="store_false",
+                   help="skip recording every run twice (the rerun check)")
+    p.add_argument("--fresh", action="store_true", help="delete --out first and record everything again")
+    p.set_defaults(func=cmd_eval)
     return parser
 
 

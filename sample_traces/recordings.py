@@ -25,7 +25,7 @@ import shutil
 import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -66,7 +66,6 @@ class Outcome:
     seconds: float  # wall time of the run itself (imports excluded)
     reused: bool = False  # an earlier identical recording was kept
     log: str = ""  # the last lines of the script's output when it failed
-    extra: dict = field(default_factory=dict)
 
 
 def _finished(job: Job) -> bool:

@@ -1,0 +1,52 @@
+"""Recordings of the localisation scenarios, made once per test session.
+
+Every run is recorded on the scenario pool (sample_traces/recordings.py: two processes, each
+job forked from a server with torch and the recorder already imported) into the session's
+temporary folder, then every comparison the tests need runs on two processes too. Tests read
+the summaries; none records or compares on its own.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from bitguard.sample_traces import evaluation
+from bitguard.sample_traces.recordings import run_jobs
+from bitguard.sample_traces.scenarios import SCENARIOS
+
+WORKERS = 2
+
+
+def record(jobs) -> None:
+    outcomes = run_jobs(list(dict.fromkeys(jobs)), workers=WORKERS, reuse=False)
+    failed = [o for o in outcomes if o.exit_status]
+    assert not failed, "\n\n".join(f"{o.job.shell()} exited {o.exit_status}:\n{o.log}" for o in failed)
+
+
+def rules_of(scenario) -> str | None:
+    return str(scenario.rules_path) if scenario.rules else None
+
+
+@pytest.fixture(scope="session")
+def localisation(tmp_path_factory) -> dict[str, dict]:
+    """{scenario: {main, again, suspects, references, without_rules}}: compare summaries of the
+    pair, of reference vs the suspect's rerun, of the two suspect runs, of the two reference runs,
+    and (benign scenarios) of the pair without its rules."""
+    runs = tmp_path_factory.mktemp("scenarios") / "runs"
+    pairs = evaluation.pairs(list(SCENARIOS.values()), "plain", runs, reruns=True)
+    record(j for p in pairs for j in (p.reference, p.suspect, p.suspect_rerun, p.reference_rerun))
+    requests, keys = [], []
+    for p in pairs:
+        rules = rules_of(p.scenario)
+        for key, a, b in (("main", p.reference, p.suspect), ("again", p.reference, p.suspect_rerun),
+                          ("suspects", p.suspect, p.suspect_rerun), ("references", p.reference, p.reference_rerun)):
+            requests.append({"a": a.out, "b": b.out, "rules": rules})
+            keys.append((p.scenario.name, key))
+        if p.scenario.rules:
+            requests.append({"a": p.reference.out, "b": p.suspect.out})
+            keys.append((p.scenario.name, "without_rules"))
+    out: dict[str, dict] = {name: {} for name in SCENARIOS}
+    for (name, key), summary in zip(keys, evaluation.compare_many(requests, WORKERS)):
+        out[name][key] = summary
+    out["_pairs"] = {p.scenario.name: p for p in pairs}
+    return out
