@@ -398,10 +398,10 @@ class Comparison:
                 "producers": [nodes[e["source"]] | {"edge": e["kind"]} for e in graph["edges"] if e["target"] == node_id]}
 
     # -- exports and figures (thin layers over the same tables) ----------------------------
-    def export_perfetto(self, path) -> Path:
+    def export_perfetto(self, path, max_events: int | None = None) -> Path:
         from bitguard.backend.perfetto_export import export
 
-        return export(self, path)
+        return export(self, path, max_events)
 
     def timeline(self, rank: int | None = None):
         from bitguard.backend.figures import timeline
@@ -447,6 +447,10 @@ def compare(a, b, rules=None, rank: int | None = None, band: int = DEFAULT_BAND,
                 f"world size {run_b.world_size} (ranks {sorted(ranks_b)}); compare runs of the same layout or pick "
                 f"one rank with --rank")
         selected = sorted(ranks_a)
+    digests = (run_a.manifest.get("digest"), run_b.manifest.get("digest"))
+    if digests[0] != digests[1]:
+        raise IncompatibleRuns(f"the runs were digested differently (A: {digests[0] or 'unnamed, older'}, B: "
+                               f"{digests[1] or 'unnamed, older'}); re-record the older run with this bitguard")
     fired: dict[str, int] = {}
     ranks = {r: _compare_rank(r, run_a, run_b, rule_set, fired, band, fingerprint, probes) for r in selected}
     return Comparison(run_a, run_b, rule_set, ranks, fired, band, fingerprint, probes)

@@ -145,7 +145,7 @@ def cmd_export_perfetto(args) -> int:
     from bitguard.backend.compare import compare
 
     comparison = compare(args.run_a, args.run_b, rules=args.rules)
-    path = comparison.export_perfetto(args.output)
+    path = comparison.export_perfetto(args.output, args.max_events)
     print(f"wrote {path} (open it at ui.perfetto.dev: Open trace file)")
     return 0
 
@@ -153,7 +153,7 @@ def cmd_export_perfetto(args) -> int:
 def cmd_serve(args) -> int:
     from bitguard.backend.server import serve
 
-    serve(args.workspace, args.host, args.port)
+    serve(args.workspace, args.host, args.port, demo=tuple(args.demo) if args.demo else None)
     return 0
 
 
@@ -183,13 +183,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("run_a")
     p.add_argument("run_b")
     p.add_argument("-o", "--output", required=True, help="trace file to write (.perfetto-trace)")
-    p.add_argument("--rules", default=None)
+    p.add_argument("--rules", default=None, help="benign-difference rules file to apply first")
+    p.add_argument("--max-events", type=int, default=None,
+                   help="export at most this many events per comparison, in a window around each rank's pivot")
     p.set_defaults(func=cmd_export_perfetto)
 
     p = sub.add_parser("serve", help="start the browser explorer")
     p.add_argument("--workspace", default=None, help="workspace directory (default: user data dir)")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
     p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--demo", nargs=2, metavar=("RUN_A", "RUN_B"), default=None,
+                   help="import these two run directories (once) and open their comparison")
     p.set_defaults(func=cmd_serve)
 
     p = sub.add_parser("eval", help="record the sample fault scenarios, localise each one, print the tables "
