@@ -94,6 +94,27 @@ def make_pair(n: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray
     return keys_a, all_keys[order], all_origin[order]
 
 
+def hard_pairs(n: int) -> dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]]:
+    """Pairs that take align off its easy path, as (keys_a, keys_b, origin); origin is -1
+    where the truth is not worth tracking."""
+    rng = np.random.default_rng(1)
+    keys_a, keys_b, origin = make_pair(n, seed=n)
+    cut = int(n * 0.3) + 77  # partway through a step
+    block = rng.integers(0, 2**63, n // 10, dtype=np.uint64) | np.uint64(1 << 63)
+    mid = keys_b.size // 2
+    few = rng.integers(0, 50, (2, n)).astype(np.uint64)
+    unrelated = rng.integers(0, 2**63, (2, n), dtype=np.uint64)
+    none = np.full(n, -1)
+    return {
+        "B stopped at 30% of the run": (keys_a, keys_b[:cut], origin[:cut]),
+        "B with a block of 10% new events": (keys_a, np.concatenate([keys_b[:mid], block, keys_b[mid:]]),
+                                             np.concatenate([origin[:mid], np.full(block.size, -1), origin[mid:]])),
+        "no key unique (50 keys, random)": (few[0], few[1], none),
+        "unrelated runs (all keys differ)": (unrelated[0], unrelated[1], none),
+        "B is A reversed": (keys_a, keys_a[::-1].copy(), none),
+    }
+
+
 def _peak_rss_mib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: KiB
 
@@ -133,7 +154,8 @@ def _child(path: str, repeats: int, full: bool) -> dict:
         "gaps_a": int(result.gaps_a.size), "gaps_b": int(result.gaps_b.size),
         "true_pairs": int(truth.sum()), "true_exact": int(exact), "true_lost": int(lost),
         "anchors": result.anchors, "windows": result.windows, "max_window": result.max_window,
-        "dp_cells": result.dp_cells,
+        "dp_cells": result.dp_cells, "sparse_windows": result.sparse_windows,
+        "narrowed_windows": result.narrowed_windows,
     }
 
 
@@ -165,6 +187,7 @@ def main() -> None:
     parser.add_argument("--sizes", type=int, nargs="+", default=[10_000, 100_000, 1_000_000])
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--full-size", type=int, default=10_000, help="events per run for the full-DP comparison")
+    parser.add_argument("--hard-size", type=int, default=1_000_000, help="events per run for the hard cases (0: skip)")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--full", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -207,6 +230,18 @@ def main() -> None:
               f"peak RSS {full['rss_peak']:.0f} MiB (before {full['rss_before']:.0f}), "
               f"{full['matched']:,} matched; align: {b_med * 1e3:.1f} ms, {banded['matched']:,} matched "
               f"({banded['reordered']:,} by the reorder pass) -> speed-up x{f_med / b_med:.0f}")
+    if args.hard_size:
+        print(f"\nhard cases, {args.hard_size:,} events in A, median of {min(args.repeats, 3)}:\n")
+        print("| case | median s | peak RSS MiB (before) | anchors | DP windows | sparse / slope windows | "
+              "max window | DP cells | matched (reordered) | true pairs lost |")
+        print("|---|---|---|---|---|---|---|---|---|---|")
+        for name, pair in hard_pairs(args.hard_size).items():
+            r = _run_child(pair, min(args.repeats, 3))
+            lost = f"{r['true_lost']} of {r['true_pairs']:,}" if r["true_pairs"] else "-"
+            print(f"| {name} | {statistics.median(r['times']):.3f} | {r['rss_peak']:.0f} ({r['rss_before']:.0f}) | "
+                  f"{r['anchors']:,} | {r['windows']:,} | {r['sparse_windows']} / {r['narrowed_windows']} | "
+                  f"{r['max_window']:,} | {r['dp_cells']:,} | {r['matched']:,} ({r['reordered']:,}) | {lost} |",
+                  flush=True)
     print(f"load average {os.getloadavg()[0]:.1f} at the end")
 
 
