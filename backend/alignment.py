@@ -18,8 +18,9 @@ The algorithm (docs/ALIGNMENT.md has the long form):
    are paired nearest first and flagged `reordered`, so a local reorder of independent branches
    gives matched pairs, not two gaps.
 
-Cost is O((n + m) log(n + m) + (n + m) * band) for two similar runs; memory is linear. Every hot
-loop is a single-threaded `@njit(cache=True)` function.
+Cost is O((n + m) * band) plus O(k log k) for k anchor candidates for two similar runs (every
+sort is a linear radix sort); memory is linear. Every hot loop is a single-threaded
+`@njit(cache=True)` function.
 """
 
 from __future__ import annotations
