@@ -21,7 +21,7 @@ import polars as pl
 
 # Which tensor roles are the inputs of an event's computation, per (phase, kind).
 INPUT_ROLES = {
-    ("forward", "module"): ("input",),
+    ("forward", "module"): ("input", "rng"),
     ("backward", "module"): ("grad_output",),
     ("backward", "grad"): ("grad_input",),
     ("optimizer", "step"): (),
@@ -46,7 +46,12 @@ def blame(pivot: dict, events_a: pl.DataFrame, status: dict[int, str], diffs: pl
     inputs_differ = bool(differing & set(inputs))
     result = {"blame": "source", "fault_class": phase, "differing_roles": sorted(differing), "blame_window": None}
     if phase == "data":
-        result.update(blame="data", fault_class="data")
+        result.update(blame="data", fault_class="rng" if differing == {"rng"} else "data")
+        if differing == {"rng"}:
+            result["blame_window"] = {"module": None, "detail":
+                                      "the batch matched but the RNG state at the start of this step differs: "
+                                      "random numbers were drawn a different number of times before it (an extra "
+                                      "draw, a changed sampler or dropout)"}
     elif phase == "optimizer":
         result.update(fault_class="optimizer")
         result["blame_window"] = {"module": pivot["boundary"], "detail":

@@ -30,8 +30,9 @@ def render_text(c) -> str:
         out.append(f"  blame: {fd['blame']} ({fd['fault_class']})")
         w = fd["blame_window"]
         if w:
-            out.append(f"  blame window: {w.get('module')}" + (f" minus children {', '.join(w['excluding_children'])}"
-                                                              if w.get("excluding_children") else ""))
+            if w.get("module"):
+                out.append(f"  blame window: {w['module']}" + (f" minus children {', '.join(w['excluding_children'])}"
+                                                               if w.get("excluding_children") else ""))
             out.append(f"    {w.get('detail', '')}")
         out.append("  tensors (A / B digests, xor:pos):")
         for t in fd["tensors"]:

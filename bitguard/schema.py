@@ -16,7 +16,7 @@ MANIFEST_NAME = "manifest.json"
 RANK_FILE = "rank-{rank}.duckdb"
 
 PHASES = ("forward", "backward", "optimizer", "data")
-ROLES = ("input", "output", "grad_input", "grad_output", "grad", "param", "state")
+ROLES = ("input", "output", "grad_input", "grad_output", "grad", "param", "state", "rng")
 
 
 @dataclass(frozen=True)
@@ -69,7 +69,7 @@ TENSORS = Table(
     "One row per tensor an event observed, with its two 64-bit digests.",
     (
         Column("seq", "BIGINT", "event the tensor belongs to"),
-        Column("role", "VARCHAR", "input | output | grad_input | grad_output | grad | param | state"),
+        Column("role", "VARCHAR", "input | output | grad_input | grad_output | grad | param | state | rng (an RNG state: in data events, and as an input of a call that drew random numbers)"),
         Column("idx", "INTEGER", "position among the event's tensors of this role (pytree flatten order)"),
         Column("path", "VARCHAR", "pytree key path inside the argument or output, e.g. [0] or .logits or ['mask']"),
         Column("shape", "BIGINT[]", "tensor shape"),

@@ -46,6 +46,7 @@ class _Frame:
     t0: int
     record: bool
     inputs: list = field(default_factory=list)
+    rng: tuple | None = None  # (state, digest) of the CPU RNG when the call began
 
 
 @dataclass
@@ -79,6 +80,11 @@ def _flatten(obj, prefix: str = ""):
         elif is_dataclass(leaf) and not isinstance(leaf, type):
             for f in fields(leaf):
                 yield from _flatten(getattr(leaf, f.name), f"{key}.{f.name}")
+
+
+def _rng_snapshot() -> tuple[torch.Tensor, tuple[int, int]]:
+    state = torch.get_rng_state()
+    return state, digest_async(state)
 
 
 class Collector:
@@ -226,6 +232,21 @@ class Collector:
     def _row_device(self, row: list) -> str:
         return "cpu" if isinstance(row[8], int) else str(getattr(row[8], "device", "cuda"))
 
+    def _rng_row(self, state: torch.Tensor, digest, path: str, idx: int) -> list:
+        """A row for an RNG state: role `rng`, no tensor identity (the model never sees it)."""
+        row = [0, "rng", idx, path, [state.numel()], "uint8", [1], state.numel(), digest[0], digest[1], 0, 0]
+        if self.dump:
+            row.append(state.numpy().tobytes())
+        return row
+
+    def _rng_rows(self, cpu: tuple) -> list[list]:
+        """The data event's RNG states: the CPU generator, and each CUDA one once CUDA is in use."""
+        rows = [self._rng_row(*cpu, "cpu", 0)]
+        if torch.cuda.is_available() and torch.cuda.is_initialized():
+            for i, state in enumerate(torch.cuda.get_rng_state_all()):
+                rows.append(self._rng_row(state, digest_async(state), f"cuda:{i}", i + 1))
+        return rows
+
     # -- module naming ---------------------------------------------------------------------
     def _register_root(self, module: torch.nn.Module) -> str:
         base = type(module).__name__
@@ -276,8 +297,9 @@ class Collector:
         is_model_root = parent is None and in_window and any(True for _ in module.parameters())
         if frame.record or is_model_root:
             frame.inputs = self._rows(args, "input")
+            frame.rng = _rng_snapshot()
         if is_model_root:
-            rows = [list(r) for r in frame.inputs]
+            rows = [list(r) for r in frame.inputs] + self._rng_rows(frame.rng)
             self._emit("data", "batch", name, type(module).__name__, 0, t0, rows)
 
     def _on_forward(self, module, args, kwargs, output) -> None:
@@ -292,6 +314,9 @@ class Collector:
         if not frame.record:
             return
         rows = frame.inputs + self._rows(kwargs, "input", len(frame.inputs)) if kwargs else frame.inputs
+        if frame.rng is not None and _rng_snapshot()[1] != frame.rng[1]:
+            # the call drew random numbers: the RNG state it started from is one of its inputs
+            rows = rows + [self._rng_row(*frame.rng, "cpu", 0)]
         out_rows = self._rows(output, "output") if output is not None else []
         mtype = type(module).__name__
         self._emit("forward", "module", frame.name, mtype, frame.depth, frame.t0, rows + out_rows)

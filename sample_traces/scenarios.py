@@ -140,11 +140,12 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
         Expected(1, _D, "batch", "GPT", "data", "data"),
         consumers=(Site(1, _F, "wte"),)),
     Scenario(
-        "rng-shift", "one extra RNG draw shifts every dropout mask; the first dropout is where it shows",
-        "the training loop draws torch.rand(1) before step 1: the RNG stream, not a tensor, is wrong; the "
-        "first module to consume it is the embedding dropout",
+        "rng-shift", "one extra RNG draw shifts every dropout mask: the step's RNG state is blamed",
+        "the training loop draws torch.rand(1) before step 1: the RNG stream, not a tensor, is wrong; the data "
+        "event records the RNG state each step starts from, so the pivot is step 1's data event (blame data, "
+        "fault class rng); the first module to consume it is the embedding dropout",
         "tinygpt.py", _tiny("--dropout", "0.1"), _fault("rng-shift", "--dropout", "0.1"),
-        Expected(1, _F, "module", "drop", "source", "forward"), located="first-consumer"),
+        Expected(1, _D, "batch", "GPT", "data", "rng"), consumers=(Site(1, _F, "drop"),)),
     Scenario(
         "bf16-variance", "a low-precision normalization (variance in bf16) is pinned to the first LayerNorm",
         "every LayerNorm computes its variance in bf16 from step 1 on; blocks.0.ln_1 runs first",

@@ -81,4 +81,6 @@ def test_few_probes_blame_the_whole_model(ablations, name):
 def test_determinism_controls_seed_an_unseeded_script(ablations):
     assert ablations[("unseeded", "rerun")]["verdict"] == "identical"
     got = ablations[("nodet-unseeded", "rerun")]
-    assert _site(got) == (0, "forward", "wte", "source"), got
+    # unseeded reruns start from different RNG states: the first data event already says so
+    assert _site(got) == (0, "data", "GPT", "data"), got
+    assert got["pivot"]["fault_class"] == "rng", got

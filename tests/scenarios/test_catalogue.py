@@ -46,7 +46,7 @@ def test_each_scenario_is_well_formed(scenario):
         return
     assert e.phase in PHASES and e.kind in KINDS[e.phase], e
     assert e.blame in ("source", "consumer", "data") and e.fault_class in (
-        "forward", "backward", "accumulation", "optimizer", "data")
+        "forward", "backward", "accumulation", "optimizer", "data", "rng")
     assert (e.blame == "consumer") == (e.window is not None and e.kind == "module"), \
         "a consumer blame names its window, a source blame of a module does not"
     assert e.site not in scenario.consumers and all(c.step >= e.step for c in scenario.consumers)
