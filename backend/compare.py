@@ -15,7 +15,7 @@ boundaries had been instrumented.
 from __future__ import annotations
 
 import fnmatch
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -61,7 +61,7 @@ class RankComparison:
 def _pair_tensors(pairs: pl.DataFrame, ta: pl.DataFrame, tb: pl.DataFrame) -> pl.DataFrame:
     left = ta.join(pairs.select("a_seq", "b_seq"), left_on="seq", right_on="a_seq").rename({"seq": "a_seq"})
     right = tb.select(pl.col("seq").alias("b_seq"), "role", "idx", pl.col("xor").alias("xor_b"),
-                      pl.col("pos").alias("pos_b"))
+                      pl.col("pos").alias("pos_b"), pl.col("dtype").alias("dtype_b"))
     d = left.join(right, on=["b_seq", "role", "idx"], how="left")
     return d.with_columns(
         (pl.col("xor") != pl.col("xor_b")).fill_null(True).alias("xor_differs"),
@@ -98,6 +98,27 @@ def _apply_ignore(diffs: pl.DataFrame, events: pl.DataFrame, rules: RuleSet, ran
     return diffs.with_columns(pl.col("_rule").is_not_null().alias("ignored")).rename({"_rule": "rule_id"})
 
 
+def _align_with_retyped(ea: pl.DataFrame, eb: pl.DataFrame, band: int):
+    """Align by full key; then pair what is left on both sides by the loose key (same step, phase,
+    boundary and shapes, another module type or dtype): a retyped boundary is compared, not two gaps."""
+    al = align(ea["key"].to_numpy().astype(np.uint64), eb["key"].to_numpy().astype(np.uint64), band=band)
+    retyped = np.zeros(len(al.a_idx), dtype=bool)
+    if not (len(al.gaps_a) and len(al.gaps_b)):
+        return al, retyped
+    loose_a = ea["loose_key"].to_numpy().astype(np.uint64)[al.gaps_a]
+    loose_b = eb["loose_key"].to_numpy().astype(np.uint64)[al.gaps_b]
+    extra = align(loose_a, loose_b, band=band)
+    if not len(extra.a_idx):
+        return al, retyped
+    a_idx = np.concatenate([al.a_idx, al.gaps_a[extra.a_idx]])
+    b_idx = np.concatenate([al.b_idx, al.gaps_b[extra.b_idx]])
+    order = np.argsort(a_idx, kind="stable")
+    merged = replace(al, a_idx=a_idx[order], b_idx=b_idx[order],
+                     reordered=np.concatenate([al.reordered, extra.reordered])[order],
+                     gaps_a=np.delete(al.gaps_a, extra.a_idx), gaps_b=np.delete(al.gaps_b, extra.b_idx))
+    return merged, np.concatenate([retyped, np.ones(len(extra.a_idx), dtype=bool)])[order]
+
+
 def _keep_probes(events: pl.DataFrame, tensors: pl.DataFrame, probes) -> tuple[pl.DataFrame, pl.DataFrame]:
     if probes is None:
         return events, tensors
@@ -113,14 +134,15 @@ def _compare_rank(rank: int, run_a: RunInfo, run_b: RunInfo, rules: RuleSet, fir
     eb, tb, sb = load_rank(run_b, rank)
     ea, ta = _keep_probes(ea, ta, probes)
     eb, tb = _keep_probes(eb, tb, probes)
-    al = align(ea["key"].to_numpy().astype(np.uint64), eb["key"].to_numpy().astype(np.uint64), band=band)
+    al, retyped = _align_with_retyped(ea, eb, band)
     seq_a, seq_b = ea["seq"].to_numpy(), eb["seq"].to_numpy()
     pairs = pl.DataFrame({
         "a_pos": al.a_idx, "b_pos": al.b_idx,
         "a_seq": seq_a[al.a_idx] if len(al.a_idx) else np.empty(0, np.int64),
         "b_seq": seq_b[al.b_idx] if len(al.b_idx) else np.empty(0, np.int64),
-        "reordered": al.reordered,
-    }, schema={"a_pos": pl.Int64, "b_pos": pl.Int64, "a_seq": pl.Int64, "b_seq": pl.Int64, "reordered": pl.Boolean})
+        "reordered": al.reordered, "retyped": retyped,
+    }, schema={"a_pos": pl.Int64, "b_pos": pl.Int64, "a_seq": pl.Int64, "b_seq": pl.Int64, "reordered": pl.Boolean,
+               "retyped": pl.Boolean})
     diffs = equivalence.apply(_pair_tensors(pairs, ta, tb), fingerprint, run_a.ranks[rank], run_b.ranks[rank])
     diffs = _apply_ignore(diffs, ea, rules, rank, fired)
     per_pair = diffs.group_by("a_seq").agg(
@@ -161,7 +183,8 @@ def _find_pivot(rc: RankComparison) -> None:
         return
     first = diverged.row(0, named=True)
     event = rc.events_a.row(first["a_pos"], named=True)
-    rc.pivot = {**event, "b_seq": first["b_seq"], "a_pos": first["a_pos"], "b_pos": first["b_pos"]}
+    rc.pivot = {**event, "b_seq": first["b_seq"], "a_pos": first["a_pos"], "b_pos": first["b_pos"],
+                "retyped": first["retyped"]}
     status = dict(zip(rc.pairs["a_seq"].to_list(), rc.pairs["status"].to_list()))
     rc.blame = pivot_mod.blame(rc.pivot, rc.events_a, status, rc.diffs)
     divergent = set(diverged["a_seq"].to_list())
@@ -224,13 +247,15 @@ class Comparison:
             "blame": blame["blame"], "fault_class": blame["fault_class"], "blame_window": blame["blame_window"],
             "differing_roles": blame["differing_roles"], "stack": stack_a,
             "a_seq": p["seq"], "b_seq": p["b_seq"],
+            # paired although the module type or a dtype differs (e.g. a norm swapped for a subclass)
+            "retyped": p.get("retyped", False), "module_type_b": rc.events_b.row(p["b_pos"], named=True)["module_type"],
             "tensors": self._tensor_pairs(rc, p["seq"]),
         }
 
     def _tensor_pairs(self, rc: RankComparison, a_seq: int) -> list[dict]:
         rows = rc.diffs.filter(pl.col("a_seq") == a_seq).sort("role", "idx")
         return [{"role": r["role"], "index": r["idx"], "path": r["path"], "shape": r["shape"], "dtype": r["dtype"],
-                 "a": {"xor": _hex(r["xor"]), "pos": _hex(r["pos"])},
+                 "dtype_b": r["dtype_b"], "a": {"xor": _hex(r["xor"]), "pos": _hex(r["pos"])},
                  "b": {"xor": _hex(r["xor_b"]), "pos": _hex(r["pos_b"])},
                  "differs": r["differs"], "ignored": r["ignored"], "rule_id": r["rule_id"]}
                 for r in rows.iter_rows(named=True)]

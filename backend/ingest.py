@@ -131,7 +131,8 @@ def open_run(path: str | Path) -> RunInfo:
 
 def load_rank(run: RunInfo, rank: int) -> tuple[pl.DataFrame, pl.DataFrame, dict[int, list[str]]]:
     """(events, tensors, stacks) of one rank. events are in seq order with a uint64 `key` column:
-    the alignment key hash(step, phase, kind, boundary, module_type, tensor roles/shapes/dtypes)."""
+    the alignment key hash(step, phase, kind, boundary, module_type, tensor roles/shapes/dtypes),
+    and `loose_key`, the same without module type and dtypes (to pair a retyped boundary)."""
     path = run.ranks[rank]
     con = duckdb.connect(":memory:")
     try:
@@ -140,10 +141,12 @@ def load_rank(run: RunInfo, rank: int) -> tuple[pl.DataFrame, pl.DataFrame, dict
             events = con.sql(f"""
                 WITH sig AS (
                   SELECT seq, string_agg(role || ':' || CAST(shape AS VARCHAR) || ':' || dtype, ';'
-                                         ORDER BY role, idx) AS sig
+                                         ORDER BY role, idx) AS sig,
+                         string_agg(role || ':' || CAST(shape AS VARCHAR), ';' ORDER BY role, idx) AS shapes
                   FROM r.{TENSORS.name} GROUP BY seq)
                 SELECT e.*, hash(e.step, e.phase, e.kind, e.boundary, e.module_type, coalesce(s.sig, ''))
-                       AS key
+                       AS key,
+                       hash(e.step, e.phase, e.kind, e.boundary, coalesce(s.shapes, '')) AS loose_key
                 FROM r.{EVENTS.name} e LEFT JOIN sig s USING (seq)
                 ORDER BY e.seq""").pl()
             tensors = con.sql(f"SELECT * FROM r.{TENSORS.name} ORDER BY seq, role, idx").pl()

@@ -6,7 +6,9 @@ Edges run forward in time between divergent events of one rank:
 - nesting: a divergent child forward call -> the enclosing call it belongs to;
 - forward -> backward of the same module in the same step (saved activations);
 - a module's backward -> its parameters' gradient events; gradient -> optimizer step of that
-  parameter; optimizer step -> the owning module's next forward (the updated weights).
+  parameter; optimizer step -> the owning module's next forward (the updated weights);
+- inferred: a divergent forward call whose input tensor no observed event produced (a
+  functional op between modules made it) -> from the divergent forward call completed just before.
 The graph is returned summarised: one node per (phase, kind, boundary) with the first step
 reached and the number of divergent events, one edge per (source node, target node, kind).
 """
@@ -66,6 +68,17 @@ def build(rank: int, events: pl.DataFrame, tensors: pl.DataFrame, divergent: set
                 edges.append((r["seq"], o, "update"))
         elif r["phase"] == "optimizer":
             opt_by_param_step[key] = r["seq"]
+    # inferred: a divergent call whose input no observed event produced (a functional op between
+    # modules made it) hangs off the divergent forward call that completed just before it
+    first_out = (tensors.filter((pl.col("role") == "output") & (pl.col("tid") > 0))
+                 .group_by("tid").agg(pl.col("seq").min().alias("producer")))
+    ins = tens.filter((pl.col("role") == "input") & (pl.col("tid") > 0)).join(first_out, on="tid", how="left")
+    orphan_inputs = set(ins.filter(pl.col("producer").is_null() | (pl.col("producer") >= pl.col("seq")))["seq"].to_list())
+    previous = None
+    for r in fwd:
+        if r["seq"] in orphan_inputs and previous is not None and previous["step"] == r["step"]:
+            edges.append((previous["seq"], r["seq"], "inferred"))
+        previous = r
     next_forward: dict[str, list] = defaultdict(list)
     for r in fwd:
         next_forward[r["boundary"]].append((r["step"], r["seq"]))

@@ -28,6 +28,9 @@ def render_text(c) -> str:
         out.append(f"VERDICT: diverged — first divergence on rank {fd['rank']}, step {fd['step']}, "
                    f"{fd['phase']} of {fd['boundary']} ({fd['module_type']}, call {fd['call']})")
         out.append(f"  blame: {fd['blame']} ({fd['fault_class']})")
+        if fd.get("retyped"):
+            out.append(f"  note: paired across a type change: A runs {fd['module_type']}, B runs {fd['module_type_b']} "
+                       f"(or a dtype differs, see the tensors)")
         w = fd["blame_window"]
         if w:
             if w.get("module"):
@@ -37,7 +40,8 @@ def render_text(c) -> str:
         out.append("  tensors (A / B digests, xor:pos):")
         for t in fd["tensors"]:
             mark = "≠" if t["differs"] and not t["ignored"] else ("~" if t["ignored"] else "=")
-            out.append(f"    {mark} {t['role']}[{t['index']}]{t['path'] or ''} {t['dtype']}{list(t['shape'])}  "
+            dtype = t["dtype"] if t.get("dtype_b") in (None, t["dtype"]) else f"{t['dtype']}→{t['dtype_b']}"
+            out.append(f"    {mark} {t['role']}[{t['index']}]{t['path'] or ''} {dtype}{list(t['shape'])}  "
                        f"A {t['a']['xor']}:{t['a']['pos']}  B {t['b']['xor']}:{t['b']['pos']}")
         if fd["stack"]:
             out.append("  call stack (innermost last):")

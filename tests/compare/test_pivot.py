@@ -172,3 +172,25 @@ def test_manifest_differences_are_reported_before_the_verdict(runs, tmp_path):
     (tmp_path / "threads" / "manifest.json").write_text(json.dumps(m))
     d = bitguard.compare(runs / "reference", tmp_path / "threads").to_dict()
     assert any(x["field"] == "determinism.torch_threads" and x["b"] == 7 for x in d["manifest_diffs"])
+
+
+def test_a_retyped_module_is_paired_and_compared_not_left_as_two_gaps(tmp_path):
+    script = ROOT / "tests" / "scripts" / "retype.py"
+    for name, extra in (("plain", []), ("retyped", ["swap"])):
+        proc = subprocess.run([*BITGUARD, "record", "--out", str(tmp_path / name), "--", sys.executable, str(script),
+                               *extra], capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0, proc.stderr
+    d = bitguard.compare(tmp_path / "plain", tmp_path / "retyped").to_dict()
+    fd = d["first_divergence"]
+    assert (fd["step"], fd["phase"], fd["boundary"], fd["blame"]) == (0, "forward", "blocks.0.ln_1", "source")
+    assert fd["retyped"] and (fd["module_type"], fd["module_type_b"]) == ("LayerNorm", "MyLN")
+    assert d["alignment"]["gaps_a"] == d["alignment"]["gaps_b"] == 0
+
+
+def test_propagation_crosses_functional_ops_by_inferred_edges():
+    demo = ROOT / "sample_traces" / "demo"
+    graph = bitguard.compare(demo / "reference", demo / "suspect").propagation_graph()
+    inferred = [e for e in graph["edges"] if e["kind"] == "inferred"]
+    # wte(idx) + wpe(pos) is a functional add: the embedding dropout's input has no observed producer
+    assert any(e["source"].endswith(":wte") and e["target"].endswith(":drop") for e in inferred), inferred
+    assert any(n["boundary"] == "lm_head" for n in graph["nodes"])
