@@ -270,12 +270,17 @@ def test_disable_switch_turns_recording_into_a_no_op(tmp_path, monkeypatch):
     assert not (tmp_path / "run").exists()
 
 
+def _torchrun(out, env_extra=()):
+    """Two gloo ranks under torchrun, each recording in-process."""
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
+    cmd = [*torchrun, "-m", "bitguard", "record", "--out", out, "--", SCRIPTS / "ddp_train.py"]
+    return run(cmd, env={**os.environ, "OMP_NUM_THREADS": "1", **dict(env_extra)}, timeout=150)
+
+
 @pytest.mark.slow
 def test_torchrun_two_ranks_gloo(tmp_path):
-    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
     for name in ("a", "b"):
-        proc = run([*torchrun, "-m", "bitguard", "record", "--out", tmp_path / name, "--",
-                    SCRIPTS / "ddp_train.py"], env={**os.environ, "OMP_NUM_THREADS": "1"})
+        proc = _torchrun(tmp_path / name)
         assert proc.returncode == 0, proc.stderr[-3000:]
     for name in ("a", "b"):
         assert (tmp_path / name / "rank-0.duckdb").exists() and (tmp_path / name / "rank-1.duckdb").exists()
@@ -284,8 +289,7 @@ def test_torchrun_two_ranks_gloo(tmp_path):
     assert {dict(zip(EVENTS.names, e))["rank"] for e in ev1} == {1}
     assert {dict(zip(EVENTS.names, e))["world_size"] for e in ev1} == {2}
     assert bitguard.compare(tmp_path / "a", tmp_path / "b").verdict == "identical"
-    proc = run([*torchrun, "-m", "bitguard", "record", "--out", tmp_path / "c", "--", SCRIPTS / "ddp_train.py"],
-               env={**os.environ, "OMP_NUM_THREADS": "1", "FAULT_RANK": "1"})
+    proc = _torchrun(tmp_path / "c", {"FAULT_RANK": "1"})
     assert proc.returncode == 0, proc.stderr[-3000:]
     fd = bitguard.compare(tmp_path / "a", tmp_path / "c").first_divergence
     assert (fd["rank"], fd["step"], fd["phase"], fd["blame"]) == (1, 1, "data", "data")

@@ -24,6 +24,10 @@ def main():
         loss = nn.functional.mse_loss(model(x), y)
         loss.backward()
         opt.step()
+    # free DDP (its reducer holds the process group) before tearing the group down: the other
+    # order was seen to hang in ~ProcessGroupGloo joining its worker thread
+    del model, opt
+    dist.barrier()
     dist.destroy_process_group()
 
 
