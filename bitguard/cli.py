@@ -32,6 +32,8 @@ def _record_options(p: argparse.ArgumentParser) -> None:
                    help="torch intra-op threads (default: what the script would get; stated in the manifest)")
     p.add_argument("--dump", action="store_true",
                    help="also store every tensor's bytes (small models only: for tolerance studies and debugging)")
+    p.add_argument("--no-digest-cache", dest="digest_cache", action="store_false",
+                   help="digest every observation of a tensor, even when its version counter says it is unchanged")
     p.add_argument("command", nargs=argparse.REMAINDER,
                    help="-- python SCRIPT [ARGS...]  (or -- SCRIPT [ARGS...] to run in this process, "
                         "e.g. under torchrun -m bitguard record)")
@@ -39,7 +41,8 @@ def _record_options(p: argparse.ArgumentParser) -> None:
 
 def _record_kwargs(args) -> dict:
     return dict(out=args.out, mode=args.mode, seed=args.seed, steps=args.steps, force=args.force,
-                determinism=args.determinism, warn_only=args.warn_only, threads=args.threads, dump=args.dump)
+                determinism=args.determinism, warn_only=args.warn_only, threads=args.threads, dump=args.dump,
+                digest_cache=args.digest_cache)
 
 
 def cmd_record(args) -> int:
@@ -96,6 +99,8 @@ def _forwarded(args) -> list[str]:
         opts += ["--threads", str(args.threads)]
     if args.dump:
         opts.append("--dump")
+    if not args.digest_cache:
+        opts.append("--no-digest-cache")
     return opts
 
 

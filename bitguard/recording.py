@@ -79,7 +79,7 @@ class record:
     def __init__(self, out: str | os.PathLike, mode: str = "full", seed: int = 0,
                  steps: str | tuple | None = None, force: bool = False, determinism: bool = True,
                  warn_only: bool = False, threads: int | None = None, command: list[str] | None = None,
-                 dump: bool = False):
+                 dump: bool = False, digest_cache: bool = True):
         if mode not in MODES:
             raise BadInput(f"unknown mode {mode!r}; use one of: {', '.join(MODES)}")
         self.out = Path(out)
@@ -91,6 +91,7 @@ class record:
         self.warn_only = warn_only
         self.threads = threads
         self.dump = dump
+        self.digest_cache = digest_cache
         self.command = command or list(sys.argv)
         self.collector = None
         self.store = None
@@ -116,15 +117,17 @@ class record:
         from bitguard.cuda.fingerprint import warmup
 
         settings = det.apply(det.DeterminismConfig(self.determinism, self.seed, self.warn_only, self.threads))
-        self._manifest = manifest.new(self.command, self.mode, world, settings, self.steps, {"dump": self.dump})
+        self._manifest = manifest.new(self.command, self.mode, world, settings, self.steps, {"dump": self.dump, "digest_cache": self.digest_cache})
         if rank == 0:
             manifest.write(self.out, self._manifest)
         warmup()
         self.store = RankStore(str(rank_path), {
             "rank": rank, "world_size": world, "mode": self.mode, "determinism": settings,
             "steps": self.steps, "start_time_ns": time.time_ns(), "pid": os.getpid(), "dump": self.dump,
+            "digest_cache": self.digest_cache,
         })
-        self.collector = Collector(self.store, self.mode, self.steps, rank, world, dump=self.dump)
+        self.collector = Collector(self.store, self.mode, self.steps, rank, world, dump=self.dump,
+                                   digest_cache=self.digest_cache)
         self.collector.install()
         if threading.current_thread() is threading.main_thread() \
                 and signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:

@@ -82,6 +82,13 @@ def _flatten(obj, prefix: str = ""):
                 yield from _flatten(getattr(leaf, f.name), f"{key}.{f.name}")
 
 
+def _version(t: torch.Tensor) -> int | None:
+    try:
+        return t._version
+    except Exception:  # noqa: BLE001 - inference tensors have no version counter
+        return None
+
+
 def _rng_snapshot() -> tuple[torch.Tensor, tuple[int, int]]:
     state = torch.get_rng_state()
     return state, digest_async(state)
@@ -89,13 +96,14 @@ def _rng_snapshot() -> tuple[torch.Tensor, tuple[int, int]]:
 
 class Collector:
     def __init__(self, store, mode: str = "full", steps: tuple[int, int | None] | None = None,
-                 rank: int = 0, world_size: int = 1, dump: bool = False):
+                 rank: int = 0, world_size: int = 1, dump: bool = False, digest_cache: bool = True):
         self.store = store
         self.mode = mode
         self.steps = steps
         self.rank = rank
         self.world_size = world_size
         self.dump = dump  # also store every tensor's bytes (small models only)
+        self.digest_cache = digest_cache  # reuse a tensor's digest while its version is unchanged
         self.step = 0
         self.enabled = True
         self.errors: list[str] = store.errors
@@ -106,7 +114,7 @@ class Collector:
         self._root_names: set[str] = set()
         self._params: dict[int, tuple[weakref.ref, str, str]] = {}
         self._param_in: dict[int, list] = {}
-        self._tids: dict[int, tuple[weakref.ref, int]] = {}
+        self._tids: dict[int, list] = {}  # id -> [weakref, tid, version digested, digest]
         self._next_tid = 1
         self._local = threading.local()
         self._pending: list[_Backward] = []
@@ -174,24 +182,33 @@ class Collector:
             self.step += 1
             self._calls.clear()
 
-    def _tid(self, t: torch.Tensor) -> int:
+    def _identity(self, t: torch.Tensor) -> list | None:
+        """[ref, tid, version, digest] for a non-parameter tensor (created on first sight); None
+        for a parameter, whose id is in `_params`."""
         key = id(t)
         entry = self._tids.get(key)
         if entry is not None and entry[0]() is t:
-            return entry[1]
+            return entry
         param = self._params.get(key)
         if param is not None and param[0]() is t:
-            return param[3]
-        tid = self._next_tid
-        self._next_tid += 1
+            return None
         tids = self._tids
-        self._tids[key] = (weakref.ref(t, lambda _r, k=key: tids.pop(k, None)), tid)
-        return tid
+        entry = [weakref.ref(t, lambda _r, k=key: tids.pop(k, None)), self._next_tid, None, None]
+        self._next_tid += 1
+        tids[key] = entry
+        return entry
 
     def _row(self, t: torch.Tensor, role: str, idx: int, path: str) -> list:
-        tid = self._tid(t)  # of the object the user holds, before detach() makes a new one
+        entry = self._identity(t)  # of the object the user holds, before detach() makes a new one
+        tid = entry[1] if entry is not None else self._params[id(t)][3]
+        version = _version(t) if entry is not None and self._cacheable(t) else None
+        if version is not None and entry[2] == version:
+            digest = entry[3]  # the same tensor, not written since it was digested
+        else:
+            digest = digest_async(t.detach())
+            if version is not None:
+                entry[2], entry[3] = version, digest
         t = t.detach()
-        digest = digest_async(t)
         xor, pos = digest if isinstance(digest, tuple) else (digest, digest)
         try:
             storage = t.untyped_storage().data_ptr()
@@ -202,6 +219,13 @@ class Collector:
         if self.dump:  # the bytes ride along as a 13th item until _emit moves them to the dumps table
             row.append(t.contiguous().reshape(-1).view(torch.uint8).cpu().numpy().tobytes() if t.numel() else b"")
         return row
+
+    def _cacheable(self, t: torch.Tensor) -> bool:
+        """May a digest be reused while the tensor's version counter is unchanged? On the CPU, ops
+        run to completion on the calling thread, so unchanged version means unchanged bytes (but for
+        writes through `.data`); on a GPU an asynchronous kernel could still write it, so full mode
+        digests every observation there. `digest_cache=False` digests every observation everywhere."""
+        return self.digest_cache and (self.mode == "trusted" or t.device.type == "cpu")
 
     def _rows(self, obj, role: str, start: int = 0, prefix: str = "") -> list[list]:
         return [self._row(t, role, start + i, path)

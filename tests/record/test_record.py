@@ -324,3 +324,20 @@ def test_step_window_and_trusted_mode(tmp_path):
     module_types = {r["module_type"] for r in rows if r["kind"] == "module"}
     assert module_types == {"Embedding", "LayerNorm", "Linear", "CausalSelfAttention"}, module_types
     assert {r["kind"] for r in rows} == {"batch", "module", "grad", "step"}
+
+
+def test_digest_reuse_never_hides_an_in_place_write(tmp_path):
+    for mode in ("full", "trusted"):
+        record(tmp_path / f"cached-{mode}", script=SCRIPTS / "inplace.py", options=["--mode", mode])
+        record(tmp_path / f"every-{mode}", script=SCRIPTS / "inplace.py",
+               options=["--mode", mode, "--no-digest-cache"])
+        cached, every = digests_by_event(tmp_path / f"cached-{mode}"), digests_by_event(tmp_path / f"every-{mode}")
+        assert cached == every, mode
+    # and the write is seen: act's input is a's output object, but not a's output bytes
+    _, tensors = events(tmp_path / "every-full")
+    rows = [dict(zip(TENSORS.names, t)) for t in tensors]
+    ev = [dict(zip(EVENTS.names, e)) for e in events(tmp_path / "every-full")[0]]
+    seq = {(r["boundary"], r["phase"], r["step"]): r["seq"] for r in ev}
+    a_out = next(t for t in rows if t["seq"] == seq[("a", "forward", 0)] and t["role"] == "output")
+    b_in = next(t for t in rows if t["seq"] == seq[("act", "forward", 0)] and t["role"] == "input")
+    assert a_out["tid"] == b_in["tid"] and a_out["xor"] != b_in["xor"]
