@@ -116,18 +116,29 @@ def memory(steps: int) -> dict:
 
     store.RankStore._push = push
     samples = {}
+    for _ in range(30):  # plain steps first: the allocator and torch reach their steady state
+        step(model, opt, data)
+    before_libraries = rss_mib()
+    # the recorder's libraries (DuckDB, Arrow, Numba's compiled kernels): a one-off cost, counted apart
+    import duckdb  # noqa: F401
+    import pyarrow  # noqa: F401
+
+    from bitguard.cuda.fingerprint import warmup
+
+    warmup()
     with tempfile.TemporaryDirectory() as tmp:
         base = rss_mib()
         with bitguard.record(Path(tmp) / "long", determinism=False):
             for i in range(steps):
                 step(model, opt, data)
-                if i in (20, steps // 2, steps - 1):
+                if i in (20, steps // 8, steps // 4, steps // 2, steps - 1):
                     samples[i] = rss_mib()
         size = sum(p.stat().st_size for p in (Path(tmp) / "long").iterdir()) / 2**20
     store.RankStore._push = original_push
     first, last = samples[20], samples[steps - 1]
     return {"steps": steps, "rss_before_recording_mib": base, "rss_at_step_mib": samples,
             "growth_step20_to_end_mib": last - first, "extra_over_plain_at_end_mib": last - base,
+            "rss_plain_steady_mib": base, "libraries_mib": base - before_libraries,
             "peak_queue_batches": peak_queue, "run_dir_mib": size,
             "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
 
@@ -138,11 +149,18 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=4, help="steps per round and mode (the first is dropped)")
     p.add_argument("--memory-steps", type=int, default=600)
     p.add_argument("--json", action="store_true")
+    p.add_argument("--memory-only", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args()
     import torch
 
+    if args.memory_only:
+        print(json.dumps(memory(args.memory_steps)))
+        return
+    # memory in a fresh process, so that nothing the overhead runs allocated or freed blurs it
+    mem = subprocess.run([sys.executable, __file__, "--memory-only", "--memory-steps", str(args.memory_steps)],
+                         capture_output=True, text=True, check=True)
     result = {"torch_threads": torch.get_num_threads(), "overhead": overhead(args.rounds, args.steps),
-              "startup": startup(), "memory": memory(args.memory_steps)}
+              "startup": startup(), "memory": json.loads(mem.stdout.strip().splitlines()[-1])}
     if args.json:
         print(json.dumps(result, indent=2))
         return
@@ -153,9 +171,13 @@ def main() -> None:
         print(f"  {mode:8s} {o['median_step_s'][mode] * 1000:8.1f} ms/step   {ratio:5.3f}x")
     print(f"start-up: import torch {s['python_import_torch_s']:.2f} s; + bitguard and a recording "
           f"{s['import_bitguard_and_open_recording_s']:.2f} s (one-off cost {s['startup_cost_s']:.2f} s)")
-    print(f"memory over {m['steps']} steps: RSS growth step 20 -> end {m['growth_step20_to_end_mib']:.1f} MiB; "
-          f"extra over before recording {m['extra_over_plain_at_end_mib']:.1f} MiB; peak writer queue "
+    print(f"memory over {m['steps']} recorded steps (small GPT): RSS growth step 20 -> end "
+          f"{m['growth_step20_to_end_mib']:.1f} MiB; RSS at the end over the plain steady state "
+          f"{m['extra_over_plain_at_end_mib']:.1f} MiB; peak writer queue "
           f"{m['peak_queue_batches']} batches; run dir {m['run_dir_mib']:.1f} MiB")
+    print("  RSS by recorded step (MiB): " + ", ".join(f"{k}: {v:.0f}" for k, v in m["rss_at_step_mib"].items())
+          + f"; plain steady state with the libraries loaded {m['rss_plain_steady_mib']:.0f} "
+          f"(loading DuckDB, Arrow and the compiled kernels: {m['libraries_mib']:.0f} MiB, once)")
 
 
 if __name__ == "__main__":

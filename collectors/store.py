@@ -73,7 +73,7 @@ class RankStore:
         self._queue: queue.Queue = queue.Queue(maxsize=queue_batches)
         # One DuckDB thread and a small buffer pool: the writer is a guest beside the training's
         # own threads and memory (collector memory must stay bounded whatever the run length).
-        self._con = duckdb.connect(path, config={"threads": 1, "memory_limit": "32MB"})
+        self._con = duckdb.connect(path, config={"threads": 1, "memory_limit": "16MB"})
         for table in TABLES:
             self._con.execute(table.ddl())
         self.set_meta({"schema_version": SCHEMA_VERSION, "status": "running", **meta})
