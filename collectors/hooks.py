@@ -223,9 +223,9 @@ class Collector:
     def _cacheable(self, t: torch.Tensor) -> bool:
         """May a digest be reused while the tensor's version counter is unchanged? On the CPU, ops
         run to completion on the calling thread, so unchanged version means unchanged bytes (but for
-        writes through `.data`); on a GPU an asynchronous kernel could still write it, so full mode
-        digests every observation there. `digest_cache=False` digests every observation everywhere."""
-        return self.digest_cache and (self.mode == "trusted" or t.device.type == "cpu")
+        writes through `.data`); on a GPU an asynchronous kernel could still write it, so every
+        observation of a CUDA tensor is digested. `digest_cache=False` digests every observation."""
+        return self.digest_cache and t.device.type == "cpu"
 
     def _rows(self, obj, role: str, start: int = 0, prefix: str = "") -> list[list]:
         return [self._row(t, role, start + i, path)
