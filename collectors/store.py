@@ -3,11 +3,11 @@
 The training thread appends rows to a small batch; full batches go through a bounded queue
 (back-pressure: a full queue makes the training thread wait, memory never grows without
 bound) to one writer thread that resolves pending GPU digests and inserts each batch in one
-transaction. `sync()` is a barrier: it returns once everything added before it is committed;
-`step_barrier()`, called at the end of each training step, waits for the previous step's commit
-only, so that a killed run keeps every step before its last completed one without the training
-thread waiting for the writer. A failing write is reported (stderr and `errors`), never raised into training.
-This module knows the schema's tables but nothing about torch modules or hooks.
+transaction. `step_barrier()`, called at the end of each training step, waits for the previous
+step's commit only: a killed run keeps every step before its last completed one, and the
+training thread rarely waits for the writer. A failing write is reported (stderr and `errors`),
+never raised into training. This module knows the schema's tables but nothing about torch
+modules or hooks.
 """
 
 from __future__ import annotations
@@ -97,14 +97,6 @@ class RankStore:
         batch = (self._events, self._tensors, self._stacks, self._dumps, marker)
         self._events, self._tensors, self._stacks, self._dumps = [], [], [], []
         self._queue.put(batch)  # blocks when the writer is behind: back-pressure
-
-    def sync(self, timeout: float = 30.0) -> bool:
-        """Wait until everything added so far is committed. False on timeout."""
-        if self._closed:
-            return True
-        done = threading.Event()
-        self._push(done)
-        return done.wait(timeout)
 
     def step_barrier(self, timeout: float = 30.0) -> bool:
         """End of a training step: queue a commit point and wait for the previous step's one.
