@@ -65,6 +65,27 @@ def _attach(con: duckdb.DuckDBPyConnection, path: Path, alias: str) -> None:
                          f"file cut short in a copy?); re-record it or copy it again ({text.splitlines()[0]})") from None
 
 
+def _fold_journal(path: Path) -> None:
+    """Fold what a killed recording left in `rank-N.journal` into its rank file (see store.py)."""
+    from bitguard.collectors.store import journal_path, recover
+
+    journal = journal_path(path)
+    if not journal.exists():
+        return
+    try:
+        recover(path)
+    except duckdb.Error as exc:
+        if "lock" in str(exc).lower():
+            raise CorruptRun(f"{path} is open in another process (is that recording still running?); "
+                             f"wait for it to finish or stop it, then compare again") from None
+        raise CorruptRun(f"{path} cannot take back the events its recording left in {journal.name} "
+                         f"({str(exc).splitlines()[0]}); re-record the run") from None
+    except OSError as exc:
+        raise CorruptRun(f"{journal} holds the last events of a killed recording and cannot be folded into "
+                         f"{path.name} ({exc.strerror or exc}); copy the run directory somewhere writable and "
+                         f"open it from there") from None
+
+
 def _rank_meta(con: duckdb.DuckDBPyConnection, alias: str, path: Path) -> dict:
     try:
         tables = {r[0] for r in con.sql(
@@ -117,6 +138,7 @@ def open_run(path: str | Path) -> RunInfo:
     try:
         for rank, rank_path in info.ranks.items():
             alias = f"r{rank}"
+            _fold_journal(rank_path)
             _attach(con, rank_path, alias)
             meta = _rank_meta(con, alias, rank_path)
             rank_version = meta.get("schema_version", version)

@@ -117,6 +117,7 @@ def _launch(child: list[str], out: Path, command: list[str]) -> int:
         for s, handler in old.items():
             signal.signal(s, handler)
     exit_status = code if code >= 0 else 128 - code
+    _fold_journals(out)
     try:
         data = manifest.read(out)
     except (OSError, ValueError):
@@ -130,6 +131,17 @@ def _launch(child: list[str], out: Path, command: list[str]) -> int:
         data["complete"] = False
     manifest.write(out, data)
     return exit_status
+
+
+def _fold_journals(out: Path) -> None:
+    """A killed child leaves its last events in rank-N.journal: fold them in now (readers would too)."""
+    from bitguard.collectors.store import recover
+
+    for journal in sorted(out.glob("rank-*.journal")):
+        try:
+            recover(journal.with_suffix(".duckdb"))
+        except Exception as exc:  # noqa: BLE001 - the journal stays; every reader tries again
+            print(f"bitguard: could not fold {journal} into its rank file yet: {exc}", file=sys.stderr)
 
 
 def cmd_compare(args) -> int:

@@ -69,7 +69,7 @@ def check_writable(directory: Path) -> None:
 
 def bitguard_files(directory: Path) -> list[Path]:
     return [p for p in directory.iterdir()
-            if p.name == MANIFEST_NAME or (p.name.startswith("rank-") and p.suffix in (".duckdb", ".wal", ".json"))
+            if p.name == MANIFEST_NAME or (p.name.startswith("rank-") and p.suffix in (".duckdb", ".wal", ".json", ".journal"))
             or p.name.endswith(".duckdb.wal")]
 
 
@@ -108,7 +108,7 @@ class record:
             if not self.force:
                 raise BadInput(f"{rank_path} already exists; record into an empty directory or pass --force "
                                f"to replace it")
-            for p in (rank_path, Path(str(rank_path) + ".wal")):
+            for p in (rank_path, Path(str(rank_path) + ".wal"), rank_path.with_suffix(".journal")):
                 p.unlink(missing_ok=True)
 
         from bitguard.collectors import determinism as det

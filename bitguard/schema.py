@@ -122,6 +122,10 @@ def markdown() -> str:
            f"Schema version {SCHEMA_VERSION}. A run directory holds `{MANIFEST_NAME}` and one DuckDB file per rank",
            f"(`{RANK_FILE.format(rank='N')}`) with the tables below. This file is generated from",
            "`bitguard/schema.py`; a test fails when the two disagree.", "",
+           "While a rank records, and after a recording was killed, `rank-N.journal` beside its DuckDB",
+           "file holds the batches not yet folded into it (Arrow IPC, one group per batch; format in",
+           "`collectors/store.py`). bitguard folds it when it next reads the run; the rank's `meta` table",
+           "keeps the last group folded (`journal_folded`), so no row is ever taken twice.", "",
            f"Phases: {', '.join(PHASES)}. Tensor roles: {', '.join(ROLES)}.", ""]
     for table in TABLES:
         out += [f"## `{table.name}`", "", table.doc, "", "| column | type | meaning |", "| --- | --- | --- |"]

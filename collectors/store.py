@@ -2,21 +2,35 @@
 
 The training thread appends rows to a small batch; full batches go through a bounded queue
 (back-pressure: a full queue makes the training thread wait, memory never grows without
-bound) to one writer thread that resolves pending GPU digests and inserts each batch in one
-transaction. `step_barrier()`, called at the end of each training step, waits for the previous
-step's commit only: a killed run keeps every step before its last completed one, and the
-training thread rarely waits for the writer. A failing write is reported (stderr and `errors`),
-never raised into training. This module knows the schema's tables but nothing about torch
-modules or hooks.
+bound) to one writer thread. The writer resolves pending GPU digests, turns each batch into
+Arrow tables and appends them, in one write, to the rank's journal (`rank-N.journal`): that is
+what makes a batch durable against a killed process, at the cost of a file append. Every couple
+of seconds (or when the unfolded rows pass a size bound) it folds what the journal holds into
+`rank-N.duckdb` in one transaction and empties the journal; a DuckDB statement costs about a
+millisecond whatever its size, too much to pay per step. `step_barrier()`, called at the end of
+each training step, waits for the previous step's journal write only: a killed run keeps every
+step before its last completed one, and the training thread rarely waits for the writer.
+
+A journal left behind by a killed process is folded by `recover()` (the `bitguard record`
+launcher calls it when its child dies, and every reader calls it through ingest). The fold
+records the last journal group it holds in the meta table (`journal_folded`) in the same
+transaction, so a crash between the fold and the journal's truncation never duplicates rows.
+
+A failing write is reported (stderr and `errors`), never raised into training. This module knows
+the schema's tables but nothing about torch modules or hooks.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import queue
+import struct
 import sys
 import threading
+import time
 import traceback
+from pathlib import Path
 
 import duckdb
 import pyarrow as pa
@@ -37,9 +51,23 @@ def arrow_schema(table) -> pa.Schema:
     return pa.schema([(c.name, _ARROW_TYPES[c.sql]) for c in table.columns])
 
 
-_SCHEMAS = {t.name: arrow_schema(t) for t in (EVENTS, TENSORS, STACKS, DUMPS)}
+_ROW_TABLES = (EVENTS, TENSORS, STACKS, DUMPS)  # the tables a batch carries, in journal order
+_SCHEMAS = {t.name: arrow_schema(t) for t in _ROW_TABLES}
 _XOR = TENSORS.names.index("xor")
 _POS = TENSORS.names.index("pos")
+
+FOLD_SECONDS = 2.0  # fold the journal into DuckDB at least this often ...
+FOLD_BYTES = 2 << 20  # ... or once this many bytes of Arrow data wait (bounds the writer's memory)
+_GROUP = struct.Struct("<4sQI")  # magic, group number, number of tables
+_PART = struct.Struct("<BQ")  # table index in _ROW_TABLES, length of its Arrow IPC stream
+_END = struct.Struct("<4sQ")  # magic, group number: the group is whole only when this follows it
+_MAGIC, _END_MAGIC = b"BGJ1", b"BGJE"
+FOLDED_KEY = "journal_folded"
+
+
+def journal_path(rank_path: str | os.PathLike) -> Path:
+    """`rank-N.journal` beside `rank-N.duckdb`."""
+    return Path(rank_path).with_suffix(".journal")
 
 
 def _to_arrow(rows: list, schema: pa.Schema) -> pa.Table:
@@ -59,8 +87,93 @@ def _resolve_digests(tensor_rows: list[list]) -> None:
         row[_XOR], row[_POS] = x, p
 
 
+def _ipc(table: pa.Table) -> bytes:
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, table.schema) as writer:
+        writer.write_table(table)
+    return sink.getvalue().to_pybytes()
+
+
+def encode_group(number: int, tables: dict[str, pa.Table]) -> bytes:
+    """One journal group: the batch's non-empty tables, then the end mark that makes it whole."""
+    parts = [(i, _ipc(tables[t.name])) for i, t in enumerate(_ROW_TABLES) if tables[t.name].num_rows]
+    out = [_GROUP.pack(_MAGIC, number, len(parts))]
+    for i, data in parts:
+        out += [_PART.pack(i, len(data)), data]
+    out.append(_END.pack(_END_MAGIC, number))
+    return b"".join(out)
+
+
+def decode_groups(data: bytes) -> list[tuple[int, dict[str, pa.Table]]]:
+    """The whole groups of a journal, in order; a group cut short by a crash ends the list."""
+    groups, at = [], 0
+    while at + _GROUP.size <= len(data):
+        magic, number, count = _GROUP.unpack_from(data, at)
+        if magic != _MAGIC:
+            break
+        at += _GROUP.size
+        tables = {}
+        try:
+            for _ in range(count):
+                index, length = _PART.unpack_from(data, at)
+                at += _PART.size
+                if at + length > len(data):
+                    raise ValueError("cut short")
+                table = _ROW_TABLES[index]
+                tables[table.name] = pa.ipc.open_stream(data[at : at + length]).read_all()
+                at += length
+            end, end_number = _END.unpack_from(data, at)
+        except (ValueError, IndexError, struct.error, pa.ArrowInvalid):
+            break
+        if end != _END_MAGIC or end_number != number:
+            break
+        at += _END.size
+        groups.append((number, tables))
+    return groups
+
+
+def _insert(con: duckdb.DuckDBPyConnection, tables: dict[str, list[pa.Table]]) -> None:
+    for name, parts in tables.items():
+        if parts:
+            con.from_arrow(pa.concat_tables(parts)).insert_into(name)
+
+
+def _set_meta(con: duckdb.DuckDBPyConnection, items: dict) -> None:
+    rows = [(k, json.dumps(v, default=str)) for k, v in items.items()]
+    con.executemany(f"DELETE FROM {META.name} WHERE key = ?", [(k,) for k, _ in rows])
+    con.executemany(f"INSERT INTO {META.name} VALUES (?, ?)", rows)
+
+
+def recover(rank_path: str | os.PathLike) -> int:
+    """Fold a journal left by a killed recording into its rank file; the number of groups folded.
+
+    Raises duckdb.Error when the rank file is open in another process (a recording still
+    running) and OSError when the directory cannot be written.
+    """
+    journal = journal_path(rank_path)
+    if not journal.exists():
+        return 0
+    groups = decode_groups(journal.read_bytes())
+    con = duckdb.connect(str(rank_path), config={"threads": 1})
+    try:
+        folded = con.execute(f"SELECT value FROM {META.name} WHERE key = ?", [FOLDED_KEY]).fetchall()
+        upto = json.loads(folded[0][0]) if folded else -1
+        groups = [(n, t) for n, t in groups if n > upto]
+        if groups:
+            parts = {t.name: [g[t.name] for _, g in groups if t.name in g] for t in _ROW_TABLES}
+            con.execute("BEGIN")
+            _insert(con, parts)
+            _set_meta(con, {FOLDED_KEY: groups[-1][0]})
+            con.execute("COMMIT")
+        con.execute("CHECKPOINT")
+    finally:
+        con.close()
+    journal.unlink()
+    return len(groups)
+
+
 class RankStore:
-    """Owns `rank-N.duckdb` for the life of a recording."""
+    """Owns `rank-N.duckdb` and its journal for the life of a recording."""
 
     def __init__(self, path: str, meta: dict, batch_events: int = 256, queue_batches: int = 32):
         self.path = path
@@ -77,6 +190,13 @@ class RankStore:
         for table in TABLES:
             self._con.execute(table.ddl())
         self.set_meta({"schema_version": SCHEMA_VERSION, "status": "running", **meta})
+        self._journal_path = journal_path(path)
+        self._journal = os.open(self._journal_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND, 0o644)
+        self._group = 0
+        self._unfolded: dict[str, list[pa.Table]] = {t.name: [] for t in _ROW_TABLES}
+        self._unfolded_bytes = 0
+        self._folded_at = time.monotonic()
+        self.folds = 0
         self._closed = False
         self._previous_step: threading.Event | None = None
         self._thread = threading.Thread(target=self._run, name="bitguard-writer", daemon=True)
@@ -101,7 +221,7 @@ class RankStore:
     def step_barrier(self, timeout: float = 30.0) -> bool:
         """End of a training step: queue a commit point and wait for the previous step's one.
 
-        The writer commits step k while step k+1 trains, so the training thread rarely waits;
+        The writer journals step k while step k+1 trains, so the training thread rarely waits;
         when step k+1 ends, everything of step k and before is durable. False on timeout.
         """
         if self._closed:
@@ -113,14 +233,12 @@ class RankStore:
 
     def set_meta(self, items: dict) -> None:
         """Write facts into the meta table (called before the writer starts or after it stops)."""
-        rows = [(k, json.dumps(v, default=str)) for k, v in items.items()]
         self._con.execute("BEGIN")
-        self._con.executemany(f"DELETE FROM {META.name} WHERE key = ?", [(k,) for k, _ in rows])
-        self._con.executemany(f"INSERT INTO {META.name} VALUES (?, ?)", rows)
+        _set_meta(self._con, items)
         self._con.execute("COMMIT")
 
     def close(self, status: str, extra_meta: dict | None = None) -> None:
-        """Flush, stop the writer, write the final status. Safe to call twice."""
+        """Flush, fold the journal, stop the writer, write the final status. Safe to call twice."""
         if self._closed:
             return
         self._push()
@@ -128,8 +246,11 @@ class RankStore:
         self._thread.join(timeout=120)
         self._closed = True
         try:
+            self._fold()
             self.set_meta({"status": status, "collector_errors": self.errors, **(extra_meta or {})})
             self._con.execute("CHECKPOINT")
+            os.close(self._journal)
+            self._journal_path.unlink()
         except Exception as exc:  # noqa: BLE001 - report, never raise into the user's exit path
             self._report(f"could not finish {self.path}: {exc}")
         finally:
@@ -145,6 +266,8 @@ class RankStore:
             try:
                 if events or stacks:
                     self._write(events, tensors, stacks, dumps)
+                if time.monotonic() - self._folded_at >= FOLD_SECONDS or self._unfolded_bytes >= FOLD_BYTES:
+                    self._fold()
             except Exception as exc:  # noqa: BLE001
                 self._report(f"writing {len(events)} events to {self.path} failed: {exc}")
                 traceback.print_exc(file=sys.stderr)
@@ -153,21 +276,37 @@ class RankStore:
                     marker.set()
 
     def _write(self, events: list[tuple], tensors: list[list], stacks: list[tuple], dumps: list[tuple]) -> None:
+        """Journal one batch (one append: durable once this returns) and keep it for the next fold."""
         _resolve_digests(tensors)
-        tables = {
-            EVENTS.name: _to_arrow(events, _SCHEMAS[EVENTS.name]),
-            TENSORS.name: _to_arrow(tensors, _SCHEMAS[TENSORS.name]),
-            STACKS.name: _to_arrow(stacks, _SCHEMAS[STACKS.name]),
-            DUMPS.name: _to_arrow(dumps, _SCHEMAS[DUMPS.name]),
-        }
-        con = self._con
-        con.execute("BEGIN")
+        tables = {EVENTS.name: _to_arrow(events, _SCHEMAS[EVENTS.name]),
+                  TENSORS.name: _to_arrow(tensors, _SCHEMAS[TENSORS.name]),
+                  STACKS.name: _to_arrow(stacks, _SCHEMAS[STACKS.name]),
+                  DUMPS.name: _to_arrow(dumps, _SCHEMAS[DUMPS.name])}
+        self._group += 1
+        os.write(self._journal, encode_group(self._group, tables))
         for name, table in tables.items():
             if table.num_rows:
-                con.register("_batch", table)
-                con.execute(f"INSERT INTO {name} SELECT * FROM _batch")
-                con.unregister("_batch")
-        con.execute("COMMIT")
+                self._unfolded[name].append(table)
+                self._unfolded_bytes += table.nbytes
+
+    def _fold(self) -> None:
+        """Insert what the journal holds into DuckDB in one transaction, then empty the journal."""
+        self._folded_at = time.monotonic()
+        if not self._unfolded_bytes:
+            return
+        con = self._con
+        con.execute("BEGIN")
+        try:
+            _insert(con, self._unfolded)
+            _set_meta(con, {FOLDED_KEY: self._group})
+            con.execute("COMMIT")
+        except Exception:
+            con.execute("ROLLBACK")  # the journal still holds every row: nothing is lost
+            raise
+        os.ftruncate(self._journal, 0)  # O_APPEND: the next group starts the file again
+        self._unfolded = {t.name: [] for t in _ROW_TABLES}
+        self._unfolded_bytes = 0
+        self.folds += 1
 
     def _report(self, message: str) -> None:
         self.errors.append(message)
