@@ -47,6 +47,24 @@ def digest_words(words, start_index):
     return x, p
 
 
+@njit(cache=True, nogil=True)
+def digest_bytes(raw):
+    """(xor, pos) of a 1-d contiguous uint8 array in one call: whole words in place, then the
+    1..7 tail bytes zero-padded into word number len(raw) // 8. The per-call cost is what a
+    recorded step pays for each of its hundreds of small tensors, so nothing here is Python."""
+    n_words = raw.size // 8
+    x, p = digest_words(raw[: n_words * 8].view(np.uint64), 0)
+    rest = raw.size - n_words * 8
+    if rest:
+        w = _U(0)
+        for k in range(rest):
+            w |= _U(raw[n_words * 8 + k]) << _U(8 * k)
+        tx, tp = digest_words(np.full(1, w, dtype=np.uint64), n_words)
+        x ^= tx
+        p += tp
+    return x, p
+
+
 def combine(a: tuple[int, int], b: tuple[int, int]) -> tuple[int, int]:
     """The digests of two disjoint word ranges, joined: XOR the xors, add the pos mod 2^64."""
     return a[0] ^ b[0], (a[1] + b[1]) & _MASK
@@ -73,6 +91,9 @@ def digest_buffer(raw: np.ndarray, threads: int = 1) -> tuple[int, int]:
     when it does not (a view at an odd storage offset); the 1..7 tail bytes go through a padded
     8-byte copy as word number len(raw) // 8.
     """
+    if threads <= 1 or raw.size <= CHUNK_WORDS * 8:
+        x, p = digest_bytes(raw)
+        return int(x), int(p)
     n_words, n_tail = divmod(raw.size, 8)
     words = raw[: n_words * 8].view(np.uint64)  # native order: x86 and ARM are little-endian
     if not words.flags.aligned:
