@@ -38,15 +38,19 @@ HEAVY_MODULES = re.compile(r"Linear|Embedding|Norm|Attention|Attn|MoE|Router|Exp
 MAX_REPORTED_ERRORS = 20
 
 
-@dataclass
 class _Frame:
-    module: torch.nn.Module
-    name: str
-    depth: int
-    t0: int
-    record: bool
-    inputs: list = field(default_factory=list)
-    rng: tuple | None = None  # (state, digest) of the CPU RNG when the call began
+    """A module call in progress (a plain class with slots: one is made for every module call)."""
+
+    __slots__ = ("module", "name", "depth", "t0", "record", "inputs", "rng")
+
+    def __init__(self, module: torch.nn.Module, name: str, depth: int, t0: int, record: bool):
+        self.module = module
+        self.name = name
+        self.depth = depth
+        self.t0 = t0
+        self.record = record
+        self.inputs: list = []
+        self.rng: torch.Tensor | None = None  # the CPU RNG state when the call began
 
 
 @dataclass
@@ -89,9 +93,18 @@ def _version(t: torch.Tensor) -> int | None:
         return None
 
 
-def _rng_snapshot() -> tuple[torch.Tensor, tuple[int, int]]:
-    state = torch.get_rng_state()
-    return state, digest_async(state)
+_DTYPE_NAMES: dict[torch.dtype, str] = {}
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    name = _DTYPE_NAMES[dtype] = str(dtype).removeprefix("torch.")
+    return name
+
+
+def _rng_drawn(before: torch.Tensor) -> bool:
+    """Has the CPU generator moved since `before` was taken (did the call draw random numbers)?
+    A byte comparison of the two states, a microsecond or two: this runs for every recorded call."""
+    return torch.get_rng_state().numpy().tobytes() != before.numpy().tobytes()
 
 
 class Collector:
@@ -115,12 +128,15 @@ class Collector:
         self._params: dict[int, tuple[weakref.ref, str, str]] = {}
         self._param_in: dict[int, list] = {}
         self._tids: dict[int, list] = {}  # id -> [weakref, tid, version digested, digest]
+        self._tids_limit = 4096
         self._next_tid = 1
         self._local = threading.local()
         self._pending: list[_Backward] = []
         self._handles: list = []
         self._stacks = StackTable()
         self._lock = threading.RLock()
+        self._pass_stack: int | None = None  # user stack of the backward pass in progress
+        self._heavy: dict[type, bool] = {}  # module class -> observed in trusted mode
 
     # -- installation ----------------------------------------------------------------------
     def install(self) -> None:
@@ -182,6 +198,11 @@ class Collector:
             self.step += 1
             self._calls.clear()
 
+    def _purge_tids(self) -> None:
+        """Forget tensors that died (at each step's end, or when a loop without steps piles them up)."""
+        self._tids = {k: e for k, e in self._tids.items() if e[0]() is not None}
+        self._tids_limit = max(4096, 2 * len(self._tids))
+
     def _identity(self, t: torch.Tensor) -> list | None:
         """[ref, tid, version, digest] for a non-parameter tensor (created on first sight); None
         for a parameter, whose id is in `_params`."""
@@ -192,32 +213,40 @@ class Collector:
         param = self._params.get(key)
         if param is not None and param[0]() is t:
             return None
-        tids = self._tids
-        entry = [weakref.ref(t, lambda _r, k=key: tids.pop(k, None)), self._next_tid, None, None]
+        if len(self._tids) >= self._tids_limit:
+            self._purge_tids()
+        entry = [weakref.ref(t), self._next_tid, None, None]  # dead entries go at the step's end
         self._next_tid += 1
-        tids[key] = entry
+        self._tids[key] = entry
         return entry
 
     def _row(self, t: torch.Tensor, role: str, idx: int, path: str) -> list:
-        entry = self._identity(t)  # of the object the user holds, before detach() makes a new one
-        tid = entry[1] if entry is not None else self._params[id(t)][3]
-        version = _version(t) if entry is not None and self._cacheable(t) else None
-        if version is not None and entry[2] == version:
-            digest = entry[3]  # the same tensor, not written since it was digested
+        """One tensor row. This runs for every tensor of every event, so it is written for speed."""
+        key = id(t)
+        entry = self._tids.get(key)
+        if entry is None or entry[0]() is not t:
+            entry = self._identity(t)  # a parameter (None) or a tensor seen for the first time
+        if entry is None:
+            tid, digest = self._params[key][3], digest_async(t)
         else:
-            digest = digest_async(t.detach())
-            if version is not None:
-                entry[2], entry[3] = version, digest
-        t = t.detach()
-        xor, pos = digest if isinstance(digest, tuple) else (digest, digest)
+            tid = entry[1]
+            version = _version(t) if self.digest_cache and t.is_cpu else None  # see _cacheable
+            if version is not None and entry[2] == version:
+                digest = entry[3]  # the same tensor, not written since it was digested
+            else:
+                digest = digest_async(t)
+                if version is not None:
+                    entry[2], entry[3] = version, digest
+        xor, pos = digest if type(digest) is tuple else (digest, digest)
         try:
             storage = t.untyped_storage().data_ptr()
         except Exception:  # noqa: BLE001 - tensors without storage (meta, some subclasses)
             storage = 0
-        row = [0, role, idx, path, list(t.shape), str(t.dtype).removeprefix("torch."), list(t.stride()),
-               t.numel() * t.element_size(), xor, pos, tid, storage]
+        dtype = _DTYPE_NAMES.get(t.dtype) or _dtype_name(t.dtype)
+        row = [0, role, idx, path, list(t.shape), dtype, list(t.stride()), t.nbytes, xor, pos, tid, storage]
         if self.dump:  # the bytes ride along as a 13th item until _emit moves them to the dumps table
-            row.append(t.contiguous().reshape(-1).view(torch.uint8).cpu().numpy().tobytes() if t.numel() else b"")
+            d = t.detach()
+            row.append(d.contiguous().reshape(-1).view(torch.uint8).cpu().numpy().tobytes() if d.numel() else b"")
         return row
 
     def _cacheable(self, t: torch.Tensor) -> bool:
@@ -225,14 +254,14 @@ class Collector:
         run to completion on the calling thread, so unchanged version means unchanged bytes (but for
         writes through `.data`); on a GPU an asynchronous kernel could still write it, so every
         observation of a CUDA tensor is digested. `digest_cache=False` digests every observation."""
-        return self.digest_cache and t.device.type == "cpu"
+        return self.digest_cache and t.is_cpu
 
     def _rows(self, obj, role: str, start: int = 0, prefix: str = "") -> list[list]:
         return [self._row(t, role, start + i, path)
                 for i, (path, t) in enumerate(_flatten(obj, prefix)) if t.layout == torch.strided]
 
     def _emit(self, phase: str, kind: str, name: str, module_type: str, depth: int, t0: int,
-              rows: list[list]) -> None:
+              rows: list[list], stack: int | None = None) -> None:
         with self._lock:
             key = (name, phase, kind)
             call = self._calls.get(key, 0)
@@ -250,7 +279,7 @@ class Collector:
                     stream = torch.cuda.current_stream(torch.device(device)).cuda_stream
             event = (seq, self.rank, self.world_size, self.step, phase, name, module_type, kind, call,
                      depth, threading.current_thread().name, device, stream, t0, time.time_ns(),
-                     self._stacks.capture())
+                     self._stacks.capture() if stack is None else stack)
             self.store.add(event, rows, self._stacks.take_new(), dumps)
 
     def _row_device(self, row: list) -> str:
@@ -263,9 +292,9 @@ class Collector:
             row.append(state.numpy().tobytes())
         return row
 
-    def _rng_rows(self, cpu: tuple) -> list[list]:
+    def _rng_rows(self, cpu: torch.Tensor) -> list[list]:
         """The data event's RNG states: the CPU generator, and each CUDA one once CUDA is in use."""
-        rows = [self._rng_row(*cpu, "cpu", 0)]
+        rows = [self._rng_row(cpu, digest_async(cpu), "cpu", 0)]
         if torch.cuda.is_available() and torch.cuda.is_initialized():
             for i, state in enumerate(torch.cuda.get_rng_state_all()):
                 rows.append(self._rng_row(state, digest_async(state), f"cuda:{i}", i + 1))
@@ -304,7 +333,13 @@ class Collector:
         return name
 
     def _wanted(self, module: torch.nn.Module) -> bool:
-        return self.mode == "full" or bool(HEAVY_MODULES.search(type(module).__name__))
+        if self.mode == "full":
+            return True
+        kind = type(module)
+        wanted = self._heavy.get(kind)
+        if wanted is None:
+            wanted = self._heavy[kind] = bool(HEAVY_MODULES.search(kind.__name__))
+        return wanted
 
     # -- forward ---------------------------------------------------------------------------
     def _on_forward_pre(self, module, args) -> None:
@@ -321,7 +356,7 @@ class Collector:
         is_model_root = parent is None and in_window and any(True for _ in module.parameters())
         if frame.record or is_model_root:
             frame.inputs = self._rows(args, "input")
-            frame.rng = _rng_snapshot()
+            frame.rng = torch.get_rng_state()
         if is_model_root:
             rows = [list(r) for r in frame.inputs] + self._rng_rows(frame.rng)
             self._emit("data", "batch", name, type(module).__name__, 0, t0, rows)
@@ -338,32 +373,45 @@ class Collector:
         if not frame.record:
             return
         rows = frame.inputs + self._rows(kwargs, "input", len(frame.inputs)) if kwargs else frame.inputs
-        if frame.rng is not None and _rng_snapshot()[1] != frame.rng[1]:
+        if frame.rng is not None and _rng_drawn(frame.rng):
             # the call drew random numbers: the RNG state it started from is one of its inputs
-            rows = rows + [self._rng_row(*frame.rng, "cpu", 0)]
-        out_rows = self._rows(output, "output") if output is not None else []
+            rows = rows + [self._rng_row(frame.rng, digest_async(frame.rng), "cpu", 0)]
+        outputs = list(_flatten(output)) if output is not None else []
+        out_rows = [self._row(t, "output", i, path) for i, (path, t) in enumerate(outputs)
+                    if t.layout == torch.strided]
         mtype = type(module).__name__
         self._emit("forward", "module", frame.name, mtype, frame.depth, frame.t0, rows + out_rows)
         if torch.is_grad_enabled():
-            self._watch_backward(frame, mtype, args, kwargs, output)
+            self._watch_backward(frame, mtype, args, kwargs, outputs)
 
     # -- backward --------------------------------------------------------------------------
-    def _watch_backward(self, frame: _Frame, mtype: str, args, kwargs, output) -> None:
-        outs = [(p, t) for p, t in _flatten(output) if t.requires_grad]
-        ins = [(p, t) for p, t in _flatten((args, kwargs)) if t.requires_grad]
+    def _watch_backward(self, frame: _Frame, mtype: str, args, kwargs, outputs: list) -> None:
+        outs = [(p, t) for p, t in outputs if t.requires_grad]
         if not outs:
             return
+        # the paths are those of the pair (args, kwargs): [0][i] for positional, [1]['name'] for keywords
+        ins = [(p, t) for p, t in _flatten(args, "[0]") if t.requires_grad]
+        if kwargs:
+            ins += [(p, t) for p, t in _flatten(kwargs, "[1]") if t.requires_grad]
         state = _Backward(frame.name, mtype, frame.depth, time.time_ns(), len(outs) + len(ins))
+        hook = self._on_grad
         for i, (path, t) in enumerate(outs):
-            t.register_hook(self._guard(partial(self._on_grad, state, "grad_output", i, path)))
+            t.register_hook(partial(hook, state, "grad_output", i, path))
         for i, (path, t) in enumerate(ins):
-            t.register_hook(self._guard(partial(self._on_grad, state, "grad_input", i, path)))
+            t.register_hook(partial(hook, state, "grad_input", i, path))
         with self._lock:
             self._pending.append(state)
 
     def _on_grad(self, state: _Backward, role: str, idx: int, path: str, grad) -> None:
-        if state.done or grad is None:
+        """A tensor hook (guarded here rather than by `_guard`: one is registered per tensor)."""
+        if state.done or grad is None or not self.enabled:
             return
+        try:
+            self._on_grad_arrived(state, role, idx, path, grad)
+        except Exception as exc:  # noqa: BLE001 - the training must go on
+            self._fail("_on_grad", exc)
+
+    def _on_grad_arrived(self, state: _Backward, role: str, idx: int, path: str, grad) -> None:
         if state.arrived == 0:
             state.t0 = time.time_ns()
         state.rows.append(self._row(grad, role, idx, path))
@@ -375,7 +423,24 @@ class Collector:
         state.done = True
         order = {"grad_output": 0, "grad_input": 1}
         rows = sorted(state.rows, key=lambda r: (order[r[1]], r[2]))
-        self._emit("backward", "module", state.name, state.module_type, state.depth, state.t0, rows)
+        self._emit("backward", "module", state.name, state.module_type, state.depth, state.t0, rows,
+                   self._backward_stack())
+
+    def _backward_stack(self) -> int:
+        """The user stack of the backward pass running now, captured once per pass: every hook of a
+        pass runs under the same Python frames (those that called backward()), so the first one's
+        stack is every one's. The engine's end-of-pass callback forgets it."""
+        sid = self._pass_stack
+        if sid is None:
+            sid = self._pass_stack = self._stacks.capture()
+            try:
+                torch.autograd.Variable._execution_engine.queue_callback(self._end_of_pass)
+            except RuntimeError:  # not inside a backward pass after all: nothing to cache
+                self._pass_stack = None
+        return sid
+
+    def _end_of_pass(self) -> None:
+        self._pass_stack = None
 
     def _flush_backward(self) -> None:
         with self._lock:
@@ -405,13 +470,14 @@ class Collector:
         if not fresh:
             row = self._row(param.grad, "grad", 0, "")
         _, name, owner, _ = self._params[pid]
-        self._emit("backward", "grad", name, owner, 0, t0, [row_in, row])
+        self._emit("backward", "grad", name, owner, 0, t0, [row_in, row], self._backward_stack())
 
     # -- optimizer -------------------------------------------------------------------------
     def _on_optimizer_step(self, optimizer, args, kwargs) -> None:
         self._flush_backward()
         if self._in_window():
             opt_type = type(optimizer).__name__
+            stack = self._stacks.capture()  # one call: every parameter's event has this stack
             for group in optimizer.param_groups:
                 for p in group["params"]:
                     if p.grad is None:
@@ -424,8 +490,9 @@ class Collector:
                         state = optimizer.state.get(p, {})
                         rows += [self._row(v, "state", i, f"['{k}']") for i, (k, v) in enumerate(
                             (k, v) for k, v in state.items() if isinstance(v, torch.Tensor))]
-                    self._emit("optimizer", "step", name, opt_type, 0, t0, rows)
+                    self._emit("optimizer", "step", name, opt_type, 0, t0, rows, stack)
         self._advance = True
+        self._purge_tids()
         # End of a training step: the previous step is durable before this one's events go on.
         if not self.store.step_barrier():
             self._fail("step barrier", TimeoutError("writer did not commit within 30 s"))

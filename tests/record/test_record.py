@@ -5,12 +5,14 @@ import os
 import signal
 import subprocess
 import sys
+import textwrap
 import time
 
 import duckdb
 import pytest
 
 import bitguard
+from bitguard.backend.ingest import load_rank, open_run
 from bitguard.schema import EVENTS, TENSORS
 from .conftest import BITGUARD, SCRIPTS, TINYGPT, record, run
 
@@ -341,3 +343,28 @@ def test_digest_reuse_never_hides_an_in_place_write(tmp_path):
     a_out = next(t for t in rows if t["seq"] == seq[("a", "forward", 0)] and t["role"] == "output")
     b_in = next(t for t in rows if t["seq"] == seq[("act", "forward", 0)] and t["role"] == "input")
     assert a_out["tid"] == b_in["tid"] and a_out["xor"] != b_in["xor"]
+
+
+def test_each_backward_pass_keeps_its_own_call_stack(tmp_path):
+    script = tmp_path / "two_passes.py"
+    script.write_text(textwrap.dedent("""
+        import sys, torch, bitguard
+        m = torch.nn.Linear(4, 4)
+        opt = torch.optim.SGD(m.parameters(), lr=0.1)
+        with bitguard.record(sys.argv[1], determinism=False):
+            for _ in range(2):
+                m(torch.ones(2, 4)).sum().backward()          # line 7
+                (m(torch.ones(2, 4)) * 2).sum().backward()    # line 8
+                opt.step()                                    # line 9
+    """))
+    out = tmp_path / "run"
+    subprocess.run([sys.executable, str(script), str(out)], check=True, timeout=120)
+    events, _, stacks = load_rank(open_run(out), 0)
+    lines = {}
+    for e in events.iter_rows(named=True):
+        if e["phase"] in ("backward", "optimizer"):
+            frames = stacks[e["stack_id"]]
+            lines.setdefault((e["step"], e["phase"], e["call"]), set()).add(frames[-1].split(":")[-1].split(" ")[0])
+    for step in (0, 1):
+        assert lines[(step, "backward", 0)] == {"7"} and lines[(step, "backward", 1)] == {"8"}
+        assert lines[(step, "optimizer", 0)] == {"9"}
