@@ -49,18 +49,29 @@ class StackTable:
         self.new: list[tuple[int, str]] = []
 
     def capture(self) -> int:
-        frame = sys._getframe(2)
+        """The id of the calling code's user stack (the hook's own frames are not user frames)."""
+        return self.intern(self.key_until(sys._getframe(2))[0])
+
+    def key_until(self, frame, stop_code=None) -> tuple[tuple, object]:
+        """The user frames from `frame` outwards, as a key, up to and including the first frame
+        running `stop_code`; that frame is returned too (None when the walk reached the top)."""
         key = []
         user = self._user
-        while frame is not None and len(key) < MAX_FRAMES:
+        while frame is not None:
             code = frame.f_code
             is_user = user.get(code)
             if is_user is None:
                 is_user = user[code] = _is_user(code.co_filename)
             if is_user:
                 key.append((code, frame.f_lineno))
+            if code is stop_code:
+                return tuple(key), frame
             frame = frame.f_back
-        key = tuple(key)
+        return tuple(key), None
+
+    def intern(self, key: tuple) -> int:
+        """The id of a stack key (innermost frame first), numbered on first sight."""
+        key = key[:MAX_FRAMES]
         sid = self._ids.get(key)
         if sid is None:
             sid = len(self._ids)

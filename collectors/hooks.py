@@ -41,7 +41,7 @@ MAX_REPORTED_ERRORS = 20
 class _Frame:
     """A module call in progress (a plain class with slots: one is made for every module call)."""
 
-    __slots__ = ("module", "name", "depth", "t0", "record", "inputs", "rng")
+    __slots__ = ("module", "name", "depth", "t0", "record", "inputs", "rng", "stack_key")
 
     def __init__(self, module: torch.nn.Module, name: str, depth: int, t0: int, record: bool):
         self.module = module
@@ -51,6 +51,7 @@ class _Frame:
         self.record = record
         self.inputs: list = []
         self.rng: torch.Tensor | None = None  # the CPU RNG state when the call began
+        self.stack_key: tuple | None = None  # user frames above the call (computed when a child needs it)
 
 
 @dataclass
@@ -129,6 +130,7 @@ class Collector:
         self._param_in: dict[int, list] = {}
         self._tids: dict[int, list] = {}  # id -> [weakref, tid, version digested, digest]
         self._tids_limit = 4096
+        self._grad_watch: dict[int, tuple] = {}  # id -> (weakref, listeners of its gradient)
         self._next_tid = 1
         self._local = threading.local()
         self._pending: list[_Backward] = []
@@ -136,7 +138,8 @@ class Collector:
         self._stacks = StackTable()
         self._lock = threading.RLock()
         self._pass_stack: int | None = None  # user stack of the backward pass in progress
-        self._heavy: dict[type, bool] = {}  # module class -> observed in trusted mode
+        self._heavy: dict[type, bool] = {}
+        self._forward_codes: dict[type, object] = {}  # module class -> observed in trusted mode
 
     # -- installation ----------------------------------------------------------------------
     def install(self) -> None:
@@ -201,6 +204,7 @@ class Collector:
     def _purge_tids(self) -> None:
         """Forget tensors that died (at each step's end, or when a loop without steps piles them up)."""
         self._tids = {k: e for k, e in self._tids.items() if e[0]() is not None}
+        self._grad_watch = {k: e for k, e in self._grad_watch.items() if e[0]() is not None}
         self._tids_limit = max(4096, 2 * len(self._tids))
 
     def _identity(self, t: torch.Tensor) -> list | None:
@@ -380,9 +384,34 @@ class Collector:
         out_rows = [self._row(t, "output", i, path) for i, (path, t) in enumerate(outputs)
                     if t.layout == torch.strided]
         mtype = type(module).__name__
-        self._emit("forward", "module", frame.name, mtype, frame.depth, frame.t0, rows + out_rows)
+        stack = self._stacks.intern(self._call_key(sys._getframe(1), frames, len(frames) - 1))
+        self._emit("forward", "module", frame.name, mtype, frame.depth, frame.t0, rows + out_rows, stack)
         if torch.is_grad_enabled():
             self._watch_backward(frame, mtype, args, kwargs, outputs)
+
+    def _call_key(self, f, frames: list[_Frame], level: int) -> tuple:
+        """The user-stack key of code running at frame `f` inside the module call frames[level]
+        (level -1: outside every module). Walking stops at that module's forward frame and reuses
+        the module call's own key, computed once per call: a deep model's events each walk a few
+        frames instead of the whole stack."""
+        if level < 0:
+            return self._stacks.key_until(f)[0]
+        parent = frames[level]
+        code = self._forward_code(parent.module)
+        head, stop = self._stacks.key_until(f, code)
+        if stop is None:  # the walk reached the top: `head` is the whole stack
+            return head
+        if parent.stack_key is None:
+            parent.stack_key = self._call_key(stop.f_back, frames, level - 1)
+        return head + parent.stack_key
+
+    def _forward_code(self, module: torch.nn.Module):
+        """The code object a module's forward frame runs (None when forward is not a function)."""
+        kind = type(module)
+        code = self._forward_codes.get(kind, False)
+        if code is False:
+            code = self._forward_codes[kind] = getattr(getattr(kind, "forward", None), "__code__", None)
+        return code
 
     # -- backward --------------------------------------------------------------------------
     def _watch_backward(self, frame: _Frame, mtype: str, args, kwargs, outputs: list) -> None:
@@ -394,20 +423,35 @@ class Collector:
         if kwargs:
             ins += [(p, t) for p, t in _flatten(kwargs, "[1]") if t.requires_grad]
         state = _Backward(frame.name, mtype, frame.depth, time.time_ns(), len(outs) + len(ins))
-        hook = self._on_grad
         for i, (path, t) in enumerate(outs):
-            t.register_hook(partial(hook, state, "grad_output", i, path))
+            self._watch_grad(t, (state, "grad_output", i, path))
         for i, (path, t) in enumerate(ins):
-            t.register_hook(partial(hook, state, "grad_input", i, path))
+            self._watch_grad(t, (state, "grad_input", i, path))
         with self._lock:
             self._pending.append(state)
 
-    def _on_grad(self, state: _Backward, role: str, idx: int, path: str, grad) -> None:
+    def _watch_grad(self, t: torch.Tensor, listener: tuple) -> None:
+        """Deliver `t`'s gradient to `listener` (state, role, idx, path). One tensor hook per
+        tensor, however many calls watch it: a module's output is usually the next one's input."""
+        entry = self._grad_watch.get(id(t))
+        if entry is not None and entry[0]() is t:
+            listeners = entry[1]
+            if listeners[0][0].done:  # a tensor watched again in a later step: forget the finished calls
+                listeners[:] = [x for x in listeners if not x[0].done]
+            listeners.append(listener)
+            return
+        listeners = [listener]
+        t.register_hook(partial(self._on_grad, listeners))
+        self._grad_watch[id(t)] = (weakref.ref(t), listeners)
+
+    def _on_grad(self, listeners: list, grad) -> None:
         """A tensor hook (guarded here rather than by `_guard`: one is registered per tensor)."""
-        if state.done or grad is None or not self.enabled:
+        if grad is None or not self.enabled:
             return
         try:
-            self._on_grad_arrived(state, role, idx, path, grad)
+            for state, role, idx, path in listeners:
+                if not state.done:
+                    self._on_grad_arrived(state, role, idx, path, grad)
         except Exception as exc:  # noqa: BLE001 - the training must go on
             self._fail("_on_grad", exc)
 

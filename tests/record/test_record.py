@@ -10,6 +10,7 @@ import time
 
 import duckdb
 import pytest
+import torch
 
 import bitguard
 from bitguard.backend.ingest import load_rank, open_run
@@ -368,3 +369,48 @@ def test_each_backward_pass_keeps_its_own_call_stack(tmp_path):
     for step in (0, 1):
         assert lines[(step, "backward", 0)] == {"7"} and lines[(step, "backward", 1)] == {"8"}
         assert lines[(step, "optimizer", 0)] == {"9"}
+
+
+class _Leaf(torch.nn.Linear):
+    pass
+
+
+class _Tree(torch.nn.Module):
+    """Nested calls of the same class, a helper function between a module and its child, and a
+    decorated forward: the shapes that could fool a walk that stops at the parent's forward."""
+
+    def __init__(self, depth: int):
+        super().__init__()
+        self.leaf = _Leaf(4, 4)
+        self.sub = _Tree(depth - 1) if depth else None
+
+    def forward(self, x):
+        x = _through_helper(self.leaf, x)
+        return self.sub(x) if self.sub is not None else _Decorated()(x)
+
+
+class _Decorated(torch.nn.Module):
+    @torch.no_grad()
+    def forward(self, x):
+        return x * 2
+
+
+def _through_helper(module, x):
+    return module(x)
+
+
+def test_forward_stacks_built_from_the_parent_call_equal_a_full_walk(tmp_path, monkeypatch):
+    from bitguard.collectors import hooks
+
+    original, checked = hooks.Collector._call_key, []
+
+    def compare(self, f, frames, level):
+        key = original(self, f, frames, level)
+        checked.append((key, self._stacks.key_until(f)[0]))
+        return key
+
+    monkeypatch.setattr(hooks.Collector, "_call_key", compare)
+    with bitguard.record(tmp_path / "run", determinism=False):
+        _Tree(3)(torch.ones(2, 4))
+    assert len(checked) == 13 and all(a == b for a, b in checked)
+    assert max(len(a) for a, _ in checked) > len(checked[-1][0])  # the inner calls did nest
