@@ -31,7 +31,7 @@ import torch
 from torch.utils import _pytree as pytree
 
 from bitguard.collectors.callstack import StackTable
-from bitguard.cuda.fingerprint import digest_async
+from bitguard.cuda.fingerprint import digest_async, digest_many
 
 # Trusted mode observes only these module types (and gradients, optimizer steps, data).
 HEAVY_MODULES = re.compile(r"Linear|Embedding|Norm|Attention|Attn|MoE|Router|Expert|Conv", re.IGNORECASE)
@@ -94,6 +94,13 @@ def _version(t: torch.Tensor) -> int | None:
         return None
 
 
+# torch modules whose forward never draws random numbers (dropout-like modules are not here).
+_RNG_FREE_FORWARDS = {getattr(torch.nn, name).forward for name in (
+    "Linear", "Bilinear", "Embedding", "EmbeddingBag", "LayerNorm", "RMSNorm", "GroupNorm",
+    "BatchNorm1d", "BatchNorm2d", "BatchNorm3d", "InstanceNorm1d", "InstanceNorm2d", "InstanceNorm3d",
+    "Conv1d", "Conv2d", "Conv3d", "ConvTranspose1d", "ConvTranspose2d", "ConvTranspose3d",
+    "GELU", "ReLU", "SiLU", "Tanh", "Sigmoid", "Softmax", "LogSoftmax", "Identity", "Flatten",
+    "LeakyReLU", "ELU", "Mish", "Hardswish", "Softplus") if hasattr(torch.nn, name)}
 _DTYPE_NAMES: dict[torch.dtype, str] = {}
 
 
@@ -139,7 +146,8 @@ class Collector:
         self._lock = threading.RLock()
         self._pass_stack: int | None = None  # user stack of the backward pass in progress
         self._heavy: dict[type, bool] = {}
-        self._forward_codes: dict[type, object] = {}  # module class -> observed in trusted mode
+        self._forward_codes: dict[type, object] = {}
+        self._rng_free: dict[type, bool] = {}  # module class -> observed in trusted mode
 
     # -- installation ----------------------------------------------------------------------
     def install(self) -> None:
@@ -224,21 +232,25 @@ class Collector:
         self._tids[key] = entry
         return entry
 
-    def _row(self, t: torch.Tensor, role: str, idx: int, path: str) -> list:
-        """One tensor row. This runs for every tensor of every event, so it is written for speed."""
+    def _row(self, t: torch.Tensor, role: str, idx: int, path: str, digest=None) -> list:
+        """One tensor row (`digest`: already taken, by `digest_many`). This runs for every tensor of
+        every event, so it is written for speed."""
         key = id(t)
         entry = self._tids.get(key)
         if entry is None or entry[0]() is not t:
             entry = self._identity(t)  # a parameter (None) or a tensor seen for the first time
         if entry is None:
-            tid, digest = self._params[key][3], digest_async(t)
+            tid = self._params[key][3]
+            if digest is None:
+                digest = digest_async(t)
         else:
             tid = entry[1]
             version = _version(t) if self.digest_cache and t.is_cpu else None  # see _cacheable
-            if version is not None and entry[2] == version:
+            if digest is None and version is not None and entry[2] == version:
                 digest = entry[3]  # the same tensor, not written since it was digested
             else:
-                digest = digest_async(t)
+                if digest is None:
+                    digest = digest_async(t)
                 if version is not None:
                     entry[2], entry[3] = version, digest
         xor, pos = digest if type(digest) is tuple else (digest, digest)
@@ -321,9 +333,10 @@ class Collector:
             owner = module.get_submodule(p_name.rpartition(".")[0]) if "." in p_name else module
             tid = -1 - len(self._params)  # parameters get negative ids, stable across steps
             self._params[id(p)] = (weakref.ref(p), p_name, type(owner).__name__, tid)
-            self._handles.append(p.register_hook(self._guard(partial(self._on_param_grad, id(p)))))
+            # two hooks per parameter and step: guarded in place rather than wrapped by `_guard`
+            self._handles.append(p.register_hook(partial(self._param_hook, self._on_param_grad, id(p))))
             self._handles.append(p.register_post_accumulate_grad_hook(
-                self._guard(partial(self._on_param_accumulated, id(p)))))
+                partial(self._param_hook, self._on_param_accumulated, id(p))))
         return name
 
     def _name_of(self, module: torch.nn.Module, parent: _Frame | None) -> str:
@@ -360,7 +373,8 @@ class Collector:
         is_model_root = parent is None and in_window and any(True for _ in module.parameters())
         if frame.record or is_model_root:
             frame.inputs = self._rows(args, "input")
-            frame.rng = torch.get_rng_state()
+            if is_model_root or self._may_draw(module):
+                frame.rng = torch.get_rng_state()
         if is_model_root:
             rows = [list(r) for r in frame.inputs] + self._rng_rows(frame.rng)
             self._emit("data", "batch", name, type(module).__name__, 0, t0, rows)
@@ -404,6 +418,16 @@ class Collector:
         if parent.stack_key is None:
             parent.stack_key = self._call_key(stop.f_back, frames, level - 1)
         return head + parent.stack_key
+
+    def _may_draw(self, module: torch.nn.Module) -> bool:
+        """Could this call draw random numbers? Not when its forward is one of torch's own that never
+        do (Linear, norms, Embedding, ...) and nothing of the user's hooks into the call: then the
+        RNG state is neither taken before nor compared after (two copies of 5 KB a call)."""
+        kind = type(module)
+        known = self._rng_free.get(kind)
+        if known is None:
+            known = self._rng_free[kind] = getattr(kind, "forward", None) in _RNG_FREE_FORWARDS
+        return not known or bool(module._forward_pre_hooks or module._forward_hooks)
 
     def _forward_code(self, module: torch.nn.Module):
         """The code object a module's forward frame runs (None when forward is not a function)."""
@@ -494,6 +518,13 @@ class Collector:
                 self._finish_backward(state)
 
     # -- parameter gradients ---------------------------------------------------------------
+    def _param_hook(self, fn, pid: int, tensor) -> None:
+        if self.enabled:
+            try:
+                fn(pid, tensor)
+            except Exception as exc:  # noqa: BLE001 - the training must go on
+                self._fail(fn.__name__, exc)
+
     def _on_param_grad(self, pid: int, grad) -> None:
         if not self._in_window() or grad is None:
             return
@@ -522,19 +553,25 @@ class Collector:
         if self._in_window():
             opt_type = type(optimizer).__name__
             stack = self._stacks.capture()  # one call: every parameter's event has this stack
+            # every tensor of the step at once: one kernel call for the host ones
+            steps = []
             for group in optimizer.param_groups:
                 for p in group["params"]:
                     if p.grad is None:
                         continue
-                    t0 = time.time_ns()
-                    entry = self._params.get(id(p))
-                    name = entry[1] if entry is not None and entry[0]() is p else f"<param {id(p):x}>"
-                    rows = [self._row(p, "param", 0, "")]
+                    tensors = [("param", 0, "", p)]
                     if self.mode == "full":
                         state = optimizer.state.get(p, {})
-                        rows += [self._row(v, "state", i, f"['{k}']") for i, (k, v) in enumerate(
+                        tensors += [("state", i, f"['{k}']", v) for i, (k, v) in enumerate(
                             (k, v) for k, v in state.items() if isinstance(v, torch.Tensor))]
-                    self._emit("optimizer", "step", name, opt_type, 0, t0, rows, stack)
+                    steps.append((p, tensors))
+            digests = iter(digest_many([t for _, tensors in steps for *_, t in tensors]))
+            for p, tensors in steps:
+                t0 = time.time_ns()
+                entry = self._params.get(id(p))
+                name = entry[1] if entry is not None and entry[0]() is p else f"<param {id(p):x}>"
+                rows = [self._row(t, role, i, path, next(digests)) for role, i, path, t in tensors]
+                self._emit("optimizer", "step", name, opt_type, 0, t0, rows, stack)
         self._advance = True
         self._purge_tids()
         # End of a training step: the previous step is durable before this one's events go on.

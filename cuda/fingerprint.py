@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Union
 import numpy as np
 import torch
 
-from bitguard.cuda.cpu_kernel import digest_buffer, digest_bytes
+from bitguard.cuda.cpu_kernel import digest_addresses, digest_buffer, digest_bytes
 from bitguard.cuda.tensor_bytes import tensor_bytes
 
 if TYPE_CHECKING:
@@ -44,12 +44,36 @@ _SAME_SIZE_INT = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64
 _PLAIN = (torch.Tensor, torch.nn.Parameter)
 
 
+def _plain_host(t: torch.Tensor) -> bool:
+    """Is `t` a host tensor whose own memory holds its logical bytes in order?"""
+    return t.is_cpu and type(t) in _PLAIN and t.is_contiguous() and not t.is_quantized \
+        and t.layout == torch.strided and not t.is_conj() and not t.is_neg()
+
+
+def digest_many(tensors: list[torch.Tensor]) -> list[Union[Digest, "Pending"]]:
+    """`digest_async` of each tensor; the plain contiguous host ones in one kernel call."""
+    answers: list = [None] * len(tensors)
+    batch = []
+    for i, t in enumerate(tensors):
+        if _plain_host(t) and t.numel():
+            batch.append(i)
+        else:
+            answers[i] = digest_async(t)
+    if batch:
+        addresses = np.fromiter((tensors[i].data_ptr() for i in batch), dtype=np.int64, count=len(batch))
+        sizes = np.fromiter((tensors[i].nbytes for i in batch), dtype=np.int64, count=len(batch))
+        out = np.empty((len(batch), 2), dtype=np.uint64)
+        digest_addresses(addresses, sizes, out)
+        for i, (x, p) in zip(batch, out.tolist()):
+            answers[i] = (x, p)
+    return answers
+
+
 def digest_async(t: torch.Tensor) -> Union[Digest, "Pending"]:
     """(xor, pos) of a host tensor, or a `Pending` for a CUDA tensor; never synchronises CUDA."""
     if t.is_cuda:
         return cuda_digester().submit(t)
-    if t.is_cpu and type(t) in _PLAIN and t.is_contiguous() and not t.is_quantized \
-            and t.layout == torch.strided and not t.is_conj() and not t.is_neg():
+    if _plain_host(t):
         # The common case, a few microseconds a tensor: its own memory, viewed as bytes.
         view = _AS_NUMPY.get(t.dtype, _SAME_SIZE_INT.get(t.element_size()))
         d = t.detach()
@@ -84,5 +108,6 @@ def warmup() -> None:
     """Compile (or load from Numba's cache) the kernels, so no training step pays for it."""
     digest_buffer(np.zeros(9, dtype=np.uint8))  # whole words and a tail: the one CPU signature
     digest(torch.zeros(3))
+    digest_many([torch.zeros(3)])
     if torch.cuda.is_available():
         digest(torch.zeros(9, dtype=torch.uint8, device="cuda"))

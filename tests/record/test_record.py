@@ -414,3 +414,16 @@ def test_forward_stacks_built_from_the_parent_call_equal_a_full_walk(tmp_path, m
         _Tree(3)(torch.ones(2, 4))
     assert len(checked) == 13 and all(a == b for a, b in checked)
     assert max(len(a) for a, _ in checked) > len(checked[-1][0])  # the inner calls did nest
+
+
+def test_rng_rows_mark_exactly_the_calls_that_drew_random_numbers(tmp_path):
+    torch.manual_seed(0)
+    noisy = torch.nn.Linear(4, 4)  # a Linear never draws, but a user's hook inside its call does
+    noisy.register_forward_pre_hook(lambda m, args: (args[0] + torch.randn_like(args[0]),))
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), noisy, torch.nn.Dropout(0.5), torch.nn.LayerNorm(4))
+    with bitguard.record(tmp_path / "run", determinism=False):
+        model(torch.ones(2, 4))
+    events, tensors, _ = load_rank(open_run(tmp_path / "run"), 0)
+    with_rng = set(tensors.filter(tensors["role"] == "rng")["seq"].to_list())
+    drew = {e["boundary"] for e in events.iter_rows(named=True) if e["phase"] == "forward" and e["seq"] in with_rng}
+    assert drew == {"1", "2", "Sequential"}

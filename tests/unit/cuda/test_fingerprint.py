@@ -7,7 +7,7 @@ import torch
 
 from bitguard.cuda import fingerprint
 from bitguard.cuda.cpu_kernel import digest_words
-from bitguard.cuda.fingerprint import digest, digest_async, resolve, warmup
+from bitguard.cuda.fingerprint import digest, digest_async, digest_many, resolve, warmup
 from bitguard.cuda.reference import digest_tensor_reference
 from bitguard.errors import NotSupported
 
@@ -181,3 +181,14 @@ def test_former_blind_spots_of_pos_are_seen():
     flipped[32767:] ^= -(2**63)
     assert digest(words)[0] == digest(flipped)[0]
     assert digest(words)[1] != digest(flipped)[1]
+
+
+def test_digest_many_equals_one_digest_at_a_time(same_digest):
+    """The batched path (raw addresses, one kernel call) against the reference, with the cases
+    that must leave it: views, offsets into a storage, bf16, empty, parameters."""
+    base = random_tensor((9, 6), torch.float32, seed=3)
+    ts = [base, base.t(), base[1:], base.reshape(-1)[3:], random_tensor((5, 3), torch.bfloat16, seed=4),
+          torch.zeros(0), torch.nn.Parameter(random_tensor((7,), torch.float16, seed=5)),
+          random_tensor((13,), torch.int8, seed=6), random_tensor((4, 4), torch.complex64, seed=7).conj()]
+    for t, got in zip(ts, resolve(digest_many(ts))):
+        same_digest(got, digest_tensor_reference(t), f"{tuple(t.shape)} {t.dtype}")
