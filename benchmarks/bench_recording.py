@@ -7,7 +7,7 @@ kernel compilation) is measured separately in fresh processes. Memory: RSS growt
 recorded run (small model, many steps) between an early and a late step, and the peak size of the
 writer queue.
 
-    python benchmarks/bench_recording.py [--rounds 5] [--steps 4] [--json]
+    python benchmarks/bench_recording.py [--rounds 5] [--steps 8] [--json] [--breakdown]
 """
 
 from __future__ import annotations
@@ -69,6 +69,7 @@ def overhead(rounds: int, steps: int) -> dict:
     model, opt, data = build()
     timed_steps(model, opt, data, 2)  # warm the allocator and kernels
     times = {"plain": [], "full": [], "trusted": []}
+    per_round = {"full": [], "trusted": []}  # each round's median against the same round's plain one
     with tempfile.TemporaryDirectory() as tmp:
         # one throw-away recording pays the one-off costs (kernel compile, DuckDB load)
         with bitguard.record(Path(tmp) / "warm", mode="trusted", determinism=False):
@@ -76,13 +77,61 @@ def overhead(rounds: int, steps: int) -> dict:
         for r in range(rounds):
             for mode in ("plain", "full", "trusted"):
                 if mode == "plain":
-                    times[mode] += timed_steps(model, opt, data, steps)[1:]
+                    got = timed_steps(model, opt, data, steps)[1:]
+                    plain_round = statistics.median(got)
                 else:
                     with bitguard.record(Path(tmp) / f"{mode}-{r}", mode=mode, determinism=False):
-                        times[mode] += timed_steps(model, opt, data, steps)[1:]
+                        got = timed_steps(model, opt, data, steps)[1:]
+                    per_round[mode].append(statistics.median(got) / plain_round)
+                times[mode] += got
     med = {k: statistics.median(v) for k, v in times.items()}
+    spread = {k: {"median": statistics.median(v), "min": min(v), "max": max(v)} for k, v in per_round.items()}
     return {"median_step_s": med, "samples": {k: len(v) for k, v in times.items()},
-            "ratio_full": med["full"] / med["plain"], "ratio_trusted": med["trusted"] / med["plain"]}
+            "ratio_full": med["full"] / med["plain"], "ratio_trusted": med["trusted"] / med["plain"],
+            "round_ratios": spread}
+
+
+def breakdown(rounds: int, steps: int) -> dict:
+    """Where trusted mode's overhead goes: the same alternation as `overhead`, with trusted mode also
+    run with its digest kernels replaced by a constant (what is left is Python and hooks), and with
+    rows and events stubbed too (what is left is the hooks firing: dispatch, frames, registering
+    gradient hooks, RNG checks). Differences of medians, one run."""
+    import bitguard
+    from bitguard.collectors import hooks
+
+    original = {"digest_async": hooks.digest_async, "digest_many": hooks.digest_many,
+                "_row": hooks.Collector._row, "_emit": hooks.Collector._emit}
+
+    def variant(name: str) -> None:
+        hooks.digest_async, hooks.digest_many = original["digest_async"], original["digest_many"]
+        hooks.Collector._row, hooks.Collector._emit = original["_row"], original["_emit"]
+        if name in ("no digests", "hooks only"):
+            hooks.digest_async = lambda t: (0, 0)
+            hooks.digest_many = lambda ts: [(0, 0)] * len(ts)
+        if name == "hooks only":
+            hooks.Collector._row = lambda self, t, role, idx, path, digest=None: [0, role, idx, path]
+            hooks.Collector._emit = lambda self, *args, **kwargs: None
+
+    model, opt, data = build()
+    timed_steps(model, opt, data, 2)
+    names = ("plain", "trusted", "no digests", "hooks only")
+    times = {name: [] for name in names}
+    with tempfile.TemporaryDirectory() as tmp:
+        for r in range(rounds):
+            for name in names:
+                if name == "plain":
+                    times[name] += timed_steps(model, opt, data, steps)[1:]
+                    continue
+                variant(name)
+                try:
+                    with bitguard.record(Path(tmp) / f"{name}-{r}", mode="trusted", determinism=False):
+                        times[name] += timed_steps(model, opt, data, steps)[1:]
+                finally:
+                    variant("trusted")
+    med = {k: statistics.median(v) for k, v in times.items()}
+    return {"median_step_s": med, "digests_s": med["trusted"] - med["no digests"],
+            "rows_and_events_s": med["no digests"] - med["hooks only"],
+            "hooks_firing_s": med["hooks only"] - med["plain"]}
 
 
 def startup() -> dict:
@@ -146,15 +195,29 @@ def memory(steps: int) -> dict:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--rounds", type=int, default=5)
-    p.add_argument("--steps", type=int, default=4, help="steps per round and mode (the first is dropped)")
+    p.add_argument("--steps", type=int, default=8,
+                   help="steps per round and mode (the first is dropped; 8 steps span a journal fold)")
     p.add_argument("--memory-steps", type=int, default=600)
     p.add_argument("--json", action="store_true")
+    p.add_argument("--breakdown", action="store_true",
+                   help="only split trusted mode's overhead into digests, rows and events, hooks firing")
     p.add_argument("--memory-only", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args()
     import torch
 
     if args.memory_only:
         print(json.dumps(memory(args.memory_steps)))
+        return
+    if args.breakdown:
+        b = breakdown(args.rounds, args.steps)
+        if args.json:
+            print(json.dumps(b, indent=2))
+            return
+        plain = b["median_step_s"]["plain"]
+        for name, sec in b["median_step_s"].items():
+            print(f"  {name:12s} {sec * 1000:8.1f} ms/step   {sec / plain:5.3f}x")
+        print(f"trusted overhead: digests {b['digests_s'] * 1000:.1f} ms, rows and events "
+              f"{b['rows_and_events_s'] * 1000:.1f} ms, hooks firing {b['hooks_firing_s'] * 1000:.1f} ms")
         return
     # memory in a fresh process, so that nothing the overhead runs allocated or freed blurs it
     mem = subprocess.run([sys.executable, __file__, "--memory-only", "--memory-steps", str(args.memory_steps)],
@@ -168,7 +231,10 @@ def main() -> None:
     print(f"GPT 6x256, seq 128, batch 8, {result['torch_threads']} threads; medians over {o['samples']['plain']} steps")
     for mode in ("plain", "full", "trusted"):
         ratio = o["median_step_s"][mode] / o["median_step_s"]["plain"]
-        print(f"  {mode:8s} {o['median_step_s'][mode] * 1000:8.1f} ms/step   {ratio:5.3f}x")
+        spread = o["round_ratios"].get(mode)
+        rounds = (f"   (round by round: median {spread['median']:.3f}x, {spread['min']:.3f}-{spread['max']:.3f}x)"
+                  if spread else "")
+        print(f"  {mode:8s} {o['median_step_s'][mode] * 1000:8.1f} ms/step   {ratio:5.3f}x{rounds}")
     print(f"start-up: import torch {s['python_import_torch_s']:.2f} s; + bitguard and a recording "
           f"{s['import_bitguard_and_open_recording_s']:.2f} s (one-off cost {s['startup_cost_s']:.2f} s)")
     print(f"memory over {m['steps']} recorded steps (small GPT): RSS growth step 20 -> end "

@@ -296,7 +296,7 @@ class Collector:
             event = (seq, self.rank, self.world_size, self.step, phase, name, module_type, kind, call,
                      depth, threading.current_thread().name, device, stream, t0, time.time_ns(),
                      self._stacks.capture() if stack is None else stack)
-            self.store.add(event, rows, self._stacks.take_new(), dumps)
+            self.store.add(event, rows, self._stacks.take_new() if self._stacks.new else (), dumps)
 
     def _row_device(self, row: list) -> str:
         return "cpu" if isinstance(row[8], int) else str(getattr(row[8], "device", "cuda"))

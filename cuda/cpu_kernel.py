@@ -7,7 +7,10 @@ calling thread unless asked for more; with `threads > 1` it splits the words int
 short-lived thread pool. The kernel releases the GIL (`nogil=True`), so plain Python threads
 run it in parallel; Numba's own parallel layers are avoided on purpose: the default OpenMP layer
 halves throughput on two cores and the workqueue layer aborts when two Python threads (say the
-training loop and autograd's) enter it at once.
+training loop and autograd's) enter it at once (and, with `prange` over two halves, took 343 µs
+for a cached 4 MiB buffer that one thread digests in 117 µs). `digest_bytes` and
+`digest_addresses` wrap the kernel for a whole buffer, tail included, in one call: a recorded
+step digests hundreds of small tensors, so the Python cost per call matters as much as the loop.
 
 Chunks combine because both digests are sums in a group: XOR for `xor`, addition mod 2^64 for
 `pos` (each chunk's terms already carry their global word index).
@@ -110,9 +113,10 @@ def digest_words_chunked(words: np.ndarray, start_index: int = 0, threads: int =
 def digest_buffer(raw: np.ndarray, threads: int = 1) -> tuple[int, int]:
     """(xor, pos) of a 1-d contiguous uint8 array, zero-padding its last word.
 
-    Whole words are read in place when the buffer starts on an 8-byte boundary and copied once
-    when it does not (a view at an odd storage offset); the 1..7 tail bytes go through a padded
-    8-byte copy as word number len(raw) // 8.
+    One thread (or a buffer too small to split): `digest_bytes`, in place. Split over threads:
+    whole words are read in place when the buffer starts on an 8-byte boundary and copied once
+    when it does not; the 1..7 tail bytes go through a padded 8-byte copy as word number
+    len(raw) // 8.
     """
     if threads <= 1 or raw.size <= CHUNK_WORDS * 8:
         x, p = digest_bytes(raw)
