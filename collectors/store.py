@@ -283,11 +283,16 @@ class RankStore:
                   STACKS.name: _to_arrow(stacks, _SCHEMAS[STACKS.name]),
                   DUMPS.name: _to_arrow(dumps, _SCHEMAS[DUMPS.name])}
         self._group += 1
-        os.write(self._journal, encode_group(self._group, tables))
         for name, table in tables.items():
             if table.num_rows:
                 self._unfolded[name].append(table)
                 self._unfolded_bytes += table.nbytes
+        try:
+            os.write(self._journal, encode_group(self._group, tables))
+        except OSError as exc:  # disk full, ...: the batch is still held, make it durable the slow way
+            self._report(f"cannot append to {self._journal_path} ({exc.strerror or exc}); "
+                         f"committing to {self.path} directly")
+            self._fold()
 
     def _fold(self) -> None:
         """Insert what the journal holds into DuckDB in one transaction, then empty the journal."""
@@ -303,10 +308,13 @@ class RankStore:
         except Exception:
             con.execute("ROLLBACK")  # the journal still holds every row: nothing is lost
             raise
-        os.ftruncate(self._journal, 0)  # O_APPEND: the next group starts the file again
         self._unfolded = {t.name: [] for t in _ROW_TABLES}
         self._unfolded_bytes = 0
         self.folds += 1
+        try:
+            os.ftruncate(self._journal, 0)  # O_APPEND: the next group starts the file again
+        except OSError:
+            pass  # harmless: every group it holds is at most `journal_folded`, which recover() skips
 
     def _report(self, message: str) -> None:
         self.errors.append(message)

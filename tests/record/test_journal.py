@@ -137,3 +137,17 @@ def test_a_journal_that_cannot_be_folded_gets_one_line_saying_what_to_do(tmp_pat
     monkeypatch.undo()
     assert _seqs(path) == []  # nothing was lost: the journal is still there for a writable copy
     assert store.recover(path) == 2 and _seqs(path) == [10, 11, 20, 21]
+
+
+def test_a_journal_that_cannot_be_written_falls_back_to_committing_each_batch(tmp_path):
+    path = tmp_path / "rank-0.duckdb"
+    s = store.RankStore(str(path), {})
+    os.close(s._journal)
+    s._journal = os.open(tmp_path / "read-only", os.O_RDONLY | os.O_CREAT)  # every append fails
+    for step in range(3):
+        s.add((step, 0, 1, step, "forward", "m", "Linear", "module", 0, 1, "MainThread", "cpu", None, 0, 1, 0), [], [])
+        assert s.step_barrier()
+    s.step_barrier()
+    s.close("complete")
+    assert _seqs(path) == [0, 1, 2]  # every event made it, through DuckDB commits
+    assert any("cannot append" in e for e in s.errors)
