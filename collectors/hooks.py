@@ -26,6 +26,7 @@ import time
 import weakref
 from dataclasses import dataclass, field, fields, is_dataclass
 from functools import partial
+from operator import itemgetter
 
 import torch
 from torch.utils import _pytree as pytree
@@ -68,30 +69,28 @@ class _Backward:
     done: bool = False
 
 
-def _flatten(obj, prefix: str = ""):
+def _flatten(obj, prefix: str = "") -> list[tuple[str, torch.Tensor]]:
     """(path, tensor) for every tensor in a nested container, dataclasses included."""
     if isinstance(obj, torch.Tensor):  # the common cases, without pytree's cost
-        yield prefix, obj
-        return
-    if type(obj) is tuple and all(isinstance(x, torch.Tensor) for x in obj):
+        return [(prefix, obj)]
+    if type(obj) is tuple:
+        out = []
         for i, x in enumerate(obj):
-            yield f"{prefix}[{i}]", x
-        return
+            if not isinstance(x, torch.Tensor):
+                break
+            out.append((f"{prefix}[{i}]", x))
+        else:
+            return out
+    out = []
     leaves, _ = pytree.tree_flatten_with_path(obj)
     for path, leaf in leaves:
         key = prefix + pytree.keystr(path)
         if isinstance(leaf, torch.Tensor):
-            yield key, leaf
+            out.append((key, leaf))
         elif is_dataclass(leaf) and not isinstance(leaf, type):
             for f in fields(leaf):
-                yield from _flatten(getattr(leaf, f.name), f"{key}.{f.name}")
-
-
-def _version(t: torch.Tensor) -> int | None:
-    try:
-        return t._version
-    except Exception:  # noqa: BLE001 - inference tensors have no version counter
-        return None
+                out += _flatten(getattr(leaf, f.name), f"{key}.{f.name}")
+    return out
 
 
 # torch modules whose forward never draws random numbers (dropout-like modules are not here).
@@ -191,12 +190,6 @@ class Collector:
             print(f"bitguard: collector error (training continues): {message}", file=sys.stderr)
 
     # -- helpers ---------------------------------------------------------------------------
-    def _frames(self) -> list[_Frame]:
-        frames = getattr(self._local, "frames", None)
-        if frames is None:
-            frames = self._local.frames = []
-        return frames
-
     def _in_window(self) -> bool:
         if self.steps is None:
             return True
@@ -215,37 +208,33 @@ class Collector:
         self._grad_watch = {k: e for k, e in self._grad_watch.items() if e[0]() is not None}
         self._tids_limit = max(4096, 2 * len(self._tids))
 
-    def _identity(self, t: torch.Tensor) -> list | None:
-        """[ref, tid, version, digest] for a non-parameter tensor (created on first sight); None
-        for a parameter, whose id is in `_params`."""
-        key = id(t)
-        entry = self._tids.get(key)
-        if entry is not None and entry[0]() is t:
-            return entry
-        param = self._params.get(key)
-        if param is not None and param[0]() is t:
-            return None
-        if len(self._tids) >= self._tids_limit:
-            self._purge_tids()
-        entry = [weakref.ref(t), self._next_tid, None, None]  # dead entries go at the step's end
-        self._next_tid += 1
-        self._tids[key] = entry
-        return entry
-
     def _row(self, t: torch.Tensor, role: str, idx: int, path: str, digest=None) -> list:
         """One tensor row (`digest`: already taken, by `digest_many`). This runs for every tensor of
         every event, so it is written for speed."""
         key = id(t)
-        entry = self._tids.get(key)
+        entry = self._tids.get(key)  # [ref, tid, version digested, digest] of a non-parameter tensor
         if entry is None or entry[0]() is not t:
-            entry = self._identity(t)  # a parameter (None) or a tensor seen for the first time
+            param = self._params.get(key)
+            if param is not None and param[0]() is t:
+                entry = None  # a parameter: its tid is in `_params`
+            else:  # a tensor seen for the first time (or a dead one's id, reused)
+                if len(self._tids) >= self._tids_limit:
+                    self._purge_tids()
+                entry = [weakref.ref(t), self._next_tid, None, None]  # dead entries go at the step's end
+                self._next_tid += 1
+                self._tids[key] = entry
         if entry is None:
             tid = self._params[key][3]
             if digest is None:
                 digest = digest_async(t)
         else:
             tid = entry[1]
-            version = _version(t) if self.digest_cache and t.is_cpu else None  # see _cacheable
+            version = None
+            if self.digest_cache and t.is_cpu:  # see _cacheable
+                try:
+                    version = t._version
+                except Exception:  # noqa: BLE001 - inference tensors have no version counter
+                    pass
             if digest is None and version is not None and entry[2] == version:
                 digest = entry[3]  # the same tensor, not written since it was digested
             else:
@@ -290,7 +279,7 @@ class Collector:
             device, stream = "cpu", None
             if rows:
                 first = rows[0]
-                device = self._row_device(first)
+                device = "cpu" if type(first[8]) is int else self._row_device(first)
                 if device.startswith("cuda"):
                     stream = torch.cuda.current_stream(torch.device(device)).cuda_stream
             event = (seq, self.rank, self.world_size, self.step, phase, name, module_type, kind, call,
@@ -360,14 +349,17 @@ class Collector:
 
     # -- forward ---------------------------------------------------------------------------
     def _on_forward_pre(self, module, args) -> None:
-        frames = self._frames()
+        try:
+            frames = self._local.frames
+        except AttributeError:
+            frames = self._local.frames = []
         self._maybe_advance()
         parent = frames[-1] if frames else None
         if parent is None:
             self._flush_backward()
         name = self._name_of(module, parent)
         t0 = time.time_ns()
-        in_window = self._in_window()
+        in_window = self.steps is None or self._in_window()
         frame = _Frame(module, name, len(frames), t0, in_window and self._wanted(module))
         frames.append(frame)
         is_model_root = parent is None and in_window and any(True for _ in module.parameters())
@@ -380,7 +372,10 @@ class Collector:
             self._emit("data", "batch", name, type(module).__name__, 0, t0, rows)
 
     def _on_forward(self, module, args, kwargs, output) -> None:
-        frames = self._frames()
+        try:
+            frames = self._local.frames
+        except AttributeError:
+            return
         if not frames or frames[-1].module is not module:
             # an exception unwound past frames we never closed: drop them
             while frames and frames[-1].module is not module:
@@ -394,7 +389,7 @@ class Collector:
         if frame.rng is not None and _rng_drawn(frame.rng):
             # the call drew random numbers: the RNG state it started from is one of its inputs
             rows = rows + [self._rng_row(frame.rng, digest_async(frame.rng), "cpu", 0)]
-        outputs = list(_flatten(output)) if output is not None else []
+        outputs = _flatten(output) if output is not None else []
         out_rows = [self._row(t, "output", i, path) for i, (path, t) in enumerate(outputs)
                     if t.layout == torch.strided]
         mtype = type(module).__name__
@@ -489,8 +484,9 @@ class Collector:
 
     def _finish_backward(self, state: _Backward) -> None:
         state.done = True
-        order = {"grad_output": 0, "grad_input": 1}
-        rows = sorted(state.rows, key=lambda r: (order[r[1]], r[2]))
+        by_idx = itemgetter(2)
+        rows = sorted([r for r in state.rows if r[1] == "grad_output"], key=by_idx)
+        rows += sorted([r for r in state.rows if r[1] != "grad_output"], key=by_idx)
         self._emit("backward", "module", state.name, state.module_type, state.depth, state.t0, rows,
                    self._backward_stack())
 
@@ -526,7 +522,7 @@ class Collector:
                 self._fail(fn.__name__, exc)
 
     def _on_param_grad(self, pid: int, grad) -> None:
-        if not self._in_window() or grad is None:
+        if grad is None or not (self.steps is None or self._in_window()):
             return
         param = self._params[pid][0]()
         if param is None:

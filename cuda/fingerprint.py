@@ -60,8 +60,8 @@ def digest_many(tensors: list[torch.Tensor]) -> list[Union[Digest, "Pending"]]:
         else:
             answers[i] = digest_async(t)
     if batch:
-        addresses = np.fromiter((tensors[i].data_ptr() for i in batch), dtype=np.int64, count=len(batch))
-        sizes = np.fromiter((tensors[i].nbytes for i in batch), dtype=np.int64, count=len(batch))
+        addresses = np.array([tensors[i].data_ptr() for i in batch], dtype=np.int64)
+        sizes = np.array([tensors[i].nbytes for i in batch], dtype=np.int64)
         out = np.empty((len(batch), 2), dtype=np.uint64)
         digest_addresses(addresses, sizes, out)
         for i, (x, p) in zip(batch, out.tolist()):
@@ -73,7 +73,8 @@ def digest_async(t: torch.Tensor) -> Union[Digest, "Pending"]:
     """(xor, pos) of a host tensor, or a `Pending` for a CUDA tensor; never synchronises CUDA."""
     if t.is_cuda:
         return cuda_digester().submit(t)
-    if _plain_host(t):
+    if t.is_cpu and type(t) in _PLAIN and t.is_contiguous() and not t.is_quantized \
+            and t.layout == torch.strided and not t.is_conj() and not t.is_neg():  # _plain_host, inlined
         # The common case, a few microseconds a tensor: its own memory, viewed as bytes.
         view = _AS_NUMPY.get(t.dtype, _SAME_SIZE_INT.get(t.element_size()))
         d = t.detach()
