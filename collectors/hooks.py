@@ -214,7 +214,7 @@ class Collector:
         key = id(t)
         entry = self._tids.get(key)  # [ref, tid, version digested, digest] of a non-parameter tensor
         if entry is None or entry[0]() is not t:
-            param = self._params.get(key)
+            param = self._params.get(key) if type(t) is not torch.Tensor else None
             if param is not None and param[0]() is t:
                 entry = None  # a parameter: its tid is in `_params`
             else:  # a tensor seen for the first time (or a dead one's id, reused)
@@ -244,7 +244,10 @@ class Collector:
                     entry[2], entry[3] = version, digest
         xor, pos = digest if type(digest) is tuple else (digest, digest)
         try:
-            storage = t.untyped_storage().data_ptr()
+            storage = t.data_ptr()  # of the storage: the tensor's own address less its offset
+            offset = t.storage_offset()
+            if offset:
+                storage -= offset * t.element_size()
         except Exception:  # noqa: BLE001 - tensors without storage (meta, some subclasses)
             storage = 0
         dtype = _DTYPE_NAMES.get(t.dtype) or _dtype_name(t.dtype)
@@ -280,7 +283,7 @@ class Collector:
             if rows:
                 first = rows[0]
                 device = "cpu" if type(first[8]) is int else self._row_device(first)
-                if device.startswith("cuda"):
+                if device != "cpu" and device.startswith("cuda"):
                     stream = torch.cuda.current_stream(torch.device(device)).cuda_stream
             event = (seq, self.rank, self.world_size, self.step, phase, name, module_type, kind, call,
                      depth, threading.current_thread().name, device, stream, t0, time.time_ns(),

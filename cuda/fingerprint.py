@@ -76,7 +76,9 @@ def digest_async(t: torch.Tensor) -> Union[Digest, "Pending"]:
     if t.is_cpu and type(t) in _PLAIN and t.is_contiguous() and not t.is_quantized \
             and t.layout == torch.strided and not t.is_conj() and not t.is_neg():  # _plain_host, inlined
         # The common case, a few microseconds a tensor: its own memory, viewed as bytes.
-        view = _AS_NUMPY.get(t.dtype, _SAME_SIZE_INT.get(t.element_size()))
+        view = _AS_NUMPY.get(t.dtype, False)
+        if view is False:
+            view = _SAME_SIZE_INT.get(t.element_size())
         d = t.detach()
         a = (d if view is None else d.view(view)).numpy()
         x, p = digest_bytes(a.reshape(-1).view(np.uint8))
