@@ -230,7 +230,11 @@ class Collector:
         else:
             tid = entry[1]
             version = None
-            if self.digest_cache and t.is_cpu:  # see _cacheable
+            # A digest is reused while the version counter is unchanged only on the CPU, where ops run
+            # to completion on the calling thread, so the same version means the same bytes (but for
+            # writes through `.data`); on a GPU an asynchronous kernel could still write the tensor,
+            # so every observation of a CUDA tensor is digested. digest_cache=False digests all.
+            if self.digest_cache and t.is_cpu:
                 try:
                     version = t._version
                 except Exception:  # noqa: BLE001 - inference tensors have no version counter
@@ -256,13 +260,6 @@ class Collector:
             d = t.detach()
             row.append(d.contiguous().reshape(-1).view(torch.uint8).cpu().numpy().tobytes() if d.numel() else b"")
         return row
-
-    def _cacheable(self, t: torch.Tensor) -> bool:
-        """May a digest be reused while the tensor's version counter is unchanged? On the CPU, ops
-        run to completion on the calling thread, so unchanged version means unchanged bytes (but for
-        writes through `.data`); on a GPU an asynchronous kernel could still write it, so every
-        observation of a CUDA tensor is digested. `digest_cache=False` digests every observation."""
-        return self.digest_cache and t.is_cpu
 
     def _rows(self, obj, role: str, start: int = 0, prefix: str = "") -> list[list]:
         return [self._row(t, role, start + i, path)
