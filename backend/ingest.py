@@ -53,14 +53,18 @@ class RunInfo:
         return "; ".join(bits)
 
 
+def _in_use(path: Path) -> CorruptRun:
+    return CorruptRun(f"{path} is open in another process (is that recording still running?); "
+                      f"wait for it to finish or stop it, then compare again")
+
+
 def _attach(con: duckdb.DuckDBPyConnection, path: Path, alias: str) -> None:
     try:
         con.execute(f"ATTACH '{path.as_posix()}' AS {alias} (READ_ONLY)")
     except duckdb.Error as exc:
         text = str(exc)
         if "lock" in text.lower():
-            raise CorruptRun(f"{path} is open in another process (is that recording still running?); "
-                             f"wait for it to finish or stop it, then compare again") from None
+            raise _in_use(path) from None
         raise CorruptRun(f"{path} is truncated or not a DuckDB file (was the run killed while writing, or the "
                          f"file cut short in a copy?); re-record it or copy it again ({text.splitlines()[0]})") from None
 
@@ -76,8 +80,7 @@ def _fold_journal(path: Path) -> None:
         recover(path)
     except duckdb.Error as exc:
         if "lock" in str(exc).lower():
-            raise CorruptRun(f"{path} is open in another process (is that recording still running?); "
-                             f"wait for it to finish or stop it, then compare again") from None
+            raise _in_use(path) from None
         raise CorruptRun(f"{path} cannot take back the events its recording left in {journal.name} "
                          f"({str(exc).splitlines()[0]}); re-record the run") from None
     except OSError as exc:

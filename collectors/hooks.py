@@ -144,9 +144,9 @@ class Collector:
         self._stacks = StackTable()
         self._lock = threading.RLock()
         self._pass_stack: int | None = None  # user stack of the backward pass in progress
-        self._heavy: dict[type, bool] = {}
-        self._forward_codes: dict[type, object] = {}
-        self._rng_free: dict[type, bool] = {}  # module class -> observed in trusted mode
+        self._heavy: dict[type, bool] = {}  # module class -> observed in trusted mode
+        self._forward_codes: dict[type, object] = {}  # module class -> code object of its forward
+        self._rng_free: dict[type, bool] = {}  # module class -> its forward never draws
 
     # -- installation ----------------------------------------------------------------------
     def install(self) -> None:
@@ -170,18 +170,16 @@ class Collector:
 
     # -- failure containment ---------------------------------------------------------------
     def _guard(self, fn):
-        def guarded(*args, **kwargs):
-            if not self.enabled:
-                return None
-            try:
-                fn(*args, **kwargs)
-            except Exception as exc:  # noqa: BLE001 - the training must go on
-                self._fail(guarded.__name__, exc)
-            return None
+        """`fn` as a hook that never raises into training: `_guarded` bound to it."""
+        return partial(self._guarded, fn)
 
-        name = getattr(fn, "__name__", None) or getattr(getattr(fn, "func", None), "__name__", "hook")
-        guarded.__name__ = name
-        return guarded
+    def _guarded(self, fn, *args, **kwargs) -> None:
+        if not self.enabled:
+            return
+        try:
+            fn(*args, **kwargs)
+        except Exception as exc:  # noqa: BLE001 - the training must go on
+            self._fail(getattr(fn, "__name__", "hook"), exc)
 
     def _fail(self, where: str, exc: BaseException) -> None:
         message = f"{where}: {type(exc).__name__}: {exc}"
@@ -202,8 +200,9 @@ class Collector:
             self.step += 1
             self._calls.clear()
 
-    def _purge_tids(self) -> None:
-        """Forget tensors that died (at each step's end, or when a loop without steps piles them up)."""
+    def _purge_dead(self) -> None:
+        """Forget tensors that died, in both id maps (at each step's end, or when a loop without
+        steps piles them up)."""
         self._tids = {k: e for k, e in self._tids.items() if e[0]() is not None}
         self._grad_watch = {k: e for k, e in self._grad_watch.items() if e[0]() is not None}
         self._tids_limit = max(4096, 2 * len(self._tids))
@@ -219,7 +218,7 @@ class Collector:
                 entry = None  # a parameter: its tid is in `_params`
             else:  # a tensor seen for the first time (or a dead one's id, reused)
                 if len(self._tids) >= self._tids_limit:
-                    self._purge_tids()
+                    self._purge_dead()
                 entry = [weakref.ref(t), self._next_tid, None, None]  # dead entries go at the step's end
                 self._next_tid += 1
                 self._tids[key] = entry
@@ -261,9 +260,9 @@ class Collector:
             row.append(d.contiguous().reshape(-1).view(torch.uint8).cpu().numpy().tobytes() if d.numel() else b"")
         return row
 
-    def _rows(self, obj, role: str, start: int = 0, prefix: str = "") -> list[list]:
-        return [self._row(t, role, start + i, path)
-                for i, (path, t) in enumerate(_flatten(obj, prefix)) if t.layout == torch.strided]
+    def _rows(self, flat: list[tuple[str, torch.Tensor]], role: str, start: int = 0) -> list[list]:
+        """Rows of `_flatten`'s (path, tensor) pairs, the dense ones."""
+        return [self._row(t, role, start + i, path) for i, (path, t) in enumerate(flat) if t.layout == torch.strided]
 
     def _emit(self, phase: str, kind: str, name: str, module_type: str, depth: int, t0: int,
               rows: list[list], stack: int | None = None) -> None:
@@ -279,8 +278,8 @@ class Collector:
             device, stream = "cpu", None
             if rows:
                 first = rows[0]
-                device = "cpu" if type(first[8]) is int else self._row_device(first)
-                if device != "cpu" and device.startswith("cuda"):
+                device = self._row_device(first)
+                if device != "cpu":  # a pending digest: a CUDA tensor
                     stream = torch.cuda.current_stream(torch.device(device)).cuda_stream
             event = (seq, self.rank, self.world_size, self.step, phase, name, module_type, kind, call,
                      depth, threading.current_thread().name, device, stream, t0, time.time_ns(),
@@ -288,7 +287,7 @@ class Collector:
             self.store.add(event, rows, self._stacks.take_new() if self._stacks.new else (), dumps)
 
     def _row_device(self, row: list) -> str:
-        return "cpu" if isinstance(row[8], int) else str(getattr(row[8], "device", "cuda"))
+        return "cpu" if type(row[8]) is int else str(getattr(row[8], "device", "cuda"))
 
     def _rng_row(self, state: torch.Tensor, digest, path: str, idx: int) -> list:
         """A row for an RNG state: role `rng`, no tensor identity (the model never sees it)."""
@@ -322,10 +321,9 @@ class Collector:
             owner = module.get_submodule(p_name.rpartition(".")[0]) if "." in p_name else module
             tid = -1 - len(self._params)  # parameters get negative ids, stable across steps
             self._params[id(p)] = (weakref.ref(p), p_name, type(owner).__name__, tid)
-            # two hooks per parameter and step: guarded in place rather than wrapped by `_guard`
-            self._handles.append(p.register_hook(partial(self._param_hook, self._on_param_grad, id(p))))
+            self._handles.append(p.register_hook(partial(self._guarded, self._on_param_grad, id(p))))
             self._handles.append(p.register_post_accumulate_grad_hook(
-                partial(self._param_hook, self._on_param_accumulated, id(p))))
+                partial(self._guarded, self._on_param_accumulated, id(p))))
         return name
 
     def _name_of(self, module: torch.nn.Module, parent: _Frame | None) -> str:
@@ -359,12 +357,12 @@ class Collector:
             self._flush_backward()
         name = self._name_of(module, parent)
         t0 = time.time_ns()
-        in_window = self.steps is None or self._in_window()
+        in_window = self._in_window()
         frame = _Frame(module, name, len(frames), t0, in_window and self._wanted(module))
         frames.append(frame)
         is_model_root = parent is None and in_window and any(True for _ in module.parameters())
         if frame.record or is_model_root:
-            frame.inputs = self._rows(args, "input")
+            frame.inputs = self._rows(_flatten(args), "input")
             if is_model_root or self._may_draw(module):
                 frame.rng = torch.get_rng_state()
         if is_model_root:
@@ -385,13 +383,12 @@ class Collector:
         frame = frames.pop()
         if not frame.record:
             return
-        rows = frame.inputs + self._rows(kwargs, "input", len(frame.inputs)) if kwargs else frame.inputs
+        rows = frame.inputs + self._rows(_flatten(kwargs), "input", len(frame.inputs)) if kwargs else frame.inputs
         if frame.rng is not None and _rng_drawn(frame.rng):
             # the call drew random numbers: the RNG state it started from is one of its inputs
             rows = rows + [self._rng_row(frame.rng, digest_async(frame.rng), "cpu", 0)]
         outputs = _flatten(output) if output is not None else []
-        out_rows = [self._row(t, "output", i, path) for i, (path, t) in enumerate(outputs)
-                    if t.layout == torch.strided]
+        out_rows = self._rows(outputs, "output")
         mtype = type(module).__name__
         stack = self._stacks.intern(self._call_key(sys._getframe(1), frames, len(frames) - 1))
         self._emit("forward", "module", frame.name, mtype, frame.depth, frame.t0, rows + out_rows, stack)
@@ -460,19 +457,15 @@ class Collector:
             listeners.append(listener)
             return
         listeners = [listener]
-        t.register_hook(partial(self._on_grad, listeners))
+        t.register_hook(partial(self._guarded, self._on_grad, listeners))
         self._grad_watch[id(t)] = (weakref.ref(t), listeners)
 
     def _on_grad(self, listeners: list, grad) -> None:
-        """A tensor hook (guarded here rather than by `_guard`: one is registered per tensor)."""
-        if grad is None or not self.enabled:
+        if grad is None:
             return
-        try:
-            for state, role, idx, path in listeners:
-                if not state.done:
-                    self._on_grad_arrived(state, role, idx, path, grad)
-        except Exception as exc:  # noqa: BLE001 - the training must go on
-            self._fail("_on_grad", exc)
+        for state, role, idx, path in listeners:
+            if not state.done:
+                self._on_grad_arrived(state, role, idx, path, grad)
 
     def _on_grad_arrived(self, state: _Backward, role: str, idx: int, path: str, grad) -> None:
         if state.arrived == 0:
@@ -514,15 +507,8 @@ class Collector:
                 self._finish_backward(state)
 
     # -- parameter gradients ---------------------------------------------------------------
-    def _param_hook(self, fn, pid: int, tensor) -> None:
-        if self.enabled:
-            try:
-                fn(pid, tensor)
-            except Exception as exc:  # noqa: BLE001 - the training must go on
-                self._fail(fn.__name__, exc)
-
     def _on_param_grad(self, pid: int, grad) -> None:
-        if grad is None or not (self.steps is None or self._in_window()):
+        if grad is None or not self._in_window():
             return
         param = self._params[pid][0]()
         if param is None:
@@ -569,7 +555,7 @@ class Collector:
                 rows = [self._row(t, role, i, path, next(digests)) for role, i, path, t in tensors]
                 self._emit("optimizer", "step", name, opt_type, 0, t0, rows, stack)
         self._advance = True
-        self._purge_tids()
+        self._purge_dead()
         # End of a training step: the previous step is durable before this one's events go on.
         if not self.store.step_barrier():
             self._fail("step barrier", TimeoutError("writer did not commit within 30 s"))

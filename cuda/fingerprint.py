@@ -73,8 +73,7 @@ def digest_async(t: torch.Tensor) -> Union[Digest, "Pending"]:
     """(xor, pos) of a host tensor, or a `Pending` for a CUDA tensor; never synchronises CUDA."""
     if t.is_cuda:
         return cuda_digester().submit(t)
-    if t.is_cpu and type(t) in _PLAIN and t.is_contiguous() and not t.is_quantized \
-            and t.layout == torch.strided and not t.is_conj() and not t.is_neg():  # _plain_host, inlined
+    if _plain_host(t):
         # The common case, a few microseconds a tensor: its own memory, viewed as bytes.
         view = _AS_NUMPY.get(t.dtype, False)
         if view is False:
