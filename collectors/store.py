@@ -4,10 +4,11 @@ The training thread appends rows to a small batch; full batches go through a bou
 (back-pressure: a full queue makes the training thread wait, memory never grows without
 bound) to one writer thread. The writer resolves pending GPU digests, turns each batch into
 Arrow tables and appends them, in one write, to the rank's journal (`rank-N.journal`): that is
-what makes a batch durable against a killed process, at the cost of a file append. Every couple
-of seconds (or when the unfolded rows pass a size bound) it folds what the journal holds into
-`rank-N.duckdb` in one transaction and empties the journal; a DuckDB statement costs about a
-millisecond whatever its size, too much to pay per step. `step_barrier()`, called at the end of
+what makes a batch durable against a killed process, at the cost of a file append. Every ten
+seconds, or once the journal passes a few megabytes, it folds what the journal holds into
+`rank-N.duckdb` in one transaction, reading the journal back from the file (the writer keeps no
+rows in memory), and empties the journal. A DuckDB statement costs about a millisecond whatever
+its size, and a fold has a fixed cost of a few milliseconds: too much to pay per step. `step_barrier()`, called at the end of
 each training step, waits for the previous step's journal write only: a killed run keeps every
 step before its last completed one, and the training thread rarely waits for the writer.
 
@@ -56,8 +57,8 @@ _SCHEMAS = {t.name: arrow_schema(t) for t in _ROW_TABLES}
 _XOR = TENSORS.names.index("xor")
 _POS = TENSORS.names.index("pos")
 
-FOLD_SECONDS = 2.0  # fold the journal into DuckDB at least this often ...
-FOLD_BYTES = 2 << 20  # ... or once this many bytes of Arrow data wait (bounds the writer's memory)
+FOLD_SECONDS = 10.0  # fold the journal into DuckDB at least this often ...
+FOLD_BYTES = 4 << 20  # ... or once the journal holds this many bytes (mapped, not read, to fold it)
 _GROUP = struct.Struct("<4sQI")  # magic, group number, number of tables
 _PART = struct.Struct("<BQ")  # table index in _ROW_TABLES, length of its Arrow IPC stream
 _END = struct.Struct("<4sQ")  # magic, group number: the group is whole only when this follows it
@@ -104,9 +105,11 @@ def encode_group(number: int, tables: dict[str, pa.Table]) -> bytes:
     return b"".join(out)
 
 
-def decode_groups(data: bytes) -> list[tuple[int, dict[str, pa.Table]]]:
-    """The whole groups of a journal, in order; a group cut short by a crash ends the list."""
+def decode_groups(data: bytes | pa.Buffer) -> list[tuple[int, dict[str, pa.Table]]]:
+    """The whole groups of a journal, in order (their tables are views of `data`, not copies); a
+    group cut short by a crash ends the list."""
     groups, at = [], 0
+    data = pa.py_buffer(data) if isinstance(data, bytes) else data
     while at + _GROUP.size <= len(data):
         magic, number, count = _GROUP.unpack_from(data, at)
         if magic != _MAGIC:
@@ -120,7 +123,7 @@ def decode_groups(data: bytes) -> list[tuple[int, dict[str, pa.Table]]]:
                 if at + length > len(data):
                     raise ValueError("cut short")
                 table = _ROW_TABLES[index]
-                tables[table.name] = pa.ipc.open_stream(data[at : at + length]).read_all()
+                tables[table.name] = pa.ipc.open_stream(data.slice(at, length)).read_all()
                 at += length
             end, end_number = _END.unpack_from(data, at)
         except (ValueError, IndexError, struct.error, pa.ArrowInvalid):
@@ -132,10 +135,42 @@ def decode_groups(data: bytes) -> list[tuple[int, dict[str, pa.Table]]]:
     return groups
 
 
+def fold_journal(con: duckdb.DuckDBPyConnection, journal: Path, upto: int) -> tuple[int, int]:
+    """Insert the journal's whole groups numbered above `upto` into `con`, in one transaction that
+    also records the last one's number as `journal_folded`: (groups folded, last group folded or
+    `upto`). The file is mapped, not read into memory: the tables are views of the page cache,
+    unmapped when the last of them goes."""
+    with pa.memory_map(str(journal), "r") as source:
+        groups = [(n, t) for n, t in decode_groups(source.read_buffer()) if n > upto]
+    if not groups:
+        return 0, upto
+    _commit(con, {t.name: [g[t.name] for _, g in groups if t.name in g] for t in _ROW_TABLES}, groups[-1][0])
+    return len(groups), groups[-1][0]
+
+
+def folded_upto(con: duckdb.DuckDBPyConnection) -> int:
+    """The last journal group the rank file holds (-1: none)."""
+    folded = con.execute(f"SELECT value FROM {META.name} WHERE key = ?", [FOLDED_KEY]).fetchall()
+    return json.loads(folded[0][0]) if folded else -1
+
+
 def _insert(con: duckdb.DuckDBPyConnection, tables: dict[str, list[pa.Table]]) -> None:
     for name, parts in tables.items():
         if parts:
             con.from_arrow(pa.concat_tables(parts)).insert_into(name)
+
+
+def _commit(con: duckdb.DuckDBPyConnection, parts: dict[str, list[pa.Table]], last_group: int) -> None:
+    """Insert the tables and record `last_group` as folded, in one transaction: all or nothing (on
+    failure the journal still holds every row)."""
+    con.execute("BEGIN")
+    try:
+        _insert(con, parts)
+        _set_meta(con, {FOLDED_KEY: last_group})
+        con.execute("COMMIT")
+    except Exception:
+        con.execute("ROLLBACK")
+        raise
 
 
 def _set_meta(con: duckdb.DuckDBPyConnection, items: dict) -> None:
@@ -153,23 +188,14 @@ def recover(rank_path: str | os.PathLike) -> int:
     journal = journal_path(rank_path)
     if not journal.exists():
         return 0
-    groups = decode_groups(journal.read_bytes())
     con = duckdb.connect(str(rank_path), config={"threads": 1})
     try:
-        folded = con.execute(f"SELECT value FROM {META.name} WHERE key = ?", [FOLDED_KEY]).fetchall()
-        upto = json.loads(folded[0][0]) if folded else -1
-        groups = [(n, t) for n, t in groups if n > upto]
-        if groups:
-            parts = {t.name: [g[t.name] for _, g in groups if t.name in g] for t in _ROW_TABLES}
-            con.execute("BEGIN")
-            _insert(con, parts)
-            _set_meta(con, {FOLDED_KEY: groups[-1][0]})
-            con.execute("COMMIT")
+        count, _ = fold_journal(con, journal, folded_upto(con))
         con.execute("CHECKPOINT")
     finally:
         con.close()
     journal.unlink()
-    return len(groups)
+    return count
 
 
 class RankStore:
@@ -193,8 +219,8 @@ class RankStore:
         self._journal_path = journal_path(path)
         self._journal = os.open(self._journal_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND, 0o644)
         self._group = 0
-        self._unfolded: dict[str, list[pa.Table]] = {t.name: [] for t in _ROW_TABLES}
-        self._unfolded_bytes = 0
+        self._journal_bytes = 0  # what the journal file holds
+        self._folded = -1  # the last group in DuckDB
         self._folded_at = time.monotonic()
         self.folds = 0
         self._closed = False
@@ -266,7 +292,7 @@ class RankStore:
             try:
                 if events or stacks:
                     self._write(events, tensors, stacks, dumps)
-                if time.monotonic() - self._folded_at >= FOLD_SECONDS or self._unfolded_bytes >= FOLD_BYTES:
+                if time.monotonic() - self._folded_at >= FOLD_SECONDS or self._journal_bytes >= FOLD_BYTES:
                     self._fold()
             except Exception as exc:  # noqa: BLE001
                 self._report(f"writing {len(events)} events to {self.path} failed: {exc}")
@@ -276,45 +302,41 @@ class RankStore:
                     marker.set()
 
     def _write(self, events: list[tuple], tensors: list[list], stacks: list[tuple], dumps: list[tuple]) -> None:
-        """Journal one batch (one append: durable once this returns) and keep it for the next fold."""
+        """Journal one batch: one append, and the batch is durable once it returns."""
         _resolve_digests(tensors)
         tables = {EVENTS.name: _to_arrow(events, _SCHEMAS[EVENTS.name]),
                   TENSORS.name: _to_arrow(tensors, _SCHEMAS[TENSORS.name]),
                   STACKS.name: _to_arrow(stacks, _SCHEMAS[STACKS.name]),
                   DUMPS.name: _to_arrow(dumps, _SCHEMAS[DUMPS.name])}
         self._group += 1
-        for name, table in tables.items():
-            if table.num_rows:
-                self._unfolded[name].append(table)
-                self._unfolded_bytes += table.nbytes
+        group = encode_group(self._group, tables)
         try:
-            os.write(self._journal, encode_group(self._group, tables))
-        except OSError as exc:  # disk full, ...: the batch is still held, make it durable the slow way
-            self._report(f"cannot append to {self._journal_path} ({exc.strerror or exc}); "
+            if os.write(self._journal, group) != len(group):
+                raise OSError(f"short write ({len(group)} bytes asked)")
+            self._journal_bytes += len(group)
+        except OSError as exc:  # disk full, ...: commit this batch to DuckDB directly instead
+            self._report(f"cannot append to {self._journal_path} ({getattr(exc, 'strerror', None) or exc}); "
                          f"committing to {self.path} directly")
-            self._fold()
+            try:
+                os.ftruncate(self._journal, self._journal_bytes)  # a group cut short would hide later ones
+            except OSError:
+                pass
+            self._fold()  # what the journal holds first, then this batch, as the group after it
+            _commit(self._con, {name: [t] for name, t in tables.items() if t.num_rows}, self._group)
+            self._folded = self._group
 
     def _fold(self) -> None:
-        """Insert what the journal holds into DuckDB in one transaction, then empty the journal."""
+        """Fold what the journal holds into DuckDB (one transaction), then empty the journal."""
         self._folded_at = time.monotonic()
-        if not self._unfolded_bytes:
+        if not self._journal_bytes:
             return
-        con = self._con
-        con.execute("BEGIN")
-        try:
-            _insert(con, self._unfolded)
-            _set_meta(con, {FOLDED_KEY: self._group})
-            con.execute("COMMIT")
-        except Exception:
-            con.execute("ROLLBACK")  # the journal still holds every row: nothing is lost
-            raise
-        self._unfolded = {t.name: [] for t in _ROW_TABLES}
-        self._unfolded_bytes = 0
+        _, self._folded = fold_journal(self._con, self._journal_path, self._folded)
         self.folds += 1
         try:
             os.ftruncate(self._journal, 0)  # O_APPEND: the next group starts the file again
+            self._journal_bytes = 0
         except OSError:
-            pass  # harmless: every group it holds is at most `journal_folded`, which recover() skips
+            pass  # harmless: the groups it holds are at most `_folded` (and `journal_folded`): skipped
 
     def _report(self, message: str) -> None:
         self.errors.append(message)

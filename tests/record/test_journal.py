@@ -28,6 +28,13 @@ def _tables(first_seq: int, n: int) -> dict[str, pa.Table]:
             "dumps": store._to_arrow([], store._SCHEMAS["dumps"])}
 
 
+def _rows(first_seq: int, n: int):
+    """`_write`'s arguments for n events with a tensor each."""
+    t = _tables(first_seq, n)
+    return ([tuple(r.values()) for r in t[EVENTS.name].to_pylist()],
+            [list(r.values()) for r in t[TENSORS.name].to_pylist()], [], [])
+
+
 def test_a_group_cut_short_is_dropped_whole_and_the_ones_before_it_kept():
     whole = store.encode_group(1, _tables(0, 3)) + store.encode_group(2, _tables(3, 2))
     last = store.encode_group(3, _tables(5, 4))
@@ -47,22 +54,16 @@ def _rank_file_with_journal(tmp_path, folded_groups: int, journaled: int):
     s._queue.put(None)
     s._thread.join()
     for g in range(1, journaled + 1):
-        tables = _tables(10 * g, 2)
-        s._group = g
-        os.write(s._journal, store.encode_group(g, tables))
-        if g <= folded_groups:
-            for name, table in tables.items():
-                if table.num_rows:
-                    s._unfolded[name].append(table)
-                    s._unfolded_bytes += table.nbytes
-    if folded_groups:
-        saved, s._group = s._group, folded_groups
-        journal = s._journal
-        # the fold commits; the truncation hits another file, as if the process died in between
-        s._journal = os.open(tmp_path / "elsewhere", os.O_WRONLY | os.O_CREAT)
-        s._fold()
-        os.close(s._journal)
-        s._journal, s._group = journal, saved
+        data = store.encode_group(g, _tables(10 * g, 2))
+        os.write(s._journal, data)
+        s._group, s._journal_bytes = g, s._journal_bytes + len(data)
+        if g == folded_groups:
+            # the fold commits; the truncation hits another file, as if the process died in between
+            journal = s._journal
+            s._journal = os.open(tmp_path / "elsewhere", os.O_WRONLY | os.O_CREAT)
+            s._fold()
+            os.close(s._journal)
+            s._journal = journal
     os.close(s._journal)
     s._con.close()
     return path
@@ -74,6 +75,27 @@ def _seqs(path):
         return [r[0] for r in con.sql("SELECT seq FROM events ORDER BY seq").fetchall()]
     finally:
         con.close()
+
+
+def test_a_fold_whose_truncation_failed_is_not_applied_twice_by_the_writer(tmp_path):
+    path = tmp_path / "rank-0.duckdb"
+    s = store.RankStore(str(path), {})
+    s._queue.put(None)
+    s._thread.join()
+    for g in (1, 2):
+        s._write(*_rows(10 * g, 2))
+        if g == 1:  # fold group 1, but the journal cannot be emptied (say, the file went read-only)
+            journal = s._journal
+            s._journal = os.open(tmp_path / "elsewhere", os.O_RDONLY | os.O_CREAT)
+            s._fold()
+            os.close(s._journal)
+            s._journal = journal
+    assert store.journal_path(path).stat().st_size > 0
+    s._fold()  # the journal holds groups 1 and 2; only 2 is new
+    assert store.journal_path(path).stat().st_size == 0
+    s._con.close()
+    os.close(s._journal)
+    assert _seqs(path) == [10, 11, 20, 21]
 
 
 def test_recover_folds_only_the_groups_the_rank_file_lacks(tmp_path):
