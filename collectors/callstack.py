@@ -41,11 +41,17 @@ def _is_user(filename: str) -> bool:
 
 
 class StackTable:
-    """Interns user stacks; `new` holds rows (stack_id, frames_json) not yet written."""
+    """Interns user stacks; `new` holds rows (stack_id, frames_json) not yet written.
+
+    A stack key is a flat tuple of ints, `(id(code), line, id(code), line, ...)`, innermost frame
+    first: hashing a code object hashes its contents (about half a microsecond each), hashing an
+    int is nearly free, and a key is hashed for every event. Every code object met is kept alive
+    in `_codes`, so its id is never reused for another one while this table lives.
+    """
 
     def __init__(self) -> None:
         self._ids: dict[tuple, int] = {}
-        self._user: dict = {}  # code object -> is it user code (cached: this runs for every event)
+        self._codes: dict[int, tuple[bool, object]] = {}  # id(code) -> (is it user code, the code)
         self.new: list[tuple[int, str]] = []
 
     def capture(self) -> int:
@@ -56,14 +62,14 @@ class StackTable:
         """The user frames from `frame` outwards, as a key, up to and including the first frame
         running `stop_code`; that frame is returned too (None when the walk reached the top)."""
         key = []
-        user = self._user
+        codes = self._codes
         while frame is not None:
             code = frame.f_code
-            is_user = user.get(code)
-            if is_user is None:
-                is_user = user[code] = _is_user(code.co_filename)
-            if is_user:
-                key.append((code, frame.f_lineno))
+            known = codes.get(id(code))
+            if known is None:
+                known = codes[id(code)] = (_is_user(code.co_filename), code)
+            if known[0]:
+                key += (id(code), frame.f_lineno)
             if code is stop_code:
                 return tuple(key), frame
             frame = frame.f_back
@@ -71,13 +77,14 @@ class StackTable:
 
     def intern(self, key: tuple) -> int:
         """The id of a stack key (innermost frame first), numbered on first sight."""
-        key = key[:MAX_FRAMES]
+        key = key[: 2 * MAX_FRAMES]
         sid = self._ids.get(key)
         if sid is None:
             sid = len(self._ids)
             self._ids[key] = sid
-            frames = [f"{c.co_filename}:{line} in {c.co_name}" for c, line in reversed(key)]
-            self.new.append((sid, json.dumps(frames)))
+            codes = [self._codes[key[i]][1] for i in range(0, len(key), 2)]
+            frames = [f"{c.co_filename}:{line} in {c.co_name}" for c, line in zip(codes, key[1::2])]
+            self.new.append((sid, json.dumps(frames[::-1])))
         return sid
 
     def take_new(self) -> list[tuple[int, str]]:
