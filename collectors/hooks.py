@@ -24,7 +24,8 @@ import sys
 import threading
 import time
 import weakref
-from dataclasses import dataclass, field, fields, is_dataclass
+from collections import OrderedDict
+from dataclasses import fields, is_dataclass
 from functools import partial
 from operator import itemgetter
 
@@ -42,7 +43,7 @@ MAX_REPORTED_ERRORS = 20
 class _Frame:
     """A module call in progress (a plain class with slots: one is made for every module call)."""
 
-    __slots__ = ("module", "name", "depth", "t0", "record", "inputs", "rng", "stack_key")
+    __slots__ = ("module", "name", "depth", "t0", "record", "args", "inputs", "rng", "stack_key")
 
     def __init__(self, module: torch.nn.Module, name: str, depth: int, t0: int, record: bool):
         self.module = module
@@ -50,23 +51,26 @@ class _Frame:
         self.depth = depth
         self.t0 = t0
         self.record = record
-        self.inputs: list = []
+        self.args: list = []  # _flatten(args), when recorded
+        self.inputs: list = []  # their rows
         self.rng: torch.Tensor | None = None  # the CPU RNG state when the call began
         self.stack_key: tuple | None = None  # user frames above the call (computed when a child needs it)
 
 
-@dataclass
 class _Backward:
     """A module call waiting for the gradients of its outputs and inputs."""
 
-    name: str
-    module_type: str
-    depth: int
-    t0: int
-    expected: int
-    rows: list = field(default_factory=list)
-    arrived: int = 0
-    done: bool = False
+    __slots__ = ("name", "module_type", "depth", "t0", "expected", "rows", "arrived", "done")
+
+    def __init__(self, name: str, module_type: str, depth: int, t0: int, expected: int):
+        self.name = name
+        self.module_type = module_type
+        self.depth = depth
+        self.t0 = t0
+        self.expected = expected
+        self.rows: list = []
+        self.arrived = 0
+        self.done = False
 
 
 def _flatten(obj, prefix: str = "") -> list[tuple[str, torch.Tensor]]:
@@ -101,11 +105,28 @@ _RNG_FREE_FORWARDS = {getattr(torch.nn, name).forward for name in (
     "GELU", "ReLU", "SiLU", "Tanh", "Sigmoid", "Softmax", "LogSoftmax", "Identity", "Flatten",
     "LeakyReLU", "ELU", "Mish", "Hardswish", "Softplus") if hasattr(torch.nn, name)}
 _DTYPE_NAMES: dict[torch.dtype, str] = {}
+_HOOK_KEY = ("bitguard", "gradient")  # our entry in a tensor's hook dict (torch's own keys are ints)
 
 
 def _dtype_name(dtype: torch.dtype) -> str:
     name = _DTYPE_NAMES[dtype] = str(dtype).removeprefix("torch.")
     return name
+
+
+def _add_grad_hook(t: torch.Tensor, hook) -> None:
+    """`t.register_hook(hook)`, without the handle (these hooks are never removed: the tensor goes
+    first). For a plain tensor, what register_hook does is done here directly: its hook dict, and
+    that dict registered with the node that produced the tensor. That is a third of its cost, and
+    this runs for every watched tensor of every step. Other tensor types take the public way."""
+    if type(t) is not torch.Tensor:
+        t.register_hook(hook)
+        return
+    hooks = t._backward_hooks
+    if hooks is None:
+        hooks = t._backward_hooks = OrderedDict()
+        if t.grad_fn is not None:
+            t.grad_fn._register_hook_dict(t)
+    hooks[_HOOK_KEY] = hook
 
 
 def _rng_drawn(before: torch.Tensor) -> bool:
@@ -362,7 +383,8 @@ class Collector:
         frames.append(frame)
         is_model_root = parent is None and in_window and any(True for _ in module.parameters())
         if frame.record or is_model_root:
-            frame.inputs = self._rows(_flatten(args), "input")
+            frame.args = _flatten(args)
+            frame.inputs = self._rows(frame.args, "input")
             if is_model_root or self._may_draw(module):
                 frame.rng = torch.get_rng_state()
         if is_model_root:
@@ -393,7 +415,7 @@ class Collector:
         stack = self._stacks.intern(self._call_key(sys._getframe(1), frames, len(frames) - 1))
         self._emit("forward", "module", frame.name, mtype, frame.depth, frame.t0, rows + out_rows, stack)
         if torch.is_grad_enabled():
-            self._watch_backward(frame, mtype, args, kwargs, outputs)
+            self._watch_backward(frame, mtype, kwargs, outputs)
 
     def _call_key(self, f, frames: list[_Frame], level: int) -> tuple:
         """The user-stack key of code running at frame `f` inside the module call frames[level]
@@ -430,12 +452,12 @@ class Collector:
         return code
 
     # -- backward --------------------------------------------------------------------------
-    def _watch_backward(self, frame: _Frame, mtype: str, args, kwargs, outputs: list) -> None:
+    def _watch_backward(self, frame: _Frame, mtype: str, kwargs, outputs: list) -> None:
         outs = [(p, t) for p, t in outputs if t.requires_grad]
         if not outs:
             return
         # the paths are those of the pair (args, kwargs): [0][i] for positional, [1]['name'] for keywords
-        ins = [(p, t) for p, t in _flatten(args, "[0]") if t.requires_grad]
+        ins = [("[0]" + p, t) for p, t in frame.args if t.requires_grad]
         if kwargs:
             ins += [(p, t) for p, t in _flatten(kwargs, "[1]") if t.requires_grad]
         state = _Backward(frame.name, mtype, frame.depth, time.time_ns(), len(outs) + len(ins))
@@ -457,7 +479,7 @@ class Collector:
             listeners.append(listener)
             return
         listeners = [listener]
-        t.register_hook(partial(self._guarded, self._on_grad, listeners))
+        _add_grad_hook(t, partial(self._guarded, self._on_grad, listeners))
         self._grad_watch[id(t)] = (weakref.ref(t), listeners)
 
     def _on_grad(self, listeners: list, grad) -> None:
