@@ -33,7 +33,8 @@ import torch
 from torch.utils import _pytree as pytree
 
 from bitguard.collectors.callstack import StackTable
-from bitguard.cuda.fingerprint import digest_async, digest_many
+from bitguard.cuda.cpu_kernel import digest_at
+from bitguard.cuda.fingerprint import digest_async, digest_many, plain_host
 
 # Trusted mode observes only these module types (and gradients, optimizer steps, data).
 HEAVY_MODULES = re.compile(r"Linear|Embedding|Norm|Attention|Attn|MoE|Router|Expert|Conv", re.IGNORECASE)
@@ -243,13 +244,11 @@ class Collector:
                 entry = [weakref.ref(t), self._next_tid, None, None]  # dead entries go at the step's end
                 self._next_tid += 1
                 self._tids[key] = entry
+        version = None
         if entry is None:
             tid = self._params[key][3]
-            if digest is None:
-                digest = digest_async(t)
         else:
             tid = entry[1]
-            version = None
             # A digest is reused while the version counter is unchanged only on the CPU, where ops run
             # to completion on the calling thread, so the same version means the same bytes (but for
             # writes through `.data`); on a GPU an asynchronous kernel could still write the tensor,
@@ -261,21 +260,21 @@ class Collector:
                     pass
             if digest is None and version is not None and entry[2] == version:
                 digest = entry[3]  # the same tensor, not written since it was digested
-            else:
-                if digest is None:
-                    digest = digest_async(t)
-                if version is not None:
-                    entry[2], entry[3] = version, digest
-        xor, pos = digest if type(digest) is tuple else (digest, digest)
         try:
-            storage = t.data_ptr()  # of the storage: the tensor's own address less its offset
+            address = t.data_ptr()
             offset = t.storage_offset()
-            if offset:
-                storage -= offset * t.element_size()
+            storage = address - offset * t.element_size() if offset else address  # the storage's address
         except Exception:  # noqa: BLE001 - tensors without storage (meta, some subclasses)
-            storage = 0
+            address = storage = 0
+        nbytes = t.nbytes
+        if digest is None:  # a plain host tensor is digested in place, from the address just taken
+            digest = digest_at(address, nbytes) if address and nbytes and plain_host(t) else digest_async(t)
+        if version is not None and entry[2] != version:
+            entry[2], entry[3] = version, digest
+        xor, pos = digest if type(digest) is tuple else (digest, digest)
         dtype = _DTYPE_NAMES.get(t.dtype) or _dtype_name(t.dtype)
-        row = [0, role, idx, path, list(t.shape), dtype, list(t.stride()), t.nbytes, xor, pos, tid, storage]
+        # shape and strides as torch gives them (tuples): no copies, fewer objects for the cyclic GC
+        row = [0, role, idx, path, t.shape, dtype, t.stride(), nbytes, xor, pos, tid, storage]
         if self.dump:  # the bytes ride along as a 13th item until _emit moves them to the dumps table
             d = t.detach()
             row.append(d.contiguous().reshape(-1).view(torch.uint8).cpu().numpy().tobytes() if d.numel() else b"")
