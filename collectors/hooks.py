@@ -188,6 +188,13 @@ class Collector:
         for handle in self._handles:
             handle.remove()
         self._handles.clear()
+        # A removed hook leaves its tensor an empty hook dict, which autograd still calls into for
+        # every gradient: give the parameters back as they were when nothing else hooks them.
+        for ref, *_ in self._params.values():
+            p = ref()
+            for attr in ("_backward_hooks", "_post_accumulate_grad_hooks"):
+                if p is not None and getattr(p, attr, None) == {}:
+                    setattr(p, attr, None)
         self.enabled = False
 
     # -- failure containment ---------------------------------------------------------------

@@ -429,3 +429,16 @@ def test_rng_rows_mark_exactly_the_calls_that_drew_random_numbers(tmp_path):
     with_rng = set(tensors.filter(tensors["role"] == "rng")["seq"].to_list())
     drew = {e["boundary"] for e in events.iter_rows(named=True) if e["phase"] == "forward" and e["seq"] in with_rng}
     assert drew == {"1", "2", "Sequential"}
+
+
+def test_a_finished_recording_leaves_the_parameters_hooks_as_it_found_them(tmp_path):
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 1))
+    seen = []
+    model[1].weight.register_hook(lambda g: seen.append("user"))  # the user's own hook stays
+    with bitguard.record(tmp_path / "run", determinism=False):
+        model(torch.ones(2, 4)).sum().backward()
+    assert model[0].weight._backward_hooks is None and model[0].weight._post_accumulate_grad_hooks is None
+    assert len(model[1].weight._backward_hooks) == 1
+    seen.clear()
+    model(torch.ones(2, 4)).sum().backward()
+    assert seen == ["user"]
