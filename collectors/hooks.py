@@ -39,6 +39,7 @@ from bitguard.cuda.fingerprint import digest_async, digest_many, plain_host
 # Trusted mode observes only these module types (and gradients, optimizer steps, data).
 HEAVY_MODULES = re.compile(r"Linear|Embedding|Norm|Attention|Attn|MoE|Router|Expert|Conv", re.IGNORECASE)
 MAX_REPORTED_ERRORS = 20
+QUEUED_EVENTS = 256  # events queued before they are numbered and handed to the store
 
 
 class _Frame:
@@ -151,7 +152,9 @@ class Collector:
         self.errors: list[str] = store.errors
         self._advance = False
         self._seq = 0
-        self._calls: dict[tuple, int] = {}
+        self._queued: list[tuple] = []  # events waiting for `_drain`
+        self._calls: dict[tuple, int] = {}  # (name, phase, kind) -> calls so far in step `_calls_step`
+        self._calls_step = 0
         self._names: dict[int, tuple[weakref.ref, str]] = {}
         self._root_names: set[str] = set()
         self._params: dict[int, tuple[weakref.ref, str, str]] = {}
@@ -185,6 +188,7 @@ class Collector:
     def remove(self) -> None:
         """Flush what is pending and remove every hook this collector installed."""
         self._guard(self._flush_backward)()
+        self._guard(self._drain)()
         for handle in self._handles:
             handle.remove()
         self._handles.clear()
@@ -227,7 +231,6 @@ class Collector:
         if self._advance:
             self._advance = False
             self.step += 1
-            self._calls.clear()
 
     def _purge_dead(self) -> None:
         """Forget tensors that died, in both id maps (at each step's end, or when a loop without
@@ -292,29 +295,47 @@ class Collector:
         return [self._row(t, role, start + i, path) for i, (path, t) in enumerate(flat) if t.layout == torch.strided]
 
     def _emit(self, phase: str, kind: str, name: str, module_type: str, depth: int, t0: int,
-              rows: list[list], stack: int | None = None) -> None:
-        with self._lock:
-            key = (name, phase, kind)
-            call = self._calls.get(key, 0)
-            self._calls[key] = call + 1
-            seq = self._seq
-            self._seq += 1
-            for row in rows:
-                row[0] = seq
-            dumps = [(seq, r[1], r[2], r.pop()) for r in rows] if self.dump else ()
-            device, stream = "cpu", None
-            if rows:
-                first = rows[0]
-                device = self._row_device(first)
-                if device != "cpu":  # a pending digest: a CUDA tensor
-                    stream = torch.cuda.current_stream(torch.device(device)).cuda_stream
-            event = (seq, self.rank, self.world_size, self.step, phase, name, module_type, kind, call,
-                     depth, threading.current_thread().name, device, stream, t0, time.time_ns(),
-                     self._stacks.capture() if stack is None else stack)
-            self.store.add(event, rows, self._stacks.take_new() if self._stacks.new else (), dumps)
+              rows: list[list], stack: int | tuple | None = None) -> None:
+        """Queue one event with what must be taken now: its step, end time, thread, stack (an id, a
+        key for `_drain` to intern, or None for the caller's, captured here) and, for a GPU event, its
+        stream. Numbering and building the event wait for `_drain`, which takes many events at once:
+        run between a step's kernels, this code finds the caches cold and runs several times slower
+        than in a batch."""
+        where = None
+        if rows and type(rows[0][8]) is not int:  # a pending digest: a CUDA tensor
+            device = str(getattr(rows[0][8], "device", "cuda"))
+            where = (device, torch.cuda.current_stream(torch.device(device)).cuda_stream)
+        event = (self.step, phase, kind, name, module_type, depth, t0, time.time_ns(),
+                 threading.current_thread().name, rows, self._stacks.capture() if stack is None else stack, where)
+        with self._lock:  # autograd's device threads emit too
+            self._queued.append(event)
+            if len(self._queued) >= QUEUED_EVENTS:
+                self._drain()
 
-    def _row_device(self, row: list) -> str:
-        return "cpu" if type(row[8]) is int else str(getattr(row[8], "device", "cuda"))
+    def _drain(self) -> None:
+        """Number the queued events in completion order and hand them to the store."""
+        with self._lock:
+            queued, self._queued = self._queued, []
+            intern = self._stacks.intern
+            queued = [e if type(e[10]) is int else e[:10] + (intern(e[10]),) + e[11:] for e in queued]
+            stacks = self._stacks.take_new() if self._stacks.new else ()  # with the first event: never later
+            calls, add = self._calls, self.store.add
+            for step, phase, kind, name, module_type, depth, t0, t1, thread, rows, stack, where in queued:
+                if step != self._calls_step:  # call indices count within a step
+                    calls.clear()
+                    self._calls_step = step
+                key = (name, phase, kind)
+                call = calls.get(key, 0)
+                calls[key] = call + 1
+                seq = self._seq
+                self._seq = seq + 1
+                for row in rows:
+                    row[0] = seq
+                dumps = [(seq, r[1], r[2], r.pop()) for r in rows] if self.dump else ()
+                device, stream = where or ("cpu", None)
+                add((seq, self.rank, self.world_size, step, phase, name, module_type, kind, call, depth, thread,
+                     device, stream, t0, t1, stack), rows, stacks, dumps)
+                stacks = ()
 
     def _rng_row(self, state: torch.Tensor, digest, path: str, idx: int) -> list:
         """A row for an RNG state: role `rng`, no tensor identity (the model never sees it)."""
@@ -418,7 +439,7 @@ class Collector:
         outputs = _flatten(output) if output is not None else []
         out_rows = self._rows(outputs, "output")
         mtype = type(module).__name__
-        stack = self._stacks.intern(self._call_key(sys._getframe(1), frames, len(frames) - 1))
+        stack = self._call_key(sys._getframe(1), frames, len(frames) - 1)  # interned by _drain
         self._emit("forward", "module", frame.name, mtype, frame.depth, frame.t0, rows + out_rows, stack)
         if torch.is_grad_enabled():
             self._watch_backward(frame, mtype, kwargs, outputs)
@@ -584,6 +605,7 @@ class Collector:
                 self._emit("optimizer", "step", name, opt_type, 0, t0, rows, stack)
         self._advance = True
         self._purge_dead()
+        self._drain()
         # End of a training step: the previous step is durable before this one's events go on.
         if not self.store.step_barrier():
             self._fail("step barrier", TimeoutError("writer did not commit within 30 s"))
