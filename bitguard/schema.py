@@ -55,7 +55,8 @@ EVENTS = Table(
         Column("kind", "VARCHAR", "module | grad | step | batch: what the event observed"),
         Column("call", "INTEGER", "occurrence of this boundary, phase and kind within the step, from 0"),
         Column("depth", "INTEGER", "module nesting depth at the call (root modules are 0)"),
-        Column("thread", "VARCHAR", "name of the Python thread the event completed on"),
+        Column("thread", "VARCHAR", "name of the Python thread the event completed on (`native-N`: a thread "
+               "Python does not know, such as autograd's device threads, numbered in order of appearance)"),
         Column("device", "VARCHAR", "device of the event's first tensor (cpu, cuda:0, ...)"),
         Column("stream", "BIGINT", "CUDA stream handle the digests ran on, NULL on CPU"),
         Column("t_start_ns", "BIGINT", "wall-clock start, ns since the epoch"),

@@ -155,6 +155,7 @@ class Collector:
         self._queued: list[tuple] = []  # events waiting for `_drain`
         self._calls: dict[tuple, int] = {}  # (name, phase, kind) -> calls so far in step `_calls_step`
         self._calls_step = 0
+        self._thread_names: dict[int, str] = {}  # ident -> name, for threads threading does not list
         self._names: dict[int, tuple[weakref.ref, str]] = {}
         self._root_names: set[str] = set()
         self._params: dict[int, tuple[weakref.ref, str, str]] = {}
@@ -306,7 +307,7 @@ class Collector:
             device = str(getattr(rows[0][8], "device", "cuda"))
             where = (device, torch.cuda.current_stream(torch.device(device)).cuda_stream)
         event = (self.step, phase, kind, name, module_type, depth, t0, time.time_ns(),
-                 threading.current_thread().name, rows, self._stacks.capture() if stack is None else stack, where)
+                 threading.get_ident(), rows, self._stacks.capture() if stack is None else stack, where)
         with self._lock:  # autograd's device threads emit too
             self._queued.append(event)
             if len(self._queued) >= QUEUED_EVENTS:
@@ -320,7 +321,9 @@ class Collector:
             queued = [e if type(e[10]) is int else e[:10] + (intern(e[10]),) + e[11:] for e in queued]
             stacks = self._stacks.take_new() if self._stacks.new else ()  # with the first event: never later
             calls, add = self._calls, self.store.add
-            for step, phase, kind, name, module_type, depth, t0, t1, thread, rows, stack, where in queued:
+            threads = {t.ident: t.name for t in threading.enumerate()}
+            for step, phase, kind, name, module_type, depth, t0, t1, ident, rows, stack, where in queued:
+                thread = threads.get(ident) or self._other_thread(ident)
                 if step != self._calls_step:  # call indices count within a step
                     calls.clear()
                     self._calls_step = step
@@ -336,6 +339,14 @@ class Collector:
                 add((seq, self.rank, self.world_size, step, phase, name, module_type, kind, call, depth, thread,
                      device, stream, t0, t1, stack), rows, stacks, dumps)
                 stacks = ()
+
+    def _other_thread(self, ident: int) -> str:
+        """A name for a thread Python does not know (autograd's device threads) or that has ended:
+        `native-N`, numbered in order of appearance (thread idents differ between runs)."""
+        name = self._thread_names.get(ident)
+        if name is None:
+            name = self._thread_names[ident] = f"native-{len(self._thread_names) + 1}"
+        return name
 
     def _rng_row(self, state: torch.Tensor, digest, path: str, idx: int) -> list:
         """A row for an RNG state: role `rng`, no tensor identity (the model never sees it)."""
@@ -399,14 +410,18 @@ class Collector:
             frames = self._local.frames
         except AttributeError:
             frames = self._local.frames = []
-        self._maybe_advance()
+        if self._advance:
+            self._maybe_advance()
         parent = frames[-1] if frames else None
         if parent is None:
             self._flush_backward()
         name = self._name_of(module, parent)
         t0 = time.time_ns()
-        in_window = self._in_window()
-        frame = _Frame(module, name, len(frames), t0, in_window and self._wanted(module))
+        in_window = self.steps is None or self._in_window()
+        wanted = self.mode == "full" or self._heavy.get(type(module))
+        if wanted is None:
+            wanted = self._wanted(module)
+        frame = _Frame(module, name, len(frames), t0, in_window and wanted)
         frames.append(frame)
         is_model_root = parent is None and in_window and any(True for _ in module.parameters())
         if frame.record or is_model_root:
@@ -557,7 +572,7 @@ class Collector:
 
     # -- parameter gradients ---------------------------------------------------------------
     def _on_param_grad(self, pid: int, grad) -> None:
-        if grad is None or not self._in_window():
+        if grad is None or not (self.steps is None or self._in_window()):
             return
         param = self._params[pid][0]()
         if param is None:
