@@ -7,7 +7,7 @@ kernel compilation) is measured separately in fresh processes. Memory: RSS growt
 recorded run (small model, many steps) between an early and a late step, and the peak size of the
 writer queue.
 
-    python benchmarks/bench_recording.py [--rounds 5] [--steps 8] [--json] [--breakdown]
+    python benchmarks/bench_recording.py [--rounds 5] [--steps 20] [--json] [--breakdown]
 """
 
 from __future__ import annotations
@@ -64,30 +64,39 @@ def timed_steps(model, opt, data, n: int) -> list[float]:
 
 
 def overhead(rounds: int, steps: int) -> dict:
+    """Step times of the three modes, alternated round by round. The order of the modes turns each
+    round (plain, full, trusted; then full, trusted, plain; ...) so that none always runs after
+    another's close. Each round's ratio pairs a mode with the plain steps of the same round: on a
+    shared machine whose speed drifts over minutes, that pairing is what the drift cancels out of,
+    and the median over rounds is the headline figure (the ratio of all-steps medians is given too)."""
     import bitguard
 
     model, opt, data = build()
     timed_steps(model, opt, data, 2)  # warm the allocator and kernels
-    times = {"plain": [], "full": [], "trusted": []}
+    modes = ("plain", "full", "trusted")
+    times = {m: [] for m in modes}
     per_round = {"full": [], "trusted": []}  # each round's median against the same round's plain one
     with tempfile.TemporaryDirectory() as tmp:
         # one throw-away recording pays the one-off costs (kernel compile, DuckDB load)
         with bitguard.record(Path(tmp) / "warm", mode="trusted", determinism=False):
             timed_steps(model, opt, data, 1)
         for r in range(rounds):
-            for mode in ("plain", "full", "trusted"):
+            medians = {}
+            for mode in modes[r % 3:] + modes[: r % 3]:
                 if mode == "plain":
                     got = timed_steps(model, opt, data, steps)[1:]
-                    plain_round = statistics.median(got)
                 else:
                     with bitguard.record(Path(tmp) / f"{mode}-{r}", mode=mode, determinism=False):
                         got = timed_steps(model, opt, data, steps)[1:]
-                    per_round[mode].append(statistics.median(got) / plain_round)
+                medians[mode] = statistics.median(got)
                 times[mode] += got
+            for mode in per_round:
+                per_round[mode].append(medians[mode] / medians["plain"])
     med = {k: statistics.median(v) for k, v in times.items()}
     spread = {k: {"median": statistics.median(v), "min": min(v), "max": max(v)} for k, v in per_round.items()}
     return {"median_step_s": med, "samples": {k: len(v) for k, v in times.items()},
-            "ratio_full": med["full"] / med["plain"], "ratio_trusted": med["trusted"] / med["plain"],
+            "ratio_full": spread["full"]["median"], "ratio_trusted": spread["trusted"]["median"],
+            "pooled_ratio_full": med["full"] / med["plain"], "pooled_ratio_trusted": med["trusted"] / med["plain"],
             "round_ratios": spread}
 
 
@@ -197,8 +206,8 @@ def memory(steps: int) -> dict:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--rounds", type=int, default=5)
-    p.add_argument("--steps", type=int, default=8,
-                   help="steps per round and mode (the first is dropped; 8 steps span a journal fold)")
+    p.add_argument("--steps", type=int, default=20,
+                   help="steps per round and mode (the first is dropped; 20 steps span a journal fold)")
     p.add_argument("--memory-steps", type=int, default=600)
     p.add_argument("--json", action="store_true")
     p.add_argument("--breakdown", action="store_true",
@@ -222,23 +231,27 @@ def main() -> None:
               f"{b['rows_and_events_s'] * 1000:.1f} ms, hooks firing {b['hooks_firing_s'] * 1000:.1f} ms")
         return
     # memory in a fresh process, so that nothing the overhead runs allocated or freed blurs it
-    mem = subprocess.run([sys.executable, __file__, "--memory-only", "--memory-steps", str(args.memory_steps)],
-                         capture_output=True, text=True, check=True)
+    mem = None
+    if args.memory_steps > 0:
+        mem = subprocess.run([sys.executable, __file__, "--memory-only", "--memory-steps", str(args.memory_steps)],
+                             capture_output=True, text=True, check=True)
     result = {"torch_threads": torch.get_num_threads(), "overhead": overhead(args.rounds, args.steps),
-              "startup": startup(), "memory": json.loads(mem.stdout.strip().splitlines()[-1])}
+              "startup": startup(), "memory": json.loads(mem.stdout.strip().splitlines()[-1]) if mem else None}
     if args.json:
         print(json.dumps(result, indent=2))
         return
     o, s, m = result["overhead"], result["startup"], result["memory"]
-    print(f"GPT 6x256, seq 128, batch 8, {result['torch_threads']} threads; medians over {o['samples']['plain']} steps")
+    print(f"GPT 6x256, seq 128, batch 8, {result['torch_threads']} threads; {o['samples']['plain']} steps a mode")
     for mode in ("plain", "full", "trusted"):
         ratio = o["median_step_s"][mode] / o["median_step_s"]["plain"]
         spread = o["round_ratios"].get(mode)
-        rounds = (f"   (round by round: median {spread['median']:.3f}x, {spread['min']:.3f}-{spread['max']:.3f}x)"
+        rounds = (f"   round by round: median {spread['median']:.3f}x ({spread['min']:.3f}-{spread['max']:.3f}x)"
                   if spread else "")
-        print(f"  {mode:8s} {o['median_step_s'][mode] * 1000:8.1f} ms/step   {ratio:5.3f}x{rounds}")
+        print(f"  {mode:8s} median step {o['median_step_s'][mode] * 1000:6.1f} ms ({ratio:5.3f}x){rounds}")
     print(f"start-up: import torch {s['python_import_torch_s']:.2f} s; + bitguard and a recording "
           f"{s['import_bitguard_and_open_recording_s']:.2f} s (one-off cost {s['startup_cost_s']:.2f} s)")
+    if m is None:
+        return
     print(f"memory over {m['steps']} recorded steps (small GPT): RSS growth step 20 -> end "
           f"{m['growth_step20_to_end_mib']:.1f} MiB; RSS at the end over the plain steady state "
           f"{m['extra_over_plain_at_end_mib']:.1f} MiB; peak writer queue "

@@ -4,7 +4,7 @@ The training thread appends rows to a small batch; full batches go through a bou
 (back-pressure: a full queue makes the training thread wait, memory never grows without
 bound) to one writer thread. The writer resolves pending GPU digests, turns each batch into
 Arrow tables and appends them, in one write, to the rank's journal (`rank-N.journal`): that is
-what makes a batch durable against a killed process, at the cost of a file append. Every ten
+what makes a batch durable against a killed process, at the cost of a file append. Every five
 seconds, or once the journal passes a few megabytes, it folds what the journal holds into
 `rank-N.duckdb` in one transaction, reading the journal back from the file (the writer keeps no
 rows in memory), and empties the journal. A DuckDB statement costs about a millisecond whatever
@@ -57,7 +57,7 @@ _SCHEMAS = {t.name: arrow_schema(t) for t in _ROW_TABLES}
 _XOR = TENSORS.names.index("xor")
 _POS = TENSORS.names.index("pos")
 
-FOLD_SECONDS = 10.0  # fold the journal into DuckDB at least this often ...
+FOLD_SECONDS = 5.0  # fold the journal into DuckDB at least this often ...
 FOLD_BYTES = 4 << 20  # ... or once the journal holds this many bytes (mapped, not read, to fold it)
 _GROUP = struct.Struct("<4sQI")  # magic, group number, number of tables
 _PART = struct.Struct("<BQ")  # table index in _ROW_TABLES, length of its Arrow IPC stream
