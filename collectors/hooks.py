@@ -33,12 +33,12 @@ import torch
 from torch.utils import _pytree as pytree
 
 from bitguard.collectors.callstack import StackTable
+from bitguard.collectors.store import MAX_REPORTED_ERRORS
 from bitguard.cuda.cpu_kernel import digest_at
 from bitguard.cuda.fingerprint import digest_async, digest_many, plain_host
 
 # Trusted mode observes only these module types (and gradients, optimizer steps, data).
 HEAVY_MODULES = re.compile(r"Linear|Embedding|Norm|Attention|Attn|MoE|Router|Expert|Conv", re.IGNORECASE)
-MAX_REPORTED_ERRORS = 20
 QUEUED_EVENTS = 256  # events queued before they are numbered and handed to the store
 
 

@@ -5,7 +5,7 @@ The training thread appends rows to a small batch; full batches go through a bou
 bound) to one writer thread. The writer resolves pending GPU digests, turns each batch into
 Arrow tables and appends them, in one write, to the rank's journal (`rank-N.journal`): that is
 what makes a batch durable against a killed process, at the cost of a file append. Every five
-seconds, or once the journal passes a few megabytes, it folds what the journal holds into
+seconds, or once the journal passes two megabytes, it folds what the journal holds into
 `rank-N.duckdb` in one transaction, reading the journal back from the file (the writer keeps no
 rows in memory), and empties the journal. A DuckDB statement costs about a millisecond whatever
 its size, and a fold has a fixed cost of a few milliseconds: too much to pay per step. `step_barrier()`, called at the end of
@@ -58,12 +58,13 @@ _XOR = TENSORS.names.index("xor")
 _POS = TENSORS.names.index("pos")
 
 FOLD_SECONDS = 5.0  # fold the journal into DuckDB at least this often ...
-FOLD_BYTES = 4 << 20  # ... or once the journal holds this many bytes (mapped, not read, to fold it)
+FOLD_BYTES = 2 << 20  # ... or once the journal holds this many bytes (mapped, not read, to fold it)
 _GROUP = struct.Struct("<4sQI")  # magic, group number, number of tables
 _PART = struct.Struct("<BQ")  # table index in _ROW_TABLES, length of its Arrow IPC stream
 _END = struct.Struct("<4sQ")  # magic, group number: the group is whole only when this follows it
 _MAGIC, _END_MAGIC = b"BGJ1", b"BGJE"
 FOLDED_KEY = "journal_folded"
+MAX_REPORTED_ERRORS = 20  # the store's and the collector's failures share one list (store.errors)
 
 
 def journal_path(rank_path: str | os.PathLike) -> Path:
@@ -222,6 +223,7 @@ class RankStore:
         self._journal_bytes = 0  # what the journal file holds
         self._folded = -1  # the last group in DuckDB
         self._folded_at = time.monotonic()
+        self._fold_failed = False
         self.folds = 0
         self._closed = False
         self._previous_step: threading.Event | None = None
@@ -271,6 +273,9 @@ class RankStore:
         self._queue.put(None)
         self._thread.join(timeout=120)
         self._closed = True
+        if self._fold_failed:  # the journal holds the run: leave it, and the rank file, for recover()
+            self._con.close()
+            return
         try:
             self._fold()
             self.set_meta({"status": status, "collector_errors": self.errors, **(extra_meta or {})})
@@ -292,11 +297,16 @@ class RankStore:
             try:
                 if events or stacks:
                     self._write(events, tensors, stacks, dumps)
-                if time.monotonic() - self._folded_at >= FOLD_SECONDS or self._journal_bytes >= FOLD_BYTES:
-                    self._fold()
             except Exception as exc:  # noqa: BLE001
                 self._report(f"writing {len(events)} events to {self.path} failed: {exc}")
                 traceback.print_exc(file=sys.stderr)
+            try:
+                if time.monotonic() - self._folded_at >= FOLD_SECONDS or self._journal_bytes >= FOLD_BYTES:
+                    self._fold()
+            except Exception as exc:  # noqa: BLE001
+                self._fold_failed = True
+                self._report(f"folding {self._journal_path.name} into {self.path} failed ({exc}); the journal keeps "
+                             f"every batch from here on and is folded when the run is next read")
             finally:
                 if marker is not None:
                     marker.set()
@@ -326,9 +336,11 @@ class RankStore:
             self._folded = self._group
 
     def _fold(self) -> None:
-        """Fold what the journal holds into DuckDB (one transaction), then empty the journal."""
+        """Fold what the journal holds into DuckDB (one transaction), then empty the journal. After a
+        failed fold nothing more is folded: a DuckDB connection that failed may be unusable for good,
+        and the journal alone keeps the run whole (`recover()` folds it when the run is read)."""
         self._folded_at = time.monotonic()
-        if not self._journal_bytes:
+        if not self._journal_bytes or self._fold_failed:
             return
         _, self._folded = fold_journal(self._con, self._journal_path, self._folded)
         self.folds += 1
@@ -339,5 +351,10 @@ class RankStore:
             pass  # harmless: the groups it holds are at most `_folded` (and `journal_folded`): skipped
 
     def _report(self, message: str) -> None:
+        """Record and print a failure, each message once and at most MAX_REPORTED_ERRORS of them."""
+        if message in self.errors or len(self.errors) > MAX_REPORTED_ERRORS:
+            return
+        if len(self.errors) == MAX_REPORTED_ERRORS:
+            message = "more collector errors followed; they are not recorded"
         self.errors.append(message)
         print(f"bitguard: collector error: {message}", file=sys.stderr)

@@ -173,3 +173,32 @@ def test_a_journal_that_cannot_be_written_falls_back_to_committing_each_batch(tm
     s.close("complete")
     assert _seqs(path) == [0, 1, 2]  # every event made it, through DuckDB commits
     assert any("cannot append" in e for e in s.errors)
+
+
+def test_a_fold_that_fails_is_reported_once_and_the_journal_keeps_the_run(tmp_path, monkeypatch, capfd):
+    import torch
+
+    import bitguard
+
+    real, failures = store.fold_journal, []
+
+    def broken(*args):  # what a DuckDB connection invalidated by a fatal error does from then on
+        failures.append(1)
+        raise duckdb.FatalException("database has been invalidated because of a previous fatal error")
+
+    monkeypatch.setattr(store, "FOLD_SECONDS", 0.0)  # fold after every batch
+    monkeypatch.setattr(store, "fold_journal", broken)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with bitguard.record(tmp_path / "run", determinism=False):
+        for _ in range(5):
+            model(torch.ones(2, 4)).sum().backward()
+            opt.step()
+            opt.zero_grad()
+    monkeypatch.setattr(store, "fold_journal", real)
+    assert len(failures) == 1  # no fold is tried after a failed one
+    assert capfd.readouterr().err.count("failed (") == 1
+    assert (tmp_path / "run" / "rank-0.journal").stat().st_size > 0
+    events, _, _ = load_rank(open_run(tmp_path / "run"), 0)  # the reader folds the journal
+    assert sorted(events["step"].unique().to_list()) == [0, 1, 2, 3, 4]
+    assert not (tmp_path / "run" / "rank-0.journal").exists()
