@@ -213,7 +213,10 @@ class RankStore:
         self._queue: queue.Queue = queue.Queue(maxsize=queue_batches)
         # One DuckDB thread and a small buffer pool: the writer is a guest beside the training's
         # own threads and memory (collector memory must stay bounded whatever the run length).
-        self._con = duckdb.connect(path, config={"threads": 1, "memory_limit": "16MB"})
+        # Rows not yet checkpointed stay in memory until the write-ahead log reaches the checkpoint
+        # threshold: 4 MB instead of DuckDB's 16 MB takes about 4 MiB off the collector's peak.
+        # (8 MB of buffer pool is too little: a checkpoint then fails, fatally for the connection.)
+        self._con = duckdb.connect(path, config={"threads": 1, "memory_limit": "16MB", "checkpoint_threshold": "4MB"})
         for table in TABLES:
             self._con.execute(table.ddl())
         self.set_meta({"schema_version": SCHEMA_VERSION, "status": "running", **meta})
