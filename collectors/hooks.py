@@ -138,6 +138,14 @@ def _rng_drawn(before: torch.Tensor) -> bool:
 
 
 class Collector:
+    # Slots, not an instance dict: every hook reads a dozen of these, between kernels that left the
+    # caches cold.
+    __slots__ = ("digest_cache", "dump", "enabled", "errors", "mode", "rank", "step", "steps", "store",
+                 "world_size", "_advance", "_calls", "_calls_step", "_forward_codes", "_grad_watch", "_handles",
+                 "_heavy", "_local", "_lock", "_names", "_next_tid", "_param_in", "_params", "_pass_stack",
+                 "_pending", "_queued", "_rng_free", "_root_names", "_seq", "_stacks", "_thread_names", "_tids",
+                 "_tids_limit")
+
     def __init__(self, store, mode: str = "full", steps: tuple[int, int | None] | None = None,
                  rank: int = 0, world_size: int = 1, dump: bool = False, digest_cache: bool = True):
         self.store = store
