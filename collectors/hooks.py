@@ -6,13 +6,15 @@ it meets. Each observation becomes one event row plus one row per tensor with it
 
 Gradients are observed without touching the autograd graph's arithmetic: no module backward
 hooks (those insert identity nodes, which was seen to reorder gradient sums), only tensor hooks
-on tensors that already exist and post-accumulate hooks on parameters. Consequences:
+on tensors that already exist and, on a parameter whose `.grad` is accumulated into, a
+post-accumulate hook. Consequences:
 - a module's backward event holds `grad_output` (the gradient of each output tensor) and
   `grad_input` (the full gradient of each input tensor that requires grad, i.e. summed over all
   of that tensor's consumers); it completes when all of them have arrived, or at the next
   flush point (next root forward, optimizer step, end) with what did arrive.
 - a parameter's gradient event holds `grad_input` (what autograd delivered) and `grad` (the
-  `.grad` after accumulation), so an accumulation fault is told apart from a wrong gradient.
+  `.grad` after accumulation; the same digest when `.grad` was empty), so an accumulation fault
+  is told apart from a wrong gradient.
 
 Nothing here knows how rows are stored (see store.py) or compared (backend/).
 """
@@ -141,10 +143,10 @@ class Collector:
     # Slots, not an instance dict: every hook reads a dozen of these, between kernels that left the
     # caches cold.
     __slots__ = ("digest_cache", "dump", "enabled", "errors", "mode", "rank", "step", "steps", "store",
-                 "world_size", "_advance", "_calls", "_calls_step", "_forward_codes", "_grad_watch", "_handles",
-                 "_heavy", "_local", "_lock", "_names", "_next_tid", "_param_in", "_params", "_pass_stack",
-                 "_pending", "_queued", "_rng_free", "_root_names", "_seq", "_stacks", "_thread_names", "_tids",
-                 "_tids_limit")
+                 "world_size", "_accumulating", "_advance", "_calls", "_calls_step", "_forward_codes",
+                 "_grad_watch", "_handles", "_heavy", "_local", "_lock", "_names", "_next_tid", "_param_in",
+                 "_params", "_pass_stack", "_pending", "_queued", "_rng_free", "_root_names", "_seq", "_stacks",
+                 "_thread_names", "_tids", "_tids_limit")
 
     def __init__(self, store, mode: str = "full", steps: tuple[int, int | None] | None = None,
                  rank: int = 0, world_size: int = 1, dump: bool = False, digest_cache: bool = True):
@@ -167,7 +169,8 @@ class Collector:
         self._names: dict[int, tuple[weakref.ref, str]] = {}
         self._root_names: set[str] = set()
         self._params: dict[int, tuple[weakref.ref, str, str]] = {}
-        self._param_in: dict[int, list] = {}
+        self._param_in: dict[int, tuple] = {}  # pid -> (t0, grad_input row) while .grad accumulates
+        self._accumulating: set[int] = set()  # parameters with a hook after accumulation
         self._tids: dict[int, list] = {}  # id -> [weakref, tid, version digested, digest]
         self._tids_limit = 4096
         self._grad_watch: dict[int, tuple] = {}  # id -> (weakref, listeners of its gradient)
@@ -389,8 +392,6 @@ class Collector:
             tid = -1 - len(self._params)  # parameters get negative ids, stable across steps
             self._params[id(p)] = (weakref.ref(p), p_name, type(owner).__name__, tid)
             self._handles.append(p.register_hook(partial(self._guarded, self._on_param_grad, id(p))))
-            self._handles.append(p.register_post_accumulate_grad_hook(
-                partial(self._guarded, self._on_param_accumulated, id(p))))
         return name
 
     def _name_of(self, module: torch.nn.Module, parent: _Frame | None) -> str:
@@ -580,24 +581,37 @@ class Collector:
 
     # -- parameter gradients ---------------------------------------------------------------
     def _on_param_grad(self, pid: int, grad) -> None:
+        """A parameter's gradient arrives (before autograd accumulates it into `.grad`). When `.grad`
+        is empty, autograd makes this gradient its value as it is (taken over or copied), so the
+        event is complete now; otherwise `.grad` is known only after the accumulation, and a hook
+        for that is added to the parameter the first time it is needed. Training loops that empty
+        `.grad` every step (zero_grad's default) so cost one hook call a parameter, not two."""
         if grad is None or not (self.steps is None or self._in_window()):
             return
         param = self._params[pid][0]()
         if param is None:
             return
-        row = self._row(grad, "grad_input", 0, "")
-        # When .grad is None the incoming gradient becomes .grad as is: reuse its digest.
-        self._param_in[pid] = [time.time_ns(), row, param.grad is None]
+        t0 = time.time_ns()
+        row_in = self._row(grad, "grad_input", 0, "")
+        if param.grad is None:
+            row = list(row_in)
+            row[1] = "grad"
+            self._emit_grad(pid, t0, row_in, row)
+            return
+        self._param_in[pid] = (t0, row_in)
+        if pid not in self._accumulating:
+            self._accumulating.add(pid)
+            self._handles.append(param.register_post_accumulate_grad_hook(
+                partial(self._guarded, self._on_param_accumulated, pid)))
 
     def _on_param_accumulated(self, pid: int, param) -> None:
         pending = self._param_in.pop(pid, None)
         if pending is None or param.grad is None:
             return
-        t0, row_in, fresh = pending
-        row = list(row_in)
-        row[1] = "grad"
-        if not fresh:
-            row = self._row(param.grad, "grad", 0, "")
+        t0, row_in = pending
+        self._emit_grad(pid, t0, row_in, self._row(param.grad, "grad", 0, ""))
+
+    def _emit_grad(self, pid: int, t0: int, row_in: list, row: list) -> None:
         _, name, owner, _ = self._params[pid]
         self._emit("backward", "grad", name, owner, 0, t0, [row_in, row], self._backward_stack())
 

@@ -442,3 +442,34 @@ def test_a_finished_recording_leaves_the_parameters_hooks_as_it_found_them(tmp_p
     seen.clear()
     model(torch.ones(2, 4)).sum().backward()
     assert seen == ["user"]
+
+
+def test_gradient_events_tell_the_incoming_gradient_from_the_accumulated_one(tmp_path):
+    """Two micro-batches a step: the first gradient fills an empty .grad (both rows are it), the
+    second is added to it (grad_input is what autograd delivered, grad what .grad became)."""
+    from bitguard.cuda.fingerprint import digest
+
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    seen = []  # (incoming, .grad after) for the weight, in order
+    model.weight.register_hook(lambda g: seen.append([digest(g)]))
+    model.weight.register_post_accumulate_grad_hook(lambda p: seen[-1].append(digest(p.grad)))
+    with bitguard.record(tmp_path / "run", determinism=False):
+        for _ in range(2):
+            for _ in range(2):
+                model(torch.randn(3, 4)).pow(2).sum().backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+    ev, tensors = events(tmp_path / "run")
+    names, t_names = EVENTS.names, TENSORS.names
+    grad_seqs = [e[names.index("seq")] for e in ev
+                 if e[names.index("kind")] == "grad" and e[names.index("boundary")] == "weight"]
+    rows = {}
+    for t in tensors:
+        r = dict(zip(t_names, t))
+        if r["seq"] in grad_seqs:
+            rows.setdefault(r["seq"], {})[r["role"]] = (r["xor"], r["pos"])
+    got = [(rows[s]["grad_input"], rows[s]["grad"]) for s in grad_seqs]
+    assert got == [tuple(x) for x in seen] and len(got) == 4
+    assert got[0][0] == got[0][1] and got[1][0] != got[1][1]  # filled, then accumulated
