@@ -108,15 +108,13 @@ def breakdown(rounds: int, steps: int) -> dict:
     import bitguard
     from bitguard.collectors import hooks
 
-    original = {"digest_at": hooks.digest_at, "digest_async": hooks.digest_async, "digest_many": hooks.digest_many,
+    original = {"digest_async": hooks.digest_async, "digest_many": hooks.digest_many,
                 "_row": hooks.Collector._row, "_emit": hooks.Collector._emit}
 
     def variant(name: str) -> None:
-        hooks.digest_at, hooks.digest_async = original["digest_at"], original["digest_async"]
-        hooks.digest_many = original["digest_many"]
+        hooks.digest_async, hooks.digest_many = original["digest_async"], original["digest_many"]
         hooks.Collector._row, hooks.Collector._emit = original["_row"], original["_emit"]
         if name in ("no digests", "hooks only"):
-            hooks.digest_at = lambda address, size: (0, 0)
             hooks.digest_async = lambda t: (0, 0)
             hooks.digest_many = lambda ts: [(0, 0)] * len(ts)
         if name == "hooks only":

@@ -29,15 +29,13 @@ import weakref
 from collections import OrderedDict
 from dataclasses import fields, is_dataclass
 from functools import partial
-from operator import itemgetter
 
 import torch
 from torch.utils import _pytree as pytree
 
 from bitguard.collectors.callstack import StackTable
 from bitguard.collectors.store import MAX_REPORTED_ERRORS
-from bitguard.cuda.cpu_kernel import digest_at
-from bitguard.cuda.fingerprint import digest_async, digest_many, plain_host
+from bitguard.cuda.fingerprint import digest_async, digest_many
 
 # Trusted mode observes only these module types (and gradients, optimizer steps, data).
 HEAVY_MODULES = re.compile(r"Linear|Embedding|Norm|Attention|Attn|MoE|Router|Expert|Conv", re.IGNORECASE)
@@ -283,20 +281,20 @@ class Collector:
             if digest is None and version is not None and entry[2] == version:
                 digest = entry[3]  # the same tensor, not written since it was digested
         try:
-            address = t.data_ptr()
+            storage = t.data_ptr()  # of the storage: the tensor's own address less its offset
             offset = t.storage_offset()
-            storage = address - offset * t.element_size() if offset else address  # the storage's address
+            if offset:
+                storage -= offset * t.element_size()
         except Exception:  # noqa: BLE001 - tensors without storage (meta, some subclasses)
-            address = storage = 0
-        nbytes = t.nbytes
-        if digest is None:  # a plain host tensor is digested in place, from the address just taken
-            digest = digest_at(address, nbytes) if address and nbytes and plain_host(t) else digest_async(t)
+            storage = 0
+        if digest is None:
+            digest = digest_async(t)
         if version is not None and entry[2] != version:
             entry[2], entry[3] = version, digest
         xor, pos = digest if type(digest) is tuple else (digest, digest)
         dtype = _DTYPE_NAMES.get(t.dtype) or _dtype_name(t.dtype)
         # shape and strides as torch gives them (tuples): no copies, fewer objects for the cyclic GC
-        row = [0, role, idx, path, t.shape, dtype, t.stride(), nbytes, xor, pos, tid, storage]
+        row = [0, role, idx, path, t.shape, dtype, t.stride(), t.nbytes, xor, pos, tid, storage]
         if self.dump:  # the bytes ride along as a 13th item until _emit moves them to the dumps table
             d = t.detach()
             row.append(d.contiguous().reshape(-1).view(torch.uint8).cpu().numpy().tobytes() if d.numel() else b"")
@@ -419,18 +417,14 @@ class Collector:
             frames = self._local.frames
         except AttributeError:
             frames = self._local.frames = []
-        if self._advance:
-            self._maybe_advance()
+        self._maybe_advance()
         parent = frames[-1] if frames else None
         if parent is None:
             self._flush_backward()
         name = self._name_of(module, parent)
         t0 = time.time_ns()
-        in_window = self.steps is None or self._in_window()
-        wanted = self.mode == "full" or self._heavy.get(type(module))
-        if wanted is None:
-            wanted = self._wanted(module)
-        frame = _Frame(module, name, len(frames), t0, in_window and wanted)
+        in_window = self._in_window()
+        frame = _Frame(module, name, len(frames), t0, in_window and self._wanted(module))
         frames.append(frame)
         is_model_root = parent is None and in_window and any(True for _ in module.parameters())
         if frame.record or is_model_root:
@@ -550,9 +544,7 @@ class Collector:
 
     def _finish_backward(self, state: _Backward) -> None:
         state.done = True
-        by_idx = itemgetter(2)
-        rows = sorted([r for r in state.rows if r[1] == "grad_output"], key=by_idx)
-        rows += sorted([r for r in state.rows if r[1] != "grad_output"], key=by_idx)
+        rows = sorted(state.rows, key=lambda r: (r[1] != "grad_output", r[2]))  # outputs' gradients first
         self._emit("backward", "module", state.name, state.module_type, state.depth, state.t0, rows,
                    self._backward_stack())
 
@@ -586,7 +578,7 @@ class Collector:
         event is complete now; otherwise `.grad` is known only after the accumulation, and a hook
         for that is added to the parameter the first time it is needed. Training loops that empty
         `.grad` every step (zero_grad's default) so cost one hook call a parameter, not two."""
-        if grad is None or not (self.steps is None or self._in_window()):
+        if grad is None or not self._in_window():
             return
         param = self._params[pid][0]()
         if param is None:

@@ -8,9 +8,10 @@ what makes a batch durable against a killed process, at the cost of a file appen
 seconds, or once the journal passes two megabytes, it folds what the journal holds into
 `rank-N.duckdb` in one transaction, reading the journal back from the file (the writer keeps no
 rows in memory), and empties the journal. A DuckDB statement costs about a millisecond whatever
-its size, and a fold has a fixed cost of a few milliseconds: too much to pay per step. `step_barrier()`, called at the end of
-each training step, waits for the previous step's journal write only: a killed run keeps every
-step before its last completed one, and the training thread rarely waits for the writer.
+its size, and a fold has a fixed cost of a few milliseconds: too much to pay per step.
+`step_barrier()`, called at the end of each training step, waits for the previous step's journal
+write only: a killed run keeps every step before its last completed one, and the training thread
+rarely waits for the writer.
 
 A journal left behind by a killed process is folded by `recover()` (the `bitguard record`
 launcher calls it when its child dies, and every reader calls it through ingest). The fold
@@ -307,7 +308,6 @@ class RankStore:
                 if time.monotonic() - self._folded_at >= FOLD_SECONDS or self._journal_bytes >= FOLD_BYTES:
                     self._fold()
             except Exception as exc:  # noqa: BLE001
-                self._fold_failed = True
                 self._report(f"folding {self._journal_path.name} into {self.path} failed ({exc}); the journal keeps "
                              f"every batch from here on and is folded when the run is next read")
             finally:
@@ -335,6 +335,8 @@ class RankStore:
             except OSError:
                 pass
             self._fold()  # what the journal holds first, then this batch, as the group after it
+            if self._fold_failed:  # committing it alone would mark the journal's groups as folded
+                raise
             _commit(self._con, {name: [t] for name, t in tables.items() if t.num_rows}, self._group)
             self._folded = self._group
 
@@ -345,7 +347,11 @@ class RankStore:
         self._folded_at = time.monotonic()
         if not self._journal_bytes or self._fold_failed:
             return
-        _, self._folded = fold_journal(self._con, self._journal_path, self._folded)
+        try:
+            _, self._folded = fold_journal(self._con, self._journal_path, self._folded)
+        except Exception:
+            self._fold_failed = True
+            raise
         self.folds += 1
         try:
             os.ftruncate(self._journal, 0)  # O_APPEND: the next group starts the file again

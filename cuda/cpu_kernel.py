@@ -95,7 +95,7 @@ def digest_addresses(addresses, sizes, out):
     (int64 arrays); its (xor, pos) go to out[i]. The caller keeps every buffer alive and unwritten
     for the call: an optimizer's hundreds of parameters cost one dispatch instead of hundreds."""
     for i in range(addresses.size):
-        x, p = digest_bytes(carray(_bytes_at(addresses[i]), sizes[i]))
+        x, p = digest_at(addresses[i], sizes[i])
         out[i, 0] = x
         out[i, 1] = p
 

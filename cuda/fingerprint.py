@@ -38,7 +38,7 @@ def digest(t: torch.Tensor) -> Digest:
 _PLAIN = (torch.Tensor, torch.nn.Parameter)
 
 
-def plain_host(t: torch.Tensor) -> bool:
+def _plain_host(t: torch.Tensor) -> bool:
     """Is `t` a host tensor whose own memory holds its logical bytes in order?"""
     return t.is_cpu and type(t) in _PLAIN and t.is_contiguous() and not t.is_quantized \
         and t.layout == torch.strided and not t.is_conj() and not t.is_neg()
@@ -49,7 +49,7 @@ def digest_many(tensors: list[torch.Tensor]) -> list[Union[Digest, "Pending"]]:
     answers: list = [None] * len(tensors)
     batch = []
     for i, t in enumerate(tensors):
-        if plain_host(t) and t.numel():
+        if _plain_host(t) and t.numel():
             batch.append(i)
         else:
             answers[i] = digest_async(t)
@@ -67,7 +67,7 @@ def digest_async(t: torch.Tensor) -> Union[Digest, "Pending"]:
     """(xor, pos) of a host tensor, or a `Pending` for a CUDA tensor; never synchronises CUDA."""
     if t.is_cuda:
         return cuda_digester().submit(t)
-    if plain_host(t):
+    if _plain_host(t):
         # The common case: its own memory, `nbytes` from the first element's address, digested in
         # place (a microsecond a tensor, most of it the checks above).
         nbytes = t.nbytes

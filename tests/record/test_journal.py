@@ -202,3 +202,20 @@ def test_a_fold_that_fails_is_reported_once_and_the_journal_keeps_the_run(tmp_pa
     events, _, _ = load_rank(open_run(tmp_path / "run"), 0)  # the reader folds the journal
     assert sorted(events["step"].unique().to_list()) == [0, 1, 2, 3, 4]
     assert not (tmp_path / "run" / "rank-0.journal").exists()
+
+
+def test_after_a_failed_fold_a_failed_append_does_not_mark_the_journal_folded(tmp_path):
+    path = tmp_path / "rank-0.duckdb"
+    s = store.RankStore(str(path), {})
+    s._queue.put(None)
+    s._thread.join()
+    s._write(*_rows(10, 2))  # journaled, not folded
+    s._fold_failed = True  # DuckDB gave up earlier
+    journal = s._journal
+    s._journal = os.open(tmp_path / "read-only", os.O_RDONLY | os.O_CREAT)  # the next append fails
+    with pytest.raises(OSError):
+        s._write(*_rows(20, 2))  # reported by the writer loop; nothing may claim group 1 folded
+    os.close(s._journal)
+    os.close(journal)
+    s._con.close()
+    assert store.recover(path) == 1 and _seqs(path) == [10, 11]
