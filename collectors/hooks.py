@@ -1,8 +1,9 @@
 """Collectors: the hooks that observe every model boundary of a training process.
 
-`Collector.install()` attaches global module forward hooks (every `nn.Module`, whenever it was
-created), a global optimizer step hook, and per-parameter gradient hooks for every root module
-it meets. Each observation becomes one event row plus one row per tensor with its digests.
+`Collector.install()` wraps what every module call runs (`nn.Module._call_impl`: every
+`nn.Module`, whenever it was created), attaches a global optimizer step hook, and per-parameter
+gradient hooks for every root module it meets. Each observation becomes one event row plus one
+row per tensor with its digests.
 
 Gradients are observed without touching the autograd graph's arithmetic: no module backward
 hooks (those insert identity nodes, which was seen to reorder gradient sums), only tensor hooks
@@ -29,6 +30,7 @@ import weakref
 from collections import OrderedDict
 from dataclasses import fields, is_dataclass
 from functools import partial
+from operator import itemgetter
 
 import torch
 from torch.utils import _pytree as pytree
@@ -45,14 +47,15 @@ QUEUED_EVENTS = 256  # events queued before they are numbered and handed to the 
 class _Frame:
     """A module call in progress (a plain class with slots: one is made for every module call)."""
 
-    __slots__ = ("module", "name", "depth", "t0", "record", "args", "inputs", "rng", "stack_key")
+    __slots__ = ("module", "name", "depth", "t0", "record", "calls", "args", "inputs", "rng", "stack_key")
 
-    def __init__(self, module: torch.nn.Module, name: str, depth: int, t0: int, record: bool):
+    def __init__(self, module: torch.nn.Module, name: str, depth: int, t0: int, record: bool, calls: list):
         self.module = module
         self.name = name
         self.depth = depth
         self.t0 = t0
         self.record = record
+        self.calls = calls  # the thread's module calls in progress, this one's parent last
         self.args: list = []  # _flatten(args), when recorded
         self.inputs: list = []  # their rows
         self.rng: torch.Tensor | None = None  # the CPU RNG state when the call began
@@ -107,6 +110,7 @@ _RNG_FREE_FORWARDS = {getattr(torch.nn, name).forward for name in (
     "GELU", "ReLU", "SiLU", "Tanh", "Sigmoid", "Softmax", "LogSoftmax", "Identity", "Flatten",
     "LeakyReLU", "ELU", "Mish", "Hardswish", "Softplus") if hasattr(torch.nn, name)}
 _DTYPE_NAMES: dict[torch.dtype, str] = {}
+_ROLE, _INDEX = itemgetter(1), itemgetter(2)  # of a tensor row
 _HOOK_KEY = ("bitguard", "gradient")  # our entry in a tensor's hook dict (torch's own keys are ints)
 
 
@@ -141,10 +145,10 @@ class Collector:
     # Slots, not an instance dict: every hook reads a dozen of these, between kernels that left the
     # caches cold.
     __slots__ = ("digest_cache", "dump", "enabled", "errors", "mode", "rank", "step", "steps", "store",
-                 "world_size", "_accumulating", "_advance", "_calls", "_calls_step", "_forward_codes",
+                 "world_size", "_accumulating", "_advance", "_call_impl", "_calls", "_calls_step", "_forward_codes",
                  "_grad_watch", "_handles", "_heavy", "_local", "_lock", "_names", "_next_tid", "_param_in",
                  "_params", "_pass_stack", "_pending", "_queued", "_rng_free", "_root_names", "_seq", "_stacks",
-                 "_thread_names", "_tids", "_tids_limit")
+                 "_thread_names", "_tids", "_tids_limit", "_wrapper")
 
     def __init__(self, store, mode: str = "full", steps: tuple[int, int | None] | None = None,
                  rank: int = 0, world_size: int = 1, dump: bool = False, digest_cache: bool = True):
@@ -176,6 +180,7 @@ class Collector:
         self._local = threading.local()
         self._pending: list[_Backward] = []
         self._handles: list = []
+        self._call_impl = self._wrapper = None  # nn.Module._call_impl as found, and our wrapper of it
         self._stacks = StackTable()
         self._lock = threading.RLock()
         self._pass_stack: int | None = None  # user stack of the backward pass in progress
@@ -185,15 +190,10 @@ class Collector:
 
     # -- installation ----------------------------------------------------------------------
     def install(self) -> None:
-        from torch.nn.modules import module as nn_module
         from torch.optim import optimizer as optim
 
-        self._handles += [
-            nn_module.register_module_forward_pre_hook(self._guard(self._on_forward_pre)),
-            nn_module.register_module_forward_hook(
-                self._guard(self._on_forward), with_kwargs=True, always_call=True),
-            optim.register_optimizer_step_post_hook(self._guard(self._on_optimizer_step)),
-        ]
+        self._wrap_module_calls()
+        self._handles.append(optim.register_optimizer_step_post_hook(self._guard(self._on_optimizer_step)))
 
     def remove(self) -> None:
         """Flush what is pending and remove every hook this collector installed."""
@@ -202,6 +202,9 @@ class Collector:
         for handle in self._handles:
             handle.remove()
         self._handles.clear()
+        if torch.nn.Module._call_impl is self._wrapper:
+            torch.nn.Module._call_impl = self._call_impl
+        # (wrapped again since by someone else: ours stays in their chain, passing calls through)
         # A removed hook leaves its tensor an empty hook dict, which autograd still calls into for
         # every gradient: give the parameters back as they were when nothing else hooks them.
         for ref, *_ in self._params.values():
@@ -302,7 +305,11 @@ class Collector:
 
     def _rows(self, flat: list[tuple[str, torch.Tensor]], role: str, start: int = 0) -> list[list]:
         """Rows of `_flatten`'s (path, tensor) pairs, the dense ones."""
-        return [self._row(t, role, start + i, path) for i, (path, t) in enumerate(flat) if t.layout == torch.strided]
+        rows = []
+        for i, (path, t) in enumerate(flat):
+            if t.layout == torch.strided:
+                rows.append(self._row(t, role, start + i, path))
+        return rows
 
     def _emit(self, phase: str, kind: str, name: str, module_type: str, depth: int, t0: int,
               rows: list[list], stack: int | tuple | None = None) -> None:
@@ -389,7 +396,7 @@ class Collector:
             owner = module.get_submodule(p_name.rpartition(".")[0]) if "." in p_name else module
             tid = -1 - len(self._params)  # parameters get negative ids, stable across steps
             self._params[id(p)] = (weakref.ref(p), p_name, type(owner).__name__, tid)
-            self._handles.append(p.register_hook(partial(self._guarded, self._on_param_grad, id(p))))
+            self._handles.append(p.register_hook(partial(self._on_param_grad, id(p))))
         return name
 
     def _name_of(self, module: torch.nn.Module, parent: _Frame | None) -> str:
@@ -412,55 +419,82 @@ class Collector:
         return wanted
 
     # -- forward ---------------------------------------------------------------------------
-    def _on_forward_pre(self, module, args) -> None:
-        try:
-            frames = self._local.frames
-        except AttributeError:
-            frames = self._local.frames = []
-        self._maybe_advance()
-        parent = frames[-1] if frames else None
-        if parent is None:
-            self._flush_backward()
-        name = self._name_of(module, parent)
-        t0 = time.time_ns()
-        in_window = self._in_window()
-        frame = _Frame(module, name, len(frames), t0, in_window and self._wanted(module))
-        frames.append(frame)
-        is_model_root = parent is None and in_window and any(True for _ in module.parameters())
-        if frame.record or is_model_root:
-            frame.args = _flatten(args)
-            frame.inputs = self._rows(frame.args, "input")
-            if is_model_root or self._may_draw(module):
-                frame.rng = torch.get_rng_state()
-        if is_model_root:
-            rows = [list(r) for r in frame.inputs] + self._rng_rows(frame.rng)
-            self._emit("data", "batch", name, type(module).__name__, 0, t0, rows)
+    def _wrap_module_calls(self) -> None:
+        """Observe every module call by wrapping `nn.Module._call_impl`, what `Module.__call__` runs,
+        rather than with global module hooks: their presence sends every module call down torch's
+        slow path (a closure, a set, hook-dict walks), which cost more a step than this wrapper and
+        torch's fast path together. The wrapper sees what the caller passed and what it gets back
+        (the module's own hooks, if any, run inside). `remove()` puts the original back."""
+        inner = self._call_impl = torch.nn.Module._call_impl
+        enter, leave = self._enter, self._leave
 
-    def _on_forward(self, module, args, kwargs, output) -> None:
+        def _call_impl(module, *args, **kwargs):
+            if not self.enabled:
+                return inner(module, *args, **kwargs)
+            frame = enter(module, args)
+            try:
+                output = inner(module, *args, **kwargs)
+            finally:
+                if frame is not None:
+                    frame.calls.pop()
+            if frame is not None and frame.record:
+                leave(frame, kwargs, output)
+            return output
+
+        self._wrapper = torch.nn.Module._call_impl = _call_impl
+
+    def _enter(self, module, args) -> _Frame | None:
+        """A module call begins: its frame, pushed last (None, and nothing pushed, on failure)."""
         try:
-            frames = self._local.frames
-        except AttributeError:
-            return
-        if not frames or frames[-1].module is not module:
-            # an exception unwound past frames we never closed: drop them
-            while frames and frames[-1].module is not module:
-                frames.pop()
-            if not frames:
-                return
-        frame = frames.pop()
-        if not frame.record:
-            return
-        rows = frame.inputs + self._rows(_flatten(kwargs), "input", len(frame.inputs)) if kwargs else frame.inputs
-        if frame.rng is not None and _rng_drawn(frame.rng):
-            # the call drew random numbers: the RNG state it started from is one of its inputs
-            rows = rows + [self._rng_row(frame.rng, digest_async(frame.rng), "cpu", 0)]
-        outputs = _flatten(output) if output is not None else []
-        out_rows = self._rows(outputs, "output")
-        mtype = type(module).__name__
-        stack = self._call_key(sys._getframe(1), frames, len(frames) - 1)  # interned by _drain
-        self._emit("forward", "module", frame.name, mtype, frame.depth, frame.t0, rows + out_rows, stack)
-        if torch.is_grad_enabled():
-            self._watch_backward(frame, mtype, kwargs, outputs)
+            try:
+                frames = self._local.frames
+            except AttributeError:
+                frames = self._local.frames = []
+            if self._advance:
+                self._maybe_advance()
+            parent = frames[-1] if frames else None
+            if parent is None:
+                self._flush_backward()
+            # (the common cases inline, the helpers called for the rest: this runs for every call)
+            entry = self._names.get(id(module))
+            name = entry[1] if entry is not None and entry[0]() is module else self._name_of(module, parent)
+            t0 = time.time_ns()
+            in_window = self.steps is None or self._in_window()
+            record = in_window and (self.mode == "full" or self._wanted(module))
+            frame = _Frame(module, name, len(frames), t0, record, frames)
+            is_model_root = parent is None and in_window and any(True for _ in module.parameters())
+            if frame.record or is_model_root:
+                frame.args = _flatten(args)
+                frame.inputs = self._rows(frame.args, "input")
+                if is_model_root or self._may_draw(module):
+                    frame.rng = torch.get_rng_state()
+            if is_model_root:
+                rows = [list(r) for r in frame.inputs] + self._rng_rows(frame.rng)
+                self._emit("data", "batch", name, type(module).__name__, 0, t0, rows)
+            frames.append(frame)
+            return frame
+        except Exception as exc:  # noqa: BLE001 - the training must go on
+            self._fail("forward", exc)
+            return None
+
+    def _leave(self, frame: _Frame, kwargs, output) -> None:
+        """A recorded module call returned `output` (its frame already popped): its forward event."""
+        try:
+            module = frame.module
+            rows = frame.inputs + self._rows(_flatten(kwargs), "input", len(frame.inputs)) if kwargs else frame.inputs
+            if frame.rng is not None and _rng_drawn(frame.rng):
+                # the call drew random numbers: the RNG state it started from is one of its inputs
+                rows = rows + [self._rng_row(frame.rng, digest_async(frame.rng), "cpu", 0)]
+            outputs = _flatten(output) if output is not None else []
+            out_rows = self._rows(outputs, "output")
+            mtype = type(module).__name__
+            frames = frame.calls
+            stack = self._call_key(sys._getframe(1), frames, len(frames) - 1)  # interned by _drain
+            self._emit("forward", "module", frame.name, mtype, frame.depth, frame.t0, rows + out_rows, stack)
+            if torch.is_grad_enabled():
+                self._watch_backward(frame, mtype, kwargs, outputs)
+        except Exception as exc:  # noqa: BLE001 - the training must go on
+            self._fail("forward", exc)
 
     def _call_key(self, f, frames: list[_Frame], level: int) -> tuple:
         """The user-stack key of code running at frame `f` inside the module call frames[level]
@@ -524,29 +558,37 @@ class Collector:
             listeners.append(listener)
             return
         listeners = [listener]
-        _add_grad_hook(t, partial(self._guarded, self._on_grad, listeners))
+        _add_grad_hook(t, partial(self._on_grad, listeners))
         self._grad_watch[id(t)] = (weakref.ref(t), listeners)
 
     def _on_grad(self, listeners: list, grad) -> None:
-        if grad is None:
+        """A watched tensor's gradient arrives: a row for each module call waiting for it. (The hot
+        hooks contain their own failures rather than go through `_guarded`: a call level less for
+        every gradient.)"""
+        if grad is None or not self.enabled:
             return
-        for state, role, idx, path in listeners:
-            if not state.done:
-                self._on_grad_arrived(state, role, idx, path, grad)
-
-    def _on_grad_arrived(self, state: _Backward, role: str, idx: int, path: str, grad) -> None:
-        if state.arrived == 0:
-            state.t0 = time.time_ns()
-        state.rows.append(self._row(grad, role, idx, path))
-        state.arrived += 1
-        if state.arrived >= state.expected:
-            self._finish_backward(state)
+        try:
+            for state, role, idx, path in listeners:
+                if state.done:
+                    continue
+                if state.arrived == 0:
+                    state.t0 = time.time_ns()
+                state.rows.append(self._row(grad, role, idx, path))
+                state.arrived += 1
+                if state.arrived >= state.expected:
+                    self._finish_backward(state)
+        except Exception as exc:  # noqa: BLE001 - the training must go on
+            self._fail("backward", exc)
 
     def _finish_backward(self, state: _Backward) -> None:
         state.done = True
-        rows = sorted(state.rows, key=lambda r: (r[1] != "grad_output", r[2]))  # outputs' gradients first
+        rows = state.rows
+        # outputs' gradients first, each role by index: two sorts in C (stable, `reverse` too), no key calls
+        rows.sort(key=_INDEX)
+        rows.sort(key=_ROLE, reverse=True)  # "grad_output" > "grad_input"
+        sid = self._pass_stack
         self._emit("backward", "module", state.name, state.module_type, state.depth, state.t0, rows,
-                   self._backward_stack())
+                   sid if sid is not None else self._backward_stack())
 
     def _backward_stack(self) -> int:
         """The user stack of the backward pass running now, captured once per pass: every hook of a
@@ -578,23 +620,28 @@ class Collector:
         event is complete now; otherwise `.grad` is known only after the accumulation, and a hook
         for that is added to the parameter the first time it is needed. Training loops that empty
         `.grad` every step (zero_grad's default) so cost one hook call a parameter, not two."""
-        if grad is None or not self._in_window():
+        if grad is None or not self.enabled:
             return
-        param = self._params[pid][0]()
-        if param is None:
-            return
-        t0 = time.time_ns()
-        row_in = self._row(grad, "grad_input", 0, "")
-        if param.grad is None:
-            row = list(row_in)
-            row[1] = "grad"
-            self._emit_grad(pid, t0, row_in, row)
-            return
-        self._param_in[pid] = (t0, row_in)
-        if pid not in self._accumulating:
-            self._accumulating.add(pid)
-            self._handles.append(param.register_post_accumulate_grad_hook(
-                partial(self._guarded, self._on_param_accumulated, pid)))
+        try:
+            if self.steps is not None and not self._in_window():
+                return
+            param = self._params[pid][0]()
+            if param is None:
+                return
+            t0 = time.time_ns()
+            row_in = self._row(grad, "grad_input", 0, "")
+            if param.grad is None:
+                row = list(row_in)
+                row[1] = "grad"
+                self._emit_grad(pid, t0, row_in, row)
+                return
+            self._param_in[pid] = (t0, row_in)
+            if pid not in self._accumulating:
+                self._accumulating.add(pid)
+                self._handles.append(param.register_post_accumulate_grad_hook(
+                    partial(self._guarded, self._on_param_accumulated, pid)))
+        except Exception as exc:  # noqa: BLE001 - the training must go on
+            self._fail("gradient", exc)
 
     def _on_param_accumulated(self, pid: int, param) -> None:
         pending = self._param_in.pop(pid, None)
@@ -605,7 +652,9 @@ class Collector:
 
     def _emit_grad(self, pid: int, t0: int, row_in: list, row: list) -> None:
         _, name, owner, _ = self._params[pid]
-        self._emit("backward", "grad", name, owner, 0, t0, [row_in, row], self._backward_stack())
+        sid = self._pass_stack
+        self._emit("backward", "grad", name, owner, 0, t0, [row_in, row],
+                   sid if sid is not None else self._backward_stack())
 
     # -- optimizer -------------------------------------------------------------------------
     def _on_optimizer_step(self, optimizer, args, kwargs) -> None:

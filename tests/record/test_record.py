@@ -252,14 +252,15 @@ def test_python_api_removes_every_hook_it_installed(tmp_path):
     from torch.optim import optimizer as optim
 
     before = (len(nn_module._global_forward_pre_hooks), len(nn_module._global_forward_hooks),
-              len(optim._global_optimizer_post_hooks))
+              len(optim._global_optimizer_post_hooks), torch.nn.Module._call_impl)
     model = torch.nn.Linear(3, 3)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     with bitguard.record(tmp_path / "run", mode="trusted"):
+        assert torch.nn.Module._call_impl is not before[3]  # module calls are observed through it
         model(torch.ones(1, 3)).sum().backward()
         opt.step()
     after = (len(nn_module._global_forward_pre_hooks), len(nn_module._global_forward_hooks),
-             len(optim._global_optimizer_post_hooks))
+             len(optim._global_optimizer_post_hooks), torch.nn.Module._call_impl)
     assert before == after
     assert not model.weight._backward_hooks and not model.weight._post_accumulate_grad_hooks
 
@@ -471,3 +472,33 @@ def test_gradient_events_tell_the_incoming_gradient_from_the_accumulated_one(tmp
     got = [(rows[s]["grad_input"], rows[s]["grad"]) for s in grad_seqs]
     assert got == [tuple(x) for x in seen] and len(got) == 4
     assert got[0][0] == got[0][1] and got[1][0] != got[1][1]  # filled, then accumulated
+
+
+class _Flaky(torch.nn.Module):
+    """Raises from its forward when told to: the script catches it and goes on."""
+
+    def __init__(self):
+        super().__init__()
+        self.fail = False
+
+    def forward(self, x):
+        if self.fail:
+            raise ValueError("bad batch")
+        return x * 2
+
+
+def test_a_module_call_that_raises_is_unwound_without_a_collector_error(tmp_path):
+    inner = _Flaky()
+    model = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Sequential(inner), torch.nn.Linear(2, 1))
+    with bitguard.record(tmp_path / "run", determinism=False) as rec:
+        inner.fail = True
+        with pytest.raises(ValueError, match="bad batch"):
+            model(torch.ones(1, 2))
+        inner.fail = False
+        model(torch.ones(1, 2))
+        errors = list(rec.collector.errors)
+    assert errors == []
+    rows = [dict(zip(EVENTS.names, e)) for e in events(tmp_path / "run")[0] if e]
+    forward = [(r["boundary"], r["depth"]) for r in rows if r["phase"] == "forward"]
+    # the failed call's only finished module is "0"; it left no open frame: the second call nests rightly
+    assert forward == [("0", 1), ("0", 1), ("1.0", 2), ("1", 1), ("2", 1), ("Sequential", 0)], forward
