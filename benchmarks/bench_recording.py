@@ -7,7 +7,7 @@ kernel compilation) is measured separately in fresh processes. Memory: RSS growt
 recorded run (small model, many steps) between an early and a late step, and the peak size of the
 writer queue.
 
-    python benchmarks/bench_recording.py [--rounds 5] [--steps 20] [--json] [--breakdown]
+    python benchmarks/bench_recording.py [--rounds 20] [--steps 20] [--json] [--breakdown]
 """
 
 from __future__ import annotations
@@ -208,7 +208,7 @@ def memory(steps: int) -> dict:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--rounds", type=int, default=20)
     p.add_argument("--steps", type=int, default=20,
                    help="steps per round and mode (the first is dropped; 20 steps span a journal fold)")
     p.add_argument("--memory-steps", type=int, default=600)
