@@ -502,3 +502,19 @@ def test_a_module_call_that_raises_is_unwound_without_a_collector_error(tmp_path
     forward = [(r["boundary"], r["depth"]) for r in rows if r["phase"] == "forward"]
     # the failed call's only finished module is "0"; it left no open frame: the second call nests rightly
     assert forward == [("0", 1), ("0", 1), ("1.0", 2), ("1", 1), ("2", 1), ("Sequential", 0)], forward
+
+
+def test_a_module_output_is_recorded_as_its_caller_receives_it(tmp_path):
+    # A forward hook of the module's own may replace its output: the event holds what crossed the
+    # boundary to the caller, the same tensor (tid and bytes) the next module takes as input.
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Linear(2, 1))
+    model[0].register_forward_hook(lambda module, args, out: out * 3)
+    with bitguard.record(tmp_path / "run", determinism=False):
+        model(torch.ones(1, 2))
+    ev, tensors = events(tmp_path / "run")
+    seq = {r["boundary"]: r["seq"] for r in (dict(zip(EVENTS.names, e)) for e in ev) if r["phase"] == "forward"}
+    rows = [dict(zip(TENSORS.names, t)) for t in tensors]
+    out = next(t for t in rows if t["seq"] == seq["0"] and t["role"] == "output")
+    nxt = next(t for t in rows if t["seq"] == seq["1"] and t["role"] == "input")
+    assert (out["tid"], out["xor"], out["pos"]) == (nxt["tid"], nxt["xor"], nxt["pos"])
