@@ -30,7 +30,6 @@ import weakref
 from collections import OrderedDict
 from dataclasses import fields, is_dataclass
 from functools import partial
-from operator import itemgetter
 
 import torch
 from torch.utils import _pytree as pytree
@@ -110,7 +109,6 @@ _RNG_FREE_FORWARDS = {getattr(torch.nn, name).forward for name in (
     "GELU", "ReLU", "SiLU", "Tanh", "Sigmoid", "Softmax", "LogSoftmax", "Identity", "Flatten",
     "LeakyReLU", "ELU", "Mish", "Hardswish", "Softplus") if hasattr(torch.nn, name)}
 _DTYPE_NAMES: dict[torch.dtype, str] = {}
-_ROLE, _INDEX = itemgetter(1), itemgetter(2)  # of a tensor row
 _HOOK_KEY = ("bitguard", "gradient")  # our entry in a tensor's hook dict (torch's own keys are ints)
 
 
@@ -170,7 +168,7 @@ class Collector:
         self._thread_names: dict[int, str] = {}  # ident -> name, for threads threading does not list
         self._names: dict[int, tuple[weakref.ref, str]] = {}
         self._root_names: set[str] = set()
-        self._params: dict[int, tuple[weakref.ref, str, str]] = {}
+        self._params: dict[int, tuple[weakref.ref, str, str, int]] = {}  # id -> (ref, name, owner type, tid)
         self._param_in: dict[int, tuple] = {}  # pid -> (t0, grad_input row) while .grad accumulates
         self._accumulating: set[int] = set()  # parameters with a hook after accumulation
         self._tids: dict[int, list] = {}  # id -> [weakref, tid, version digested, digest]
@@ -305,11 +303,7 @@ class Collector:
 
     def _rows(self, flat: list[tuple[str, torch.Tensor]], role: str, start: int = 0) -> list[list]:
         """Rows of `_flatten`'s (path, tensor) pairs, the dense ones."""
-        rows = []
-        for i, (path, t) in enumerate(flat):
-            if t.layout == torch.strided:
-                rows.append(self._row(t, role, start + i, path))
-        return rows
+        return [self._row(t, role, start + i, path) for i, (path, t) in enumerate(flat) if t.layout == torch.strided]
 
     def _emit(self, phase: str, kind: str, name: str, module_type: str, depth: int, t0: int,
               rows: list[list], stack: int | tuple | None = None) -> None:
@@ -396,7 +390,7 @@ class Collector:
             owner = module.get_submodule(p_name.rpartition(".")[0]) if "." in p_name else module
             tid = -1 - len(self._params)  # parameters get negative ids, stable across steps
             self._params[id(p)] = (weakref.ref(p), p_name, type(owner).__name__, tid)
-            self._handles.append(p.register_hook(partial(self._on_param_grad, id(p))))
+            self._handles.append(p.register_hook(partial(self._guarded, self._on_param_grad, id(p))))
         return name
 
     def _name_of(self, module: torch.nn.Module, parent: _Frame | None) -> str:
@@ -426,7 +420,7 @@ class Collector:
         torch's fast path together. The wrapper sees what the caller passed and what it gets back
         (the module's own hooks, if any, run inside). `remove()` puts the original back."""
         inner = self._call_impl = torch.nn.Module._call_impl
-        enter, leave = self._enter, self._leave
+        enter, leave = self._enter, self._guard(self._leave)
 
         def _call_impl(module, *args, **kwargs):
             if not self.enabled:
@@ -444,24 +438,21 @@ class Collector:
         self._wrapper = torch.nn.Module._call_impl = _call_impl
 
     def _enter(self, module, args) -> _Frame | None:
-        """A module call begins: its frame, pushed last (None, and nothing pushed, on failure)."""
+        """A module call begins: its frame, pushed last (None, and nothing pushed, on failure: the
+        wrapper needs the frame back, so this contains its failures itself instead of `_guarded`)."""
         try:
             try:
                 frames = self._local.frames
             except AttributeError:
                 frames = self._local.frames = []
-            if self._advance:
-                self._maybe_advance()
+            self._maybe_advance()
             parent = frames[-1] if frames else None
             if parent is None:
                 self._flush_backward()
-            # (the common cases inline, the helpers called for the rest: this runs for every call)
-            entry = self._names.get(id(module))
-            name = entry[1] if entry is not None and entry[0]() is module else self._name_of(module, parent)
+            name = self._name_of(module, parent)
             t0 = time.time_ns()
-            in_window = self.steps is None or self._in_window()
-            record = in_window and (self.mode == "full" or self._wanted(module))
-            frame = _Frame(module, name, len(frames), t0, record, frames)
+            in_window = self._in_window()
+            frame = _Frame(module, name, len(frames), t0, in_window and self._wanted(module), frames)
             is_model_root = parent is None and in_window and any(True for _ in module.parameters())
             if frame.record or is_model_root:
                 frame.args = _flatten(args)
@@ -479,22 +470,18 @@ class Collector:
 
     def _leave(self, frame: _Frame, kwargs, output) -> None:
         """A recorded module call returned `output` (its frame already popped): its forward event."""
-        try:
-            module = frame.module
-            rows = frame.inputs + self._rows(_flatten(kwargs), "input", len(frame.inputs)) if kwargs else frame.inputs
-            if frame.rng is not None and _rng_drawn(frame.rng):
-                # the call drew random numbers: the RNG state it started from is one of its inputs
-                rows = rows + [self._rng_row(frame.rng, digest_async(frame.rng), "cpu", 0)]
-            outputs = _flatten(output) if output is not None else []
-            out_rows = self._rows(outputs, "output")
-            mtype = type(module).__name__
-            frames = frame.calls
-            stack = self._call_key(sys._getframe(1), frames, len(frames) - 1)  # interned by _drain
-            self._emit("forward", "module", frame.name, mtype, frame.depth, frame.t0, rows + out_rows, stack)
-            if torch.is_grad_enabled():
-                self._watch_backward(frame, mtype, kwargs, outputs)
-        except Exception as exc:  # noqa: BLE001 - the training must go on
-            self._fail("forward", exc)
+        rows = frame.inputs + self._rows(_flatten(kwargs), "input", len(frame.inputs)) if kwargs else frame.inputs
+        if frame.rng is not None and _rng_drawn(frame.rng):
+            # the call drew random numbers: the RNG state it started from is one of its inputs
+            rows = rows + [self._rng_row(frame.rng, digest_async(frame.rng), "cpu", 0)]
+        outputs = _flatten(output) if output is not None else []
+        out_rows = self._rows(outputs, "output")
+        mtype = type(frame.module).__name__
+        frames = frame.calls
+        stack = self._call_key(sys._getframe(1), frames, len(frames) - 1)  # interned by _drain
+        self._emit("forward", "module", frame.name, mtype, frame.depth, frame.t0, rows + out_rows, stack)
+        if torch.is_grad_enabled():
+            self._watch_backward(frame, mtype, kwargs, outputs)
 
     def _call_key(self, f, frames: list[_Frame], level: int) -> tuple:
         """The user-stack key of code running at frame `f` inside the module call frames[level]
@@ -558,37 +545,28 @@ class Collector:
             listeners.append(listener)
             return
         listeners = [listener]
-        _add_grad_hook(t, partial(self._on_grad, listeners))
+        _add_grad_hook(t, partial(self._guarded, self._on_grad, listeners))
         self._grad_watch[id(t)] = (weakref.ref(t), listeners)
 
     def _on_grad(self, listeners: list, grad) -> None:
-        """A watched tensor's gradient arrives: a row for each module call waiting for it. (The hot
-        hooks contain their own failures rather than go through `_guarded`: a call level less for
-        every gradient.)"""
-        if grad is None or not self.enabled:
+        """A watched tensor's gradient arrives: a row for each module call waiting for it."""
+        if grad is None:
             return
-        try:
-            for state, role, idx, path in listeners:
-                if state.done:
-                    continue
-                if state.arrived == 0:
-                    state.t0 = time.time_ns()
-                state.rows.append(self._row(grad, role, idx, path))
-                state.arrived += 1
-                if state.arrived >= state.expected:
-                    self._finish_backward(state)
-        except Exception as exc:  # noqa: BLE001 - the training must go on
-            self._fail("backward", exc)
+        for state, role, idx, path in listeners:
+            if state.done:
+                continue
+            if state.arrived == 0:
+                state.t0 = time.time_ns()
+            state.rows.append(self._row(grad, role, idx, path))
+            state.arrived += 1
+            if state.arrived >= state.expected:
+                self._finish_backward(state)
 
     def _finish_backward(self, state: _Backward) -> None:
         state.done = True
-        rows = state.rows
-        # outputs' gradients first, each role by index: two sorts in C (stable, `reverse` too), no key calls
-        rows.sort(key=_INDEX)
-        rows.sort(key=_ROLE, reverse=True)  # "grad_output" > "grad_input"
-        sid = self._pass_stack
+        rows = sorted(state.rows, key=lambda r: (r[1] != "grad_output", r[2]))  # outputs' gradients first
         self._emit("backward", "module", state.name, state.module_type, state.depth, state.t0, rows,
-                   sid if sid is not None else self._backward_stack())
+                   self._backward_stack())
 
     def _backward_stack(self) -> int:
         """The user stack of the backward pass running now, captured once per pass: every hook of a
@@ -620,28 +598,23 @@ class Collector:
         event is complete now; otherwise `.grad` is known only after the accumulation, and a hook
         for that is added to the parameter the first time it is needed. Training loops that empty
         `.grad` every step (zero_grad's default) so cost one hook call a parameter, not two."""
-        if grad is None or not self.enabled:
+        if grad is None or not self._in_window():
             return
-        try:
-            if self.steps is not None and not self._in_window():
-                return
-            param = self._params[pid][0]()
-            if param is None:
-                return
-            t0 = time.time_ns()
-            row_in = self._row(grad, "grad_input", 0, "")
-            if param.grad is None:
-                row = list(row_in)
-                row[1] = "grad"
-                self._emit_grad(pid, t0, row_in, row)
-                return
-            self._param_in[pid] = (t0, row_in)
-            if pid not in self._accumulating:
-                self._accumulating.add(pid)
-                self._handles.append(param.register_post_accumulate_grad_hook(
-                    partial(self._guarded, self._on_param_accumulated, pid)))
-        except Exception as exc:  # noqa: BLE001 - the training must go on
-            self._fail("gradient", exc)
+        param = self._params[pid][0]()
+        if param is None:
+            return
+        t0 = time.time_ns()
+        row_in = self._row(grad, "grad_input", 0, "")
+        if param.grad is None:
+            row = list(row_in)
+            row[1] = "grad"
+            self._emit_grad(pid, t0, row_in, row)
+            return
+        self._param_in[pid] = (t0, row_in)
+        if pid not in self._accumulating:
+            self._accumulating.add(pid)
+            self._handles.append(param.register_post_accumulate_grad_hook(
+                partial(self._guarded, self._on_param_accumulated, pid)))
 
     def _on_param_accumulated(self, pid: int, param) -> None:
         pending = self._param_in.pop(pid, None)
@@ -652,9 +625,7 @@ class Collector:
 
     def _emit_grad(self, pid: int, t0: int, row_in: list, row: list) -> None:
         _, name, owner, _ = self._params[pid]
-        sid = self._pass_stack
-        self._emit("backward", "grad", name, owner, 0, t0, [row_in, row],
-                   sid if sid is not None else self._backward_stack())
+        self._emit("backward", "grad", name, owner, 0, t0, [row_in, row], self._backward_stack())
 
     # -- optimizer -------------------------------------------------------------------------
     def _on_optimizer_step(self, optimizer, args, kwargs) -> None:
