@@ -13,6 +13,9 @@ for a cached 4 MiB buffer that one thread digests in 117 µs). `digest_bytes` an
 for one buffer given by its address): a recorded step digests hundreds of small tensors, so the
 Python cost per call matters as much as the loop.
 
+`digest_team` and `digest_team_at` run the same kernel on torch's own OpenMP team, whose workers
+spin idle between torch's ops (the section below, and docs/DIGESTS.md).
+
 Chunks combine because both digests are sums in a group: XOR for `xor`, addition mod 2^64 for
 `pos` (each chunk's terms already carry their global word index).
 
@@ -25,7 +28,8 @@ from concurrent.futures import ThreadPoolExecutor
 from functools import reduce
 
 import numpy as np
-from numba import carray, njit, types
+from llvmlite import ir
+from numba import carray, cfunc, njit, types
 from numba.extending import intrinsic
 
 CHUNK_WORDS = 1 << 21  # words per task when threads > 1 (16 MiB: big enough to hide the pool)
@@ -53,32 +57,41 @@ def digest_words(words, start_index):
 
 
 @njit(cache=True, nogil=True)
-def digest_bytes(raw):
-    """(xor, pos) of a 1-d contiguous uint8 array in one call: whole words in place, then the
-    1..7 tail bytes zero-padded into word number len(raw) // 8. The per-call cost is what a
-    recorded step pays for each of its hundreds of small tensors, so nothing here is Python."""
+def digest_bytes(raw, start_index=0):
+    """(xor, pos) of a 1-d contiguous uint8 array whose first byte starts word number
+    `start_index`, in one call: whole words in place, then the 1..7 tail bytes zero-padded into the
+    word after them. The per-call cost is what a recorded step pays for each of its hundreds of
+    small tensors, so nothing here is Python."""
     n_words = raw.size // 8
-    x, p = digest_words(raw[: n_words * 8].view(np.uint64), 0)
+    x, p = digest_words(raw[: n_words * 8].view(np.uint64), start_index)
     rest = raw.size - n_words * 8
     if rest:
         w = _U(0)
         for k in range(rest):
             w |= _U(raw[n_words * 8 + k]) << _U(8 * k)
-        tx, tp = digest_words(np.full(1, w, dtype=np.uint64), n_words)
+        tx, tp = digest_words(np.full(1, w, dtype=np.uint64), start_index + n_words)
         x ^= tx
         p += tp
     return x, p
 
 
-@intrinsic
-def _bytes_at(typingctx, address):
-    """The int64 `address` as a uint8 pointer (for `carray`)."""
-    sig = types.CPointer(types.uint8)(types.int64)
+def _pointer_cast(item):
+    """An intrinsic that turns an int64 address into a pointer to `item`s (for `carray`)."""
 
-    def codegen(context, builder, signature, args):
-        return builder.inttoptr(args[0], context.get_value_type(signature.return_type))
+    @intrinsic
+    def cast(typingctx, address):
+        sig = types.CPointer(item)(types.int64)
 
-    return sig, codegen
+        def codegen(context, builder, signature, args):
+            return builder.inttoptr(args[0], context.get_value_type(signature.return_type))
+
+        return sig, codegen
+
+    return cast
+
+
+_bytes_at = _pointer_cast(types.uint8)
+_words_at = _pointer_cast(types.uint64)
 
 
 @njit(cache=True, nogil=True)
@@ -98,6 +111,108 @@ def digest_addresses(addresses, sizes, out):
         x, p = digest_at(addresses[i], sizes[i])
         out[i, 0] = x
         out[i, 1] = p
+
+
+# -- a team of torch's own OpenMP threads -----------------------------------------------------
+# Between two of torch's parallel ops its OpenMP workers spin, waiting for the next one; a digest
+# run on the training thread leaves them spinning. `digest_team` hands the work to that same team
+# (`GOMP_parallel` of the runtime torch loaded, called with its address): the buffers are cut
+# into chunks that every thread of the team claims one at a time, so a worker that is slow to
+# wake costs nothing but its share, and the chunks' digests combine in any order.
+
+
+@intrinsic
+def _claim(typingctx, address):
+    """Atomically add one to the int64 at `address`; its value before."""
+    sig = types.int64(types.int64)
+
+    def codegen(context, builder, signature, args):
+        counter = builder.inttoptr(args[0], ir.IntType(64).as_pointer())
+        return builder.atomic_rmw("add", counter, ir.Constant(ir.IntType(64), 1), "monotonic")
+
+    return sig, codegen
+
+
+@intrinsic
+def _run_team(typingctx, parallel, member, block):
+    """`GOMP_parallel(member, block, 0, 0)`, the first two given by address: `member(block)` runs
+    on every thread of the calling thread's OpenMP team (0 threads: the team size the runtime is
+    set to, which is torch's `get_num_threads()`), and returns when all of them are done."""
+    sig = types.void(types.int64, types.int64, types.int64)
+
+    def codegen(context, builder, signature, args):
+        byte_ptr = ir.IntType(8).as_pointer()
+        member_type = ir.FunctionType(ir.VoidType(), [byte_ptr])
+        parallel_type = ir.FunctionType(ir.VoidType(), [member_type.as_pointer(), byte_ptr, ir.IntType(32), ir.IntType(32)])
+        zero = ir.Constant(ir.IntType(32), 0)
+        builder.call(builder.inttoptr(args[0], parallel_type.as_pointer()),
+                     [builder.inttoptr(args[1], member_type.as_pointer()), builder.inttoptr(args[2], byte_ptr), zero, zero])
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
+@cfunc(types.void(types.int64), nogil=True, cache=True)
+def team_member(block):
+    """What each thread of the team runs. `block` is the address of four int64: the next chunk to
+    claim, the number of chunks, and the addresses of the chunks (address, bytes, number of its
+    first word; 3 int64 each) and of their results (xor, pos; 2 uint64 each)."""
+    head = carray(_words_at(block), 4)
+    n = np.int64(head[1])
+    chunks = carray(_words_at(np.int64(head[2])), 3 * n)
+    results = carray(_words_at(np.int64(head[3])), 2 * n)
+    while True:
+        i = _claim(block)
+        if i >= n:
+            return
+        address, size, first = np.int64(chunks[3 * i]), np.int64(chunks[3 * i + 1]), np.int64(chunks[3 * i + 2])
+        x, p = digest_bytes(carray(_bytes_at(address), size), first)
+        results[2 * i] = x
+        results[2 * i + 1] = p
+
+
+@njit(cache=True, nogil=True)
+def digest_team(addresses, sizes, out, parallel, member, chunk_bytes):
+    """`digest_addresses` on the calling thread's OpenMP team: buffer i (sizes[i] bytes at
+    addresses[i]) is cut into chunks of `chunk_bytes` (a multiple of 8), each digested by whichever
+    thread claims it, and the chunks' digests are combined into out[i]. `parallel` is the address of
+    the runtime's `GOMP_parallel`, `member` that of `team_member`."""
+    n = 0
+    for b in range(addresses.size):
+        n += max(1, (sizes[b] + chunk_bytes - 1) // chunk_bytes)
+    chunks = np.empty(3 * n, dtype=np.int64)
+    owner = np.empty(n, dtype=np.int64)
+    i = 0
+    for b in range(addresses.size):
+        lo = 0
+        while True:
+            chunks[3 * i] = addresses[b] + lo
+            chunks[3 * i + 1] = min(chunk_bytes, sizes[b] - lo)
+            chunks[3 * i + 2] = lo // 8
+            owner[i] = b
+            i += 1
+            lo += chunk_bytes
+            if lo >= sizes[b]:
+                break
+    results = np.empty(2 * n, dtype=np.uint64)
+    block = np.zeros(4, dtype=np.int64)
+    block[1] = n
+    block[2] = chunks.ctypes.data
+    block[3] = results.ctypes.data
+    _run_team(parallel, member, block.ctypes.data)
+    out[:] = 0
+    for i in range(n):
+        out[owner[i], 0] ^= results[2 * i]
+        out[owner[i], 1] += results[2 * i + 1]
+
+
+@njit(cache=True, nogil=True)
+def digest_team_at(address, size, parallel, member, chunk_bytes):
+    """`digest_at` on the team: `digest_team` of one buffer, called with integers only (building
+    NumPy arrays in Python costs more than the team saves on a megabyte)."""
+    out = np.empty((1, 2), dtype=np.uint64)
+    digest_team(np.full(1, address, dtype=np.int64), np.full(1, size, dtype=np.int64), out, parallel, member, chunk_bytes)
+    return out[0, 0], out[0, 1]
 
 
 def combine(a: tuple[int, int], b: tuple[int, int]) -> tuple[int, int]:

@@ -12,13 +12,15 @@ piece of state: the process's `CudaDigester`, created on the first CUDA tensor.
 
 from __future__ import annotations
 
+import ctypes
+import os
 import threading
 from typing import TYPE_CHECKING, Union
 
 import numpy as np
 import torch
 
-from bitguard.cuda.cpu_kernel import digest_addresses, digest_at, digest_buffer
+from bitguard.cuda.cpu_kernel import digest_addresses, digest_at, digest_buffer, digest_team, digest_team_at, team_member
 from bitguard.cuda.tensor_bytes import tensor_bytes
 
 if TYPE_CHECKING:
@@ -37,6 +39,40 @@ def digest(t: torch.Tensor) -> Digest:
 
 _PLAIN = (torch.Tensor, torch.nn.Parameter)
 
+# Host tensors of this size or more are digested by torch's own OpenMP team (see `openmp_team`):
+# below it, waking the team costs more than the second thread saves (measured in
+# docs/PERFORMANCE.md). The chunks are what each thread claims at a time.
+TEAM_MIN_BYTES = 1 << 17
+TEAM_CHUNK_BYTES = 1 << 16
+_team: tuple[int, int] | bool | None = None  # (GOMP_parallel, team_member) addresses, False: none
+
+
+def openmp_team() -> tuple[int, int] | bool:
+    """The addresses `digest_team` needs to run on torch's intra-op OpenMP team, or False.
+
+    Torch's CPU ops run on an OpenMP team whose workers spin between ops; a digest on that team
+    costs the training thread about half its time (or less: see docs/PERFORMANCE.md). Used only
+    when torch's parallel backend is OpenMP and the OpenMP runtime found loaded in the process
+    is the one torch set up (its thread count is torch's); never loads a runtime itself.
+    `BITGUARD_DIGEST_TEAM=0` turns it off (every digest then runs on the calling thread alone)."""
+    global _team
+    if _team is not None:
+        return _team
+    _team = False
+    if os.environ.get("BITGUARD_DIGEST_TEAM", "1") == "0" or "parallel backend: OpenMP" not in torch.__config__.parallel_info():
+        return _team
+    for name in ("libgomp.so.1", "libiomp5.so", "libomp.so"):  # GNU, Intel, LLVM: all have GOMP_parallel
+        try:
+            runtime = ctypes.CDLL(name, mode=os.RTLD_NOLOAD | os.RTLD_LAZY)
+            parallel, threads = runtime.GOMP_parallel, runtime.omp_get_max_threads
+        except (OSError, AttributeError):
+            continue
+        threads.restype = ctypes.c_int
+        if threads() == torch.get_num_threads():
+            _team = (ctypes.cast(parallel, ctypes.c_void_p).value, team_member.address)
+        break
+    return _team
+
 
 def _plain_host(t: torch.Tensor) -> bool:
     """Is `t` a host tensor whose own memory holds its logical bytes in order?"""
@@ -45,7 +81,8 @@ def _plain_host(t: torch.Tensor) -> bool:
 
 
 def digest_many(tensors: list[torch.Tensor]) -> list[Union[Digest, "Pending"]]:
-    """`digest_async` of each tensor; the plain contiguous host ones in one kernel call."""
+    """`digest_async` of each tensor; the plain contiguous host ones in one kernel call (on torch's
+    OpenMP team when they are big enough together)."""
     answers: list = [None] * len(tensors)
     batch = []
     for i, t in enumerate(tensors):
@@ -57,7 +94,11 @@ def digest_many(tensors: list[torch.Tensor]) -> list[Union[Digest, "Pending"]]:
         addresses = np.array([tensors[i].data_ptr() for i in batch], dtype=np.int64)
         sizes = np.array([tensors[i].nbytes for i in batch], dtype=np.int64)
         out = np.empty((len(batch), 2), dtype=np.uint64)
-        digest_addresses(addresses, sizes, out)
+        team = _team if _team is not None else openmp_team()
+        if team and sizes.sum() >= TEAM_MIN_BYTES:
+            digest_team(addresses, sizes, out, team[0], team[1], TEAM_CHUNK_BYTES)
+        else:
+            digest_addresses(addresses, sizes, out)
         for i, (x, p) in zip(batch, out.tolist()):
             answers[i] = (x, p)
     return answers
@@ -71,7 +112,12 @@ def digest_async(t: torch.Tensor) -> Union[Digest, "Pending"]:
         # The common case: its own memory, `nbytes` from the first element's address, digested in
         # place (a microsecond a tensor, most of it the checks above).
         nbytes = t.nbytes
-        return digest_at(t.data_ptr(), nbytes) if nbytes else (0, 0)
+        if nbytes < TEAM_MIN_BYTES:
+            return digest_at(t.data_ptr(), nbytes) if nbytes else (0, 0)
+        team = _team if _team is not None else openmp_team()
+        if team:
+            return digest_team_at(t.data_ptr(), nbytes, team[0], team[1], TEAM_CHUNK_BYTES)
+        return digest_at(t.data_ptr(), nbytes)
     b = tensor_bytes(t)
     if b.device.type != "cpu":
         b = b.cpu()
@@ -101,5 +147,8 @@ def warmup() -> None:
     digest_buffer(np.zeros(9, dtype=np.uint8))  # whole words and a tail: the one CPU signature
     digest(torch.zeros(3))
     digest_many([torch.zeros(3)])
+    if openmp_team():
+        digest(torch.zeros(TEAM_MIN_BYTES // 4 + 1))
+        digest_many([torch.zeros(TEAM_MIN_BYTES // 4 + 1)])
     if torch.cuda.is_available():
         digest(torch.zeros(9, dtype=torch.uint8, device="cuda"))

@@ -15,5 +15,5 @@ def test_benchmark_reports_digest_and_baselines():
     )  # fmt: skip
     assert run.returncode == 0, run.stderr
     report = json.loads(run.stdout)
-    assert set(report["cases"]) == {"digest (xor+pos)", "np.sum", "np.bitwise_xor.reduce"}
+    assert {"digest (xor+pos)", "np.sum", "np.bitwise_xor.reduce"} <= set(report["cases"])
     assert report["ratio_to_np.sum"] > 0

@@ -192,3 +192,56 @@ def test_digest_many_equals_one_digest_at_a_time(same_digest):
           random_tensor((13,), torch.int8, seed=6), random_tensor((4, 4), torch.complex64, seed=7).conj()]
     for t, got in zip(ts, resolve(digest_many(ts))):
         same_digest(got, digest_tensor_reference(t), f"{tuple(t.shape)} {t.dtype}")
+
+
+# -- digests on torch's OpenMP team ------------------------------------------------------------
+
+
+def test_torch_openmp_team_is_found_where_torch_uses_openmp():
+    """On this kind of machine (Linux, torch's CPU wheel) torch's ops run on libgomp, which the team
+    digest must find already loaded; elsewhere it must stay off rather than load a runtime."""
+    if "parallel backend: OpenMP" not in torch.__config__.parallel_info():
+        pytest.skip("torch's parallel backend is not OpenMP here")
+    team = fingerprint.openmp_team()
+    assert team and all(isinstance(a, int) and a for a in team)
+
+
+@pytest.fixture
+def small_team(monkeypatch):
+    """The team path for tensors of 64 bytes and more, in chunks of 16 bytes (many per tensor)."""
+    if not fingerprint.openmp_team():
+        pytest.skip("no OpenMP team to digest on")
+    monkeypatch.setattr(fingerprint, "TEAM_MIN_BYTES", 64)
+    monkeypatch.setattr(fingerprint, "TEAM_CHUNK_BYTES", 16)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.uint8, torch.float8_e5m2, torch.complex64], ids=str)
+@pytest.mark.parametrize("n", [16, 17, 63, 1000, 4099])
+def test_team_digest_equals_reference(small_team, n, dtype, same_digest):
+    t = random_tensor((n,), dtype, seed=n)
+    same_digest(digest(t), digest_tensor_reference(t), f"{n} {dtype} on the team")
+
+
+def test_team_digest_many_equals_reference(small_team, same_digest):
+    ts = [random_tensor((n,), torch.float32, seed=n) for n in (1, 3, 500, 7, 1001, 2, 4096)]
+    ts.append(random_tensor((13,), torch.bfloat16).t())  # not plain: digested apart
+    for t, got in zip(ts, digest_many(ts)):
+        same_digest(got, digest_tensor_reference(t), f"{t.numel()} {t.dtype} among many on the team")
+
+
+@pytest.mark.parametrize("threads", [1, 2, 3])
+def test_team_digest_whatever_torch_thread_count(small_team, threads, same_digest):
+    """The team is as big as torch's thread count says, also when set after the team was found."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        t = random_tensor((3001,), torch.float32, seed=threads)
+        same_digest(digest(t), digest_tensor_reference(t), f"on {threads} threads")
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_team_can_be_turned_off(monkeypatch):
+    monkeypatch.setattr(fingerprint, "_team", None)
+    monkeypatch.setenv("BITGUARD_DIGEST_TEAM", "0")
+    assert fingerprint.openmp_team() is False
