@@ -55,7 +55,7 @@ def cpu_cases(nbytes: int, threads: int) -> dict[str, Callable[[], object]]:
         "np.sum": lambda: np.sum(words),
         "np.bitwise_xor.reduce": lambda: np.bitwise_xor.reduce(words),
     }
-    if openmp_team() and nbytes >= TEAM_MIN_BYTES:
+    if openmp_team().size and nbytes >= TEAM_MIN_BYTES:
         cases[f"digest, OpenMP team of {torch.get_num_threads()}"] = lambda: digest(t)
     if threads > 1:
         cases[f"digest_buffer, {threads} threads"] = lambda: digest_buffer(t.numpy(), threads=threads)

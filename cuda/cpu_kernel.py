@@ -116,9 +116,12 @@ def digest_addresses(addresses, sizes, out):
 # -- a team of torch's own OpenMP threads -----------------------------------------------------
 # Between two of torch's parallel ops its OpenMP workers spin, waiting for the next one; a digest
 # run on the training thread leaves them spinning. `digest_team` hands the work to that same team
-# (`GOMP_parallel` of the runtime torch loaded, called with its address): the buffers are cut
-# into chunks that every thread of the team claims one at a time, so a worker that is slow to
-# wake costs nothing but its share, and the chunks' digests combine in any order.
+# (`GOMP_parallel` of the runtime torch loaded, called by its address). The buffers are cut into
+# chunks, and the chunks into one contiguous range per thread of the team, in thread order: a
+# tensor that torch's op just wrote in halves (thread 0 the first) is mostly read back by the
+# thread whose cache holds it. A thread that has finished its range takes chunks from the others'
+# (each range's next chunk is claimed with an atomic counter), so a worker slow to wake costs only
+# its share; the chunks' digests combine in any order into exactly the one-thread digest.
 
 
 @intrinsic
@@ -129,6 +132,18 @@ def _claim(typingctx, address):
     def codegen(context, builder, signature, args):
         counter = builder.inttoptr(args[0], ir.IntType(64).as_pointer())
         return builder.atomic_rmw("add", counter, ir.Constant(ir.IntType(64), 1), "monotonic")
+
+    return sig, codegen
+
+
+@intrinsic
+def _call_int(typingctx, function):
+    """Call the C function `int f(void)` at address `function` (omp_get_thread_num, ...)."""
+    sig = types.int64(types.int64)
+
+    def codegen(context, builder, signature, args):
+        fn_type = ir.FunctionType(ir.IntType(32), [])
+        return builder.sext(builder.call(builder.inttoptr(args[0], fn_type.as_pointer()), []), ir.IntType(64))
 
     return sig, codegen
 
@@ -152,31 +167,39 @@ def _run_team(typingctx, parallel, member, block):
     return sig, codegen
 
 
+_HEAD = 8  # int64 slots before the ranges' counters in a team block
+
+
 @cfunc(types.void(types.int64), nogil=True, cache=True)
 def team_member(block):
-    """What each thread of the team runs. `block` is the address of four int64: the next chunk to
-    claim, the number of chunks, and the addresses of the chunks (address, bytes, number of its
-    first word; 3 int64 each) and of their results (xor, pos; 2 uint64 each)."""
-    head = carray(_words_at(block), 4)
-    n = np.int64(head[1])
+    """What each thread of the team runs. `block` is the address of int64 slots: the number of
+    ranges R, of chunks, the addresses of the chunks (address, bytes, number of its first word;
+    3 int64 each), of their results (xor, pos; 2 uint64 each) and of `omp_get_thread_num`; then,
+    from slot 8, each range's next chunk (R counters) and its end (R more)."""
+    head = carray(_words_at(block), _HEAD)
+    ranges, n = np.int64(head[0]), np.int64(head[1])
     chunks = carray(_words_at(np.int64(head[2])), 3 * n)
     results = carray(_words_at(np.int64(head[3])), 2 * n)
-    while True:
-        i = _claim(block)
-        if i >= n:
-            return
-        address, size, first = np.int64(chunks[3 * i]), np.int64(chunks[3 * i + 1]), np.int64(chunks[3 * i + 2])
-        x, p = digest_bytes(carray(_bytes_at(address), size), first)
-        results[2 * i] = x
-        results[2 * i + 1] = p
+    ends = carray(_words_at(block + 8 * (_HEAD + ranges)), ranges)
+    me = _call_int(np.int64(head[4]))
+    for k in range(ranges):  # its own range first, then the others'
+        r = (me + k) % ranges
+        while True:
+            i = _claim(block + 8 * (_HEAD + r))
+            if i >= np.int64(ends[r]):
+                break
+            address, size, first = np.int64(chunks[3 * i]), np.int64(chunks[3 * i + 1]), np.int64(chunks[3 * i + 2])
+            x, p = digest_bytes(carray(_bytes_at(address), size), first)
+            results[2 * i] = x
+            results[2 * i + 1] = p
 
 
 @njit(cache=True, nogil=True)
-def digest_team(addresses, sizes, out, parallel, member, chunk_bytes):
+def digest_team(addresses, sizes, out, team, chunk_bytes):
     """`digest_addresses` on the calling thread's OpenMP team: buffer i (sizes[i] bytes at
-    addresses[i]) is cut into chunks of `chunk_bytes` (a multiple of 8), each digested by whichever
-    thread claims it, and the chunks' digests are combined into out[i]. `parallel` is the address of
-    the runtime's `GOMP_parallel`, `member` that of `team_member`."""
+    addresses[i]) is cut into chunks of `chunk_bytes` (a multiple of 8) and the chunks' digests are
+    combined into out[i]. `team`: the addresses of the runtime's `GOMP_parallel`,
+    `omp_get_max_threads` and `omp_get_thread_num`, and of `team_member` (int64[4])."""
     n = 0
     for b in range(addresses.size):
         n += max(1, (sizes[b] + chunk_bytes - 1) // chunk_bytes)
@@ -195,11 +218,13 @@ def digest_team(addresses, sizes, out, parallel, member, chunk_bytes):
             if lo >= sizes[b]:
                 break
     results = np.empty(2 * n, dtype=np.uint64)
-    block = np.zeros(4, dtype=np.int64)
-    block[1] = n
-    block[2] = chunks.ctypes.data
-    block[3] = results.ctypes.data
-    _run_team(parallel, member, block.ctypes.data)
+    ranges = max(1, _call_int(team[1]))  # the team's size: omp_get_max_threads()
+    block = np.empty(_HEAD + 2 * ranges, dtype=np.int64)
+    block[0], block[1], block[2], block[3], block[4] = ranges, n, chunks.ctypes.data, results.ctypes.data, team[2]
+    for r in range(ranges):
+        block[_HEAD + r] = n * r // ranges
+        block[_HEAD + ranges + r] = n * (r + 1) // ranges
+    _run_team(team[0], team[3], block.ctypes.data)
     out[:] = 0
     for i in range(n):
         out[owner[i], 0] ^= results[2 * i]
@@ -207,11 +232,11 @@ def digest_team(addresses, sizes, out, parallel, member, chunk_bytes):
 
 
 @njit(cache=True, nogil=True)
-def digest_team_at(address, size, parallel, member, chunk_bytes):
-    """`digest_at` on the team: `digest_team` of one buffer, called with integers only (building
-    NumPy arrays in Python costs more than the team saves on a megabyte)."""
+def digest_team_at(address, size, team, chunk_bytes):
+    """`digest_at` on the team: `digest_team` of one buffer (building NumPy arrays in Python
+    would cost more than the team saves on a megabyte)."""
     out = np.empty((1, 2), dtype=np.uint64)
-    digest_team(np.full(1, address, dtype=np.int64), np.full(1, size, dtype=np.int64), out, parallel, member, chunk_bytes)
+    digest_team(np.full(1, address, dtype=np.int64), np.full(1, size, dtype=np.int64), out, team, chunk_bytes)
     return out[0, 0], out[0, 1]
 
 

@@ -44,11 +44,13 @@ _PLAIN = (torch.Tensor, torch.nn.Parameter)
 # docs/PERFORMANCE.md). The chunks are what each thread claims at a time.
 TEAM_MIN_BYTES = 1 << 17
 TEAM_CHUNK_BYTES = 1 << 16
-_team: tuple[int, int] | bool | None = None  # (GOMP_parallel, team_member) addresses, False: none
+_team: np.ndarray | None = None  # what `digest_team` needs (`openmp_team`); None: not looked up yet
 
 
-def openmp_team() -> tuple[int, int] | bool:
-    """The addresses `digest_team` needs to run on torch's intra-op OpenMP team, or False.
+def openmp_team() -> np.ndarray:
+    """The addresses `digest_team` needs to run on torch's intra-op OpenMP team (its OpenMP
+    runtime's `GOMP_parallel`, `omp_get_max_threads`, `omp_get_thread_num`, and `team_member`),
+    or an empty array when there is none.
 
     Torch's CPU ops run on an OpenMP team whose workers spin between ops; a digest on that team
     costs the training thread about half its time (or less: see docs/PERFORMANCE.md). Used only
@@ -58,18 +60,20 @@ def openmp_team() -> tuple[int, int] | bool:
     global _team
     if _team is not None:
         return _team
-    _team = False
+    _team = np.zeros(0, dtype=np.int64)
     if os.environ.get("BITGUARD_DIGEST_TEAM", "1") == "0" or "parallel backend: OpenMP" not in torch.__config__.parallel_info():
         return _team
     for name in ("libgomp.so.1", "libiomp5.so", "libomp.so"):  # GNU, Intel, LLVM: all have GOMP_parallel
         try:
             runtime = ctypes.CDLL(name, mode=os.RTLD_NOLOAD | os.RTLD_LAZY)
-            parallel, threads = runtime.GOMP_parallel, runtime.omp_get_max_threads
+            functions = [runtime.GOMP_parallel, runtime.omp_get_max_threads, runtime.omp_get_thread_num]
         except (OSError, AttributeError):
             continue
+        threads = functions[1]
         threads.restype = ctypes.c_int
         if threads() == torch.get_num_threads():
-            _team = (ctypes.cast(parallel, ctypes.c_void_p).value, team_member.address)
+            addresses = [ctypes.cast(f, ctypes.c_void_p).value for f in functions] + [team_member.address]
+            _team = np.array(addresses, dtype=np.int64)
         break
     return _team
 
@@ -95,8 +99,8 @@ def digest_many(tensors: list[torch.Tensor]) -> list[Union[Digest, "Pending"]]:
         sizes = np.array([tensors[i].nbytes for i in batch], dtype=np.int64)
         out = np.empty((len(batch), 2), dtype=np.uint64)
         team = _team if _team is not None else openmp_team()
-        if team and sizes.sum() >= TEAM_MIN_BYTES:
-            digest_team(addresses, sizes, out, team[0], team[1], TEAM_CHUNK_BYTES)
+        if team.size and sizes.sum() >= TEAM_MIN_BYTES:
+            digest_team(addresses, sizes, out, team, TEAM_CHUNK_BYTES)
         else:
             digest_addresses(addresses, sizes, out)
         for i, (x, p) in zip(batch, out.tolist()):
@@ -115,8 +119,8 @@ def digest_async(t: torch.Tensor) -> Union[Digest, "Pending"]:
         if nbytes < TEAM_MIN_BYTES:
             return digest_at(t.data_ptr(), nbytes) if nbytes else (0, 0)
         team = _team if _team is not None else openmp_team()
-        if team:
-            return digest_team_at(t.data_ptr(), nbytes, team[0], team[1], TEAM_CHUNK_BYTES)
+        if team.size:
+            return digest_team_at(t.data_ptr(), nbytes, team, TEAM_CHUNK_BYTES)
         return digest_at(t.data_ptr(), nbytes)
     b = tensor_bytes(t)
     if b.device.type != "cpu":
@@ -147,7 +151,7 @@ def warmup() -> None:
     digest_buffer(np.zeros(9, dtype=np.uint8))  # whole words and a tail: the one CPU signature
     digest(torch.zeros(3))
     digest_many([torch.zeros(3)])
-    if openmp_team():
+    if openmp_team().size:
         digest(torch.zeros(TEAM_MIN_BYTES // 4 + 1))
         digest_many([torch.zeros(TEAM_MIN_BYTES // 4 + 1)])
     if torch.cuda.is_available():
