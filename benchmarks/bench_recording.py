@@ -7,7 +7,7 @@ kernel compilation) is measured separately in fresh processes. Memory: RSS growt
 recorded run (small model, many steps) between an early and a late step, and the peak size of the
 writer queue.
 
-    python benchmarks/bench_recording.py [--rounds 20] [--steps 20] [--json] [--breakdown]
+    python benchmarks/bench_recording.py [--rounds 20] [--steps 20] [--json] [--breakdown] [--team-pairs N]
 """
 
 from __future__ import annotations
@@ -143,6 +143,45 @@ def breakdown(rounds: int, steps: int) -> dict:
             "hooks_firing_s": med["hooks only"] - med["plain"]}
 
 
+def team_pairs(pairs: int) -> dict:
+    """What digesting on torch's OpenMP team saves a trusted step: one recording, its steps taken in
+    pairs, one with host digests on the team and one on the calling thread alone (the order turns
+    each pair), and the median of the pairs' differences (a change of a few milliseconds is lost in
+    this machine's drift between rounds, not between neighbouring steps)."""
+    import numpy as np
+
+    import bitguard
+    from bitguard.cuda import fingerprint
+
+    team = fingerprint.openmp_team()
+    if not team.size:
+        raise SystemExit("--team-pairs: torch here does not run on an OpenMP team bitguard can use")
+    alone = np.zeros(0, dtype=np.int64)
+    model, opt, data = build()
+    timed_steps(model, opt, data, 2)
+
+    def one(on: bool) -> float:
+        fingerprint._team = team if on else alone
+        return timed_steps(model, opt, data, 1)[0]
+
+    on, off = [], []
+    try:
+        with tempfile.TemporaryDirectory() as tmp, bitguard.record(Path(tmp) / "pairs", mode="trusted", determinism=False):
+            for first in (True, False, True, False):
+                one(first)
+            for i in range(pairs):
+                order = (True, False) if i % 2 == 0 else (False, True)
+                got = {o: one(o) for o in order}
+                on.append(got[True])
+                off.append(got[False])
+    finally:
+        fingerprint._team = team
+    diffs = [a - b for a, b in zip(on, off)]
+    quartiles = statistics.quantiles(diffs, n=4)
+    return {"pairs": pairs, "median_team_s": statistics.median(on), "median_alone_s": statistics.median(off),
+            "median_difference_s": statistics.median(diffs), "difference_quartiles_s": [quartiles[0], quartiles[2]]}
+
+
 def startup() -> dict:
     def run(code: str) -> float:
         best = []
@@ -215,12 +254,24 @@ def main() -> None:
     p.add_argument("--json", action="store_true")
     p.add_argument("--breakdown", action="store_true",
                    help="only split trusted mode's overhead into digests, rows and events, hooks firing")
+    p.add_argument("--team-pairs", type=int, default=0, metavar="N",
+                   help="only compare trusted steps with digests on torch's OpenMP team and without, in N pairs")
     p.add_argument("--memory-only", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args()
     import torch
 
     if args.memory_only:
         print(json.dumps(memory(args.memory_steps)))
+        return
+    if args.team_pairs:
+        t = team_pairs(args.team_pairs)
+        if args.json:
+            print(json.dumps(t, indent=2))
+            return
+        low, high = t["difference_quartiles_s"]
+        print(f"trusted step, {t['pairs']} pairs: digests on torch's OpenMP team {t['median_team_s'] * 1000:.1f} ms, "
+              f"on the calling thread alone {t['median_alone_s'] * 1000:.1f} ms (medians); median difference "
+              f"{t['median_difference_s'] * 1000:+.2f} ms (quartiles {low * 1000:+.2f} to {high * 1000:+.2f} ms)")
         return
     if args.breakdown:
         b = breakdown(args.rounds, args.steps)

@@ -170,19 +170,20 @@ def _run_team(typingctx, parallel, member, block):
 _HEAD = 8  # int64 slots before the ranges' counters in a team block
 
 
-@cfunc(types.void(types.int64), nogil=True, cache=True)
-def team_member(block):
-    """What each thread of the team runs. `block` is the address of int64 slots: the number of
-    ranges R, of chunks, the addresses of the chunks (address, bytes, number of its first word;
-    3 int64 each), of their results (xor, pos; 2 uint64 each) and of `omp_get_thread_num`; then,
-    from slot 8, each range's next chunk (R counters) and its end (R more)."""
+@njit(cache=True, nogil=True)
+def _take_chunks(block):
+    """Digest chunks until none is left: those of this thread's own range first, then the others'.
+    `block` is the address of int64 slots: the number of ranges R, of chunks, the addresses of the
+    chunks (address, bytes, number of its first word; 3 int64 each), of their results (xor, pos;
+    2 uint64 each) and of `omp_get_thread_num`; then, from slot 8, each range's next chunk (R
+    counters) and its end (R more)."""
     head = carray(_words_at(block), _HEAD)
     ranges, n = np.int64(head[0]), np.int64(head[1])
     chunks = carray(_words_at(np.int64(head[2])), 3 * n)
     results = carray(_words_at(np.int64(head[3])), 2 * n)
     ends = carray(_words_at(block + 8 * (_HEAD + ranges)), ranges)
     me = _call_int(np.int64(head[4]))
-    for k in range(ranges):  # its own range first, then the others'
+    for k in range(ranges):
         r = (me + k) % ranges
         while True:
             i = _claim(block + 8 * (_HEAD + r))
@@ -192,6 +193,12 @@ def team_member(block):
             x, p = digest_bytes(carray(_bytes_at(address), size), first)
             results[2 * i] = x
             results[2 * i + 1] = p
+
+
+@cfunc(types.void(types.int64), nogil=True, cache=True)
+def team_member(block):
+    """What each thread of the team runs (`_take_chunks`), as a C function for `GOMP_parallel`."""
+    _take_chunks(block)
 
 
 @njit(cache=True, nogil=True)
@@ -224,7 +231,10 @@ def digest_team(addresses, sizes, out, team, chunk_bytes):
     for r in range(ranges):
         block[_HEAD + r] = n * r // ranges
         block[_HEAD + ranges + r] = n * (r + 1) // ranges
-    _run_team(team[0], team[3], block.ctypes.data)
+    if ranges > 1:
+        _run_team(team[0], team[3], block.ctypes.data)
+    else:  # a team of one (torch set to one thread): no parallel region at all, as torch does then
+        _take_chunks(block.ctypes.data)
     out[:] = 0
     for i in range(n):
         out[owner[i], 0] ^= results[2 * i]

@@ -47,6 +47,16 @@ TEAM_CHUNK_BYTES = 1 << 16
 _team: np.ndarray | None = None  # what `digest_team` needs (`openmp_team`); None: not looked up yet
 
 
+def _no_team_after_fork() -> None:
+    """In a forked child the OpenMP runtime still describes the parent's team, whose threads were
+    not forked: a parallel region there hangs or crashes. The child digests on its own thread."""
+    global _team
+    _team = np.zeros(0, dtype=np.int64)
+
+
+os.register_at_fork(after_in_child=_no_team_after_fork)
+
+
 def openmp_team() -> np.ndarray:
     """The addresses `digest_team` needs to run on torch's intra-op OpenMP team (its OpenMP
     runtime's `GOMP_parallel`, `omp_get_max_threads`, `omp_get_thread_num`, and `team_member`),

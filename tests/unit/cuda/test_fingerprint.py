@@ -1,6 +1,9 @@
 """The public digest API on host tensors: every dtype and view against the NumPy reference, and
 the changes each digest must (and, as documented, may not) notice."""
 
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 import torch
@@ -245,3 +248,26 @@ def test_team_can_be_turned_off(monkeypatch):
     monkeypatch.setattr(fingerprint, "_team", None)
     monkeypatch.setenv("BITGUARD_DIGEST_TEAM", "0")
     assert fingerprint.openmp_team().size == 0
+
+
+FORK_SCRIPT = """
+import os, sys, torch
+from bitguard.cuda import fingerprint
+fingerprint.warmup()  # the parent has a team, and has used it
+t = torch.randn(1 << 20, generator=torch.Generator().manual_seed(0))
+parent = fingerprint.digest(t)
+pid = os.fork()
+if pid == 0:  # the team's threads were not forked: the child must digest on its own
+    os._exit(0 if fingerprint.digest(t) == parent and not fingerprint.openmp_team().size else 3)
+sys.exit(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]))
+"""
+
+
+def test_a_forked_child_digests_without_the_parents_team():
+    """A process forked after the team was used (a fork server, multiprocessing's default on Linux)
+    inherits an OpenMP runtime whose threads it does not have: a parallel region there hangs or
+    crashes the child. It must digest on its own thread, to the same digest."""
+    if not fingerprint.openmp_team().size:
+        pytest.skip("no OpenMP team to digest on")
+    run = subprocess.run([sys.executable, "-c", FORK_SCRIPT], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, f"child exit {run.returncode}: {run.stderr[-2000:]}"
