@@ -6,8 +6,10 @@ host synchronisation; `resolve(items)` turns a list mixing answers and pendings 
 reading back each batch of GPU results once. The definition of the two digests is in
 docs/DIGESTS.md; `bitguard.cuda.reference` is its plain NumPy transcription.
 
-Tensors on other devices (mps, xpu, ...) are copied to the host first. This module holds one
-piece of state: the process's `CudaDigester`, created on the first CUDA tensor.
+Host tensors of 128 KiB or more are digested on torch's own OpenMP team (`openmp_team`), the
+others on the calling thread. Tensors on other devices (mps, xpu, ...) are copied to the host
+first. This module holds two pieces of state: the process's `CudaDigester`, created on the first
+CUDA tensor, and what it found of torch's OpenMP runtime, looked up on the first big host tensor.
 """
 
 from __future__ import annotations
@@ -40,8 +42,8 @@ def digest(t: torch.Tensor) -> Digest:
 _PLAIN = (torch.Tensor, torch.nn.Parameter)
 
 # Host tensors of this size or more are digested by torch's own OpenMP team (see `openmp_team`):
-# below it, waking the team costs more than the second thread saves (measured in
-# docs/PERFORMANCE.md). The chunks are what each thread claims at a time.
+# below it, waking the team costs about what the second thread saves (docs/DIGESTS.md). The
+# chunks are what a thread of the team takes at a time.
 TEAM_MIN_BYTES = 1 << 17
 TEAM_CHUNK_BYTES = 1 << 16
 _team: np.ndarray | None = None  # what `digest_team` needs (`openmp_team`); None: not looked up yet
@@ -108,7 +110,7 @@ def digest_many(tensors: list[torch.Tensor]) -> list[Union[Digest, "Pending"]]:
         addresses = np.array([tensors[i].data_ptr() for i in batch], dtype=np.int64)
         sizes = np.array([tensors[i].nbytes for i in batch], dtype=np.int64)
         out = np.empty((len(batch), 2), dtype=np.uint64)
-        team = _team if _team is not None else openmp_team()
+        team = openmp_team()
         if team.size and sizes.sum() >= TEAM_MIN_BYTES:
             digest_team(addresses, sizes, out, team, TEAM_CHUNK_BYTES)
         else:
@@ -128,7 +130,7 @@ def digest_async(t: torch.Tensor) -> Union[Digest, "Pending"]:
         nbytes = t.nbytes
         if nbytes < TEAM_MIN_BYTES:
             return digest_at(t.data_ptr(), nbytes) if nbytes else (0, 0)
-        team = _team if _team is not None else openmp_team()
+        team = openmp_team()
         if team.size:
             return digest_team_at(t.data_ptr(), nbytes, team, TEAM_CHUNK_BYTES)
         return digest_at(t.data_ptr(), nbytes)
