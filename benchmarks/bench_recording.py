@@ -148,20 +148,17 @@ def team_pairs(pairs: int) -> dict:
     pairs, one with host digests on the team and one on the calling thread alone (the order turns
     each pair), and the median of the pairs' differences (a change of a few milliseconds is lost in
     this machine's drift between rounds, not between neighbouring steps)."""
-    import numpy as np
-
     import bitguard
     from bitguard.cuda import fingerprint
 
     team = fingerprint.openmp_team()
     if not team.size:
         raise SystemExit("--team-pairs: torch here does not run on an OpenMP team bitguard can use")
-    alone = np.zeros(0, dtype=np.int64)
     model, opt, data = build()
     timed_steps(model, opt, data, 2)
 
     def one(on: bool) -> float:
-        fingerprint._team = team if on else alone
+        fingerprint._team = team if on else fingerprint.NO_TEAM
         return timed_steps(model, opt, data, 1)[0]
 
     on, off = [], []

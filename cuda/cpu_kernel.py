@@ -167,7 +167,7 @@ def _run_team(typingctx, parallel, member, block):
     return sig, codegen
 
 
-_HEAD = 8  # int64 slots before the ranges' counters in a team block
+_HEAD = 5  # int64 slots before the ranges' counters in a team block
 
 
 @njit(cache=True, nogil=True)
@@ -175,8 +175,8 @@ def _take_chunks(block):
     """Digest chunks until none is left: those of this thread's own range first, then the others'.
     `block` is the address of int64 slots: the number of ranges R, of chunks, the addresses of the
     chunks (address, bytes, number of its first word; 3 int64 each), of their results (xor, pos;
-    2 uint64 each) and of `omp_get_thread_num`; then, from slot 8, each range's next chunk (R
-    counters) and its end (R more)."""
+    2 uint64 each) and of `omp_get_thread_num`; then each range's next chunk (R counters) and its
+    end (R more)."""
     head = carray(_words_at(block), _HEAD)
     ranges, n = np.int64(head[0]), np.int64(head[1])
     chunks = carray(_words_at(np.int64(head[2])), 3 * n)

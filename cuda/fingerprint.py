@@ -46,6 +46,7 @@ _PLAIN = (torch.Tensor, torch.nn.Parameter)
 # chunks are what a thread of the team takes at a time.
 TEAM_MIN_BYTES = 1 << 17
 TEAM_CHUNK_BYTES = 1 << 16
+NO_TEAM = np.zeros(0, dtype=np.int64)  # what `openmp_team` answers when there is none
 _team: np.ndarray | None = None  # what `digest_team` needs (`openmp_team`); None: not looked up yet
 
 
@@ -53,7 +54,7 @@ def _no_team_after_fork() -> None:
     """In a forked child the OpenMP runtime still describes the parent's team, whose threads were
     not forked: a parallel region there hangs or crashes. The child digests on its own thread."""
     global _team
-    _team = np.zeros(0, dtype=np.int64)
+    _team = NO_TEAM
 
 
 os.register_at_fork(after_in_child=_no_team_after_fork)
@@ -72,7 +73,7 @@ def openmp_team() -> np.ndarray:
     global _team
     if _team is not None:
         return _team
-    _team = np.zeros(0, dtype=np.int64)
+    _team = NO_TEAM
     if os.environ.get("BITGUARD_DIGEST_TEAM", "1") == "0" or "parallel backend: OpenMP" not in torch.__config__.parallel_info():
         return _team
     for name in ("libgomp.so.1", "libiomp5.so", "libomp.so"):  # GNU, Intel, LLVM: all have GOMP_parallel
