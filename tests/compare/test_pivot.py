@@ -10,6 +10,8 @@ import pytest
 
 import bitguard
 
+pytestmark = pytest.mark.slow  # records tiny GPT runs in subprocesses
+
 ROOT = Path(__file__).resolve().parents[2]
 TINYGPT = ROOT / "sample_traces" / "tinygpt.py"
 BITGUARD = [sys.executable, "-m", "bitguard"]

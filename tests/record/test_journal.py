@@ -124,6 +124,7 @@ KILLED = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 def test_a_killed_process_leaves_a_journal_that_the_next_reader_folds(tmp_path):
     script = tmp_path / "killed.py"
     script.write_text(KILLED)

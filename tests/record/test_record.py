@@ -44,6 +44,7 @@ def digests_by_event(run_dir):
     return out
 
 
+@pytest.mark.slow
 def test_run_directory_layout_and_event_fields(tmp_path):
     out = tmp_path / "run"
     record(out, "--steps", "2")
@@ -88,6 +89,7 @@ def test_run_directory_layout_and_event_fields(tmp_path):
     assert any("tinygpt.py" in f and "in forward" in f for f in stack), stack
 
 
+@pytest.mark.slow
 def test_two_recordings_in_separate_processes_have_identical_digests(tmp_path):
     record(tmp_path / "a", "--steps", "2", "--dropout", "0.1")
     record(tmp_path / "b", "--steps", "2", "--dropout", "0.1")
@@ -98,6 +100,7 @@ def test_two_recordings_in_separate_processes_have_identical_digests(tmp_path):
         assert da == db, f"event {ka} differs between identical runs"
 
 
+@pytest.mark.slow
 def test_fault_inside_a_linear_changes_that_event_and_only_later_ones(tmp_path):
     record(tmp_path / "ref", "--steps", "2")
     record(tmp_path / "bad", "--steps", "2", "--fault", "forward-bitflip", "--fault-step", "1")
@@ -112,6 +115,7 @@ def test_fault_inside_a_linear_changes_that_event_and_only_later_ones(tmp_path):
     assert ins_a == ins_b
 
 
+@pytest.mark.slow
 def test_keyword_inputs_and_nested_outputs_are_digested(tmp_path):
     out = tmp_path / "run"
     record(out, script=SCRIPTS / "containers.py")
@@ -126,6 +130,7 @@ def test_keyword_inputs_and_nested_outputs_are_digested(tmp_path):
     assert [t["path"] for t in root if t["role"] == "output"] == [".logits", ".extras['aux']"], root
 
 
+@pytest.mark.slow
 def test_killed_run_leaves_a_readable_directory_with_completed_steps(tmp_path):
     out = tmp_path / "run"
     cmd = [*BITGUARD, "record", "--out", out, "--", sys.executable, TINYGPT, "--steps", "50", "--progress",
@@ -160,6 +165,7 @@ def test_killed_run_leaves_a_readable_directory_with_completed_steps(tmp_path):
     assert c.to_dict()["incomplete"]["b"].startswith("status failed")
 
 
+@pytest.mark.slow
 def test_failing_script_leaves_a_run_marked_failed_with_its_exit_code(tmp_path):
     script = tmp_path / "fails.py"
     script.write_text("import torch\nm = torch.nn.Linear(2, 2)\nm(torch.ones(1, 2))\nraise SystemExit(3)\n")
@@ -171,6 +177,7 @@ def test_failing_script_leaves_a_run_marked_failed_with_its_exit_code(tmp_path):
     assert len(ev) == 2  # data + forward of the Linear
 
 
+@pytest.mark.slow
 def test_exception_in_script_exits_1_and_keeps_events(tmp_path):
     script = tmp_path / "raises.py"
     script.write_text("import torch\nm = torch.nn.Linear(2, 2)\nm(torch.ones(1, 2))\nraise ValueError('boom')\n")
@@ -180,6 +187,7 @@ def test_exception_in_script_exits_1_and_keeps_events(tmp_path):
     assert len(events(tmp_path / "run")[0]) == 2
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", ["non-empty", "unwritable", "missing-script", "unknown-mode", "bad-steps",
                                   "no-command", "launcher"])
 def test_bad_input_gets_one_line_and_exit_2(tmp_path, case):
@@ -212,6 +220,7 @@ def test_bad_input_gets_one_line_and_exit_2(tmp_path, case):
         assert "--force" in lines[0]
 
 
+@pytest.mark.slow
 def test_force_replaces_an_earlier_recording(tmp_path):
     record(tmp_path / "run", "--steps", "1")
     record(tmp_path / "run", "--steps", "2", options=["--force"])
@@ -299,6 +308,7 @@ def test_torchrun_two_ranks_gloo(tmp_path):
     assert (fd["rank"], fd["step"], fd["phase"], fd["blame"]) == (1, 1, "data", "data")
 
 
+@pytest.mark.slow
 def test_sigterm_flushes_and_marks_the_run_interrupted(tmp_path):
     out = tmp_path / "run"
     cmd = [*BITGUARD, "record", "--out", out, "--", sys.executable, TINYGPT, "--steps", "50", "--progress",
@@ -318,6 +328,7 @@ def test_sigterm_flushes_and_marks_the_run_interrupted(tmp_path):
     assert json.loads(meta["status"]) == "interrupted" and {0, 1} <= steps
 
 
+@pytest.mark.slow
 def test_step_window_and_trusted_mode(tmp_path):
     record(tmp_path / "window", "--steps", "3", options=["--steps", "1:2"])
     rows = [dict(zip(EVENTS.names, e)) for e in events(tmp_path / "window")[0]]
@@ -330,6 +341,7 @@ def test_step_window_and_trusted_mode(tmp_path):
     assert {r["kind"] for r in rows} == {"batch", "module", "grad", "step"}
 
 
+@pytest.mark.slow
 def test_digest_reuse_never_hides_an_in_place_write(tmp_path):
     for mode in ("full", "trusted"):
         record(tmp_path / f"cached-{mode}", script=SCRIPTS / "inplace.py", options=["--mode", mode])
@@ -347,6 +359,7 @@ def test_digest_reuse_never_hides_an_in_place_write(tmp_path):
     assert a_out["tid"] == b_in["tid"] and a_out["xor"] != b_in["xor"]
 
 
+@pytest.mark.slow
 def test_each_backward_pass_keeps_its_own_call_stack(tmp_path):
     script = tmp_path / "two_passes.py"
     script.write_text(textwrap.dedent("""
