@@ -21,15 +21,16 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 
-from bitguard.backend import equivalence
+from bitguard.backend import certification, equivalence
 from bitguard.backend import pivot as pivot_mod
 from bitguard.backend import propagation
 from bitguard.backend.alignment import align
 from bitguard.backend.ingest import RunInfo, load_rank, open_run
+from bitguard.backend.result import COMPARE_SCHEMA, EXIT_STATUS, CompareResult
 from bitguard.backend.rules import RuleSet
 from bitguard.errors import IncompatibleRuns, NotFound
 
-COMPARE_SCHEMA = "bitguard.compare/1"
+__all__ = ["COMPARE_SCHEMA", "Comparison", "compare"]
 DEFAULT_BAND = 64
 
 
@@ -51,21 +52,32 @@ class RankComparison:
     alignment: object
     pairs: pl.DataFrame  # a_seq, b_seq, a_pos, b_pos, reordered, status, rule_id
     diffs: pl.DataFrame  # per tensor of every pair: a_seq, role, idx, differs, ignored, ...
-    gaps: pl.DataFrame  # side, seq, pos, allowed, rule_id
+    gaps: pl.DataFrame  # side, seq, pos, order (in A's order), step, allowed, rule_id, counted
     pivot: dict | None = None
     blame: dict | None = None
     propagation: dict = field(default_factory=lambda: {"nodes": [], "edges": []})
     truncated: dict = field(default_factory=dict)
+    reasons: list = field(default_factory=list)  # what of this rank cannot be certified (certification.py)
+    scope: certification.Scope = field(default_factory=certification.Scope)
+
+
+def _unobserved(tensors: pl.DataFrame) -> pl.Expr:
+    """A tensor's `unobserved` reason (older rank files have no such column: every tensor observed)."""
+    return pl.col("unobserved") if "unobserved" in tensors.columns else pl.lit(None, dtype=pl.String)
 
 
 def _pair_tensors(pairs: pl.DataFrame, ta: pl.DataFrame, tb: pl.DataFrame) -> pl.DataFrame:
-    left = ta.join(pairs.select("a_seq", "b_seq"), left_on="seq", right_on="a_seq").rename({"seq": "a_seq"})
+    left = ta.with_columns(_unobserved(ta).alias("unobserved")).join(
+        pairs.select("a_seq", "b_seq"), left_on="seq", right_on="a_seq").rename({"seq": "a_seq"})
     right = tb.select(pl.col("seq").alias("b_seq"), "role", "idx", pl.col("xor").alias("xor_b"),
-                      pl.col("pos").alias("pos_b"), pl.col("dtype").alias("dtype_b"))
+                      pl.col("pos").alias("pos_b"), pl.col("dtype").alias("dtype_b"),
+                      _unobserved(tb).alias("unobserved_b"))
     d = left.join(right, on=["b_seq", "role", "idx"], how="left")
     return d.with_columns(
         (pl.col("xor") != pl.col("xor_b")).fill_null(True).alias("xor_differs"),
         (pl.col("pos") != pl.col("pos_b")).fill_null(True).alias("pos_differs"),
+        # a tensor either side could not read: its digests mean nothing, it can be neither equal nor not
+        (pl.col("unobserved").is_not_null() | pl.col("unobserved_b").is_not_null()).alias("unknown"),
     ).with_columns((pl.col("xor_differs") | pl.col("pos_differs")).alias("differs"))
 
 
@@ -128,12 +140,29 @@ def _keep_probes(events: pl.DataFrame, tensors: pl.DataFrame, probes) -> tuple[p
     return events, tensors.filter(pl.col("seq").is_in(events["seq"].implode()))
 
 
+def b_gap_order(al, positions: np.ndarray) -> np.ndarray:
+    """Where events only in B sit in run A's order: just after the A event paired with their
+    nearest preceding paired B event (before everything when there is none), in B's order."""
+    positions = np.asarray(positions)
+    if not positions.size:
+        return positions.astype(np.float64)
+    mb, ma = np.asarray(al.b_idx), np.asarray(al.a_idx)
+    order_b = np.argsort(mb, kind="stable")
+    mb_sorted, ma_sorted = mb[order_b], ma[order_b]
+    k = np.searchsorted(mb_sorted, positions) - 1
+    anchor = np.where(k >= 0, ma_sorted[np.clip(k, 0, None)] if len(ma_sorted) else -1, -1)
+    return anchor + 0.5 + positions / (10.0 * (positions.max() + 1))
+
+
 def _compare_rank(rank: int, run_a: RunInfo, run_b: RunInfo, rules: RuleSet, fired: dict, band: int,
                   fingerprint: str = "xor+pos", probes=None) -> RankComparison:
     ea, ta, sa = load_rank(run_a, rank)
     eb, tb, sb = load_rank(run_b, rank)
+    ea, eb, mode_reasons = certification.mode_filter(run_a, run_b, ea, eb)
     ea, ta = _keep_probes(ea, ta, probes)
     eb, tb = _keep_probes(eb, tb, probes)
+    ta = ta.filter(pl.col("seq").is_in(ea["seq"].implode()))
+    tb = tb.filter(pl.col("seq").is_in(eb["seq"].implode()))
     al, retyped = _align_with_retyped(ea, eb, band)
     seq_a, seq_b = ea["seq"].to_numpy(), eb["seq"].to_numpy()
     pairs = pl.DataFrame({
@@ -144,51 +173,120 @@ def _compare_rank(rank: int, run_a: RunInfo, run_b: RunInfo, rules: RuleSet, fir
     }, schema={"a_pos": pl.Int64, "b_pos": pl.Int64, "a_seq": pl.Int64, "b_seq": pl.Int64, "reordered": pl.Boolean,
                "retyped": pl.Boolean})
     diffs = equivalence.apply(_pair_tensors(pairs, ta, tb), fingerprint, run_a.ranks[rank], run_b.ranks[rank])
+    diffs = diffs.with_columns((pl.col("differs") & ~pl.col("unknown")).alias("differs"))
     diffs = _apply_ignore(diffs, ea, rules, rank, fired)
     per_pair = diffs.group_by("a_seq").agg(
         (pl.col("differs") & ~pl.col("ignored")).any().alias("diverged"),
         (pl.col("differs") & pl.col("ignored")).any().alias("benign"),
+        pl.col("unknown").any().alias("unknown"),
         pl.col("rule_id").drop_nulls().first().alias("rule_id"))
     pairs = pairs.join(per_pair, on="a_seq", how="left").with_columns(
         pl.when(pl.col("diverged").fill_null(False)).then(pl.lit("diverged"))
+        .when(pl.col("unknown").fill_null(False)).then(pl.lit("unobserved"))
         .when(pl.col("benign").fill_null(False)).then(pl.lit("benign"))
-        .otherwise(pl.lit("identical")).alias("status")).drop("diverged", "benign").sort("a_pos")
-    gaps = _gaps(rank, ea, eb, al, rules, fired)
-    rc = RankComparison(rank, ea, eb, ta, tb, sa, sb, al, pairs, diffs, gaps)
+        .otherwise(pl.lit("identical")).alias("status")).drop("diverged", "benign", "unknown").sort("a_pos")
+    pairs = _follows_accepted(pairs, diffs, ea, ta)
+    scope, reasons = certification.rank_scope(rank, run_a, run_b, ea, eb)
+    nothing = certification.empty_or_unpaired(rank, ea, eb, pairs.height)
+    reasons = mode_reasons + reasons + ([nothing] if nothing else [])
+    gaps = _gaps(rank, ea, eb, al, rules, fired, scope, counted=nothing is None)
+    rc = RankComparison(rank, ea, eb, ta, tb, sa, sb, al, pairs, diffs, gaps, reasons=reasons, scope=scope)
     _find_pivot(rc)
     return rc
 
 
-def _gaps(rank, ea, eb, al, rules: RuleSet, fired: dict) -> pl.DataFrame:
+def _follows_accepted(pairs: pl.DataFrame, diffs: pl.DataFrame, ea: pl.DataFrame, ta: pl.DataFrame) -> pl.DataFrame:
+    """Divergent pairs that follow from a difference a rule accepted get status `follows`, with
+    the accepting rule's id: explained, not new faults, and not certified either. A pair follows
+    when one of its inputs differs only by an accepted difference, or when it is reachable from
+    an accepted one over the propagation edges (dataflow, nesting, activations, gradients,
+    updates, weights)."""
+    accepted = diffs.filter(pl.col("differs") & pl.col("ignored"))
+    if accepted.is_empty():
+        return pairs
+    kinds = dict(zip(ea["seq"].to_list(), zip(ea["phase"].to_list(), ea["kind"].to_list())))
+    input_fed = {}  # a_seq -> rule: an input differs, and that difference is accepted
+    for seq, role, rule in accepted.select("a_seq", "role", "rule_id").iter_rows():
+        if role in pivot_mod.INPUT_ROLES.get(kinds.get(seq), ()) and seq not in input_fed:
+            input_fed[seq] = rule
+    benign = pairs.filter(pl.col("status") == "benign")
+    rule_of = dict(zip(benign["a_seq"].to_list(), benign["rule_id"].to_list())) | input_fed
+    divergent = pairs.filter(pl.col("status").is_in(["benign", "diverged"]))
+    _, out = propagation.graph(ea, ta, set(divergent["a_seq"].to_list()), loss=True)
+    order = dict(zip(pairs["a_seq"].to_list(), pairs["a_pos"].to_list()))
+    reached = propagation.reachable(out, sorted(rule_of, key=lambda seq: order.get(seq, 0)))
+    benign_seqs = set(benign["a_seq"].to_list())
+    follows = {seq: rule_of[src] for seq, src in reached.items() if seq not in benign_seqs}
+    if not follows:
+        return pairs
+    hit = pl.DataFrame({"a_seq": list(follows), "_src_rule": list(follows.values())},
+                       schema={"a_seq": pl.Int64, "_src_rule": pl.String})
+    pairs = pairs.join(hit, on="a_seq", how="left")
+    is_follow = (pl.col("status") == "diverged") & pl.col("_src_rule").is_not_null()
+    return pairs.with_columns(
+        pl.when(is_follow).then(pl.lit("follows")).otherwise(pl.col("status")).alias("status"),
+        pl.when(is_follow).then(pl.col("_src_rule")).otherwise(pl.col("rule_id")).alias("rule_id")).drop("_src_rule")
+
+
+def _gaps(rank, ea, eb, al, rules: RuleSet, fired: dict, scope, counted: bool = True) -> pl.DataFrame:
+    """Events on one side only: their A-order position, the rule that allows them, and whether they
+    count as a structural divergence (inside the certified scope, not allowed, the rank paired)."""
     rows = []
     allow = rules.of("allow-gap")
     for side, events, positions in (("a", ea, al.gaps_a), ("b", eb, al.gaps_b)):
         if not len(positions):
             continue
+        order = positions.astype(np.float64) if side == "a" else b_gap_order(al, positions)
         sub = events[positions.tolist()].select("seq", "step", "phase", "boundary", "module_type")
-        for pos, r in zip(positions.tolist(), sub.iter_rows(named=True)):
+        for pos, at, r in zip(positions.tolist(), order.tolist(), sub.iter_rows(named=True)):
             rid = next((rule.id for rule in allow if rule.matches(
                 boundary=r["boundary"], module_type=r["module_type"], phase=r["phase"], step=r["step"],
                 rank=rank)), None)
             if rid is not None:
                 fired[rid] = fired.get(rid, 0) + 1
-            rows.append((side, r["seq"], pos, rid is not None, rid))
-    return pl.DataFrame(rows, schema={"side": pl.String, "seq": pl.Int64, "pos": pl.Int64, "allowed": pl.Boolean,
-                                      "rule_id": pl.String}, orient="row")
+            rows.append((side, r["seq"], pos, at, r["step"], rid is not None, rid))
+    gaps = pl.DataFrame(rows, schema={"side": pl.String, "seq": pl.Int64, "pos": pl.Int64, "order": pl.Float64,
+                                      "step": pl.Int64, "allowed": pl.Boolean, "rule_id": pl.String}, orient="row")
+    return gaps.with_columns((~pl.col("allowed") & scope.contains(pl.col("step")) & pl.lit(counted)).alias("counted"))
 
 
 def _find_pivot(rc: RankComparison) -> None:
+    """The rank's first divergence in A's order: the first divergent pair, or an event on one side
+    only that counts (a structural divergence), whichever comes first."""
     diverged = rc.pairs.filter(pl.col("status") == "diverged")
-    if diverged.is_empty():
+    counted = rc.gaps.filter(pl.col("counted")).sort("order")
+    digest_at = float(diverged["a_pos"][0]) if diverged.height else float("inf")
+    gap_at = float(counted["order"][0]) if counted.height else float("inf")
+    if digest_at == gap_at == float("inf"):
         return
-    first = diverged.row(0, named=True)
-    event = rc.events_a.row(first["a_pos"], named=True)
-    rc.pivot = {**event, "b_seq": first["b_seq"], "a_pos": first["a_pos"], "b_pos": first["b_pos"],
-                "retyped": first["retyped"]}
-    status = dict(zip(rc.pairs["a_seq"].to_list(), rc.pairs["status"].to_list()))
-    rc.blame = pivot_mod.blame(rc.pivot, rc.events_a, status, rc.diffs)
-    divergent = set(diverged["a_seq"].to_list())
-    rc.propagation = propagation.build(rc.rank, rc.events_a, rc.tensors_a, divergent, event["seq"])
+    if digest_at <= gap_at:
+        first = diverged.row(0, named=True)
+        event = rc.events_a.row(first["a_pos"], named=True)
+        rc.pivot = {**event, "cause": "digest", "side": None, "b_seq": first["b_seq"], "a_pos": first["a_pos"],
+                    "b_pos": first["b_pos"], "order": digest_at, "retyped": first["retyped"]}
+        status = dict(zip(rc.pairs["a_seq"].to_list(), rc.pairs["status"].to_list()))
+        rc.blame = pivot_mod.blame(rc.pivot, rc.events_a, status, rc.diffs)
+        seed = event["seq"]
+    else:
+        gap = counted.row(0, named=True)
+        side = gap["side"]
+        events = rc.events_a if side == "a" else rc.events_b
+        event = events.row(gap["pos"], named=True)
+        rc.pivot = {**event, "cause": "structure", "side": side, "seq": event["seq"] if side == "a" else None,
+                    "b_seq": event["seq"] if side == "b" else None, "a_pos": gap_at, "b_pos": None,
+                    "order": gap_at, "retyped": False}
+        other = rc.gaps.filter(pl.col("counted") & (pl.col("side") != side) & (pl.col("step") == event["step"]))
+        twin = None
+        if other.height:
+            others = (rc.events_b if side == "a" else rc.events_a)[other["pos"].to_list()]
+            same = others.filter((pl.col("phase") == event["phase"]) & (pl.col("kind") == event["kind"])
+                                 & (pl.col("boundary") == event["boundary"]))
+            twin = same.row(0, named=True) if same.height else None
+        rc.blame = pivot_mod.structure_blame(event, side, events, twin)
+        seed = event["seq"] if side == "a" else None
+    if seed is not None:
+        divergent = set(diverged["a_seq"].to_list()) | {seed}
+        rc.propagation = propagation.build(rc.rank, rc.events_a, rc.tensors_a, divergent, seed)
 
 
 def manifest_differences(a: dict, b: dict) -> list[dict]:
@@ -214,11 +312,16 @@ def manifest_differences(a: dict, b: dict) -> list[dict]:
     return out
 
 
+# Reasons that stop a verdict from being `identical`; the others only describe what was compared.
+_INFORMATIONAL = {"modes"}
+
+
 class Comparison:
     """The result of comparing run A (reference) with run B (suspect)."""
 
     def __init__(self, run_a: RunInfo, run_b: RunInfo, rules: RuleSet, ranks: dict[int, RankComparison],
-                 fired: dict, band: int, fingerprint: str = "xor+pos", probes: list[str] | None = None):
+                 fired: dict, band: int, fingerprint: str = "xor+pos", probes: list[str] | None = None,
+                 reasons: list[dict] | None = None):
         self.run_a, self.run_b, self.rules = run_a, run_b, rules
         self.ranks = ranks
         self.band = band
@@ -228,28 +331,90 @@ class Comparison:
         pivots = [rc for rc in ranks.values() if rc.pivot is not None]
         self._first = min(pivots, key=lambda rc: (rc.pivot["step"], rc.pivot["t_end_ns"])) if pivots else None
         self.manifest_diffs = manifest_differences(run_a.manifest, run_b.manifest)
+        self.reasons = list(reasons or [])  # whole-run reasons; the ranks add theirs (certification.py)
+        self._result: CompareResult | None = None
 
     @property
     def verdict(self) -> str:
-        return "identical" if self._first is None else "diverged"
+        if self._first is not None:
+            return "diverged"
+        return "inconclusive" if self.blocking_reasons() else "identical"
+
+    @property
+    def exit_status(self) -> int:
+        return EXIT_STATUS[self.verdict]
+
+    def certification_reasons(self) -> list[dict]:
+        out = list(self.reasons)
+        for rc in self.ranks.values():
+            out += rc.reasons
+            unobserved = rc.pairs.filter(pl.col("status") == "unobserved")
+            if unobserved.height:
+                first = rc.events_a.row(int(unobserved["a_pos"][0]), named=True)
+                why = rc.diffs.filter((pl.col("a_seq") == first["seq"]) & pl.col("unknown")).select(
+                    pl.coalesce("unobserved", "unobserved_b")).to_series().drop_nulls()
+                out.append({"code": "unobserved", "rank": rc.rank, "side": None, "message":
+                            f"{unobserved.height} paired event(s) on rank {rc.rank} hold a tensor that could not be "
+                            f"observed, first the {first['phase']} of {first['boundary']} at step {first['step']}"
+                            + (f" ({why[0]})" if why.len() else "")})
+            follows = rc.pairs.filter(pl.col("status") == "follows")
+            if follows.height:
+                rules = sorted(set(follows["rule_id"].drop_nulls().to_list()))
+                out.append({"code": "follows_accepted", "rank": rc.rank, "side": None, "message":
+                            f"{follows.height} divergent event(s) on rank {rc.rank} follow from differences accepted "
+                            f"by rule(s) {', '.join(rules)}: events downstream of an accepted difference cannot "
+                            f"be certified"})
+        return out
+
+    def blocking_reasons(self) -> list[dict]:
+        return [r for r in self.certification_reasons() if r["code"] not in _INFORMATIONAL]
 
     # -- the report ------------------------------------------------------------------------
     @property
+    def result(self) -> CompareResult:
+        """The typed `bitguard.compare/1` document (result.py); `to_dict()` is its JSON."""
+        if self._result is None:
+            self._result = self._build_result()
+        return self._result
+
+    @property
     def first_divergence(self) -> dict | None:
+        fd = self.result.first_divergence
+        return None if fd is None else fd.model_dump()
+
+    def _first_divergence(self) -> dict | None:
         rc = self._first
         if rc is None:
             return None
         p, blame = rc.pivot, rc.blame
-        stack_a = rc.stacks_a.get(p["stack_id"], [])
+        structure = p["cause"] == "structure"
+        stacks = rc.stacks_b if p["side"] == "b" else rc.stacks_a
+        if structure:
+            tensors = self._one_side_tensors(rc, p["side"], p["seq"] if p["side"] == "a" else p["b_seq"])
+            module_type_b = p["module_type"] if p["side"] == "b" else None
+        else:
+            tensors = self._tensor_pairs(rc, p["seq"])
+            module_type_b = rc.events_b.row(p["b_pos"], named=True)["module_type"]
+        notes = []
+        if p["side"] is None or p["side"] == "a":
+            earlier = rc.pairs.filter((pl.col("status") == "unobserved") & (pl.col("a_pos") < p["order"]))
+            if earlier.height:
+                notes.append(f"{earlier.height} event(s) before this one hold tensors that could not be observed: "
+                             f"the runs may have parted earlier")
+        hint = certification.name_hint(rc.events_a["boundary"].to_list(), rc.events_b["boundary"].to_list()) \
+            if structure else None
+        if hint:
+            notes.append(hint)
         return {
+            "cause": p["cause"], "missing_side": None if not structure else ("b" if p["side"] == "a" else "a"),
             "rank": rc.rank, "step": p["step"], "phase": p["phase"], "kind": p["kind"],
             "boundary": p["boundary"], "module_type": p["module_type"], "call": p["call"],
             "blame": blame["blame"], "fault_class": blame["fault_class"], "blame_window": blame["blame_window"],
-            "differing_roles": blame["differing_roles"], "stack": stack_a,
+            "differing_roles": blame["differing_roles"], "stack": stacks.get(p["stack_id"], []),
             "a_seq": p["seq"], "b_seq": p["b_seq"],
             # paired although the module type or a dtype differs (e.g. a norm swapped for a subclass)
-            "retyped": p.get("retyped", False), "module_type_b": rc.events_b.row(p["b_pos"], named=True)["module_type"],
-            "tensors": self._tensor_pairs(rc, p["seq"]),
+            "retyped": p.get("retyped", False), "module_type_b": module_type_b,
+            "tensors": tensors, "notes": notes,
         }
 
     def _tensor_pairs(self, rc: RankComparison, a_seq: int) -> list[dict]:
@@ -257,13 +422,29 @@ class Comparison:
         return [{"role": r["role"], "index": r["idx"], "path": r["path"], "shape": r["shape"], "dtype": r["dtype"],
                  "dtype_b": r["dtype_b"], "a": {"xor": _hex(r["xor"]), "pos": _hex(r["pos"])},
                  "b": {"xor": _hex(r["xor_b"]), "pos": _hex(r["pos_b"])},
-                 "differs": r["differs"], "ignored": r["ignored"], "rule_id": r["rule_id"]}
+                 "differs": r["differs"], "ignored": r["ignored"], "rule_id": r["rule_id"],
+                 "unobserved": r["unobserved"] or r["unobserved_b"]}
                 for r in rows.iter_rows(named=True)]
+
+    @staticmethod
+    def _one_side_tensors(rc: RankComparison, side: str, seq: int) -> list[dict]:
+        tensors = rc.tensors_a if side == "a" else rc.tensors_b
+        rows = tensors.filter(pl.col("seq") == seq).sort("role", "idx")
+        unobserved = _unobserved(rows)
+        out = []
+        for r, why in zip(rows.iter_rows(named=True), rows.select(unobserved).to_series().to_list()):
+            digest = {"xor": _hex(r["xor"]), "pos": _hex(r["pos"])}
+            none = {"xor": None, "pos": None}
+            out.append({"role": r["role"], "index": r["idx"], "path": r["path"], "shape": r["shape"],
+                        "dtype": r["dtype"] if side == "a" else None, "dtype_b": r["dtype"] if side == "b" else None,
+                        "a": digest if side == "a" else none, "b": digest if side == "b" else none,
+                        "differs": True, "ignored": False, "rule_id": None, "unobserved": why})
+        return out
 
     def alignment_summary(self) -> dict:
         tot = {"events_a": 0, "events_b": 0, "matched": 0, "reordered": 0, "gaps_a": 0, "gaps_b": 0,
                "allowed_gaps": 0, "identical_prefix": 0, "band": self.band, "max_window": 0, "anchors": 0,
-               "gaps_before_pivot": []}
+               "gaps_before_pivot": [], "unobserved": 0, "follows_accepted": 0, "not_compared": 0}
         for rc in self.ranks.values():
             al = rc.alignment
             tot["events_a"] += rc.events_a.height
@@ -275,20 +456,20 @@ class Comparison:
             tot["allowed_gaps"] += int(rc.gaps["allowed"].sum()) if rc.gaps.height else 0
             tot["max_window"] = max(tot["max_window"], int(al.max_window))
             tot["anchors"] += int(al.anchors)
+            tot["unobserved"] += rc.pairs.filter(pl.col("status") == "unobserved").height
+            tot["follows_accepted"] += rc.pairs.filter(pl.col("status") == "follows").height
+            tot["not_compared"] += rc.gaps.filter(~pl.col("allowed") & ~pl.col("counted")).height if rc.gaps.height else 0
             prefix, before = self._prefix(rc)
             tot["identical_prefix"] += prefix
             tot["gaps_before_pivot"] += before
         return tot
 
     def _prefix(self, rc: RankComparison) -> tuple[int, list[dict]]:
-        if rc.pivot is None:
-            prefix = rc.pairs.height
-            a_lim, b_lim = rc.events_a.height, rc.events_b.height
-        else:
-            prefix = rc.pairs.filter(pl.col("a_pos") < rc.pivot["a_pos"]).height
-            a_lim, b_lim = rc.pivot["a_pos"], rc.pivot["b_pos"]
-        before = rc.gaps.filter(~pl.col("allowed") & (((pl.col("side") == "a") & (pl.col("pos") < a_lim))
-                                                      | ((pl.col("side") == "b") & (pl.col("pos") < b_lim))))
+        """Paired events before the rank's pivot, and the events on one side only there that no rule
+        allows (outside the certified scope: a counted one would be the pivot itself)."""
+        at = float("inf") if rc.pivot is None else rc.pivot["order"]
+        prefix = rc.pairs.filter(pl.col("a_pos") < at).height
+        before = rc.gaps.filter(~pl.col("allowed") & (pl.col("order") < at)) if rc.gaps.height else rc.gaps
         out = []
         for g in before.head(50).iter_rows(named=True):
             ev = (rc.events_a if g["side"] == "a" else rc.events_b).row(g["pos"], named=True)
@@ -308,24 +489,33 @@ class Comparison:
                if run.incomplete_reason()}
         return out or None
 
-    def to_dict(self) -> dict:
+    def _build_result(self) -> CompareResult:
         graph = self.propagation_graph()
-        return {
-            "schema": COMPARE_SCHEMA,
-            "verdict": self.verdict,
-            "run_a": str(self.run_a.path), "run_b": str(self.run_b.path),
-            "ranks": sorted(self.ranks),
-            "first_divergence": self.first_divergence,
-            "pivots_per_rank": {str(r): ({"step": rc.pivot["step"], "phase": rc.pivot["phase"],
-                                          "boundary": rc.pivot["boundary"], "blame": rc.blame["blame"]}
-                                         if rc.pivot else None) for r, rc in self.ranks.items()},
-            "alignment": self.alignment_summary(),
-            "propagation": {"nodes": graph["nodes"], "edges": graph["edges"]},
-            "rules_fired": self.rules_fired,
-            "manifest_diffs": self.manifest_diffs,
-            "incomplete": self.incomplete(),
-            "analysis": {"fingerprint": self.fingerprint, "probes": self.probes},
-        }
+        verdict = self.verdict
+        reasons = self.certification_reasons()
+        blocking = [r for r in reasons if r["code"] not in _INFORMATIONAL]
+        return CompareResult(
+            verdict=verdict,
+            run_a=str(self.run_a.path), run_b=str(self.run_b.path),
+            ranks=sorted(self.ranks),
+            first_divergence=self._first_divergence(),
+            pivots_per_rank={str(r): ({"step": rc.pivot["step"], "phase": rc.pivot["phase"],
+                                       "boundary": rc.pivot["boundary"], "blame": rc.blame["blame"],
+                                       "cause": rc.pivot["cause"]}
+                                      if rc.pivot else None) for r, rc in self.ranks.items()},
+            alignment=self.alignment_summary(),
+            propagation={"nodes": graph["nodes"], "edges": graph["edges"]},
+            rules_fired=self.rules_fired,
+            manifest_diffs=self.manifest_diffs,
+            incomplete=self.incomplete(),
+            analysis={"fingerprint": self.fingerprint, "probes": self.probes},
+            inconclusive={"reasons": blocking} if verdict == "inconclusive" else None,
+            certification={"reasons": reasons, "compared_steps": {
+                str(r): [rc.scope.first, rc.scope.end] for r, rc in self.ranks.items()}},
+        )
+
+    def to_dict(self) -> dict:
+        return self.result.to_dict()
 
     # -- tables for the explorer and the notebook -------------------------------------------
     def events(self, rank: int | None = None) -> pl.DataFrame:
@@ -348,27 +538,25 @@ class Comparison:
         # events only in B sit after the A event matched to their nearest preceding B event
         gb = rc.gaps.filter(pl.col("side") == "b")
         if gb.height:
-            mb = np.asarray(rc.alignment.b_idx)
-            ma = np.asarray(rc.alignment.a_idx)
-            order_b = np.argsort(mb, kind="stable")
-            mb_sorted, ma_sorted = mb[order_b], ma[order_b]
-            pos = gb["pos"].to_numpy()
-            k = np.searchsorted(mb_sorted, pos) - 1
-            anchor = np.where(k >= 0, ma_sorted[np.clip(k, 0, None)] if len(ma_sorted) else -1, -1)
-            b = rc.events_b[pos.tolist()].select(cols).rename(
+            b = rc.events_b[gb["pos"].to_list()].select(cols).rename(
                 {"seq": "b_seq", "t_start_ns": "b_t_start_ns", "t_end_ns": "b_t_end_ns"}).with_columns(
-                pl.Series("order", anchor + 0.5 + pos / (10.0 * (pos.max() + 1))),
+                gb["order"].alias("order"),
                 pl.lit("only_b").alias("status"), gb["rule_id"].alias("rule_id"), pl.lit(False).alias("reordered"),
                 pl.lit(None, dtype=pl.Int64).alias("a_seq"), pl.lit(None, dtype=pl.Int64).alias("a_pos"),
                 pl.lit(None, dtype=pl.Int64).alias("a_t_start_ns"), pl.lit(None, dtype=pl.Int64).alias("a_t_end_ns"))
             a = pl.concat([a, b.select(a.columns)])
-        pivot_seq = rc.pivot["seq"] if rc.pivot else None
-        pivot_order = float(rc.pivot["a_pos"]) if rc.pivot else float("inf")
+        p = rc.pivot
+        if p is None:
+            is_pivot = pl.lit(False)
+        elif p["seq"] is not None:
+            is_pivot = (pl.col("a_seq") == p["seq"]).fill_null(False)
+        else:  # an event only in B
+            is_pivot = (pl.col("a_seq").is_null() & (pl.col("b_seq") == p["b_seq"])).fill_null(False)
+        pivot_order = float(p["order"]) if p else float("inf")
         out = a.sort("order").with_row_index("row").with_columns(
             pl.lit(rc.rank).alias("rank"),
             (pl.col("order") < pivot_order).alias("in_prefix"),
-            (pl.col("a_seq") == pivot_seq).fill_null(False).alias("is_pivot") if pivot_seq is not None
-            else pl.lit(False).alias("is_pivot"))
+            is_pivot.alias("is_pivot"))
         return out.select("rank", "row", "status", "in_prefix", "reordered", "is_pivot", "step", "phase", "kind",
                           "boundary", "module_type", "call", "depth", "a_seq", "b_seq", "a_t_start_ns", "a_t_end_ns",
                           "b_t_start_ns", "b_t_end_ns", "rule_id")
@@ -393,25 +581,51 @@ class Comparison:
         b_seq = pair["b_seq"][0] if pair.height else (seq if side == "b" else None)
         status = pair["status"][0] if pair.height else f"only_{side}"
         stacks = rc.stacks_a if side == "a" else rc.stacks_b
+        is_pivot = self._is_pivot(rc, a_seq, b_seq)
+        marks = self._tensor_marks(rc, a_seq) if pair.height else {}
         return {
             "rank": rank, "side": side, "status": status,
+            "rule_id": pair["rule_id"][0] if pair.height else self._gap_rule(rc, side, seq),
             "event": {k: v for k, v in ev.items() if k != "key"},
             "stack": stacks.get(ev["stack_id"], []),
             "pair": {"a_seq": a_seq, "b_seq": b_seq},
-            "tensors_a": self._tensors(rc.tensors_a, a_seq),
-            "tensors_b": self._tensors(rc.tensors_b, b_seq),
-            "is_pivot": rc.pivot is not None and a_seq == rc.pivot["seq"],
-            "blame": rc.blame if rc.pivot is not None and a_seq == rc.pivot["seq"] else None,
+            "tensors_a": self._tensors(rc.tensors_a, a_seq, marks),
+            "tensors_b": self._tensors(rc.tensors_b, b_seq, marks),
+            "is_pivot": is_pivot,
+            "blame": rc.blame if is_pivot else None,
         }
 
     @staticmethod
-    def _tensors(tensors: pl.DataFrame, seq) -> list[dict]:
+    def _is_pivot(rc: RankComparison, a_seq, b_seq) -> bool:
+        p = rc.pivot
+        if p is None:
+            return False
+        return a_seq == p["seq"] if p["seq"] is not None else (a_seq is None and b_seq == p["b_seq"])
+
+    @staticmethod
+    def _gap_rule(rc: RankComparison, side: str, seq: int) -> str | None:
+        g = rc.gaps.filter((pl.col("side") == side) & (pl.col("seq") == seq)) if rc.gaps.height else rc.gaps
+        return g["rule_id"][0] if g.height else None
+
+    @staticmethod
+    def _tensor_marks(rc: RankComparison, a_seq: int) -> dict:
+        """(role, idx) -> what the comparison made of that tensor of a pair."""
+        rows = rc.diffs.filter(pl.col("a_seq") == a_seq)
+        return {(r["role"], r["idx"]): {"differs": r["differs"], "ignored": r["ignored"], "rule_id": r["rule_id"],
+                                        "unobserved": r["unobserved"] or r["unobserved_b"]}
+                for r in rows.iter_rows(named=True)}
+
+    @staticmethod
+    def _tensors(tensors: pl.DataFrame, seq, marks: dict) -> list[dict]:
         if seq is None:
             return []
         rows = tensors.filter(pl.col("seq") == seq).sort("role", "idx")
+        unobserved = rows.select(_unobserved(rows)).to_series().to_list()
+        blank = {"differs": None, "ignored": False, "rule_id": None}
         return [{"role": r["role"], "index": r["idx"], "path": r["path"], "shape": r["shape"], "dtype": r["dtype"],
                  "strides": r["strides"], "nbytes": r["nbytes"], "xor": _hex(r["xor"]), "pos": _hex(r["pos"]),
-                 "tid": r["tid"]} for r in rows.iter_rows(named=True)]
+                 "tid": r["tid"], **blank, **marks.get((r["role"], r["idx"]), {}), "unobserved": why}
+                for r, why in zip(rows.iter_rows(named=True), unobserved)]
 
     def neighbours(self, node_id: str) -> dict:
         graph = self.propagation_graph()
@@ -466,16 +680,20 @@ def compare(a, b, rules=None, rank: int | None = None, band: int = DEFAULT_BAND,
                                    f"(A has ranks {sorted(ranks_a)}, B has ranks {sorted(ranks_b)}); pick another --rank")
         selected = [rank]
     else:
-        if run_a.world_size != run_b.world_size or ranks_a != ranks_b:
+        if run_a.world_size != run_b.world_size:
             raise IncompatibleRuns(
                 f"world sizes differ: run A has world size {run_a.world_size} (ranks {sorted(ranks_a)}), run B has "
                 f"world size {run_b.world_size} (ranks {sorted(ranks_b)}); compare runs of the same layout or pick "
                 f"one rank with --rank")
-        selected = sorted(ranks_a)
+        selected = sorted(ranks_a & ranks_b)
+        if not selected:
+            raise IncompatibleRuns(f"the runs have no rank in common (A has ranks {sorted(ranks_a)}, B has ranks "
+                                   f"{sorted(ranks_b)}); re-record the missing ranks")
     digests = (run_a.manifest.get("digest"), run_b.manifest.get("digest"))
     if digests[0] != digests[1]:
         raise IncompatibleRuns(f"the runs were digested differently (A: {digests[0] or 'unnamed, older'}, B: "
                                f"{digests[1] or 'unnamed, older'}); re-record the older run with this bitguard")
     fired: dict[str, int] = {}
     ranks = {r: _compare_rank(r, run_a, run_b, rule_set, fired, band, fingerprint, probes) for r in selected}
-    return Comparison(run_a, run_b, rule_set, ranks, fired, band, fingerprint, probes)
+    reasons = certification.run_reasons(run_a, run_b, selected, rank_selected=rank is not None)
+    return Comparison(run_a, run_b, rule_set, ranks, fired, band, fingerprint, probes, reasons)

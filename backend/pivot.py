@@ -10,7 +10,14 @@ fault most likely sits:
              parameter that differs after step() although its gradient matched);
 - `consumer` an input already differs: the fault sits between observed boundaries, upstream.
              The blame window is the innermost enclosing module whose inputs were still
-             identical, minus its observed children.
+             identical, minus its observed children;
+- `structure` an event is in one run only (`fault_class` missing: run B lacks it, extra: run B
+             has it and A does not, signature: both have it with different tensors); the
+             window is the module whose code called it.
+
+Only what was observed and compared equal is called "matched" (an optimizer step whose
+gradient was never observed says so). A difference a rule accepted, and what follows from it,
+never reaches this module: compare.py labels those events `follows` first.
 
 This module reads polars frames prepared by compare.py; it does not align or load anything.
 """
@@ -54,9 +61,7 @@ def blame(pivot: dict, events_a: pl.DataFrame, status: dict[int, str], diffs: pl
                                       "draw, a changed sampler or dropout)"}
     elif phase == "optimizer":
         result.update(fault_class="optimizer")
-        result["blame_window"] = {"module": pivot["boundary"], "detail":
-                                  "the parameter differs after step() while its gradient and the previous "
-                                  "parameters matched: the optimizer update computed differently"}
+        result["blame_window"] = {"module": pivot["boundary"], "detail": _optimizer_detail(pivot, events_a, status)}
     elif kind == "grad":
         owner = _owner_backward(pivot, events_a, diffs)
         if owner is not None and owner["grad_output_differs"]:
@@ -77,6 +82,58 @@ def blame(pivot: dict, events_a: pl.DataFrame, status: dict[int, str], diffs: pl
         result["blame"] = "consumer"
         result["blame_window"] = _window(pivot, events_a, status, diffs)
     return result
+
+
+def _optimizer_detail(pivot: dict, events_a: pl.DataFrame, status: dict[int, str]) -> str:
+    """What is known of the update's inputs: this step's gradient and the parameter before it.
+    Only what was observed and compared equal is called "matched"."""
+    same_param = (pl.col("boundary") == pivot["boundary"])
+    grads = events_a.filter(same_param & (pl.col("phase") == "backward") & (pl.col("kind") == "grad")
+                            & (pl.col("step") == pivot["step"]))
+    before = events_a.filter(same_param & (pl.col("phase") == "optimizer") & (pl.col("step") < pivot["step"]))
+    grad_ok = grads.height and all(status.get(s) == "identical" for s in grads["seq"].to_list())
+    prev_ok = before.height and status.get(before["seq"][-1]) == "identical"
+    if grad_ok and prev_ok:
+        return ("the parameter differs after step() while its gradient and the previous parameters matched: "
+                "the optimizer update computed differently")
+    known = []
+    if grad_ok:
+        known.append("its gradient at this step matched")
+    elif not grads.height:
+        known.append("its gradient at this step was not observed (no gradient event: e.g. a collective or a "
+                     "sharded gradient the hooks do not see)")
+    if prev_ok:
+        known.append("the parameter before this step matched")
+    elif not before.height:
+        known.append("the parameter before this step was not recorded (the initial weights are not compared)")
+    return ("the parameter differs after step(); " + "; ".join(known)
+            + ": the optimizer update, or an input of it that was not observed, computed differently")
+
+
+def structure_blame(event: dict, side: str, events: pl.DataFrame, twin: dict | None) -> dict:
+    """Blame for an event present in one run only (`side` has it): which run lacks what, and the
+    module whose code decided it (the innermost enclosing call, or the boundary's owner)."""
+    have, lack = side.upper(), "B" if side == "a" else "A"
+    what = f"the {event['phase']} of {event['boundary']} (call {event['call']}) at step {event['step']}"
+    if twin is not None:
+        fault = "signature"
+        detail = (f"both runs record {what}, with different tensors (roles, shapes or dtypes): the data layout "
+                  f"or the code path changed")
+    else:
+        fault = "missing" if side == "a" else "extra"
+        detail = (f"run {have} records {what} and run {lack} does not: a module was skipped or added, a branch "
+                  f"changed, it ran a different number of times, or run {lack}'s recording stopped")
+    parent = None
+    if event["phase"] == "forward" and event["kind"] == "module":
+        same = events.filter((pl.col("phase") == "forward") & (pl.col("kind") == "module")
+                             & (pl.col("step") == event["step"]) & (pl.col("depth") < event["depth"])
+                             & (pl.col("t_start_ns") <= event["t_start_ns"]) & (pl.col("t_end_ns") >= event["t_end_ns"]))
+        if same.height:
+            parent = same.sort("depth", descending=True)["boundary"][0]
+    elif "." in event["boundary"]:
+        parent = _owner(event["boundary"])
+    return {"blame": "structure", "fault_class": fault, "differing_roles": [],
+            "blame_window": {"module": parent or event["boundary"], "detail": detail}}
 
 
 def _owner_backward(pivot: dict, events_a: pl.DataFrame, diffs: pl.DataFrame) -> dict | None:

@@ -35,6 +35,35 @@ def _dataflow(tensors: pl.DataFrame, producer_role: str, consumer_role: str) -> 
 
 def build(rank: int, events: pl.DataFrame, tensors: pl.DataFrame, divergent: set[int], pivot_seq: int) -> dict:
     """Summarised propagation graph from `pivot_seq` over the divergent A-side events."""
+    info, out = graph(events, tensors, divergent)
+    reached = reachable(out, [pivot_seq])
+    return _summarise(rank, info, reached, out, pivot_seq, len(divergent))
+
+
+def reachable(out: dict[int, list], sources) -> dict[int, int]:
+    """Every event reachable from `sources` over the edges `out`, with the source it was first
+    reached from (sources taken in the order given)."""
+    reached: dict[int, int] = {}
+    for source in sources:
+        if source in reached:
+            continue
+        reached[source] = source
+        queue = deque([source])
+        while queue:
+            s = queue.popleft()
+            for d, _ in out.get(s, ()):
+                if d not in reached:
+                    reached[d] = source
+                    queue.append(d)
+    return reached
+
+
+def graph(events: pl.DataFrame, tensors: pl.DataFrame, divergent: set[int],
+          loss: bool = False) -> tuple[dict, dict[int, list]]:
+    """The divergent events' fields by seq, and the edges between them: seq -> [(seq, kind)].
+    `loss` adds what no tensor identity shows but every step obeys: the root module's forward
+    (it returns the loss) feeds every backward and optimizer event of its step. Too coarse to
+    draw, it is what "follows from an accepted difference" must assume."""
     ev = events.filter(pl.col("seq").is_in(list(divergent)))
     tens = tensors.filter(pl.col("seq").is_in(list(divergent)))
     info = {r["seq"]: r for r in ev.select("seq", "step", "phase", "kind", "boundary", "module_type", "depth",
@@ -89,19 +118,16 @@ def build(rank: int, events: pl.DataFrame, tensors: pl.DataFrame, divergent: set
             edges.append((seq, min(later), "weights"))
     # reachability from the pivot, forward in completion order (dataflow into an enclosing call
     # that completed later is allowed: completion order is what the record certifies)
+    if loss:
+        for r in fwd:
+            if r["depth"] == 0:
+                edges += [(r["seq"], o["seq"], "loss") for o in info.values()
+                          if o["step"] == r["step"] and o["phase"] in ("backward", "optimizer")]
     out: dict[int, list] = defaultdict(list)
     for s, d, k in edges:
         if s in info and d in info:
             out[s].append((d, k))
-    reached = {pivot_seq}
-    queue = deque([pivot_seq])
-    while queue:
-        s = queue.popleft()
-        for d, _ in out[s]:
-            if d not in reached:
-                reached.add(d)
-                queue.append(d)
-    return _summarise(rank, info, reached, out, pivot_seq, len(divergent))
+    return info, out
 
 
 def _summarise(rank, info, reached, out, pivot_seq, n_divergent) -> dict:
@@ -125,7 +151,7 @@ def _summarise(rank, info, reached, out, pivot_seq, n_divergent) -> dict:
     for s in reached:
         if s not in info:
             continue
-        for d, kind in out[s]:
+        for d, kind in out.get(s, ()):
             if d not in reached:
                 continue
             a, b = info[s], info[d]

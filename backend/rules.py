@@ -30,6 +30,38 @@ ACTIONS = ("ignore", "allow-gap")
 MATCH_FIELDS = ("boundary", "module_type", "phase", "role", "dtype", "steps", "rank")
 RULE_FIELDS = ("id", "match", "action", "note", "author", "created")
 _ID = re.compile(r"^[A-Za-z0-9_.:-]{1,80}$")
+MAX_RULES_BYTES = 8 << 20  # a rules file larger than this is not a rules file
+MAX_DEPTH = 32  # a rule is at most four levels deep; deeper nesting is refused before json.loads recurses
+
+
+def parse_json(text: str, what: str):
+    """`json.loads(text)` for a rules document, refused in one line when it is not JSON or nested
+    deeper than any rules file (json.loads would recurse until Python's stack limit)."""
+    depth = 0
+    in_string = escaped = False
+    for ch in text:
+        if in_string:
+            if escaped:
+                escaped = False
+            elif ch == "\\":
+                escaped = True
+            elif ch == '"':
+                in_string = False
+        elif ch == '"':
+            in_string = True
+        elif ch in "[{":
+            depth += 1
+            if depth > MAX_DEPTH:
+                raise RulesError(f"{what} nests deeper than {MAX_DEPTH} levels; a rules file is "
+                                 f"{{\"schema\", \"rules\": [...]}}")
+        elif ch in "]}":
+            depth -= 1
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise RulesError(f"{what} is not valid JSON (line {exc.lineno}: {exc.msg}); fix it") from None
+    except RecursionError:
+        raise RulesError(f"{what} nests too deeply to be a rules file") from None
 
 
 @dataclass(frozen=True)
@@ -145,14 +177,20 @@ class RuleSet:
             return cls.from_dict(source)
         path = Path(source)
         try:
-            text = path.read_text()
+            if not path.is_file():
+                raise RulesError(f"rules file {path} is not a regular file; give the path of a bitguard.rules/1 "
+                                 f"JSON file to --rules")
+            if path.stat().st_size > MAX_RULES_BYTES:
+                raise RulesError(f"rules file {path} is {path.stat().st_size} bytes, over the {MAX_RULES_BYTES} a "
+                                 f"rules file may have; is it the right file?")
+            raw = path.read_bytes()
         except OSError as exc:
             raise RulesError(f"cannot read rules file {path}: {exc.strerror or exc}; check the --rules path") from None
         try:
-            data = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise RulesError(f"rules file {path} is not valid JSON (line {exc.lineno}: {exc.msg}); fix it") from None
-        return cls.from_dict(data)
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise RulesError(f"rules file {path} is not UTF-8 text (byte {exc.start}); save it as UTF-8 JSON") from None
+        return cls.from_dict(parse_json(text, f"rules file {path}"))
 
     def to_dict(self) -> dict:
         return {"schema": RULES_SCHEMA, "rules": [r.to_dict() for r in self.rules]}

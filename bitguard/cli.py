@@ -1,6 +1,10 @@
 """The `bitguard` command line: record, compare, export-perfetto, serve, eval.
 
-Every `BitguardError` becomes one line on stderr and exit status 2; nothing else is caught.
+Exit statuses are a contract: `compare` exits 0 identical, 1 diverged, 3 inconclusive; every
+command exits 2 on bad input (a `BitguardError`, one line on stderr) and 70 on an internal
+error (an unexpected exception: one line on stderr, the traceback saved to a file it names), so
+a CI job never mistakes a crash for a divergence. A closed stdout (`bitguard compare A B | head`)
+does not change the exit status.
 """
 
 from __future__ import annotations
@@ -8,14 +12,19 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
+import time
+import traceback
 from pathlib import Path
 
 from bitguard.errors import BadInput, BitguardError, NotSupported
 
 _PYTHON = re.compile(r"^python[\d.]*$")
+INTERNAL_ERROR = 70  # EX_SOFTWARE: an unexpected exception, never a verdict
 
 
 def _record_options(p: argparse.ArgumentParser) -> None:
@@ -72,6 +81,7 @@ def cmd_record(args) -> int:
     script = rest[0]
     if not Path(script).is_file():
         raise BadInput(f"script {script} not found; give the path of the training script after -- python")
+    _check_interpreter(command[0])
     out = Path(args.out)
     if out.exists() and not out.is_dir():
         raise BadInput(f"--out {out} is a file; give a directory")
@@ -85,6 +95,23 @@ def cmd_record(args) -> int:
             p.unlink()
     child = [command[0], *py_opts, "-m", "bitguard", "record", *_forwarded(args), "--", *rest]
     return _launch(child, out, command)
+
+
+def _check_interpreter(python: str) -> None:
+    """The interpreter after `--` must exist and import this bitguard: checked before anything is
+    written, so a wrong `python` leaves --out as it was (no --force needed to retry)."""
+    exe = shutil.which(python)
+    if exe is None:
+        raise BadInput(f"interpreter {python!r} not found on PATH; give the python that runs the training "
+                       f"(e.g. -- {sys.executable} train.py)")
+    probe = "import importlib.util, sys; sys.exit(importlib.util.find_spec('bitguard') is None)"
+    try:
+        found = subprocess.run([exe, "-c", probe], capture_output=True, timeout=60).returncode == 0
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise BadInput(f"interpreter {python!r} cannot be started ({exc}); give another python after --") from None
+    if not found:
+        raise BadInput(f"interpreter {python!r} ({exe}) cannot import bitguard; install bitguard into that "
+                       f"environment (pip install bitguard) or give its python, e.g. -- {sys.executable} ...")
 
 
 def _forwarded(args) -> list[str]:
@@ -152,10 +179,21 @@ def cmd_compare(args) -> int:
     if args.json:
         import json
 
-        print(json.dumps(comparison.to_dict(), indent=2))
+        _print(json.dumps(comparison.to_dict(), indent=2))
     else:
-        print(render_text(comparison))
-    return 0 if comparison.verdict == "identical" else 1
+        _print(render_text(comparison))
+    return comparison.exit_status
+
+
+def _print(text: str) -> None:
+    """print(), but a reader that closed the pipe early (`| head`) is not an error."""
+    try:
+        print(text)
+        sys.stdout.flush()
+    except BrokenPipeError:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())  # the interpreter's final flush must not fail again
+        os.close(devnull)
 
 
 def cmd_export_perfetto(args) -> int:
@@ -163,7 +201,7 @@ def cmd_export_perfetto(args) -> int:
 
     comparison = compare(args.run_a, args.run_b, rules=args.rules)
     path = comparison.export_perfetto(args.output, args.max_events)
-    print(f"wrote {path} (open it at ui.perfetto.dev: Open trace file)")
+    _print(f"wrote {path} (open it at ui.perfetto.dev: Open trace file)")
     return 0
 
 
@@ -188,7 +226,8 @@ def build_parser() -> argparse.ArgumentParser:
     _record_options(p)
     p.set_defaults(func=cmd_record)
 
-    p = sub.add_parser("compare", help="compare two run directories; exit 0 identical, 1 diverged, 2 bad input")
+    p = sub.add_parser("compare", help="compare two run directories; exit 0 identical, 1 diverged, 2 bad input, "
+                                       "3 inconclusive, 70 internal error")
     p.add_argument("run_a", help="reference run directory")
     p.add_argument("run_b", help="suspect run directory")
     p.add_argument("--rules", default=None, help="benign-difference rules file (JSON, bitguard.rules/1)")
@@ -240,6 +279,25 @@ def main(argv: list[str] | None = None) -> int:
     except BitguardError as exc:
         print(f"bitguard {args.cmd}: error: {exc.message}", file=sys.stderr)
         return exc.exit_code
+    except KeyboardInterrupt:
+        print(f"bitguard {args.cmd}: interrupted", file=sys.stderr)
+        return 130
+    except Exception as exc:  # noqa: BLE001 - a bug of ours: say so, keep the traceback, never exit 1
+        saved = _save_traceback(args.cmd, argv)
+        where = f"the traceback is in {saved}" if saved else "the traceback could not be saved"
+        print(f"bitguard {args.cmd}: internal error ({type(exc).__name__}: {str(exc)[:300]}); {where}: please "
+              f"report it with that file", file=sys.stderr)
+        return INTERNAL_ERROR
+
+
+def _save_traceback(cmd: str, argv: list[str]) -> str | None:
+    try:
+        fd, path = tempfile.mkstemp(prefix=f"bitguard-{cmd}-{time.strftime('%Y%m%d-%H%M%S')}-", suffix=".txt")
+        with os.fdopen(fd, "w") as f:
+            f.write(f"bitguard {' '.join(argv)}\n\n{traceback.format_exc()}")
+        return path
+    except OSError:
+        return None
 
 
 if __name__ == "__main__":

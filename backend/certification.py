@@ -1,0 +1,170 @@
+"""What a comparison can certify: the part of two runs where "identical" may be said.
+
+A comparison may only answer `identical` when nothing is hidden from it. This module says,
+per rank and for the whole pair, what is: a run that did not finish (its last recorded step may
+be cut short), a damaged rank file (its events from some step on are not all there), ranks
+that the manifest declares but that have no file, collector errors during the recording,
+recorded step windows that differ, and runs that paired nothing (often: module names that
+differ by a prefix, as `torch.compile` adds `_orig_mod.`).
+
+`Scope` is the per-rank answer compare.py applies: an event on one side only counts as a
+structural divergence only inside it; outside it the event is "not compared". The reasons are
+`bitguard.compare/1` `Reason` documents (result.py). Nothing here aligns or blames.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from dataclasses import dataclass
+
+import polars as pl
+
+# What trusted mode observes of module calls (collectors/hooks.py records with the same pattern):
+# when the two runs were recorded in different modes, the other module calls are on one side only
+# by construction, not a divergence.
+from bitguard.modes import HEAVY_MODULES
+
+
+@dataclass(frozen=True)
+class Scope:
+    """Steps of one rank where both sides' event lists are certified complete."""
+
+    first: int | None = None  # first step both sides recorded (None: from the start)
+    end: int | None = None  # steps from here on are not certified (None: every step)
+
+    def contains(self, step: pl.Expr) -> pl.Expr:
+        inside = pl.lit(True)
+        if self.first is not None:
+            inside = inside & (step >= self.first)
+        if self.end is not None:
+            inside = inside & (step < self.end)
+        return inside
+
+
+def _reason(code: str, message: str, side: str | None = None, rank: int | None = None) -> dict:
+    return {"code": code, "message": message, "side": side, "rank": rank}
+
+
+def _window(manifest: dict) -> tuple[int | None, int | None]:
+    steps = manifest.get("steps")
+    if isinstance(steps, (list, tuple)) and len(steps) == 2:
+        first, end = steps
+        return (first if isinstance(first, int) else None, end if isinstance(end, int) else None)
+    return None, None
+
+
+def rank_scope(rank: int, run_a, run_b, ea: pl.DataFrame, eb: pl.DataFrame) -> tuple[Scope, list[dict]]:
+    """The certified steps of `rank` and the reasons for each cut."""
+    reasons: list[dict] = []
+    end: int | None = None
+
+    def cut(step: int) -> None:
+        nonlocal end
+        end = step if end is None else min(end, step)
+
+    for side, run, events in (("a", run_a, ea), ("b", run_b, eb)):
+        label = side.upper()
+        meta = run.rank_meta.get(rank, {})
+        finished = meta.get("status") == "complete" and run.manifest.get("status") == "complete"
+        if not finished:
+            last = int(events["step"].max()) if events.height else 0
+            # steps before the last one recorded are whole (the writer keeps order); the last may be cut
+            cut(last)
+            why = run.incomplete_reason() or f"rank {rank} did not finish writing"
+            reasons.append(_reason("incomplete", f"run {label} is incomplete ({why}): its step {last} and "
+                                                 f"later are not certified", side, rank))
+        damage = (getattr(run, "damage", None) or {}).get(rank)
+        if damage:
+            from_step = damage.get("from_step")
+            cut(0 if from_step is None else int(from_step))
+            where = "from the start" if from_step is None else f"from step {from_step} on"
+            reasons.append(_reason("damaged", f"run {label} rank {rank} is damaged {where} "
+                                              f"({damage.get('reason', 'unreadable records')})", side, rank))
+    wa, wb = _window(run_a.manifest), _window(run_b.manifest)
+    first = max((w[0] for w in (wa, wb) if w[0] is not None), default=None)
+    for w in (wa, wb):
+        if w[1] is not None:
+            cut(w[1])
+    if wa != wb:
+        reasons.append(_reason("step_window", f"the runs recorded different step windows (A {_fmt(wa)}, B {_fmt(wb)}): "
+                                              f"only steps {_fmt((first, end))} are compared", rank=rank))
+    return Scope(first, end), reasons
+
+
+def _fmt(window) -> str:
+    first, end = window
+    return f"{first or 0}:{'' if end is None else end}"
+
+
+def mode_filter(run_a, run_b, ea: pl.DataFrame, eb: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame, list[dict]]:
+    """When one run was recorded in full mode and the other in trusted mode, keep of the full one's
+    module calls only those trusted mode observes: the others are absent by construction."""
+    ma, mb = run_a.manifest.get("mode"), run_b.manifest.get("mode")
+    if ma == mb or {ma, mb} != {"full", "trusted"}:
+        return ea, eb, []
+    # (the recorder's pattern is case-insensitive)
+    trusted_only = (pl.col("kind") != "module") | pl.col("module_type").fill_null("").str.contains(
+        "(?i)" + HEAVY_MODULES.pattern)
+    if ma == "full":
+        ea = ea.filter(trusted_only)
+    else:
+        eb = eb.filter(trusted_only)
+    return ea, eb, [_reason("modes", f"the runs were recorded in different modes (A {ma}, B {mb}): only the "
+                                     f"boundaries trusted mode observes are compared")]
+
+
+def run_reasons(run_a, run_b, ranks: list[int], rank_selected: bool) -> list[dict]:
+    """Reasons that concern a whole run: missing ranks and collector errors."""
+    reasons = []
+    for side, run in (("a", run_a), ("b", run_b)):
+        label = side.upper()
+        missing = sorted(set(getattr(run, "missing_ranks", None) or [])
+                         | set(range(run.world_size if isinstance(run.world_size, int) else 0)) - set(run.ranks))
+        if missing and not rank_selected:
+            reasons.append(_reason("missing_ranks", f"run {label} declares world size {run.world_size} but has no "
+                                                    f"rank file for rank(s) {', '.join(map(str, missing))}: those "
+                                                    f"ranks are not compared", side))
+        errors = list(run.manifest.get("collector_errors") or [])
+        for rank in ranks:
+            errors += [e for e in (run.rank_meta.get(rank, {}).get("collector_errors") or []) if e not in errors]
+        if errors:
+            reasons.append(_reason("collector_errors", f"run {label}'s recording reported {len(errors)} collector "
+                                                       f"error(s), so events may be missing (first: {str(errors[0])[:200]})",
+                                   side))
+    return reasons
+
+
+def empty_or_unpaired(rank: int, ea: pl.DataFrame, eb: pl.DataFrame, matched: int) -> dict | None:
+    """A reason when a rank has nothing to compare: a side without events, or no event paired."""
+    if not ea.height or not eb.height:
+        if not ea.height and not eb.height:
+            return _reason("empty", f"neither run recorded an event on rank {rank}", rank=rank)
+        side = "a" if not ea.height else "b"
+        other = eb if side == "a" else ea
+        return _reason("empty", f"run {side.upper()} recorded no events on rank {rank} (the other run recorded "
+                                f"{other.height}): nothing to compare", side, rank)
+    if matched:
+        return None
+    hint = name_hint(ea["boundary"].to_list(), eb["boundary"].to_list())
+    return _reason("nothing_paired", f"no event of rank {rank} paired (A {ea.height} events, B {eb.height})"
+                                     + (f": {hint}" if hint else ": the runs record different boundaries"), rank=rank)
+
+
+_COMPILED = re.compile(r"(^|\.)_orig_mod(\.|$)")
+
+
+def name_hint(names_a: list[str], names_b: list[str]) -> str | None:
+    """Why two runs' boundary names do not meet, when one side's names are the other's with a
+    prefix (torch.compile's `_orig_mod.`, DDP's `module.`, a wrapper's attribute name)."""
+    set_a, set_b = set(names_a), set(names_b)
+    for big, small, label in ((set_b, set_a, "B"), (set_a, set_b, "A")):
+        heads = Counter(n.split(".", 1)[0] for n in big if "." in n)
+        for head, _ in heads.most_common(3):
+            stripped = {n.split(".", 1)[1] for n in big if n.startswith(head + ".")}
+            if stripped and len(stripped & small) >= max(1, len(stripped) // 2):
+                extra = " (torch.compile names a compiled model's modules _orig_mod.*)" if head == "_orig_mod" else ""
+                return f"run {label}'s boundary names carry the prefix '{head}.' that the other run's lack{extra}"
+    if any(_COMPILED.search(n) for n in set_a | set_b):
+        return "one run's boundaries are named _orig_mod.* (a torch.compile'd model); the other's are not"
+    return None

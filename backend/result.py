@@ -1,0 +1,216 @@
+"""The comparison's result document, typed once: `bitguard.compare/1`.
+
+Every consumer of a comparison reads these models: `Comparison.to_dict()` is
+`CompareResult.model_dump()`, the terminal report (report.py) reads the model, the notebook's
+summary and the web API pass the same document through. A field is added here, never renamed
+or removed: scripts parse this JSON.
+
+Verdicts and exit statuses of `bitguard compare`:
+- `identical` (0): both runs complete (or recorded the same window), the same ranks on both
+  sides, every event paired or its gap allowed by a rule, no tensor unobserved, every digest
+  equal or its difference accepted by a rule that nothing downstream depends on;
+- `diverged` (1): a digest differs (`cause: "digest"`) or an event is on one side only
+  (`cause: "structure"`), and no rule accepts it;
+- `inconclusive` (3): the part that could be compared is identical, but the rest cannot be
+  certified; `inconclusive.reasons` says why and `certification` what was compared.
+
+This module knows the document's shape, not how it is computed (compare.py, pivot.py).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+COMPARE_SCHEMA = "bitguard.compare/1"
+VERDICTS = ("identical", "diverged", "inconclusive")
+EXIT_STATUS = {"identical": 0, "diverged": 1, "inconclusive": 3}  # 2: bad input, 70: internal error
+
+Verdict = Literal["identical", "diverged", "inconclusive"]
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class DigestPair(_Model):
+    xor: str | None = Field(description="16 hex digits, None when the side has no such tensor")
+    pos: str | None
+
+
+class TensorPair(_Model):
+    role: str = Field(description="input | output | grad_input | grad_output | grad | param | state | rng")
+    index: int
+    path: str | None
+    shape: list[int] | None
+    dtype: str | None
+    dtype_b: str | None
+    a: DigestPair
+    b: DigestPair
+    differs: bool = Field(description="the digests differ (or a side lacks the tensor)")
+    ignored: bool = Field(description="the difference is accepted by rule `rule_id`")
+    rule_id: str | None
+    unobserved: str | None = Field(None, description="why this tensor could not be observed on a side (None: it was)")
+
+
+class BlameWindow(_Model):
+    module: str | None = Field(description="where to look: a module, a parameter or None (upstream of every boundary)")
+    detail: str = Field(description="the reasoning, in one sentence")
+    module_type: str | None = None
+    excluding_children: list[str] | None = None
+    after: str | None = None
+    before: str | None = None
+
+
+class FirstDivergence(_Model):
+    cause: Literal["digest", "structure"] = Field(
+        "digest", description="digest: paired tensors differ; structure: an event is on one side only")
+    missing_side: Literal["a", "b"] | None = Field(None, description="structure: the run that lacks the event")
+    rank: int
+    step: int
+    phase: str
+    kind: str
+    boundary: str
+    module_type: str | None
+    call: int
+    blame: str = Field(description="source | consumer | data | structure")
+    fault_class: str
+    blame_window: BlameWindow | None
+    differing_roles: list[str]
+    stack: list[str] = Field(description="user call stack of the event, outermost first")
+    a_seq: int | None
+    b_seq: int | None
+    retyped: bool = Field(description="paired although the module type or a dtype differs")
+    module_type_b: str | None
+    tensors: list[TensorPair]
+    notes: list[str] = Field(default_factory=list, description="what qualifies this pivot (e.g. unobserved events before it)")
+
+
+class RankPivot(_Model):
+    step: int
+    phase: str
+    boundary: str
+    blame: str
+    cause: str = "digest"
+
+
+class GapEvent(_Model):
+    rank: int
+    side: Literal["a", "b"]
+    seq: int
+    step: int
+    phase: str
+    boundary: str
+    module_type: str | None
+
+
+class AlignmentSummary(_Model):
+    events_a: int
+    events_b: int
+    matched: int
+    reordered: int
+    gaps_a: int
+    gaps_b: int
+    allowed_gaps: int
+    identical_prefix: int = Field(description="paired events before the first divergence (all of them when none)")
+    band: int
+    max_window: int
+    anchors: int
+    gaps_before_pivot: list[GapEvent]
+    unobserved: int = Field(0, description="paired events holding a tensor that could not be observed")
+    follows_accepted: int = Field(0, description="divergent events that follow from differences rules accepted")
+    not_compared: int = Field(0, description="events outside the certifiable part (after an incomplete or damaged "
+                                             "side ends, outside the common step window)")
+
+
+class Reason(_Model):
+    code: Literal["incomplete", "missing_ranks", "damaged", "unobserved", "collector_errors", "nothing_paired",
+                  "empty", "step_window", "modes", "follows_accepted"]
+    message: str = Field(description="what could not be certified and why, in one sentence")
+    side: Literal["a", "b"] | None = None
+    rank: int | None = None
+
+
+class Inconclusive(_Model):
+    reasons: list[Reason]
+
+
+class Certification(_Model):
+    """What the verdict rests on: the reasons a part could not be certified (also with a
+    `diverged` verdict, where they qualify the pivot) and the steps compared per rank."""
+
+    reasons: list[Reason]
+    compared_steps: dict[str, list[int | None]] = Field(
+        description="rank -> [first, last] step certified on both sides (None: open), before cut-offs")
+
+
+class Node(_Model):
+    id: str
+    rank: int
+    phase: str
+    kind: str
+    boundary: str
+    module_type: str | None
+    step: int
+    first_step: int
+    count: int
+    a_seq: int
+    is_pivot: bool
+
+
+class Edge(_Model):
+    source: str
+    target: str
+    kind: str
+    count: int
+    first_step: int
+
+
+class Graph(_Model):
+    nodes: list[Node]
+    edges: list[Edge]
+
+
+class ManifestDiff(_Model):
+    field: str
+    a: Any
+    b: Any
+    why: str
+
+
+class RuleFired(_Model):
+    id: str
+    count: int
+
+
+class Analysis(_Model):
+    fingerprint: str
+    probes: list[str] | None
+
+
+class CompareResult(_Model):
+    schema_: str = Field(COMPARE_SCHEMA, alias="schema", serialization_alias="schema")
+    verdict: Verdict
+    run_a: str
+    run_b: str
+    ranks: list[int]
+    first_divergence: FirstDivergence | None
+    pivots_per_rank: dict[str, RankPivot | None]
+    alignment: AlignmentSummary
+    propagation: Graph
+    rules_fired: list[RuleFired]
+    manifest_diffs: list[ManifestDiff]
+    incomplete: dict[str, str] | None = Field(description="side -> why that run is incomplete")
+    analysis: Analysis
+    inconclusive: Inconclusive | None = Field(None, description="set when the verdict is inconclusive")
+    certification: Certification
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+    @property
+    def exit_status(self) -> int:
+        return EXIT_STATUS[self.verdict]
+
+    def to_dict(self) -> dict:
+        return self.model_dump(by_alias=True)
