@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 
 # -- errors -------------------------------------------------------------------------------------
 
@@ -45,6 +45,8 @@ class RunPublic(BaseModel):
     mode: str | None = None
     start_time: str | None = None
     info: Any = Field(None, description="what the engine's open_run() read from the run")
+    problem: str | None = Field(None, description="why this stored run cannot be used (a run kept by an older "
+                                                  "version that fails today's checks); null when it is usable")
 
 
 class UploadLimits(BaseModel):
@@ -130,7 +132,7 @@ class ComparisonPublic(BaseModel):
     error: ErrorInfo | None
     created: float
     updated: float
-    verdict: str | None = Field(description="identical | diverged, once ready")
+    verdict: str | None = Field(description="identical | diverged | inconclusive, once ready")
     summary: dict[str, Any] | None = Field(
         description="the engine's `bitguard.compare/1` document (Comparison.to_dict()), with propagation "
                     "reduced to node and edge counts (GET .../graph has the graph)")
@@ -138,11 +140,57 @@ class ComparisonPublic(BaseModel):
     pivot_position: PivotPosition | None
 
 
+class InconclusiveReason(BaseModel):
+    model_config = ConfigDict(extra="allow")  # the engine may say more about a reason
+
+    code: str = Field(description="what could not be certified (incomplete, missing ranks, unobserved, unpaired...)")
+    message: str = Field(description="the reason, on one line")
+
+
+class Inconclusive(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    reasons: list[InconclusiveReason] = Field(default_factory=list)
+
+
 class Pivot(BaseModel):
-    verdict: str
-    first_divergence: dict[str, Any] | None = Field(description="rank, step, phase, boundary, blame, stack, tensors...")
+    verdict: str = Field(description="identical | diverged | inconclusive")
+    first_divergence: dict[str, Any] | None = Field(
+        description="rank, step, phase, boundary, blame, stack, tensors...; `cause` is digest | structure, and a "
+                    "structure divergence (an event on one side only) names the side lacking it in `missing_side`")
     position: PivotPosition | None
     rules_fired: list[dict[str, Any]] = Field(default_factory=list)
+    inconclusive: Inconclusive | None = Field(None, description="why the verdict is inconclusive, when it is")
+
+
+class EventTensor(BaseModel):
+    """One tensor of an event on one side; the columns of bitguard.schema's tensors table, digests as hex."""
+
+    model_config = ConfigDict(extra="allow")  # every other field the engine adds passes through
+
+    role: str
+    index: int
+    xor: str | None = None
+    pos: str | None = None
+    differs: bool | None = Field(None, description="this tensor's digests differ from the other side's")
+    ignored: bool | None = Field(None, description="the difference is accepted by a benign-difference rule")
+    rule_id: str | None = Field(None, description="the rule that accepted it")
+
+
+class EventDetail(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    rank: int
+    side: Literal["a", "b"]
+    status: str = Field(description="identical | benign | diverged | only_a | only_b")
+    event: dict[str, Any] = Field(description="the event's columns (bitguard.schema events)")
+    stack: list[str]
+    pair: dict[str, Any]
+    tensors_a: list[EventTensor]
+    tensors_b: list[EventTensor]
+    is_pivot: bool
+    blame: dict[str, Any] | None = None
+    pos: int | None = Field(None, description="position in its rank's timeline")
 
 
 class TimelineLaneBins(BaseModel):

@@ -18,13 +18,17 @@ MAX_POINTS = 20_000  # above this many markers the timeline aggregates rows into
 STATUS_COLOURS = {  # also the legend order
     "identical": "#9ccfa4",
     "benign": "#7fb1e0",
+    "follows": "#a9c4de",
+    "unobserved": "#bdbdbd",
     "diverged": "#d62728",
     "only_a": "#ff9f1c",
     "only_b": "#9467bd",
 }
-STATUS_LABELS = {"identical": "identical", "benign": "benign (rule)", "diverged": "diverged",
+STATUS_LABELS = {"identical": "identical", "benign": "benign (rule)", "follows": "follows an accepted difference",
+                 "unobserved": "not observed (cannot certify)", "diverged": "diverged",
                  "only_a": "only in A", "only_b": "only in B"}
-SEVERITY = {"identical": 0, "benign": 1, "only_a": 2, "only_b": 2, "diverged": 3}  # a bin shows its worst
+SEVERITY = {"identical": 0, "benign": 1, "follows": 2, "unobserved": 3, "only_a": 4, "only_b": 4,
+            "diverged": 5}  # a bin shows its worst
 PHASE_COLOURS = {"data": "#7f7f7f", "forward": "#1f77b4", "backward": "#ff7f0e", "optimizer": "#2ca02c"}
 EDGE_COLOURS = {"dataflow": "#555555", "nesting": "#9e9e9e", "activation": "#1f77b4", "weight-grad": "#ff7f0e",
                 "update": "#2ca02c", "weights": "#8c564b"}
@@ -75,8 +79,12 @@ def timeline(comparison, rank: int | None = None) -> go.Figure:
     tickvals = [lane_y[(r, s)] for r in ranks for s in "ab"]
     ticktext = [f"rank {r} · {'A (reference)' if s == 'a' else 'B (suspect)'}" for r in ranks for s in "ab"]
     fd = comparison.first_divergence
-    title = ("identical: every aligned event matched" if fd is None else
-             f"diverged at {fd['phase']} {fd['boundary']}, step {fd['step']}, rank {fd['rank']} ({fd['blame']})")
+    if fd is not None:
+        title = f"diverged at {fd['phase']} {fd['boundary']}, step {fd['step']}, rank {fd['rank']} ({fd['blame']})"
+    elif comparison.verdict == "inconclusive":
+        title = "inconclusive: what was compared matched, the rest cannot be certified"
+    else:
+        title = "identical: every aligned event matched"
     binned = f" (bins of {width} rows)" if width > 1 else ""
     fig.update_layout(
         title={"text": f"Run A vs run B: {html.escape(title)}"}, template="plotly_white",
@@ -101,7 +109,7 @@ def _lane_points(ev: pl.DataFrame, lane_y: dict) -> pl.DataFrame:
             pl.format("{} · {} {} ({})<br>step {} · {} · seq {}{}",
                       pl.when(pl.col(seq).is_null()).then(pl.lit(f"missing in {side.upper()}"))
                       .otherwise(pl.col("status")),
-                      pl.col("phase"), _escaped("boundary"), pl.col("kind"), pl.col("step"),
+                      _escaped("phase"), _escaped("boundary"), _escaped("kind"), pl.col("step"),
                       _escaped("module_type").fill_null(""), pl.col(seq).cast(pl.String).fill_null("–"),
                       pl.when(pl.col("rule_id").is_not_null()).then(pl.format("<br>rule {}", _escaped("rule_id")))
                       .otherwise(pl.lit(""))).alias("hover"),
@@ -124,7 +132,7 @@ def _bin_width(ev: pl.DataFrame, n_ranks: int) -> int:
 
 
 def _binned(points: pl.DataFrame, width: int) -> pl.DataFrame:
-    sev = pl.col("status").replace_strict({**SEVERITY, "gap": 2}, return_dtype=pl.Int8)
+    sev = pl.col("status").replace_strict({**SEVERITY, "gap": SEVERITY["only_a"]}, return_dtype=pl.Int8)
     worst = {v: k for k, v in SEVERITY.items() if k != "only_b"}
     counts = [(pl.col("status") == s).sum().alias(s) for s in [*STATUS_COLOURS, "gap"]]
     g = points.with_columns((pl.col("x") // width).alias("bin"), sev.alias("sev")).group_by("rank", "y", "bin").agg(
@@ -133,7 +141,7 @@ def _binned(points: pl.DataFrame, width: int) -> pl.DataFrame:
         # a bin's worst 'only' status keeps its side; a bin of gaps only is drawn as a gap
         pl.col("status").filter(pl.col("status").is_in(["only_a", "only_b"])).first().alias("only"),
     ).sort("rank", "y", "bin")
-    status = (pl.when(pl.col("sev") == 2).then(pl.coalesce("only", pl.lit("gap")))
+    status = (pl.when(pl.col("sev") == SEVERITY["only_a"]).then(pl.coalesce("only", pl.lit("gap")))
               .otherwise(pl.col("sev").replace_strict(worst, return_dtype=pl.String)))
     detail = pl.concat_str([pl.when(pl.col(s) > 0).then(pl.format("{} " + STATUS_LABELS.get(s, "gap"), pl.col(s)))
                             for s in [*STATUS_COLOURS, "gap"]], separator=", ", ignore_nulls=True)
@@ -162,10 +170,10 @@ def _pivots(fig: go.Figure, ev: pl.DataFrame, lane_y: dict, first: dict | None, 
         for side in "ab":
             xs.append(p["row"])
             ys.append(lane_y[(p["rank"], side)])
-            text.append(f"PIVOT {html.escape(p['boundary'])}<br>{p['phase']} step {p['step']} · rank {p['rank']}")
+            text.append(f"PIVOT {html.escape(p['boundary'])}<br>{html.escape(str(p['phase']))} step {p['step']} · rank {p['rank']}")
         is_first = first is not None and first["rank"] == p["rank"]
         if is_first or pivots.height <= 8:
-            label = f"PIVOT: {html.escape(p['boundary'])}<br>{p['phase']} · step {p['step']}"
+            label = f"PIVOT: {html.escape(p['boundary'])}<br>{html.escape(str(p['phase']))} · step {p['step']}"
             if is_first:
                 label += f" · {first['blame']}"
             fig.add_annotation(x=p["row"], y=lane_y[(p["rank"], "a")], ax=40, ay=-45, text=label,
@@ -256,7 +264,7 @@ def propagation_figure(comparison) -> go.Figure:
 
 def _node_trace(members: list[dict], pos: dict, name: str, colour: str, show_text: bool) -> go.Scatter:
     hover = [f"<b>{html.escape(n['boundary'])}</b> ({html.escape(n['module_type'] or '')})<br>"
-             f"{n['phase']} {n['kind']} · rank {n['rank']}<br>first reached at step {n['first_step']}"
+             f"{html.escape(str(n['phase']))} {html.escape(str(n['kind']))} · rank {n['rank']}<br>first reached at step {n['first_step']}"
              f" · {n['count']} divergent event{'s' if n['count'] != 1 else ''}" for n in members]
     return go.Scatter(
         x=[pos[n["id"]][0] for n in members], y=[pos[n["id"]][1] for n in members],
@@ -283,8 +291,8 @@ def _edges(fig: go.Figure, edges: list[dict], pos: dict, nodes: dict) -> list[di
             mids_x.append((x0 + x1) / 2)
             mids_y.append((y0 + y1) / 2)
             src, dst = nodes[e["source"]], nodes[e["target"]]
-            mids_text.append(f"{html.escape(src['boundary'])} ({src['phase']}) → {html.escape(dst['boundary'])} "
-                             f"({dst['phase']})<br>{kind} · {e['count']}× · first at step {e['first_step']}")
+            mids_text.append(f"{html.escape(src['boundary'])} ({html.escape(str(src['phase']))}) → "
+                             f"{html.escape(dst['boundary'])} ({html.escape(str(dst['phase']))})<br>{kind} · {e['count']}× · first at step {e['first_step']}")
             if len(edges) <= 300:
                 arrows.append({"x": x1, "y": y1, "ax": x0, "ay": y0, "xref": "x", "yref": "y", "axref": "x",
                                "ayref": "y", "text": "", "showarrow": True, "arrowhead": 2, "arrowsize": 1,
@@ -320,6 +328,8 @@ def summary_html(comparison) -> str:
     verdict = d["verdict"]
     rows.append(("verdict", f'<span class="{_e(verdict)}">{_e(verdict)}</span>'))
     rows.append(("runs", f"A {_e(d['run_a'])}<br>B {_e(d['run_b'])}"))
+    if d["inconclusive"]:
+        rows.append(("why inconclusive", "<br>".join(_e(r["message"]) for r in d["inconclusive"]["reasons"])))
     fd = d["first_divergence"]
     if fd is not None:
         rows.append(("pivot", f"<code>{_e(fd['boundary'])}</code> ({_e(fd['module_type'])}, call {_e(fd['call'])})"

@@ -13,25 +13,29 @@ engine's.
 
 from __future__ import annotations
 
+import json
+import logging
 import os
 import re
 from dataclasses import asdict, dataclass
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 from typing import Literal
 
 from fastapi import FastAPI, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import FileResponse, JSONResponse, Response
 from fastapi.staticfiles import StaticFiles
-from python_multipart.exceptions import FormParserError
-from python_multipart.multipart import MultipartParser, parse_options_header
+from python_multipart.multipart import parse_options_header
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
-from starlette.requests import ClientDisconnect
 
 from bitguard.backend import api_models as m
+from bitguard.backend.uploads import UploadLimits, receive_run
 from bitguard.backend.workspace import DEFAULT_BINS, Workspace, validate_rules
 from bitguard.errors import BadInput, BitguardError, TooLarge
+
+log = logging.getLogger("bitguard.serve")
+MAX_JSON_DEPTH = 64  # deepest nesting a rules file may have (a real one has 4)
 
 FRONTEND = Path(__file__).resolve().parent.parent / "frontend"
 GiB = 1 << 30
@@ -67,159 +71,37 @@ def default_workspace() -> str:
     return platformdirs.user_data_dir("bitguard")
 
 
-def _human(n: int) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if n < 1024 or unit == "TiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return str(n)
-
-
-# -- uploads ------------------------------------------------------------------------------------
-
-_DRIVE = re.compile(r"^[A-Za-z]:")
-_FILENAME = re.compile(rb'filename="((?:[^"\\]|\\.)*)"')
-
-
-def safe_relpath(name: str) -> PurePosixPath:
-    """The relative path a browser sent for a file, or BadInput if it could escape the folder."""
-    if not name or "\x00" in name:
-        raise BadInput("an uploaded file has no usable name; upload the run folder with the directory picker")
-    if name.startswith(("/", "\\")) or _DRIVE.match(name):
-        raise BadInput(f"{name!r} is an absolute path; upload files by their path inside the run folder")
-    if "\\" in name:
-        raise BadInput(f"{name!r} contains a backslash; upload files with '/'-separated relative paths")
-    parts = name.split("/")
-    if any(p in ("", ".", "..") for p in parts):
-        raise BadInput(f"{name!r} is not a plain relative path ('..', '.' and empty parts are refused)")
-    return PurePosixPath(*parts)
-
-
-class _UploadReceiver:
-    """Multipart callbacks that write each file part under `folder`, enforcing the limits."""
-
-    def __init__(self, folder: Path, config: ServerConfig):
-        self.folder = folder
-        self.config = config
-        self.fields: dict[str, str] = {}
-        self.paths: list[PurePosixPath] = []
-        self.total = 0
-        self._headers: dict[str, bytes] = {}
-        self._field = b""
-        self._value = b""
-        self._file = None
-        self._file_name = ""
-        self._file_size = 0
-        self._text: bytearray | None = None
-        self._text_name = ""
-
-    def callbacks(self) -> dict:
-        return {
-            "on_part_begin": self._part_begin,
-            "on_header_field": lambda d, s, e: self._add("_field", d[s:e]),
-            "on_header_value": lambda d, s, e: self._add("_value", d[s:e]),
-            "on_header_end": self._header_end,
-            "on_headers_finished": self._headers_finished,
-            "on_part_data": self._data,
-            "on_part_end": self._part_end,
-        }
-
-    def _add(self, attr: str, data: bytes) -> None:
-        setattr(self, attr, getattr(self, attr) + data)
-
-    def _part_begin(self) -> None:
-        self._headers = {}
-
-    def _header_end(self) -> None:
-        self._headers[self._field.decode("latin-1").lower()] = self._value
-        self._field = self._value = b""
-
-    def _headers_finished(self) -> None:
-        disposition = self._headers.get("content-disposition", b"")
-        _, options = parse_options_header(disposition)
-        field = options.get(b"name", b"").decode("utf-8", "replace")
-        raw = _FILENAME.search(disposition)  # read raw: parse_options_header drops "C:\" prefixes
-        if raw is None and b"filename=" not in disposition:
-            self._text, self._text_name = bytearray(), field
-            return
-        name = raw.group(1).decode("utf-8", "replace") if raw else ""
-        name = name.replace('\\"', '"').replace("%22", '"')
-        rel = safe_relpath(name)
-        if len(self.paths) >= self.config.max_files:
-            raise BadInput(f"a run upload may hold at most {self.config.max_files} files (BITGUARD_MAX_FILES); "
-                           "is this the run folder?")
-        if rel in self.paths:
-            raise BadInput(f"{rel} is uploaded twice; upload one run folder at a time")
-        target = self.folder.joinpath(*rel.parts)
-        target.parent.mkdir(parents=True, exist_ok=True)
-        if target.exists():
-            raise BadInput(f"{rel} clashes with another uploaded path; upload one run folder at a time")
-        self.paths.append(rel)
-        self._file = open(target, "xb")  # noqa: SIM115 - closed in _part_end or close()
-        self._file_name, self._file_size = str(rel), 0
-
-    def _data(self, data: bytes, start: int, end: int) -> None:
-        n = end - start
-        if self._file is not None:
-            self._file_size += n
-            self.total += n
-            if self._file_size > self.config.max_file_bytes:
-                raise TooLarge(f"{self._file_name} is over the {_human(self.config.max_file_bytes)} per-file limit; "
-                               "start the server with a larger BITGUARD_MAX_FILE_BYTES or compare these runs "
-                               "with `bitguard compare`")
-            if self.total > self.config.max_run_bytes:
-                raise TooLarge(f"this run is over the {_human(self.config.max_run_bytes)} per-run upload limit; "
-                               "start the server with a larger BITGUARD_MAX_RUN_BYTES or compare it with "
-                               "`bitguard compare` on the machine that holds it")
-            self._file.write(data[start:end])
-        elif self._text is not None:
-            if len(self._text) + n > 4096:
-                raise BadInput(f"form field {self._text_name!r} is over 4 KiB")
-            self._text += data[start:end]
-
-    def _part_end(self) -> None:
-        if self._file is not None:
-            self._file.close()
-            self._file = None
-        elif self._text is not None:
-            self.fields[self._text_name] = self._text.decode("utf-8", "replace")
-            self._text = None
-
-    def close(self) -> None:
-        if self._file is not None:
-            self._file.close()
-            self._file = None
-
-
-def _run_root(folder: Path, paths: list[PurePosixPath]) -> tuple[Path, str | None]:
-    """The uploaded run directory: the folder itself, or the one folder every path sits in."""
-    if not paths:
-        raise BadInput("the upload holds no files; pick a run folder (it holds manifest.json and rank-N.duckdb)")
-    if (folder / "manifest.json").is_file():
-        return folder, None
-    tops = {p.parts[0] for p in paths}
-    if len(tops) == 1 and all(len(p.parts) > 1 for p in paths):
-        top = tops.pop()
-        return folder / top, top
-    return folder, None
-
-
-async def _drain(request: Request, limit: int) -> None:
-    """Read what is left of a refused body (up to `limit` bytes) so the browser sees the answer."""
-    seen = 0
-    try:
-        async for chunk in request.stream():
-            seen += len(chunk)
-            if seen > limit:
-                return
-    except (ClientDisconnect, RuntimeError):
-        return
-
-
 # -- the app ------------------------------------------------------------------------------------
 
 def _error(status: int, type_: str, message: str) -> JSONResponse:
     return JSONResponse({"error": {"type": type_, "message": message}}, status_code=status)
+
+
+def _depth(value) -> int:
+    """How deeply a parsed JSON value nests (iterative: a deep value cannot exhaust the stack)."""
+    deepest, todo = 0, [(value, 1)]
+    while todo:
+        v, d = todo.pop()
+        if isinstance(v, (dict, list)):
+            deepest = max(deepest, d)
+            todo.extend((c, d + 1) for c in (v.values() if isinstance(v, dict) else v))
+    return deepest
+
+
+def _rules_json(raw: bytes):
+    """A rules file's JSON, refused (BadInput) when it is not JSON or nests deeper than any rules file."""
+    try:
+        body = json.loads(raw)
+    except RecursionError:
+        raise BadInput(f"the rules file nests deeper than {MAX_JSON_DEPTH} levels: it is not a rules file; "
+                       "export one from the rules panel") from None
+    except ValueError as exc:
+        raise BadInput(f"the rules file is not JSON ({exc}); export one from the rules panel or "
+                       "write one as docs describe") from None
+    if _depth(body) > MAX_JSON_DEPTH:
+        raise BadInput(f"the rules file nests deeper than {MAX_JSON_DEPTH} levels: it is not a rules file; "
+                       "export one from the rules panel")
+    return body
 
 
 def create_app(workspace_dir: str | os.PathLike | None = None, config: ServerConfig | None = None) -> FastAPI:
@@ -240,7 +122,7 @@ def create_app(workspace_dir: str | os.PathLike | None = None, config: ServerCon
 
     @app.exception_handler(BitguardError)
     async def _bitguard_error(_request: Request, exc: BitguardError):
-        return _error(exc.http_status, type(exc).__name__, exc.message)
+        return _error(exc.http_status, type(exc).__name__, ws.path_names().text(exc.message))
 
     @app.exception_handler(RequestValidationError)
     async def _validation_error(_request: Request, exc: RequestValidationError):
@@ -260,7 +142,10 @@ def create_app(workspace_dir: str | os.PathLike | None = None, config: ServerCon
 
     @app.exception_handler(Exception)
     async def _internal_error(_request: Request, exc: Exception):
-        return _error(500, "InternalError", f"{type(exc).__name__}: {exc} (a bug in bitguard; please report it)")
+        # no input we know of ends here: each one is a BitguardError above; this is for bugs
+        text = ws.path_names().text(str(exc).splitlines()[0] if str(exc) else "")
+        return _error(500, "InternalError", f"internal error ({type(exc).__name__}: {text}); a bug in bitguard: "
+                                            "please report it with the server's log")
 
     errors = m.ERROR_RESPONSES
 
@@ -293,39 +178,18 @@ def create_app(workspace_dir: str | os.PathLike | None = None, config: ServerCon
                                 "description": "the run folder's files, each with its relative path as filename"},
                   }}}}}})
     async def upload_run(request: Request, name: str | None = Query(None, description="run name")):
-        """Upload a run directory: multipart parts whose filenames are paths relative to the run folder."""
-        ctype, params = parse_options_header(request.headers.get("content-type", ""))
-        if ctype != b"multipart/form-data" or b"boundary" not in params:
-            raise BadInput("upload a run as multipart/form-data, one part per file named by its relative path")
-        length = int(request.headers.get("content-length") or 0)
-        if length > config.max_run_bytes + 1_000_000:
-            await _drain(request, config.max_run_bytes)
-            raise TooLarge(f"this upload ({_human(length)}) is over the {_human(config.max_run_bytes)} per-run limit; "
-                           "start the server with a larger BITGUARD_MAX_RUN_BYTES or compare it with "
-                           "`bitguard compare` on the machine that holds it")
+        """Upload a run directory: multipart parts whose filenames are paths relative to the run folder.
+
+        The run is read completely (every rank, as a comparison reads it) before it is kept; a run
+        that cannot be read is refused with a message that names the uploaded folder."""
+        limits = UploadLimits(config.max_file_bytes, config.max_run_bytes, config.max_files)
         with ws.staging() as staged:
             payload = staged / "payload"
             payload.mkdir()
-            receiver = _UploadReceiver(payload, config)
-            parser = MultipartParser(params[b"boundary"], receiver.callbacks())
-            try:
-                async for chunk in request.stream():
-                    await run_in_threadpool(parser.write, chunk)
-                parser.finalize()
-            except ClientDisconnect:
-                raise BadInput("the upload was interrupted; nothing was kept, upload the run again") from None
-            except FormParserError as exc:
-                raise BadInput(f"the upload is not well-formed multipart/form-data ({exc}); "
-                               "upload the run folder from the browser or with curl -F") from None
-            except BitguardError:
-                receiver.close()
-                await _drain(request, config.max_run_bytes * 2)
-                raise
-            finally:
-                receiver.close()
-            root, top = _run_root(payload, receiver.paths)
-            run_name = name or receiver.fields.get("name") or top or "run"
-            return await run_in_threadpool(ws.commit_run, root, run_name)
+            got = await receive_run(request, payload, limits)
+            run_name = name or got.fields.get("name") or got.folder or "run"
+            shown = got.folder or run_name  # how the user's folder reads in messages
+            return await run_in_threadpool(ws.commit_run, got.root, run_name, None, shown)
 
     @app.get("/api/runs", tags=["runs"], response_model=list[m.RunPublic])
     def list_runs():
@@ -337,7 +201,8 @@ def create_app(workspace_dir: str | os.PathLike | None = None, config: ServerCon
 
     @app.delete("/api/runs/{run_id}", tags=["runs"], status_code=204, responses=errors)
     def delete_run(run_id: str):
-        """Delete a run and the comparisons that use it."""
+        """Delete a run and the comparisons that use it (also one being created or computed meanwhile).
+        A second DELETE of the same run, even one sent at the same moment, answers 404 NotFound."""
         ws.delete_run(run_id)
         return Response(status_code=204)
 
@@ -359,8 +224,6 @@ def create_app(workspace_dir: str | os.PathLike | None = None, config: ServerCon
               responses=errors)
     async def import_rule_set(request: Request, name: str | None = Query(None, description="name (default: file's)")):
         """Import a rules file (the JSON `compare --rules` reads), as a raw JSON body or a multipart `file`."""
-        import json
-
         ctype, _ = parse_options_header(request.headers.get("content-type", ""))
         filename = None
         if ctype == b"multipart/form-data":
@@ -375,11 +238,7 @@ def create_app(workspace_dir: str | os.PathLike | None = None, config: ServerCon
             raw = await request.body()
         if len(raw) > 1_000_000:
             raise TooLarge("a rules file over 1 MB is not a rules file")
-        try:
-            body = json.loads(raw)
-        except ValueError as exc:
-            raise BadInput(f"the rules file is not JSON ({exc}); export one from the rules panel or "
-                           "write one as docs describe") from None
+        body = _rules_json(raw)
         stem = Path(filename).name.split(".")[0] if filename else None
         return ws.create_rule_set(name or stem or "imported rules", validate_rules(body))
 
@@ -450,12 +309,14 @@ def create_app(workspace_dir: str | os.PathLike | None = None, config: ServerCon
         result = ws.result(cid)
         s = result.summary
         return {"verdict": s.get("verdict"), "first_divergence": s.get("first_divergence"),
-                "position": result.pivot_position(), "rules_fired": s.get("rules_fired") or []}
+                "position": result.pivot_position(), "rules_fired": s.get("rules_fired") or [],
+                "inconclusive": s.get("inconclusive")}
 
     @app.get("/api/comparisons/{cid}/timeline", tags=["comparisons"], response_model=m.Timeline, responses=errors)
     def timeline(cid: str, rank: int = 0, axis: Literal["seq", "time"] = "seq",
-                 start: float | None = Query(None, description="window start (position, or ns for axis=time)"),
-                 end: float | None = Query(None, description="window end, exclusive"),
+                 start: float | None = Query(None, allow_inf_nan=False,
+                                             description="window start (position, or ns for axis=time)"),
+                 end: float | None = Query(None, allow_inf_nan=False, description="window end, exclusive"),
                  bins: int = Query(DEFAULT_BINS, ge=1, description="bins across the window"),
                  around: int | None = Query(None, description="instead of start/end: a window around this position"),
                  span: int = Query(240, ge=1, description="with around: about how many events the window holds")):
@@ -480,10 +341,12 @@ def create_app(workspace_dir: str | os.PathLike | None = None, config: ServerCon
         if status and frame.height:
             frame = frame.filter(pl.col("status") == status)
         limit = min(limit, config.max_page)
+        offset = min(offset, frame.height)
         return {"rank": rank, "total": frame.height, "offset": offset, "limit": limit,
                 "rows": frame.slice(offset, limit).to_dicts() if frame.height else []}
 
-    @app.get("/api/comparisons/{cid}/events/{rank}/{side}/{seq}", tags=["comparisons"], responses=errors)
+    @app.get("/api/comparisons/{cid}/events/{rank}/{side}/{seq}", tags=["comparisons"], response_model=m.EventDetail,
+             responses=errors)
     def event_detail(cid: str, rank: int, side: Literal["a", "b"], seq: int):
         """One event: its fields, call stack, and tensor digests on both sides."""
         result = ws.result(cid)

@@ -21,6 +21,8 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
+import math
 import os
 import re
 import secrets
@@ -35,9 +37,12 @@ import duckdb
 import numpy as np
 import polars as pl
 
+from bitguard.backend.run_admission import admit, listing
+from bitguard.backend.user_paths import PathNames
 from bitguard.errors import BadInput, BitguardError, ComparisonNotReady, NotFound
 from bitguard.schema import MANIFEST_NAME, PHASES
 
+log = logging.getLogger("bitguard.serve")
 
 
 _CATALOGUE = """
@@ -100,13 +105,6 @@ def validate_rules(body: dict) -> dict:
     if not isinstance(body, dict):
         raise BadInput("a rules file is a JSON object with \"schema\" and \"rules\"; got " + type(body).__name__)
     return RuleSet.from_dict(body).to_dict()
-
-
-def validate_run(path: str):
-    """The engine's reading of a run directory (raises NotARun, SchemaMismatch, CorruptRun)."""
-    from bitguard.backend.ingest import open_run
-
-    return open_run(path)
 
 
 # -- the timelines of one comparison -------------------------------------------------------------
@@ -207,8 +205,12 @@ class RankTimeline:
 
     def _window(self, axis: str, start: float | None, end: float | None, bins: int, raw_limit: int) -> dict:
         lo, hi = self.extent(axis)
-        start = lo if start is None else max(float(start), lo)
-        end = hi if end is None else min(float(end), hi)
+        for value in (start, end):
+            if value is not None and not math.isfinite(value):
+                raise BadInput(f"a timeline window bound must be a finite number, not {value}")
+        # clamped into the extent: a window outside it is the nearest window inside
+        start = lo if start is None else min(max(float(start), lo), hi)
+        end = hi if end is None else max(min(float(end), hi), lo)
         if end <= start:
             end = start + 1.0
         pos_a, pos_b = self._positions(axis, start, end)
@@ -280,14 +282,14 @@ class RankTimeline:
 class Result:
     """A computed comparison: the engine's object and the timelines drawn from it."""
 
-    def __init__(self, engine_obj, revision: int, raw_limit: int | None = None):
+    def __init__(self, engine_obj, revision: int, raw_limit: int | None = None, names: PathNames | None = None):
         self.engine = engine_obj
         self.revision = revision
         self.lock = threading.RLock()  # the engine's object may hold DuckDB connections
         full = engine_obj.to_dict()
         graph = full.pop("propagation", None) or {}
         full["propagation"] = {"nodes": len(graph.get("nodes", [])), "edges": len(graph.get("edges", []))}
-        self.summary = full
+        self.summary = names.value(full) if names else full  # run_a/run_b: the runs' names, not workspace paths
         events = engine_obj.events()
         self.ranks = sorted(int(r) for r in events["rank"].unique().to_list()) if events.height else []
         self.timelines = {r: RankTimeline.from_frame(events.filter(pl.col("rank") == r)) for r in self.ranks}
@@ -323,6 +325,13 @@ class Result:
 
 # -- the workspace ------------------------------------------------------------------------------
 
+def _connect(path: Path) -> duckdb.DuckDBPyConnection:
+    """The catalogue's connection: never fetches or loads a DuckDB extension (no network, no surprise).
+    Every query below passes user strings as parameters; none is formatted into SQL."""
+    return duckdb.connect(str(path), config={"autoinstall_known_extensions": False,
+                                             "autoload_known_extensions": False})
+
+
 class Workspace:
     def __init__(self, root: str | os.PathLike, raw_event_limit: int | None = None):
         self.root = Path(root).expanduser().resolve()
@@ -331,7 +340,7 @@ class Workspace:
             (self.root / sub).mkdir(parents=True, exist_ok=True)
         db = self.root / "workspace.duckdb"
         try:
-            self._con = duckdb.connect(str(db))
+            self._con = _connect(db)
         except duckdb.IOException as exc:
             raise BadInput(f"workspace {self.root} is in use by another process ({exc}); stop the other "
                            "`bitguard serve` or pass --workspace with another folder") from None
@@ -397,58 +406,91 @@ class Workspace:
                 return self.run(row["id"])
         with self.staging() as staged:
             shutil.copytree(source, staged / "run", symlinks=True)  # links stay links: commit refuses them
-            return self.commit_run(staged / "run", name or source.name, source=str(source))
+            return self.commit_run(staged / "run", name or source.name, source=str(source), shown=str(source))
 
-    def commit_run(self, staged: Path, name: str, source: str | None = None) -> dict:
-        """Validate a staged run directory and move it into runs/ in one rename."""
+    def path_names(self, staged: Path | None = None, shown: str | None = None) -> PathNames:
+        """How this workspace's folders read in messages: a staged run as the user's folder name,
+        each stored run as its name, anything else inside the workspace as "the workspace"."""
+        names = PathNames({self.root: "<workspace>"})
+        for row in self._query("SELECT id, name FROM runs"):
+            names.add(self.root / "runs" / row["id"], row["name"] or row["id"])
+        if staged is not None:
+            names.add(staged, shown or staged.name)
+        return names
+
+    def commit_run(self, staged: Path, name: str, source: str | None = None, shown: str | None = None) -> dict:
+        """Read a staged run directory completely (run_admission.admit) and move it into runs/ in one
+        rename; a run that cannot be read never enters the workspace. `shown`: the folder's name as the
+        user knows it, used in every message instead of the staging path."""
         name = re.sub(r"[^\w .,:+()@#-]+", "-", name or "").strip(" -")[:80] or "run"  # a folder name, tidied
+        shown = shown or name
         for p in staged.rglob("*"):
             if p.is_symlink():
-                raise BadInput(f"{p.relative_to(staged)} is a link; upload the files themselves")
-        info = validate_run(str(staged))
+                raise BadInput(f"{shown}/{p.relative_to(staged).as_posix()} is a link; upload the files themselves")
+        names = self.path_names(staged, shown)
+        admitted = admit(staged, names, shown)
         files = [p for p in staged.rglob("*") if p.is_file()]
         nbytes = sum(p.stat().st_size for p in files)
-        try:
-            manifest = json.loads((staged / MANIFEST_NAME).read_text())
-        except (OSError, ValueError):
-            manifest = {}
-        world_size = int(getattr(info, "world_size", None) or manifest.get("world_size") or 1)
-        ranks = [int(r) for r in (getattr(info, "ranks", None) or range(world_size))]
-        plain = _plain(info)
+        plain = _plain(admitted.info)
         if isinstance(plain, dict):  # the staging path and a second copy of the manifest say nothing
             plain = {k: v for k, v in plain.items() if k not in ("path", "manifest")}
-        details = {"manifest": manifest, "info": plain, "source": source}
+        rel = PathNames({staged: "."})  # file paths inside the run, relative to it
+        details = {"manifest": admitted.info.manifest, "info": rel.value(plain), "source": source}
         run_id = _new_id("r")
         os.rename(staged, self.root / "runs" / run_id)  # atomic: a run is all there or not there
         try:
             self._exec("INSERT INTO runs VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                       (run_id, name, _now(), world_size, ranks, len(files), nbytes, json.dumps(details, default=str)))
+                       (run_id, name, _now(), admitted.world_size, admitted.ranks, len(files), nbytes,
+                        json.dumps(details, default=str)))
         except Exception:
             shutil.rmtree(self.root / "runs" / run_id, ignore_errors=True)
             raise
         return self.run(run_id)
 
     def runs(self) -> list[dict]:
-        return [_run_public(r) for r in self._query("SELECT * FROM runs ORDER BY created DESC")]
+        """Every run; one whose record cannot be read is listed with its problem, never an error."""
+        return [self._run_public(r) for r in self._query("SELECT * FROM runs ORDER BY created DESC")]
 
     def run(self, run_id: str) -> dict:
         rows = self._query("SELECT * FROM runs WHERE id = ?", (run_id,))
         if not rows:
             raise NotFound(f"no run {run_id!r} in this workspace; GET /api/runs lists them")
-        return _run_public(rows[0])
+        return self._run_public(rows[0])
+
+    def _run_public(self, row: dict) -> dict:
+        try:
+            out = _run_public(row)
+        except Exception as exc:  # noqa: BLE001 - one unreadable record never breaks the list
+            log.warning("run %s: its catalogue record cannot be read", row.get("id"), exc_info=exc)
+            out = {"id": row["id"], "name": str(row.get("name") or row["id"]), "created": row.get("created") or 0.0,
+                   "world_size": row.get("world_size") or 0, "ranks": [], "files": row.get("files") or 0,
+                   "bytes": row.get("bytes") or 0, "status": None, "command": None, "mode": None,
+                   "start_time": None, "info": None,
+                   "problem": f"its catalogue record cannot be read ({type(exc).__name__}); delete it and upload "
+                              "the run again"}
+        if not (self.root / "runs" / row["id"]).is_dir():
+            out["problem"] = "its folder is missing from the workspace; delete it and upload the run again"
+        return out
 
     def run_path(self, run_id: str) -> str:
         self.run(run_id)
         return str(self.root / "runs" / run_id)
 
     def delete_run(self, run_id: str) -> None:
-        """Delete a run and every comparison that uses it."""
-        self.run(run_id)
-        for c in self._query("SELECT id FROM comparisons WHERE run_a = ? OR run_b = ?", (run_id, run_id)):
-            self.delete_comparison(c["id"])
-        self._exec("DELETE FROM runs WHERE id = ?", (run_id,))
-        trash = self.root / "tmp" / f"deleted-{run_id}"
-        os.rename(self.root / "runs" / run_id, trash)  # gone from runs/ at once, then erased
+        """Delete a run and every comparison that uses it, as one step under the catalogue lock: a
+        comparison created, rerun or computed meanwhile either sees the run and is deleted with it,
+        or does not see it (NotFound). Of two DELETEs of one run, the second finds no run: NotFound
+        (HTTP 404), as a DELETE of any other missing object."""
+        trash = self.root / "tmp" / f"deleted-{run_id}-{secrets.token_hex(4)}"
+        with self._lock:
+            self.run(run_id)
+            for c in self._query("SELECT id FROM comparisons WHERE run_a = ? OR run_b = ?", (run_id, run_id)):
+                self.delete_comparison(c["id"])
+            self._exec("DELETE FROM runs WHERE id = ?", (run_id,))
+            try:
+                os.rename(self.root / "runs" / run_id, trash)  # gone from runs/ at once, erased below
+            except FileNotFoundError:  # a record without its folder (see _run_public)
+                return
         shutil.rmtree(trash, ignore_errors=True)
 
     # -- rule sets -----------------------------------------------------------------------
@@ -509,31 +551,36 @@ class Workspace:
 
     def delete_rule_set(self, rule_set_id: str) -> None:
         """Delete a rule set; the comparisons that used it are recomputed without rules."""
-        self.rule_set(rule_set_id)
-        users = self._query("SELECT id FROM comparisons WHERE rule_set = ?", (rule_set_id,))
         with self._lock:
+            self.rule_set(rule_set_id)
+            users = self._query("SELECT id FROM comparisons WHERE rule_set = ?", (rule_set_id,))
             self._exec("UPDATE comparisons SET rule_set = NULL, rule_set_version = NULL WHERE rule_set = ?",
                        (rule_set_id,))
             self._exec("DELETE FROM rule_set_versions WHERE rule_set = ?", (rule_set_id,))
             self._exec("DELETE FROM rule_sets WHERE id = ?", (rule_set_id,))
         for u in users:
-            self.rerun(u["id"])
+            with contextlib.suppress(NotFound):  # deleted meanwhile: nothing to rerun
+                self.rerun(u["id"])
 
     # -- comparisons ---------------------------------------------------------------------
     def create_comparison(self, run_a: str, run_b: str, rule_set_id: str | None = None) -> dict:
-        self.run(run_a), self.run(run_b)
-        version = self.rule_set(rule_set_id)["version"] if rule_set_id else None
-        cid, now = _new_id("c"), _now()
-        self._exec("INSERT INTO comparisons VALUES (?, ?, ?, ?, ?, ?, ?, 1, 'queued', NULL, NULL)",
-                   (cid, run_a, run_b, rule_set_id, version, now, now))
-        self._schedule(cid, 1)
-        return self.comparison(cid)
+        """Queue a comparison; the runs are checked and the record written in one step under the
+        catalogue lock, so a run deleted meanwhile leaves no comparison behind (see delete_run)."""
+        with self._lock:
+            self.run(run_a), self.run(run_b)
+            version = self.rule_set(rule_set_id)["version"] if rule_set_id else None
+            cid, now = _new_id("c"), _now()
+            self._exec("INSERT INTO comparisons VALUES (?, ?, ?, ?, ?, ?, ?, 1, 'queued', NULL, NULL)",
+                       (cid, run_a, run_b, rule_set_id, version, now, now))
+            self._schedule(cid, 1)
+            return self.comparison(cid)
 
     def ensure_comparison(self, run_a: str, run_b: str) -> dict:
         """The latest comparison of these two runs without rules, made if there is none."""
-        rows = self._query("SELECT id FROM comparisons WHERE run_a = ? AND run_b = ? AND rule_set IS NULL "
-                           "ORDER BY created DESC LIMIT 1", (run_a, run_b))
-        return self.comparison(rows[0]["id"]) if rows else self.create_comparison(run_a, run_b)
+        with self._lock:
+            rows = self._query("SELECT id FROM comparisons WHERE run_a = ? AND run_b = ? AND rule_set IS NULL "
+                               "ORDER BY created DESC LIMIT 1", (run_a, run_b))
+            return self.comparison(rows[0]["id"]) if rows else self.create_comparison(run_a, run_b)
 
     def comparisons(self) -> list[dict]:
         # listing does not recompute: after a restart a comparison is recomputed when opened
@@ -594,9 +641,12 @@ class Workspace:
         return self.comparison(cid)
 
     def delete_comparison(self, cid: str) -> None:
-        self._record(cid)
-        self._exec("DELETE FROM comparisons WHERE id = ?", (cid,))
-        self._results.pop(cid, None)
+        """Delete a comparison; a computation of it still running finds no record and keeps nothing."""
+        with self._lock:
+            self._record(cid)
+            self._exec("DELETE FROM comparisons WHERE id = ?", (cid,))
+            self._results.pop(cid, None)
+            self._pending.pop(cid, None)
         shutil.rmtree(self.root / "comparisons" / cid, ignore_errors=True)
 
     def result(self, cid: str) -> Result:
@@ -642,10 +692,13 @@ class Workspace:
             rules = self.rules_body(rec["rule_set"], rec["rule_set_version"]) if rec["rule_set"] else None
             engine_obj = _engine_compare(str(self.root / "runs" / rec["run_a"]), str(self.root / "runs" / rec["run_b"]),
                                          rules)
-            result = Result(engine_obj, revision, self.raw_event_limit)
+            result = Result(engine_obj, revision, self.raw_event_limit, self.path_names())
         except Exception as exc:  # noqa: BLE001 - recorded on the comparison and shown to the user
+            names = self.path_names()
             error = {"type": type(exc).__name__ if isinstance(exc, BitguardError) else "InternalError",
-                     "message": str(exc) if isinstance(exc, BitguardError) else f"{type(exc).__name__}: {exc}"}
+                     "message": names.text(str(exc)) if isinstance(exc, BitguardError)
+                     else f"internal error ({type(exc).__name__}: {names.text(str(exc))}); a bug in bitguard: "
+                          "please report it"}
             with self._lock:
                 if self._record_or_none(cid, revision):
                     self._exec("UPDATE comparisons SET status = 'failed', error = ?, updated = ? WHERE id = ?",
@@ -694,13 +747,15 @@ def _plain(obj):
 
 
 def _run_public(row: dict) -> dict:
+    """A catalogue row as the API lists it; manifest fields of the wrong shape (a run kept by an
+    older version) are listed as None and named in `problem`."""
     details = json.loads(row["info"] or "{}")
-    manifest = details.get("manifest", {})
+    fields, problems = listing(details.get("manifest") if isinstance(details, dict) else None)
     return {
         "id": row["id"], "name": row["name"], "created": row["created"], "world_size": row["world_size"],
-        "ranks": list(row["ranks"] or []), "files": row["files"], "bytes": row["bytes"],
-        "status": manifest.get("status"), "command": manifest.get("command"), "mode": manifest.get("mode"),
-        "start_time": manifest.get("start_time"), "info": details.get("info"),
+        "ranks": list(row["ranks"] or []), "files": row["files"], "bytes": row["bytes"], **fields,
+        "info": details.get("info") if isinstance(details, dict) else None,
+        "problem": ("; ".join(problems) + "; delete this run and record it again") if problems else None,
     }
 
 

@@ -7,6 +7,7 @@ import { $, EV, SEL, el, emit, on, show, fill } from "./dom.js";
 import { count } from "./format.js";
 import * as detail from "./detail.js";
 import * as pivot from "./pivot.js";
+import { inconclusiveReasons, reasonList } from "./pivot.js";
 import * as propagation from "./propagation.js";
 import * as rules from "./rules.js";
 import * as timeline from "./timeline.js";
@@ -61,7 +62,7 @@ async function poll(id) {
   if (st.id !== id) return;
   header(c);
   if (c.status === "ready") {
-    banner("none");
+    verdictBanner(c);
     if (!st.loaded || st.loaded.revision !== c.revision) {
       if (!st.loaded) performance.mark("bitguard:ready");
       st.loaded = c;
@@ -77,6 +78,20 @@ async function poll(id) {
   const why = st.loaded ? `Re-running with ${c.rule_set ? `rule set ${c.rule_set.name} v${c.rule_set.version}` : "no rules"}…` : `Comparing ${c.run_a.name} with ${c.run_b.name}…`;
   banner("busy", el("span", { class: "spinner" }), why);
   st.poll = setTimeout(() => poll(id), 150);
+}
+
+// an inconclusive verdict is never shown as "identical": its own banner, with the engine's reasons
+function verdictBanner(c) {
+  if (c.verdict !== "inconclusive") {
+    banner("none");
+    return;
+  }
+  const reasons = inconclusiveReasons(c.summary);
+  banner("inconclusive",
+    el("div", {}, el("b", {}, "Inconclusive: "), c.summary && c.summary.first_divergence
+      ? "the runs part at the pivot below, and part of them could not be compared:"
+      : "no divergence was found in what could be compared, but these runs cannot be certified identical:"),
+    reasons.length ? reasonList(reasons) : el("div", {}, "(the engine gave no reason)"));
 }
 
 function header(c) {

@@ -3,7 +3,7 @@
 
 import { api, comparisonPath } from "./api.js";
 import { $, EV, SEL, el, emit, on, toast, fill } from "./dom.js";
-import { duration, shape } from "./format.js";
+import { benignLabel, duration, shape } from "./format.js";
 
 let comparison = null;
 let token = 0;
@@ -36,28 +36,51 @@ async function load(sel) {
   }
 }
 
-// digests of both sides, one row per (role, index): {role, index, path, shape, dtype, a, b, differs, ignored}
+// digests of both sides, one row per (role, index): {role, index, path, shape, dtype, a, b, differs, ignored, rule_id}.
+// `differs`, `ignored` and `rule_id` are the engine's when it sends them (either side's entry);
+// otherwise `differs` is read from the digests and nothing counts as ignored.
 export function pairTensors(tensorsA, tensorsB) {
   const rows = new Map();
   const key = (t) => `${t.role}:${t.index}`;
-  for (const t of tensorsA || []) rows.set(key(t), { ...t, a: { xor: t.xor, pos: t.pos }, b: null });
+  const engine = (r, t) => {
+    if (typeof t.differs === "boolean") r.engineDiffers = r.engineDiffers || t.differs;
+    if (t.ignored) r.ignored = true;
+    if (t.rule_id) r.rule_id = t.rule_id;
+  };
+  for (const t of tensorsA || []) {
+    const r = { ...t, a: { xor: t.xor, pos: t.pos }, b: null, ignored: false, rule_id: null, engineDiffers: null };
+    engine(r, t);
+    rows.set(key(t), r);
+  }
   for (const t of tensorsB || []) {
-    const r = rows.get(key(t)) || { ...t, a: null };
+    const r = rows.get(key(t)) || { ...t, a: null, ignored: false, rule_id: null, engineDiffers: null };
     r.b = { xor: t.xor, pos: t.pos };
+    engine(r, t);
     if (!rows.has(key(t))) rows.set(key(t), r);
   }
-  for (const r of rows.values()) r.differs = !r.a || !r.b || r.a.xor !== r.b.xor || r.a.pos !== r.b.pos;
+  for (const r of rows.values()) {
+    const digests = !r.a || !r.b || r.a.xor !== r.b.xor || r.a.pos !== r.b.pos;
+    r.differs = r.engineDiffers === null ? digests : r.engineDiffers || (!r.a || !r.b);
+    delete r.engineDiffers;
+  }
   return Array.from(rows.values());
+}
+
+// the last column of a digest row: a difference a rule accepted is "benign (rule R)", not a red "differs"
+function verdictBadge(r) {
+  if (r.differs && r.ignored) return el("span", { class: "badge benign", title: r.rule_id ? `accepted by rule ${r.rule_id}` : "accepted by a rule" }, benignLabel(r.rule_id));
+  if (r.differs) return el("span", { class: "badge diverged" }, "differs");
+  return el("span", { class: "badge identical" }, "same");
 }
 
 export function digestTable(rows) {
   if (!rows.length) return el("p", { class: "note" }, "No tensors recorded for this event.");
   const body = rows.map((r) =>
-    el("tr", { class: r.ignored ? "ignored" : r.differs ? "differs" : "" },
+    el("tr", { class: r.differs && r.ignored ? "ignored" : r.differs ? "differs" : "" },
       el("td", {}, `${r.role}[${r.index}]`, el("br"), el("span", { class: "mono", style: "color:#5f6b7a" }, `${shape(r.shape)} ${r.dtype || ""}`)),
       el("td", { class: "hex" }, r.a ? r.a.xor : "—", el("br"), r.a ? r.a.pos : ""),
       el("td", { class: "hex" }, r.b ? r.b.xor : "—", el("br"), r.b ? r.b.pos : ""),
-      el("td", {}, r.ignored ? el("span", { class: "badge benign", title: r.rule_id || "" }, "benign") : r.differs ? el("span", { class: "badge diverged" }, "differs") : el("span", { class: "badge identical" }, "same")),
+      el("td", {}, verdictBadge(r)),
     ));
   return el("table", { class: "digests" },
     el("thead", {}, el("tr", {}, el("th", {}, "tensor"), el("th", {}, "A xor / pos"), el("th", {}, "B xor / pos"), el("th", {}, ""))),

@@ -33,6 +33,16 @@ export function duration(ns) {
   return `${Math.round(ns)} ns`;
 }
 
+// Plotly draws a subset of HTML in labels, tick text and hover text (<a>, <b>, <span style>...).
+// Every string that comes from a run (boundary, phase, module type, status...) goes through
+// this before it reaches plotly, so it shows as the text it is; plotly turns the entities back.
+export function plotText(value) {
+  return String(value ?? "").replace(/&/g, "&amp;").replace(/</g, "&lt;").replace(/>/g, "&gt;");
+}
+
+// "benign (rule R)" for a difference a rule accepted, "benign" when the rule is not named
+export const benignLabel = (ruleId) => (ruleId ? `benign (rule ${ruleId})` : "benign");
+
 export const count = (n) => (n == null ? "" : Number(n).toLocaleString("en-US"));
 
 export function when(seconds) {

@@ -21,25 +21,61 @@ export function init() {
   });
 }
 
+// the reasons an inconclusive verdict gives, as a list (the engine's {"reasons": [{code, message}]})
+export function inconclusiveReasons(summary) {
+  const inc = summary && summary.inconclusive;
+  const reasons = inc && Array.isArray(inc.reasons) ? inc.reasons : [];
+  return reasons.map((r) => (r && typeof r === "object" ? { code: String(r.code ?? ""), message: String(r.message ?? r.code ?? "") } : { code: "", message: String(r) }));
+}
+
+export function reasonList(reasons) {
+  return el("ul", { class: "reasons" }, ...reasons.map((r) => el("li", { dataset: { code: r.code } }, r.message)));
+}
+
+function renderNoPivot(panel, c) {
+  const s = c.summary || {};
+  const al = s.alignment || {};
+  panel.dataset.boundary = "";
+  if (c.verdict === "inconclusive") {
+    fill(panel,
+      el("h2", {}, "Inconclusive"),
+      el("p", {}, `No divergence on the ${count(al.matched)} matched events, but bitguard cannot certify the runs identical:`),
+      reasonList(inconclusiveReasons(s)),
+    );
+    return;
+  }
+  fill(panel,
+    el("h2", {}, "No divergence"),
+    el("p", {}, `The two runs computed the same thing on all ${count(al.matched)} matched events`,
+      al.gaps_a || al.gaps_b ? ` (with ${count(al.gaps_a)} events only in A and ${count(al.gaps_b)} only in B)` : "", "."),
+  );
+}
+
+// a structure divergence: an event one run has and the other lacks
+function structureNote(fd) {
+  if (fd.cause !== "structure") return null;
+  const missing = fd.missing_side === "a" || fd.missing_side === "b" ? fd.missing_side.toUpperCase() : null;
+  const has = missing === "A" ? "B" : missing === "B" ? "A" : null;
+  return el("p", { class: "note structure", id: "pivot-structure" },
+    missing ? `Run ${has} has this event and run ${missing} does not: the runs differ in what they computed, not only in values.`
+      : "This event is on one side only: the runs differ in what they computed, not only in values.");
+}
+
 function render(c) {
   const panel = $(SEL.pivotPanel);
   const fd = c.summary && c.summary.first_divergence;
   if (!fd) {
-    const al = (c.summary && c.summary.alignment) || {};
-    panel.dataset.boundary = "";
-    fill(panel, 
-      el("h2", {}, "No divergence"),
-      el("p", {}, `The two runs computed the same thing on all ${count(al.matched)} matched events`,
-        al.gaps_a || al.gaps_b ? ` (with ${count(al.gaps_a)} events only in A and ${count(al.gaps_b)} only in B)` : "", "."),
-    );
+    renderNoPivot(panel, c);
     return;
   }
   panel.dataset.boundary = fd.boundary;
   const win = fd.blame_window;
   const rows = (fd.tensors || []).map((t) => ({ ...t, a: t.a && t.a.xor ? t.a : null, b: t.b && t.b.xor ? t.b : null }));
-  fill(panel, 
-    el("div", { class: "pivot-head" }, el("span", { class: "dot" }), el("h2", { style: "margin:0" }, "Pivot"), el("span", { class: "badge diverged" }, "first divergence")),
+  const structure = fd.cause === "structure";
+  fill(panel,
+    el("div", { class: "pivot-head" }, el("span", { class: "dot" }), el("h2", { style: "margin:0" }, "Pivot"), el("span", { class: "badge diverged" }, structure ? "first divergence · structure" : "first divergence")),
     el("div", { id: "pivot-boundary", class: "boundary-name" }, fd.boundary),
+    structureNote(fd),
     el("div", { class: "kv", style: "margin-top:6px" },
       el("span", { class: "k" }, "step · phase"), el("span", { class: "v" }, `${fd.step} · ${fd.phase} (${fd.kind})`),
       el("span", { class: "k" }, "module"), el("span", { class: "v mono" }, fd.module_type || ""),
@@ -47,12 +83,13 @@ function render(c) {
       el("span", { class: "k" }, "blame"), el("span", { class: "v" }, el("b", {}, fd.blame), ` (${fd.fault_class}): ${BLAME[fd.blame] || ""}`),
       el("span", { class: "k" }, "blame window"), el("span", { class: "v" }, win ? [win.module ? el("span", { class: "mono" }, win.module) : "", win.module ? ": " : "", win.detail || ""] : "this boundary"),
       el("span", { class: "k" }, "differs in"), el("span", { class: "v" }, (fd.differing_roles || []).join(", ") || "—"),
-      el("span", { class: "k" }, "seq A · B"), el("span", { class: "v mono" }, `${fd.a_seq} · ${fd.b_seq}`),
+      el("span", { class: "k" }, "seq A · B"), el("span", { class: "v mono" }, `${fd.a_seq ?? "—"} · ${fd.b_seq ?? "—"}`),
     ),
     el("h3", {}, "Input and output digests"),
     digestTable(rows),
     el("h3", {}, "Call stack"),
     stackBlock(fd.stack),
+    c.verdict === "inconclusive" ? el("div", {}, el("h3", {}, "Not certified"), reasonList(inconclusiveReasons(c.summary))) : null,
     el("div", { class: "panel-actions" },
       el("button", { class: "btn small", onclick: () => selectPivot() }, "Show in timeline"),
       el("button", { id: "pivot-benign", class: "btn small benign", onclick: () => markPivotBenign(fd) }, "Mark as benign…"),
@@ -60,15 +97,21 @@ function render(c) {
   );
 }
 
+// the side that has the pivot event: A, unless A is the side lacking it (a structure divergence)
+function pivotSide(fd) {
+  return fd.a_seq == null && fd.b_seq != null ? ["b", fd.b_seq] : ["a", fd.a_seq];
+}
+
 function selectPivot() {
   const p = comparison.pivot_position;
-  const fd = comparison.summary.first_divergence;
-  if (p) emit(EV.selectEvent, { rank: p.rank, pos: p.pos, side: "a", seq: fd.a_seq, source: "pivot" });
+  const [side, seq] = pivotSide(comparison.summary.first_divergence);
+  if (p) emit(EV.selectEvent, { rank: p.rank, pos: p.pos, side, seq, source: "pivot" });
 }
 
 async function markPivotBenign(fd) {
   try {
-    const d = await api.get(comparisonPath(comparison.id, `/events/${fd.rank}/a/${fd.a_seq}`));
+    const [side, seq] = pivotSide(fd);
+    const d = await api.get(comparisonPath(comparison.id, `/events/${fd.rank}/${side}/${seq}`));
     emit(EV.markBenign, d);
   } catch (e) {
     toast(e.message, "error");

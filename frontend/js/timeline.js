@@ -5,7 +5,7 @@
 
 import { api, comparisonPath } from "./api.js";
 import { $, $$, EV, SEL, el, emit, fill, on, plotly, toast } from "./dom.js";
-import { count, duration, PIVOT_COLOR, PREFIX_FILL, SELECT_COLOR, STATUS, STATUS_OF_ROW } from "./format.js";
+import { benignLabel, count, duration, PIVOT_COLOR, plotText as esc, PREFIX_FILL, SELECT_COLOR, STATUS, STATUS_OF_ROW } from "./format.js";
 
 const CODES = ["empty", "identical", "benign", "gap", "diverged"];
 const SPAN = 240; // events in a window opened around one event
@@ -209,7 +209,7 @@ function laneTicks(geo) {
   for (const side of ["a", "b"]) {
     for (const p of geo.phases) {
       vals.push(geo.y[side][p]);
-      text.push(`${side.toUpperCase()} · ${p}`);
+      text.push(`${side.toUpperCase()} · ${esc(p)}`);
     }
   }
   return { tickvals: vals, ticktext: text };
@@ -237,7 +237,7 @@ function binTraces(d, geo) {
     const ln = rowOf[`${side}:${p}`];
     ys.push(y);
     z.push(ln.status.map((s, i) => (ln.n[i] ? s : null)));
-    text.push(ln.n.map((n, i) => (n ? `${side.toUpperCase()} · ${p}<br>${count(n)} events${ln.diverged[i] ? `, <b>${count(ln.diverged[i])} diverged</b>` : ""}<br>${CODES[ln.status[i]]}` : "")));
+    text.push(ln.n.map((n, i) => (n ? `${side.toUpperCase()} · ${esc(p)}<br>${count(n)} events${ln.diverged[i] ? `, <b>${count(ln.diverged[i])} diverged</b>` : ""}<br>${CODES[ln.status[i]]}` : "")));
   }
   const x = Array.from({ length: b.count }, (_, i) => b.start + (i + 0.5) * b.width);
   return [{
@@ -267,7 +267,8 @@ function eventTraces(d, geo) {
       ys[side].push(geo.y[side][e.phase]);
       colors[side].push(color);
       custom[side].push([side, seq, e.pos]);
-      hover[side].push(`<b>${side.toUpperCase()}</b> seq ${seq} · step ${e.step}<br>${e.phase} <b>${e.boundary}</b> (${e.module_type})<br>${e.status}${e.is_pivot ? " · <b>pivot</b>" : ""}${e.reordered ? " · reordered" : ""}`);
+      const status = e.status === "benign" ? benignLabel(e.rule_id) : e.status;
+      hover[side].push(`<b>${side.toUpperCase()}</b> seq ${esc(seq)} · step ${esc(e.step)}<br>${esc(e.phase)} <b>${esc(e.boundary)}</b> (${esc(e.module_type)})<br>${esc(status)}${e.is_pivot ? " · <b>pivot</b>" : ""}${e.reordered ? " · reordered" : ""}`);
     }
     if (e.a_seq != null && e.b_seq != null && x.a != null && x.b != null) {
       const target = e.status === "diverged" ? badLinks : links;
@@ -277,7 +278,7 @@ function eventTraces(d, geo) {
       const side = e.a_seq == null ? "a" : "b";
       missing.x.push(e.pos + 0.5);
       missing.y.push(geo.y[side][e.phase]);
-      missing.text.push(`no ${e.phase} ${e.boundary} in run ${side.toUpperCase()} here (gap)`);
+      missing.text.push(`no ${esc(e.phase)} ${esc(e.boundary)} in run ${side.toUpperCase()} here (gap)`);
     }
   }
   const traces = [
@@ -404,7 +405,7 @@ function drawOverview() {
     x = o.events.map((e) => (st.axis === "seq" ? e.pos + 0.5 : e.a_x ?? e.b_x));
     for (const side of ["a", "b"]) {
       z.push(o.events.map((e) => (e[`${side}_seq`] == null ? null : CODES.indexOf(STATUS_OF_ROW[e.status]))));
-      text.push(o.events.map((e) => `${side.toUpperCase()}: ${e.phase} ${e.boundary} (${e.status})`));
+      text.push(o.events.map((e) => `${side.toUpperCase()}: ${esc(e.phase)} ${esc(e.boundary)} (${esc(e.status)})`));
     }
   }
   const shapes = [{ type: "rect", x0: d.start, x1: d.end, y0: -0.5, y1: 1.5, line: { color: "#2f5fd0", width: 1.5 }, fillcolor: "rgba(47,95,208,0.08)" }];

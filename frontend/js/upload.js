@@ -118,12 +118,15 @@ async function refreshLists() {
   fill(rt, el("tr", {}, el("th", {}, "Name"), el("th", {}, "Ranks"), el("th", {}, "Size"), el("th", {}, "Uploaded"), el("th", {}, "")));
   if (!runs.length) rt.append(el("tr", {}, el("td", { class: "empty", colspan: 5 }, "No runs uploaded yet.")));
   for (const r of runs) {
-    rt.append(el("tr", {},
-      el("td", {}, el("b", {}, r.name), r.status && r.status !== "complete" ? el("span", { class: "badge failed", style: "margin-left:6px" }, r.status) : null),
+    // a run kept by an older version that fails today's checks: listed with why, not usable
+    const badge = r.problem ? el("span", { class: "badge unusable", style: "margin-left:6px", title: r.problem }, "unusable")
+      : r.status && r.status !== "complete" ? el("span", { class: "badge failed", style: "margin-left:6px" }, r.status) : null;
+    rt.append(el("tr", { dataset: { runId: r.id } },
+      el("td", {}, el("b", {}, r.name), badge, r.problem ? el("div", { class: "note" }, r.problem) : null),
       el("td", {}, r.ranks.join(", ")), el("td", {}, bytes(r.bytes)), el("td", {}, when(r.created)),
       el("td", { style: "text-align:right;white-space:nowrap" },
-        el("button", { class: "btn small", onclick: () => choose("a", r) }, "Use as A"), " ",
-        el("button", { class: "btn small", onclick: () => choose("b", r) }, "Use as B"), " ",
+        el("button", { class: "btn small", disabled: !!r.problem, onclick: () => choose("a", r) }, "Use as A"), " ",
+        el("button", { class: "btn small", disabled: !!r.problem, onclick: () => choose("b", r) }, "Use as B"), " ",
         el("button", { class: "btn small danger", title: "Delete this run and its comparisons", onclick: () => remove(`/api/runs/${r.id}`, `Delete ${r.name} and every comparison that uses it?`) }, "Delete"))));
   }
 }

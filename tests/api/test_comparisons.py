@@ -224,3 +224,37 @@ def test_comparisons_survive_a_restart(tmp_path, scenarios):
             assert timeline["pivot"]["pos"] == again["pivot_position"]["pos"]
     finally:
         second.stop()
+
+
+@pytest.mark.parametrize("value", ["nan", "inf", "-inf", "NaN"])
+def test_a_timeline_bound_that_is_not_finite_is_refused(client, probe, value):
+    for bound in ("start", "end"):
+        for axis in ("seq", "time"):
+            r = client.get(f"/api/comparisons/{probe['id']}/timeline", params={bound: value, "axis": axis})
+            assert_error(r, 400, "BadInput", bound, "finite")
+
+
+@pytest.mark.parametrize("start,end", [(1e300, None), (-1e300, None), (None, 1e300), (None, -1e300), (1e300, 2e300),
+                                       (-1e300, 1e300), (5e18, 6e18)])
+def test_a_timeline_window_far_outside_the_run_is_clamped_into_it(client, probe, start, end):
+    for axis in ("seq", "time"):
+        params = {k: v for k, v in (("start", start), ("end", end), ("axis", axis)) if v is not None}
+        r = client.get(f"/api/comparisons/{probe['id']}/timeline", params=params)
+        assert r.status_code == 200, r.text
+        t = r.json()
+        lo, hi = t["extent"]
+        assert lo <= t["start"] <= hi and t["start"] < t["end"] <= hi + 1, t
+
+
+def test_huge_numbers_in_queries_are_answered(client, probe):
+    huge = 10**30
+    cid = probe["id"]
+    page = client.get(f"/api/comparisons/{cid}/events", params={"offset": huge})
+    assert page.status_code == 200 and page.json()["rows"] == [], page.text
+    assert client.get(f"/api/comparisons/{cid}/events", params={"limit": huge}).status_code == 200
+    assert client.get(f"/api/comparisons/{cid}/timeline", params={"around": huge, "span": huge}).status_code == 200
+    assert client.get(f"/api/comparisons/{cid}/timeline", params={"bins": huge}).status_code == 200
+    for path in (f"/events/0/a/{huge}", f"/events/0/a/{2**63}", f"/events/0/b/-{2**63 + 1}", f"/events/{huge}/a/0"):
+        assert_error(client.get(f"/api/comparisons/{cid}{path}"), 404, "NotFound")
+    assert_error(client.get(f"/api/comparisons/{cid}/timeline", params={"rank": huge}), 404, "NotFound")
+    assert client.get(f"/api/comparisons/{cid}/graph", params={"limit": huge}).status_code == 200

@@ -71,3 +71,37 @@ def test_openapi_documents_every_route(client):
             assert op.get("description") or op.get("summary"), f"{method.upper()} {path} is undocumented"
     upload = doc["paths"]["/api/runs"]["post"]
     assert "multipart/form-data" in upload["requestBody"]["content"]
+
+
+def test_an_unexpected_exception_is_an_internal_error_without_server_paths(tmp_path):
+    """The catch-all stays for bugs: 500 "internal error" in the one shape, naming no server folder."""
+    from fastapi.testclient import TestClient
+
+    app = create_app(str(tmp_path / "ws"))
+    root = app.state.workspace.root
+
+    @app.get("/raise/bug")
+    def _bug():
+        raise RuntimeError(f"{root}/runs/r1/rank-0.duckdb went away")
+
+    with TestClient(app, raise_server_exceptions=False) as client:
+        message = assert_error(client.get("/raise/bug"), 500, "InternalError", "internal error", "RuntimeError",
+                               "rank-0.duckdb went away")
+    assert str(root) not in message and str(tmp_path) not in message
+
+
+def test_errors_name_stored_runs_by_their_names(tmp_path, scenarios):
+    """A BitguardError whose message holds a stored run's folder shows the run's name instead."""
+    from fastapi.testclient import TestClient
+
+    app = create_app(str(tmp_path / "ws"))
+    ws = app.state.workspace
+    run = ws.import_run(scenarios["identical"][0], name="my reference")
+
+    @app.get("/raise/corrupt")
+    def _corrupt():
+        raise errors.CorruptRun(f"{ws.root}/runs/{run['id']}/rank-0.duckdb is truncated; re-record it")
+
+    with TestClient(app) as client:
+        message = assert_error(client.get("/raise/corrupt"), 400, "CorruptRun", "my reference/rank-0.duckdb")
+    assert str(ws.root) not in message

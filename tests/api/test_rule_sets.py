@@ -106,3 +106,18 @@ def test_rule_sets_survive_a_restart(tmp_path):
             assert [r["id"] for r in kept["rules"]] == ["probe-is-debug-only", "dropout-gap"]
     finally:
         second.stop()
+
+
+@pytest.mark.parametrize("depth", [100, 100_000])
+def test_a_deeply_nested_rules_import_is_refused(client, depth):
+    nested = "[" * depth + "]" * depth
+    body = '{"schema": "bitguard.rules/1", "rules": [{"id": "deep", "action": "ignore", "match": {"boundary": ' \
+           + nested + "}}]}"
+    for send in ({"content": body, "headers": {"content-type": "application/json"}},
+                 {"files": {"file": ("deep.rules.json", body.encode())}}):
+        assert_error(client.post("/api/rulesets/import", **send), 400, "BadInput", "nests deeper")
+    for route, method in (("/api/rulesets", "post"),):
+        r = getattr(client, method)(route, content='{"name": "deep", "rules": [' + nested + "]}",
+                                    headers={"content-type": "application/json"})
+        assert r.status_code == 400 and r.json()["error"]["type"] in ("BadInput", "RulesError"), r.text
+    assert all(rs["name"] != "deep" for rs in client.get("/api/rulesets").json())
