@@ -20,6 +20,7 @@ import duckdb
 import numpy as np
 import polars as pl
 
+from bitguard import db
 from bitguard.errors import BadInput
 
 FINGERPRINTS = ("xor+pos", "xor", "sum", "tolerance")
@@ -47,21 +48,22 @@ def decode(data: bytes, dtype: str, shape) -> np.ndarray:
 
 def load_dumps(rank_file, seqs: list[int]) -> dict[tuple[int, str, int], bytes]:
     """(seq, role, idx) -> bytes for the given events of one rank file."""
-    con = duckdb.connect(":memory:")
+    con = db.connect(rank_file, read_only=True)
     try:
-        con.execute(f"ATTACH '{rank_file}' AS r (READ_ONLY)")
         con.register("wanted", pl.DataFrame({"seq": seqs}, schema={"seq": pl.Int64}).to_arrow())
-        rows = con.sql("SELECT d.seq, d.role, d.idx, d.data FROM r.dumps d JOIN wanted w USING (seq)").fetchall()
+        rows = con.sql("SELECT d.seq, d.role, d.idx, d.data FROM dumps d JOIN wanted w USING (seq)").fetchall()
     finally:
         con.close()
     return {(s, r, i): bytes(d) for s, r, i, d in rows}
 
 
 def has_dumps(rank_file) -> bool:
-    con = duckdb.connect(":memory:")
     try:
-        con.execute(f"ATTACH '{rank_file}' AS r (READ_ONLY)")
-        return bool(con.execute("SELECT EXISTS (SELECT 1 FROM r.dumps)").fetchall()[0][0])
+        con = db.connect(rank_file, read_only=True)
+    except duckdb.Error:
+        return False
+    try:
+        return bool(con.execute("SELECT EXISTS (SELECT 1 FROM dumps)").fetchall()[0][0])
     except duckdb.Error:
         return False
     finally:

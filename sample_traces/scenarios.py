@@ -271,10 +271,12 @@ def compact(rank_file: Path, block_size: int = 16384) -> None:
 
     tmp = rank_file.with_suffix(".compact")
     tmp.unlink(missing_ok=True)
-    con = duckdb.connect()
-    try:
-        con.execute(f"ATTACH '{rank_file}' AS src (READ_ONLY)")
-        con.execute(f"ATTACH '{tmp}' AS dst (BLOCK_SIZE {block_size})")
+    from bitguard.db import SAFE_CONFIG
+
+    con = duckdb.connect(config=dict(SAFE_CONFIG))
+    try:  # paths as parameters, never inside the SQL text
+        con.execute("ATTACH ? AS src (READ_ONLY)", [str(rank_file)])
+        con.execute(f"ATTACH ? AS dst (BLOCK_SIZE {int(block_size)})", [str(tmp)])
         con.execute("COPY FROM DATABASE src TO dst")
     finally:
         con.close()

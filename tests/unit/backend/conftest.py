@@ -28,8 +28,10 @@ def forward_bitflip(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def gap_then_divergence(tmp_path_factory):
-    """Comparison of a synthetic two-rank pair: a gap at step 0, block 1 diverges on rank 1 at step 1."""
-    return bitguard.compare(*fixtures_runs.gap_then_divergence(str(tmp_path_factory.mktemp("synthetic"))))
+    """Comparison of a synthetic two-rank pair: a gap at step 0, block 1 diverges on rank 1 at step 1.
+    The gap (the suspect skips the probe) is allowed by a rule: unallowed, it would be the pivot."""
+    rules = {"rules": [{"id": "no-probe", "action": "allow-gap", "match": {"boundary": "model.probe"}}]}
+    return bitguard.compare(*fixtures_runs.gap_then_divergence(str(tmp_path_factory.mktemp("synthetic"))), rules=rules)
 
 
 @pytest.fixture(scope="session")
