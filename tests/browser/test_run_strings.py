@@ -1,0 +1,106 @@
+"""Strings from an uploaded run are drawn as text: a boundary and a phase holding HTML create no link
+and no styled element in the timelines (plotly renders a subset of HTML in ticks and hover text),
+in the pivot panel or in the selected-event panel."""
+
+from __future__ import annotations
+
+import shutil
+
+import duckdb
+import httpx
+import pytest
+
+from api.conftest import compare as api_compare
+from browser.pages import SEL, wait_drawn
+
+pytestmark = pytest.mark.browser
+
+HOSTILE = "<a href=x>y</a><b style=color:red>z</b>"
+BOUNDARY = f"model.probe{HOSTILE}"
+PHASE = f"probe{HOSTILE}"
+
+# links, and elements made of the <b style=...>z</b> part, that plotly (or anyone) made inside the roots
+MADE = """(roots) => {
+  const out = {links: 0, styled: 0};
+  for (const sel of roots) {
+    for (const root of document.querySelectorAll(sel)) {
+      out.links += root.querySelectorAll("svg a, a[href='x']").length;
+      out.styled += Array.from(root.querySelectorAll("tspan, b, span, [style]")).filter((n) =>
+        n.textContent === "z" || /(fill|color):\\s*red/.test(n.getAttribute("style") || "")).length;
+    }
+  }
+  return out;
+}"""
+
+
+@pytest.fixture(scope="module")
+def hostile_pair(scenario_dirs, tmp_path_factory):
+    """The probe pair with the probe's boundary and phase replaced by HTML, on both sides."""
+    root = tmp_path_factory.mktemp("hostile")
+    out = []
+    for side, source in zip(("reference", "suspect"), scenario_dirs["probe"]):
+        folder = root / side
+        shutil.copytree(source, folder)
+        con = duckdb.connect(str(folder / "rank-0.duckdb"))
+        try:
+            con.execute("UPDATE events SET boundary = ?, phase = ? WHERE boundary = 'model.probe'", [BOUNDARY, PHASE])
+            con.execute("CHECKPOINT")
+        finally:
+            con.close()
+        out.append(str(folder))
+    return tuple(out)
+
+
+def test_a_plotly_label_with_html_would_make_a_link(page, explorer):
+    """The check below can fail: the same string, unescaped, does become a link in plotly."""
+    page.goto(explorer.url + "/")
+    page.wait_for_function("() => window.Plotly")
+    page.evaluate("""(text) => {
+      const div = document.createElement("div");
+      div.id = "scratch";
+      document.body.append(div);
+      return window.Plotly.newPlot(div, [{x: [0], y: [0]}], {yaxis: {tickvals: [0], ticktext: [text]}});
+    }""", HOSTILE)
+    made = page.evaluate(MADE, ["#scratch"])
+    assert made["links"] >= 1 and made["styled"] >= 1, made
+
+
+def test_boundary_and_phase_with_html_are_drawn_as_text(page, explorer, hostile_pair):
+    errors: list[str] = []
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    with httpx.Client(base_url=explorer.url, timeout=60) as client:
+        c = api_compare(client, hostile_pair)
+    assert c["summary"]["first_divergence"]["boundary"] == BOUNDARY
+    page.goto(f"{explorer.url}/#/c/{c['id']}")
+    wait_drawn(page, 1)
+    roots = [SEL["timeline"], SEL["overview"], SEL["pivotPanel"], SEL["detailPanel"], SEL["propagation"]]
+
+    # the pivot panel names the boundary as it is, as text
+    assert page.inner_text("#pivot-boundary") == BOUNDARY
+    # the lanes' tick text holds the phase literally
+    ticks = page.eval_on_selector_all(f"{SEL['timeline']} .ytick text", "ns => ns.map((n) => n.textContent)")
+    assert f"A · {PHASE}" in ticks and f"B · {PHASE}" in ticks, ticks
+    assert page.evaluate(MADE, roots) == {"links": 0, "styled": 0}
+
+    # hover the pivot: its label holds boundary and phase as text
+    pos = c["pivot_position"]["pos"]
+    point = page.evaluate("""([sel, pos]) => {
+      const gd = document.querySelector(sel);
+      const trace = gd.data.find((t) => t.name === "run A");
+      const i = trace.customdata.findIndex((d) => d[2] === pos);
+      const L = gd._fullLayout, box = gd.getBoundingClientRect();
+      return {x: box.left + L._size.l + L.xaxis.l2p(trace.x[i]), y: box.top + L._size.t + L.yaxis.l2p(trace.y[i])};
+    }""", [SEL["timeline"], pos])
+    page.mouse.move(point["x"], point["y"])
+    page.wait_for_selector(f"{SEL['timeline']} .hoverlayer .hovertext")
+    hover = page.eval_on_selector(f"{SEL['timeline']} .hoverlayer", "n => n.textContent")
+    assert BOUNDARY in hover and PHASE in hover, hover
+    assert page.evaluate(MADE, roots) == {"links": 0, "styled": 0}
+
+    # select it: the selected-event panel shows the same text, no markup
+    page.mouse.click(point["x"], point["y"])
+    page.wait_for_selector(f"{SEL['detailPanel']} .digests")
+    assert page.get_attribute(SEL["detailPanel"], "data-boundary") == BOUNDARY
+    assert BOUNDARY in page.inner_text(SEL["detailPanel"])
+    assert page.evaluate(MADE, roots) == {"links": 0, "styled": 0}
+    assert errors == []
