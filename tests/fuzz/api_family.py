@@ -1,0 +1,355 @@
+"""The fuzz family of the upload API: a live `bitguard serve` on loopback, fed hostile requests.
+
+Mutated and hostile-manifest runs are uploaded (a run the CLI's ingest cannot read must be
+refused with a 4xx, never committed), then malformed multipart bodies, concurrent uploads and
+deletes of one run, and hostile query parameters. After every case `GET /api/runs` must still
+answer 200. The server runs in a subprocess (tests/api/live_server.py) with the harness's
+working directory, so a pwned.csv written by an injected statement is seen. The outcome rules
+are harness.py's; this module knows only the HTTP side.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+
+from .harness import TESTS, Context, Result
+from .mutations import HOSTILE_MANIFESTS, INJECTION, OPS, apply, plan
+
+if str(TESTS) not in sys.path:
+    sys.path.insert(0, str(TESTS))
+from api.live_server import start_server  # noqa: E402
+
+LIMITS = {"max_file_bytes": 4 << 20, "max_run_bytes": 6 << 20, "max_files": 50, "raw_event_limit": 30}
+Part = tuple[str, str | None, bytes]  # (form field name, filename or None for a plain field, content)
+
+
+def multipart(parts: list[Part], boundary: str = "bitguard-fuzz-boundary") -> tuple[bytes, dict]:
+    body = b""
+    for field, filename, content in parts:
+        disp = f'form-data; name="{field}"' + (f'; filename="{filename}"' if filename is not None else "")
+        body += (f"--{boundary}\r\nContent-Disposition: {disp}\r\n"
+                 f"Content-Type: application/octet-stream\r\n\r\n").encode("utf-8", "surrogateescape")
+        body += content + b"\r\n"
+    body += f"--{boundary}--\r\n".encode()
+    return body, {"content-type": f"multipart/form-data; boundary={boundary}"}
+
+
+def run_parts(run: Path, top: str = "run") -> list[Part]:
+    return [("files", f"{top}/{p.relative_to(run).as_posix()}", p.read_bytes())
+            for p in sorted(run.rglob("*")) if p.is_file()]
+
+
+class Api:
+    """The live server and the judging of its answers."""
+
+    def __init__(self, ctx: Context):
+        self.ctx = ctx
+        self.ws = ctx.root / "server" / "workspace"
+        here = os.getcwd()
+        os.chdir(ctx.cwd)  # the server inherits it: relative writes land where ctx.pwned() looks
+        try:
+            self.server = start_server(str(self.ws), LIMITS)
+        finally:
+            os.chdir(here)
+        self.http = httpx.Client(base_url=self.server.url, timeout=ctx.timeout)
+
+    def close(self) -> None:
+        self.http.close()
+        self.server.stop()
+
+    def request(self, method: str, url: str, **kw) -> httpx.Response | Result:
+        try:
+            return self.http.request(method, url, **kw)
+        except httpx.TimeoutException:
+            return Result("", "", "hang", f"{method} {url}: no answer before the timeout")
+        except httpx.TransportError as exc:
+            return Result("", "", "http_500", f"{method} {url}: connection dropped ({type(exc).__name__}: {exc})")
+
+    def judge(self, r: httpx.Response | Result, refuse: bool = False) -> Result:
+        """2xx ok (wrong_answer when `refuse`), 4xx clean_error, 5xx http_500; server paths or
+        /etc/passwd in a reply are unsafe."""
+        if isinstance(r, Result):
+            return r
+        text = r.text
+        detail = f"HTTP {r.status_code}: {text[:160]}"
+        if r.status_code >= 500:
+            return Result("", "", "http_500", detail)
+        if str(self.ctx.root) in text or "root:x:0:0" in text:
+            return Result("", "", "unsafe", f"the reply shows a server path or file: {detail}")
+        if r.status_code >= 400:
+            return Result("", "", "clean_error", detail)
+        return Result("", "", "wrong_answer" if refuse else "ok", detail)
+
+    def upload(self, parts: list[Part], boundary: str = "bitguard-fuzz-boundary", **kw) -> httpx.Response | Result:
+        body, headers = multipart(parts, boundary)
+        return self.request("POST", "/api/runs", content=body, headers=headers, **kw)
+
+    def after(self, result: Result) -> Result:
+        """The case's result, unless it left the run list broken or the server gone."""
+        if result.outcome in ("hang", "http_500") or result.outcome == "unsafe":
+            return result
+        listing = self.request("GET", "/api/runs")
+        if isinstance(listing, Result) or listing.status_code != 200:
+            got = listing.detail if isinstance(listing, Result) else f"HTTP {listing.status_code}: {listing.text[:120]}"
+            return Result("", "", "http_500", f"GET /api/runs broken after this case ({got}); the case: {result.detail}")
+        for p in self.ctx.pwned():
+            p.unlink()
+            return Result("", "", "unsafe", f"{p} was written")
+        return result
+
+    def delete(self, r: httpx.Response | Result) -> None:
+        if not isinstance(r, Result) and r.status_code == 201:
+            self.request("DELETE", f"/api/runs/{r.json()['id']}")
+
+
+def api(ctx: Context, cases: int, seed: int, only: str | None = None) -> list[Result]:
+    a = Api(ctx)
+    results: list[Result] = []
+
+    def add(case: str, result: Result) -> None:
+        result.case = case
+        results.append(a.after(result))
+
+    try:
+        for case, fn in _cases(ctx, a, cases, seed):
+            if only is None or only in case:
+                add(case, fn())
+    finally:
+        a.close()
+    return results
+
+
+def _cases(ctx: Context, a: Api, cases: int, seed: int):
+    complete = ctx.bases["complete"]
+    yield "valid-run", lambda: _valid(a, complete)
+    for i in range(cases):
+        base = ("complete", "killed")[i % 2]
+        files = sorted(p.name for p in ctx.bases[base].iterdir())
+        rng = random.Random(f"{seed}:api:{i}")
+        fname, op = rng.choice(files), OPS[i % len(OPS)]
+        yield f"mutated/{base}/{fname}/{op}-{i}", (lambda base=base, fname=fname, op=op, rng=rng:
+                                                    _mutated(ctx, a, base, fname, op, rng))
+    manifest = json.loads((complete / "manifest.json").read_text())
+    for case, edit, _relevant in HOSTILE_MANIFESTS:
+        if "huge" not in case:  # 8 MiB is over the server's per-file limit here: a limit test, below
+            yield f"manifest/{case}", lambda edit=edit: _hostile_manifest(ctx, a, edit(manifest))
+    good = run_parts(complete)
+    long_part = "p" * 300
+    for case, parts, refuse in [
+        ("path-part-300", [*good, ("files", f"run/{long_part}/x", b"1")], False),
+        ("path-part-300-file", [*good, ("files", f"run/{long_part}", b"1")], False),
+        ("file-and-folder", [*good, ("files", "run/manifest.json/x", b"1")], True),
+        ("empty-filename", [*good, ("files", "", b"")], False),
+        ("empty-part", [*good, ("files", "run/empty.bin", b"")], False),
+        ("empty-manifest", [("files", "run/manifest.json", b""), *good[1:]], True),
+        ("wrong-field-name", [("file", f, c) for _, f, c in good], False),
+        ("no-filename", [("files", None, c) for _, _, c in good], True),
+        ("dot-dot", [*good, ("files", "../escape/manifest.json", b"{}")], True),
+        ("dot-dot-inside", [("files", "run/../../x/" + f.split("/", 1)[1], c) for _, f, c in good], True),
+        ("absolute", [("files", "/etc/" + f.split("/", 1)[1], c) for _, f, c in good], True),
+        ("nul-in-name", [*good, ("files", "run/a\x00b", b"1")], True),
+        ("backslashes", [("files", f.replace("/", "\\"), c) for _, f, c in good], False),
+        ("duplicate-paths", [*good, good[0]], False),
+        ("too-many-files", [*good, *[("files", f"run/x{i}", b"1") for i in range(60)]], True),
+        ("file-over-limit", [*good, ("files", "run/big.bin", bytes(5 << 20))], True),
+        ("huge-manifest-8MiB", [("files", "run/manifest.json",
+                                 json.dumps({**manifest, "padding": "x" * (8 << 20)}).encode()), *good[1:]], True),
+        ("deep-folders", [("files", "run/" + "d/" * 40 + f.split("/", 1)[1], c) for _, f, c in good], False),
+        ("newline-name", [("files", "run\nx/" + f.split("/", 1)[1], c) for _, f, c in good], False),
+        ("only-a-name-field", [("name", None, b"x")], True),
+    ]:
+        yield f"multipart/{case}", lambda parts=parts, refuse=refuse: _judged_upload(a, parts, refuse)
+    yield "multipart/boundary-300", lambda: _judged_upload(a, good, False, boundary="b" * 300)
+    yield "multipart/boundary-70", lambda: _judged_upload(a, good, False, boundary="b" * 70)
+    for case, body, ctype, refuse in [
+        ("not-multipart", b'{"files": []}', "application/json", True),
+        ("no-boundary", b"--x\r\n", "multipart/form-data", True),
+        ("no-closing-boundary", multipart(good)[0][:-40], "multipart/form-data; boundary=bitguard-fuzz-boundary", True),
+        ("garbage", bytes(random.Random(seed).randrange(256) for _ in range(4096)),
+         "multipart/form-data; boundary=bitguard-fuzz-boundary", True),
+        ("empty-body", b"", "multipart/form-data; boundary=bitguard-fuzz-boundary", True),
+    ]:
+        yield f"multipart/{case}", (lambda body=body, ctype=ctype, refuse=refuse:
+                                    a.judge(a.request("POST", "/api/runs", content=body,
+                                                      headers={"content-type": ctype}), refuse))
+    for case, params in [("name-10k", {"name": "n" * 10_000}), ("name-injection", {"name": INJECTION}),
+                         ("name-html", {"name": "<b>x</b>"}), ("name-empty", {"name": ""})]:
+        yield f"name/{case}", lambda params=params: _named_upload(a, good, params)
+    yield "name/injection-top-folder", lambda: _named_upload(a, run_parts(complete, INJECTION), {})
+    yield "name/quote-top-folder", lambda: _named_upload(a, run_parts(complete, "q'dir"), {})
+    for rnd in range(3):
+        yield f"concurrent/upload-delete-compare-{rnd}", lambda rnd=rnd: _concurrent(a, good, rnd)
+    yield from _query_cases(a, good)
+
+
+def _judged_upload(a: Api, parts: list[Part], refuse: bool, **kw) -> Result:
+    """An upload that must be refused (`refuse`: 2xx is a wrong answer) or may be taken."""
+    r = a.upload(parts, **kw)
+    result = a.judge(r, refuse)
+    a.delete(r)
+    return result
+
+
+def _valid(a: Api, run: Path) -> Result:
+    r = a.upload(run_parts(run))
+    result = a.judge(r, refuse=False)
+    if result.outcome == "clean_error":
+        return Result("", "", "wrong_answer", f"a valid run was refused: {result.detail}")
+    a.delete(r)
+    return result
+
+
+def _mutated(ctx: Context, a: Api, base: str, fname: str, op: str, rng: random.Random) -> Result:
+    d = ctx.scratch("api-mutated")
+    run = ctx.copy(base, d / "run")
+    data = (run / fname).read_bytes()
+    m = plan(op, len(data), rng)
+    (run / fname).write_bytes(apply(data, m))
+    shutil.copytree(run, d / "oracle")
+    readable = _readable(ctx, d / "oracle")
+    r = a.upload(run_parts(run))
+    result = _judge_admission(a, r, readable)
+    result.detail = f"{m.describe()}: {result.detail}"
+    return result
+
+
+def _hostile_manifest(ctx: Context, a: Api, content: bytes) -> Result:
+    d = ctx.scratch("api-manifest")
+    run = ctx.copy("complete", d / "run")
+    (run / "manifest.json").write_bytes(content)
+    shutil.copytree(run, d / "oracle")
+    return _judge_admission(a, a.upload(run_parts(run)), _readable(ctx, d / "oracle"))
+
+
+def _readable(ctx: Context, run: Path) -> str | None:
+    """None when the CLI's ingest reads the run, else what it says."""
+    read = ctx.read(run)
+    return None if isinstance(read, dict) and read.get("ok") else str(read.get("error") if isinstance(read, dict)
+                                                                       else read)
+
+
+def _judge_admission(a: Api, r, unreadable: str | None) -> Result:
+    result = a.judge(r)
+    if result.outcome == "ok" and unreadable:
+        result = Result("", "", "unsafe", f"committed a run the ingest cannot read ({unreadable[:120]}); {result.detail}")
+    if result.outcome == "ok":
+        run = a.request("GET", f"/api/runs/{r.json()['id']}")
+        if isinstance(run, Result) or run.status_code != 200:
+            result = a.judge(run) if not isinstance(run, Result) else run
+    a.delete(r)
+    return result
+
+
+def _named_upload(a: Api, parts: list[Part], params: dict) -> Result:
+    r = a.upload(parts, params=params)
+    result = a.judge(r)
+    if result.outcome == "ok":
+        other = a.upload(parts)
+        if isinstance(other, Result) or other.status_code != 201:
+            return a.judge(other)
+        result = _compare_ready(a, r.json()["id"], other.json()["id"], expect="identical")
+        a.delete(other)
+    a.delete(r)
+    return result
+
+
+def _compare_ready(a: Api, run_a: str, run_b: str, expect: str | None = None) -> Result:
+    r = a.request("POST", "/api/comparisons", json={"run_a": run_a, "run_b": run_b})
+    if isinstance(r, Result) or r.status_code != 202:
+        return a.judge(r, refuse=False) if not isinstance(r, Result) else r
+    cid = r.json()["id"]
+    deadline = time.monotonic() + a.ctx.timeout
+    while time.monotonic() < deadline:
+        c = a.request("GET", f"/api/comparisons/{cid}")
+        if isinstance(c, Result) or c.status_code != 200:
+            return a.judge(c) if not isinstance(c, Result) else c
+        body = c.json()
+        if body["status"] in ("ready", "failed"):
+            verdict = body.get("verdict") or (body.get("summary") or {}).get("verdict")
+            if expect and verdict != expect:
+                return Result("", "", "wrong_answer", f"comparison {body['status']}, verdict {verdict!r}, "
+                                                      f"expected {expect}: {json.dumps(body)[:200]}")
+            return Result("", "", "ok", f"comparison {body['status']}: {verdict}")
+        time.sleep(0.05)
+    return Result("", "", "hang", "the comparison was not ready before the timeout")
+
+
+def _concurrent(a: Api, parts: list[Part], rnd: int) -> Result:
+    """Three deletes of one run, two uploads and a comparison of that run, all at once."""
+    first, second = a.upload(parts), a.upload(parts)
+    for r in (first, second):
+        if isinstance(r, Result) or r.status_code != 201:
+            return a.judge(r)
+    x, y = first.json()["id"], second.json()["id"]
+    jobs = [("DELETE", f"/api/runs/{x}", {})] * 3 + [("POST", "/api/runs", "upload")] * 2 + \
+           [("POST", "/api/comparisons", {"json": {"run_a": x, "run_b": y}})]
+    random.Random(rnd).shuffle(jobs)
+
+    def do(job):
+        method, url, kw = job
+        return a.upload(parts) if kw == "upload" else a.request(method, url, **kw)
+
+    with ThreadPoolExecutor(len(jobs)) as pool:
+        answers = list(pool.map(do, jobs))
+    statuses = []
+    for (method, url, _), r in zip(jobs, answers):
+        res = a.judge(r)
+        if res.outcome in ("hang", "http_500", "unsafe"):
+            return Result("", "", res.outcome, f"{method} {url}: {res.detail}")
+        statuses.append(f"{method.lower()} {r.status_code}")
+        a.delete(r) if method == "POST" and url == "/api/runs" else None
+    deletes = [r.status_code for (m, _, _), r in zip(jobs, answers) if m == "DELETE"]
+    if deletes.count(204) != 1 or any(s not in (204, 404) for s in deletes):
+        return Result("", "", "wrong_answer", f"deletes of one run answered {deletes} (one 204, then 404s)")
+    comparisons = a.request("GET", "/api/comparisons")
+    if isinstance(comparisons, Result) or comparisons.status_code != 200:
+        return a.judge(comparisons) if not isinstance(comparisons, Result) else comparisons
+    orphans = [c for c in comparisons.json() if x in (_ref(c.get("run_a")), _ref(c.get("run_b")))]
+    if orphans:
+        return Result("", "", "wrong_answer", f"a comparison of the deleted run survives: {orphans[0]}")
+    a.request("DELETE", f"/api/runs/{y}")
+    return Result("", "", "ok", ", ".join(statuses))
+
+
+def _ref(ref) -> str | None:
+    return ref.get("id") if isinstance(ref, dict) else ref
+
+
+def _query_cases(a: Api, good: list[Part]):
+    state: dict = {}
+
+    def setup() -> Result:
+        r1, r2 = a.upload(good), a.upload(good)
+        for r in (r1, r2):
+            if isinstance(r, Result) or r.status_code != 201:
+                return a.judge(r)
+        cmp = a.request("POST", "/api/comparisons", json={"run_a": r1.json()["id"], "run_b": r2.json()["id"]})
+        if isinstance(cmp, Result) or cmp.status_code != 202:
+            return a.judge(cmp) if not isinstance(cmp, Result) else cmp
+        state["cid"] = cmp.json()["id"]
+        return _compare_ready(a, r1.json()["id"], r2.json()["id"])
+
+    yield "query/setup-comparison", setup
+    for route, params in [
+        ("timeline", {"start": "nan"}), ("timeline", {"start": "1e300"}), ("timeline", {"start": "-1e300", "end": "inf"}),
+        ("timeline", {"end": "-inf"}), ("timeline", {"start": "abc"}), ("timeline", {"bins": str(10 ** 12)}),
+        ("timeline", {"bins": "0"}), ("timeline", {"rank": "-1"}), ("timeline", {"rank": "9" * 30}),
+        ("timeline", {"around": "nan"}), ("timeline", {"around": str(10 ** 30)}), ("timeline", {"span": str(10 ** 18)}),
+        ("timeline", {"axis": "time", "start": "1e300"}), ("timeline", {"axis": "bogus"}),
+        ("events", {"offset": "-1"}), ("events", {"limit": str(10 ** 12)}), ("events", {"rank": "nan"}),
+        ("events", {"offset": str(10 ** 30)}), ("events", {"status": "<script>"}),
+        ("graph", {"depth": "1e300"}), ("events/0/a/99999999999999999999", {}), ("events/0/x/0", {}),
+        ("graph/nodes/%00", {}), ("graph/nodes/" + "n" * 5000, {}),
+    ]:
+        case = f"query/{route[:40]}?" + "&".join(f"{k}={v[:12]}" for k, v in params.items())
+        yield case, (lambda route=route, params=params:
+                     a.judge(a.request("GET", f"/api/comparisons/{state.get('cid', 'none')}/{route}", params=params)))

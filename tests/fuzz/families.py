@@ -1,0 +1,278 @@
+"""The fuzz families that go through `bitguard compare`: mutated run folders, hostile manifests,
+hostile folder names, non-regular files and hostile command-line inputs.
+
+Each family builds its cases on copies of the harness's base runs, runs them through the
+harness's worker (or, where a real pipe is the point, a subprocess) and judges them with the
+harness's rules (harness.py's docstring defines the outcomes). The server is api_family.py's.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import shlex
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+from .harness import Context, Result, crashed, first_line, judge_cli, said_damaged
+from .mutations import HOSTILE_MANIFESTS, HOSTILE_NAMES, OPS, apply, plan
+
+TARGETS = [("complete", "manifest.json"), ("complete", "rank-0.duckdb"), ("killed", "manifest.json"),
+           ("killed", "rank-0.duckdb"), ("killed", "rank-0.duckdb.wal"), ("killed", "rank-0.journal")]
+
+
+def _wanted(case: str, only: str | None) -> bool:
+    return only is None or only in case
+
+
+def _named(case: str, r: Result) -> Result:
+    r.case = case
+    return r
+
+
+def _compare(original: Path, other: Path, other_first: bool) -> list[str]:
+    return ["compare", str(other), str(original)] if other_first else ["compare", str(original), str(other)]
+
+
+def judge_damage(answer, read, orig: dict, cut_tail_ok: bool) -> Result:
+    """Outcome of comparing an original with a mutated copy whose ingest read is `read`."""
+    bad = crashed(answer)
+    if bad:
+        return bad
+    if not isinstance(read, dict):
+        read = {"ok": False, "error": read}
+    rc = answer["rc"]
+    if not read["ok"]:
+        why = f"the ingest cannot read it ({read['error'][:120]})"
+    elif read["facts"] != orig["facts"]:
+        why = f"its manifest now says {read['facts']}"
+    elif read["events"] != orig["events"] or read["tensors"] != orig["tensors"]:
+        why = (f"{sum(a != b for a, b in zip(read['events'], orig['events']))} event rows differ, "
+               f"{len(read['events'])} read of {len(orig['events'])}")
+    else:
+        why = None
+    detail = f"exit {rc}: {first_line(answer['stderr'] if rc == 2 else answer['stdout'])}"
+    if rc == 0 and why:
+        return Result("", "", "false_verdict", f"identical although {why}")
+    if read["ok"] and rc != 2 and not said_damaged(answer):
+        lost = set(orig["events"]) - set(read["events"])
+        prefix = read["events"] == orig["events"][:len(read["events"])]
+        if lost and not (cut_tail_ok and prefix):
+            return Result("", "", "data_lost", f"{len(lost)} of {len(orig['events'])} events unreadable, "
+                                               f"not reported as damage ({detail})")
+    if rc == 1 and not why:
+        return Result("", "", "wrong_answer", f"diverged although the content read is unchanged ({detail})")
+    return Result("", "", "clean_error" if rc == 2 else "ok", detail + (f" [{why}]" if why else ""))
+
+
+def mutated(ctx: Context, cases: int, seed: int, only: str | None = None) -> list[Result]:
+    """Truncation, bit flips, inserted and zeroed bytes in each file of the two base runs."""
+    results = []
+    for base, fname in TARGETS:
+        source = ctx.bases[base] / fname
+        if not source.exists():
+            continue
+        data = source.read_bytes()
+        for i in range(cases):
+            op = OPS[i % len(OPS)]
+            case = f"{base}/{fname}/{op}-{i}"
+            if not _wanted(case, only):
+                continue
+            m = plan(op, len(data), random.Random(f"{seed}:{case}"))
+            d = ctx.scratch("mutated")
+            damaged = ctx.copy(base, d / "damaged")
+            (damaged / fname).write_bytes(apply(data, m))
+            shutil.copytree(damaged, d / "oracle")  # reading folds the journal: the oracle reads its own copy
+            read = ctx.read(d / "oracle")
+            answer = ctx.cli(_compare(ctx.copy(base, d / "original"), damaged, other_first=i % 2 == 1))
+            r = judge_damage(answer, read, ctx.reads[base], cut_tail_ok=op == "truncate" and fname.endswith("journal"))
+            r.detail = f"{m.describe()}: {r.detail}"
+            results.append(_named(case, r))
+    return results
+
+
+def manifests(ctx: Context, cases: int, seed: int, only: str | None = None) -> list[Result]:
+    """A hostile manifest.json in a copy of the complete run, compared with the original."""
+    results = []
+    manifest = json.loads((ctx.bases["complete"] / "manifest.json").read_text())
+    for i, (case, edit, calls_for) in enumerate(HOSTILE_MANIFESTS):
+        if not _wanted(case, only):
+            continue
+        d = ctx.scratch("manifest")
+        hostile = ctx.copy("complete", d / "hostile")
+        (hostile / "manifest.json").write_bytes(edit(manifest))
+        answer = ctx.cli(_compare(ctx.copy("complete", d / "original"), hostile, other_first=i % 2 == 1))
+        r = crashed(answer)
+        if r is None:
+            rc = answer["rc"]
+            detail = f"exit {rc}: {first_line(answer['stderr'] if rc == 2 else answer['stdout'])}"
+            if rc == 0 and calls_for == "false":
+                r = Result("", "", "false_verdict", f"identical although the manifest no longer says the run is whole: "
+                                                    f"{detail}")
+            elif rc != 2 and calls_for == "refuse":
+                r = Result("", "", "wrong_answer", f"an invalid manifest was accepted: {detail}")
+            elif rc == 1 and calls_for == "any":
+                r = Result("", "", "wrong_answer", f"diverged although only the manifest changed: {detail}")
+            else:
+                r = Result("", "", "clean_error" if rc == 2 else "ok", detail)
+        results.append(_named(case, r))
+    return results
+
+
+def names(ctx: Context, cases: int, seed: int, only: str | None = None) -> list[Result]:
+    """A valid run copied into a folder with a hostile name compares identical with its original."""
+    results = []
+    hostile = [*HOSTILE_NAMES, ("deep-path", "/".join(["d" * 200] * 18))]
+    for i, (label, name) in enumerate(hostile):
+        for placement in ("folder", "parent"):
+            case = f"{label}/{placement}"
+            if not _wanted(case, only):
+                continue
+            d = ctx.scratch("name")
+            target = d / name if placement == "folder" else d / name / "run"
+            try:
+                ctx.copy("complete", target)
+            except OSError as exc:  # the file system refuses the name: nothing to test
+                print(f"names: skipped {case}: {exc}", file=sys.stderr)
+                continue
+            answer = ctx.cli(_compare(ctx.copy("complete", d / "original"), target, other_first=i % 2 == 1))
+            r = judge_cli(answer, "identical")
+            for p in ctx.pwned():
+                r = Result("", "", "unsafe", f"{p} was written")
+                p.unlink()
+            results.append(_named(case, r))
+    return results
+
+
+def _fifo(path: Path) -> None:
+    path.unlink(missing_ok=True)
+    os.mkfifo(path)
+
+
+def _link(target: str | Path):
+    def make(path: Path) -> None:
+        path.unlink(missing_ok=True)
+        path.symlink_to(target)
+    return make
+
+
+def _folder(path: Path) -> None:
+    path.unlink(missing_ok=True)
+    path.mkdir()
+
+
+def nonregular(ctx: Context, cases: int, seed: int, only: str | None = None) -> list[Result]:
+    """FIFOs, links out of the run folder and folders where a run's files belong: refused, never a hang."""
+    outside = ctx.copy("complete")  # a valid rank file outside the run folder, for a link leading out
+    makers = {"fifo": _fifo, "passwd-link": _link("/etc/passwd"), "dev-null-link": _link("/dev/null"),
+              "link-out-of-run": _link(outside / "rank-0.duckdb"), "dangling-link": _link("/nonexistent/x"),
+              "folder": _folder}
+    results = []
+    for fname in ("manifest.json", "rank-0.duckdb", "rank-0.journal", "rank-1.duckdb"):
+        for kind, make in makers.items():
+            case = f"{fname}/{kind}"
+            if not _wanted(case, only) or (kind == "link-out-of-run" and fname == "manifest.json"):
+                continue
+            d = ctx.scratch("nonregular")
+            run = ctx.copy("complete", d / "run")
+            make(run / fname)
+            answer = ctx.cli(_compare(ctx.copy("complete", d / "original"), run, other_first=False),
+                             timeout=ctx.timeout)
+            results.append(_named(case, judge_cli(answer, "error")))
+    return results
+
+
+RULE_FILES: list[tuple[str, bytes, str]] = [  # (case, content, what the input calls for)
+    ("non-utf8", b'\xff\xfe{"rules": []}', "error"),
+    ("deep-list-1e5", b"[" * 100_000 + b"]" * 100_000, "error"),
+    ("deep-rule-1e5", b'{"schema": "bitguard.rules/1", "rules": [' + b'{"a": ' * 100_000 + b"1" + b"}" * 100_000 + b"]}",
+     "error"),
+    ("huge-valid-16MiB", b'{"schema": "bitguard.rules/1", "rules": []' + b" " * (16 << 20) + b"}", "any"),
+    ("huge-brackets-16MiB", b"[" * (16 << 20), "error"),
+    ("empty", b"", "error"),
+    ("null", b"null", "error"),
+    ("list", b"[]", "error"),
+    ("rules-string", b'{"rules": "x"}', "error"),
+    ("rules-of-numbers", b'{"rules": [1, 2]}', "error"),
+    ("rule-id-number", b'{"rules": [{"id": 1, "action": "ignore"}]}', "error"),
+    ("rule-nan", b'{"rules": [{"id": "r", "action": "ignore", "step": NaN}]}', "error"),
+    ("rule-match-object", b'{"rules": [{"id": "r", "action": "ignore", "boundary": {"$ne": 1}}]}', "error"),
+]
+
+
+def cli_inputs(ctx: Context, cases: int, seed: int, only: str | None = None) -> list[Result]:
+    """Hostile --rules files, arguments and output paths; a stdout closed under the report."""
+    d = ctx.scratch("cli")
+    a, b = ctx.copy("complete", d / "a"), ctx.copy("complete", d / "b")
+    (d / "file").write_text("not a run\n")
+    os.mkfifo(d / "fifo")
+    calls: list[tuple[str, list[str], str]] = []
+    for case, content, expect in RULE_FILES:
+        (d / f"rules-{case}.json").write_bytes(content)
+        calls.append((f"rules/{case}", ["compare", str(a), str(b), "--rules", str(d / f"rules-{case}.json")], expect))
+    for case, path in (("folder", d), ("fifo", d / "fifo"), ("passwd", "/etc/passwd"), ("dev-null", "/dev/null"),
+                       ("missing", d / "nope.json")):
+        calls.append((f"rules/{case}", ["compare", str(a), str(b), "--rules", str(path)], "error"))
+    for case, argv, expect in [
+        ("rank-negative", ["--rank", "-1"], "error"), ("rank-absent", ["--rank", "7"], "error"),
+        ("rank-huge", ["--rank", "9" * 30], "error"), ("rank-word", ["--rank", "abc"], "error"),
+        ("json", ["--json"], "identical"),
+    ]:
+        calls.append((f"args/{case}", ["compare", str(a), str(b), *argv], expect))
+    calls.append(("args/same-run-twice", ["compare", str(a), str(a)], "identical"))
+    for case, path in (("file", d / "file"), ("empty-string", ""), ("dev-null", "/dev/null"), ("fifo", d / "fifo"),
+                       ("missing", d / "nowhere")):
+        calls.append((f"args/run-is-{case}", ["compare", str(a), str(path)], "error"))
+    for case, out, expect in (("missing-folder", d / "no" / "x.perfetto-trace", "any"), ("a-folder", d, "error"),
+                              ("dev-full", "/dev/full", "error")):
+        calls.append((f"export/{case}", ["export-perfetto", str(a), str(b), "-o", str(out)], expect))
+    calls.append(("export/max-events-negative", ["export-perfetto", str(a), str(b), "-o", str(d / "t.pftrace"),
+                                                 "--max-events", "-5"], "error"))
+    results = []
+    for case, argv, expect in calls:
+        if _wanted(case, only):
+            results.append(_named(case, judge_cli(ctx.cli(argv, timeout=ctx.timeout), expect)))
+    for case, extra in (("closed-stdout/text", []), ("closed-stdout/json", ["--json"])):
+        if _wanted(case, only):
+            results.append(_named(case, _closed_stdout(ctx, [str(a), str(b), *extra])))
+    if _wanted("pipe/head-1", only):
+        results.append(_named("pipe/head-1", _head(ctx, [str(a), str(b)])))
+    return results
+
+
+def _subprocess_result(proc_stderr: str, rc: int | None) -> Result:
+    if rc is None:
+        return Result("", "", "hang", "no exit before the timeout")
+    if "Traceback" in proc_stderr or "Exception ignored" in proc_stderr or rc == 70:
+        return Result("", "", "traceback", f"exit {rc}: {first_line(proc_stderr)}")
+    return Result("", "", "ok", f"exit {rc}, stderr {first_line(proc_stderr)!r}")
+
+
+def _closed_stdout(ctx: Context, args: list[str]) -> Result:
+    """`bitguard compare A B` writing into a pipe whose reader is gone (what `| head` leaves)."""
+    r, w = os.pipe()
+    os.close(r)
+    proc = subprocess.Popen([sys.executable, "-m", "bitguard", "compare", *args], stdout=w, stderr=subprocess.PIPE,
+                            text=True, cwd=ctx.cwd)
+    os.close(w)
+    try:
+        _, err = proc.communicate(timeout=ctx.timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.communicate()
+        return _subprocess_result("", None)
+    return _subprocess_result(err, proc.returncode)
+
+
+def _head(ctx: Context, args: list[str]) -> Result:
+    """The shell line itself: `bitguard compare A B | head -1`, stderr of bitguard kept."""
+    cmd = (f"{shlex.quote(sys.executable)} -m bitguard compare {' '.join(map(shlex.quote, args))} 2>head.err "
+           f"| head -1; echo ${{PIPESTATUS[0]}} > head.rc")
+    try:
+        subprocess.run(["bash", "-c", cmd], capture_output=True, text=True, timeout=ctx.timeout, cwd=ctx.cwd)
+    except subprocess.TimeoutExpired:
+        return _subprocess_result("", None)
+    return _subprocess_result((ctx.cwd / "head.err").read_text(), int((ctx.cwd / "head.rc").read_text()))
