@@ -1,24 +1,45 @@
 """Ingest: check that a folder is a readable bitguard run and load its events for analysis.
 
-`open_run` validates a run directory (manifest, schema version, every rank file) and says in
-one line what is wrong when it is not usable. `load_rank` reads one rank's events and tensor
-digests into polars frames, with the alignment key of each event. Nothing here compares runs.
+`open_run` validates a run directory (manifest, schema version, every rank file and journal) and
+says in one line what is wrong when it is not usable. `load_rank` reads one rank's events and
+tensor digests into polars frames, with the alignment key of each event.
+
+Reading never writes and never needs a write lock: a rank file is opened read-only (any number
+of readers at once), and what a killed recording left in `rank-N.journal` is read beside it, in
+memory (the groups above the rank file's `journal_folded`), not folded into it. Every file is
+checked before anything opens it: only regular files inside the run directory (never a pipe,
+which would block for ever), a rank file only when its header is DuckDB's, the manifest and the
+meta table only as `bitguard.manifest` declares them, each table's columns only with the types
+`bitguard.schema` gives them. No path or value from a run is ever part of an SQL text.
+
+What the reader cannot vouch for is said, not hidden: `RunInfo.missing_ranks` (ranks of the
+world size with no rank file) and `RunInfo.damage` (ranks whose journal lost a batch: from which
+step their events cannot be trusted complete, and why). Nothing here compares runs.
 """
 
 from __future__ import annotations
 
-import json
 import re
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import duckdb
 import polars as pl
+import pyarrow as pa
+from pydantic import ValidationError
 
-from bitguard.errors import CorruptRun, NotARun, SchemaMismatch
-from bitguard.schema import EVENTS, MANIFEST_NAME, SCHEMA_VERSION, TENSORS
+from bitguard import db, runfiles
+from bitguard import manifest as manifest_model
+from bitguard.collectors import journal as journal_format
+from bitguard.collectors.store import DAMAGE_KEY, FOLDED_KEY, journal_path
+from bitguard.errors import BadInput, CorruptRun, NotARun, SchemaMismatch
+from bitguard.schema import EVENTS, META, SCHEMA_VERSION, STACKS, TENSORS, Column
 
-_RANK_FILE = re.compile(r"^rank-(\d+)\.duckdb$")
+_RANK_FILE = re.compile(r"^rank-(0|[1-9][0-9]{0,5})\.duckdb$")
+MAX_META_ROWS = 10_000  # a rank's meta table holds a few dozen facts
+MAX_VALUE_BYTES = 1 << 20  # one meta value or one call stack, as JSON text
+_UNOBSERVED = Column("unobserved", "VARCHAR", "why the tensor could not be observed (NULL: observed)")
 
 
 @dataclass
@@ -28,6 +49,11 @@ class RunInfo:
     ranks: dict[int, Path]  # rank -> rank file
     world_size: int
     rank_meta: dict[int, dict] = field(default_factory=dict)
+    missing_ranks: list[int] = field(default_factory=list)  # ranks in range(world_size) without a rank file
+    # rank -> {"from_step": first step whose events cannot be trusted complete (None: the whole rank),
+    #          "reason": what was found}
+    damage: dict[int, dict] = field(default_factory=dict)
+    event_counts: dict[int, int] = field(default_factory=dict)  # rank -> events (rank file and journal)
 
     @property
     def name(self) -> str:
@@ -53,54 +79,211 @@ class RunInfo:
         return "; ".join(bits)
 
 
+def _columns(table) -> list[Column]:
+    """The columns load_rank returns for `table`, in order (tensors always end in `unobserved`)."""
+    columns = list(table.columns)
+    if table is TENSORS and _UNOBSERVED.name not in table.names:
+        columns.append(_UNOBSERVED)
+    return columns
+
+
+def _optional(table, column: str, rank_version: int) -> bool:
+    """Whether a rank file of `rank_version` may lack `column` of `table` (it came later: NULL)."""
+    return column in journal_format.LATER_COLUMNS.get(table.name, ()) and (
+        column not in table.names or rank_version < SCHEMA_VERSION)
+
+
+# -- opening a rank file -------------------------------------------------------------------------
+
 def _in_use(path: Path) -> CorruptRun:
     return CorruptRun(f"{path} is open in another process (is that recording still running?); "
                       f"wait for it to finish or stop it, then compare again")
 
 
-def _attach(con: duckdb.DuckDBPyConnection, path: Path, alias: str) -> None:
+def _first_line(exc: BaseException) -> str:
+    return (str(exc).splitlines() or [type(exc).__name__])[0][:300]
+
+
+@contextmanager
+def _reading(path: Path):
+    """DuckDB failures while reading rank file `path` as one-line CorruptRuns: a lock conflict is
+    "open in another process", anything else is damage."""
     try:
-        con.execute(f"ATTACH '{path.as_posix()}' AS {alias} (READ_ONLY)")
+        yield
     except duckdb.Error as exc:
-        text = str(exc)
-        if "lock" in text.lower():
+        if db.is_lock_error(exc) or "different configuration" in str(exc):
             raise _in_use(path) from None
-        raise CorruptRun(f"{path} is truncated or not a DuckDB file (was the run killed while writing, or the "
-                         f"file cut short in a copy?); re-record it or copy it again ({text.splitlines()[0]})") from None
+        raise CorruptRun(f"{path} is corrupt or truncated ({_first_line(exc)}); was the run killed while writing, "
+                         f"or the file damaged in a copy? Re-record it or copy it again") from None
 
 
-def _fold_journal(path: Path) -> None:
-    """Fold what a killed recording left in `rank-N.journal` into its rank file (see store.py)."""
-    from bitguard.collectors.store import journal_path, recover
-
-    journal = journal_path(path)
-    if not journal.exists():
-        return
-    try:
-        recover(path)
-    except duckdb.Error as exc:
-        if "lock" in str(exc).lower():
-            raise _in_use(path) from None
-        raise CorruptRun(f"{path} cannot take back the events its recording left in {journal.name} "
-                         f"({str(exc).splitlines()[0]}); re-record the run") from None
-    except OSError as exc:
-        raise CorruptRun(f"{journal} holds the last events of a killed recording and cannot be folded into "
-                         f"{path.name} ({exc.strerror or exc}); copy the run directory somewhere writable and "
-                         f"open it from there") from None
+def _connect(run_dir: Path, path: Path) -> duckdb.DuckDBPyConnection:
+    """A read-only connection to rank file `path`, once it is known to be a regular DuckDB file."""
+    head = runfiles.head(run_dir, path, db.HEADER_BYTES)
+    if head is None:
+        raise CorruptRun(f"{path} disappeared while the run was read; read the run again")
+    problem = db.header_problem(head)
+    if problem:
+        raise CorruptRun(f"{path} is {problem}: not a bitguard rank file (was it cut short in a copy, or replaced?); "
+                         f"re-record the run or copy it again")
+    wal = path.with_name(path.name + ".wal")  # DuckDB opens it too
+    runfiles.member(run_dir, wal)
+    with _reading(path):
+        return db.connect(path, read_only=True, config={"threads": 1})
 
 
-def _rank_meta(con: duckdb.DuckDBPyConnection, alias: str, path: Path) -> dict:
-    try:
-        tables = {r[0] for r in con.sql(
-            f"SELECT table_name FROM information_schema.tables WHERE table_catalog = '{alias}'").fetchall()}
-        missing = {EVENTS.name, TENSORS.name, "meta"} - tables
-        if missing:
-            raise CorruptRun(f"{path} lacks table(s) {', '.join(sorted(missing))}: not a bitguard rank file; "
+def _tables(con: duckdb.DuckDBPyConnection, path: Path) -> dict[str, dict[str, str]]:
+    """table -> column -> DuckDB type, of the rank file; CorruptRun when a table bitguard reads is missing."""
+    found: dict[str, dict[str, str]] = {}
+    for table, column, sql in con.execute(
+            "SELECT table_name, column_name, data_type FROM duckdb_columns() "
+            "WHERE database_name = current_database() AND schema_name = 'main'").fetchall():
+        found.setdefault(table, {})[column] = sql
+    missing = [t.name for t in (EVENTS, TENSORS, STACKS, META) if t.name not in found]
+    if missing:
+        raise CorruptRun(f"{path} lacks table(s) {', '.join(missing)}: not a bitguard rank file; re-record the run")
+    return found
+
+
+def _check_columns(found: dict[str, dict[str, str]], path: Path, rank_version: int) -> dict[str, set[str]]:
+    """The columns each table has; CorruptRun when one bitguard reads is missing or has another type
+    than the schema's."""
+    for table in (EVENTS, TENSORS, STACKS, META):
+        have = found[table.name]
+        for c in _columns(table):
+            if c.name not in have:
+                if _optional(table, c.name, rank_version):
+                    continue
+                raise CorruptRun(f"{path} lacks column {table.name}.{c.name}: not a bitguard rank file of schema "
+                                 f"version {rank_version}; re-record the run")
+            if have[c.name] != c.sql:
+                raise CorruptRun(f"{path}: column {table.name}.{c.name} is {have[c.name]}, not {c.sql} as bitguard "
+                                 f"writes it; the rank file is damaged: re-record the run")
+    return {name: set(columns) for name, columns in found.items()}
+
+
+def _read_rank(con: duckdb.DuckDBPyConnection, path: Path, default_version: int) -> tuple[dict, dict[str, set[str]]]:
+    """(meta, columns per table) of an open rank file, both checked."""
+    found = _tables(con, path)
+    meta = _meta(con, path)
+    return meta, _check_columns(found, path, meta.get("schema_version", default_version))
+
+
+def _meta(con: duckdb.DuckDBPyConnection, path: Path) -> dict:
+    """The meta table's facts, each checked against `manifest.RankMeta`."""
+    rows = con.execute(f"SELECT key, value FROM {META.name} LIMIT {MAX_META_ROWS + 1}").fetchall()
+    if len(rows) > MAX_META_ROWS:
+        raise CorruptRun(f"{path}: the meta table holds more than {MAX_META_ROWS:,} rows, which bitguard never "
+                         f"writes; the rank file is damaged: re-record the run")
+    meta = {}
+    for key, value in rows:
+        if key is None or value is None:
+            raise CorruptRun(f"{path}: the meta table has a NULL {'key' if key is None else f'value for {key!r}'}; "
+                             f"the rank file is damaged: re-record the run")
+        if len(value) > MAX_VALUE_BYTES:
+            raise CorruptRun(f"{path}: meta {key[:80]!r} is {len(value):,} characters, more than bitguard writes; "
                              f"re-record the run")
-        return {k: json.loads(v) for k, v in con.sql(f"SELECT key, value FROM {alias}.meta").fetchall()}
-    except duckdb.Error as exc:
-        raise CorruptRun(f"{path} cannot be read ({str(exc).splitlines()[0]}); it may be truncated or corrupt: "
-                         f"re-record it") from None
+        try:
+            meta[key] = runfiles.loads(value)
+        except runfiles.JSONRefused as exc:
+            raise CorruptRun(f"{path}: meta {key[:80]!r} is not valid JSON ({exc}); the rank file is damaged: "
+                             f"re-record the run") from None
+    version = meta.get("schema_version", 1)
+    if isinstance(version, int) and not isinstance(version, bool) and version > SCHEMA_VERSION:
+        raise SchemaMismatch(f"{path} was recorded with schema version {version}, newer than this bitguard reads "
+                             f"({SCHEMA_VERSION}); upgrade bitguard")
+    try:
+        manifest_model.RankMeta.model_validate(meta)
+    except ValidationError as exc:
+        raise CorruptRun(f"{path}: {manifest_model.problem(manifest_model.RankMeta, exc, 'meta')}; the rank file is "
+                         f"damaged: re-record the run") from None
+    return meta
+
+
+# -- what the journal adds -----------------------------------------------------------------------
+
+@dataclass
+class _Leftover:
+    """What rank-N.journal holds beyond the rank file: its whole groups above journal_folded."""
+
+    tables: dict[str, list[pa.Table]]
+    damage: dict | None
+
+
+def _read_journal(run_dir: Path, path: Path) -> journal_format.Journal | None:
+    data = runfiles.read(run_dir, journal_path(path))
+    return None if data is None else journal_format.decode(data)
+
+
+def _leftover(decoded: journal_format.Journal | None, folded: int, con: duckdb.DuckDBPyConnection,
+              path: Path) -> _Leftover:
+    if decoded is None:
+        return _Leftover({}, None)
+    tables: dict[str, list[pa.Table]] = {}
+    for g in decoded.groups:
+        if g.number > folded:
+            for name, table in g.tables.items():
+                tables.setdefault(name, []).append(table)
+
+    def last_step():
+        with _reading(path):
+            return con.execute(f"SELECT max(step) FROM {EVENTS.name}").fetchall()[0][0]
+
+    damage = decoded.damage(folded, last_step)
+    if damage is not None:
+        damage = {**damage, "reason": f"{journal_path(path).name}: {damage['reason']}"}
+    return _Leftover(tables, damage)
+
+
+def _journal_rows(leftover: _Leftover, table) -> pa.Table:
+    """The leftover rows of `table` with exactly the columns `_columns(table)` (absent ones NULL)."""
+    columns = _columns(table)
+    schema = pa.schema([(c.name, journal_format.ARROW_TYPES[c.sql]) for c in columns])
+    parts = leftover.tables.get(table.name, [])
+    out = []
+    for part in parts:
+        arrays = [part.column(c.name) if c.name in part.schema.names else pa.nulls(part.num_rows, schema.field(i).type)
+                  for i, c in enumerate(columns)]
+        out.append(pa.Table.from_arrays(arrays, schema=schema))
+    return pa.concat_tables(out) if out else schema.empty_table()
+
+
+def _folded(meta: dict) -> int:
+    folded = meta.get(FOLDED_KEY)
+    return -1 if folded is None else folded
+
+
+def _worst(*damages: dict | None) -> dict | None:
+    """One damage record from several: the earliest step (None first), every reason."""
+    found = [d for d in damages if d]
+    if not found:
+        return None
+    steps = [d["from_step"] for d in found]
+    return {"from_step": None if None in steps else min(steps), "reason": "; ".join(d["reason"] for d in found)}
+
+
+def _recorded_damage(meta: dict, path: Path) -> dict | None:
+    """What an earlier fold recorded as lost from this rank's journal (meta journal_damage)."""
+    damage = meta.get(DAMAGE_KEY)
+    if not damage:
+        return None
+    kept = f" (kept as {damage['kept_as']})" if damage.get("kept_as") else ""
+    return {"from_step": damage.get("from_step"), "reason": f"{damage['reason']}{kept}"}
+
+
+# -- the run ---------------------------------------------------------------------------------------
+
+def _rank_files(path: Path) -> dict[int, Path]:
+    ranks = {}
+    try:
+        names = sorted(p.name for p in path.iterdir())
+    except OSError as exc:
+        raise NotARun(f"{path} cannot be listed ({exc.strerror or exc}); check its permissions") from None
+    for name in names:
+        m = _RANK_FILE.match(name)
+        if m:
+            ranks[int(m.group(1))] = path / name
+    return dict(sorted(ranks.items()))
 
 
 def open_run(path: str | Path) -> RunInfo:
@@ -110,76 +293,110 @@ def open_run(path: str | Path) -> RunInfo:
         raise NotARun(f"{path} does not exist; give a run directory written by 'bitguard record --out'")
     if not path.is_dir():
         raise NotARun(f"{path} is a file, not a run directory; give the folder that holds manifest.json")
-    manifest_path = path / MANIFEST_NAME
-    if not manifest_path.is_file():
-        raise NotARun(f"{path} has no {MANIFEST_NAME}: it is not a bitguard run directory; record one with "
-                      f"'bitguard record --out {path} -- python train.py'")
-    try:
-        manifest = json.loads(manifest_path.read_text())
-    except (OSError, ValueError) as exc:
-        raise CorruptRun(f"{manifest_path} is not valid JSON ({exc}); the run directory is damaged: re-record it") from None
-    if not isinstance(manifest, dict) or manifest.get("tool") != "bitguard":
-        raise NotARun(f"{manifest_path} was not written by bitguard; give a run directory from 'bitguard record'")
-    version = manifest.get("schema_version")
-    if not isinstance(version, int):
-        raise CorruptRun(f"{manifest_path} has no schema_version; the run directory is damaged: re-record it")
-    if version > SCHEMA_VERSION:
-        raise SchemaMismatch(f"{path} was recorded with schema version {version}, newer than this bitguard reads "
-                             f"({SCHEMA_VERSION}); upgrade bitguard (pip install -U bitguard)")
-    if version < 1:
-        raise SchemaMismatch(f"{path} has unknown schema version {version}; re-record it with this bitguard")
-    ranks = {}
-    for p in path.iterdir():
-        m = _RANK_FILE.match(p.name)
-        if m:
-            ranks[int(m.group(1))] = p
+    manifest = manifest_model.load(path)
+    version = manifest["schema_version"]
+    ranks = _rank_files(path)
     if not ranks:
         raise NotARun(f"{path} has a manifest but no rank-N.duckdb files: the recording wrote no events "
                       f"(did the script fail before training?); re-record it")
-    info = RunInfo(path, manifest, dict(sorted(ranks.items())), int(manifest.get("world_size") or len(ranks)))
-    con = duckdb.connect(":memory:")
-    try:
-        for rank, rank_path in info.ranks.items():
-            alias = f"r{rank}"
-            _fold_journal(rank_path)
-            _attach(con, rank_path, alias)
-            meta = _rank_meta(con, alias, rank_path)
-            rank_version = meta.get("schema_version", version)
-            if rank_version > SCHEMA_VERSION:
-                raise SchemaMismatch(f"{rank_path} was recorded with schema version {rank_version}, newer than this "
-                                     f"bitguard reads ({SCHEMA_VERSION}); upgrade bitguard")
-            info.rank_meta[rank] = meta
-    finally:
-        con.close()
+    world_size = manifest.get("world_size") or max(ranks) + 1
+    beyond = [r for r in ranks if r >= world_size]
+    if beyond:
+        raise CorruptRun(f"{ranks[beyond[0]]} is beyond the world size {world_size} of {path / 'manifest.json'}: "
+                         f"a rank file from another recording? Remove it or re-record the run")
+    info = RunInfo(path, manifest, ranks, world_size,
+                   missing_ranks=[r for r in range(world_size) if r not in ranks])
+    for rank, rank_path in ranks.items():
+        decoded = _read_journal(path, rank_path)  # before the rank file: a fold meanwhile is then seen there
+        con = _connect(path, rank_path)
+        try:
+            with _reading(rank_path):
+                meta, _ = _read_rank(con, rank_path, version)
+                if meta.get("rank") not in (None, rank):
+                    raise CorruptRun(f"{rank_path} holds rank {meta['rank']}'s events, not rank {rank}'s: renamed "
+                                     f"or copied over? Re-record the run")
+                if meta.get("world_size") not in (None, world_size):
+                    raise CorruptRun(f"{rank_path} was recorded with world size {meta['world_size']}, not the "
+                                     f"{world_size} of {path / 'manifest.json'}: a rank file from another "
+                                     f"recording? Remove it or re-record the run")
+                leftover = _leftover(decoded, _folded(meta), con, rank_path)
+                count = con.execute(f"SELECT count(*) FROM {EVENTS.name}").fetchall()[0][0]
+        finally:
+            con.close()
+        info.rank_meta[rank] = meta
+        info.event_counts[rank] = count + _journal_rows(leftover, EVENTS).num_rows
+        damage = _worst(_recorded_damage(meta, rank_path), leftover.damage)
+        if damage:
+            info.damage[rank] = damage
     return info
 
 
+def _select(table, present: set[str], source: str | None = None) -> str:
+    """The SELECT list of `_columns(table)` from the rank file (`source` None: absent columns as
+    NULL) or from a registered journal table. Names come from bitguard.schema only."""
+    out = []
+    for c in _columns(table):
+        if source is None and c.name not in present:
+            out.append(f"CAST(NULL AS {c.sql}) AS {c.name}")
+        else:
+            out.append(c.name)
+    return f"SELECT {', '.join(out)} FROM {source or table.name}"
+
+
 def load_rank(run: RunInfo, rank: int) -> tuple[pl.DataFrame, pl.DataFrame, dict[int, list[str]]]:
-    """(events, tensors, stacks) of one rank. events are in seq order with a uint64 `key` column:
-    the alignment key hash(step, phase, kind, boundary, module_type, tensor roles/shapes/dtypes),
-    and `loose_key`, the same without module type and dtypes (to pair a retyped boundary)."""
+    """(events, tensors, stacks) of one rank, rank file and journal together. events are in seq
+    order with a uint64 `key` column: the alignment key hash(step, phase, kind, boundary,
+    module_type, tensor roles/shapes/dtypes), and `loose_key`, the same without module type and
+    dtypes (to pair a retyped boundary). tensors end in `unobserved` (NULL: observed)."""
+    if rank not in run.ranks:
+        raise BadInput(f"{run.path} has no rank {rank} (ranks present: {', '.join(map(str, run.ranks)) or 'none'}); "
+                       f"compare a rank both runs hold")
     path = run.ranks[rank]
-    con = duckdb.connect(":memory:")
+    decoded = _read_journal(run.path, path)
+    con = _connect(run.path, path)
     try:
-        _attach(con, path, "r")
-        try:
+        with _reading(path):
+            meta, present = _read_rank(con, path, run.manifest.get("schema_version", 1))
+            leftover = _leftover(decoded, _folded(meta), con, path)
+            for table in (EVENTS, TENSORS, STACKS):
+                con.register(f"_journal_{table.name}", _journal_rows(leftover, table))
+            union = {t.name: f"{_select(t, present[t.name])} UNION ALL {_select(t, present[t.name], f'_journal_{t.name}')}"
+                     for t in (EVENTS, TENSORS, STACKS)}
             events = con.sql(f"""
-                WITH sig AS (
+                WITH te AS ({union[TENSORS.name]}), ev AS ({union[EVENTS.name]}),
+                sig AS (
                   SELECT seq, string_agg(role || ':' || CAST(shape AS VARCHAR) || ':' || dtype, ';'
                                          ORDER BY role, idx) AS sig,
                          string_agg(role || ':' || CAST(shape AS VARCHAR), ';' ORDER BY role, idx) AS shapes
-                  FROM r.{TENSORS.name} GROUP BY seq)
+                  FROM te GROUP BY seq)
                 SELECT e.*, hash(e.step, e.phase, e.kind, e.boundary, e.module_type, coalesce(s.sig, ''))
                        AS key,
                        hash(e.step, e.phase, e.kind, e.boundary, coalesce(s.shapes, '')) AS loose_key
-                FROM r.{EVENTS.name} e LEFT JOIN sig s USING (seq)
+                FROM ev e LEFT JOIN sig s USING (seq)
                 ORDER BY e.seq""").pl()
-            tensors = con.sql(f"SELECT * FROM r.{TENSORS.name} ORDER BY seq, role, idx").pl()
-            stacks = {sid: json.loads(frames) for sid, frames in con.sql(
-                "SELECT stack_id, frames FROM r.stacks").fetchall()}
-        except duckdb.Error as exc:
-            raise CorruptRun(f"{path} cannot be read ({str(exc).splitlines()[0]}); it may be truncated or "
-                             f"corrupt: re-record it") from None
+            tensors = con.sql(f"SELECT * FROM ({union[TENSORS.name]}) ORDER BY seq, role, idx").pl()
+            frames = con.sql(f"SELECT stack_id, frames FROM ({union[STACKS.name]})").fetchall()
     finally:
         con.close()
-    return events, tensors, stacks
+    return events, tensors, _stacks(frames, path)
+
+
+def _stacks(rows: list[tuple], path: Path) -> dict[int, list[str]]:
+    stacks = {}
+    for sid, frames in rows:
+        problem = None
+        if frames is None or len(frames) > MAX_VALUE_BYTES:
+            problem = "is NULL" if frames is None else f"is {len(frames):,} characters long"
+        else:
+            try:
+                value = runfiles.loads(frames)
+            except runfiles.JSONRefused as exc:
+                problem = f"is not valid JSON ({exc})"
+            else:
+                if not isinstance(value, list) or not all(isinstance(f, str) for f in value):
+                    problem = "is not a JSON list of strings"
+        if problem:
+            raise CorruptRun(f"{path}: stacks.frames of stack {sid} {problem}; the rank file is damaged: "
+                             f"re-record the run")
+        stacks[sid] = value
+    return stacks

@@ -1,8 +1,15 @@
-"""`manifest.json`: what a run directory says about how it was recorded.
+"""`manifest.json`: what a run directory says about how it was recorded, as one declared model.
 
 Written by rank 0 when recording starts (status "running") and again when it ends; the
 `bitguard record` launcher patches in the script's exit status afterwards, so a run whose
 process was killed still says so. Writes are atomic (temporary file, then rename).
+
+`Manifest` declares every field bitguard writes and reads, with its type and range; `new()`
+builds a manifest through it, and `load()` reads one back through it (bounded in size and JSON
+depth), so a field of the wrong type is a one-line `CorruptRun` naming the field, not a
+traceback later. `RankMeta` does the same for the facts in a rank file's meta table. Fields
+this version does not know are kept (a newer bitguard may add some). This module knows nothing
+about rank files' tables or how runs are compared.
 """
 
 from __future__ import annotations
@@ -14,10 +21,147 @@ import socket
 import sys
 import time
 from pathlib import Path
+from typing import Any, Literal
 
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from bitguard import runfiles
+from bitguard.errors import CorruptRun, NotARun, SchemaMismatch
 from bitguard.schema import DIGEST, MANIFEST_NAME, SCHEMA_VERSION
 
 STATUSES = ("running", "complete", "failed", "interrupted")
+MAX_MANIFEST_BYTES = 1 << 20  # a manifest is a few kilobytes; a bigger one was not written by bitguard
+MAX_WORLD_SIZE = 65536
+_INT32 = 2**31 - 1
+Status = Literal["running", "complete", "failed", "interrupted"]  # = STATUSES
+
+
+def _field(description: str, default: Any = None, **constraints) -> Any:
+    """A model field whose `description` completes "must be ..." in the message naming it."""
+    return Field(default, description=description, **constraints)
+
+
+class Manifest(BaseModel):
+    """manifest.json. Types are strict: "2" is not a world size and true is not an exit status."""
+
+    model_config = ConfigDict(extra="allow", strict=True)
+
+    tool: Literal["bitguard"] = _field('"bitguard"', ...)
+    tool_version: str | None = _field("a version string")
+    schema_version: int = _field(f"an integer between 1 and {_INT32}", ..., ge=1, le=_INT32)
+    digest: str | None = _field("the name of a digest definition (a string)")
+    command: list[str] | str | None = _field("the recorded command, a list of strings")
+    cwd: str | None = _field("a folder path (a string)")
+    mode: str | None = _field("a recording mode (a string)")
+    steps: list[int | None] | None = _field("null or [first step, end step or null]", max_length=2)
+    world_size: int | None = _field(f"an integer between 1 and {MAX_WORLD_SIZE}", ge=1, le=MAX_WORLD_SIZE)
+    determinism: dict[str, Any] | None = _field("an object (the determinism settings in force)")
+    versions: dict[str, str] | None = _field("an object mapping library names to version strings")
+    devices: list[str] | None = _field("a list of device names (strings)")
+    platform: str | None = _field("a string")
+    machine: str | None = _field("a string")
+    hostname: str | None = _field("a string")
+    cpu_count: int | None = _field("a non-negative integer", ge=0, le=_INT32)
+    start_time: str | None = _field("a time stamp (a string)")
+    end_time: str | None = _field("a time stamp (a string)")
+    status: Status | None = _field("one of " + ", ".join(STATUSES))
+    complete: bool | None = _field("true or false")
+    exit_status: int | None = _field("an integer exit status", ge=-_INT32, le=_INT32)
+    signal: str | None = _field("a signal name (a string)")
+    collector_errors: list[str] | None = _field("a list of messages (strings)")
+    events_rank0: int | None = _field("a non-negative integer", ge=0)
+    steps_completed: int | None = _field("a non-negative integer", ge=0)
+    dump: bool | None = _field("true or false")
+    digest_cache: bool | None = _field("true or false")
+
+
+class JournalDamage(BaseModel):
+    """What a fold found wrong in a rank's journal (see collectors/journal.py)."""
+
+    model_config = ConfigDict(extra="allow", strict=True)
+
+    from_step: int | None = _field("null or the first step that cannot be trusted", ge=0)
+    reason: str = _field("a message (a string)", ...)
+    kept_as: str | None = _field("null or the name of the journal kept")
+
+
+class RankMeta(BaseModel):
+    """The facts of a rank file's meta table, each stored as a JSON value under its key."""
+
+    model_config = ConfigDict(extra="allow", strict=True)
+
+    schema_version: int | None = _field(f"an integer between 1 and {_INT32}", ge=1, le=_INT32)
+    status: Status | None = _field("one of " + ", ".join(STATUSES))
+    rank: int | None = _field(f"an integer between 0 and {MAX_WORLD_SIZE - 1}", ge=0, lt=MAX_WORLD_SIZE)
+    world_size: int | None = _field(f"an integer between 1 and {MAX_WORLD_SIZE}", ge=1, le=MAX_WORLD_SIZE)
+    mode: str | None = _field("a recording mode (a string)")
+    determinism: dict[str, Any] | None = _field("an object (the determinism settings in force)")
+    steps: list[int | None] | None = _field("null or [first step, end step or null]", max_length=2)
+    start_time_ns: int | None = _field("an integer time stamp")
+    end_time_ns: int | None = _field("an integer time stamp")
+    pid: int | None = _field("an integer process id")
+    dump: bool | None = _field("true or false")
+    digest_cache: bool | None = _field("true or false")
+    journal_folded: int | None = _field("an integer journal group number (-1: none)", ge=-1)
+    journal_damage: JournalDamage | None = _field('null or {"from_step": ..., "reason": ...}')
+    collector_errors: list[str] | None = _field("a list of messages (strings)")
+    steps_completed: int | None = _field("a non-negative integer", ge=0)
+    events: int | None = _field("a non-negative integer", ge=0)
+
+
+def _shown(value: Any) -> str:
+    try:
+        text = json.dumps(value)
+    except (TypeError, ValueError):
+        text = repr(value)
+    return text if len(text) <= 40 else f"{text[:32]}... ({len(text):,} characters)"
+
+
+def problem(model: type[BaseModel], exc: ValidationError, label: str = "field") -> str:
+    """'field 'world_size' must be an integer between 1 and 65536 (got "abc")' for the first error."""
+    error = exc.errors(include_url=False)[0]
+    loc = [str(p) for p in error["loc"]]
+    info = model.model_fields.get(loc[0]) if loc else None
+    expected = info.description if info is not None and info.description else error["msg"]
+    name = ".".join(loc[:1] + [f"[{p}]" if p.isdigit() else p for p in loc[1:]]).replace(".[", "[")
+    got = "missing" if error["type"] == "missing" else f"got {_shown(error.get('input'))}"
+    return f"{label} {name!r} must be {expected} ({got})"
+
+
+def validate(data: dict, where: str | os.PathLike) -> Manifest:
+    """`data` (a manifest read back from `where`) through the model; CorruptRun naming the field."""
+    try:
+        return Manifest.model_validate(data)
+    except ValidationError as exc:
+        raise CorruptRun(f"{where}: {problem(Manifest, exc)}; re-record the run or fix the file") from None
+
+
+def load(directory: str | os.PathLike) -> dict:
+    """The manifest of run directory `directory`, validated; NotARun / SchemaMismatch / CorruptRun
+    in one line naming the file when it is missing, not bitguard's, newer, or damaged."""
+    directory = Path(directory)
+    path = directory / MANIFEST_NAME
+    data = runfiles.read(directory, path, MAX_MANIFEST_BYTES, what="manifest")
+    if data is None:
+        raise NotARun(f"{directory} has no {MANIFEST_NAME}: it is not a bitguard run directory; record one with "
+                      f"'bitguard record --out {directory} -- python train.py'")
+    try:
+        manifest = runfiles.loads(data)
+    except runfiles.JSONRefused as exc:
+        raise CorruptRun(f"{path} is not valid JSON ({exc}); the run directory is damaged: re-record it") from None
+    if not isinstance(manifest, dict) or manifest.get("tool") != "bitguard":
+        raise NotARun(f"{path} was not written by bitguard; give a run directory from 'bitguard record'")
+    version = manifest.get("schema_version")
+    if not isinstance(version, int) or isinstance(version, bool):
+        raise CorruptRun(f"{path} has no integer schema_version (got {_shown(version)}); the run directory is "
+                         f"damaged: re-record it")
+    if version > SCHEMA_VERSION:
+        raise SchemaMismatch(f"{directory} was recorded with schema version {version}, newer than this bitguard "
+                             f"reads ({SCHEMA_VERSION}); upgrade bitguard (pip install -U bitguard)")
+    if version < 1:
+        raise SchemaMismatch(f"{directory} has unknown schema version {version}; re-record it with this bitguard")
+    validate(manifest, path)
+    return manifest
 
 
 def tool_version() -> str:
@@ -62,11 +206,22 @@ def write(directory: str | os.PathLike, data: dict) -> None:
 
 
 def read(directory: str | os.PathLike) -> dict:
-    return json.loads((Path(directory) / MANIFEST_NAME).read_text())
+    """The manifest's JSON as it is, unvalidated (the launcher patches what its child wrote); a
+    ValueError when it is not JSON or nests too deeply, OSError when it cannot be read."""
+    directory = Path(directory)
+    try:
+        data = runfiles.read(directory, directory / MANIFEST_NAME, MAX_MANIFEST_BYTES, what="manifest")
+    except CorruptRun as exc:  # a pipe, a link out of the folder, too big
+        raise ValueError(str(exc)) from None
+    if data is None:
+        raise FileNotFoundError(2, "No such file", str(directory / MANIFEST_NAME))
+    return runfiles.loads(data)
 
 
 def new(command: list[str], mode: str, world_size: int, determinism: dict, steps, extra: dict | None = None) -> dict:
-    return {
+    """A new run's manifest (status "running"), checked against `Manifest` as the JSON it is written as:
+    what a reader will find. A field of the wrong type here is a bug in bitguard (ValueError)."""
+    data = {
         "tool": "bitguard",
         "tool_version": tool_version(),
         "schema_version": SCHEMA_VERSION,
@@ -86,3 +241,9 @@ def new(command: list[str], mode: str, world_size: int, determinism: dict, steps
         "collector_errors": [],
         **(extra or {}),
     }
+    as_written = json.loads(json.dumps(data, default=str))
+    try:
+        Manifest.model_validate(as_written)
+    except ValidationError as exc:
+        raise ValueError(f"bitguard built an invalid manifest: {problem(Manifest, exc)}") from None
+    return as_written

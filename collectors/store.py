@@ -7,16 +7,21 @@ Arrow tables and appends them, in one write, to the rank's journal (`rank-N.jour
 what makes a batch durable against a killed process, at the cost of a file append. Every five
 seconds, or once the journal passes two megabytes, it folds what the journal holds into
 `rank-N.duckdb` in one transaction, reading the journal back from the file (the writer keeps no
-rows in memory), and empties the journal. A DuckDB statement costs about a millisecond whatever
+rows in memory), checks that the rank file gained exactly the rows the folded groups hold, and
+only then empties the journal. A DuckDB statement costs about a millisecond whatever
 its size, and a fold has a fixed cost of a few milliseconds: too much to pay per step.
 `step_barrier()`, called at the end of each training step, waits for the previous step's journal
 write only: a killed run keeps every step before its last completed one, and the training thread
 rarely waits for the writer.
 
 A journal left behind by a killed process is folded by `recover()` (the `bitguard record`
-launcher calls it when its child dies, and every reader calls it through ingest). The fold
-records the last journal group it holds in the meta table (`journal_folded`) in the same
-transaction, so a crash between the fold and the journal's truncation never duplicates rows.
+launcher calls it when its child dies; readers never write: ingest reads what is left in the
+journal beside the rank file). The fold records the last journal group it holds in the meta
+table (`journal_folded`) in the same transaction, so a crash between the fold and the journal's
+truncation never duplicates rows. Every group is checksummed (format in journal.py); a fold that
+meets a bad group folds the good ones, records in the same transaction what may be lost
+(`journal_damage`: from which step, why, and the name the journal is kept under), and keeps the
+journal as `rank-N.journal.damaged` instead of emptying it: nothing recorded is thrown away.
 
 A failing write is reported (stderr and `errors`), never raised into training. This module knows
 the schema's tables but nothing about torch modules or hooks.
@@ -27,50 +32,60 @@ from __future__ import annotations
 import json
 import os
 import queue
-import struct
 import sys
 import threading
 import time
 import traceback
+from dataclasses import dataclass
 from pathlib import Path
 
 import duckdb
 import pyarrow as pa
 
-from bitguard.schema import DUMPS, EVENTS, META, SCHEMA_VERSION, STACKS, TABLES, TENSORS
+from bitguard import db, runfiles
+from bitguard.collectors import journal as journal_format
+from bitguard.collectors.journal import ROW_TABLES as _ROW_TABLES
+from bitguard.collectors.journal import SCHEMAS as _SCHEMAS
+from bitguard.collectors.journal import arrow_schema, encode_group  # noqa: F401 - arrow_schema: public here
+from bitguard.schema import EVENTS, META, SCHEMA_VERSION, STACKS, TABLES, TENSORS, DUMPS
 
-_ARROW_TYPES = {
-    "BIGINT": pa.int64(),
-    "INTEGER": pa.int32(),
-    "VARCHAR": pa.string(),
-    "UBIGINT": pa.uint64(),
-    "BIGINT[]": pa.list_(pa.int64()),
-    "BLOB": pa.binary(),
-}
-
-
-def arrow_schema(table) -> pa.Schema:
-    return pa.schema([(c.name, _ARROW_TYPES[c.sql]) for c in table.columns])
-
-
-_ROW_TABLES = (EVENTS, TENSORS, STACKS, DUMPS)  # the tables a batch carries, in journal order
-_SCHEMAS = {t.name: arrow_schema(t) for t in _ROW_TABLES}
 _XOR = TENSORS.names.index("xor")
 _POS = TENSORS.names.index("pos")
 
 FOLD_SECONDS = 5.0  # fold the journal into DuckDB at least this often ...
-FOLD_BYTES = 2 << 20  # ... or once the journal holds this many bytes (mapped, not read, to fold it)
-_GROUP = struct.Struct("<4sQI")  # magic, group number, number of tables
-_PART = struct.Struct("<BQ")  # table index in _ROW_TABLES, length of its Arrow IPC stream
-_END = struct.Struct("<4sQ")  # magic, group number: the group is whole only when this follows it
-_MAGIC, _END_MAGIC = b"BGJ1", b"BGJE"
+FOLD_BYTES = 2 << 20  # ... or once the journal holds this many bytes
 FOLDED_KEY = "journal_folded"
+DAMAGE_KEY = "journal_damage"
 MAX_REPORTED_ERRORS = 20  # the store's and the collector's failures share one list (store.errors)
+_COUNTS = "SELECT " + ", ".join(f"(SELECT count(*) FROM {t.name})" for t in _ROW_TABLES)
+
+
+class FoldNotVerified(RuntimeError):
+    """The rank file did not gain the rows a fold put in: the journal must be kept."""
+
+
+@dataclass
+class Fold:
+    """What one fold did."""
+
+    groups: int  # groups folded
+    last: int  # the last group the rank file now holds (journal_folded)
+    damage: dict | None  # what the journal lost, as recorded in meta (journal_damage), or None
+    keep_as: str | None  # the journal holds something that is not a whole group: keep it under this name
 
 
 def journal_path(rank_path: str | os.PathLike) -> Path:
     """`rank-N.journal` beside `rank-N.duckdb`."""
     return Path(rank_path).with_suffix(".journal")
+
+
+def kept_name(journal: Path) -> str:
+    """A free name for a damaged journal: rank-N.journal.damaged, then .damaged.2, ..."""
+    name, n = journal.name + ".damaged", 1
+    while (journal.parent / name).exists():
+        n += 1
+        name = f"{journal.name}.damaged.{n}"
+    return name
 
 
 def _to_arrow(rows: list, schema: pa.Schema) -> pa.Table:
@@ -90,89 +105,94 @@ def _resolve_digests(tensor_rows: list[list]) -> None:
         row[_XOR], row[_POS] = x, p
 
 
-def _ipc(table: pa.Table) -> bytes:
-    sink = pa.BufferOutputStream()
-    with pa.ipc.new_stream(sink, table.schema) as writer:
-        writer.write_table(table)
-    return sink.getvalue().to_pybytes()
+def _last_step(con: duckdb.DuckDBPyConnection) -> int | None:
+    return con.execute(f"SELECT max(step) FROM {EVENTS.name}").fetchall()[0][0]
 
 
-def encode_group(number: int, tables: dict[str, pa.Table]) -> bytes:
-    """One journal group: the batch's non-empty tables, then the end mark that makes it whole."""
-    parts = [(i, _ipc(tables[t.name])) for i, t in enumerate(_ROW_TABLES) if tables[t.name].num_rows]
-    out = [_GROUP.pack(_MAGIC, number, len(parts))]
-    for i, data in parts:
-        out += [_PART.pack(i, len(data)), data]
-    out.append(_END.pack(_END_MAGIC, number))
-    return b"".join(out)
-
-
-def decode_groups(data: bytes | pa.Buffer) -> list[tuple[int, dict[str, pa.Table]]]:
-    """The whole groups of a journal, in order (their tables are views of `data`, not copies); a
-    group cut short by a crash ends the list."""
-    groups, at = [], 0
-    data = pa.py_buffer(data) if isinstance(data, bytes) else data
-    while at + _GROUP.size <= len(data):
-        magic, number, count = _GROUP.unpack_from(data, at)
-        if magic != _MAGIC:
-            break
-        at += _GROUP.size
-        tables = {}
-        try:
-            for _ in range(count):
-                index, length = _PART.unpack_from(data, at)
-                at += _PART.size
-                if at + length > len(data):
-                    raise ValueError("cut short")
-                table = _ROW_TABLES[index]
-                tables[table.name] = pa.ipc.open_stream(data.slice(at, length)).read_all()
-                at += length
-            end, end_number = _END.unpack_from(data, at)
-        except (ValueError, IndexError, struct.error, pa.ArrowInvalid):
-            break
-        if end != _END_MAGIC or end_number != number:
-            break
-        at += _END.size
-        groups.append((number, tables))
-    return groups
-
-
-def fold_journal(con: duckdb.DuckDBPyConnection, journal: Path, upto: int) -> tuple[int, int]:
+def fold_journal(con: duckdb.DuckDBPyConnection, journal: Path, upto: int, written: int | None = None) -> Fold:
     """Insert the journal's whole groups numbered above `upto` into `con`, in one transaction that
-    also records the last one's number as `journal_folded`: (groups folded, last group folded or
-    `upto`). The file is mapped, not read into memory: the tables are views of the page cache,
-    unmapped when the last of them goes."""
-    with pa.memory_map(str(journal), "r") as source:
-        groups = [(n, t) for n, t in decode_groups(source.read_buffer()) if n > upto]
-    if not groups:
-        return 0, upto
-    _commit(con, {t.name: [g[t.name] for _, g in groups if t.name in g] for t in _ROW_TABLES}, groups[-1][0])
-    return len(groups), groups[-1][0]
+    also records the last one's number as `journal_folded` (and, when groups are lost, what and
+    from which step as `journal_damage`), then check the rank file gained exactly their rows.
+    When groups are lost, journal_folded also covers them (and `written`, the last group the
+    writer wrote, when it says): their loss is on record, and a later fold must not report it again."""
+    data = runfiles.read(journal.parent, journal) or b""
+    decoded = journal_format.decode(data)
+    groups = [g for g in decoded.groups if g.number > upto]
+    damage = decoded.damage(upto, lambda: _last_step(con))
+    keep_as = kept_name(journal) if decoded.bad else None
+    if damage is not None:
+        damage = _merge_damage(_get_meta(con, DAMAGE_KEY), {**damage, "reason": f"{journal.name}: {damage['reason']}",
+                                                            "kept_as": keep_as})
+    if not groups and damage is None:
+        return Fold(0, upto, None, keep_as)
+    last = max([upto, *(g.number for g in groups)])
+    if damage is not None:
+        last = max([last, *(b.number for b in decoded.bad if b.number is not None), written or 0])
+    _commit(con, {t.name: [g.tables[t.name] for g in groups if t.name in g.tables] for t in _ROW_TABLES}, last,
+            {DAMAGE_KEY: damage} if damage is not None else {})
+    return Fold(len(groups), last, damage, keep_as)
+
+
+def _merge_damage(old, new: dict) -> dict:
+    """One journal_damage from an earlier fold's and this one's: the earlier step, both reasons."""
+    if not isinstance(old, dict):
+        return new
+    steps = [s for s in (old.get("from_step"), new["from_step"]) if isinstance(s, int)]
+    from_step = None if old.get("from_step") is None or new["from_step"] is None else min(steps)
+    kept = ", ".join(k for k in (old.get("kept_as"), new.get("kept_as")) if k)
+    return {"from_step": from_step, "reason": f"{old.get('reason')}; {new['reason']}"[:4000], "kept_as": kept or None}
+
+
+def _get_meta(con: duckdb.DuckDBPyConnection, key: str):
+    rows = con.execute(f"SELECT value FROM {META.name} WHERE key = ?", [key]).fetchall()
+    return json.loads(rows[0][0]) if rows and rows[0][0] is not None else None
 
 
 def folded_upto(con: duckdb.DuckDBPyConnection) -> int:
     """The last journal group the rank file holds (-1: none)."""
-    folded = con.execute(f"SELECT value FROM {META.name} WHERE key = ?", [FOLDED_KEY]).fetchall()
-    return json.loads(folded[0][0]) if folded else -1
+    folded = _get_meta(con, FOLDED_KEY)
+    if folded is None:
+        return -1
+    if not isinstance(folded, int) or isinstance(folded, bool):
+        raise ValueError(f"meta {FOLDED_KEY!r} is {folded!r}, not a group number")
+    return folded
 
 
-def _insert(con: duckdb.DuckDBPyConnection, tables: dict[str, list[pa.Table]]) -> None:
+def _insert(con: duckdb.DuckDBPyConnection, tables: dict[str, list[pa.Table]]) -> dict[str, int]:
+    """Insert each table's parts, by column name (a journal from before a column was added lacks it:
+    NULL); the rows inserted per table."""
+    added = {}
     for name, parts in tables.items():
         if parts:
-            con.from_arrow(pa.concat_tables(parts)).insert_into(name)
+            rows = pa.concat_tables(parts, promote_options="default")
+            con.register("_journal_rows", rows)
+            try:
+                con.execute(f"INSERT INTO {name} BY NAME SELECT * FROM _journal_rows")
+            finally:
+                con.unregister("_journal_rows")
+            added[name] = rows.num_rows
+    return added
 
 
-def _commit(con: duckdb.DuckDBPyConnection, parts: dict[str, list[pa.Table]], last_group: int) -> None:
-    """Insert the tables and record `last_group` as folded, in one transaction: all or nothing (on
-    failure the journal still holds every row)."""
+def _commit(con: duckdb.DuckDBPyConnection, parts: dict[str, list[pa.Table]], last_group: int,
+            meta: dict | None = None) -> None:
+    """Insert the tables and record `last_group` as folded (and `meta`), in one transaction: all or
+    nothing (on failure the journal still holds every row). Then check that each table gained the
+    rows inserted and that journal_folded reads back: FoldNotVerified when not."""
+    before = con.execute(_COUNTS).fetchall()[0]
     con.execute("BEGIN")
     try:
-        _insert(con, parts)
-        _set_meta(con, {FOLDED_KEY: last_group})
+        added = _insert(con, parts)
+        _set_meta(con, {FOLDED_KEY: last_group, **(meta or {})})
         con.execute("COMMIT")
     except Exception:
         con.execute("ROLLBACK")
         raise
+    after = con.execute(_COUNTS).fetchall()[0]
+    expected = tuple(b + added.get(t.name, 0) for b, t in zip(before, _ROW_TABLES))
+    if after != expected or folded_upto(con) != last_group:
+        raise FoldNotVerified(f"after folding groups up to {last_group} the rank file holds {after} rows of "
+                              f"{', '.join(t.name for t in _ROW_TABLES)}, not {expected}")
 
 
 def _set_meta(con: duckdb.DuckDBPyConnection, items: dict) -> None:
@@ -183,21 +203,36 @@ def _set_meta(con: duckdb.DuckDBPyConnection, items: dict) -> None:
 
 def recover(rank_path: str | os.PathLike) -> int:
     """Fold a journal left by a killed recording into its rank file; the number of groups folded.
+    The journal is removed once the fold is verified, or kept as rank-N.journal.damaged when it
+    holds a bad group (what it lost is then in the rank file's meta, `journal_damage`).
 
     Raises duckdb.Error when the rank file is open in another process (a recording still
-    running) and OSError when the directory cannot be written.
+    running), CorruptRun when the journal or rank file is not a regular file or the rank file is
+    not DuckDB, and OSError when the directory cannot be written.
     """
+    from bitguard.errors import CorruptRun
+
+    rank_path = Path(rank_path)
     journal = journal_path(rank_path)
-    if not journal.exists():
+    if runfiles.member(journal.parent, journal) is None:
         return 0
-    con = duckdb.connect(str(rank_path), config={"threads": 1})
+    head = runfiles.head(rank_path.parent, rank_path, db.HEADER_BYTES)
+    if head is None:  # no rank file to fold into: leave the journal as it is
+        return 0
+    problem = db.header_problem(head)
+    if problem:
+        raise CorruptRun(f"{rank_path} is {problem}; its journal {journal.name} is left as it is")
+    con = db.connect(rank_path, config={"threads": 1})
     try:
-        count, _ = fold_journal(con, journal, folded_upto(con))
+        fold = fold_journal(con, journal, folded_upto(con))
         con.execute("CHECKPOINT")
     finally:
         con.close()
-    journal.unlink()
-    return count
+    if fold.keep_as:
+        os.replace(journal, journal.parent / fold.keep_as)
+    else:
+        journal.unlink()
+    return fold.groups
 
 
 class RankStore:
@@ -217,7 +252,7 @@ class RankStore:
         # Rows not yet checkpointed stay in memory until the write-ahead log reaches the checkpoint
         # threshold: 4 MB instead of DuckDB's 16 MB takes about 4 MiB off the collector's peak.
         # (8 MB of buffer pool is too little: a checkpoint then fails, fatally for the connection.)
-        self._con = duckdb.connect(path, config={"threads": 1, "memory_limit": "16MB", "checkpoint_threshold": "4MB"})
+        self._con = db.connect(path, config={"threads": 1, "memory_limit": "16MB", "checkpoint_threshold": "4MB"})
         for table in TABLES:
             self._con.execute(table.ddl())
         self.set_meta({"schema_version": SCHEMA_VERSION, "status": "running", **meta})
@@ -300,7 +335,7 @@ class RankStore:
             events, tensors, stacks, dumps, marker = batch
             try:
                 if events or stacks:
-                    self._write(events, tensors, stacks, dumps)
+                    self._write(events, tensors, stacks, dumps, ends_step=marker is not None)
             except Exception as exc:  # noqa: BLE001
                 self._report(f"writing {len(events)} events to {self.path} failed: {exc}")
                 traceback.print_exc(file=sys.stderr)
@@ -309,20 +344,22 @@ class RankStore:
                     self._fold()
             except Exception as exc:  # noqa: BLE001
                 self._report(f"folding {self._journal_path.name} into {self.path} failed ({exc}); the journal keeps "
-                             f"every batch from here on and is folded when the run is next read")
+                             f"every batch from here on (readers read it as it is; the launcher folds it)")
             finally:
                 if marker is not None:
                     marker.set()
 
-    def _write(self, events: list[tuple], tensors: list[list], stacks: list[tuple], dumps: list[tuple]) -> None:
-        """Journal one batch: one append, and the batch is durable once it returns."""
+    def _write(self, events: list[tuple], tensors: list[list], stacks: list[tuple], dumps: list[tuple],
+               ends_step: bool = False) -> None:
+        """Journal one batch (`ends_step`: the last of a training step): one append, and the batch is
+        durable once it returns."""
         _resolve_digests(tensors)
         tables = {EVENTS.name: _to_arrow(events, _SCHEMAS[EVENTS.name]),
                   TENSORS.name: _to_arrow(tensors, _SCHEMAS[TENSORS.name]),
                   STACKS.name: _to_arrow(stacks, _SCHEMAS[STACKS.name]),
                   DUMPS.name: _to_arrow(dumps, _SCHEMAS[DUMPS.name])}
         self._group += 1
-        group = encode_group(self._group, tables)
+        group = encode_group(self._group, tables, ends_step)
         try:
             if os.write(self._journal, group) != len(group):
                 raise OSError(f"short write ({len(group)} bytes asked)")
@@ -341,23 +378,40 @@ class RankStore:
             self._folded = self._group
 
     def _fold(self) -> None:
-        """Fold what the journal holds into DuckDB (one transaction), then empty the journal. After a
+        """Fold what the journal holds into DuckDB (one verified transaction), then empty the journal,
+        or, when it holds a bad group, keep it as rank-N.journal.damaged and start a new one. After a
         failed fold nothing more is folded: a DuckDB connection that failed may be unusable for good,
-        and the journal alone keeps the run whole (`recover()` folds it when the run is read)."""
+        and the journal alone keeps the run whole (`recover()` folds it after the run)."""
         self._folded_at = time.monotonic()
         if not self._journal_bytes or self._fold_failed:
             return
         try:
-            _, self._folded = fold_journal(self._con, self._journal_path, self._folded)
+            fold = fold_journal(self._con, self._journal_path, self._folded, self._group)
         except Exception:
             self._fold_failed = True
             raise
+        self._folded = fold.last
         self.folds += 1
+        if fold.damage is not None:
+            self._report(f"{fold.damage['reason']} (events from step {fold.damage['from_step']} on may be missing)")
+        if fold.keep_as:
+            self._keep_journal(fold.keep_as)
+            return
         try:
             os.ftruncate(self._journal, 0)  # O_APPEND: the next group starts the file again
             self._journal_bytes = 0
         except OSError:
             pass  # harmless: the groups it holds are at most `_folded` (and `journal_folded`): skipped
+
+    def _keep_journal(self, name: str) -> None:
+        """Set the journal aside under `name` (it holds a bad group) and go on in a new one."""
+        os.close(self._journal)
+        try:
+            os.replace(self._journal_path, self._journal_path.parent / name)
+        except OSError as exc:  # the journal stays as it is: its good groups are folded, never taken twice
+            self._report(f"could not keep {self._journal_path.name} as {name} ({exc.strerror or exc})")
+        self._journal = os.open(self._journal_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        self._journal_bytes = os.fstat(self._journal).st_size
 
     def _report(self, message: str) -> None:
         """Record and print a failure, each message once and at most MAX_REPORTED_ERRORS of them."""

@@ -1,0 +1,78 @@
+"""The one way bitguard opens a DuckDB connection.
+
+`connect(path, read_only=...)` takes the database path as a Python argument (never inside SQL),
+with extension autoinstall and autoload off (DuckDB would otherwise fetch an extension from the
+network when a file looks like SQLite), no file access beyond the database itself (`COPY ... TO`,
+`read_csv` and the like are refused) and the configuration locked, so no statement can turn
+these back on. `header_problem()` says whether a file's first bytes are a DuckDB database's, so
+a caller can refuse anything else before DuckDB ever reads it; `is_lock_error()` tells a real
+lock conflict (another process holds the file) from every other DuckDB failure.
+
+This module knows DuckDB and nothing about runs, ranks or what a message should tell the user.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+
+import duckdb
+
+SAFE_CONFIG = {
+    "autoinstall_known_extensions": False,  # never download an extension
+    "autoload_known_extensions": False,  # never load one because a file or a function asked for it
+}
+# Set once the connection is open (DuckDB refuses a temp_directory in the same config as the first):
+_LOCKDOWN = ("SET enable_external_access = false",  # no file or network access from SQL: only the database
+             "SET lock_configuration = true")  # and no SET can undo any of this
+HEADER_BYTES = 12  # a DuckDB file: an 8-byte checksum, then the magic
+_MAGIC, _MAGIC_AT = b"DUCK", 8
+_SQLITE = b"SQLite format 3\x00"
+# DuckDB's words when another process holds the file's lock (DuckDB 1.x and 2.x):
+# 'IO Error: Could not set lock on file "...": Conflicting lock is held in ... (PID n)'
+_LOCK_MESSAGES = ("Could not set lock on file", "Conflicting lock is held")
+
+
+def connect(path: str | os.PathLike, read_only: bool = False, config: dict | None = None) -> duckdb.DuckDBPyConnection:
+    """A DuckDB connection to `path` (":memory:" for none) with SAFE_CONFIG and `config` on top.
+
+    A read-only connection spills to the system's temporary folder, never beside the file: a
+    reader leaves the folder it reads untouched."""
+    settings = dict(config or {})
+    if read_only:
+        settings.setdefault("temp_directory", os.path.join(tempfile.gettempdir(), "bitguard-duckdb"))
+    settings.update(SAFE_CONFIG)
+    con = duckdb.connect(os.fspath(path), read_only=read_only, config=settings)
+    try:
+        locked, external = con.execute("SELECT current_setting('lock_configuration'), "
+                                       "current_setting('enable_external_access')").fetchall()[0]
+        if not locked:  # else another connection of this process already locked the same database
+            for statement in _LOCKDOWN:
+                con.execute(statement)
+        elif external:
+            raise duckdb.InvalidInputException(f"{path} is already open in this process without bitguard's "
+                                               f"safe settings")
+    except duckdb.Error:
+        con.close()
+        raise
+    return con
+
+
+def header_problem(head: bytes) -> str | None:
+    """None when `head` (a file's first HEADER_BYTES bytes or more) starts a DuckDB database; else
+    what the file is instead, in a few words."""
+    if not head:
+        return "an empty file"
+    if head.startswith(_SQLITE[: len(head)]) and len(head) >= 6:
+        return "a SQLite database, not a DuckDB file"
+    if len(head) < HEADER_BYTES:
+        return f"only {len(head)} bytes long, too short for a DuckDB file"
+    if head[_MAGIC_AT:_MAGIC_AT + len(_MAGIC)] != _MAGIC:
+        return "not a DuckDB file (no DuckDB header)"
+    return None
+
+
+def is_lock_error(exc: BaseException) -> bool:
+    """True only for DuckDB's refusal to open a file another process holds."""
+    text = str(exc)
+    return isinstance(exc, duckdb.Error) and any(m in text for m in _LOCK_MESSAGES)
