@@ -96,27 +96,36 @@ def test_propagation_reaches_later_modules_and_steps(runs):
     assert "VERDICT: diverged" in text and "blocks.0.mlp.fc" in text and "blame: source" in text
 
 
-def test_ignore_rule_on_the_pivot_moves_it_to_the_next_real_divergence(runs, tmp_path):
+def test_ignore_rule_on_the_pivot_labels_what_follows_instead_of_blaming_it(runs, tmp_path):
     rules = {"schema": "bitguard.rules/1", "rules": [
         {"id": "fc-noise", "action": "ignore", "match": {"boundary": "blocks.0.mlp.fc", "phase": "forward"},
          "note": "test", "author": "tests", "created": "2026-11-29"}]}
     path = tmp_path / "rules.json"
     path.write_text(json.dumps(rules))
     report = json.loads(compare_cli(runs / "reference", runs / "forward-bitflip", "--rules", path, "--json").stdout)
-    fd = report["first_divergence"]
-    assert (fd["step"], fd["phase"], fd["boundary"], fd["blame"]) == (1, "forward", "blocks.0.mlp.act", "consumer")
+    # everything after the accepted output follows from it (the false "consumer" blame of
+    # blocks.0.mlp.act): nothing is left to blame, and nothing downstream can be certified
+    assert report["first_divergence"] is None and report["verdict"] == "inconclusive"
+    assert [r["code"] for r in report["inconclusive"]["reasons"]] == ["follows_accepted"]
     assert report["rules_fired"] == [{"id": "fc-noise", "count": 2}]  # steps 1 and 2
+    ev = bitguard.compare(runs / "reference", runs / "forward-bitflip", rules=path).events()
+    act = ev.filter((ev["boundary"] == "blocks.0.mlp.act") & (ev["step"] == 1) & (ev["phase"] == "forward"))
+    assert act["status"].to_list() == ["follows"] and act["rule_id"].to_list() == ["fc-noise"]
 
 
 def test_allow_gap_rule_accepts_an_inserted_helper(runs, tmp_path):
     _record(tmp_path / "helper", "--fault", "benign-dropout", "--fault-step", "0")
     c = bitguard.compare(runs / "reference", tmp_path / "helper")
     d = c.to_dict()
-    # the inserted Sequential(GELU, Dropout) is structure only: the digests still all match
-    assert d["alignment"]["gaps_b"] > 0 and d["alignment"]["gaps_before_pivot"]
+    # the inserted Sequential(GELU, Dropout) is structure only: the digests still all match, but
+    # unallowed, its extra module calls are a structural divergence
+    fd = d["first_divergence"]
+    assert d["alignment"]["gaps_b"] > 0 and d["verdict"] == "diverged"
+    assert (fd["cause"], fd["missing_side"], fd["blame"], fd["fault_class"]) == ("structure", "a", "structure", "extra")
+    assert fd["boundary"].startswith("blocks.0.mlp.act")
     rules = {"rules": [{"id": "helper", "action": "allow-gap", "match": {"boundary": "blocks.0.mlp.act*"}}]}
     d2 = bitguard.compare(runs / "reference", tmp_path / "helper", rules=rules).to_dict()
-    assert d2["alignment"]["gaps_before_pivot"] == [] and d2["rules_fired"][0]["id"] == "helper"
+    assert d2["verdict"] == "identical" and d2["rules_fired"][0]["id"] == "helper"
 
 
 def _corrupt_copies(src: Path, tmp: Path) -> dict:
@@ -150,7 +159,7 @@ def _corrupt_copies(src: Path, tmp: Path) -> dict:
     ("not-a-run", "no manifest.json"),
     ("newer-schema", "schema version 99"),
     ("truncated", "truncated"),
-    ("world-size", "ranks [0, 1]"),
+    ("world-size", "recorded with world size 1, not the 2"),
     ("missing", "does not exist"),
     ("bad-rules", "rule 'x': field 'action'"),
 ])
