@@ -66,7 +66,8 @@ def rank_scope(rank: int, run_a, run_b, ea: pl.DataFrame, eb: pl.DataFrame) -> t
     for side, run, events in (("a", run_a, ea), ("b", run_b, eb)):
         label = side.upper()
         meta = run.rank_meta.get(rank, {})
-        finished = meta.get("status") == "complete" and run.manifest.get("status") == "complete"
+        finished = (meta.get("status") == "complete" and run.manifest.get("status") == "complete"
+                    and run.manifest.get("complete", True) is True)
         if not finished:
             last = int(events["step"].max()) if events.height else 0
             # steps before the last one recorded are whole (the writer keeps order); the last may be cut

@@ -200,7 +200,10 @@ def cmd_export_perfetto(args) -> int:
     from bitguard.backend.compare import compare
 
     comparison = compare(args.run_a, args.run_b, rules=args.rules)
-    path = comparison.export_perfetto(args.output, args.max_events)
+    try:
+        path = comparison.export_perfetto(args.output, args.max_events)
+    except OSError as exc:
+        raise BadInput(f"cannot write the trace {args.output}: {exc.strerror or exc}; give another -o") from None
     _print(f"wrote {path} (open it at ui.perfetto.dev: Open trace file)")
     return 0
 

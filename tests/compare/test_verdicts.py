@@ -310,3 +310,17 @@ def test_record_refuses_an_interpreter_that_cannot_import_bitguard_before_writin
                            str(tmp_path / "no-such" / "python"), str(script)], capture_output=True, text=True,
                           timeout=120)
     assert proc.returncode == 2 and "not found" in proc.stderr and not out.exists()
+
+
+def test_a_manifest_that_says_incomplete_anywhere_is_not_certified(tmp_path):
+    a, b = write_pair(str(tmp_path), "half", RunSpec(layers=2, steps=2))
+    _manifest(b, complete=False)  # status still says complete: the two fields disagree
+    c = bitguard.compare(a, b)
+    assert c.verdict == "inconclusive" and "incomplete" in _codes(c)
+
+
+def test_export_perfetto_to_an_unwritable_file_is_one_line_and_exit_2(tmp_path, capsys):
+    a, b = write_pair(str(tmp_path), "same", RunSpec(layers=2, steps=1))
+    assert cli.main(["export-perfetto", a, b, "-o", "/dev/full"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "/dev/full" in err
