@@ -119,10 +119,13 @@ def graph(events: pl.DataFrame, tensors: pl.DataFrame, divergent: set[int],
     # reachability from the pivot, forward in completion order (dataflow into an enclosing call
     # that completed later is allowed: completion order is what the record certifies)
     if loss:
+        after_loss: dict[int, list[int]] = defaultdict(list)  # step -> its backward and optimizer events
+        for r in info.values():
+            if r["phase"] in ("backward", "optimizer"):
+                after_loss[r["step"]].append(r["seq"])
         for r in fwd:
             if r["depth"] == 0:
-                edges += [(r["seq"], o["seq"], "loss") for o in info.values()
-                          if o["step"] == r["step"] and o["phase"] in ("backward", "optimizer")]
+                edges += [(r["seq"], o, "loss") for o in after_loss.get(r["step"], ())]
     out: dict[int, list] = defaultdict(list)
     for s, d, k in edges:
         if s in info and d in info:
