@@ -59,9 +59,14 @@ CREATE TABLE IF NOT EXISTS comparisons (
 """
 
 # timeline status codes, in order of severity: a bin shows the worst status it holds
-STATUS_CODES = ("empty", "identical", "benign", "gap", "diverged")
+# follows: differs only downstream of a difference a rule accepted; unobserved: not comparable
+STATUS_CODES = ("empty", "identical", "benign", "follows", "unobserved", "gap", "diverged")
 DEFAULT_BINS = 800  # bins of a timeline window when the browser does not say
-_CODE = {"identical": 1, "benign": 2, "only_a": 3, "only_b": 3, "diverged": 4}
+_CODE = {"identical": STATUS_CODES.index("identical"), "benign": STATUS_CODES.index("benign"),
+         "follows": STATUS_CODES.index("follows"), "unobserved": STATUS_CODES.index("unobserved"),
+         "only_a": STATUS_CODES.index("gap"), "only_b": STATUS_CODES.index("gap"),
+         "diverged": STATUS_CODES.index("diverged")}
+_DIVERGED = STATUS_CODES.index("diverged")
 _NAME_RE = re.compile(r"^[\w .,:+()@#-]{1,80}$")
 KEEP = object()  # rerun(): keep the comparison's rule set
 
@@ -244,7 +249,7 @@ class RankTimeline:
             worst = np.where(total > 0, len(STATUS_CODES) - 1 - np.argmax(counts[:, :, ::-1] > 0, axis=2), 0)
             for i, phase in enumerate(self.phases):
                 lanes_out.append({"side": side, "phase": phase, "status": worst[i].tolist(),
-                                  "n": total[i].tolist(), "diverged": counts[i, :, 4].tolist()})
+                                  "n": total[i].tolist(), "diverged": counts[i, :, _DIVERGED].tolist()})
         return {"start": start, "width": width, "count": bins, "lanes": lanes_out}
 
     def _raw(self, pos: np.ndarray) -> list[dict]:

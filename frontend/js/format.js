@@ -1,14 +1,18 @@
 // How values read on screen: statuses and their colours, sizes, durations, digests.
 
-// status code order matches the server's status_codes (worst last)
+// how each of the server's status_codes looks; their order (worst last) is the server's, sent
+// with every timeline window
 export const STATUS = {
   empty: { label: "none", color: "#f1f3f5" },
   identical: { label: "identical", color: "#b9dcc3" },
   benign: { label: "benign", color: "#8fb8e8" },
+  follows: { label: "follows an accepted difference", color: "#c3d5ea" },
+  unobserved: { label: "not observed (cannot certify)", color: "#bdbdbd" },
   gap: { label: "gap (one side only)", color: "#f2a65a" },
   diverged: { label: "diverged", color: "#d6453d" },
 };
-export const STATUS_OF_ROW = { identical: "identical", benign: "benign", only_a: "gap", only_b: "gap", diverged: "diverged" };
+export const UNKNOWN_STATUS = { label: "other", color: "#9aa5b1" };
+export const STATUS_OF_ROW = { identical: "identical", benign: "benign", follows: "follows", unobserved: "unobserved", only_a: "gap", only_b: "gap", diverged: "diverged" };
 export const PREFIX_FILL = "rgba(46, 160, 90, 0.10)";
 export const PIVOT_COLOR = "#7a1fa2";
 export const SELECT_COLOR = "#111827";
@@ -42,6 +46,13 @@ export function plotText(value) {
 
 // "benign (rule R)" for a difference a rule accepted, "benign" when the rule is not named
 export const benignLabel = (ruleId) => (ruleId ? `benign (rule ${ruleId})` : "benign");
+
+// an event row's status as words: rules named where a rule accepted (or explains) the difference
+export function rowStatus(e) {
+  if (e.status === "benign") return benignLabel(e.rule_id);
+  if (e.status === "follows") return e.rule_id ? `follows accepted difference (rule ${e.rule_id})` : "follows an accepted difference";
+  return e.status;
+}
 
 export const count = (n) => (n == null ? "" : Number(n).toLocaleString("en-US"));
 

@@ -5,9 +5,10 @@
 
 import { api, comparisonPath } from "./api.js";
 import { $, $$, EV, SEL, el, emit, fill, on, plotly, toast } from "./dom.js";
-import { benignLabel, count, duration, PIVOT_COLOR, plotText as esc, PREFIX_FILL, SELECT_COLOR, STATUS, STATUS_OF_ROW } from "./format.js";
+import { count, duration, PIVOT_COLOR, plotText as esc, PREFIX_FILL, rowStatus, SELECT_COLOR, STATUS, STATUS_OF_ROW, UNKNOWN_STATUS } from "./format.js";
 
-const CODES = ["empty", "identical", "benign", "gap", "diverged"];
+let CODES = Object.keys(STATUS); // replaced by the server's status_codes with every window
+const look = (code) => STATUS[code] || UNKNOWN_STATUS;
 const SPAN = 240; // events in a window opened around one event
 const BINS = 900;
 const LANE_GAP = 0.9; // blank space between A's and B's lanes, in lane heights
@@ -28,16 +29,26 @@ function colorscale() {
   CODES.forEach((code, i) => {
     const lo = i === 0 ? 0 : (i - 0.5) / (CODES.length - 1);
     const hi = i === CODES.length - 1 ? 1 : (i + 0.5) / (CODES.length - 1);
-    stops.push([lo, STATUS[code].color], [hi, STATUS[code].color]);
+    stops.push([lo, look(code).color], [hi, look(code).color]);
   });
   return stops;
 }
 
+function drawLegend() {
+  fill($(SEL.legend),
+    ...CODES.slice(1).map((code) => el("span", {}, el("i", { style: `background:${look(code).color}` }), look(code).label)),
+    el("span", {}, el("i", { style: `background:${PREFIX_FILL};border:1px solid #9fd0b1` }), "identical prefix"),
+    el("span", {}, el("i", { style: `background:${PIVOT_COLOR}` }), "pivot"));
+}
+
+function useCodes(codes) {
+  if (!Array.isArray(codes) || codes.join() === CODES.join()) return;
+  CODES = codes.map(String);
+  drawLegend();
+}
+
 export function init() {
-  const legend = $(SEL.legend);
-  for (const code of CODES.slice(1)) legend.append(el("span", {}, el("i", { style: `background:${STATUS[code].color}` }), STATUS[code].label));
-  legend.append(el("span", {}, el("i", { style: `background:${PREFIX_FILL};border:1px solid #9fd0b1` }), "identical prefix"));
-  legend.append(el("span", {}, el("i", { style: `background:${PIVOT_COLOR}` }), "pivot"));
+  drawLegend();
   $(SEL.rankSelect).addEventListener("change", (e) => setRank(Number(e.target.value)));
   for (const b of $$("button", $(SEL.axisToggle))) b.addEventListener("click", () => setAxis(b.dataset.axis));
   $(SEL.gotoPivot).addEventListener("click", () => gotoPivot());
@@ -140,6 +151,7 @@ async function refresh({ around = null, start = null, end = null, overviewToo = 
   }
   await plotly;
   if (token !== st.token || c !== st.c) return; // a newer request won
+  useCodes(detail.status_codes);
   st.data = inSeconds(detail);
   if (overview) st.overview = inSeconds(overview);
   drawDetail();
@@ -258,7 +270,7 @@ function eventTraces(d, geo) {
   const n = d.events.length;
   const size = Math.max(5, Math.min(14, Math.round(900 / Math.max(n, 1))));
   for (const e of d.events) {
-    const color = STATUS[STATUS_OF_ROW[e.status] || "identical"].color;
+    const color = look(STATUS_OF_ROW[e.status] || "identical").color;
     const x = { a: st.axis === "seq" ? e.pos + 0.5 : e.a_x, b: st.axis === "seq" ? e.pos + 0.5 : e.b_x };
     for (const side of ["a", "b"]) {
       const seq = side === "a" ? e.a_seq : e.b_seq;
@@ -267,7 +279,7 @@ function eventTraces(d, geo) {
       ys[side].push(geo.y[side][e.phase]);
       colors[side].push(color);
       custom[side].push([side, seq, e.pos]);
-      const status = e.status === "benign" ? benignLabel(e.rule_id) : e.status;
+      const status = rowStatus(e);
       hover[side].push(`<b>${side.toUpperCase()}</b> seq ${esc(seq)} · step ${esc(e.step)}<br>${esc(e.phase)} <b>${esc(e.boundary)}</b> (${esc(e.module_type)})<br>${esc(status)}${e.is_pivot ? " · <b>pivot</b>" : ""}${e.reordered ? " · reordered" : ""}`);
     }
     if (e.a_seq != null && e.b_seq != null && x.a != null && x.b != null) {
@@ -405,7 +417,7 @@ function drawOverview() {
     x = o.events.map((e) => (st.axis === "seq" ? e.pos + 0.5 : e.a_x ?? e.b_x));
     for (const side of ["a", "b"]) {
       z.push(o.events.map((e) => (e[`${side}_seq`] == null ? null : CODES.indexOf(STATUS_OF_ROW[e.status]))));
-      text.push(o.events.map((e) => `${side.toUpperCase()}: ${esc(e.phase)} ${esc(e.boundary)} (${esc(e.status)})`));
+      text.push(o.events.map((e) => `${side.toUpperCase()}: ${esc(e.phase)} ${esc(e.boundary)} (${esc(rowStatus(e))})`));
     }
   }
   const shapes = [{ type: "rect", x0: d.start, x1: d.end, y0: -0.5, y1: 1.5, line: { color: "#2f5fd0", width: 1.5 }, fillcolor: "rgba(47,95,208,0.08)" }];

@@ -93,6 +93,10 @@ def test_a_rule_moves_the_pivot_and_the_graph_follows(client, scenarios):
     assert (fd["boundary"], fd["step"]) == ("model.layers.2", 1)
     assert c2["summary"]["rules_fired"] == [{"id": "probe-debug-only", "count": 2}]
     assert c2["rule_set"] == {"id": rs["id"], "name": "probe is benign", "version": 1, "latest_version": 1}
+    probe_event = client.get(f"/api/comparisons/{c['id']}/events/0/a/1").json()  # the probe at step 0
+    assert probe_event["status"] == "benign"
+    output = next(t for t in probe_event["tensors_a"] if t["role"] == "output")
+    assert output["differs"] and output["ignored"] and output["rule_id"] == "probe-debug-only", output
     benign = client.get(f"/api/comparisons/{c['id']}/events", params={"status": "benign"}).json()
     assert [r["boundary"] for r in benign["rows"]] == ["model.probe", "model.probe"]
     graph = client.get(f"/api/comparisons/{c['id']}/graph").json()
@@ -120,9 +124,27 @@ def test_identical_runs(client, scenarios):
     assert client.get(f"/api/comparisons/{c['id']}/pivot").json()["first_divergence"] is None
 
 
-def test_gaps_on_two_ranks(client, scenarios):
+GAP_RULE = {"id": "no-probe", "action": "allow-gap", "match": {"boundary": "model.probe"}}
+
+
+def test_a_gap_no_rule_allows_is_a_structure_pivot(client, scenarios):
     c = compare(client, scenarios["gap_then_divergence"])
+    fd = c["summary"]["first_divergence"]
+    assert c["verdict"] == "diverged" and fd["cause"] == "structure" and fd["missing_side"] == "b"
+    assert (fd["boundary"], fd["step"], fd["a_seq"], fd["b_seq"]) == ("model.probe", 0, 1, None)
+    pivot = client.get(f"/api/comparisons/{c['id']}/pivot").json()
+    assert pivot["first_divergence"]["cause"] == "structure" and pivot["inconclusive"] is None
+    t = client.get(f"/api/comparisons/{c['id']}/timeline",
+                   params={"rank": fd["rank"], "around": c["pivot_position"]["pos"], "span": 10}).json()
+    gap = next(e for e in t["events"] if e["is_pivot"])
+    assert gap["status"] == "only_a" and gap["b_seq"] is None
+
+
+def test_gaps_on_two_ranks(client, scenarios):
+    rs = client.post("/api/rulesets", json={"name": "the probe may be missing", "rules": [GAP_RULE]}).json()
+    c = compare(client, scenarios["gap_then_divergence"], rule_set_id=rs["id"])
     assert c["ranks"] == [0, 1] and c["pivot_position"]["rank"] == 1
+    assert c["summary"]["first_divergence"]["cause"] == "digest"
     t = client.get(f"/api/comparisons/{c['id']}/timeline", params={"rank": 1, "start": 0, "end": 10}).json()
     gap = next(e for e in t["events"] if e["status"] == "only_a")
     assert gap["boundary"] == "model.probe" and gap["b_seq"] is None and gap["b_x"] is None
@@ -258,3 +280,22 @@ def test_huge_numbers_in_queries_are_answered(client, probe):
         assert_error(client.get(f"/api/comparisons/{cid}{path}"), 404, "NotFound")
     assert_error(client.get(f"/api/comparisons/{cid}/timeline", params={"rank": huge}), 404, "NotFound")
     assert client.get(f"/api/comparisons/{cid}/graph", params={"limit": huge}).status_code == 200
+
+
+def test_an_incomplete_run_gives_an_inconclusive_verdict_with_its_reasons(client, scenarios, tmp_path):
+    import json
+    import shutil
+    from pathlib import Path
+
+    killed = tmp_path / "killed"
+    shutil.copytree(scenarios["identical"][1], killed)
+    manifest = json.loads((killed / "manifest.json").read_text())
+    (killed / "manifest.json").write_text(json.dumps({**manifest, "status": "interrupted", "complete": False,
+                                                      "exit_status": None, "signal": "SIGKILL"}))
+    c = compare(client, (scenarios["identical"][0], str(Path(killed))))
+    assert c["verdict"] == "inconclusive" and c["pivot_position"] is None
+    reasons = c["summary"]["inconclusive"]["reasons"]
+    assert reasons and all(set(r) >= {"code", "message"} for r in reasons), reasons
+    pivot = client.get(f"/api/comparisons/{c['id']}/pivot").json()
+    assert pivot["verdict"] == "inconclusive" and pivot["first_divergence"] is None
+    assert [r["code"] for r in pivot["inconclusive"]["reasons"]] == [r["code"] for r in reasons]

@@ -14,6 +14,13 @@ from browser.pages import EV, SEL, click_point, pivot_boundary, wait_drawn
 pytestmark = pytest.mark.browser
 
 
+def _compare_with_rule(explorer, pair, name: str, rule: dict) -> dict:
+    """Upload a pair and compare it under a new rule set holding `rule`; the ready comparison."""
+    with httpx.Client(base_url=explorer.url, timeout=30) as client:
+        rs = client.post("/api/rulesets", json={"name": name, "rules": [rule]}).json()
+        return api_compare(client, pair, rule_set_id=rs["id"])
+
+
 def test_selectors_and_events_are_defined_once():
     assert SEL["pickA"] == "#pick-a" and SEL["timeline"] == "#timeline" and len(SEL) > 25
     assert EV["timelineDrawn"] == "bitguard:timeline-drawn"
@@ -94,9 +101,19 @@ def test_a_folder_that_is_not_a_run_shows_why(page, explorer, tmp_path):
     assert page.get_attribute(".picker[data-side=a]", "class").split() == ["picker", "error"]
 
 
-def test_ranks_time_axis_gaps_and_clicking_an_event(page, explorer, scenario_dirs):
+def test_a_gap_is_a_structure_pivot_naming_the_side_that_lacks_it(page, explorer, scenario_dirs):
     with httpx.Client(base_url=explorer.url, timeout=30) as client:
         c = api_compare(client, scenario_dirs["gap"])
+    page.goto(f"{explorer.url}/#/c/{c['id']}")
+    wait_drawn(page, 1)
+    assert pivot_boundary(page) == "model.probe"
+    assert "structure" in page.inner_text(SEL["pivotPanel"])
+    assert "Run A has this event and run B does not" in page.inner_text("#pivot-structure")
+
+
+def test_ranks_time_axis_gaps_and_clicking_an_event(page, explorer, scenario_dirs):
+    gap_rule = {"id": "no-probe", "action": "allow-gap", "match": {"boundary": "model.probe"}}
+    c = _compare_with_rule(explorer, scenario_dirs["gap"], "probe may be missing", gap_rule)
     page.goto(f"{explorer.url}/#/c/{c['id']}")
     wait_drawn(page, 1)
     # the pivot is on rank 1: the view opens there
@@ -170,3 +187,41 @@ def test_edit_delete_import_rules_and_the_pivot_follows(page, explorer, scenario
     page.click("#ruleset-save")
     page.wait_for_selector("#rules-error")
     assert "bad rule!" in page.inner_text("#rules-error") and "id" in page.inner_text("#rules-error")
+
+
+def test_a_difference_a_rule_accepted_reads_benign_with_its_rule(page, explorer, scenario_dirs):
+    rule = {"id": "probe-debug", "action": "ignore", "match": {"boundary": "model.probe"}}
+    c = _compare_with_rule(explorer, scenario_dirs["probe"], "probe accepted", rule)
+    page.goto(f"{explorer.url}/#/c/{c['id']}")
+    wait_drawn(page, 1)
+    index = page.evaluate("""(sel) => document.querySelector(sel).data.find((t) => t.name === "run A")
+                             .customdata.findIndex((d) => d[1] === 1)""", SEL["timeline"])
+    assert index >= 0
+    side, seq, _ = click_point(page, "run A", index)
+    assert (side, seq) == ("a", 1)
+    page.wait_for_selector(f"{SEL['detailPanel']}[data-boundary='model.probe'] .digests")
+    rows = page.eval_on_selector_all(f"{SEL['detailPanel']} .digests tbody tr", "rs => rs.map((r) => r.innerText)")
+    output = next(r for r in rows if r.startswith("output"))
+    assert "benign (rule probe-debug)" in output and "differs" not in output, rows
+
+
+def test_an_inconclusive_verdict_has_its_own_banner_with_the_reasons(page, explorer, scenario_dirs, tmp_path):
+    import json
+    import shutil
+
+    ref, suspect = scenario_dirs["probe"]
+    killed = tmp_path / "killed"
+    shutil.copytree(ref, killed)  # the reference itself, its recording killed: nothing differs, nothing certified
+    manifest = json.loads((killed / "manifest.json").read_text())
+    (killed / "manifest.json").write_text(json.dumps({**manifest, "status": "interrupted", "exit_status": None}))
+    with httpx.Client(base_url=explorer.url, timeout=30) as client:
+        c = api_compare(client, (ref, str(killed)))
+    assert c["verdict"] == "inconclusive"
+    page.goto(f"{explorer.url}/#/c/{c['id']}")
+    wait_drawn(page, 1)
+    banner = page.inner_text(SEL["banner"])
+    assert banner.startswith("Inconclusive") and "identical" in banner and "cannot be certified" in banner, banner
+    for reason in c["summary"]["inconclusive"]["reasons"]:
+        assert reason["message"] in banner
+    assert page.inner_text("#verdict") == "inconclusive"
+    assert page.inner_text(f"{SEL['pivotPanel']} h2") == "Inconclusive"
