@@ -216,7 +216,7 @@ def _follows_accepted(pairs: pl.DataFrame, diffs: pl.DataFrame, ea: pl.DataFrame
     order = dict(zip(pairs["a_seq"].to_list(), pairs["a_pos"].to_list()))
     reached = propagation.reachable(out, sorted(rule_of, key=lambda seq: order.get(seq, 0)))
     benign_seqs = set(benign["a_seq"].to_list())
-    follows = {seq: rule_of[src] for seq, src in reached.items() if seq not in benign_seqs}
+    follows = {seq: rule_of[src] for seq, src in reached.items() if seq >= 0 and seq not in benign_seqs}
     if not follows:
         return pairs
     hit = pl.DataFrame({"a_seq": list(follows), "_src_rule": list(follows.values())},
@@ -333,6 +333,7 @@ class Comparison:
         self.manifest_diffs = manifest_differences(run_a.manifest, run_b.manifest)
         self.reasons = list(reasons or [])  # whole-run reasons; the ranks add theirs (certification.py)
         self._result: CompareResult | None = None
+        self._reasons: list[dict] | None = None
 
     @property
     def verdict(self) -> str:
@@ -345,6 +346,12 @@ class Comparison:
         return EXIT_STATUS[self.verdict]
 
     def certification_reasons(self) -> list[dict]:
+        """Everything that stops part of the comparison from being certified (result.py `Reason`s)."""
+        if self._reasons is None:
+            self._reasons = self._collect_reasons()
+        return self._reasons
+
+    def _collect_reasons(self) -> list[dict]:
         out = list(self.reasons)
         for rc in self.ranks.values():
             out += rc.reasons

@@ -62,8 +62,9 @@ def graph(events: pl.DataFrame, tensors: pl.DataFrame, divergent: set[int],
           loss: bool = False) -> tuple[dict, dict[int, list]]:
     """The divergent events' fields by seq, and the edges between them: seq -> [(seq, kind)].
     `loss` adds what no tensor identity shows but every step obeys: the root module's forward
-    (it returns the loss) feeds every backward and optimizer event of its step. Too coarse to
-    draw, it is what "follows from an accepted difference" must assume."""
+    (it returns the loss) feeds every backward and optimizer event of its step, and an optimizer
+    step feeds the next step's first divergent forward (and, through it, the rest). Too coarse
+    to draw, it is what "follows from an accepted difference" must assume."""
     ev = events.filter(pl.col("seq").is_in(list(divergent)))
     tens = tensors.filter(pl.col("seq").is_in(list(divergent)))
     info = {r["seq"]: r for r in ev.select("seq", "step", "phase", "kind", "boundary", "module_type", "depth",
@@ -130,6 +131,20 @@ def graph(events: pl.DataFrame, tensors: pl.DataFrame, divergent: set[int],
     for s, d, k in edges:
         if s in info and d in info:
             out[s].append((d, k))
+    if loss:
+        # updated weights feed every later forward, whichever parameters the hooks saw change:
+        # one node per step (a negative id, never an event's seq) keeps this linear in the events
+        forwards: dict[int, list[int]] = defaultdict(list)
+        for r in fwd:
+            forwards[r["step"]].append(r["seq"])
+        steps = sorted(forwards)
+        for r in info.values():
+            if r["phase"] == "optimizer":
+                later = [st for st in steps if st > r["step"]]
+                if later:
+                    out[r["seq"]].append((-1 - later[0], "loss"))
+        for st in steps:
+            out[-1 - st] = [(f, "loss") for f in forwards[st]]
     return info, out
 
 
