@@ -19,6 +19,7 @@ step their events cannot be trusted complete, and why). Nothing here compares ru
 
 from __future__ import annotations
 
+import os
 import re
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -100,8 +101,12 @@ def _in_use(path: Path) -> CorruptRun:
                       f"wait for it to finish or stop it, then compare again")
 
 
-def _first_line(exc: BaseException) -> str:
-    return (str(exc).splitlines() or [type(exc).__name__])[0][:300]
+def _first_line(exc: BaseException, path: Path) -> str:
+    """DuckDB's first line, naming `path` as the user gave it (DuckDB writes the absolute path)."""
+    text = (str(exc).splitlines() or [type(exc).__name__])[0][:300]
+    for spelled in {os.path.realpath(path), os.path.abspath(path)}:
+        text = text.replace(spelled, str(path))
+    return text
 
 
 @contextmanager
@@ -113,7 +118,7 @@ def _reading(path: Path):
     except duckdb.Error as exc:
         if db.is_lock_error(exc) or "different configuration" in str(exc):
             raise _in_use(path) from None
-        raise CorruptRun(f"{path} is corrupt or truncated ({_first_line(exc)}); was the run killed while writing, "
+        raise CorruptRun(f"{path} is corrupt or truncated ({_first_line(exc, path)}); was the run killed while writing, "
                          f"or the file damaged in a copy? Re-record it or copy it again") from None
 
 
@@ -195,8 +200,8 @@ def _meta(con: duckdb.DuckDBPyConnection, path: Path) -> dict:
     try:
         manifest_model.RankMeta.model_validate(meta)
     except ValidationError as exc:
-        raise CorruptRun(f"{path}: {manifest_model.problem(manifest_model.RankMeta, exc, 'meta')}; the rank file is "
-                         f"damaged: re-record the run") from None
+        raise CorruptRun(f"{path}: {manifest_model.problem(manifest_model.RankMeta, exc, meta, 'meta')}; the rank "
+                         f"file is damaged: re-record the run") from None
     return meta
 
 

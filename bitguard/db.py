@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 import tempfile
+import threading
 
 import duckdb
 
@@ -31,6 +32,7 @@ _SQLITE = b"SQLite format 3\x00"
 # DuckDB's words when another process holds the file's lock (DuckDB 1.x and 2.x):
 # 'IO Error: Could not set lock on file "...": Conflicting lock is held in ... (PID n)'
 _LOCK_MESSAGES = ("Could not set lock on file", "Conflicting lock is held")
+_OPENING = threading.Lock()  # connections of one process to one file share a database: lock it down once
 
 
 def connect(path: str | os.PathLike, read_only: bool = False, config: dict | None = None) -> duckdb.DuckDBPyConnection:
@@ -42,7 +44,11 @@ def connect(path: str | os.PathLike, read_only: bool = False, config: dict | Non
     if read_only:
         settings.setdefault("temp_directory", os.path.join(tempfile.gettempdir(), "bitguard-duckdb"))
     settings.update(SAFE_CONFIG)
-    con = duckdb.connect(os.fspath(path), read_only=read_only, config=settings)
+    with _OPENING:
+        return _locked_down(duckdb.connect(os.fspath(path), read_only=read_only, config=settings), path)
+
+
+def _locked_down(con: duckdb.DuckDBPyConnection, path) -> duckdb.DuckDBPyConnection:
     try:
         locked, external = con.execute("SELECT current_setting('lock_configuration'), "
                                        "current_setting('enable_external_access')").fetchall()[0]

@@ -117,14 +117,14 @@ def _shown(value: Any) -> str:
     return text if len(text) <= 40 else f"{text[:32]}... ({len(text):,} characters)"
 
 
-def problem(model: type[BaseModel], exc: ValidationError, label: str = "field") -> str:
-    """'field 'world_size' must be an integer between 1 and 65536 (got "abc")' for the first error."""
+def problem(model: type[BaseModel], exc: ValidationError, data: dict, label: str = "field") -> str:
+    """'field 'world_size' must be an integer between 1 and 65536 (got "abc")' for the first error,
+    naming the top-level field and its whole value (a nested error's position means little to a user)."""
     error = exc.errors(include_url=False)[0]
-    loc = [str(p) for p in error["loc"]]
-    info = model.model_fields.get(loc[0]) if loc else None
+    name = str(error["loc"][0]) if error["loc"] else "?"
+    info = model.model_fields.get(name)
     expected = info.description if info is not None and info.description else error["msg"]
-    name = ".".join(loc[:1] + [f"[{p}]" if p.isdigit() else p for p in loc[1:]]).replace(".[", "[")
-    got = "missing" if error["type"] == "missing" else f"got {_shown(error.get('input'))}"
+    got = f"got {_shown(data[name])}" if isinstance(data, dict) and name in data else "missing"
     return f"{label} {name!r} must be {expected} ({got})"
 
 
@@ -133,7 +133,7 @@ def validate(data: dict, where: str | os.PathLike) -> Manifest:
     try:
         return Manifest.model_validate(data)
     except ValidationError as exc:
-        raise CorruptRun(f"{where}: {problem(Manifest, exc)}; re-record the run or fix the file") from None
+        raise CorruptRun(f"{where}: {problem(Manifest, exc, data)}; re-record the run or fix the file") from None
 
 
 def load(directory: str | os.PathLike) -> dict:
@@ -245,5 +245,5 @@ def new(command: list[str], mode: str, world_size: int, determinism: dict, steps
     try:
         Manifest.model_validate(as_written)
     except ValidationError as exc:
-        raise ValueError(f"bitguard built an invalid manifest: {problem(Manifest, exc)}") from None
+        raise ValueError(f"bitguard built an invalid manifest: {problem(Manifest, exc, as_written)}") from None
     return as_written
