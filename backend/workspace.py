@@ -331,10 +331,12 @@ class Result:
 # -- the workspace ------------------------------------------------------------------------------
 
 def _connect(path: Path) -> duckdb.DuckDBPyConnection:
-    """The catalogue's connection: never fetches or loads a DuckDB extension (no network, no surprise).
-    Every query below passes user strings as parameters; none is formatted into SQL."""
-    return duckdb.connect(str(path), config={"autoinstall_known_extensions": False,
-                                             "autoload_known_extensions": False})
+    """The catalogue's connection, bitguard's one safe kind (bitguard.db: no extension fetched or
+    loaded, no file access from SQL). Every query below passes user strings as parameters; none is
+    formatted into SQL."""
+    from bitguard.db import connect
+
+    return connect(path)
 
 
 class Workspace:

@@ -208,3 +208,16 @@ def test_a_failed_comparison_names_the_runs_not_workspace_folders(client, server
     message = c["error"]["message"]
     assert "suspect" in message, message
     _no_server_path(message, server)
+
+
+def test_the_catalogue_connection_loads_no_extension(tmp_path):
+    from bitguard.backend.workspace import Workspace
+
+    ws = Workspace(tmp_path / "ws")
+    try:
+        row = ws._query("SELECT current_setting('autoinstall_known_extensions') AS install, "
+                        "current_setting('autoload_known_extensions') AS load, "
+                        "current_setting('enable_external_access') AS external")[0]
+    finally:
+        ws.close()
+    assert row == {"install": False, "load": False, "external": False}
