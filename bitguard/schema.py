@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-SCHEMA_VERSION = 1  # bump on any change to a table below; readers refuse newer versions
+SCHEMA_VERSION = 2  # bump on any change to a table below; readers refuse newer versions
+# 2: tensors.unobserved (version 1 files have no such column: read as NULL, every tensor digested)
 DIGEST = "xor64+pos-fmix64"  # names the digest definition (docs/DIGESTS.md); runs compare only under the same one
 MANIFEST_NAME = "manifest.json"
 RANK_FILE = "rank-{rank}.duckdb"
@@ -73,14 +74,18 @@ TENSORS = Table(
         Column("role", "VARCHAR", "input | output | grad_input | grad_output | grad | param | state | rng (an RNG state: in data events, and as an input of a call that drew random numbers)"),
         Column("idx", "INTEGER", "position among the event's tensors of this role (pytree flatten order)"),
         Column("path", "VARCHAR", "pytree key path inside the argument or output, e.g. [0] or .logits or ['mask']"),
-        Column("shape", "BIGINT[]", "tensor shape"),
+        Column("shape", "BIGINT[]", "tensor shape (-1 for a dimension without one size: a nested tensor's ragged one)"),
         Column("dtype", "VARCHAR", "torch dtype without the torch. prefix"),
-        Column("strides", "BIGINT[]", "strides in elements as recorded (the digest reads logical row-major order)"),
-        Column("nbytes", "BIGINT", "number of bytes digested"),
+        Column("strides", "BIGINT[]", "strides in elements as recorded (the digest reads logical row-major order); "
+               "empty for a sparse COO tensor, whose digest reads its coalesced indices (int64) then its values"),
+        Column("nbytes", "BIGINT", "number of bytes digested (a DTensor: its local shard's)"),
         Column("xor", "UBIGINT", "XOR of the 64-bit little-endian words of the bytes (zero-padded tail)"),
         Column("pos", "UBIGINT", "order-sensitive digest: sum of fmix64(w_i)*(2i+1) mod 2^64 (see docs/DIGESTS.md)"),
         Column("tid", "BIGINT", "tensor identity within the rank: the same tensor object keeps its id, linking producer and consumer events"),
         Column("storage", "BIGINT", "address of the tensor's storage (0 when unknown): links views of one buffer"),
+        Column("unobserved", "VARCHAR", "NULL when the tensor was digested; otherwise why it could not be observed "
+               "(nested or compressed-sparse layout, a tensor subclass that does not hold its values, the meta device, "
+               "a digest that failed, a container that could not be flattened): its xor/pos are 0 and mean nothing"),
     ),
 )
 

@@ -17,6 +17,10 @@ post-accumulate hook. Consequences:
   `.grad` after accumulation; the same digest when `.grad` was empty), so an accumulation fault
   is told apart from a wrong gradient.
 
+A tensor that cannot be digested exactly (nested, compressed sparse, a subclass that does not
+hold its values, meta, a digest that raises) and a container that cannot be flattened still get
+their row, marked `unobserved` with the reason (observation.py): an event is never dropped.
+
 Nothing here knows how rows are stored (see store.py) or compared (backend/).
 """
 
@@ -28,6 +32,7 @@ import threading
 import time
 import weakref
 from collections import OrderedDict
+from collections.abc import Mapping
 from dataclasses import fields, is_dataclass
 from functools import partial
 
@@ -35,8 +40,11 @@ import torch
 from torch.utils import _pytree as pytree
 
 from bitguard.collectors.callstack import StackTable
+from bitguard.collectors.observation import NO_DIGEST, dims, observe
 from bitguard.collectors.store import MAX_REPORTED_ERRORS
 from bitguard.cuda.fingerprint import digest_async, digest_many
+from bitguard.cuda.tensor_bytes import tensor_bytes
+from bitguard.errors import NotSupported
 
 # Trusted mode observes only these module types (and gradients, optimizer steps, data).
 HEAVY_MODULES = re.compile(r"Linear|Embedding|Norm|Attention|Attn|MoE|Router|Expert|Conv", re.IGNORECASE)
@@ -77,8 +85,29 @@ class _Backward:
         self.done = False
 
 
+class _NotFlattened(list):
+    """What `_flatten` gives for a container with a part it could not flatten: the (path, tensor)
+    pairs it could read, and the path of the first part it could not and why (`_rows` adds one
+    unobserved row for that part, so the event is still recorded, and says what it lacks)."""
+
+    __slots__ = ("path", "reason")
+
+    def __init__(self, pairs: list, path: str, reason: str):
+        super().__init__(pairs)
+        self.path = path
+        self.reason = reason
+
+
+def _joined(parts: list[list]) -> list[tuple[str, torch.Tensor]]:
+    """The pairs of several `_flatten` results, a `_NotFlattened` if one of them was."""
+    out = [pair for part in parts for pair in part]
+    failed = next((part for part in parts if type(part) is _NotFlattened), None)
+    return out if failed is None else _NotFlattened(out, failed.path, failed.reason)
+
+
 def _flatten(obj, prefix: str = "") -> list[tuple[str, torch.Tensor]]:
-    """(path, tensor) for every tensor in a nested container, dataclasses included."""
+    """(path, tensor) for every tensor in a nested container, dataclasses included (a
+    `_NotFlattened` when a part of it cannot be flattened)."""
     if isinstance(obj, torch.Tensor):  # the common cases, without pytree's cost
         return [(prefix, obj)]
     if type(obj) is tuple:
@@ -89,16 +118,38 @@ def _flatten(obj, prefix: str = "") -> list[tuple[str, torch.Tensor]]:
             out.append((f"{prefix}[{i}]", x))
         else:
             return out
-    out = []
-    leaves, _ = pytree.tree_flatten_with_path(obj)
+    try:
+        leaves, _ = pytree.tree_flatten_with_path(obj)
+    except Exception:  # noqa: BLE001 - a node registered without key paths, or one that fails
+        return _flatten_without_keys(obj, prefix)
+    parts = []
     for path, leaf in leaves:
         key = prefix + pytree.keystr(path)
         if isinstance(leaf, torch.Tensor):
-            out.append((key, leaf))
+            parts.append([(key, leaf)])
         elif is_dataclass(leaf) and not isinstance(leaf, type):
-            for f in fields(leaf):
-                out += _flatten(getattr(leaf, f.name), f"{key}.{f.name}")
-    return out
+            parts += [_flatten(getattr(leaf, f.name), f"{key}.{f.name}") for f in fields(leaf)]
+    return _joined(parts)
+
+
+def _flatten_without_keys(obj, prefix: str) -> list[tuple[str, torch.Tensor]]:
+    """`_flatten` of a tree holding a node registered with pytree without key paths (transformers'
+    ModelOutput: `register_pytree_node` without `flatten_with_keys_fn`), on which
+    `tree_flatten_with_path` raises. Mappings, lists and tuples are walked by their own keys and
+    positions, down to the subtrees that have key paths; a node that is none of those is
+    flattened by position, its tensors named `<leaf i>`. A part that cannot be flattened at all
+    makes the result a `_NotFlattened`."""
+    try:
+        if isinstance(obj, Mapping):
+            items = [(f"[{k!r}]", v) for k, v in obj.items()]
+        elif isinstance(obj, (list, tuple)):
+            items = [(f"[{i}]", v) for i, v in enumerate(obj)]
+        else:
+            leaves = pytree.tree_flatten(obj)[0]
+            return [(f"{prefix}<leaf {i}>", x) for i, x in enumerate(leaves) if isinstance(x, torch.Tensor)]
+        return _joined([_flatten(value, prefix + path) for path, value in items])
+    except Exception as exc:  # noqa: BLE001 - the event is recorded without these tensors, and says so
+        return _NotFlattened([], prefix, f"could not flatten {type(obj).__name__}: {type(exc).__name__}: {exc}")
 
 
 # torch modules whose forward never draws random numbers (dropout-like modules are not here).
@@ -110,6 +161,8 @@ _RNG_FREE_FORWARDS = {getattr(torch.nn, name).forward for name in (
     "LeakyReLU", "ELU", "Mish", "Hardswish", "Softplus") if hasattr(torch.nn, name)}
 _DTYPE_NAMES: dict[torch.dtype, str] = {}
 _HOOK_KEY = ("bitguard", "gradient")  # our entry in a tensor's hook dict (torch's own keys are ints)
+_PLAIN = (torch.Tensor, torch.nn.Parameter)  # the tensor types `_row` digests itself (if dense strided)
+_STRIDED = torch.strided
 
 
 def _dtype_name(dtype: torch.dtype) -> str:
@@ -121,15 +174,25 @@ def _add_grad_hook(t: torch.Tensor, hook) -> None:
     """`t.register_hook(hook)`, without the handle (these hooks are never removed: the tensor goes
     first). For a plain tensor, what register_hook does is done here directly: its hook dict, and
     that dict registered with the node that produced the tensor. That is a third of its cost, and
-    this runs for every watched tensor of every step. Other tensor types take the public way."""
+    this runs for every watched tensor of every step. Other tensor types take the public way.
+
+    `t.grad_fn` is read first, before the hook dict exists, in both ways. A view written in place
+    outside autograd (`out[0, 0, 0] += 1` under no_grad on F.linear's 3-D output, a view) has a
+    stale node that torch regenerates (AsStridedBackward0) the first time `grad_fn` is read, and
+    the regenerated node takes over the tensor's hook dict. Read after the dict was set (as
+    `Tensor.register_hook` itself does), the node then holds the dict twice, once from the
+    regeneration and once from `_register_hook_dict`, and the backward pass dies in
+    PyFunctionTensorPreHook (SIGSEGV, issue 12). Read first, the regeneration is over before there
+    is a dict to carry. tests/record/test_patterns.py holds both ways to the pattern corpus."""
+    grad_fn = t.grad_fn  # first: see above
     if type(t) is not torch.Tensor:
         t.register_hook(hook)
         return
     hooks = t._backward_hooks
     if hooks is None:
         hooks = t._backward_hooks = OrderedDict()
-        if t.grad_fn is not None:
-            t.grad_fn._register_hook_dict(t)
+        if grad_fn is not None:
+            grad_fn._register_hook_dict(t)
     hooks[_HOOK_KEY] = hook
 
 
@@ -144,9 +207,9 @@ class Collector:
     # caches cold.
     __slots__ = ("digest_cache", "dump", "enabled", "errors", "mode", "rank", "step", "steps", "store",
                  "world_size", "_accumulating", "_advance", "_call_impl", "_calls", "_calls_step", "_forward_codes",
-                 "_grad_watch", "_handles", "_heavy", "_local", "_lock", "_names", "_next_tid", "_param_in",
-                 "_params", "_pass_stack", "_pending", "_queued", "_rng_free", "_root_names", "_seq", "_stacks",
-                 "_thread_names", "_tids", "_tids_limit", "_wrapper")
+                 "_grad_watch", "_handles", "_heavy", "_local", "_lock", "_names", "_next_param_tid", "_next_tid",
+                 "_param_in", "_params", "_pass_stack", "_pending", "_queued", "_rng_free", "_root_names", "_seq",
+                 "_stacks", "_thread_names", "_tids", "_tids_limit", "_wrapper")
 
     def __init__(self, store, mode: str = "full", steps: tuple[int, int | None] | None = None,
                  rank: int = 0, world_size: int = 1, dump: bool = False, digest_cache: bool = True):
@@ -175,6 +238,7 @@ class Collector:
         self._tids_limit = 4096
         self._grad_watch: dict[int, tuple] = {}  # id -> (weakref, listeners of its gradient)
         self._next_tid = 1
+        self._next_param_tid = 0  # the last parameter's tid (they count down from -1)
         self._local = threading.local()
         self._pending: list[_Backward] = []
         self._handles: list = []
@@ -288,22 +352,53 @@ class Collector:
                 storage -= offset * t.element_size()
         except Exception:  # noqa: BLE001 - tensors without storage (meta, some subclasses)
             storage = 0
+        dtype = _DTYPE_NAMES.get(t.dtype) or _dtype_name(t.dtype)
+        if type(t) not in _PLAIN or t.layout is not _STRIDED or t.is_nested:
+            return self._other_row(t, role, idx, path, dtype, tid, storage)
+        unobserved = None  # the row's last column: why the tensor could not be digested
         if digest is None:
-            digest = digest_async(t)
-        if version is not None and entry[2] != version:
+            try:
+                digest = digest_async(t)
+            except Exception as exc:  # noqa: BLE001 - a tensor that cannot be read is marked, never dropped
+                digest, unobserved = NO_DIGEST, self._unreadable(exc)
+        if version is not None and entry[2] != version and unobserved is None:
             entry[2], entry[3] = version, digest
         xor, pos = digest if type(digest) is tuple else (digest, digest)
-        dtype = _DTYPE_NAMES.get(t.dtype) or _dtype_name(t.dtype)
         # shape and strides as torch gives them (tuples): no copies, fewer objects for the cyclic GC
-        row = [0, role, idx, path, t.shape, dtype, t.stride(), t.nbytes, xor, pos, tid, storage]
-        if self.dump:  # the bytes ride along as a 13th item until _emit moves them to the dumps table
-            d = t.detach()
-            row.append(d.contiguous().reshape(-1).view(torch.uint8).cpu().numpy().tobytes() if d.numel() else b"")
+        row = [0, role, idx, path, t.shape, dtype, t.stride(), t.nbytes, xor, pos, tid, storage, unobserved]
+        if self.dump:  # the bytes ride along as a 14th item until _drain moves them to the dumps table
+            row.append(tensor_bytes(t).cpu().numpy().tobytes() if t.numel() and unobserved is None else b"")
         return row
 
+    def _other_row(self, t: torch.Tensor, role: str, idx: int, path: str, dtype: str, tid: int, storage: int) -> list:
+        """The row of a tensor that is not plain dense (sparse, nested, a subclass: observation.py),
+        digested when it can be read exactly, otherwise marked unobserved with the reason."""
+        try:
+            shape, strides, nbytes, digest, unobserved, values = observe(t)
+        except Exception as exc:  # noqa: BLE001 - marked, never dropped
+            shape, strides, nbytes, digest, unobserved, values = dims(t), [], 0, NO_DIGEST, self._unreadable(exc), None
+        xor, pos = digest if type(digest) is tuple else (digest, digest)
+        row = [0, role, idx, path, shape, dtype, strides, nbytes, xor, pos, tid, storage, unobserved]
+        if self.dump:
+            row.append(tensor_bytes(values).cpu().numpy().tobytes() if values is not None and values.numel() else b"")
+        return row
+
+    def _unreadable(self, exc: BaseException) -> str:
+        """The `unobserved` reason for a tensor whose digest raised. A tensor the digest refuses by
+        design (NotSupported: meta, quantized) is only marked; any other failure is also a collector
+        error (reported in the manifest), since it may be one of ours."""
+        if not isinstance(exc, NotSupported):
+            self._fail("digest", exc)
+        return f"{type(exc).__name__}: {exc}"
+
     def _rows(self, flat: list[tuple[str, torch.Tensor]], role: str, start: int = 0) -> list[list]:
-        """Rows of `_flatten`'s (path, tensor) pairs, the dense ones."""
-        return [self._row(t, role, start + i, path) for i, (path, t) in enumerate(flat) if t.layout == torch.strided]
+        """Rows of `_flatten`'s (path, tensor) pairs; one unobserved row for a container that could
+        not be flattened."""
+        rows = [self._row(t, role, start + i, path) for i, (path, t) in enumerate(flat)]
+        if type(flat) is _NotFlattened:
+            rows.append([0, role, start + len(rows), flat.path, [], "", [], 0, *NO_DIGEST, 0, 0, flat.reason]
+                        + ([b""] if self.dump else []))
+        return rows
 
     def _emit(self, phase: str, kind: str, name: str, module_type: str, depth: int, t0: int,
               rows: list[list], stack: int | tuple | None = None) -> None:
@@ -360,7 +455,7 @@ class Collector:
 
     def _rng_row(self, state: torch.Tensor, digest, path: str, idx: int) -> list:
         """A row for an RNG state: role `rng`, no tensor identity (the model never sees it)."""
-        row = [0, "rng", idx, path, [state.numel()], "uint8", [1], state.numel(), digest[0], digest[1], 0, 0]
+        row = [0, "rng", idx, path, [state.numel()], "uint8", [1], state.numel(), digest[0], digest[1], 0, 0, None]
         if self.dump:
             row.append(state.numpy().tobytes())
         return row
@@ -381,15 +476,22 @@ class Collector:
             n += 1
             name = f"{base}#{n}"
         self._root_names.add(name)
+        # An id already known may be a dead module's or parameter's, reused by a new one (a model
+        # built after an earlier one was freed): that entry is replaced, or the new parameter would
+        # go without a name and without gradient hooks.
         for sub_name, sub in module.named_modules():
-            if id(sub) not in self._names:
+            entry = self._names.get(id(sub))
+            if entry is None or entry[0]() is not sub:
                 self._names[id(sub)] = (weakref.ref(sub), sub_name or name)
         for p_name, p in module.named_parameters():
-            if id(p) in self._params or not p.requires_grad:
+            entry = self._params.get(id(p))
+            if (entry is not None and entry[0]() is p) or not p.requires_grad:
                 continue
             owner = module.get_submodule(p_name.rpartition(".")[0]) if "." in p_name else module
-            tid = -1 - len(self._params)  # parameters get negative ids, stable across steps
-            self._params[id(p)] = (weakref.ref(p), p_name, type(owner).__name__, tid)
+            self._next_param_tid -= 1  # parameters get negative ids, stable across steps
+            self._params[id(p)] = (weakref.ref(p), p_name, type(owner).__name__, self._next_param_tid)
+            self._accumulating.discard(id(p))
+            self._param_in.pop(id(p), None)
             self._handles.append(p.register_hook(partial(self._guarded, self._on_param_grad, id(p))))
         return name
 
@@ -645,7 +747,11 @@ class Collector:
                         tensors += [("state", i, f"['{k}']", v) for i, (k, v) in enumerate(
                             (k, v) for k, v in state.items() if isinstance(v, torch.Tensor))]
                     steps.append((p, tensors))
-            digests = iter(digest_many([t for _, tensors in steps for *_, t in tensors]))
+            flat = [t for _, tensors in steps for *_, t in tensors]
+            try:
+                digests = iter(digest_many(flat))
+            except Exception:  # noqa: BLE001 - one tensor it cannot read: each row digests its own, or says why not
+                digests = iter([None] * len(flat))
             for p, tensors in steps:
                 t0 = time.time_ns()
                 entry = self._params.get(id(p))

@@ -8,14 +8,16 @@ docs/DIGESTS.md; `bitguard.cuda.reference` is its plain NumPy transcription.
 
 Host tensors of 128 KiB or more are digested on torch's own OpenMP team (`openmp_team`), the
 others on the calling thread. Tensors on other devices (mps, xpu, ...) are copied to the host
-first. This module holds two pieces of state: the process's `CudaDigester`, created on the first
-CUDA tensor, and what it found of torch's OpenMP runtime, looked up on the first big host tensor.
+first. A DTensor is digested as its local shard (`local_values`). This module holds two pieces
+of state: the process's `CudaDigester`, created on the first CUDA tensor, and what it found of
+torch's OpenMP runtime, looked up on the first big host tensor.
 """
 
 from __future__ import annotations
 
 import ctypes
 import os
+import sys
 import threading
 from typing import TYPE_CHECKING, Union
 
@@ -121,8 +123,21 @@ def digest_many(tensors: list[torch.Tensor]) -> list[Union[Digest, "Pending"]]:
     return answers
 
 
+def local_values(t: torch.Tensor) -> torch.Tensor:
+    """The tensor whose bytes are `t`'s values in this process: a DTensor's local shard (the rank's
+    own part; the DTensor itself holds no data), `t` itself otherwise."""
+    dtensor = sys.modules.get("torch.distributed.tensor")  # loaded wherever a DTensor exists
+    if dtensor is not None and isinstance(t, dtensor.DTensor):
+        with torch.no_grad():
+            return t.to_local()
+    return t
+
+
 def digest_async(t: torch.Tensor) -> Union[Digest, "Pending"]:
-    """(xor, pos) of a host tensor, or a `Pending` for a CUDA tensor; never synchronises CUDA."""
+    """(xor, pos) of a host tensor, or a `Pending` for a CUDA tensor; never synchronises CUDA.
+    A DTensor is digested as its local shard."""
+    if type(t) not in _PLAIN:
+        t = local_values(t)
     if t.is_cuda:
         return cuda_digester().submit(t)
     if _plain_host(t):

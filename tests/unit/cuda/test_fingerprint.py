@@ -77,6 +77,25 @@ def test_parameters_and_subclasses(same_digest):
         same_digest(digest(t), digest_tensor_reference(x), type(t).__name__)
 
 
+def test_a_dtensor_is_digested_as_its_local_shard(same_digest):
+    """A DTensor holds no data of its own (it refused `.numpy()`): its local shard is digested, as a
+    parameter (FSDP2 holds them so) too. One rank on gloo: the shard is rank 0's rows."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Shard, distribute_tensor
+
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        x = random_tensor((4, 9), torch.float32).nan_to_num()
+        d = distribute_tensor(x, init_device_mesh("cpu", (1,)), [Shard(0)])
+        for t in (d, torch.nn.Parameter(d)):
+            assert fingerprint.local_values(t) is not t
+            same_digest(digest(t), digest_tensor_reference(t.to_local()), type(t).__name__)
+            same_digest(digest_many([t])[0], digest_tensor_reference(x), f"{type(t).__name__} in digest_many")
+    finally:
+        dist.destroy_process_group()
+
+
 def test_tensor_and_autograd_state_unchanged():
     x = torch.randn(16, 16, requires_grad=True)
     y = (x * 3).t()

@@ -1,0 +1,61 @@
+"""What a tensor row holds for a tensor that is not a plain dense one.
+
+`Collector._row` digests dense strided tensors (torch.Tensor, nn.Parameter) itself; every other
+tensor comes here and gets a row either way, never dropped and never raised into the training:
+- sparse COO: the digest of its coalesced form, the bytes of its indices (int64, row-major) then
+  of its values; no strides. Coalescing works on a detached copy (none when it is coalesced
+  already): duplicate entries are summed there, as `to_dense()` would, and the tensor the
+  training holds is not touched.
+- a DTensor: its local shard (`cuda/fingerprint.local_values`); the shape stays the global one,
+  `nbytes` is the shard's.
+- a subclass that keeps its values in its own storage (one with `__torch_function__` only): its
+  bytes, as for a plain tensor.
+- what cannot be read exactly gets digest (0, 0) and the reason, for the row's `unobserved`
+  column: nested tensors (strided or jagged), compressed sparse layouts (CSR, CSC, BSR, BSC),
+  subclasses with a `__torch_dispatch__` of their own (their storage need not hold their
+  values), and whatever raises on the way (the caller marks the row with the exception).
+Dimensions without one size (a nested tensor's ragged one) are recorded as -1.
+
+Nothing here knows about events, tensor identity or how rows are stored.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from bitguard.cuda.fingerprint import digest_async, local_values
+from bitguard.cuda.tensor_bytes import tensor_bytes
+
+NO_DIGEST = (0, 0)  # the digest an unobserved row carries (it means nothing)
+_PLAIN_DISPATCH = getattr(torch.Tensor.__torch_dispatch__, "__func__", torch.Tensor.__torch_dispatch__)
+
+
+def dims(t: torch.Tensor) -> list[int]:
+    """`t`'s shape as plain ints, -1 for a dimension without one size."""
+    try:
+        return [d if type(d) is int else -1 for d in t.shape]
+    except Exception:  # noqa: BLE001 - strided nested tensors have no sizes at all
+        return [-1] * t.dim()
+
+
+def observe(t: torch.Tensor) -> tuple[list[int], list[int], int, object, str | None, torch.Tensor | None]:
+    """(shape, strides, nbytes, digest, unobserved, values) of a tensor that is not plain dense:
+    `values` is the tensor whose bytes the digest read (for --dump), None when unobserved."""
+    if t.is_nested:
+        return dims(t), [], 0, NO_DIGEST, "nested tensor: its components have no single byte order (not digested)", None
+    layout = t.layout
+    if layout is torch.sparse_coo:
+        with torch.no_grad():
+            c = t.detach().coalesce()
+            values = torch.cat([tensor_bytes(c.indices()), tensor_bytes(c.values())])
+        return dims(t), [], values.numel(), digest_async(values), None, values
+    if layout is not torch.strided:
+        return dims(t), [], 0, NO_DIGEST, f"{layout} layout: only strided and sparse COO tensors are digested", None
+    local = local_values(t)
+    if local is not t:
+        return dims(t), list(local.stride()), local.nbytes, digest_async(local), None, local
+    dispatch = type(t).__torch_dispatch__
+    if getattr(dispatch, "__func__", dispatch) is not _PLAIN_DISPATCH:
+        return (dims(t), [], 0, NO_DIGEST, f"{type(t).__name__} is a tensor subclass with its own __torch_dispatch__: "
+                "its storage need not hold its values (not digested)", None)
+    return dims(t), list(t.stride()), t.nbytes, digest_async(t), None, t
