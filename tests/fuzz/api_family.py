@@ -23,6 +23,7 @@ import httpx
 
 from .harness import TESTS, Context, Result
 from .mutations import HOSTILE_MANIFESTS, INJECTION, OPS, apply, plan
+from .rankfiles import EDITS, LEAKS, make
 
 if str(TESTS) not in sys.path:
     sys.path.insert(0, str(TESTS))
@@ -142,6 +143,9 @@ def _cases(ctx: Context, a: Api, cases: int, seed: int):
     for case, edit, _relevant in HOSTILE_MANIFESTS:
         if "huge" not in case:  # 8 MiB is over the server's per-file limit here: a limit test, below
             yield f"manifest/{case}", lambda edit=edit: _hostile_manifest(ctx, a, edit(manifest))
+    for case, sql in EDITS:
+        if "huge" not in case:
+            yield f"rankfile/{case}", lambda sql=sql: _hostile_rankfile(ctx, a, sql)
     good = run_parts(complete)
     long_part = "p" * 300
     for case, parts, refuse in [
@@ -230,6 +234,35 @@ def _hostile_manifest(ctx: Context, a: Api, content: bytes) -> Result:
     return _judge_admission(a, a.upload(run_parts(run)), _readable(ctx, d / "oracle"))
 
 
+def _hostile_rankfile(ctx: Context, a: Api, sql: str) -> Result:
+    """A rank file whose tables lie: refused when the ingest cannot read it; when taken, its
+    comparison with the base run and that comparison's events never show a file of the server."""
+    d = ctx.scratch("api-rankfile")
+    run = ctx.copy("complete", d / "run")
+    make(run / "rank-0.duckdb", sql)
+    shutil.copytree(run, d / "oracle")
+    unreadable = _readable(ctx, d / "oracle")
+    r = a.upload(run_parts(run))
+    result = a.judge(r)
+    if result.outcome == "ok" and unreadable:
+        result = Result("", "", "unsafe", f"committed a run the ingest cannot read ({unreadable[:120]}); {result.detail}")
+    if result.outcome == "ok":
+        base = a.upload(run_parts(ctx.bases["complete"]))
+        if isinstance(base, Result) or base.status_code != 201:
+            return a.judge(base)
+        result = _compare_ready(a, base.json()["id"], r.json()["id"])
+        cmp = a.request("GET", "/api/comparisons")
+        texts = [cmp.text] if not isinstance(cmp, Result) else []
+        for c in (cmp.json() if texts else []):
+            ev = a.request("GET", f"/api/comparisons/{c['id']}/events", params={"limit": 5000})
+            texts.append(ev.text if not isinstance(ev, Result) else "")
+        if any(s in text for text in texts for s in LEAKS):
+            result = Result("", "", "unsafe", "the comparison's events show /etc/passwd or a listing of /etc")
+        a.delete(base)
+    a.delete(r)
+    return result
+
+
 def _readable(ctx: Context, run: Path) -> str | None:
     """None when the CLI's ingest reads the run, else what it says."""
     read = ctx.read(run)
@@ -273,7 +306,12 @@ def _compare_ready(a: Api, run_a: str, run_b: str, expect: str | None = None) ->
         if isinstance(c, Result) or c.status_code != 200:
             return a.judge(c) if not isinstance(c, Result) else c
         body = c.json()
-        if body["status"] in ("ready", "failed"):
+        if body["status"] == "failed":
+            error = body.get("error") or {}
+            internal = error.get("type") in (None, "InternalError")
+            return Result("", "", "http_500" if internal else "clean_error",
+                          f"the comparison failed: {json.dumps(error)[:200]}")
+        if body["status"] == "ready":
             verdict = body.get("verdict") or (body.get("summary") or {}).get("verdict")
             if expect and verdict != expect:
                 return Result("", "", "wrong_answer", f"comparison {body['status']}, verdict {verdict!r}, "

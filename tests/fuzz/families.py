@@ -37,8 +37,9 @@ def _compare(original: Path, other: Path, other_first: bool) -> list[str]:
     return ["compare", str(other), str(original)] if other_first else ["compare", str(original), str(other)]
 
 
-def judge_damage(answer, read, orig: dict, cut_tail_ok: bool) -> Result:
-    """Outcome of comparing an original with a mutated copy whose ingest read is `read`."""
+def judge_damage(answer, read, orig: dict, cut_tail_ok: bool, root: Path, count_lost: bool = True) -> Result:
+    """Outcome of comparing an original with a mutated copy whose ingest read is `read`. With
+    `count_lost` False (rows removed on purpose, not by the tool), missing events are not data lost."""
     bad = crashed(answer)
     if bad:
         return bad
@@ -57,7 +58,7 @@ def judge_damage(answer, read, orig: dict, cut_tail_ok: bool) -> Result:
     detail = f"exit {rc}: {first_line(answer['stderr'] if rc == 2 else answer['stdout'])}"
     if rc == 0 and why:
         return Result("", "", "false_verdict", f"identical although {why}")
-    if read["ok"] and rc != 2 and not said_damaged(answer):
+    if count_lost and read["ok"] and rc != 2 and not said_damaged(answer, root):
         lost = set(orig["events"]) - set(read["events"])
         prefix = read["events"] == orig["events"][:len(read["events"])]
         if lost and not (cut_tail_ok and prefix):
@@ -83,12 +84,12 @@ def mutated(ctx: Context, cases: int, seed: int, only: str | None = None) -> lis
                 continue
             m = plan(op, len(data), random.Random(f"{seed}:{case}"))
             d = ctx.scratch("mutated")
-            damaged = ctx.copy(base, d / "damaged")
-            (damaged / fname).write_bytes(apply(data, m))
-            shutil.copytree(damaged, d / "oracle")  # reading folds the journal: the oracle reads its own copy
+            mutant = ctx.copy(base, d / "mutant")  # no word of SAID_DAMAGED in a path the report shows
+            (mutant / fname).write_bytes(apply(data, m))
+            shutil.copytree(mutant, d / "oracle")  # reading folds the journal: the oracle reads its own copy
             read = ctx.read(d / "oracle")
-            answer = ctx.cli(_compare(ctx.copy(base, d / "original"), damaged, other_first=i % 2 == 1))
-            r = judge_damage(answer, read, ctx.reads[base], cut_tail_ok=op == "truncate" and fname.endswith("journal"))
+            answer = ctx.cli(_compare(ctx.copy(base, d / "original"), mutant, other_first=i % 2 == 1))
+            r = judge_damage(answer, read, ctx.reads[base], op == "truncate" and fname.endswith("journal"), ctx.root)
             r.detail = f"{m.describe()}: {r.detail}"
             results.append(_named(case, r))
     return results
@@ -240,7 +241,36 @@ def cli_inputs(ctx: Context, cases: int, seed: int, only: str | None = None) -> 
             results.append(_named(case, _closed_stdout(ctx, [str(a), str(b), *extra])))
     if _wanted("pipe/head-1", only):
         results.append(_named("pipe/head-1", _head(ctx, [str(a), str(b)])))
+    for n in range(2):
+        if _wanted(f"concurrent-readers/killed-run-{n}", only):
+            results.append(_named(f"concurrent-readers/killed-run-{n}", _two_readers(ctx)))
     return results
+
+
+def _two_readers(ctx: Context) -> Result:
+    """Two `bitguard compare` processes reading one killed run (its journal unfolded) at once agree."""
+    d = ctx.scratch("readers")
+    ref, killed = ctx.copy("killed", d / "reference"), ctx.copy("killed", d / "killed")
+    procs = [subprocess.Popen([sys.executable, "-m", "bitguard", "compare", str(ref), str(killed)], cwd=ctx.cwd,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    answers = []
+    for proc in procs:
+        try:
+            out, err = proc.communicate(timeout=ctx.timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.communicate()
+            return Result("", "", "hang", "a reader did not exit before the timeout")
+        answers.append({"rc": proc.returncode, "stdout": out, "stderr": err})
+    for answer in answers:
+        bad = crashed(answer)
+        if bad:
+            return bad
+    codes = [a["rc"] for a in answers]
+    if len(set(codes)) > 1 or codes[0] == 2:
+        return Result("", "", "wrong_answer", f"two readers at once answered {codes}: "
+                                              + "; ".join(first_line(a["stderr"] or a["stdout"]) for a in answers))
+    return Result("", "", "ok", f"both exit {codes[0]}")
 
 
 def _subprocess_result(proc_stderr: str, rc: int | None) -> Result:

@@ -47,6 +47,7 @@ import argparse
 import datetime
 import json
 import os
+import re
 import select
 import shutil
 import signal
@@ -260,19 +261,22 @@ def judge_cli(answer: dict | str, expect: str) -> Result:
     return Result("", "", "clean_error" if rc == 2 else "ok", detail)
 
 
-def said_damaged(answer: dict) -> bool:
-    text = (answer["stdout"] + answer["stderr"]).lower()
-    return any(w in text for w in SAID_DAMAGED)
+def said_damaged(answer: dict, root: Path) -> bool:
+    """Whether the output reports damage in its own words (paths under the harness's folder taken out)."""
+    text = re.sub(re.escape(str(root)) + r"\S*", "", answer["stdout"] + answer["stderr"])
+    return any(w in text.lower() for w in SAID_DAMAGED)
 
 
-FAMILIES = ("mutated", "manifest", "names", "nonregular", "cli", "api")
+FAMILIES = ("mutated", "rankfile", "manifest", "names", "nonregular", "cli", "sigkill", "api")
 
 
 def run_family(name: str, ctx: Context, cases: int, seed: int, only: str | None = None) -> list[Result]:
-    from . import api_family, families
+    from . import api_family, families, rankfiles, sigkill
 
-    fn = {"mutated": families.mutated, "manifest": families.manifests, "names": families.names,
-          "nonregular": families.nonregular, "cli": families.cli_inputs, "api": api_family.api}[name]
+    fn = {"mutated": families.mutated, "rankfile": rankfiles.rankfile, "manifest": families.manifests,
+          "names": families.names,
+          "nonregular": families.nonregular, "cli": families.cli_inputs, "sigkill": sigkill.sigkill,
+          "api": api_family.api}[name]
     results = fn(ctx, cases=cases, seed=seed, only=only)
     for r in results:
         r.family = name

@@ -9,8 +9,9 @@ Requests:
   {"op": "cli", "argv": [...]}  `bitguard.cli.main(argv)` with stdout/stderr captured; an exception
                                 that escapes main() is written to stderr as Python would print it.
   {"op": "read", "path": DIR}   the run as the ingest reads it (open_run, then load_rank of every
-                                rank): a hash per event row (timestamps left out), the manifest's
-                                verdict-relevant fields, or the error the ingest raised.
+                                rank): a hash and the step of each event row (timestamps left out), a hash per tensor
+                                row of those events, the manifest's verdict-relevant fields, or
+                                the error the ingest raised.
 
 This file is started as a script (`python worker.py FD`), not imported: it knows nothing of the
 harness's cases or outcomes.
@@ -55,16 +56,18 @@ def _read(path: str) -> dict:
 
     try:
         run = ingest.open_run(path)
-        events, tensors = [], []
+        events, tensors, steps = [], [], []
         for rank in run.ranks:
             ev, ts, _stacks = ingest.load_rank(run, rank)
             events += [f"{rank}:{h}" for h in _row_hashes(ev, TIME_COLUMNS)]
+            steps += ev["step"].to_list()
+            ts = ts.filter(ts["seq"].is_in(ev["seq"].implode()))  # rows of no event are part of no verdict
             tensors += [f"{rank}:{h}" for h in _row_hashes(ts)]
     except BaseException as exc:  # noqa: BLE001 - the oracle reports any failure to read as "unreadable"
         return {"ok": False, "error": f"{type(exc).__name__}: {str(exc)[:300]}"}
     m = run.manifest
     facts = {k: m.get(k) for k in ("tool", "schema_version", "world_size", "status", "complete")}
-    return {"ok": True, "events": events, "tensors": tensors, "facts": json.loads(json.dumps(facts, default=str)),
+    return {"ok": True, "events": events, "steps": steps, "tensors": tensors, "facts": json.loads(json.dumps(facts, default=str)),
             "ranks": sorted(run.ranks)}
 
 
