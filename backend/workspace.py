@@ -591,7 +591,22 @@ class Workspace:
 
     def comparisons(self) -> list[dict]:
         # listing does not recompute: after a restart a comparison is recomputed when opened
-        return [self._comparison_public(r) for r in self._query("SELECT * FROM comparisons ORDER BY created DESC")]
+        return [self._comparison_listed(r) for r in self._query("SELECT * FROM comparisons ORDER BY created DESC")]
+
+    def _comparison_listed(self, rec: dict) -> dict:
+        """A comparison as listed; one whose stored record cannot be read is listed as failed, saying so."""
+        try:
+            return self._comparison_public(rec)
+        except Exception as exc:  # noqa: BLE001 - one unreadable record never breaks the list
+            log.warning("comparison %s: its catalogue record cannot be read", rec.get("id"), exc_info=exc)
+            unknown = {"id": "", "name": "?"}
+            return {"id": rec["id"], "run_a": {**unknown, "id": str(rec.get("run_a"))},
+                    "run_b": {**unknown, "id": str(rec.get("run_b"))}, "rule_set": None, "status": "failed",
+                    "revision": int(rec.get("revision") or 1),
+                    "error": {"type": "CorruptRun", "message": f"its catalogue record cannot be read "
+                                                               f"({type(exc).__name__}); delete it and compare again"},
+                    "created": rec.get("created") or 0.0, "updated": rec.get("updated") or 0.0, "verdict": None,
+                    "summary": None, "ranks": None, "pivot_position": None}
 
     def _record(self, cid: str) -> dict:
         rows = self._query("SELECT * FROM comparisons WHERE id = ?", (cid,))
@@ -606,7 +621,7 @@ class Workspace:
             self._exec("UPDATE comparisons SET status = 'queued' WHERE id = ?", (cid,))
             self._schedule(cid, rec["revision"])
             rec = self._record(cid)
-        return self._comparison_public(rec)
+        return self._comparison_listed(rec)
 
     def _comparison_public(self, rec: dict) -> dict:
         runs = {r: self._query("SELECT id, name FROM runs WHERE id = ?", (rec[r],)) for r in ("run_a", "run_b")}
@@ -618,6 +633,8 @@ class Workspace:
                             "latest_version": rows[0]["version"]}
         summary = json.loads(rec["summary"]) if rec["summary"] else None
         result = self._results.get(rec["id"])
+        if rec["status"] not in ("queued", "running", "ready", "failed", "stale"):
+            raise ValueError(f"unknown status {rec['status']!r}")
         return {
             "id": rec["id"],
             "run_a": runs["run_a"][0] if runs["run_a"] else {"id": rec["run_a"], "name": "?"},

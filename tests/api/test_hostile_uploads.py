@@ -221,3 +221,22 @@ def test_the_catalogue_connection_loads_no_extension(tmp_path):
     finally:
         ws.close()
     assert row == {"install": False, "load": False, "external": False}
+
+
+def test_an_unreadable_comparison_record_is_listed_as_failed(tmp_path, scenarios):
+    from bitguard.backend.workspace import Workspace
+
+    ws = Workspace(tmp_path / "ws")
+    try:
+        a, b = ws.import_run(scenarios["identical"][0]), ws.import_run(scenarios["identical"][1])
+        good = ws.wait(ws.create_comparison(a["id"], b["id"])["id"])
+        bad = ws.create_comparison(a["id"], b["id"])
+        ws.wait(bad["id"])
+        ws._exec("UPDATE comparisons SET summary = '{broken', status = 'ready' WHERE id = ?", (bad["id"],))
+        listed = {c["id"]: c for c in ws.comparisons()}
+        assert listed[good["id"]]["status"] == "ready"
+        assert listed[bad["id"]]["status"] == "failed" and "cannot be read" in listed[bad["id"]]["error"]["message"]
+        assert ws.comparison(bad["id"])["status"] == "failed"
+        ws.delete_comparison(bad["id"])
+    finally:
+        ws.close()
