@@ -31,7 +31,8 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from bitguard.backend import api_models as m
 from bitguard.backend.uploads import UploadLimits, receive_run
-from bitguard.backend.workspace import DEFAULT_BINS, Workspace, validate_rules
+from bitguard.backend.timelines import DEFAULT_BINS
+from bitguard.backend.workspace import Workspace, validate_rules
 from bitguard.errors import BadInput, BitguardError, TooLarge
 
 log = logging.getLogger("bitguard.serve")
@@ -158,7 +159,7 @@ def create_app(workspace_dir: str | os.PathLike | None = None, config: ServerCon
     def schema() -> dict:
         """The vocabularies the browser offers (phases, roles, rule actions), from their one definition."""
         from bitguard.backend import rules
-        from bitguard.backend.workspace import STATUS_CODES
+        from bitguard.backend.timelines import STATUS_CODES
         from bitguard.schema import PHASES, ROLES
 
         return {"phases": list(PHASES), "roles": list(ROLES), "rule_actions": list(rules.ACTIONS),
