@@ -134,7 +134,7 @@ def _connect(run_dir: Path, path: Path) -> duckdb.DuckDBPyConnection:
     wal = path.with_name(path.name + ".wal")  # DuckDB opens it too
     runfiles.member(run_dir, wal)
     with _reading(path):
-        return db.connect(path, read_only=True, config={"threads": 1})
+        return db.connect(path, read_only=True)
 
 
 def _tables(con: duckdb.DuckDBPyConnection, path: Path) -> dict[str, dict[str, str]]:
@@ -363,10 +363,13 @@ def load_rank(run: RunInfo, rank: int) -> tuple[pl.DataFrame, pl.DataFrame, dict
         with _reading(path):
             meta, present = _read_rank(con, path, run.manifest.get("schema_version", 1))
             leftover = _leftover(decoded, _folded(meta), con, path)
-            for table in (EVENTS, TENSORS, STACKS):
-                con.register(f"_journal_{table.name}", _journal_rows(leftover, table))
-            union = {t.name: f"{_select(t, present[t.name])} UNION ALL {_select(t, present[t.name], f'_journal_{t.name}')}"
-                     for t in (EVENTS, TENSORS, STACKS)}
+            union = {}
+            for t in (EVENTS, TENSORS, STACKS):
+                union[t.name] = _select(t, present[t.name])
+                rows = _journal_rows(leftover, t)
+                if rows.num_rows:
+                    con.register(f"_journal_{t.name}", rows)
+                    union[t.name] += f" UNION ALL {_select(t, present[t.name], f'_journal_{t.name}')}"
             events = con.sql(f"""
                 WITH te AS ({union[TENSORS.name]}), ev AS ({union[EVENTS.name]}),
                 sig AS (

@@ -86,9 +86,12 @@ class Bad:
     first_step: int | None = None
     last_step: int | None = None
 
-    def describe(self) -> str:
+    def describe(self, after_step: int | None = None) -> str:
+        """What is wrong, with the steps the group held (its header checked) or the step the last
+        whole group before it ended with (`after_step`)."""
         if self.number is None:
-            return f"bytes {self.offset}-{self.offset + self.length} {self.why}"
+            after = "" if after_step is None else f" (after step {after_step})"
+            return f"bytes {self.offset}-{self.offset + self.length}{after} {self.why}"
         steps = "no events" if self.first_step is None else (
             f"step {self.first_step}" if self.first_step == self.last_step else
             f"steps {self.first_step}-{self.last_step}")
@@ -131,13 +134,18 @@ class Journal:
                 from_step = None  # nothing before the loss: the whole rank
             else:  # the loss follows the folded groups: their last step may go on in it
                 from_step = folded_last_step()
-        problems = [b.describe() for b in self.bad]
+        problems = [b.describe(self._step_before(b.offset)) for b in self.bad]
         unexplained = [m for m in lost if m <= top and m not in headed]
         if unexplained and not any(b.number is None for b in self.bad):
             problems.append("group(s) " + ", ".join(map(str, unexplained[:5])) + " missing (batches never "
                             "written whole)")
         reason = problems[0] + (f"; and {len(problems) - 1} more problem(s)" if len(problems) > 1 else "")
         return {"from_step": from_step, "reason": reason}
+
+    def _step_before(self, offset: int) -> int | None:
+        """The last step of the last whole group with events before `offset` in the file."""
+        before = [g for g in self.groups if g.offset < offset and g.last_step is not None]
+        return max(before, key=lambda g: g.offset).last_step if before else None
 
 
 def _steps(tables: dict[str, pa.Table]) -> tuple[int, int]:
