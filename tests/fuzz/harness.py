@@ -4,41 +4,50 @@
 
 prints the markdown table of docs/RELIABILITY.md (families x outcomes) and, below it, one line per
 failing case with what reproduces it (`--only CASE_ID` reruns one case, `--keep` keeps its files).
-Every case is a pure function of (seed, case id). Base runs are recorded once per harness run,
-with `bitguard record`, under a temporary folder: a complete tiny GPT run and a run whose script
-SIGKILLs itself after five steps (so its last events are still in rank-0.journal).
+Every case is a pure function of (seed, case id, base runs). Base runs are recorded once per
+harness run, with `bitguard record`, under a temporary folder: a complete tiny GPT run and a run
+whose script SIGKILLs itself after five steps (so its last events are still in rank-0.journal);
+`--bases DIR` reuses ones kept by `--keep`, which makes a rerun byte-for-byte the same.
 
 Outcomes (a case gets exactly one, the first that applies, in this order):
   hang           no answer within the timeout (20 s; `bitguard compare` runs in a worker process
                  that is killed and restarted)
   traceback      "Traceback" on stderr, exit status 70 (internal error), a Python exception that
                  escaped `bitguard.cli.main`, or the process died of a signal
-  http_500       the upload API answered 5xx, or dropped the connection
-  unsafe         a file named pwned.csv appeared, /etc/passwd's content or a server path was shown,
-                 or a bad upload was committed to the workspace
+  http_500       the upload API answered 5xx or dropped the connection, or a comparison of an
+                 admitted run failed with an internal error
+  unsafe         a file named pwned.csv appeared, /etc/passwd's content, a listing of /etc or a
+                 server path was shown, or a run the ingest cannot read was committed
   false_verdict  "identical" (exit 0) although a side was actually damaged: what the ingest reads
                  of it (events and digests, timestamps left out, or the manifest's tool, schema
                  version, world size, status, completeness) differs from the original, or the
-                 ingest cannot read it at all
+                 ingest cannot read it at all; or a killed run compared identical to a complete one
   data_lost      events of the original are no longer readable from the damaged side, and the
                  tool said nothing of damage (no exit 2, no "damaged"/"corrupt"/"checksum"/
                  "unreadable"/"lost" in its output). A journal cut short whose readable events
-                 are a prefix of the original's is what a kill mid-write leaves: not counted.
+                 are a prefix of the original's is what a kill mid-write leaves: not counted. For
+                 a killed recording: a step before the last one that ended not read back as
+                 recorded.
   wrong_answer   any other answer that is not what the input calls for: a valid run (hostile
                  folder name) not compared identical, "diverged" for a side whose content is
-                 unchanged, a non-regular file or hostile upload not refused
+                 unchanged, an invalid manifest accepted, a non-regular file or hostile upload
+                 not refused, two readers of one run disagreeing
   clean_error    exit status 2 (HTTP 4xx for the API), no traceback: the input was refused
   ok             a believable verdict: exit 0, 1 or 3 (HTTP 2xx) where the input allows it
 
 Families: mutated (truncation, bit flips, inserted and zeroed bytes in manifest.json, rank-0.duckdb,
 its WAL and rank-0.journal of the two base runs; `--cases` per file), manifest (hostile manifests),
 names (hostile folder names, as the run folder and as its parent), nonregular (FIFOs, links,
-folders where files belong), cli (--rules files, arguments, a closed stdout), api (the upload API
-of a live server: mutated and hostile uploads, malformed multipart, concurrent uploads and
-deletes, hostile query parameters; `--cases` mutated uploads).
+folders where files belong), rankfile (valid DuckDB rank files whose tables lie), cli (--rules
+files, arguments, output paths, a closed stdout, two readers of one killed run), sigkill
+(recordings killed at `--cases` drawn points: the steps before the last one that ended must read
+back as recorded), api (the upload API of a live server: `--cases` mutated uploads and three
+times as many hostile manifests and rank files, malformed multipart, concurrent uploads and
+deletes, hostile query parameters).
 
 This module knows how to run and judge cases; what the cases are lives in mutations.py (the
-inputs), families.py (run folders and the CLI) and api_family.py (the server).
+inputs), families.py (run folders and the CLI), rankfiles.py, sigkill.py and api_family.py (the
+server); worker.py is the child process that runs bitguard.
 """
 
 from __future__ import annotations
@@ -304,7 +313,8 @@ def table(results: list[Result], elapsed: dict[str, float]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m tests.fuzz.harness", description=__doc__.splitlines()[0])
-    p.add_argument("--cases", type=int, default=8, help="random cases per mutated file and mutated uploads")
+    p.add_argument("--cases", type=int, default=8,
+                   help="random cases per mutated file, kills, mutated uploads (x3: hostile uploads)")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--family", action="append", choices=FAMILIES, help="only these families (repeatable)")
     p.add_argument("--only", default=None, help="only cases whose id contains this text")
