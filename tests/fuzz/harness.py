@@ -38,7 +38,8 @@ Outcomes (a case gets exactly one, the first that applies, in this order):
 Families: mutated (truncation, bit flips, inserted and zeroed bytes in manifest.json, rank-0.duckdb,
 its WAL and rank-0.journal of the two base runs; `--cases` per file), manifest (hostile manifests),
 names (hostile folder names, as the run folder and as its parent), nonregular (FIFOs, links,
-folders where files belong), rankfile (valid DuckDB rank files whose tables lie), cli (--rules
+folders where files belong), rankfile (valid DuckDB rank files whose tables lie), ranks (a synthetic
+two-rank run with ranks missing, swapped, foreign, extra or empty), cli (--rules
 files, arguments, output paths, a closed stdout, two readers of one killed run), sigkill
 (recordings killed at `--cases` drawn points: the steps before the last one that ended must read
 back as recorded), api (the upload API of a live server: `--cases` mutated uploads and three
@@ -46,7 +47,7 @@ times as many hostile manifests and rank files, malformed multipart, concurrent 
 deletes, hostile query parameters).
 
 This module knows how to run and judge cases; what the cases are lives in mutations.py (the
-inputs), families.py (run folders and the CLI), rankfiles.py, sigkill.py and api_family.py (the
+inputs), families.py (run folders and the CLI), rankfiles.py, ranks.py, sigkill.py and api_family.py (the
 server); worker.py is the child process that runs bitguard.
 """
 
@@ -276,13 +277,14 @@ def said_damaged(answer: dict, root: Path) -> bool:
     return any(w in text.lower() for w in SAID_DAMAGED)
 
 
-FAMILIES = ("mutated", "rankfile", "manifest", "names", "nonregular", "cli", "sigkill", "api")
+FAMILIES = ("mutated", "rankfile", "ranks", "manifest", "names", "nonregular", "cli", "sigkill", "api")
 
 
 def run_family(name: str, ctx: Context, cases: int, seed: int, only: str | None = None) -> list[Result]:
-    from . import api_family, families, rankfiles, sigkill
+    from . import api_family, families, rankfiles, ranks, sigkill
 
-    fn = {"mutated": families.mutated, "rankfile": rankfiles.rankfile, "manifest": families.manifests,
+    fn = {"mutated": families.mutated, "rankfile": rankfiles.rankfile, "ranks": ranks.ranks,
+          "manifest": families.manifests,
           "names": families.names,
           "nonregular": families.nonregular, "cli": families.cli_inputs, "sigkill": sigkill.sigkill,
           "api": api_family.api}[name]
