@@ -193,6 +193,7 @@ def _cases(ctx: Context, a: Api, cases: int, seed: int):
     yield "name/quote-top-folder", lambda: _named_upload(a, run_parts(complete, "q'dir"), {})
     for rnd in range(3):
         yield f"concurrent/upload-delete-compare-{rnd}", lambda rnd=rnd: _concurrent(a, good, rnd)
+    yield from _rules_cases(a)
     yield from _query_cases(a, good)
 
 
@@ -365,6 +366,51 @@ def _concurrent(a: Api, parts: list[Part], rnd: int) -> Result:
         return Result("", "", "wrong_answer", f"a comparison of the deleted run survives: {orphans[0]}")
     a.request("DELETE", f"/api/runs/{y}")
     return Result("", "", "ok", ", ".join(statuses))
+
+
+def _rules_cases(a: Api):
+    """Rule sets: the CLI's hostile rules files imported, hostile JSON bodies created and saved."""
+    from .families import RULE_FILES
+
+    json_headers = {"content-type": "application/json"}
+    for case, content, _ in RULE_FILES:
+        yield f"rules/import-{case}", lambda content=content: _judged(a, "POST", "/api/rulesets/import",
+                                                                        content=content, headers=json_headers)
+    deep = b"[" * 100_000 + b"]" * 100_000
+    bodies = [
+        ("create-deep-rules", b'{"name": "deep", "rules": [' + deep + b"]}"),
+        ("create-deep-body", deep),
+        ("create-non-utf8", b'{"name": "\xff\xfe", "rules": []}'),
+        ("create-name-10k", b'{"name": "' + b"n" * 10_000 + b'", "rules": []}'),
+        ("create-name-injection", ('{"name": %s, "rules": []}' % json.dumps(INJECTION)).encode()),
+        ("create-rules-not-list", b'{"name": "x", "rules": {"a": 1}}'),
+        ("create-rule-deep-match", b'{"name": "y", "rules": [{"id": "r", "action": "ignore", "boundary": '
+                                   + b'{"a": ' * 5000 + b"1" + b"}" * 5000 + b"}]}"),
+        ("create-nan", b'{"name": "z", "rules": [{"id": "r", "action": "ignore", "step": NaN}]}'),
+    ]
+    for case, body in bodies:
+        yield f"rules/{case}", lambda body=body: _judged(a, "POST", "/api/rulesets", content=body, headers=json_headers)
+
+    def save_hostile() -> Result:
+        r = a.request("POST", "/api/rulesets", json={"name": "fuzz-target", "rules": []})
+        if isinstance(r, Result) or r.status_code != 201:
+            return a.judge(r) if not isinstance(r, Result) else r
+        rid = r.json()["id"]
+        for body in (b'{"rules": [' + deep + b"]}", b'{"name": ""}', b'{"rules": [{"id": 5}]}'):
+            res = _judged(a, "PUT", f"/api/rulesets/{rid}", content=body, headers=json_headers)
+            if res.failed:
+                return res
+        res = _judged(a, "POST", f"/api/rulesets/{rid}/copy", json={"name": "c" * 5000})
+        a.request("DELETE", f"/api/rulesets/{rid}")
+        return res
+
+    yield "rules/save-hostile-versions", save_hostile
+    yield "rules/compare-with-missing-rule-set", lambda: _judged(
+        a, "POST", "/api/comparisons", json={"run_a": "nope", "run_b": "nope", "rule_set_id": "x' OR 1=1 --"})
+
+
+def _judged(a: Api, method: str, url: str, **kw) -> Result:
+    return a.judge(a.request(method, url, **kw))
 
 
 def _ref(ref) -> str | None:

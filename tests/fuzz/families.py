@@ -139,13 +139,27 @@ def names(ctx: Context, cases: int, seed: int, only: str | None = None) -> list[
             except OSError as exc:  # the file system refuses the name: nothing to test
                 print(f"names: skipped {case}: {exc}", file=sys.stderr)
                 continue
-            answer = ctx.cli(_compare(ctx.copy("complete", d / "original"), target, other_first=i % 2 == 1))
+            as_json = ["--json"] if placement == "parent" else []  # the JSON report must carry any name
+            answer = ctx.cli([*_compare(ctx.copy("complete", d / "original"), target, other_first=i % 2 == 1), *as_json])
             r = judge_cli(answer, "identical")
+            if as_json and r.outcome == "ok":
+                r = _json_verdict(answer, "identical") or r
             for p in ctx.pwned():
                 r = Result("", "", "unsafe", f"{p} was written")
                 p.unlink()
             results.append(_named(case, r))
     return results
+
+
+def _json_verdict(answer: dict, expected: str) -> Result | None:
+    """A wrong_answer when stdout is not a bitguard.compare JSON document with the expected verdict."""
+    try:
+        verdict = json.loads(answer["stdout"]).get("verdict")
+    except ValueError as exc:
+        return Result("", "", "wrong_answer", f"the --json report is not JSON ({exc})")
+    if verdict != expected:
+        return Result("", "", "wrong_answer", f"the --json report says {verdict!r}, not {expected!r}")
+    return None
 
 
 def _fifo(path: Path) -> None:
