@@ -73,8 +73,9 @@ def rank_scope(rank: int, run_a, run_b, ea: pl.DataFrame, eb: pl.DataFrame) -> t
             # steps before the last one recorded are whole (the writer keeps order); the last may be cut
             cut(last)
             why = run.incomplete_reason() or f"rank {rank} did not finish writing"
-            reasons.append(_reason("incomplete", f"run {label} is incomplete ({why}): its step {last} and "
-                                                 f"later are not certified", side, rank))
+            reasons.append(_reason("incomplete", f"run {label} is incomplete ({why}): steps before {last} are "
+                                                 f"compared; its last recorded step ({last}) may be cut short, so "
+                                                 f"step {last} and later are not certified", side, rank))
         damage = (getattr(run, "damage", None) or {}).get(rank)
         if damage:
             from_step = damage.get("from_step")

@@ -48,7 +48,8 @@ def render_text(c) -> str:
                f"({al.allowed_gaps} allowed by rules, {al.not_compared} not compared), identical prefix "
                f"{al.identical_prefix}, band {al.band}, largest DP window {al.max_window}")
     if al.gaps_before_pivot:
-        out.append("events on one side only before the pivot, outside what could be certified:")
+        where = "before the pivot, " if fd is not None else ""
+        out.append(f"events on one side only {where}outside what could be certified (not compared):")
         for g in al.gaps_before_pivot[:10]:
             out.append(f"  only in {g.side.upper()}: step {g.step} {g.phase} {g.boundary} ({g.module_type})")
     if r.rules_fired:
