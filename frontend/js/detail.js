@@ -46,6 +46,7 @@ export function pairTensors(tensorsA, tensorsB) {
     if (typeof t.differs === "boolean") r.engineDiffers = r.engineDiffers || t.differs;
     if (t.ignored) r.ignored = true;
     if (t.rule_id) r.rule_id = t.rule_id;
+    if (t.unobserved) r.unobserved = t.unobserved; // why the tensor could not be digested
   };
   for (const t of tensorsA || []) {
     const r = { ...t, a: { xor: t.xor, pos: t.pos }, b: null, ignored: false, rule_id: null, engineDiffers: null };
@@ -68,6 +69,7 @@ export function pairTensors(tensorsA, tensorsB) {
 
 // the last column of a digest row: a difference a rule accepted is "benign (rule R)", not a red "differs"
 function verdictBadge(r) {
+  if (r.unobserved) return el("span", { class: "badge unobserved", title: String(r.unobserved) }, "not observed");
   if (r.differs && r.ignored) return el("span", { class: "badge benign", title: r.rule_id ? `accepted by rule ${r.rule_id}` : "accepted by a rule" }, benignLabel(r.rule_id));
   if (r.differs) return el("span", { class: "badge diverged" }, "differs");
   return el("span", { class: "badge identical" }, "same");

@@ -10,6 +10,7 @@ const BLAME = {
   source: "its inputs matched and an output differs: this boundary computed differently",
   consumer: "an input already differed: the fault sits upstream, between observed boundaries",
   data: "the input batch itself differs",
+  structure: "the runs recorded different events here (one side lacks it, or its tensors differ in kind)",
 };
 
 let comparison = null;
