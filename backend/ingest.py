@@ -267,7 +267,7 @@ def _worst(*damages: dict | None) -> dict | None:
     return {"from_step": None if None in steps else min(steps), "reason": "; ".join(d["reason"] for d in found)}
 
 
-def _recorded_damage(meta: dict, path: Path) -> dict | None:
+def _recorded_damage(meta: dict) -> dict | None:
     """What an earlier fold recorded as lost from this rank's journal (meta journal_damage)."""
     damage = meta.get(DAMAGE_KEY)
     if not damage:
@@ -330,7 +330,7 @@ def open_run(path: str | Path) -> RunInfo:
             con.close()
         info.rank_meta[rank] = meta
         info.event_counts[rank] = count + _journal_rows(leftover, EVENTS).num_rows
-        damage = _worst(_recorded_damage(meta, rank_path), leftover.damage)
+        damage = _worst(_recorded_damage(meta), leftover.damage)
         if damage:
             info.damage[rank] = damage
     return info
