@@ -4,7 +4,9 @@ These are the API's shapes, kept apart from the catalogue rows in workspace.py a
 engine's values. Where the API passes an engine value through (a comparison's summary, an
 event's detail, a rules file) the model names it and says where its fields are defined
 instead of retyping them: the rules file format is `bitguard.backend.rules`, the event columns
-are `Comparison.events()`, the record fields are `bitguard.schema`.
+are `Comparison.events()`, the record fields are `bitguard.schema`, and the comparison document
+(verdict, first divergence, inconclusive reasons) is `bitguard.backend.result`, whose models the
+pivot route answers in.
 """
 
 from __future__ import annotations
@@ -12,6 +14,8 @@ from __future__ import annotations
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
+
+from bitguard.backend.result import FirstDivergence, Inconclusive, RuleFired, Verdict
 
 # -- errors -------------------------------------------------------------------------------------
 
@@ -134,32 +138,22 @@ class ComparisonPublic(BaseModel):
     updated: float
     verdict: str | None = Field(description="identical | diverged | inconclusive, once ready")
     summary: dict[str, Any] | None = Field(
-        description="the engine's `bitguard.compare/1` document (Comparison.to_dict()), with propagation "
-                    "reduced to node and edge counts (GET .../graph has the graph)")
+        description="the engine's `bitguard.compare/1` document (bitguard.backend.result.CompareResult), with "
+                    "propagation reduced to node and edge counts (GET .../graph has the graph) and run_a/run_b "
+                    "the runs' names; kept as stored, since one computed by an older version may lack new fields")
     ranks: list[int] | None
     pivot_position: PivotPosition | None
 
 
-class InconclusiveReason(BaseModel):
-    model_config = ConfigDict(extra="allow")  # the engine may say more about a reason
-
-    code: str = Field(description="what could not be certified (incomplete, missing ranks, unobserved, unpaired...)")
-    message: str = Field(description="the reason, on one line")
-
-
-class Inconclusive(BaseModel):
-    model_config = ConfigDict(extra="allow")
-
-    reasons: list[InconclusiveReason] = Field(default_factory=list)
-
-
 class Pivot(BaseModel):
-    verdict: str = Field(description="identical | diverged | inconclusive")
-    first_divergence: dict[str, Any] | None = Field(
+    """The pivot of a ready comparison, in the engine's own types (bitguard.backend.result)."""
+
+    verdict: Verdict
+    first_divergence: FirstDivergence | None = Field(
         description="rank, step, phase, boundary, blame, stack, tensors...; `cause` is digest | structure, and a "
                     "structure divergence (an event on one side only) names the side lacking it in `missing_side`")
     position: PivotPosition | None
-    rules_fired: list[dict[str, Any]] = Field(default_factory=list)
+    rules_fired: list[RuleFired] = Field(default_factory=list)
     inconclusive: Inconclusive | None = Field(None, description="why the verdict is inconclusive, when it is")
 
 
