@@ -150,13 +150,15 @@ class Workspace:
             self._con.execute(sql, params).fetchall()
 
     def _sweep(self) -> None:
-        """Remove dead uploads and run folders the catalogue does not know (a crash mid-commit)."""
+        """Remove dead uploads, and run and comparison folders the catalogue does not know (a crash
+        mid-commit, a trace written while its comparison was deleted)."""
         for child in (self.root / "tmp").iterdir():
             shutil.rmtree(child, ignore_errors=True)
-        known = {r["id"] for r in self._query("SELECT id FROM runs")}
-        for child in (self.root / "runs").iterdir():
-            if child.name not in known:
-                shutil.rmtree(child, ignore_errors=True)
+        for folder, query in (("runs", "SELECT id FROM runs"), ("comparisons", "SELECT id FROM comparisons")):
+            known = {r["id"] for r in self._query(query)}
+            for child in (self.root / folder).iterdir():
+                if child.name not in known:
+                    shutil.rmtree(child, ignore_errors=True)
         self._exec("UPDATE comparisons SET status = 'stale' WHERE status IN ('queued', 'running')")
 
     # -- runs ----------------------------------------------------------------------------

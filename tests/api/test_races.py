@@ -88,3 +88,21 @@ def test_deletes_and_reruns_of_one_comparison_at_once(client, server, scenarios)
         codes = [r.status_code for r in out]
         assert sorted(codes[:2]) == [204, 404] and codes[2] in (202, 404), [r.text for r in out]
         assert client.get(f"/api/comparisons/{cid}").status_code == 404
+
+
+def test_start_up_removes_folders_the_catalogue_does_not_know(tmp_path, scenarios):
+    from bitguard.backend.workspace import Workspace
+
+    ws = Workspace(tmp_path / "ws")
+    run = ws.import_run(scenarios["identical"][0])
+    ws.close()
+    for stray in ("runs/r-crashed-mid-commit", "comparisons/c-deleted-while-exporting", "tmp/dead-upload"):
+        (tmp_path / "ws" / stray).mkdir()
+    ws = Workspace(tmp_path / "ws")
+    try:
+        assert [p.name for p in (tmp_path / "ws" / "runs").iterdir()] == [run["id"]]
+        assert list((tmp_path / "ws" / "comparisons").iterdir()) == []
+        assert list((tmp_path / "ws" / "tmp").iterdir()) == []
+        assert ws.run(run["id"])["problem"] is None
+    finally:
+        ws.close()
