@@ -10,7 +10,9 @@ sleep between steps so that a fold (every 5 s) happens before the kill. The step
 covers must read back exactly as in a complete recording of the same script (same rows, same
 digests, timestamps left out); else the case is data_lost. Comparing the killed run with the
 complete one must say inconclusive (exit 3): identical is a false verdict; diverged, or a
-refusal of the killed run, is a wrong answer.
+refusal of the killed run, is a wrong answer. One more case compares a run while it is still
+being recorded: never identical (a clean "still being written" refusal is fine), and the
+recording must finish unharmed and then compare identical with the complete one.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import random
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 from .harness import Context, Result, crashed, first_line
@@ -107,7 +110,46 @@ def sigkill(ctx: Context, cases: int, seed: int, only: str | None = None) -> lis
         r = _judge(ctx, out, rc, err, step, point, launcher, ref_steps, reference)
         r.case = case
         results.append(r)
+    if only is None or only in "live/compare-while-recording":
+        r = _while_recording(ctx, script, reference, d / "live")
+        r.case = "live/compare-while-recording"
+        results.append(r)
     return results
+
+
+def _while_recording(ctx: Context, script: Path, reference: Path, out: Path) -> Result:
+    """`bitguard compare` on a run still being recorded: not identical, and the recording is unharmed
+    (it completes, and then compares identical with the reference)."""
+    proc = _record(ctx, out, script, True, {**os.environ, "PAUSE": "0.6"})
+    deadline = time.monotonic() + 60
+    while not list(out.glob("rank-0.*")) and time.monotonic() < deadline and proc.poll() is None:
+        time.sleep(0.1)
+    time.sleep(1.5)  # a few steps in
+    live = ctx.cli(["compare", str(reference), str(out)])
+    still_running = proc.poll() is None
+    try:
+        _, err = proc.communicate(timeout=120)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.communicate()
+        return Result("", "", "hang", "the recording did not finish after a compare read it")
+    bad = crashed(live)
+    if bad:
+        return bad
+    if proc.returncode != 0:
+        return Result("", "", "wrong_answer", f"the recording failed ({proc.returncode}) after a compare read it "
+                                              f"while it ran: {first_line(err)}")
+    during = f"exit {live['rc']}: {first_line(live['stderr'] if live['rc'] == 2 else live['stdout'])}"
+    if live["rc"] == 0 and still_running:
+        return Result("", "", "false_verdict", f"a run still recording compared identical ({during})")
+    after = ctx.cli(["compare", str(reference), str(out)])
+    bad = crashed(after)
+    if bad:
+        return bad
+    if after["rc"] != 0:
+        return Result("", "", "wrong_answer", f"once finished, the run does not compare identical with the reference "
+                                              f"(exit {after['rc']}: {first_line(after['stdout'] or after['stderr'])})")
+    return Result("", "", "ok" if live["rc"] != 2 else "clean_error", f"while recording: {during}; after: identical")
 
 
 def _judge(ctx: Context, out: Path, rc: int, err: str, step: int, point: str, launcher: bool,
