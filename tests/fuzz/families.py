@@ -20,6 +20,7 @@ from pathlib import Path
 from .harness import Context, Result, crashed, first_line, judge_cli, said_damaged
 from .mutations import HOSTILE_MANIFESTS, HOSTILE_NAMES, OPS, apply, plan
 
+VERDICTS = {0: "identical", 1: "diverged", 3: "inconclusive"}  # exit status -> the JSON report's verdict
 TARGETS = [("complete", "manifest.json"), ("complete", "rank-0.duckdb"), ("killed", "manifest.json"),
            ("killed", "rank-0.duckdb"), ("killed", "rank-0.duckdb.wal"), ("killed", "rank-0.journal")]
 
@@ -88,8 +89,11 @@ def mutated(ctx: Context, cases: int, seed: int, only: str | None = None) -> lis
             (mutant / fname).write_bytes(apply(data, m))
             shutil.copytree(mutant, d / "oracle")  # reading folds the journal: the oracle reads its own copy
             read = ctx.read(d / "oracle")
-            answer = ctx.cli(_compare(ctx.copy(base, d / "original"), mutant, other_first=i % 2 == 1))
+            as_json = ["--json"] if i % 4 >= 2 else []  # half the cases check the JSON report's verdict too
+            answer = ctx.cli([*_compare(ctx.copy(base, d / "original"), mutant, other_first=i % 2 == 1), *as_json])
             r = judge_damage(answer, read, ctx.reads[base], op == "truncate" and fname.endswith("journal"), ctx.root)
+            if as_json and r.outcome == "ok":
+                r = _json_verdict(answer, VERDICTS[answer["rc"]]) or r
             r.detail = f"{m.describe()}: {r.detail}"
             results.append(_named(case, r))
     return results
