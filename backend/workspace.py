@@ -349,7 +349,9 @@ class Workspace:
         """Queue a comparison; the runs are checked and the record written in one step under the
         catalogue lock, so a run deleted meanwhile leaves no comparison behind (see delete_run)."""
         with self._lock:
-            self.run(run_a), self.run(run_b)
+            for run in (self.run(run_a), self.run(run_b)):
+                if run["problem"]:
+                    raise BadInput(f"run {run['name']!r} cannot be compared: {run['problem']}")
             version = self.rule_set(rule_set_id)["version"] if rule_set_id else None
             cid, now = _new_id("c"), _now()
             self._exec("INSERT INTO comparisons VALUES (?, ?, ?, ?, ?, ?, ?, 1, 'queued', NULL, NULL)",

@@ -188,6 +188,8 @@ def test_a_bad_run_already_in_the_workspace_is_listed_with_its_problem(tmp_path,
             assert listed[old["id"]]["status"] is None and "'status' is an object" in listed[old["id"]]["problem"]
             assert "cannot be read" in listed[gone["id"]]["problem"]
             assert c.get(f"/api/runs/{old['id']}").status_code == 200
+            assert_error(c.post("/api/comparisons", json={"run_a": good["id"], "run_b": old["id"]}), 400, "BadInput",
+                         "cannot be compared", "'status' is an object")
             assert c.delete(f"/api/runs/{old['id']}").status_code == 204
             assert c.delete(f"/api/runs/{gone['id']}").status_code == 204
             assert {x["id"] for x in c.get("/api/runs").json()} == {good["id"]}
