@@ -26,6 +26,7 @@ MAX_PART_BYTES = 255  # longest file or folder name most file systems take (byte
 MAX_PATH_BYTES = 1024  # longest relative path of an uploaded file
 MAX_DEPTH = 32  # most folder levels inside an uploaded run
 MAX_FIELD_BYTES = 4096  # longest plain form field (the run name)
+MAX_FIELDS = 16  # most plain form fields in one upload (it has one: name)
 
 _DRIVE = re.compile(r"^[A-Za-z]:")
 _FILENAME = re.compile(rb'filename="((?:[^"\\]|\\.)*)"')
@@ -141,6 +142,9 @@ class _Receiver:
         field_name = options.get(b"name", b"").decode("utf-8", "replace")
         raw = _FILENAME.search(disposition)  # read raw: parse_options_header drops "C:\" prefixes
         if raw is None and b"filename=" not in disposition:
+            if len(self.fields) >= MAX_FIELDS:
+                raise BadInput(f"the upload has more than {MAX_FIELDS} form fields; send the run's files and "
+                               "at most a name")
             self._text, self._text_name = bytearray(), field_name
             return
         name = raw.group(1).decode("utf-8", "replace") if raw else ""

@@ -242,3 +242,10 @@ def test_an_unreadable_comparison_record_is_listed_as_failed(tmp_path, scenarios
         ws.delete_comparison(bad["id"])
     finally:
         ws.close()
+
+
+def test_an_upload_of_many_form_fields_is_refused(client, server, scenarios):
+    fields = [(f"field{i}", (None, "x")) for i in range(40)]
+    r = client.post("/api/runs", files=[*run_files(scenarios["identical"][0]), *fields])
+    assert_error(r, 400, "BadInput", "form fields")
+    assert _workspace_state(server)[1] == []
