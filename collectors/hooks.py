@@ -315,8 +315,8 @@ class Collector:
         self._tids_limit = max(4096, 2 * len(self._tids))
 
     def _row(self, t: torch.Tensor, role: str, idx: int, path: str, digest=None) -> list:
-        """One tensor row (`digest`: already taken, by `digest_many`). This runs for every tensor of
-        every event, so it is written for speed."""
+        """One tensor row (`digest`: already taken, by `digest_many`, of a plain dense tensor). This
+        runs for every tensor of every event, so it is written for speed."""
         key = id(t)
         entry = self._tids.get(key)  # [ref, tid, version digested, digest] of a non-parameter tensor
         if entry is None or entry[0]() is not t:
@@ -353,10 +353,10 @@ class Collector:
         except Exception:  # noqa: BLE001 - tensors without storage (meta, some subclasses)
             storage = 0
         dtype = _DTYPE_NAMES.get(t.dtype) or _dtype_name(t.dtype)
-        if type(t) not in _PLAIN or t.layout is not _STRIDED or t.is_nested:
-            return self._other_row(t, role, idx, path, dtype, tid, storage)
         unobserved = None  # the row's last column: why the tensor could not be digested
-        if digest is None:
+        if digest is None:  # (a digest taken already, or kept, is a plain dense tensor's: no checks)
+            if type(t) not in _PLAIN or t.layout is not _STRIDED or t.is_nested:
+                return self._other_row(t, role, idx, path, dtype, tid, storage)
             try:
                 digest = digest_async(t)
             except Exception as exc:  # noqa: BLE001 - a tensor that cannot be read is marked, never dropped
@@ -756,7 +756,9 @@ class Collector:
                 t0 = time.time_ns()
                 entry = self._params.get(id(p))
                 name = entry[1] if entry is not None and entry[0]() is p else f"<param {id(p):x}>"
-                rows = [self._row(t, role, i, path, next(digests)) for role, i, path, t in tensors]
+                # (zip takes from `tensors` first, so no digest of the next parameter is taken here)
+                rows = [self._row(t, role, i, path, d if type(t) in _PLAIN else None)
+                        for (role, i, path, t), d in zip(tensors, digests)]
                 self._emit("optimizer", "step", name, opt_type, 0, t0, rows, stack)
         self._advance = True
         self._purge_dead()
