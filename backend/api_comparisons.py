@@ -116,7 +116,8 @@ def routes(ws, config) -> APIRouter:
                 "edges": [e for e in g.get("edges", []) if e["source"] in keep and e["target"] in keep],
                 "total_nodes": len(nodes)}
 
-    @router.get("/api/comparisons/{cid}/graph/nodes/{node_id}", tags=["comparisons"], response_model=m.Neighbours,
+    # node ids hold a boundary, which may hold "/": the id is the rest of the path
+    @router.get("/api/comparisons/{cid}/graph/nodes/{node_id:path}", tags=["comparisons"], response_model=m.Neighbours,
              responses=errors)
     def neighbours(cid: str, node_id: str):
         """A node of the propagation graph with the divergent events it fed (consumers) and was fed by."""

@@ -299,3 +299,24 @@ def test_an_incomplete_run_gives_an_inconclusive_verdict_with_its_reasons(client
     pivot = client.get(f"/api/comparisons/{c['id']}/pivot").json()
     assert pivot["verdict"] == "inconclusive" and pivot["first_divergence"] is None
     assert [r["code"] for r in pivot["inconclusive"]["reasons"]] == [r["code"] for r in reasons]
+
+
+def test_a_graph_node_whose_boundary_holds_a_slash_is_found(client, scenarios, tmp_path):
+    import shutil
+    from urllib.parse import quote
+
+    import duckdb
+
+    pair = []
+    for side, source in zip(("reference", "suspect"), scenarios["benign_probe_then_real"]):
+        shutil.copytree(source, tmp_path / side)
+        con = duckdb.connect(str(tmp_path / side / "rank-0.duckdb"))
+        con.execute("UPDATE events SET boundary = 'model.probe/x' WHERE boundary = 'model.probe'")
+        con.close()
+        pair.append(str(tmp_path / side))
+    c = compare(client, tuple(pair))
+    pivot = next(n for n in client.get(f"/api/comparisons/{c['id']}/graph").json()["nodes"] if n["is_pivot"])
+    assert "/" in pivot["id"]
+    for path in (pivot["id"], quote(pivot["id"], safe="")):
+        r = client.get(f"/api/comparisons/{c['id']}/graph/nodes/{path}")
+        assert r.status_code == 200 and r.json()["node"]["boundary"] == "model.probe/x", r.text

@@ -205,7 +205,8 @@ def test_a_difference_a_rule_accepted_reads_benign_with_its_rule(page, explorer,
     assert "benign (rule probe-debug)" in output and "differs" not in output, rows
 
 
-def test_an_inconclusive_verdict_has_its_own_banner_with_the_reasons(page, explorer, scenario_dirs, tmp_path):
+def test_an_inconclusive_verdict_has_its_own_banner_with_the_reasons(page, explorer, scenario_dirs, tmp_path,
+                                                                     artifacts):
     import json
     import shutil
 
@@ -225,3 +226,4 @@ def test_an_inconclusive_verdict_has_its_own_banner_with_the_reasons(page, explo
         assert reason["message"] in banner
     assert page.inner_text("#verdict") == "inconclusive"
     assert page.inner_text(f"{SEL['pivotPanel']} h2") == "Inconclusive"
+    page.screenshot(path=str(artifacts / "comparison-inconclusive.png"), full_page=True)

@@ -65,7 +65,7 @@ def test_a_plotly_label_with_html_would_make_a_link(page, explorer):
     assert made["links"] >= 1 and made["styled"] >= 1, made
 
 
-def test_boundary_and_phase_with_html_are_drawn_as_text(page, explorer, hostile_pair):
+def test_boundary_and_phase_with_html_are_drawn_as_text(page, explorer, hostile_pair, artifacts):
     errors: list[str] = []
     page.on("pageerror", lambda e: errors.append(str(e)))
     with httpx.Client(base_url=explorer.url, timeout=60) as client:
@@ -75,6 +75,10 @@ def test_boundary_and_phase_with_html_are_drawn_as_text(page, explorer, hostile_
     wait_drawn(page, 1)
     roots = [SEL["timeline"], SEL["overview"], SEL["pivotPanel"], SEL["detailPanel"], SEL["propagation"]]
 
+    # the propagation view starts at the pivot, named as it is (its node id holds the boundary's "/")
+    page.wait_for_selector(f"{SEL['propagation']} .node.pivot")
+    assert page.get_attribute(f"{SEL['propagation']} .node.pivot", "data-boundary") == BOUNDARY
+    assert page.inner_text(f"{SEL['propagation']} .node.pivot .b") == BOUNDARY
     # the pivot panel names the boundary as it is, as text
     assert page.inner_text("#pivot-boundary") == BOUNDARY
     # the lanes' tick text holds the phase literally
@@ -95,6 +99,7 @@ def test_boundary_and_phase_with_html_are_drawn_as_text(page, explorer, hostile_
     page.wait_for_selector(f"{SEL['timeline']} .hoverlayer .hovertext")
     hover = page.eval_on_selector(f"{SEL['timeline']} .hoverlayer", "n => n.textContent")
     assert BOUNDARY in hover and PHASE in hover, hover
+    page.screenshot(path=str(artifacts / "comparison-html-in-run-strings.png"), full_page=True)
     assert page.evaluate(MADE, roots) == {"links": 0, "styled": 0}
 
     # select it: the selected-event panel shows the same text, no markup
@@ -104,3 +109,4 @@ def test_boundary_and_phase_with_html_are_drawn_as_text(page, explorer, hostile_
     assert BOUNDARY in page.inner_text(SEL["detailPanel"])
     assert page.evaluate(MADE, roots) == {"links": 0, "styled": 0}
     assert errors == []
+    assert "error" not in (page.get_attribute(SEL["toast"], "class") or ""), page.inner_text(SEL["toast"])
