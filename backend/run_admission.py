@@ -1,19 +1,17 @@
 """Admission of a run into the explorer's workspace: everything the engine will read, read once first.
 
-`admit(folder, names)` reads a staged run directory the way a comparison will: the engine's
-`open_run`, then `load_rank` for every rank, then the loaded columns against the types
-`bitguard.schema` declares, every call stack a list of strings, and the manifest fields the
-workspace lists (`listing`). A run that fails any of these never enters the workspace. Every
-failure is a `BitguardError` in the user's terms (`PathNames`); an exception the reader did not
-expect is reported as `CorruptRun` naming the folder (and logged with its traceback), so an
-upload never ends in a 500.
+`admit(folder, names, shown)` reads a staged run directory the way a comparison will: the engine's
+`open_run` (manifest and meta against their models), then `load_rank` for every rank (column
+types, call stacks), then the manifest fields the workspace lists (`listing`). A run that
+fails any of these never enters the workspace. Every failure is a `BitguardError` in the
+user's terms (`PathNames`); an exception the reader did not expect is reported as `CorruptRun`
+naming the folder (and logged with its traceback), so an upload never ends in a 500.
 
 `listing(manifest)` is the one reading of the manifest fields a run's listing shows; the
 catalogue applies it again to every stored run, so a run admitted by an older version that
 does not pass is listed with its problem instead of breaking the list.
 
-This module knows nothing about HTTP or the catalogue, and checks nothing the engine's ingest
-does not need beyond the shapes above.
+This module knows nothing about HTTP or the catalogue; what a readable run is, is the ingest's.
 """
 
 from __future__ import annotations
@@ -68,33 +66,6 @@ def listing(manifest) -> tuple[dict, list[str]]:
     return fields, problems
 
 
-def _expected_dtypes(table) -> dict:
-    """polars dtype of every column of a schema table, derived from its Arrow schema."""
-    import polars as pl
-
-    from bitguard.collectors.store import arrow_schema
-
-    return dict(pl.from_arrow(arrow_schema(table).empty_table()).schema)
-
-
-def _check_columns(frame, table, where: str) -> None:
-    expected = _expected_dtypes(table)
-    for name, dtype in expected.items():
-        if name not in frame.columns:
-            raise CorruptRun(f"{where} has no column {table.name}.{name}: not a bitguard rank file of this schema; "
-                             "re-record the run")
-        if frame.schema[name] != dtype:
-            raise CorruptRun(f"{where}: column {table.name}.{name} is {frame.schema[name]}, not {dtype} as "
-                             "bitguard.schema declares; the rank file was not written by bitguard record: re-record it")
-
-
-def _check_stacks(stacks, where: str) -> None:
-    for sid, frames in stacks.items():
-        if not isinstance(frames, list) or not all(isinstance(f, str) for f in frames):
-            raise CorruptRun(f"{where}: call stack {sid} is {_kind(frames)}, not a list of frames; "
-                             "the rank file is damaged: re-record the run")
-
-
 def _unexpected(exc: BaseException, where: str) -> CorruptRun:
     log.warning("reading %s failed unexpectedly", where, exc_info=exc)
     first = (str(exc).splitlines() or [""])[0][:300]
@@ -105,7 +76,6 @@ def _unexpected(exc: BaseException, where: str) -> CorruptRun:
 def admit(folder, names: PathNames, shown: str) -> Admitted:
     """Read the run in `folder` completely; raise a BitguardError in the user's terms if it is unusable."""
     from bitguard.backend.ingest import load_rank, open_run
-    from bitguard.schema import EVENTS, TENSORS
 
     where = shown
     try:
@@ -124,10 +94,7 @@ def admit(folder, names: PathNames, shown: str) -> Admitted:
                              "re-record the run")
         for rank in ranks:
             where = f"{shown}/{info.ranks[rank].name}"
-            events, tensors, stacks = load_rank(info, rank)
-            _check_columns(events, EVENTS, where)
-            _check_columns(tensors, TENSORS, where)
-            _check_stacks(stacks, where)
+            load_rank(info, rank)  # checks column types and call stacks as it reads (ingest.py)
     except BitguardError as exc:
         raise _naming(names.error(exc), shown) from None
     except (Exception, RecursionError) as exc:  # noqa: BLE001 - any reader failure on an upload is bad input
