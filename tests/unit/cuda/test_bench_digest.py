@@ -21,6 +21,7 @@ def test_benchmark_reports_digest_and_baselines():
     assert report["ratio_to_np.sum"] > 0
 
 
+@pytest.mark.slow  # bench_recording records tiny runs in its subprocess
 def test_team_pairs_benchmark_reports_both_sides():
     run = subprocess.run(
         [sys.executable, str(ROOT / "benchmarks" / "bench_recording.py"), "--team-pairs", "2", "--json"],
