@@ -361,9 +361,13 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _git_head() -> str:
+    """The commit the harness ran on, and whether tracked files differed from it."""
     try:
-        return subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True,
-                              text=True, timeout=10).stdout.strip() or "?"
+        git = ["git", "-C", str(REPO)]
+        head = subprocess.run([*git, "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=10)
+        dirty = subprocess.run([*git, "status", "--porcelain", "--untracked-files=no"], capture_output=True,
+                               text=True, timeout=10).stdout.strip()
+        return (head.stdout.strip() or "?") + (" with uncommitted changes" if dirty else "")
     except OSError:
         return "?"
 
