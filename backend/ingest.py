@@ -304,7 +304,7 @@ def open_run(path: str | Path) -> RunInfo:
     if not ranks:
         raise NotARun(f"{path} has a manifest but no rank-N.duckdb files: the recording wrote no events "
                       f"(did the script fail before training?); re-record it")
-    world_size = manifest.get("world_size") or max(ranks) + 1
+    world_size = manifest["world_size"]
     beyond = [r for r in ranks if r >= world_size]
     if beyond:
         raise CorruptRun(f"{ranks[beyond[0]]} is beyond the world size {world_size} of {path / 'manifest.json'}: "

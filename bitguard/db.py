@@ -6,7 +6,9 @@ network when a file looks like SQLite), no file access beyond the database itsel
 `read_csv` and the like are refused) and the configuration locked, so no statement can turn
 these back on. `header_problem()` says whether a file's first bytes are a DuckDB database's, so
 a caller can refuse anything else before DuckDB ever reads it; `is_lock_error()` tells a real
-lock conflict (another process holds the file) from every other DuckDB failure.
+lock conflict (another process holds the file) from every other DuckDB failure. DuckDB takes a
+backslash in a path for a folder separator, even on POSIX: such a file is read through a hard
+link (or a copy) elsewhere, refused for writing, never handed to DuckDB as it is.
 
 This module knows DuckDB and nothing about runs, ranks or what a message should tell the user.
 """
@@ -14,10 +16,13 @@ This module knows DuckDB and nothing about runs, ranks or what a message should 
 from __future__ import annotations
 
 import os
+import shutil
 import tempfile
 import threading
 
 import duckdb
+
+from bitguard.errors import BadInput
 
 SAFE_CONFIG = {
     "autoinstall_known_extensions": False,  # never download an extension
@@ -44,8 +49,35 @@ def connect(path: str | os.PathLike, read_only: bool = False, config: dict | Non
     if read_only:
         settings.setdefault("temp_directory", os.path.join(tempfile.gettempdir(), "bitguard-duckdb"))
     settings.update(SAFE_CONFIG)
+    name = os.fspath(path)
+    if "\\" in name and name != ":memory:":
+        return _through_links(name, read_only, settings)
     with _OPENING:
-        return _locked_down(duckdb.connect(os.fspath(path), read_only=read_only, config=settings), path)
+        return _locked_down(duckdb.connect(name, read_only=read_only, config=settings), path)
+
+
+def _through_links(name: str, read_only: bool, settings: dict) -> duckdb.DuckDBPyConnection:
+    """DuckDB reads a backslash in a path as a folder separator, even on POSIX (it would open, or
+    create, another file), and resolves symbolic links before it does. A read-only connection opens
+    a hard link of the file and its WAL in a private folder instead (a copy when the temporary
+    folder is on another file system), removed once DuckDB holds the file open; a writer is refused."""
+    if not read_only:
+        raise BadInput(f"{name}: DuckDB reads the backslash in this path as a folder separator; "
+                       f"use a folder name without one")
+    folder = tempfile.mkdtemp(prefix="bitguard-link-")
+    try:
+        link = os.path.join(folder, "rank.duckdb")
+        for source, target in ((name, link), (name + ".wal", link + ".wal")):
+            if not os.path.exists(source):
+                continue
+            try:
+                os.link(source, target)
+            except OSError:
+                shutil.copyfile(source, target)
+        with _OPENING:
+            return _locked_down(duckdb.connect(link, read_only=True, config=settings), name)
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def _locked_down(con: duckdb.DuckDBPyConnection, path) -> duckdb.DuckDBPyConnection:

@@ -54,7 +54,8 @@ class Manifest(BaseModel):
     cwd: str | None = _field("a folder path (a string)")
     mode: str | None = _field("a recording mode (a string)")
     steps: list[int | None] | None = _field("null or [first step, end step or null]", max_length=2)
-    world_size: int | None = _field(f"an integer between 1 and {MAX_WORLD_SIZE}", ge=1, le=MAX_WORLD_SIZE)
+    # required: without it, a missing rank could not be told from a smaller job
+    world_size: int = _field(f"an integer between 1 and {MAX_WORLD_SIZE}", ..., ge=1, le=MAX_WORLD_SIZE)
     determinism: dict[str, Any] | None = _field("an object (the determinism settings in force)")
     versions: dict[str, str] | None = _field("an object mapping library names to version strings")
     devices: list[str] | None = _field("a list of device names (strings)")

@@ -190,7 +190,8 @@ def test_only_a_real_lock_conflict_reads_as_open_in_another_process(run):
 
 # -- folder names are never SQL ---------------------------------------------------------------
 
-@pytest.mark.parametrize("name", ["q'dir", "x' AS z; COPY (SELECT 1) TO 'pwned.csv'; --", "a b;c\"d", "rün ☃ 數"])
+@pytest.mark.parametrize("name", ["q'dir", "x' AS z; COPY (SELECT 1) TO 'pwned.csv'; --", "a b;c\"d", "rün ☃ 數",
+                                  "back\\slash"])
 def test_a_folder_name_with_quotes_or_sql_compares_normally_and_runs_nothing(pristine, tmp_path, monkeypatch, name):
     monkeypatch.chdir(tmp_path)
     copy = tmp_path / name
@@ -199,6 +200,15 @@ def test_a_folder_name_with_quotes_or_sql_compares_normally_and_runs_nothing(pri
     assert info.path == copy and not info.damage and info.missing_ranks == []
     assert bitguard.compare(pristine, str(copy)).verdict == "identical"
     assert not list(tmp_path.rglob("pwned.csv")) and not os.path.exists("pwned.csv")
+
+
+def test_duckdb_never_gets_a_path_with_a_backslash_it_would_read_as_a_separator(pristine, tmp_path):
+    (tmp_path / "a" / "b").mkdir(parents=True)  # where DuckDB would go for "a\\b"
+    with pytest.raises(BadInput, match="backslash"):
+        db.connect(tmp_path / "a\\b" / "rank-0.duckdb")
+    assert not list((tmp_path / "a" / "b").iterdir())
+    shutil.copytree(pristine, tmp_path / "a\\b" / "run")
+    assert len(load_rank(open_run(tmp_path / "a\\b" / "run"), 0)[0]) > 0
 
 
 # -- the manifest, through its model ----------------------------------------------------------
@@ -220,6 +230,12 @@ def test_a_manifest_world_size_message_says_what_it_must_be(run):
     message = _refused(run, CorruptRun)
     assert message == (f"{run}/manifest.json: field 'world_size' must be an integer between 1 and 65536 "
                        f"(got \"abc\"); re-record the run or fix the file")
+    _edit_manifest(run, world_size=None)  # without it a missing rank could not be told from a smaller job
+    _refused(run, CorruptRun, "'world_size' must be")
+    manifest = json.loads((run / "manifest.json").read_text())
+    del manifest["world_size"]
+    (run / "manifest.json").write_text(json.dumps(manifest))
+    _refused(run, CorruptRun, "'world_size' must be", "(missing)")
 
 
 @pytest.mark.parametrize("text, words", [
