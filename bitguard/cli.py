@@ -161,7 +161,8 @@ def _launch(child: list[str], out: Path, command: list[str]) -> int:
 
 
 def _fold_journals(out: Path) -> None:
-    """A killed child leaves its last events in rank-N.journal: fold them in now (readers would too)."""
+    """A killed child leaves its last events in rank-N.journal: fold them in now. (Readers never
+    write into a run: they read what a journal still holds in memory.)"""
     from bitguard.collectors.store import recover
 
     for journal in sorted(out.glob("rank-*.journal")):
