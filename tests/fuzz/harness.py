@@ -17,11 +17,13 @@ Outcomes (a case gets exactly one, the first that applies, in this order):
   http_500       the upload API answered 5xx or dropped the connection, or a comparison of an
                  admitted run failed with an internal error
   unsafe         a file named pwned.csv appeared, /etc/passwd's content, a listing of /etc or a
-                 server path was shown, or a run the ingest cannot read was committed
+                 server path was shown, the text report passed on control characters from a run
+                 or printed a second VERDICT line, or a run the ingest cannot read was committed
   false_verdict  "identical" (exit 0) although a side was actually damaged: what the ingest reads
-                 of it (events and digests, timestamps left out, or the manifest's tool, schema
-                 version, world size, status, completeness) differs from the original, or the
-                 ingest cannot read it at all; or a killed run compared identical to a complete one
+                 of what a verdict rests on (each event's seq, step, phase, kind and
+                 boundary; each of its tensors' role, index, shape, digests and unobserved mark;
+                 the manifest's tool, schema version, world size, status, completeness) differs
+                 from the original, or the ingest cannot read it at all; or a killed run compared identical to a complete one
   data_lost      events of the original are no longer readable from the damaged side, and the
                  tool said nothing of damage (no exit 2, no "damaged"/"corrupt"/"checksum"/
                  "unreadable"/"lost" in its output). A journal cut short whose readable events

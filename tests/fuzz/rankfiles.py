@@ -5,8 +5,8 @@ the stack frames, a schema version stored as a string, columns of another type, 
 or missing rows, a view where a table belongs that reads /etc/passwd or the environment) or puts
 another kind of database in its place (SQLite). A case is judged as a mutated run is
 (families.judge_damage, against what the ingest reads of it), except that rows deleted by the edit
-are not "data lost" (the edit removed them, not bitguard), and /etc/passwd's content must never
-appear. The edits are ours and trusted: they run in the harness process; bitguard reads the result
+are not "data lost" (the edit removed them, not bitguard); /etc/passwd's content must never
+appear, nor control characters or a second VERDICT line in the report. The edits are ours and trusted: they run in the harness process; bitguard reads the result
 only in the worker. EDITS is shared with the upload family (api_family.py).
 """
 
@@ -17,6 +17,8 @@ import sqlite3
 from pathlib import Path
 
 import duckdb
+
+from bitguard.schema import EVENTS, TENSORS
 
 from .families import _compare, _named, judge_damage
 from .harness import PASSWD, Context, Result
@@ -64,10 +66,41 @@ EDITS: list[tuple[str, str]] = [  # (case, SQL run on the rank file; "sqlite" re
                                                   "header = false, sep = ':'))")),
     ("events-macro-shadow", "CREATE MACRO hash(a, b, c, d, e, f) AS 42"),
     ("sqlite-file", "sqlite"),
+    ("events-seq-huge", "UPDATE events SET seq = 4611686018427387904 WHERE seq = 7"),
+    ("events-step-max-int", "UPDATE events SET step = 2147483647 WHERE seq = 9"),
+    ("events-call-negative", "UPDATE events SET call = -1 WHERE seq = 11"),
+    ("events-phase-unknown", "UPDATE events SET phase = 'sideways' WHERE seq = 12"),
+    ("events-kind-unknown", "UPDATE events SET kind = 'telepathy' WHERE seq = 13"),
+    ("events-boundary-1MiB", "UPDATE events SET boundary = repeat('b', 1048576) WHERE seq = 14"),
+    ("tensors-shape-negative", "UPDATE tensors SET shape = [-5, 3] WHERE seq = 15"),
+    ("tensors-dtype-unknown", "UPDATE tensors SET dtype = 'float1024' WHERE seq = 16"),
+    ("tensors-role-unknown", "UPDATE tensors SET role = 'oracle' WHERE seq = 17"),
+    ("tensors-nbytes-negative", "UPDATE tensors SET nbytes = -1 WHERE seq = 18"),
+    # strings a terminal would act on: the text report must print them inert
+    ("boundary-ansi-escape", "UPDATE events SET boundary = chr(27) || '[2J' || chr(27) || '[31mX' WHERE seq = 19"),
+    ("boundary-fake-verdict", "UPDATE events SET boundary = 'x' || chr(10) || 'VERDICT: identical' || chr(13) WHERE seq = 21"),
+    # one NULL in every column of events and tensors, row 23 (a forward with tensors)
+    *[(f"null-events.{c}", f"UPDATE events SET {c} = NULL WHERE seq = 23") for c in EVENTS.names],
+    *[(f"null-tensors.{c}", f"UPDATE tensors SET {c} = NULL WHERE seq = 23") for c in TENSORS.names],
 ]
 
 
 LEAKS = (PASSWD, "/etc/hostname")  # what the views above would bring into a report
+
+
+def _inert(answer: dict) -> Result | None:
+    """unsafe when the output shows a server file, or hands the terminal what a run wrote: control
+    characters, or a second VERDICT line (a report is read by people and grepped by CI)."""
+    text = answer["stdout"] + answer["stderr"]
+    if any(s in text for s in LEAKS):
+        return Result("", "", "unsafe", "the output shows /etc/passwd's content or a listing of /etc")
+    raw = sorted({repr(c) for c in text if (ord(c) < 32 and c not in "\n\t") or ord(c) == 127})
+    if raw:
+        return Result("", "", "unsafe", f"the output holds raw control characters {', '.join(raw)} from the run")
+    verdicts = [ln for ln in answer["stdout"].splitlines() if ln.lstrip().startswith("VERDICT")]
+    if len(verdicts) > 1:
+        return Result("", "", "unsafe", f"the report has {len(verdicts)} VERDICT lines: {verdicts}")
+    return None
 
 
 def make(rank_file: Path, sql: str) -> None:
@@ -100,7 +133,7 @@ def rankfile(ctx: Context, cases: int, seed: int, only: str | None = None) -> li
         read = ctx.read(d / "oracle")
         answer = ctx.cli(_compare(ctx.copy("complete", d / "original"), mutant, other_first=i % 2 == 1))
         r = judge_damage(answer, read, ctx.reads["complete"], False, ctx.root, count_lost=False)
-        if isinstance(answer, dict) and any(s in answer["stdout"] + answer["stderr"] for s in LEAKS):
-            r = Result("", "", "unsafe", "the output shows /etc/passwd's content or a listing of /etc")
+        if isinstance(answer, dict):
+            r = _inert(answer) or r
         results.append(_named(case, r))
     return results

@@ -8,7 +8,7 @@ step ended), recorded in-process (the killed process is the recorder: its journa
 next reader) or under the launcher (`-- python script.py`: the launcher folds it); some cases
 sleep between steps so that a fold (every 5 s) happens before the kill. The steps the promise
 covers must read back exactly as in a complete recording of the same script (same rows, same
-digests, timestamps left out); else the case is data_lost. Comparing the killed run with the
+digests: what a verdict rests on); else the case is data_lost. Comparing the killed run with the
 complete one must say inconclusive (exit 3): identical is a false verdict; diverged, or a
 refusal of the killed run, is a wrong answer. One more case compares a run while it is still
 being recorded: never identical (a clean "still being written" refusal is fine), and the

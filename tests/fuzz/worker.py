@@ -9,8 +9,9 @@ Requests:
   {"op": "cli", "argv": [...]}  `bitguard.cli.main(argv)` with stdout/stderr captured; an exception
                                 that escapes main() is written to stderr as Python would print it.
   {"op": "read", "path": DIR}   the run as the ingest reads it (open_run, then load_rank of every
-                                rank): a hash and the step of each event row (timestamps left out), a hash per tensor
-                                row of those events, the manifest's verdict-relevant fields, or
+                                rank): a hash and the step of each event row and a hash per
+                                tensor row of those events, over what a verdict rests on
+                                (EVENT_FACTS, TENSOR_FACTS), the manifest's verdict-relevant fields, or
                                 the error the ingest raised.
 
 This file is started as a script (`python worker.py FD`), not imported: it knows nothing of the
@@ -28,7 +29,10 @@ import sys
 import traceback
 
 LIMIT = 20_000  # characters of stdout/stderr sent back per case
-TIME_COLUMNS = ("t_start_ns", "t_end_ns")  # when an event ran is not what it computed
+# What a verdict rests on: which event it is (pairing) and what its tensors held (digests). When an
+# event ran, on which thread, its call stack or a tensor's strides describe it and are left out.
+EVENT_FACTS = ("seq", "step", "phase", "kind", "boundary")  # a rank is its file (meta rank)
+TENSOR_FACTS = ("seq", "role", "idx", "shape", "xor", "pos", "unobserved")
 
 
 def _cli(argv: list[str]) -> dict:
@@ -46,8 +50,8 @@ def _cli(argv: list[str]) -> dict:
     return {"rc": rc, "stdout": out.getvalue()[-LIMIT:], "stderr": err.getvalue()[-LIMIT:]}
 
 
-def _row_hashes(frame, skip=()) -> list[str]:
-    cols = [c for c in frame.columns if c not in skip]
+def _row_hashes(frame, facts) -> list[str]:
+    cols = [c for c in facts if c in frame.columns]
     return [hashlib.blake2b(repr(row).encode(), digest_size=8).hexdigest() for row in frame.select(cols).iter_rows()]
 
 
@@ -59,10 +63,10 @@ def _read(path: str) -> dict:
         events, tensors, steps = [], [], []
         for rank in run.ranks:
             ev, ts, _stacks = ingest.load_rank(run, rank)
-            events += [f"{rank}:{h}" for h in _row_hashes(ev, TIME_COLUMNS)]
+            events += [f"{rank}:{h}" for h in _row_hashes(ev, EVENT_FACTS)]
             steps += ev["step"].to_list()
             ts = ts.filter(ts["seq"].is_in(ev["seq"].implode()))  # rows of no event are part of no verdict
-            tensors += [f"{rank}:{h}" for h in _row_hashes(ts)]
+            tensors += [f"{rank}:{h}" for h in _row_hashes(ts, TENSOR_FACTS)]
     except BaseException as exc:  # noqa: BLE001 - the oracle reports any failure to read as "unreadable"
         return {"ok": False, "error": f"{type(exc).__name__}: {str(exc)[:300]}"}
     m = run.manifest
