@@ -244,3 +244,33 @@ def test_dump_holds_what_was_digested_and_an_unflattenable_output_is_one_marked_
     assert sparse["strides"] == [] and sparse["nbytes"] == 2 * 2 * 8 + 2 * 4  # 2x2 int64 indices, 2 values
     assert opaque["path"] == "[2]" and opaque["unobserved"].startswith("could not flatten _Opaque: TypeError")
     assert dumps[(opaque["seq"], "output", 2)] == b""
+
+
+def test_a_parameter_or_module_on_a_freed_ones_id_is_named_and_hooked_afresh():
+    """What the corpus meets by chance (a model built after another was freed, its objects on the
+    freed ones' ids), made certain: the collector's entries for the ids point at dead objects."""
+    import weakref
+
+    from bitguard.collectors.hooks import Collector
+
+    class Store:
+        errors: list = []
+
+    class Gone:
+        pass
+
+    gone = Gone()
+    dead = weakref.ref(gone)
+    del gone
+    collector = Collector(Store())
+    model = torch.nn.Sequential(torch.nn.Linear(2, 2))
+    collector._names[id(model[0])] = (dead, "old.module")
+    collector._params[id(model[0].weight)] = (dead, "old.weight", "Old", -1)
+    collector._accumulating.add(id(model[0].weight))
+    collector._next_param_tid = -1
+    collector._register_root(model)
+    assert collector._names[id(model[0])][1] == "0"
+    ref, name, owner, tid = collector._params[id(model[0].weight)]
+    assert (ref() is model[0].weight, name, owner) == (True, "0.weight", "Linear") and tid < -1
+    assert id(model[0].weight) not in collector._accumulating  # its post-accumulate hook is added when needed
+    assert len(model[0].weight._backward_hooks) == 1  # the gradient hook
