@@ -239,6 +239,13 @@ def first_line(text: str) -> str:
     lines = [ln for ln in text.strip().splitlines() if ln.strip()]
     if not lines:
         return ""
+    if lines[0] == "{":  # a --json report
+        try:
+            doc = json.loads(text)
+            return f"JSON verdict {doc.get('verdict')!r}" + (f", {doc['first_divergence'].get('cause')} divergence"
+                                                             if isinstance(doc.get("first_divergence"), dict) else "")
+        except ValueError:
+            pass
     verdict = [ln for ln in lines if ln.startswith("VERDICT")]
     return (lines[-1] if "Traceback" in text else verdict[0] if verdict else lines[0])[:200]
 
