@@ -18,9 +18,8 @@ from __future__ import annotations
 
 import argparse
 import collections
-import contextlib
 import os
-import sys
+import warnings
 from typing import NamedTuple
 
 import torch
@@ -378,12 +377,9 @@ class Parametrized(nn.Module):
         self.sn = parametrizations.spectral_norm(nn.Linear(8, 8))  # power iteration: buffers edited in place
         self.sym = nn.Linear(8, 8)
         parametrize.register_parametrization(self.sym, "weight", Symmetric())
-        with contextlib.redirect_stderr(open(os.devnull, "w")):  # the old API warns that it is old
-            import warnings
-
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")
-                self.old_wn = torch.nn.utils.weight_norm(nn.Linear(8, 8))  # a forward pre-hook
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # the old API warns that it is old
+            self.old_wn = torch.nn.utils.weight_norm(nn.Linear(8, 8))  # a forward pre-hook
 
     def forward(self, x):
         return self.old_wn(self.sym(self.sn(self.wn(x))))
@@ -522,8 +518,6 @@ class NestedModel(nn.Module):
 
 @pattern
 def nested_tensors():
-    import warnings
-
     m = NestedModel()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the strided layout is "prototype"
@@ -689,7 +683,6 @@ def main() -> None:
                   "steps": (first, TOTAL_STEPS[0] - first), "root": type(model).__name__}
         torch.save(result, os.path.join(args.out, f"{name}.pt"))
     print("done", flush=True)
-    sys.stdout.flush()
 
 
 if __name__ == "__main__":
