@@ -53,9 +53,10 @@ def run_parts(run: Path, top: str = "run") -> list[Part]:
 class Api:
     """The live server and the judging of its answers."""
 
-    def __init__(self, ctx: Context):
+    def __init__(self, ctx: Context, folder: str = "api"):
         self.ctx = ctx
-        self.ws = ctx.root / "server" / "workspace"
+        self.servers = ctx.root / "server"  # every family's workspaces: no reply may name a path in here
+        self.ws = self.servers / folder / "workspace"
         here = os.getcwd()
         os.chdir(ctx.cwd)  # the server inherits it: relative writes land where ctx.pwned() looks
         try:
@@ -85,7 +86,7 @@ class Api:
         detail = f"HTTP {r.status_code}: {text[:160]}"
         if r.status_code >= 500:
             return Result("", "", "http_500", detail)
-        if str(self.ws.parent) in text or PASSWD in text:  # runs name their own folders: only the server's count
+        if str(self.servers) in text or PASSWD in text:  # runs name their own folders: only the server's count
             return Result("", "", "unsafe", f"the reply shows a server path or file: {detail}")
         if r.status_code >= 400:
             return Result("", "", "clean_error", detail)

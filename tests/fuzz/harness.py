@@ -46,11 +46,12 @@ files, arguments, output paths, a closed stdout, two readers of one killed run),
 (recordings killed at `--cases` drawn points: the steps before the last one that ended must read
 back as recorded), api (the upload API of a live server: `--cases` mutated uploads and three
 times as many hostile manifests and rank files, malformed multipart, concurrent uploads and
-deletes, hostile query parameters).
+deletes, hostile query parameters, rule sets), workspace (runs damaged on the server's disk, then
+the server restarted).
 
 This module knows how to run and judge cases; what the cases are lives in mutations.py (the
-inputs), families.py (run folders and the CLI), rankfiles.py, ranks.py, sigkill.py and api_family.py (the
-server); worker.py is the child process that runs bitguard.
+inputs), families.py (run folders and the CLI), rankfiles.py, ranks.py, sigkill.py, api_family.py and
+workspace_family.py (the server); worker.py is the child process that runs bitguard.
 """
 
 from __future__ import annotations
@@ -286,17 +287,18 @@ def said_damaged(answer: dict, root: Path) -> bool:
     return any(w in text.lower() for w in SAID_DAMAGED)
 
 
-FAMILIES = ("mutated", "rankfile", "ranks", "manifest", "names", "nonregular", "cli", "sigkill", "api")
+FAMILIES = ("mutated", "rankfile", "ranks", "manifest", "names", "nonregular", "cli", "sigkill", "api",
+            "workspace")
 
 
 def run_family(name: str, ctx: Context, cases: int, seed: int, only: str | None = None) -> list[Result]:
-    from . import api_family, families, rankfiles, ranks, sigkill
+    from . import api_family, families, rankfiles, ranks, sigkill, workspace_family
 
     fn = {"mutated": families.mutated, "rankfile": rankfiles.rankfile, "ranks": ranks.ranks,
           "manifest": families.manifests,
           "names": families.names,
           "nonregular": families.nonregular, "cli": families.cli_inputs, "sigkill": sigkill.sigkill,
-          "api": api_family.api}[name]
+          "api": api_family.api, "workspace": workspace_family.workspace}[name]
     results = fn(ctx, cases=cases, seed=seed, only=only)
     for r in results:
         r.family = name
