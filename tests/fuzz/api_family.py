@@ -261,7 +261,7 @@ def _hostile_rankfile(ctx: Context, a: Api, sql: str) -> Result:
         base = a.upload(run_parts(ctx.bases["complete"]))
         if isinstance(base, Result) or base.status_code != 201:
             return a.judge(base)
-        result = _compare_ready(a, base.json()["id"], r.json()["id"])
+        result = compare_ready(a, base.json()["id"], r.json()["id"])
         cmp = a.request("GET", "/api/comparisons")
         texts = [cmp.text] if not isinstance(cmp, Result) else []
         for c in (cmp.json() if texts else []):
@@ -300,13 +300,13 @@ def _named_upload(a: Api, parts: list[Part], params: dict) -> Result:
         other = a.upload(parts)
         if isinstance(other, Result) or other.status_code != 201:
             return a.judge(other)
-        result = _compare_ready(a, r.json()["id"], other.json()["id"], expect="identical")
+        result = compare_ready(a, r.json()["id"], other.json()["id"], expect="identical")
         a.delete(other)
     a.delete(r)
     return result
 
 
-def _compare_ready(a: Api, run_a: str, run_b: str, expect: str | None = None) -> Result:
+def compare_ready(a: Api, run_a: str, run_b: str, expect: str | None = None) -> Result:
     r = a.request("POST", "/api/comparisons", json={"run_a": run_a, "run_b": run_b})
     if isinstance(r, Result) or r.status_code != 202:
         return a.judge(r, refuse=False) if not isinstance(r, Result) else r
@@ -355,7 +355,8 @@ def _concurrent(a: Api, parts: list[Part], rnd: int) -> Result:
         if res.outcome in ("hang", "http_500", "unsafe"):
             return Result("", "", res.outcome, f"{method} {url}: {res.detail}")
         statuses.append(f"{method.lower()} {r.status_code}")
-        a.delete(r) if method == "POST" and url == "/api/runs" else None
+        if method == "POST" and url == "/api/runs":
+            a.delete(r)
     deletes = [r.status_code for (m, _, _), r in zip(jobs, answers) if m == "DELETE"]
     if deletes.count(204) != 1 or any(s not in (204, 404) for s in deletes):
         return Result("", "", "wrong_answer", f"deletes of one run answered {deletes} (one 204, then 404s)")
@@ -430,7 +431,7 @@ def _query_cases(a: Api, good: list[Part]):
         if isinstance(cmp, Result) or cmp.status_code != 202:
             return a.judge(cmp) if not isinstance(cmp, Result) else cmp
         state["cid"] = cmp.json()["id"]
-        return _compare_ready(a, r1.json()["id"], r2.json()["id"])
+        return compare_ready(a, r1.json()["id"], r2.json()["id"])
 
     yield "query/setup-comparison", setup
     for route, params in [

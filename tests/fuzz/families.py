@@ -29,12 +29,14 @@ def _wanted(case: str, only: str | None) -> bool:
     return only is None or only in case
 
 
-def _named(case: str, r: Result) -> Result:
+def named(case: str, r: Result) -> Result:
+    """`r` with its case id (judges leave it empty; the family that ran the case knows it)."""
     r.case = case
     return r
 
 
-def _compare(original: Path, other: Path, other_first: bool) -> list[str]:
+def compare_argv(original: Path, other: Path, other_first: bool) -> list[str]:
+    """`bitguard compare` of an original and a damaged or hostile copy, the copy as run A or as run B."""
     return ["compare", str(other), str(original)] if other_first else ["compare", str(original), str(other)]
 
 
@@ -90,12 +92,12 @@ def mutated(ctx: Context, cases: int, seed: int, only: str | None = None) -> lis
             shutil.copytree(mutant, d / "oracle")  # reading folds the journal: the oracle reads its own copy
             read = ctx.read(d / "oracle")
             as_json = ["--json"] if i % 4 >= 2 else []  # half the cases check the JSON report's verdict too
-            answer = ctx.cli([*_compare(ctx.copy(base, d / "original"), mutant, other_first=i % 2 == 1), *as_json])
+            answer = ctx.cli([*compare_argv(ctx.copy(base, d / "original"), mutant, other_first=i % 2 == 1), *as_json])
             r = judge_damage(answer, read, ctx.reads[base], op == "truncate" and fname.endswith("journal"), ctx.root)
             if as_json and r.outcome == "ok":
                 r = _json_verdict(answer, VERDICTS[answer["rc"]]) or r
             r.detail = f"{m.describe()}: {r.detail}"
-            results.append(_named(case, r))
+            results.append(named(case, r))
     return results
 
 
@@ -109,7 +111,7 @@ def manifests(ctx: Context, cases: int, seed: int, only: str | None = None) -> l
         d = ctx.scratch("manifest")
         hostile = ctx.copy("complete", d / "hostile")
         (hostile / "manifest.json").write_bytes(edit(manifest))
-        answer = ctx.cli(_compare(ctx.copy("complete", d / "original"), hostile, other_first=i % 2 == 1))
+        answer = ctx.cli(compare_argv(ctx.copy("complete", d / "original"), hostile, other_first=i % 2 == 1))
         r = crashed(answer)
         if r is None:
             rc = answer["rc"]
@@ -123,7 +125,7 @@ def manifests(ctx: Context, cases: int, seed: int, only: str | None = None) -> l
                 r = Result("", "", "wrong_answer", f"diverged although only the manifest changed: {detail}")
             else:
                 r = Result("", "", "clean_error" if rc == 2 else "ok", detail)
-        results.append(_named(case, r))
+        results.append(named(case, r))
     return results
 
 
@@ -144,14 +146,14 @@ def names(ctx: Context, cases: int, seed: int, only: str | None = None) -> list[
                 print(f"names: skipped {case}: {exc}", file=sys.stderr)
                 continue
             as_json = ["--json"] if placement == "parent" else []  # the JSON report must carry any name
-            answer = ctx.cli([*_compare(ctx.copy("complete", d / "original"), target, other_first=i % 2 == 1), *as_json])
+            answer = ctx.cli([*compare_argv(ctx.copy("complete", d / "original"), target, other_first=i % 2 == 1), *as_json])
             r = judge_cli(answer, "identical")
             if as_json and r.outcome == "ok":
                 r = _json_verdict(answer, "identical") or r
             for p in ctx.pwned():
                 r = Result("", "", "unsafe", f"{p} was written")
                 p.unlink()
-            results.append(_named(case, r))
+            results.append(named(case, r))
     return results
 
 
@@ -198,9 +200,9 @@ def nonregular(ctx: Context, cases: int, seed: int, only: str | None = None) -> 
             d = ctx.scratch("nonregular")
             run = ctx.copy("complete", d / "run")
             make(run / fname)
-            answer = ctx.cli(_compare(ctx.copy("complete", d / "original"), run, other_first=False),
+            answer = ctx.cli(compare_argv(ctx.copy("complete", d / "original"), run, other_first=False),
                              timeout=ctx.timeout)
-            results.append(_named(case, judge_cli(answer, "error")))
+            results.append(named(case, judge_cli(answer, "error")))
     return results
 
 
@@ -253,15 +255,15 @@ def cli_inputs(ctx: Context, cases: int, seed: int, only: str | None = None) -> 
     results = []
     for case, argv, expect in calls:
         if _wanted(case, only):
-            results.append(_named(case, judge_cli(ctx.cli(argv, timeout=ctx.timeout), expect)))
+            results.append(named(case, judge_cli(ctx.cli(argv, timeout=ctx.timeout), expect)))
     for case, extra in (("closed-stdout/text", []), ("closed-stdout/json", ["--json"])):
         if _wanted(case, only):
-            results.append(_named(case, _closed_stdout(ctx, [str(a), str(b), *extra])))
+            results.append(named(case, _closed_stdout(ctx, [str(a), str(b), *extra])))
     if _wanted("pipe/head-1", only):
-        results.append(_named("pipe/head-1", _head(ctx, [str(a), str(b)])))
+        results.append(named("pipe/head-1", _head(ctx, [str(a), str(b)])))
     for n in range(2):
         if _wanted(f"concurrent-readers/killed-run-{n}", only):
-            results.append(_named(f"concurrent-readers/killed-run-{n}", _two_readers(ctx)))
+            results.append(named(f"concurrent-readers/killed-run-{n}", _two_readers(ctx)))
     return results
 
 

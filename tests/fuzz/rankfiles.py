@@ -20,7 +20,7 @@ import duckdb
 
 from bitguard.schema import EVENTS, TENSORS
 
-from .families import _compare, _named, judge_damage
+from .families import compare_argv, judge_damage, named
 from .harness import PASSWD, Context, Result
 
 _VIEW_OVER = ("ALTER TABLE events RENAME TO events_real; "
@@ -131,9 +131,9 @@ def rankfile(ctx: Context, cases: int, seed: int, only: str | None = None) -> li
         make(mutant / "rank-0.duckdb", sql)
         shutil.copytree(mutant, d / "oracle")
         read = ctx.read(d / "oracle")
-        answer = ctx.cli(_compare(ctx.copy("complete", d / "original"), mutant, other_first=i % 2 == 1))
+        answer = ctx.cli(compare_argv(ctx.copy("complete", d / "original"), mutant, other_first=i % 2 == 1))
         r = judge_damage(answer, read, ctx.reads["complete"], False, ctx.root, count_lost=False)
         if isinstance(answer, dict):
             r = _inert(answer) or r
-        results.append(_named(case, r))
+        results.append(named(case, r))
     return results

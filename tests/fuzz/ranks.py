@@ -13,7 +13,7 @@ import shutil
 import sys
 from pathlib import Path
 
-from .families import _named, judge_damage
+from .families import judge_damage, named
 from .harness import TESTS, Context, Result
 
 if str(TESTS) not in sys.path:
@@ -66,5 +66,5 @@ def ranks(ctx: Context, cases: int, seed: int, only: str | None = None) -> list[
             if isinstance(read, dict) and read.get("ok") and read["ranks"] != orig["ranks"]:
                 read = {**read, "facts": {**read["facts"], "ranks": read["ranks"]}}  # a rank less is damage
             argv = ["compare", str(b), str(a)] if i % 2 else ["compare", str(a), str(b)]
-            results.append(_named(name, judge_damage(ctx.cli(argv), read, orig, False, ctx.root, count_lost=False)))
+            results.append(named(name, judge_damage(ctx.cli(argv), read, orig, False, ctx.root, count_lost=False)))
     return results

@@ -22,7 +22,8 @@ from pathlib import Path
 
 import httpx
 
-from .api_family import Api, _compare_ready, run_parts  # puts tests/ on sys.path
+from .api_family import Api, compare_ready, run_parts  # puts tests/ on sys.path
+from .families import named
 from .harness import Context, Result, first_line
 
 from api.live_server import free_port  # noqa: E402, I001
@@ -63,11 +64,11 @@ def workspace(ctx: Context, cases: int, seed: int, only: str | None = None) -> l
         for name in wanted:
             r = a.upload(run_parts(ctx.bases["complete"], name))
             if isinstance(r, Result) or r.status_code != 201:
-                results.append(_case(name, a.judge(r) if not isinstance(r, Result) else r))
+                results.append(named(name, a.judge(r) if not isinstance(r, Result) else r))
                 continue
             ids[name] = r.json()["id"]
         if isinstance(good, Result) or good.status_code != 201:
-            return results + [_case("setup", a.judge(good) if not isinstance(good, Result) else good)]
+            return results + [named("setup", a.judge(good) if not isinstance(good, Result) else good)]
         good_id = good.json()["id"]
     finally:
         a.close()
@@ -76,17 +77,12 @@ def workspace(ctx: Context, cases: int, seed: int, only: str | None = None) -> l
     a = Api(ctx, "damaged")  # the same workspace, restarted
     try:
         for name, run_id in ids.items():
-            results.append(_case(name, _check(a, good_id, run_id)))
+            results.append(named(name, _check(a, good_id, run_id)))
     finally:
         a.close()
     if only is None or only in "catalogue-truncated":
-        results.append(_case("catalogue-truncated", _catalogue(ctx, a.ws)))
+        results.append(named("catalogue-truncated", _catalogue(ctx, a.ws)))
     return results
-
-
-def _case(name: str, r: Result) -> Result:
-    r.case = name
-    return r
 
 
 def _check(a: Api, good_id: str, run_id: str) -> Result:
@@ -94,7 +90,7 @@ def _check(a: Api, good_id: str, run_id: str) -> Result:
         r = a.judge(a.request("GET", url))
         if r.outcome not in ("ok", "clean_error"):
             return Result("", "", r.outcome, f"GET {url} after the damage: {r.detail}")
-    r = _compare_ready(a, good_id, run_id)
+    r = compare_ready(a, good_id, run_id)
     if r.outcome == "ok" and r.detail.endswith(": identical"):
         return Result("", "", "false_verdict", f"a run damaged in the workspace compared identical ({r.detail})")
     return r
