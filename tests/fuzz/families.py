@@ -40,6 +40,11 @@ def compare_argv(original: Path, other: Path, other_first: bool) -> list[str]:
     return ["compare", str(other), str(original)] if other_first else ["compare", str(original), str(other)]
 
 
+def _differ(a: list, b: list) -> int:
+    """Rows that differ by position, plus those one list has beyond the other."""
+    return sum(x != y for x, y in zip(a, b)) + abs(len(a) - len(b))
+
+
 def judge_damage(answer, read, orig: dict, cut_tail_ok: bool, root: Path, count_lost: bool = True) -> Result:
     """Outcome of comparing an original with a mutated copy whose ingest read is `read`. With
     `count_lost` False (rows removed on purpose, not by the tool), missing events are not data lost."""
@@ -54,8 +59,8 @@ def judge_damage(answer, read, orig: dict, cut_tail_ok: bool, root: Path, count_
     elif read["facts"] != orig["facts"]:
         why = f"its manifest now says {read['facts']}"
     elif read["events"] != orig["events"] or read["tensors"] != orig["tensors"]:
-        why = (f"{sum(a != b for a, b in zip(read['events'], orig['events']))} event rows differ, "
-               f"{len(read['events'])} read of {len(orig['events'])}")
+        why = (f"{_differ(read['events'], orig['events'])} event and {_differ(read['tensors'], orig['tensors'])} "
+               f"tensor rows differ, {len(read['events'])} events read of {len(orig['events'])}")
     else:
         why = None
     detail = f"exit {rc}: {first_line(answer['stderr'] if rc == 2 else answer['stdout'])}"
