@@ -158,11 +158,14 @@ def test_killed_run_leaves_a_readable_directory_with_completed_steps(tmp_path):
         per_step[r["step"]] = per_step.get(r["step"], 0) + 1
     # step 2 had ended, so every step before it is whole (step 2's own commit may have been cut)
     assert per_step[0] == per_step[1] >= per_step.get(2, 0)
-    # and it compares against a complete run as an incomplete-but-identical prefix
+    # and it compares against a complete run as an identical prefix that cannot be certified whole
     record(tmp_path / "full", "--steps", "50")
     c = bitguard.compare(tmp_path / "full", out)
-    assert c.verdict == "identical"
-    assert c.to_dict()["incomplete"]["b"].startswith("status failed")
+    assert c.verdict == "inconclusive" and c.exit_status == 3
+    d = c.to_dict()
+    assert d["incomplete"]["b"].startswith("status failed")
+    assert [r["code"] for r in d["inconclusive"]["reasons"]] == ["incomplete"]
+    assert d["alignment"]["identical_prefix"] >= per_step[0] + per_step[1]
 
 
 @pytest.mark.slow
