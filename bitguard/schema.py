@@ -129,9 +129,13 @@ def markdown() -> str:
            f"(`{RANK_FILE.format(rank='N')}`) with the tables below. This file is generated from",
            "`bitguard/schema.py`; a test fails when the two disagree.", "",
            "While a rank records, and after a recording was killed, `rank-N.journal` beside its DuckDB",
-           "file holds the batches not yet folded into it (Arrow IPC, one group per batch; format in",
-           "`collectors/store.py`). bitguard folds it when it next reads the run; the rank's `meta` table",
-           "keeps the last group folded (`journal_folded`), so no row is ever taken twice.", "",
+           "file holds the batches not yet folded into it (Arrow IPC, one group per batch, each with a CRC-32",
+           "of its header and of its payload and the steps it holds; format in `collectors/journal.py`). The",
+           "`bitguard record` launcher folds it when its child ends; readers never write: they read what the",
+           "journal still holds in memory. The rank's `meta` table keeps the last group folded",
+           "(`journal_folded`), so no row is ever taken twice; a group that fails its checksum is reported",
+           "in `journal_damage` (from which step the rank is not whole) and the journal is kept as",
+           "`rank-N.journal.damaged`: nothing recorded is deleted.", "",
            f"Phases: {', '.join(PHASES)}. Tensor roles: {', '.join(ROLES)}.", ""]
     for table in TABLES:
         out += [f"## `{table.name}`", "", table.doc, "", "| column | type | meaning |", "| --- | --- | --- |"]
