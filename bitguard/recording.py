@@ -19,9 +19,8 @@ from pathlib import Path
 
 from bitguard import manifest
 from bitguard.errors import BadInput
+from bitguard.modes import MODES
 from bitguard.schema import MANIFEST_NAME, RANK_FILE
-
-MODES = ("full", "trusted")
 
 
 def disabled() -> bool:

@@ -26,7 +26,6 @@ Nothing here knows how rows are stored (see store.py) or compared (backend/).
 
 from __future__ import annotations
 
-import re
 import sys
 import threading
 import time
@@ -45,9 +44,8 @@ from bitguard.collectors.store import MAX_REPORTED_ERRORS
 from bitguard.cuda.fingerprint import digest_async, digest_many
 from bitguard.cuda.tensor_bytes import tensor_bytes
 from bitguard.errors import NotSupported
+from bitguard.modes import HEAVY_MODULES  # what trusted mode observes of module calls
 
-# Trusted mode observes only these module types (and gradients, optimizer steps, data).
-HEAVY_MODULES = re.compile(r"Linear|Embedding|Norm|Attention|Attn|MoE|Router|Expert|Conv", re.IGNORECASE)
 QUEUED_EVENTS = 256  # events queued before they are numbered and handed to the store
 
 
