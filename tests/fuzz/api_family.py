@@ -83,7 +83,8 @@ class Api:
         if isinstance(r, Result):
             return r
         text = r.text
-        detail = f"HTTP {r.status_code}: {text[:160]}"
+        shown = "".join(c if c.isprintable() else "?" for c in text[:160])  # a Perfetto trace is binary
+        detail = f"HTTP {r.status_code}: {shown}"
         if r.status_code >= 500:
             return Result("", "", "http_500", detail)
         if str(self.servers) in text or PASSWD in text:  # runs name their own folders: only the server's count
@@ -247,7 +248,7 @@ def _hostile_manifest(ctx: Context, a: Api, content: bytes) -> Result:
 
 def _hostile_rankfile(ctx: Context, a: Api, sql: str) -> Result:
     """A rank file whose tables lie: refused when the ingest cannot read it; when taken, its
-    comparison with the base run and that comparison's events never show a file of the server."""
+    comparison with the base run ends, and no view of it answers 5xx or shows a file of the server."""
     d = ctx.scratch("api-rankfile")
     run = ctx.copy("complete", d / "run")
     make(run / "rank-0.duckdb", sql)
@@ -262,16 +263,38 @@ def _hostile_rankfile(ctx: Context, a: Api, sql: str) -> Result:
         if isinstance(base, Result) or base.status_code != 201:
             return a.judge(base)
         result = compare_ready(a, base.json()["id"], r.json()["id"])
-        cmp = a.request("GET", "/api/comparisons")
-        texts = [cmp.text] if not isinstance(cmp, Result) else []
-        for c in (cmp.json() if texts else []):
-            ev = a.request("GET", f"/api/comparisons/{c['id']}/events", params={"limit": 5000})
-            texts.append(ev.text if not isinstance(ev, Result) else "")
-        if any(s in text for text in texts for s in LEAKS):
-            result = Result("", "", "unsafe", "the comparison's events show /etc/passwd or a listing of /etc")
+        if result.outcome == "ok":
+            result = _read_every_view(a, r.json()["id"]) or result
         a.delete(base)
     a.delete(r)
     return result
+
+
+VIEWS = ("", "/pivot", "/timeline", "/timeline?axis=time", "/events?limit=5000", "/graph", "/perfetto")
+
+
+def _read_every_view(a: Api, run_id: str) -> Result | None:
+    """Every view of the comparisons of `run_id` (summary, pivot, timelines, events, graph and its
+    first node, Perfetto trace): the first that answers 5xx, hangs or shows a server file, else None."""
+    listing = a.request("GET", "/api/comparisons")
+    if isinstance(listing, Result):
+        return listing
+    for c in listing.json():
+        if run_id not in (_ref(c.get("run_a")), _ref(c.get("run_b"))):
+            continue
+        urls = [f"/api/comparisons/{c['id']}{view}" for view in VIEWS]
+        graph = a.request("GET", urls[5])
+        nodes = graph.json().get("nodes") if not isinstance(graph, Result) and graph.status_code == 200 else None
+        if nodes:
+            urls.append(f"/api/comparisons/{c['id']}/graph/nodes/{nodes[0]['id']}")
+        for url in urls:
+            r = a.request("GET", url)
+            res = a.judge(r)
+            if res.outcome in ("hang", "http_500", "unsafe"):
+                return Result("", "", res.outcome, f"GET {url}: {res.detail}")
+            if any(s in r.text for s in LEAKS):
+                return Result("", "", "unsafe", f"GET {url} shows /etc/passwd or a listing of /etc")
+    return None
 
 
 def _readable(ctx: Context, run: Path) -> str | None:

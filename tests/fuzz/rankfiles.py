@@ -6,7 +6,8 @@ or missing rows, a view where a table belongs that reads /etc/passwd or the envi
 another kind of database in its place (SQLite). A case is judged as a mutated run is
 (families.judge_damage, against what the ingest reads of it), except that rows deleted by the edit
 are not "data lost" (the edit removed them, not bitguard); /etc/passwd's content must never
-appear, nor control characters or a second VERDICT line in the report. The edits are ours and trusted: they run in the harness process; bitguard reads the result
+appear, nor control characters or a second VERDICT line in the report. Where compare answers,
+`bitguard export-perfetto` of the same pair must not crash either. The edits are ours and trusted: they run in the harness process; bitguard reads the result
 only in the worker. EDITS is shared with the upload family (api_family.py).
 """
 
@@ -21,7 +22,7 @@ import duckdb
 from bitguard.schema import EVENTS, TENSORS
 
 from .families import compare_argv, judge_damage, named
-from .harness import PASSWD, Context, Result
+from .harness import PASSWD, Context, Result, crashed
 
 _VIEW_OVER = ("ALTER TABLE events RENAME TO events_real; "
               "CREATE VIEW events AS SELECT e.* REPLACE ({expr} AS boundary) FROM events_real e")
@@ -135,5 +136,10 @@ def rankfile(ctx: Context, cases: int, seed: int, only: str | None = None) -> li
         r = judge_damage(answer, read, ctx.reads["complete"], False, ctx.root, count_lost=False)
         if isinstance(answer, dict):
             r = _inert(answer) or r
+        if r.outcome == "ok":  # what could be compared can be exported too
+            trace = ctx.cli(["export-perfetto", str(d / "original"), str(mutant), "-o", str(d / "trace.pftrace")])
+            bad = crashed(trace)
+            if bad:
+                r = Result("", "", bad.outcome, f"compare answered ({r.detail[:80]}), export-perfetto: {bad.detail}")
         results.append(named(case, r))
     return results
