@@ -231,9 +231,9 @@ def _mutated(ctx: Context, a: Api, base: str, fname: str, op: str, rng: random.R
     m = plan(op, len(data), rng)
     (run / fname).write_bytes(apply(data, m))
     shutil.copytree(run, d / "oracle")
-    readable = _readable(ctx, d / "oracle")
+    unreadable = _readable(ctx, d / "oracle")
     r = a.upload(run_parts(run))
-    result = _judge_admission(a, r, readable)
+    result = _judge_admission(a, r, unreadable, ctx)
     result.detail = f"{m.describe()}: {result.detail}"
     return result
 
@@ -243,31 +243,16 @@ def _hostile_manifest(ctx: Context, a: Api, content: bytes) -> Result:
     run = ctx.copy("complete", d / "run")
     (run / "manifest.json").write_bytes(content)
     shutil.copytree(run, d / "oracle")
-    return _judge_admission(a, a.upload(run_parts(run)), _readable(ctx, d / "oracle"))
+    return _judge_admission(a, a.upload(run_parts(run)), _readable(ctx, d / "oracle"), ctx)
 
 
 def _hostile_rankfile(ctx: Context, a: Api, sql: str) -> Result:
-    """A rank file whose tables lie: refused when the ingest cannot read it; when taken, its
-    comparison with the base run ends, and no view of it answers 5xx or shows a file of the server."""
+    """A rank file whose tables lie, judged as every hostile upload is (_judge_admission)."""
     d = ctx.scratch("api-rankfile")
     run = ctx.copy("complete", d / "run")
     make(run / "rank-0.duckdb", sql)
     shutil.copytree(run, d / "oracle")
-    unreadable = _readable(ctx, d / "oracle")
-    r = a.upload(run_parts(run))
-    result = a.judge(r)
-    if result.outcome == "ok" and unreadable:
-        result = Result("", "", "unsafe", f"committed a run the ingest cannot read ({unreadable[:120]}); {result.detail}")
-    if result.outcome == "ok":
-        base = a.upload(run_parts(ctx.bases["complete"]))
-        if isinstance(base, Result) or base.status_code != 201:
-            return a.judge(base)
-        result = compare_ready(a, base.json()["id"], r.json()["id"])
-        if result.outcome == "ok":
-            result = _read_every_view(a, r.json()["id"]) or result
-        a.delete(base)
-    a.delete(r)
-    return result
+    return _judge_admission(a, a.upload(run_parts(run)), _readable(ctx, d / "oracle"), ctx)
 
 
 VIEWS = ("", "/pivot", "/timeline", "/timeline?axis=time", "/events?limit=5000", "/graph", "/perfetto")
@@ -304,14 +289,26 @@ def _readable(ctx: Context, run: Path) -> str | None:
                                                                        else read)
 
 
-def _judge_admission(a: Api, r, unreadable: str | None) -> Result:
+def _judge_admission(a: Api, r, unreadable: str | None, ctx: Context) -> Result:
+    """A hostile upload: refused (4xx) when the CLI's ingest cannot read the run; when taken, its page
+    answers, its comparison with the complete base run ends, and no view of that comparison
+    answers 5xx, hangs or shows a file of the server."""
     result = a.judge(r)
     if result.outcome == "ok" and unreadable:
         result = Result("", "", "unsafe", f"committed a run the ingest cannot read ({unreadable[:120]}); {result.detail}")
     if result.outcome == "ok":
-        run = a.request("GET", f"/api/runs/{r.json()['id']}")
-        if isinstance(run, Result) or run.status_code != 200:
-            result = a.judge(run) if not isinstance(run, Result) else run
+        run_id = r.json()["id"]
+        page = a.request("GET", f"/api/runs/{run_id}")
+        base = a.upload(run_parts(ctx.bases["complete"]))
+        if isinstance(page, Result) or page.status_code != 200:
+            result = a.judge(page) if not isinstance(page, Result) else page
+        elif isinstance(base, Result) or base.status_code != 201:
+            result = a.judge(base) if not isinstance(base, Result) else base
+        else:
+            result = compare_ready(a, base.json()["id"], run_id)
+            if result.outcome == "ok":
+                result = _read_every_view(a, run_id) or result
+        a.delete(base)
     a.delete(r)
     return result
 
@@ -454,7 +451,8 @@ def _query_cases(a: Api, good: list[Part]):
         if isinstance(cmp, Result) or cmp.status_code != 202:
             return a.judge(cmp) if not isinstance(cmp, Result) else cmp
         state["cid"] = cmp.json()["id"]
-        return compare_ready(a, r1.json()["id"], r2.json()["id"])
+        result = compare_ready(a, r1.json()["id"], r2.json()["id"])  # a valid pair: every view must answer
+        return (_read_every_view(a, r2.json()["id"]) or result) if result.outcome == "ok" else result
 
     yield "query/setup-comparison", setup
     for route, params in [
