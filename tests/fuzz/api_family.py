@@ -57,13 +57,16 @@ class Api:
         self.ctx = ctx
         self.servers = ctx.root / "server"  # every family's workspaces: no reply may name a path in here
         self.ws = self.servers / folder / "workspace"
+        self._start()
+
+    def _start(self) -> None:
         here = os.getcwd()
-        os.chdir(ctx.cwd)  # the server inherits it: relative writes land where ctx.pwned() looks
+        os.chdir(self.ctx.cwd)  # the server inherits it: relative writes land where ctx.pwned() looks
         try:
             self.server = start_server(str(self.ws), LIMITS)
         finally:
             os.chdir(here)
-        self.http = httpx.Client(base_url=self.server.url, timeout=ctx.timeout)
+        self.http = httpx.Client(base_url=self.server.url, timeout=self.ctx.timeout)
 
     def close(self) -> None:
         self.http.close()
@@ -98,7 +101,14 @@ class Api:
         return self.request("POST", "/api/runs", content=body, headers=headers, **kw)
 
     def after(self, result: Result) -> Result:
-        """The case's result, unless it left the run list broken or the server gone."""
+        """The case's result, unless it left the run list broken or the server gone (then the
+        server is started again on the same workspace, so that one crash is counted once)."""
+        if self.server.process.poll() is not None:
+            log = self.server.log().strip().splitlines()
+            self.close()
+            self._start()
+            return Result("", "", "http_500", f"the server died ({log[-1][:160] if log else 'no log'}); "
+                                              f"the case: {result.detail}")
         if result.outcome in ("hang", "http_500") or result.outcome == "unsafe":
             return result
         listing = self.request("GET", "/api/runs")
