@@ -86,7 +86,7 @@ class Api:
         if isinstance(r, Result):
             return r
         text = r.text
-        shown = "".join(c if c.isprintable() else "?" for c in text[:160])  # a Perfetto trace is binary
+        shown = "".join(c if c.isprintable() and c != "\ufffd" else "?" for c in text[:160])  # a trace is binary
         detail = f"HTTP {r.status_code}: {shown}"
         if r.status_code >= 500:
             return Result("", "", "http_500", detail)

@@ -324,6 +324,25 @@ def table(results: list[Result], elapsed: dict[str, float]) -> str:
     return "\n".join(lines)
 
 
+def _signature(detail: str) -> str:
+    """What happened, without what differs from case to case (mutation, ids, numbers, paths)."""
+    text = re.sub(r"^(truncate|bitflip|insert|zero) size=\d+ at byte \d+: ", "", detail)
+    text = re.sub(r"/tmp/\S+|\b[0-9a-f]*\d[0-9a-f]*\b", "…", text)
+    return text[:110]
+
+
+def grouped(failures: list[Result]) -> str:
+    """One line per (family, outcome, what happened), with how many cases and three of their ids."""
+    groups: dict[tuple, list[Result]] = {}
+    for r in failures:
+        groups.setdefault((r.family, r.outcome, _signature(r.detail)), []).append(r)
+    lines = []
+    for (family, outcome, _), rs in groups.items():
+        ids = ", ".join(f"`{r.case}`" for r in rs[:3]) + (", …" if len(rs) > 3 else "")
+        lines.append(f"- {family} **{outcome}** ×{len(rs)} ({ids}): {rs[0].detail[:200]}")
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m tests.fuzz.harness", description=__doc__.splitlines()[0])
     p.add_argument("--cases", type=int, default=8,
@@ -335,6 +354,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--bases", default=None, help="take the base runs from this folder (complete/, killed/) "
                    "instead of recording them")
     p.add_argument("--keep", action="store_true", help="keep the temporary folder (its path is printed)")
+    p.add_argument("--each", action="store_true", help="list every failing case (default: grouped)")
     p.add_argument("--timeout", type=float, default=TIMEOUT, help="seconds before a case counts as a hang")
     p.add_argument("--json", default=None, help="also write every case's outcome to this JSON file")
     args = p.parse_args(argv)
@@ -360,10 +380,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"`{cmd}` ({when}; git {_git_head()}; base runs recorded in {base_s:.0f} s)\n")
         print(table(results, elapsed))
     failures = [r for r in results if r.failed]
-    if failures:
+    if failures and args.each:
         print(f"\n{len(failures)} failing case(s):")
         for r in failures:
             print(f"- {r.family} `{r.case}`: **{r.outcome}**: {r.detail}")
+    elif failures:
+        print(f"\n{len(failures)} failing case(s), grouped by what happened (`--each` lists every one):")
+        print(grouped(failures))
     if args.keep:
         print(f"\ncases kept under {ctx.root}")
     if args.json:
