@@ -78,9 +78,11 @@ WORKER = Path(__file__).with_name("worker.py")
 TINYGPT = REPO / "sample_traces" / "tinygpt.py"
 TIMEOUT = 20.0
 
-OUTCOMES = ("ok", "clean_error", "wrong_answer", "traceback", "hang", "http_500", "false_verdict", "data_lost",
-            "unsafe")
-FAILURES = ("wrong_answer", "traceback", "hang", "http_500", "false_verdict", "data_lost", "unsafe")
+# outcome -> its column in the table, in the table's order (the docstring above defines each)
+OUTCOMES = {"ok": "ok verdicts", "clean_error": "clean errors", "traceback": "tracebacks", "hang": "hangs",
+            "http_500": "HTTP 500", "false_verdict": "false verdicts", "data_lost": "data lost",
+            "wrong_answer": "wrong answers", "unsafe": "unsafe"}
+FAILURES = tuple(k for k in OUTCOMES if k not in ("ok", "clean_error"))
 SAID_DAMAGED = ("damaged", "corrupt", "checksum", "unreadable", "lost")
 PASSWD = "root:x:0:0"
 
@@ -306,10 +308,7 @@ def run_family(name: str, ctx: Context, cases: int, seed: int, only: str | None 
 
 
 def table(results: list[Result], elapsed: dict[str, float]) -> str:
-    cols = [("cases tried", None), ("ok verdicts", "ok"), ("clean errors", "clean_error"),
-            ("tracebacks", "traceback"), ("hangs", "hang"), ("HTTP 500", "http_500"),
-            ("false verdicts", "false_verdict"), ("data lost", "data_lost"), ("wrong answers", "wrong_answer"),
-            ("unsafe", "unsafe"), ("seconds", None)]
+    cols = [("cases tried", None), *((title, key) for key, title in OUTCOMES.items()), ("seconds", None)]
     lines = ["| family | " + " | ".join(c for c, _ in cols) + " |", "|---" * (len(cols) + 1) + "|"]
     by_family: dict[str, Counter] = {}
     for r in results:
