@@ -17,7 +17,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from .harness import Context, Result, crashed, first_line, judge_cli, said_damaged
+from .harness import RECORD_TAIL, Context, Result, crashed, first_line, judge_cli, said_damaged
 from .mutations import HOSTILE_MANIFESTS, HOSTILE_NAMES, OPS, apply, plan
 
 VERDICTS = {0: "identical", 1: "diverged", 3: "inconclusive"}  # exit status -> the JSON report's verdict
@@ -135,7 +135,8 @@ def manifests(ctx: Context, cases: int, seed: int, only: str | None = None) -> l
 
 
 def names(ctx: Context, cases: int, seed: int, only: str | None = None) -> list[Result]:
-    """A valid run copied into a folder with a hostile name compares identical with its original."""
+    """A valid run copied into a folder with a hostile name compares identical with its original;
+    `cases` of the names are also recorded into (RECORD_INTO, in order)."""
     results = []
     hostile = [*HOSTILE_NAMES, ("deep-path", "/".join(["d" * 200] * 18))]
     for i, (label, name) in enumerate(hostile):
@@ -155,10 +156,52 @@ def names(ctx: Context, cases: int, seed: int, only: str | None = None) -> list[
             r = judge_cli(answer, "identical")
             if as_json and r.outcome == "ok":
                 r = _json_verdict(answer, "identical") or r
-            for p in ctx.pwned():
-                r = Result("", "", "unsafe", f"{p} was written")
-                p.unlink()
-            results.append(named(case, r))
+            results.append(named(case, _no_pwned(ctx, r)))
+    results += _record_into(ctx, [(label, name) for label, name in hostile if label in RECORD_INTO][:cases], only)
+    return results
+
+
+RECORD_INTO = ("sql-injection", "single-quote", "newline", "unicode", "backslash", "leading-dash", "long-255-bytes",
+               "double-quote")  # the order --cases takes them in
+
+
+def _no_pwned(ctx: Context, r: Result) -> Result:
+    for p in ctx.pwned():
+        p.unlink()
+        r = Result("", "", "unsafe", f"{p} was written")
+    return r
+
+
+def _record_into(ctx: Context, hostile: list[tuple[str, str]], only: str | None) -> list[Result]:
+    """`bitguard record --out FOLDER` with a hostile name records as anywhere else (the run compares
+    identical with the complete base run: the same tiny GPT, the same seed) or is refused in one
+    line before training; it runs nothing."""
+    jobs = [(f"record-into/{label}", name) for label, name in hostile if _wanted(f"record-into/{label}", only)]
+    results = []
+    for n in range(0, len(jobs), 2):  # two recordings at a time
+        procs = []
+        for case, name in jobs[n:n + 2]:
+            out = ctx.scratch("record-into") / name
+            cmd = [sys.executable, "-m", "bitguard", "record", "--out", str(out), "--", *RECORD_TAIL]
+            procs.append((case, out, subprocess.Popen(cmd, cwd=ctx.cwd, stdout=subprocess.PIPE,
+                                                      stderr=subprocess.PIPE, text=True)))
+        for case, out, proc in procs:
+            try:
+                _, err = proc.communicate(timeout=120)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.communicate()
+                results.append(named(case, Result("", "", "hang", "the recording did not end in 120 s")))
+                continue
+            if "Traceback" in err or proc.returncode == 70:
+                r = Result("", "", "traceback", f"record exit {proc.returncode}: {first_line(err)}")
+            elif proc.returncode == 2:  # refused before anything was written, in one line: a clean error
+                r = Result("", "", "clean_error", f"record exit 2: {first_line(err)}")
+            elif proc.returncode != 0:
+                r = Result("", "", "wrong_answer", f"record exit {proc.returncode}: {first_line(err)}")
+            else:
+                r = judge_cli(ctx.cli(["compare", str(ctx.bases["complete"]), str(out)]), "identical")
+            results.append(named(case, _no_pwned(ctx, r)))
     return results
 
 

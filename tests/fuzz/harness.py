@@ -39,7 +39,8 @@ Outcomes (a case gets exactly one, the first that applies, in this order):
 
 Families: mutated (truncation, bit flips, inserted and zeroed bytes in manifest.json, rank-0.duckdb,
 its WAL and rank-0.journal of the two base runs; `--cases` per file), manifest (hostile manifests),
-names (hostile folder names, as the run folder and as its parent), nonregular (FIFOs, links,
+names (hostile folder names, as the run folder and as its parent, and `--cases` of them recorded
+into), nonregular (FIFOs, links,
 folders where files belong), rankfile (valid DuckDB rank files whose tables lie), ranks (a synthetic
 two-rank run with ranks missing, swapped, foreign, extra or empty), cli (--rules
 files, arguments, output paths, a closed stdout, two readers of one killed run), sigkill
@@ -77,6 +78,7 @@ TESTS = REPO / "tests"
 WORKER = Path(__file__).with_name("worker.py")
 TINYGPT = REPO / "sample_traces" / "tinygpt.py"
 TIMEOUT = 20.0
+RECORD_TAIL = [sys.executable, str(TINYGPT), "--steps", "2", "--layers", "1", "--width", "16"]  # the complete base run
 
 # outcome -> its column in the table, in the table's order (the docstring above defines each)
 OUTCOMES = {"ok": "ok verdicts", "clean_error": "clean errors", "traceback": "tracebacks", "hang": "hangs",
@@ -197,7 +199,7 @@ class Context:
         (base / "killed.py").write_text(KILLED_SCRIPT)
         jobs = {
             "complete": [sys.executable, "-m", "bitguard", "record", "--out", str(base / "complete"), "--",
-                         sys.executable, str(TINYGPT), "--steps", "2", "--layers", "1", "--width", "16"],
+                         *RECORD_TAIL],
             # in-process recording (`-- SCRIPT.py`): the killed process is the recorder, no launcher folds
             "killed": [sys.executable, "-m", "bitguard", "record", "--out", str(base / "killed"), "--",
                        str(base / "killed.py")],
