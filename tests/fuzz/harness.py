@@ -30,11 +30,13 @@ Outcomes (a case gets exactly one, the first that applies, in this order):
                  are a prefix of the original's is what a kill mid-write leaves: not counted. For
                  a killed recording: a step before the last one that ended not read back as
                  recorded.
-  wrong_answer   any other answer that is not what the input calls for: a valid run (hostile
+  wrong_answer   any other answer that is not what the input calls for (a refusal in more than
+                 one line included): a valid run (hostile
                  folder name) not compared identical, "diverged" for a side whose content is
                  unchanged, an invalid manifest accepted, a non-regular file or hostile upload
                  not refused, two readers of one run disagreeing
-  clean_error    exit status 2 (HTTP 4xx for the API), no traceback: the input was refused
+  clean_error    exit status 2 with one line on stderr (after argparse's usage lines), no
+                 traceback (HTTP 4xx for the API): the input was refused
   ok             a believable verdict: exit 0, 1 or 3 (HTTP 2xx) where the input allows it
 
 Families: mutated (truncation, bit flips, inserted and zeroed bytes in manifest.json, rank-0.duckdb,
@@ -255,8 +257,17 @@ def first_line(text: str) -> str:
     return (lines[-1] if "Traceback" in text else verdict[0] if verdict else lines[0])[:200]
 
 
+def _refusal_lines(stderr: str) -> list[str]:
+    """stderr's lines without argparse's usage block (usage: and its indented continuation lines)."""
+    lines = [ln for ln in stderr.splitlines() if ln.strip()]
+    if lines and lines[0].startswith("usage:"):
+        lines = [ln for ln in lines[1:] if not ln.startswith(" ")]
+    return lines
+
+
 def crashed(answer: dict | str) -> Result | None:
-    """The hang/traceback outcome of a CLI answer, or None when the command answered normally."""
+    """The hang/traceback outcome of a CLI answer, a wrong_answer for a refusal (exit 2) that is not
+    one line on stderr, or None when the command answered normally."""
     if answer == "hang":
         return Result("", "", "hang", "no answer before the timeout")
     if isinstance(answer, str):
@@ -265,6 +276,9 @@ def crashed(answer: dict | str) -> Result | None:
         return Result("", "", "traceback", f"exit {answer['rc']}: {first_line(answer['stderr'])}")
     if answer["rc"] not in (0, 1, 2, 3):
         return Result("", "", "traceback", f"exit {answer['rc']}: {first_line(answer['stderr'])}")
+    if answer["rc"] == 2 and len(_refusal_lines(answer["stderr"])) != 1:
+        return Result("", "", "wrong_answer", f"exit 2 with {len(_refusal_lines(answer['stderr']))} lines on stderr, "
+                                              f"not one: {answer['stderr'][:200]!r}")
     return None
 
 
