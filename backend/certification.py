@@ -99,21 +99,44 @@ def _fmt(window) -> str:
     return f"{first or 0}:{'' if end is None else end}"
 
 
-def mode_filter(run_a, run_b, ea: pl.DataFrame, eb: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame, list[dict]]:
+def mode_filter(run_a, run_b, ea: pl.DataFrame, eb: pl.DataFrame, ta: pl.DataFrame,
+                tb: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame, pl.DataFrame, pl.DataFrame, list[dict]]:
     """When one run was recorded in full mode and the other in trusted mode, keep of the full one's
-    module calls only those trusted mode observes: the others are absent by construction."""
+    what trusted mode observes: module calls of the heavy types, and of optimizer steps the
+    parameter without its optimizer state. The rest is absent by construction, not a divergence;
+    both sides' alignment keys are then made again from what is kept."""
     ma, mb = run_a.manifest.get("mode"), run_b.manifest.get("mode")
     if ma == mb or {ma, mb} != {"full", "trusted"}:
-        return ea, eb, []
+        return ea, eb, ta, tb, []
     # (the recorder's pattern is case-insensitive)
     trusted_only = (pl.col("kind") != "module") | pl.col("module_type").fill_null("").str.contains(
         "(?i)" + HEAVY_MODULES.pattern)
-    if ma == "full":
-        ea = ea.filter(trusted_only)
-    else:
-        eb = eb.filter(trusted_only)
-    return ea, eb, [_reason("modes", f"the runs were recorded in different modes (A {ma}, B {mb}): only the "
-                                     f"boundaries trusted mode observes are compared")]
+    sides = []
+    for events, tensors, full in ((ea, ta, ma == "full"), (eb, tb, mb == "full")):
+        if full:
+            events = events.filter(trusted_only)
+            steps = events.filter((pl.col("phase") == "optimizer") & (pl.col("kind") == "step"))["seq"]
+            tensors = tensors.filter(pl.col("seq").is_in(events["seq"].implode())
+                                     & ~(pl.col("seq").is_in(steps.implode()) & (pl.col("role") == "state")))
+        sides.append((_rekey(events, tensors), tensors))
+    (ea, ta), (eb, tb) = sides
+    return ea, eb, ta, tb, [_reason("modes", f"the runs were recorded in different modes (A {ma}, B {mb}): only "
+                                             f"what trusted mode observes is compared")]
+
+
+def _rekey(events: pl.DataFrame, tensors: pl.DataFrame) -> pl.DataFrame:
+    """`key` and `loose_key` (as ingest makes them, from the tensors kept), hashed here: both sides
+    of a comparison are rekeyed together, so only their equality matters."""
+    shape = pl.col("shape").cast(pl.List(pl.String)).list.join(",")
+    sig = (tensors.sort("seq", "role", "idx").group_by("seq", maintain_order=True).agg(
+        pl.concat_str([pl.col("role"), shape, pl.col("dtype")], separator=":").str.join(";").alias("_sig"),
+        pl.concat_str([pl.col("role"), shape], separator=":").str.join(";").alias("_shapes")))
+    keyed = events.drop("key", "loose_key").join(sig, on="seq", how="left").with_columns(
+        pl.col("_sig").fill_null(""), pl.col("_shapes").fill_null(""))
+    return keyed.with_columns(
+        pl.struct("step", "phase", "kind", "boundary", "module_type", "_sig").hash().alias("key"),
+        pl.struct("step", "phase", "kind", "boundary", "_shapes").hash().alias("loose_key"),
+    ).drop("_sig", "_shapes").select(events.columns)
 
 
 def run_reasons(run_a, run_b, ranks: list[int], rank_selected: bool) -> list[dict]:

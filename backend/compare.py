@@ -66,13 +66,19 @@ def _unobserved(tensors: pl.DataFrame) -> pl.Expr:
     return pl.col("unobserved") if "unobserved" in tensors.columns else pl.lit(None, dtype=pl.String)
 
 
+def _occurrence(tensors: pl.DataFrame) -> pl.Expr:
+    """Which of an event's tensors with the same role and index this is (0 for nearly all): the
+    join key that keeps two such rows from pairing as a cross product."""
+    return pl.int_range(pl.len()).over("seq", "role", "idx").alias("_nth")
+
+
 def _pair_tensors(pairs: pl.DataFrame, ta: pl.DataFrame, tb: pl.DataFrame) -> pl.DataFrame:
-    left = ta.with_columns(_unobserved(ta).alias("unobserved")).join(
+    left = ta.with_columns(_unobserved(ta).alias("unobserved"), _occurrence(ta)).join(
         pairs.select("a_seq", "b_seq"), left_on="seq", right_on="a_seq").rename({"seq": "a_seq"})
-    right = tb.select(pl.col("seq").alias("b_seq"), "role", "idx", pl.col("xor").alias("xor_b"),
-                      pl.col("pos").alias("pos_b"), pl.col("dtype").alias("dtype_b"),
-                      _unobserved(tb).alias("unobserved_b"))
-    d = left.join(right, on=["b_seq", "role", "idx"], how="left")
+    right = tb.with_columns(_occurrence(tb)).select(
+        pl.col("seq").alias("b_seq"), "role", "idx", "_nth", pl.col("xor").alias("xor_b"),
+        pl.col("pos").alias("pos_b"), pl.col("dtype").alias("dtype_b"), _unobserved(tb).alias("unobserved_b"))
+    d = left.join(right, on=["b_seq", "role", "idx", "_nth"], how="left").drop("_nth")
     return d.with_columns(
         (pl.col("xor") != pl.col("xor_b")).fill_null(True).alias("xor_differs"),
         (pl.col("pos") != pl.col("pos_b")).fill_null(True).alias("pos_differs"),
@@ -158,7 +164,7 @@ def _compare_rank(rank: int, run_a: RunInfo, run_b: RunInfo, rules: RuleSet, fir
                   fingerprint: str = "xor+pos", probes=None) -> RankComparison:
     ea, ta, sa = load_rank(run_a, rank)
     eb, tb, sb = load_rank(run_b, rank)
-    ea, eb, mode_reasons = certification.mode_filter(run_a, run_b, ea, eb)
+    ea, eb, ta, tb, mode_reasons = certification.mode_filter(run_a, run_b, ea, eb, ta, tb)
     ea, ta = _keep_probes(ea, ta, probes)
     eb, tb = _keep_probes(eb, tb, probes)
     ta = ta.filter(pl.col("seq").is_in(ea["seq"].implode()))
@@ -408,8 +414,10 @@ class Comparison:
             if earlier.height:
                 notes.append(f"{earlier.height} event(s) before this one hold tensors that could not be observed: "
                              f"the runs may have parted earlier")
+        # most events unpaired: often names that differ by a prefix (torch.compile's _orig_mod.)
+        mostly_unpaired = 2 * rc.pairs.height < max(rc.events_a.height, rc.events_b.height)
         hint = certification.name_hint(rc.events_a["boundary"].to_list(), rc.events_b["boundary"].to_list()) \
-            if structure else None
+            if structure and mostly_unpaired else None
         if hint:
             notes.append(hint)
         return {

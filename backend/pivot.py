@@ -32,6 +32,7 @@ INPUT_ROLES = {
     ("backward", "module"): ("grad_output",),
     ("backward", "grad"): ("grad_input",),
     ("optimizer", "step"): (),
+    ("optimizer", "final"): (),
     ("data", "batch"): (),
 }
 
@@ -59,6 +60,16 @@ def blame(pivot: dict, events_a: pl.DataFrame, status: dict[int, str], diffs: pl
                                       "the batch matched but the RNG state at the start of this step differs: "
                                       "random numbers were drawn a different number of times before it (an extra "
                                       "draw, a changed sampler or dropout)"}
+    elif kind == "final":
+        buffers = "state" in differing
+        result.update(fault_class="final_state")
+        result["blame_window"] = {"module": pivot["boundary"], "detail":
+                                  "the " + ("buffers" if buffers and "param" not in differing else
+                                            "parameters" + (" and buffers" if buffers else ""))
+                                  + " at the end of the recording differ although every event before matched: "
+                                  "something outside the observed boundaries changed them (an update outside "
+                                  "torch.optim, an EMA, an edit after the last optimizer step, a buffer updated "
+                                  "in code no module call covers)"}
     elif phase == "optimizer":
         result.update(fault_class="optimizer")
         result["blame_window"] = {"module": pivot["boundary"], "detail": _optimizer_detail(pivot, events_a, status)}

@@ -13,7 +13,16 @@ def _line(char: str = "─", n: int = 78) -> str:
     return char * n
 
 
+_CONTROL = {i: f"\\x{i:02x}" for i in [*range(0x20), 0x7f] if chr(i) not in "\n"}
+
+
 def render_text(c) -> str:
+    """The report, with every control character a run's strings may hold (an ANSI escape in a
+    boundary name) shown as its escape instead of reaching the terminal."""
+    return _render(c).translate(_CONTROL)
+
+
+def _render(c) -> str:
     r: CompareResult = c.result
     al = r.alignment
     out = [f"bitguard compare  A={r.run_a}  B={r.run_b}", _line()]
@@ -66,8 +75,9 @@ def _divergence(fd: FirstDivergence) -> list[str]:
         out = [f"VERDICT: diverged — first divergence on rank {fd.rank}, step {fd.step}: run {lacking} lacks the "
                f"{fd.phase} of {fd.boundary} ({fd.module_type}, call {fd.call}) that the other run records"]
     else:
+        what = "final state" if fd.kind == "final" else fd.phase
         out = [f"VERDICT: diverged — first divergence on rank {fd.rank}, step {fd.step}, "
-               f"{fd.phase} of {fd.boundary} ({fd.module_type}, call {fd.call})"]
+               f"{what} of {fd.boundary} ({fd.module_type}, call {fd.call})"]
     out.append(f"  blame: {fd.blame} ({fd.fault_class})")
     if fd.retyped:
         out.append(f"  note: paired across a type change: A runs {fd.module_type}, B runs {fd.module_type_b} "

@@ -192,8 +192,9 @@ def run_script(script: str, args: list[str], **record_kwargs) -> int:
     sys.argv = [str(path), *args]
     sys.path.insert(0, str(path.resolve().parent))
     failure = (None, None, None)
+    script_globals = None  # held until the recording ends: its final event reads the script's models
     try:
-        runpy.run_path(str(path), run_name="__main__")
+        script_globals = runpy.run_path(str(path), run_name="__main__")
     except SystemExit as exc:
         failure = (SystemExit, exc, exc.__traceback__)
         if not isinstance(exc.code, (int, type(None))):
@@ -203,4 +204,5 @@ def run_script(script: str, args: list[str], **record_kwargs) -> int:
         traceback.print_exc()
     finally:
         recording.__exit__(*failure)
+        del script_globals
     return _exit_code(failure[0], failure[1])

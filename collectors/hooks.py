@@ -26,6 +26,7 @@ Nothing here knows how rows are stored (see store.py) or compared (backend/).
 
 from __future__ import annotations
 
+import gc
 import sys
 import threading
 import time
@@ -206,7 +207,7 @@ class Collector:
     __slots__ = ("digest_cache", "dump", "enabled", "errors", "mode", "rank", "step", "steps", "store",
                  "world_size", "_accumulating", "_advance", "_call_impl", "_calls", "_calls_step", "_forward_codes",
                  "_grad_watch", "_handles", "_heavy", "_local", "_lock", "_names", "_next_param_tid", "_next_tid",
-                 "_param_in", "_params", "_pass_stack", "_pending", "_queued", "_rng_free", "_root_names", "_seq",
+                 "_param_in", "_params", "_pass_stack", "_pending", "_queued", "_rng_free", "_root_names", "_roots", "_seq",
                  "_stacks", "_thread_names", "_tids", "_tids_limit", "_wrapper")
 
     def __init__(self, store, mode: str = "full", steps: tuple[int, int | None] | None = None,
@@ -229,6 +230,7 @@ class Collector:
         self._thread_names: dict[int, str] = {}  # ident -> name, for threads threading does not list
         self._names: dict[int, tuple[weakref.ref, str]] = {}
         self._root_names: set[str] = set()
+        self._roots: list[tuple[weakref.ref, str]] = []  # root modules met, for the final-state event
         self._params: dict[int, tuple[weakref.ref, str, str, int]] = {}  # id -> (ref, name, owner type, tid)
         self._param_in: dict[int, tuple] = {}  # pid -> (t0, grad_input row) while .grad accumulates
         self._accumulating: set[int] = set()  # parameters with a hook after accumulation
@@ -256,8 +258,9 @@ class Collector:
         self._handles.append(optim.register_optimizer_step_post_hook(self._guard(self._on_optimizer_step)))
 
     def remove(self) -> None:
-        """Flush what is pending and remove every hook this collector installed."""
+        """Flush what is pending, record the final state, remove every hook this collector installed."""
         self._guard(self._flush_backward)()
+        self._guard(self._emit_final)()
         self._guard(self._drain)()
         for handle in self._handles:
             handle.remove()
@@ -474,6 +477,7 @@ class Collector:
             n += 1
             name = f"{base}#{n}"
         self._root_names.add(name)
+        self._roots.append((weakref.ref(module), name))
         # An id already known may be a dead module's or parameter's, reused by a new one (a model
         # built after an earlier one was freed): that entry is replaced, or the new parameter would
         # go without a name and without gradient hooks.
@@ -576,6 +580,9 @@ class Collector:
             rows = rows + [self._rng_row(frame.rng, digest_async(frame.rng), "cpu", 0)]
         outputs = _flatten(output) if output is not None else []
         out_rows = self._rows(outputs, "output")
+        buffers = frame.module._buffers
+        if buffers:  # a module's own buffers as the call left them (running statistics, caches)
+            out_rows += self._rows([(f".{n}", b) for n, b in buffers.items() if b is not None], "state")
         mtype = type(frame.module).__name__
         frames = frame.calls
         stack = self._call_key(sys._getframe(1), frames, len(frames) - 1)  # interned by _drain
@@ -688,8 +695,32 @@ class Collector:
         with self._lock:
             pending, self._pending = self._pending, []
         for state in pending:
-            if not state.done and state.arrived:
+            if state.done:
+                continue
+            if state.arrived:
                 self._finish_backward(state)
+            else:  # nothing arrived: a gradient arriving in a later step must not revive it there
+                state.done = True
+
+    # -- the final state -------------------------------------------------------------------
+    def _emit_final(self) -> None:
+        """When the recording ends: one `final` event per root module with every parameter and
+        buffer as it is then. What changed the weights outside torch.optim (a manual update, an
+        EMA, an edit after the last step()) or a buffer (running statistics) is seen here at
+        the latest."""
+        self._maybe_advance()  # the final state belongs after the last step
+        gc.collect()  # a model only a reference cycle kept alive is gone in every run alike, not by chance
+        for ref, name in self._roots:
+            module = ref()
+            if module is None:
+                continue
+            params = [(f".{n}", p) for n, p in module.named_parameters()]
+            buffers = [(f".{n}", b) for n, b in module.named_buffers()]
+            if not params and not buffers:
+                continue
+            t0 = time.time_ns()
+            rows = self._rows(params, "param") + self._rows(buffers, "state")
+            self._emit("optimizer", "final", name, type(module).__name__, 0, t0, rows)
 
     # -- parameter gradients ---------------------------------------------------------------
     def _on_param_grad(self, pid: int, grad) -> None:

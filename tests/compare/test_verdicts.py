@@ -324,3 +324,28 @@ def test_export_perfetto_to_an_unwritable_file_is_one_line_and_exit_2(tmp_path, 
     assert cli.main(["export-perfetto", a, b, "-o", "/dev/full"]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "/dev/full" in err
+
+
+def test_two_tensors_with_the_same_role_and_index_pair_in_order_not_as_a_cross_product(tmp_path):
+    a, b = write_pair(str(tmp_path), "dup", RunSpec(layers=2, steps=2))
+    for run in (a, b):  # an event holding two grad rows of index 0 (a stale listener once made one)
+        _edit(run, "INSERT INTO tensors SELECT seq, role, idx, path || '#2', shape, dtype, strides, nbytes, "
+                   "xor::UBIGINT + 7, pos::UBIGINT + 7, tid, storage, unobserved FROM tensors "
+                   "WHERE seq = (SELECT min(seq) FROM events WHERE kind = 'grad')")
+    assert bitguard.compare(a, b).verdict == "identical"
+
+
+def test_full_against_trusted_mode_compares_what_trusted_mode_observes(tmp_path):
+    a = write_run(str(tmp_path / "a"), RunSpec(layers=3, steps=2))
+    # trusted mode: no Probe or Net module calls (not heavy types), optimizer steps without their state
+    drop = frozenset((s, name, "forward") for s in range(2) for name in ("model.probe", "Net"))
+    b = write_run(str(tmp_path / "b"), RunSpec(layers=3, steps=2, drop=drop))
+    _manifest(b, mode="trusted")
+    for run in (a, b):
+        _edit(run, "UPDATE tensors SET role = 'param' WHERE seq IN (SELECT seq FROM events WHERE phase = 'optimizer')")
+    _edit(a, "INSERT INTO tensors SELECT seq, 'state', 1, '[''exp_avg'']', shape, dtype, strides, nbytes, xor, pos, "
+             "tid, storage, unobserved FROM tensors WHERE seq IN (SELECT seq FROM events WHERE phase = 'optimizer')")
+    c = bitguard.compare(a, b)
+    assert c.verdict == "identical", c.first_divergence
+    assert "modes" in _codes(c)
+    assert c.to_dict()["alignment"]["events_a"] == c.to_dict()["alignment"]["events_b"]
