@@ -35,7 +35,7 @@ from bitguard import manifest as manifest_model
 from bitguard.collectors import journal as journal_format
 from bitguard.collectors.store import DAMAGE_KEY, FOLDED_KEY, journal_path
 from bitguard.errors import BadInput, CorruptRun, NotARun, SchemaMismatch
-from bitguard.schema import EVENTS, META, SCHEMA_VERSION, STACKS, TENSORS, Column
+from bitguard.schema import EVENTS, KINDS, META, PHASES, REQUIRED, ROLES, SCHEMA_VERSION, STACKS, TENSORS, Column
 
 _RANK_FILE = re.compile(r"^rank-(0|[1-9][0-9]{0,5})\.duckdb$")
 MAX_META_ROWS = 10_000  # a rank's meta table holds a few dozen facts
@@ -386,7 +386,27 @@ def load_rank(run: RunInfo, rank: int) -> tuple[pl.DataFrame, pl.DataFrame, dict
             frames = con.sql(f"SELECT stack_id, frames FROM ({union[STACKS.name]})").fetchall()
     finally:
         con.close()
+    _check_values(events, tensors, path)
     return events, tensors, _stacks(frames, path)
+
+
+def _check_values(events: pl.DataFrame, tensors: pl.DataFrame, path: Path) -> None:
+    """CorruptRun when a column every row must hold is NULL, a vocabulary column holds a word bitguard
+    never writes, or an event number repeats: a damaged (or hand-made) rank file, not a run to judge."""
+    for frame, table in ((events, "events"), (tensors, "tensors")):
+        for column in REQUIRED[table]:
+            nulls = frame[column].null_count()
+            if nulls:
+                raise CorruptRun(f"{path}: column {table}.{column} is NULL in {nulls} row(s); the rank file is "
+                                 f"damaged: re-record the run")
+    for frame, table, column, words in ((events, "events", "phase", PHASES), (events, "events", "kind", KINDS),
+                                        (tensors, "tensors", "role", ROLES)):
+        odd = frame.filter(~pl.col(column).is_in(list(words)))[column].unique().head(3).to_list()
+        if odd:
+            raise CorruptRun(f"{path}: column {table}.{column} holds {', '.join(map(repr, odd))}, not one of "
+                             f"{', '.join(words)}; the rank file is damaged: re-record the run")
+    if events["seq"].n_unique() != events.height:
+        raise CorruptRun(f"{path}: events.seq repeats an event number; the rank file is damaged: re-record the run")
 
 
 def _stacks(rows: list[tuple], path: Path) -> dict[int, list[str]]:

@@ -251,7 +251,7 @@ class _Writer:
         proc = TrackDescriptor(uuid=self._uuid(), child_ordering=TrackDescriptor.EXPLICIT)
         proc.process.pid = 2 * rank + (1 if side == "a" else 2)  # A then B of each rank, ranks in order
         proc.process.process_name = f"Run {label} ({SIDES[side]}: {run.name}) · rank {rank}"
-        proc.description = f"run {label}: {run.path}" + (
+        proc.description = f"run {label}: {run.name}" + (  # the folder's name: no server path in a download
             f"; {dropped} aligned rows of this rank not exported (max_events={max_events})" if dropped else "")
         self.descriptors.append(proc)
         if dropped:

@@ -18,6 +18,10 @@ RANK_FILE = "rank-{rank}.duckdb"
 
 PHASES = ("forward", "backward", "optimizer", "data")
 ROLES = ("input", "output", "grad_input", "grad_output", "grad", "param", "state", "rng")
+KINDS = ("module", "grad", "step", "batch", "final")  # final: a root module's parameters and buffers at the end
+# Columns that every row must hold (a NULL there is a damaged rank file, not a value).
+REQUIRED = {"events": ("seq", "step", "phase", "kind", "boundary", "call", "depth", "t_start_ns", "t_end_ns"),
+            "tensors": ("seq", "role", "idx", "shape", "dtype", "xor", "pos")}
 
 
 @dataclass(frozen=True)
@@ -53,7 +57,8 @@ EVENTS = Table(
         Column("phase", "VARCHAR", "forward | backward | optimizer | data"),
         Column("boundary", "VARCHAR", "dotted module path from named_modules() (root: its class name), or a parameter's dotted name for gradient and optimizer events"),
         Column("module_type", "VARCHAR", "class name of the module (owning module for a parameter; optimizer class for optimizer events)"),
-        Column("kind", "VARCHAR", "module | grad | step | batch: what the event observed"),
+        Column("kind", "VARCHAR", "module | grad | step | batch | final: what the event observed (final: a root "
+               "module's parameters and buffers when the recording ended, phase optimizer)"),
         Column("call", "INTEGER", "occurrence of this boundary, phase and kind within the step, from 0"),
         Column("depth", "INTEGER", "module nesting depth at the call (root modules are 0)"),
         Column("thread", "VARCHAR", "name of the Python thread the event completed on (`native-N`: a thread "
@@ -136,7 +141,9 @@ def markdown() -> str:
            "(`journal_folded`), so no row is ever taken twice; a group that fails its checksum is reported",
            "in `journal_damage` (from which step the rank is not whole) and the journal is kept as",
            "`rank-N.journal.damaged`: nothing recorded is deleted.", "",
-           f"Phases: {', '.join(PHASES)}. Tensor roles: {', '.join(ROLES)}.", ""]
+           f"Phases: {', '.join(PHASES)}. Kinds: {', '.join(KINDS)}. Tensor roles: {', '.join(ROLES)}.",
+           "Columns that must never be NULL: " + "; ".join(f"{t}: {', '.join(c)}" for t, c in REQUIRED.items()) + ".",
+           ""]
     for table in TABLES:
         out += [f"## `{table.name}`", "", table.doc, "", "| column | type | meaning |", "| --- | --- | --- |"]
         out += [f"| `{c.name}` | {c.sql} | {c.doc.replace('|', chr(92) + '|')} |" for c in table.columns]
