@@ -37,6 +37,7 @@ import duckdb
 from bitguard.backend.run_admission import admit, listing
 from bitguard.backend.timelines import Result
 from bitguard.backend.user_paths import PathNames
+from bitguard.db import connect, is_lock_error
 from bitguard.errors import BadInput, BitguardError, ComparisonNotReady, NotFound
 from bitguard.schema import MANIFEST_NAME
 
@@ -107,8 +108,6 @@ def _connect(path: Path) -> duckdb.DuckDBPyConnection:
     """The catalogue's connection, bitguard's one safe kind (bitguard.db: no extension fetched or
     loaded, no file access from SQL). Every query below passes user strings as parameters; none is
     formatted into SQL."""
-    from bitguard.db import connect
-
     return connect(path)
 
 
@@ -121,12 +120,16 @@ class Workspace:
         db = self.root / "workspace.duckdb"
         try:
             self._con = _connect(db)
-        except duckdb.IOException as exc:
-            raise BadInput(f"workspace {self.root} is in use by another process ({exc}); stop the other "
-                           "`bitguard serve` or pass --workspace with another folder") from None
-        self._lock = threading.RLock()
-        with self._lock:
             self._con.execute(_CATALOGUE)
+        except duckdb.Error as exc:
+            first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            if is_lock_error(exc):
+                raise BadInput(f"workspace {self.root} is in use by another process ({first}); stop the other "
+                               "`bitguard serve` or pass --workspace with another folder") from None
+            raise BadInput(f"the workspace catalogue {db} cannot be read ({first}): it is damaged; move it aside "
+                           f"(the run folders in {self.root / 'runs'} stay) or pass --workspace with another "
+                           f"folder") from None
+        self._lock = threading.RLock()
         self._results: dict[str, Result] = {}
         self._pending: dict[str, int] = {}  # comparison id -> revision queued
         self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="bitguard-compare")
