@@ -269,6 +269,25 @@ RULE_FILES: list[tuple[str, bytes, str]] = [  # (case, content, what the input c
     ("rule-id-number", b'{"rules": [{"id": 1, "action": "ignore"}]}', "error"),
     ("rule-nan", b'{"rules": [{"id": "r", "action": "ignore", "step": NaN}]}', "error"),
     ("rule-match-object", b'{"rules": [{"id": "r", "action": "ignore", "boundary": {"$ne": 1}}]}', "error"),
+    # well-formed rules with nasty matches: a verdict or a refusal, never a crash or a hang
+    *[(case, (b'{"schema": "bitguard.rules/1", "rules": [{"id": "r", "action": "ignore", "match": %s}]}' % m), "any")
+      for case, m in [
+          ("glob-10k-stars", b'{"boundary": "' + b"*a" * 5000 + b'b"}'),
+          ("glob-unclosed-bracket", b'{"boundary": "blocks.[0"}'),
+          ("glob-every-char-class", b'{"boundary": "' + b"[!a-z]" * 2000 + b'"}'),
+          ("steps-huge", b'{"steps": [1000000000000000000000000000000, null]}'),
+          ("steps-reversed", b'{"steps": [5, 1]}'),
+          ("steps-strings", b'{"steps": ["a", 1]}'),
+          ("rank-huge", b'{"rank": 1000000000000000000000000000000}'),
+          ("rank-negative", b'{"rank": -1}'),
+          ("role-unknown", b'{"role": "oracle"}'),
+          ("match-everything", b"{}"),
+      ]],
+    ("10k-rules", b'{"schema": "bitguard.rules/1", "rules": ['
+     + b", ".join(b'{"id": "r%d", "action": "allow-gap", "match": {"boundary": "m%d.*"}}' % (i, i) for i in range(10_000))
+     + b"]}", "any"),
+    ("duplicate-ids", b'{"schema": "bitguard.rules/1", "rules": [{"id": "r", "action": "ignore"}, '
+                      b'{"id": "r", "action": "allow-gap"}]}', "error"),
 ]
 
 
@@ -312,7 +331,45 @@ def cli_inputs(ctx: Context, cases: int, seed: int, only: str | None = None) -> 
     for n in range(2):
         if _wanted(f"concurrent-readers/killed-run-{n}", only):
             results.append(named(f"concurrent-readers/killed-run-{n}", _two_readers(ctx)))
+    results += _whitewash(ctx, d, only)
     return results
+
+
+ALLOW_ALL = {"schema": "bitguard.rules/1", "rules": [
+    {"id": "any-gap", "action": "allow-gap", "match": {}}, {"id": "any-digest", "action": "ignore", "match": {}}]}
+
+
+def _whitewash(ctx: Context, d: Path, only: str | None) -> list[Result]:
+    """Rules that accept every gap and every digest difference cannot make what is not known
+    identical: unrelated runs (nothing paired), a killed run, a run with a rank missing."""
+    rules = d / "allow-all.json"
+    rules.write_text(json.dumps(ALLOW_ALL))
+    two_ranks = d / "two-ranks"
+    _write_two_rank_run(two_ranks)
+    one_rank = d / "rank-1-missing"
+    shutil.copytree(two_ranks, one_rank)
+    (one_rank / "rank-1.duckdb").unlink()
+    pairs = {"unrelated-runs": (ctx.copy("complete"), ctx.copy("killed")),
+             "killed-run": (ctx.copy("killed"), ctx.copy("killed")),
+             "rank-missing": (two_ranks, one_rank)}
+    results = []
+    for case, (a, b) in pairs.items():
+        if not _wanted(f"rules-whitewash/{case}", only):
+            continue
+        answer = ctx.cli(["compare", str(a), str(b), "--rules", str(rules)])
+        r = crashed(answer)
+        if r is None:
+            detail = f"exit {answer['rc']}: {first_line(answer['stderr'] if answer['rc'] == 2 else answer['stdout'])}"
+            r = Result("", "", "false_verdict" if answer["rc"] == 0 else "clean_error" if answer["rc"] == 2 else "ok",
+                       ("identical under rules that accept everything: " if answer["rc"] == 0 else "") + detail)
+        results.append(named(f"rules-whitewash/{case}", r))
+    return results
+
+
+def _write_two_rank_run(path: Path) -> None:
+    from .ranks import fixtures_runs  # tests/ on sys.path, the synthetic run writer
+
+    fixtures_runs.write_run(str(path), fixtures_runs.RunSpec(layers=2, steps=2, world_size=2))
 
 
 def _two_readers(ctx: Context) -> Result:
