@@ -336,8 +336,10 @@ def _named_upload(a: Api, parts: list[Part], params: dict) -> Result:
     return result
 
 
-def compare_ready(a: Api, run_a: str, run_b: str, expect: str | None = None) -> Result:
-    r = a.request("POST", "/api/comparisons", json={"run_a": run_a, "run_b": run_b})
+def compare_ready(a: Api, run_a: str, run_b: str, expect: str | None = None, rule_set_id: str | None = None) -> Result:
+    """Compare two uploaded runs and wait: ok with the verdict, clean_error for a named failure,
+    http_500 for an internal one, hang when not ready in time, wrong_answer when not `expect`."""
+    r = a.request("POST", "/api/comparisons", json={"run_a": run_a, "run_b": run_b, "rule_set_id": rule_set_id})
     if isinstance(r, Result) or r.status_code != 202:
         return a.judge(r, refuse=False) if not isinstance(r, Result) else r
     cid = r.json()["id"]
@@ -437,8 +439,29 @@ def _rules_cases(a: Api):
         return res
 
     yield "rules/save-hostile-versions", save_hostile
+    yield "rules/allow-all-on-a-killed-run", lambda: _whitewash(a)
     yield "rules/compare-with-missing-rule-set", lambda: _judged(
         a, "POST", "/api/comparisons", json={"run_a": "nope", "run_b": "nope", "rule_set_id": "x' OR 1=1 --"})
+
+
+def _whitewash(a: Api) -> Result:
+    """A rule set accepting every gap and difference, on two copies of the killed run: not identical."""
+    from .families import ALLOW_ALL
+
+    rs = a.request("POST", "/api/rulesets", json={"name": "allow all", "rules": ALLOW_ALL["rules"]})
+    if isinstance(rs, Result) or rs.status_code != 201:
+        return a.judge(rs) if not isinstance(rs, Result) else rs
+    runs = [a.upload(run_parts(a.ctx.bases["killed"])) for _ in range(2)]
+    for r in runs:
+        if isinstance(r, Result) or r.status_code != 201:
+            return a.judge(r) if not isinstance(r, Result) else r
+    result = compare_ready(a, runs[0].json()["id"], runs[1].json()["id"], rule_set_id=rs.json()["id"])
+    if result.outcome == "ok" and result.detail.endswith(": identical"):
+        result = Result("", "", "false_verdict", f"a killed run compared identical under accept-all rules ({result.detail})")
+    for r in runs:
+        a.delete(r)
+    a.request("DELETE", f"/api/rulesets/{rs.json()['id']}")
+    return result
 
 
 def _judged(a: Api, method: str, url: str, **kw) -> Result:
