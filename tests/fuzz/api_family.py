@@ -205,6 +205,7 @@ def _cases(ctx: Context, a: Api, cases: int, seed: int):
     yield "name/quote-top-folder", lambda: _named_upload(a, run_parts(complete, "q'dir"), {})
     for rnd in range(3):
         yield f"concurrent/upload-delete-compare-{rnd}", lambda rnd=rnd: _concurrent(a, good, rnd)
+    yield "concurrent/storm", lambda: _storm(a, good, seed)
     yield from _rules_cases(a)
     yield from _query_cases(a, good)
 
@@ -400,6 +401,62 @@ def _concurrent(a: Api, parts: list[Part], rnd: int) -> Result:
         return Result("", "", "wrong_answer", f"a comparison of the deleted run survives: {orphans[0]}")
     a.request("DELETE", f"/api/runs/{y}")
     return Result("", "", "ok", ", ".join(statuses))
+
+
+def _storm(a: Api, parts: list[Part], seed: int, threads: int = 8, ops: int = 48) -> Result:
+    """`ops` requests drawn by the seed (upload, delete a run, compare two, rerun or delete a
+    comparison, read a comparison) from `threads` threads at once over a few runs: no 5xx, no hang,
+    and afterwards no comparison of a deleted run and every listed run readable."""
+    rng = random.Random(f"{seed}:storm")
+    ids = [r.json()["id"] for r in (a.upload(parts) for _ in range(3)) if not isinstance(r, Result) and r.status_code == 201]
+    cids: list[str] = []
+
+    def op(job: tuple[str, int, int, int]) -> tuple[str, httpx.Response | Result]:
+        kind, i, j, k = job  # drawn up front: the requests are the seed's, only their timing is not
+        run, other = ids[i % len(ids)], ids[j % len(ids)]
+        if kind == "upload":
+            r = a.upload(parts)
+            if not isinstance(r, Result) and r.status_code == 201:
+                ids.append(r.json()["id"])
+            return kind, r
+        if kind == "delete-run":
+            return kind, a.request("DELETE", f"/api/runs/{run}")
+        if kind == "compare":
+            r = a.request("POST", "/api/comparisons", json={"run_a": run, "run_b": other})
+            if not isinstance(r, Result) and r.status_code == 202:
+                cids.append(r.json()["id"])
+            return kind, r
+        cid = cids[k % len(cids)] if cids else "none"
+        url = {"rerun": f"/api/comparisons/{cid}/rerun", "delete-comparison": f"/api/comparisons/{cid}",
+               "read": f"/api/comparisons/{cid}/events"}[kind]
+        return kind, a.request({"rerun": "POST", "delete-comparison": "DELETE", "read": "GET"}[kind], url)
+
+    kinds = rng.choices(["upload", "delete-run", "compare", "rerun", "delete-comparison", "read"],
+                        weights=[2, 2, 3, 1, 1, 3], k=ops)
+    jobs = [(kind, rng.randrange(1 << 30), rng.randrange(1 << 30), rng.randrange(1 << 30)) for kind in kinds]
+    with ThreadPoolExecutor(threads) as pool:
+        answers = list(pool.map(op, jobs))
+    for kind, r in answers:
+        res = a.judge(r)
+        if res.outcome in ("hang", "http_500", "unsafe"):
+            return Result("", "", res.outcome, f"{kind}: {res.detail}")
+    time.sleep(1.0)  # let the comparisons still running end
+    runs = a.request("GET", "/api/runs")
+    comparisons = a.request("GET", "/api/comparisons")
+    for r in (runs, comparisons):
+        if isinstance(r, Result) or r.status_code != 200:
+            return a.judge(r) if not isinstance(r, Result) else r
+    alive = {run["id"] for run in runs.json()}
+    orphans = [c["id"] for c in comparisons.json() if not {_ref(c.get("run_a")), _ref(c.get("run_b"))} <= alive]
+    if orphans:
+        return Result("", "", "wrong_answer", f"comparisons of deleted runs survive the storm: {orphans[:3]}")
+    for run_id in alive:
+        res = a.judge(a.request("GET", f"/api/runs/{run_id}"))
+        if res.outcome != "ok":
+            return Result("", "", res.outcome if res.failed else "wrong_answer", f"listed run {run_id}: {res.detail}")
+        a.request("DELETE", f"/api/runs/{run_id}")
+    counts = {k: kinds.count(k) for k in dict.fromkeys(kinds)}
+    return Result("", "", "ok", f"{ops} requests from {threads} threads ({counts}): no 5xx, no orphan")
 
 
 def _rules_cases(a: Api):
