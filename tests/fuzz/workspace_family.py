@@ -7,7 +7,8 @@ damaged in place (truncated, bit-flipped, deleted, replaced by garbage, a FIFO, 
 run: the run list must answer 200, the run's own page 200 or 4xx, and a comparison of it with the
 good run must end (ready or failed with a named error, never an internal error or a hang) and must
 not say "identical". A last case truncates the workspace's catalogue (workspace.duckdb) itself:
-the server must then start and answer, or refuse to start with one line, never a traceback. The
+the server must then start and answer, or refuse to start with one line, never a traceback; so
+must `bitguard serve --demo A B` with A damaged. The
 outcome rules are harness.py's; the HTTP helpers are api_family.py's.
 """
 
@@ -82,6 +83,9 @@ def workspace(ctx: Context, cases: int, seed: int, only: str | None = None) -> l
         a.close()
     if only is None or only in "catalogue-truncated":
         results.append(named("catalogue-truncated", _catalogue(ctx, a.ws)))
+    for damage in ("rank-file-truncated", "manifest-garbage"):
+        if only is None or only in f"demo/{damage}":
+            results.append(named(f"demo/{damage}", _demo(ctx, damage)))
     return results
 
 
@@ -99,8 +103,21 @@ def _check(a: Api, good_id: str, run_id: str) -> Result:
 def _catalogue(ctx: Context, ws: Path) -> Result:
     """`bitguard serve` (the CLI, as a user starts it) on a workspace whose catalogue is cut in half."""
     _cut(ws / "workspace.duckdb")
+    return _serve_cli(ctx, ["--workspace", str(ws)], "the damaged catalogue")
+
+
+def _demo(ctx: Context, damage: str) -> Result:
+    """`bitguard serve --demo A B` with A damaged: refused in one line, or served with A's problem named."""
+    d = ctx.scratch("demo")
+    bad, good = ctx.copy("complete", d / "bad"), ctx.copy("complete", d / "good")
+    DAMAGES[damage](bad)
+    return _serve_cli(ctx, ["--workspace", str(d / "ws"), "--demo", str(bad), str(good)], f"a demo pair ({damage})")
+
+
+def _serve_cli(ctx: Context, args: list[str], what: str) -> Result:
+    """Start `bitguard serve ARGS`: it answers GET /api/runs (not 5xx), or exits in one line, never a traceback."""
     port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "bitguard", "serve", "--workspace", str(ws), "--port", str(port)],
+    proc = subprocess.Popen([sys.executable, "-m", "bitguard", "serve", *args, "--port", str(port)],
                             cwd=ctx.cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + ctx.timeout
@@ -111,13 +128,13 @@ def _catalogue(ctx: Context, ws: Path) -> Result:
                 time.sleep(0.2)
                 continue
             return Result("", "", "http_500" if r.status_code >= 500 else "ok",
-                          f"the server started on the damaged catalogue; GET /api/runs: HTTP {r.status_code}")
+                          f"the server started on {what}; GET /api/runs: HTTP {r.status_code}")
         if proc.poll() is None:
-            return Result("", "", "hang", "bitguard serve neither answered nor exited")
+            return Result("", "", "hang", f"bitguard serve on {what} neither answered nor exited")
         err = proc.communicate()[1]
         if "Traceback" in err or proc.returncode == 70:
-            return Result("", "", "traceback", f"bitguard serve exit {proc.returncode}: {first_line(err)}")
-        return Result("", "", "clean_error", f"bitguard serve exit {proc.returncode}: {first_line(err)}")
+            return Result("", "", "traceback", f"bitguard serve on {what}: exit {proc.returncode}: {first_line(err)}")
+        return Result("", "", "clean_error", f"bitguard serve on {what}: exit {proc.returncode}: {first_line(err)}")
     finally:
         if proc.poll() is None:
             proc.terminate()
