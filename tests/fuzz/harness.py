@@ -361,8 +361,9 @@ def grouped(failures: list[Result]) -> str:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m tests.fuzz.harness", description=__doc__.splitlines()[0])
     p.add_argument("--cases", type=int, default=8,
-                   help="random cases per mutated file, kills, mutated uploads (x3: hostile uploads)")
-    p.add_argument("--seed", type=int, default=1)
+                   help="random cases per mutated file, kills, mutated uploads (x3: hostile uploads), "
+                        "names recorded into")
+    p.add_argument("--seed", type=int, default=1, help="every random choice derives from it and the case id")
     p.add_argument("--family", action="append", choices=FAMILIES, help="only these families (repeatable)")
     p.add_argument("--only", default=None, help="only cases whose id contains this text")
     p.add_argument("--table", action="store_true", help="print the markdown table (docs/RELIABILITY.md)")
