@@ -73,9 +73,10 @@ def rank_scope(rank: int, run_a, run_b, ea: pl.DataFrame, eb: pl.DataFrame) -> t
             # steps before the last one recorded are whole (the writer keeps order); the last may be cut
             cut(last)
             why = run.incomplete_reason() or f"rank {rank} did not finish writing"
-            reasons.append(_reason("incomplete", f"run {label} is incomplete ({why}): steps before {last} are "
-                                                 f"compared; its last recorded step ({last}) may be cut short, so "
-                                                 f"step {last} and later are not certified", side, rank))
+            compared = f"steps before {last} are compared; " if last else ""
+            reasons.append(_reason("incomplete", f"run {label} is incomplete ({why}): {compared}its last recorded "
+                                                 f"step ({last}) may be cut short, so step {last} and later are not "
+                                                 f"certified", side, rank))
         damage = (getattr(run, "damage", None) or {}).get(rank)
         if damage:
             from_step = damage.get("from_step")
@@ -190,6 +191,8 @@ def name_hint(names_a: list[str], names_b: list[str]) -> str | None:
             if stripped and len(stripped & small) >= max(1, len(stripped) // 2):
                 extra = " (torch.compile names a compiled model's modules _orig_mod.*)" if head == "_orig_mod" else ""
                 return f"run {label}'s boundary names carry the prefix '{head}.' that the other run's lack{extra}"
-    if any(_COMPILED.search(n) for n in set_a | set_b):
-        return "one run's boundaries are named _orig_mod.* (a torch.compile'd model); the other's are not"
+    compiled = [any(_COMPILED.search(n) for n in names) for names in (set_a, set_b)]
+    if compiled[0] != compiled[1]:
+        return (f"run {'A' if compiled[0] else 'B'}'s boundaries are named _orig_mod.* (a torch.compile'd model); "
+                f"the other run's are not")
     return None

@@ -62,8 +62,8 @@ class RunInfo:
 
     @property
     def complete(self) -> bool:
-        return self.manifest.get("status") == "complete" and all(
-            m.get("status") == "complete" for m in self.rank_meta.values())
+        return (self.manifest.get("status") == "complete" and self.manifest.get("complete", True) is True
+                and all(m.get("status") == "complete" for m in self.rank_meta.values()))
 
     def incomplete_reason(self) -> str | None:
         if self.complete:
@@ -74,9 +74,16 @@ class RunInfo:
             bits.append(f"exit status {self.manifest['exit_status']}")
         if self.manifest.get("signal"):
             bits.append(f"killed by {self.manifest['signal']}")
-        unfinished = [r for r, m in self.rank_meta.items() if m.get("status") != "complete"]
-        if unfinished:
-            bits.append("rank(s) " + ", ".join(map(str, unfinished)) + " did not finish writing")
+        if status == "complete" and self.manifest.get("complete", True) is not True:
+            bits.append("its manifest says complete: false")
+        by_status: dict[str, list[int]] = {}
+        for r, m in self.rank_meta.items():
+            if m.get("status") != "complete":
+                by_status.setdefault(str(m.get("status")), []).append(r)
+        for rank_status, ranks in by_status.items():
+            which = "rank(s) " + ", ".join(map(str, ranks))
+            # a rank still "running" was cut off while writing; a failed one closed its file when the script failed
+            bits.append(f"{which} did not finish writing" if rank_status == "running" else f"{which} {rank_status}")
         return "; ".join(bits)
 
 

@@ -37,7 +37,13 @@ def _render(c) -> str:
         out.append("")
     fd = r.first_divergence
     if r.verdict == "identical":
-        out.append(f"VERDICT: identical — {al.identical_prefix} matched events, every digest equal "
+        accepted = sum(x.count for x in r.rules_fired)
+        digests = (f"every digest equal or its difference accepted by a rule ({accepted} events matched a rule)"
+                   if accepted else "every digest equal")
+        window = c.run_a.manifest.get("steps")
+        within = f" within the recorded steps {window[0]}:{'' if window[1] is None else window[1]}" \
+            if isinstance(window, list) and len(window) == 2 else ""
+        out.append(f"VERDICT: identical — {al.identical_prefix} matched events{within}, {digests} "
                    f"(ranks {', '.join(map(str, r.ranks))}).")
     elif r.verdict == "inconclusive":
         out.append(f"VERDICT: inconclusive — what could be compared is identical ({al.identical_prefix} matched "
@@ -70,7 +76,10 @@ def _render(c) -> str:
 
 
 def _divergence(fd: FirstDivergence) -> list[str]:
-    if fd.cause == "structure":
+    if fd.cause == "structure" and fd.fault_class == "signature":
+        out = [f"VERDICT: diverged — first divergence on rank {fd.rank}, step {fd.step}: both runs record the "
+               f"{fd.phase} of {fd.boundary} ({fd.module_type}, call {fd.call}), with different tensors"]
+    elif fd.cause == "structure":
         lacking = fd.missing_side.upper()
         out = [f"VERDICT: diverged — first divergence on rank {fd.rank}, step {fd.step}: run {lacking} lacks the "
                f"{fd.phase} of {fd.boundary} ({fd.module_type}, call {fd.call}) that the other run records"]

@@ -22,6 +22,7 @@ import traceback
 from pathlib import Path
 
 from bitguard.errors import BadInput, BitguardError, NotSupported
+from bitguard.schema import DIGEST, MANIFEST_NAME, SCHEMA_VERSION
 
 _PYTHON = re.compile(r"^python[\d.]*$")
 INTERNAL_ERROR = 70  # EX_SOFTWARE: an unexpected exception, never a verdict
@@ -144,11 +145,19 @@ def _launch(child: list[str], out: Path, command: list[str]) -> int:
         for s, handler in old.items():
             signal.signal(s, handler)
     exit_status = code if code >= 0 else 128 - code
+    from bitguard.recording import disabled
+
+    if disabled() and not (out / MANIFEST_NAME).exists():
+        print(f"bitguard: BITGUARD_DISABLE is set: the script ran unrecorded and {out} holds no run", file=sys.stderr)
+        return exit_status
     _fold_journals(out)
     try:
         data = manifest.read(out)
     except (OSError, ValueError):
-        data = {"tool": "bitguard", "status": "running", "command": command, "world_size": 1}
+        # the child died before it wrote one (an import error, a kill at start): say so in a manifest
+        # every reader understands ("no rank files: the recording wrote no events")
+        data = {"tool": "bitguard", "schema_version": SCHEMA_VERSION, "digest": DIGEST, "status": "running",
+                "complete": False, "command": command, "world_size": 1}
     data["command"] = command
     data["exit_status"] = exit_status
     if code < 0:
