@@ -118,9 +118,11 @@ class Workspace:
         for sub in ("runs", "comparisons", "tmp"):
             (self.root / sub).mkdir(parents=True, exist_ok=True)
         db = self.root / "workspace.duckdb"
+        self._lock = threading.RLock()
         try:
             self._con = _connect(db)
             self._con.execute(_CATALOGUE)
+            self._sweep()  # reads every table: a catalogue damaged anywhere is found now, not mid-request
         except duckdb.Error as exc:
             first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
             if is_lock_error(exc):
@@ -129,12 +131,10 @@ class Workspace:
             raise BadInput(f"the workspace catalogue {db} cannot be read ({first}): it is damaged; move it aside "
                            f"(the run folders in {self.root / 'runs'} stay) or pass --workspace with another "
                            f"folder") from None
-        self._lock = threading.RLock()
         self._results: dict[str, Result] = {}
         self._pending: dict[str, int] = {}  # comparison id -> revision queued
         self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="bitguard-compare")
         self._worker.submit(_warm_engine)
-        self._sweep()
 
     def close(self) -> None:
         self._worker.shutdown(wait=False, cancel_futures=True)

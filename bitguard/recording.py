@@ -149,7 +149,7 @@ class record:
         from bitguard.collectors.determinism import unpatch_dataloader
 
         collector, self.collector = self.collector, None
-        collector.remove()
+        collector.remove(final_state=status == "complete")  # a failed run's weights are not its result
         unpatch_dataloader()
         steps_seen = collector.step + (1 if collector._advance else 0)
         self.store.close(status, {"end_time_ns": time.time_ns(), "steps_completed": steps_seen,

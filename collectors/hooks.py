@@ -257,10 +257,12 @@ class Collector:
         self._wrap_module_calls()
         self._handles.append(optim.register_optimizer_step_post_hook(self._guard(self._on_optimizer_step)))
 
-    def remove(self) -> None:
-        """Flush what is pending, record the final state, remove every hook this collector installed."""
+    def remove(self, final_state: bool = True) -> None:
+        """Flush what is pending, record the final state (of a recording that ended normally), and
+        remove every hook this collector installed."""
         self._guard(self._flush_backward)()
-        self._guard(self._emit_final)()
+        if final_state:
+            self._guard(self._emit_final)()
         self._guard(self._drain)()
         for handle in self._handles:
             handle.remove()

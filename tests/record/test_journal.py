@@ -410,7 +410,8 @@ def test_a_fold_that_fails_is_reported_once_and_the_journal_keeps_the_run(tmp_pa
     assert journal_file.stat().st_size > 0
     run = open_run(tmp_path / "run")
     events, _, _ = load_rank(run, 0)  # read beside the rank file
-    assert sorted(events["step"].unique().to_list()) == [0, 1, 2, 3, 4] and not run.damage
+    assert sorted(events["step"].unique().to_list()) == [0, 1, 2, 3, 4, 5] and not run.damage
+    assert events.filter(events["step"] == 5)["kind"].to_list() == ["final"]  # the weights after step 4
     assert journal_file.exists()
     assert store.recover(tmp_path / "run" / "rank-0.duckdb") > 0 and not journal_file.exists()
     assert load_rank(open_run(tmp_path / "run"), 0)[0]["seq"].to_list() == events["seq"].to_list()
