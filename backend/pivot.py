@@ -104,11 +104,15 @@ def _optimizer_detail(pivot: dict, events_a: pl.DataFrame, status: dict[int, str
     before = events_a.filter(same_param & (pl.col("phase") == "optimizer") & (pl.col("step") < pivot["step"]))
     grad_ok = grads.height and all(status.get(s) == "identical" for s in grads["seq"].to_list())
     prev_ok = before.height and status.get(before["seq"][-1]) == "identical"
-    if grad_ok and prev_ok:
+    if grad_ok and prev_ok and (pivot.get("world_size") or 1) == 1:
         return ("the parameter differs after step() while its gradient and the previous parameters matched: "
                 "the optimizer update computed differently")
     known = []
-    if grad_ok:
+    if grad_ok and (pivot.get("world_size") or 1) > 1:
+        # the hooks see each rank's own gradient; a collective that reduces it afterwards (DDP, FSDP) is not seen
+        known.append("its gradient as this rank computed it matched, but the gradient the optimizer used may have "
+                     "been reduced across ranks afterwards (an all-reduce the hooks do not observe)")
+    elif grad_ok:
         known.append("its gradient at this step matched")
     elif not grads.height:
         known.append("its gradient at this step was not observed (no gradient event: e.g. a collective or a "
