@@ -42,7 +42,8 @@ class Scope:
         return inside
 
 
-def _reason(code: str, message: str, side: str | None = None, rank: int | None = None) -> dict:
+def reason(code: str, message: str, side: str | None = None, rank: int | None = None) -> dict:
+    """A `Reason` document (result.py)."""
     return {"code": code, "message": message, "side": side, "rank": rank}
 
 
@@ -74,7 +75,7 @@ def rank_scope(rank: int, run_a, run_b, ea: pl.DataFrame, eb: pl.DataFrame) -> t
             cut(last)
             why = run.incomplete_reason() or f"rank {rank} did not finish writing"
             compared = f"steps before {last} are compared; " if last else ""
-            reasons.append(_reason("incomplete", f"run {label} is incomplete ({why}): {compared}its last recorded "
+            reasons.append(reason("incomplete", f"run {label} is incomplete ({why}): {compared}its last recorded "
                                                  f"step ({last}) may be cut short, so step {last} and later are not "
                                                  f"certified", side, rank))
         damage = (getattr(run, "damage", None) or {}).get(rank)
@@ -82,7 +83,7 @@ def rank_scope(rank: int, run_a, run_b, ea: pl.DataFrame, eb: pl.DataFrame) -> t
             from_step = damage.get("from_step")
             cut(0 if from_step is None else int(from_step))
             where = "from the start" if from_step is None else f"from step {from_step} on"
-            reasons.append(_reason("damaged", f"run {label} rank {rank} is damaged {where} "
+            reasons.append(reason("damaged", f"run {label} rank {rank} is damaged {where} "
                                               f"({damage.get('reason', 'unreadable records')})", side, rank))
     wa, wb = _window(run_a.manifest), _window(run_b.manifest)
     first = max((w[0] for w in (wa, wb) if w[0] is not None), default=None)
@@ -90,7 +91,7 @@ def rank_scope(rank: int, run_a, run_b, ea: pl.DataFrame, eb: pl.DataFrame) -> t
         if w[1] is not None:
             cut(w[1])
     if wa != wb:
-        reasons.append(_reason("step_window", f"the runs recorded different step windows (A {_fmt(wa)}, B {_fmt(wb)}): "
+        reasons.append(reason("step_window", f"the runs recorded different step windows (A {_fmt(wa)}, B {_fmt(wb)}): "
                                               f"only steps {_fmt((first, end))} are compared", rank=rank))
     return Scope(first, end), reasons
 
@@ -121,7 +122,7 @@ def mode_filter(run_a, run_b, ea: pl.DataFrame, eb: pl.DataFrame, ta: pl.DataFra
                                      & ~(pl.col("seq").is_in(steps.implode()) & (pl.col("role") == "state")))
         sides.append((_rekey(events, tensors), tensors))
     (ea, ta), (eb, tb) = sides
-    return ea, eb, ta, tb, [_reason("modes", f"the runs were recorded in different modes (A {ma}, B {mb}): only "
+    return ea, eb, ta, tb, [reason("modes", f"the runs were recorded in different modes (A {ma}, B {mb}): only "
                                              f"what trusted mode observes is compared")]
 
 
@@ -148,14 +149,14 @@ def run_reasons(run_a, run_b, ranks: list[int], rank_selected: bool) -> list[dic
         missing = sorted(set(getattr(run, "missing_ranks", None) or [])
                          | set(range(run.world_size if isinstance(run.world_size, int) else 0)) - set(run.ranks))
         if missing and not rank_selected:
-            reasons.append(_reason("missing_ranks", f"run {label} declares world size {run.world_size} but has no "
+            reasons.append(reason("missing_ranks", f"run {label} declares world size {run.world_size} but has no "
                                                     f"rank file for rank(s) {', '.join(map(str, missing))}: those "
                                                     f"ranks are not compared", side))
         errors = list(run.manifest.get("collector_errors") or [])
         for rank in ranks:
             errors += [e for e in (run.rank_meta.get(rank, {}).get("collector_errors") or []) if e not in errors]
         if errors:
-            reasons.append(_reason("collector_errors", f"run {label}'s recording reported {len(errors)} collector "
+            reasons.append(reason("collector_errors", f"run {label}'s recording reported {len(errors)} collector "
                                                        f"error(s), so events may be missing (first: {str(errors[0])[:200]})",
                                    side))
     return reasons
@@ -165,15 +166,15 @@ def empty_or_unpaired(rank: int, ea: pl.DataFrame, eb: pl.DataFrame, matched: in
     """A reason when a rank has nothing to compare: a side without events, or no event paired."""
     if not ea.height or not eb.height:
         if not ea.height and not eb.height:
-            return _reason("empty", f"neither run recorded an event on rank {rank}", rank=rank)
+            return reason("empty", f"neither run recorded an event on rank {rank}", rank=rank)
         side = "a" if not ea.height else "b"
         other = eb if side == "a" else ea
-        return _reason("empty", f"run {side.upper()} recorded no events on rank {rank} (the other run recorded "
+        return reason("empty", f"run {side.upper()} recorded no events on rank {rank} (the other run recorded "
                                 f"{other.height}): nothing to compare", side, rank)
     if matched:
         return None
     hint = name_hint(ea["boundary"].to_list(), eb["boundary"].to_list())
-    return _reason("nothing_paired", f"no event of rank {rank} paired (A {ea.height} events, B {eb.height})"
+    return reason("nothing_paired", f"no event of rank {rank} paired (A {ea.height} events, B {eb.height})"
                                      + (f": {hint}" if hint else ": the runs record different boundaries"), rank=rank)
 
 

@@ -366,17 +366,17 @@ class Comparison:
                 first = rc.events_a.row(int(unobserved["a_pos"][0]), named=True)
                 why = rc.diffs.filter((pl.col("a_seq") == first["seq"]) & pl.col("unknown")).select(
                     pl.coalesce("unobserved", "unobserved_b")).to_series().drop_nulls()
-                out.append({"code": "unobserved", "rank": rc.rank, "side": None, "message":
+                out.append(certification.reason("unobserved", rank=rc.rank, message=
                             f"{unobserved.height} paired event(s) on rank {rc.rank} hold a tensor that could not be "
                             f"observed, first the {first['phase']} of {first['boundary']} at step {first['step']}"
-                            + (f" ({why[0]})" if why.len() else "")})
+                            + (f" ({why[0]})" if why.len() else "")))
             follows = rc.pairs.filter(pl.col("status") == "follows")
             if follows.height:
                 rules = sorted(set(follows["rule_id"].drop_nulls().to_list()))
-                out.append({"code": "follows_accepted", "rank": rc.rank, "side": None, "message":
+                out.append(certification.reason("follows_accepted", rank=rc.rank, message=
                             f"{follows.height} divergent event(s) on rank {rc.rank} follow from differences accepted "
                             f"by rule(s) {', '.join(rules)}: events downstream of an accepted difference cannot "
-                            f"be certified"})
+                            f"be certified"))
         return out
 
     def blocking_reasons(self) -> list[dict]:

@@ -14,6 +14,8 @@ import math
 import plotly.graph_objects as go
 import polars as pl
 
+from bitguard.backend.result import EVENT_STATUSES
+
 MAX_POINTS = 20_000  # above this many markers the timeline aggregates rows into bins
 STATUS_COLOURS = {  # also the legend order
     "identical": "#9ccfa4",
@@ -27,8 +29,8 @@ STATUS_COLOURS = {  # also the legend order
 STATUS_LABELS = {"identical": "identical", "benign": "benign (rule)", "follows": "follows an accepted difference",
                  "unobserved": "not observed (cannot certify)", "diverged": "diverged",
                  "only_a": "only in A", "only_b": "only in B"}
-SEVERITY = {"identical": 0, "benign": 1, "follows": 2, "unobserved": 3, "only_a": 4, "only_b": 4,
-            "diverged": 5}  # a bin shows its worst
+# a bin shows its worst; the two one-sided statuses are equally bad
+SEVERITY = {s: EVENT_STATUSES.index("only_a" if s == "only_b" else s) for s in EVENT_STATUSES}
 PHASE_COLOURS = {"data": "#7f7f7f", "forward": "#1f77b4", "backward": "#ff7f0e", "optimizer": "#2ca02c"}
 EDGE_COLOURS = {"dataflow": "#555555", "nesting": "#9e9e9e", "activation": "#1f77b4", "weight-grad": "#ff7f0e",
                 "update": "#2ca02c", "weights": "#8c564b"}

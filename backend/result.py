@@ -28,6 +28,9 @@ VERDICTS = ("identical", "diverged", "inconclusive")
 EXIT_STATUS = {"identical": 0, "diverged": 1, "inconclusive": 3}  # 2: bad input, 70: internal error
 
 Verdict = Literal["identical", "diverged", "inconclusive"]
+# What the comparison made of each aligned event (`Comparison.events()["status"]`), mildest first:
+# follows = differs only downstream of a difference a rule accepted; unobserved = not comparable.
+EVENT_STATUSES = ("identical", "benign", "follows", "unobserved", "only_a", "only_b", "diverged")
 
 
 class _Model(BaseModel):

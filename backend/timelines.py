@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import polars as pl
 
+from bitguard.backend.result import EVENT_STATUSES
 from bitguard.backend.user_paths import PathNames
 from bitguard.errors import BadInput, NotFound
 from bitguard.schema import PHASES
@@ -25,10 +26,8 @@ from bitguard.schema import PHASES
 # follows: differs only downstream of a difference a rule accepted; unobserved: not comparable
 STATUS_CODES = ("empty", "identical", "benign", "follows", "unobserved", "gap", "diverged")
 DEFAULT_BINS = 800  # bins of a timeline window when the browser does not say
-_CODE = {"identical": STATUS_CODES.index("identical"), "benign": STATUS_CODES.index("benign"),
-         "follows": STATUS_CODES.index("follows"), "unobserved": STATUS_CODES.index("unobserved"),
-         "only_a": STATUS_CODES.index("gap"), "only_b": STATUS_CODES.index("gap"),
-         "diverged": STATUS_CODES.index("diverged")}
+# an event on one side only is a gap in the timeline, whichever side it is on
+_CODE = {s: STATUS_CODES.index("gap" if s.startswith("only_") else s) for s in EVENT_STATUSES}
 _DIVERGED = STATUS_CODES.index("diverged")
 
 
