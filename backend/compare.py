@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 
-from bitguard.backend import certification, equivalence
+from bitguard.backend import certification, check, equivalence
 from bitguard.backend import pivot as pivot_mod
 from bitguard.backend import propagation
 from bitguard.backend.alignment import align
@@ -527,6 +527,7 @@ class Comparison:
             inconclusive={"reasons": blocking} if verdict == "inconclusive" else None,
             certification={"reasons": reasons, "compared_steps": {
                 str(r): [rc.scope.first, rc.scope.end] for r, rc in self.ranks.items()}},
+            run_checks=check.for_comparison(self),  # each run against itself (backend/check.py)
         )
 
     def to_dict(self) -> dict:

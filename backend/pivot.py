@@ -29,6 +29,7 @@ import polars as pl
 # Which tensor roles are the inputs of an event's computation, per (phase, kind).
 INPUT_ROLES = {
     ("forward", "module"): ("input", "rng"),
+    ("recompute", "module"): ("input", "rng"),  # a forward run again by activation checkpointing
     ("backward", "module"): ("grad_output",),
     ("backward", "grad"): ("grad_input",),
     ("optimizer", "step"): (),
@@ -167,7 +168,7 @@ def _window(pivot: dict, events_a: pl.DataFrame, status: dict[int, str], diffs: 
     """Innermost enclosing module whose inputs were identical, minus its observed children."""
     phase = pivot["phase"]
     same = events_a.filter((pl.col("phase") == phase) & (pl.col("kind") == "module") & (pl.col("step") == pivot["step"]))
-    if phase == "forward":
+    if phase in ("forward", "recompute"):  # calls nest in time
         ancestors = same.filter((pl.col("depth") < pivot["depth"]) & (pl.col("t_start_ns") <= pivot["t_start_ns"])
                                 & (pl.col("t_end_ns") >= pivot["t_end_ns"])).sort("depth", descending=True)
     else:
@@ -201,7 +202,7 @@ def _prefixes(boundary: str) -> list[str]:
 
 
 def _children(anc: dict, same: pl.DataFrame, phase: str) -> list[dict]:
-    if phase == "forward":
+    if phase in ("forward", "recompute"):
         kids = same.filter((pl.col("depth") == anc["depth"] + 1) & (pl.col("t_start_ns") >= anc["t_start_ns"])
                            & (pl.col("t_end_ns") <= anc["t_end_ns"]))
     else:

@@ -6,6 +6,7 @@ same document.
 
 from __future__ import annotations
 
+from bitguard.backend.check import CheckResult, Finding
 from bitguard.backend.result import CompareResult, FirstDivergence
 
 
@@ -57,6 +58,7 @@ def _render(c) -> str:
             out.append("  also not certified:")
             out += [f"    • {x.message}" for x in notes]
     out += _propagation(r)
+    out += _run_checks(r)
     out.append(_line())
     out.append(f"alignment: A {al.events_a} events, B {al.events_b} events, matched {al.matched} "
                f"({al.reordered} reordered), gaps A {al.gaps_a} / B {al.gaps_b} "
@@ -138,3 +140,51 @@ def _propagation(r: CompareResult) -> list[str]:
                 shown += 1
         frontier = nxt
     return out
+
+def _run_checks(r: CompareResult) -> list[str]:
+    """What each run says about itself (the in-run checks, backend/check.py), when it found something."""
+    out = []
+    for side, findings in sorted((r.run_checks or {}).items()):
+        if findings:
+            out.append(f"  within run {side.upper()} alone (bitguard check): {len(findings)} finding(s)")
+            out += _findings(findings, "    ")
+    return out
+
+
+def _findings(findings: list[Finding], indent: str, limit: int = 5) -> list[str]:
+    """The findings whose inputs agreed first (where it arose), then a count of those that follow."""
+    sources = [f for f in findings if f.blame == "source"]
+    out = []
+    for f in (sources or findings)[:limit]:
+        out.append(f"{indent}• rank {f.rank}, step {f.step}, {f.phase} of {f.boundary} ({f.module_type}, call {f.call}) "
+                   f"[{f.check}, {f.blame}]")
+        out.append(f"{indent}  {f.detail}")
+        for t in f.tensors[:4]:
+            out.append(f"{indent}  ≠ {t.role}[{t.index}]{t.path or ''} {t.dtype}{list(t.shape or [])}  "
+                       f"expected {t.expected.xor or '—'}:{t.expected.pos or '—'}  got {t.got.xor or '—'}:{t.got.pos or '—'}")
+    rest = len(findings) - min(len(sources or findings), limit)
+    if rest:
+        first = next((f for f in findings if f not in (sources or findings)[:limit]), None)
+        out.append(f"{indent}… and {rest} more" + (f" (first: step {first.step} {first.phase} of {first.boundary}, "
+                                                    f"{first.blame})" if first else ""))
+    return out
+
+
+def render_check(r: CheckResult) -> str:
+    """The terminal report of `bitguard check RUN` (control characters shown as escapes)."""
+    out = [f"bitguard check  {r.run}  (ranks {', '.join(map(str, r.ranks))})", _line()]
+    compared = sum(c.compared for c in r.checks)
+    if r.verdict == "findings":
+        out.append(f"VERDICT: findings — {len(r.findings)} computation(s) that must agree within the run differ:")
+        out += _findings(r.findings, "  ")
+    elif r.verdict == "clean":
+        out.append(f"VERDICT: clean — {compared} in-run comparison(s), every one bitwise equal.")
+    else:
+        out.append(f"VERDICT: inconclusive — no finding in {compared} in-run comparison(s), but the run cannot be "
+                   f"called clean:")
+    out += [f"  • {x.message}" for x in r.reasons]
+    out.append(_line())
+    for c in r.checks:
+        out.append(f"{c.name}: {c.compared} compared, {c.findings} finding(s)")
+        out += [f"  note: {n}" for n in c.notes]
+    return "\n".join(out).translate(_CONTROL)

@@ -192,6 +192,48 @@ class Analysis(_Model):
     probes: list[str] | None
 
 
+class TensorDiff(_Model):
+    """A tensor of an in-run finding (backend/check.py) that differs from the event it is checked against."""
+
+    role: str
+    index: int
+    path: str | None
+    shape: list[int] | None
+    dtype: str | None
+    expected: DigestPair = Field(description="the tensor of the event it is checked against")
+    got: DigestPair = Field(description="the tensor of the event with the finding")
+
+
+class Against(_Model):
+    """The event an in-run finding's event was checked against (the original forward, another rank's event)."""
+
+    rank: int
+    seq: int
+    phase: str
+    call: int
+
+
+class Finding(_Model):
+    """What one run says about itself (`bitguard check`, backend/check.py; `run_checks` here)."""
+
+    check: str = Field(description="name of the check that found it (recompute, crossrank, ...)")
+    rank: int
+    step: int
+    phase: str
+    kind: str
+    boundary: str
+    module_type: str | None
+    call: int
+    seq: int = Field(description="the event with the finding, on `rank`")
+    against: Against | None = Field(description="the event it must agree with")
+    blame: Literal["source", "consumer"] = Field(
+        description="source: its inputs agreed and its outputs differ (it computed differently); "
+                    "consumer: its inputs already differed")
+    differing_roles: list[str]
+    tensors: list[TensorDiff]
+    detail: str = Field(description="what differed, in one sentence")
+
+
 class CompareResult(_Model):
     schema_: str = Field(COMPARE_SCHEMA, alias="schema", serialization_alias="schema")
     verdict: Verdict
@@ -208,6 +250,10 @@ class CompareResult(_Model):
     analysis: Analysis
     inconclusive: Inconclusive | None = Field(None, description="set when the verdict is inconclusive")
     certification: Certification
+    run_checks: dict[str, list[Finding]] | None = Field(
+        None, description="side (a, b) -> what the run says about itself, without the other (bitguard check, "
+                          "backend/check.py: a recompute that differs from its original forward, ...); the "
+                          "verdict is about A against B and does not depend on it")
 
     model_config = ConfigDict(extra="forbid", populate_by_name=True)
 

@@ -1,6 +1,7 @@
-"""The `bitguard` command line: record, compare, export-perfetto, serve, eval.
+"""The `bitguard` command line: record, compare, check, export-perfetto, serve, eval.
 
-Exit statuses are a contract: `compare` exits 0 identical, 1 diverged, 3 inconclusive; every
+Exit statuses are a contract: `compare` exits 0 identical, 1 diverged, 3 inconclusive; `check`
+exits 0 clean, 1 findings, 3 inconclusive (nothing it could check, or a run not whole); every
 command exits 2 on bad input (a `BitguardError`, one line on stderr) and 70 on an internal
 error (an unexpected exception: one line on stderr, the traceback saved to a file it names), so
 a CI job never mistakes a crash for a divergence. A closed stdout (`bitguard compare A B | head`)
@@ -206,6 +207,20 @@ def _print(text: str) -> None:
         os.close(devnull)
 
 
+def cmd_check(args) -> int:
+    from bitguard.backend.check import run_checks
+    from bitguard.backend.report import render_check
+
+    result = run_checks(args.run, rank=args.rank)
+    if args.json:
+        import json
+
+        _print(json.dumps(result.to_dict(), indent=2))
+    else:
+        _print(render_check(result))
+    return result.exit_status
+
+
 def cmd_export_perfetto(args) -> int:
     from bitguard.backend.compare import compare
 
@@ -247,6 +262,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--rank", type=int, default=None, help="compare only this rank")
     p.add_argument("--json", action="store_true", help="print the bitguard.compare/1 JSON report")
     p.set_defaults(func=cmd_compare)
+
+    what = ("check one run against itself, with no reference run (each activation recompute against its original "
+            "forward, ...); exit 0 clean, 1 findings, 2 bad input, 3 inconclusive (nothing it could check, or the run "
+            "is incomplete, damaged, missing ranks or reported collector errors), 70 internal error")
+    p = sub.add_parser("check", help=what, description=what)
+    p.add_argument("run", help="run directory")
+    p.add_argument("--rank", type=int, default=None, help="check only this rank")
+    p.add_argument("--json", action="store_true", help="print the bitguard.check/1 JSON document")
+    p.set_defaults(func=cmd_check)
 
     p = sub.add_parser("export-perfetto", help="write a Perfetto trace of the comparison")
     p.add_argument("run_a")

@@ -16,7 +16,8 @@ DIGEST = "xor64+pos-fmix64"  # names the digest definition (docs/DIGESTS.md); ru
 MANIFEST_NAME = "manifest.json"
 RANK_FILE = "rank-{rank}.duckdb"
 
-PHASES = ("forward", "backward", "optimizer", "data")
+PHASES = ("forward", "backward", "optimizer", "data", "recompute")
+# recompute: a module forward run again during backward by activation checkpointing (collectors/recompute.py)
 ROLES = ("input", "output", "grad_input", "grad_output", "grad", "param", "state", "rng")
 KINDS = ("module", "grad", "step", "batch", "final")  # final: a root module's parameters and buffers at the end
 # Columns that every row must hold (a NULL there is a damaged rank file, not a value).
@@ -54,7 +55,9 @@ EVENTS = Table(
         Column("rank", "INTEGER", "rank of the process that recorded the event"),
         Column("world_size", "INTEGER", "world size of the job"),
         Column("step", "INTEGER", "training step: 0 until the first optimizer.step() ends; step() belongs to the step it ends"),
-        Column("phase", "VARCHAR", "forward | backward | optimizer | data"),
+        Column("phase", "VARCHAR", "forward | backward | optimizer | data | recompute (a module's forward run "
+               "again during backward by activation checkpointing: the module's own boundary name, call counting "
+               "its recomputes in the step, depth counted from the recomputed region's outermost call)"),
         Column("boundary", "VARCHAR", "dotted module path from named_modules() (root: its class name), or a parameter's dotted name for gradient and optimizer events"),
         Column("module_type", "VARCHAR", "class name of the module (owning module for a parameter; optimizer class for optimizer events)"),
         Column("kind", "VARCHAR", "module | grad | step | batch | final: what the event observed (final: a root "

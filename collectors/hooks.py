@@ -41,6 +41,7 @@ from torch.utils import _pytree as pytree
 
 from bitguard.collectors.callstack import StackTable
 from bitguard.collectors.observation import NO_DIGEST, dims, observe
+from bitguard.collectors.recompute import NON_REENTRANT, recompute_kind
 from bitguard.collectors.store import MAX_REPORTED_ERRORS
 from bitguard.cuda.fingerprint import digest_async, digest_many
 from bitguard.cuda.tensor_bytes import tensor_bytes
@@ -53,7 +54,7 @@ QUEUED_EVENTS = 256  # events queued before they are numbered and handed to the 
 class _Frame:
     """A module call in progress (a plain class with slots: one is made for every module call)."""
 
-    __slots__ = ("module", "name", "depth", "t0", "record", "calls", "args", "inputs", "rng", "stack_key")
+    __slots__ = ("module", "name", "depth", "t0", "record", "calls", "args", "inputs", "rng", "stack_key", "recompute")
 
     def __init__(self, module: torch.nn.Module, name: str, depth: int, t0: int, record: bool, calls: list):
         self.module = module
@@ -66,6 +67,7 @@ class _Frame:
         self.inputs: list = []  # their rows
         self.rng: torch.Tensor | None = None  # the CPU RNG state when the call began
         self.stack_key: tuple | None = None  # user frames above the call (computed when a child needs it)
+        self.recompute: str | None = None  # a checkpoint recompute: its kind (collectors/recompute.py)
 
 
 class _Backward:
@@ -553,13 +555,16 @@ class Collector:
                 frames = self._local.frames = []
             self._maybe_advance()
             parent = frames[-1] if frames else None
-            if parent is None:
+            # a checkpoint's recompute during backward is no new root: no flush, no batch event
+            recompute = parent.recompute if parent is not None else recompute_kind()
+            if parent is None and recompute is None:
                 self._flush_backward()
             name = self._name_of(module, parent)
             t0 = time.time_ns()
             in_window = self._in_window()
             frame = _Frame(module, name, len(frames), t0, in_window and self._wanted(module), frames)
-            is_model_root = parent is None and in_window and any(True for _ in module.parameters())
+            frame.recompute = recompute
+            is_model_root = parent is None and recompute is None and in_window and any(True for _ in module.parameters())
             if frame.record or is_model_root:
                 frame.args = _flatten(args)
                 frame.inputs = self._rows(frame.args, "input")
@@ -588,8 +593,9 @@ class Collector:
         mtype = type(frame.module).__name__
         frames = frame.calls
         stack = self._call_key(sys._getframe(1), frames, len(frames) - 1)  # interned by _drain
-        self._emit("forward", "module", frame.name, mtype, frame.depth, frame.t0, rows + out_rows, stack)
-        if torch.is_grad_enabled():
+        self._emit("forward" if frame.recompute is None else "recompute", "module", frame.name, mtype, frame.depth,
+                   frame.t0, rows + out_rows, stack)
+        if torch.is_grad_enabled() and frame.recompute is not NON_REENTRANT:  # see collectors/recompute.py
             self._watch_backward(frame, mtype, kwargs, outputs)
 
     def _call_key(self, f, frames: list[_Frame], level: int) -> tuple:

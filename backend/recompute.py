@@ -1,0 +1,157 @@
+"""The recompute check: an activation recompute must agree bitwise with the forward it repeats.
+
+Under activation checkpointing (`torch.utils.checkpoint`, reentrant or not; Hugging Face
+`gradient_checkpointing_enable`) a module's forward runs twice in a step: once in the forward
+pass, and again during backward to recompute the activations it did not keep. The collectors
+record the second as a `recompute` event of the same module (collectors/recompute.py). The same
+deterministic computation on the same inputs must give the same bytes, so a recompute whose
+outputs differ from its original forward's is silent data corruption or nondeterminism seen
+inside one run, with no reference run.
+
+Pairing: a recompute of module M at step s is paired with a forward of M at step s recorded
+before it and not yet paired: the first one whose inputs (tensors and RNG state) are bitwise the
+recompute's, else the first in order (the n-th recompute with the n-th forward). Inputs decide
+first because a reentrant checkpoint recomputes its regions in backward order, so a module
+shared by two regions is recomputed last-region first.
+
+Compared: the outputs. A recompute whose inputs matched and whose outputs differ is a `source`
+finding (it computed differently); one whose inputs already differed is a `consumer` (the
+difference came from upstream in the recomputed region, or an input was changed in place after
+the forward). Module buffers are not compared: a module that updates them in forward (batch
+norm's running statistics) updates them again when recomputed, by design. A pair holding a
+tensor that could not be observed is not compared, and said so.
+
+What this does not know: a recompute cut short (non-reentrant checkpointing stops recomputing
+once the last saved tensor is back, so the region's outermost call usually has no recompute
+event) has nothing to compare; checkpointing outside torch.utils.checkpoint (DeepSpeed's,
+Megatron's) is not recognised as a recompute by the collectors.
+"""
+
+from __future__ import annotations
+
+import polars as pl
+
+from bitguard.backend.check import Against, DigestPair, Finding, LoadedRun, Outcome, TensorDiff, hexdigest, register
+
+INPUT_ROLES = ("input", "rng")
+COMPARED_ROLES = ("output",)
+
+
+def _tensor_map(tensors: pl.DataFrame, seqs: list[int]) -> dict[int, dict[tuple[str, int], dict]]:
+    """seq -> (role, idx) -> tensor row, for the events `seqs`."""
+    out: dict[int, dict[tuple[str, int], dict]] = {s: {} for s in seqs}
+    rows = tensors.filter(pl.col("seq").is_in(seqs) & pl.col("role").is_in(INPUT_ROLES + COMPARED_ROLES))
+    for row in rows.iter_rows(named=True):
+        out[row["seq"]][(row["role"], row["idx"])] = row
+    return out
+
+
+def _same(a: dict, b: dict, roles: tuple[str, ...]) -> bool:
+    keys_a = {k for k in a if k[0] in roles}
+    keys_b = {k for k in b if k[0] in roles}
+    return keys_a == keys_b and all(
+        (a[k]["xor"], a[k]["pos"]) == (b[k]["xor"], b[k]["pos"]) and a[k]["unobserved"] is None
+        and b[k]["unobserved"] is None for k in keys_a)
+
+
+def _differences(expected: dict, got: dict, roles: tuple[str, ...]) -> list[TensorDiff]:
+    out = []
+    for key in sorted({k for k in (*expected, *got) if k[0] in roles}):
+        e, g = expected.get(key), got.get(key)
+        if e is not None and g is not None and (e["xor"], e["pos"]) == (g["xor"], g["pos"]) and (
+                list(e["shape"]) == list(g["shape"]) and e["dtype"] == g["dtype"]):
+            continue
+        ref = g or e
+        out.append(TensorDiff(
+            role=key[0], index=key[1], path=ref["path"], shape=None if ref["shape"] is None else list(ref["shape"]),
+            dtype=ref["dtype"],
+            expected=DigestPair(xor=hexdigest(e["xor"]) if e else None, pos=hexdigest(e["pos"]) if e else None),
+            got=DigestPair(xor=hexdigest(g["xor"]) if g else None, pos=hexdigest(g["pos"]) if g else None)))
+    return out
+
+
+def _unobserved(t: dict, roles: tuple[str, ...]) -> bool:
+    return any(row["unobserved"] is not None for k, row in t.items() if k[0] in roles)
+
+
+def _pair(recomputes: list[dict], forwards: list[dict], digests: dict) -> list[tuple[dict, dict | None]]:
+    """Each recompute with its original forward (None: no forward of it was recorded before it)."""
+    free = list(forwards)
+    out = []
+    for r in recomputes:
+        earlier = [f for f in free if f["seq"] < r["seq"]]
+        match = next((f for f in earlier if _same(digests[f["seq"]], digests[r["seq"]], INPUT_ROLES)), None)
+        if match is None and earlier:
+            match = earlier[0]
+        if match is not None:
+            free.remove(match)
+        out.append((r, match))
+    return out
+
+
+def _finding(rank: int, r: dict, f: dict, diffs: list[TensorDiff], inputs_differ: bool) -> Finding:
+    roles = sorted({d.role for d in diffs})
+    where = f"the recompute of {r['boundary']} at step {r['step']} (recompute call {r['call']})"
+    if inputs_differ:
+        detail = (f"{where} already had inputs ({', '.join(x for x in roles if x in INPUT_ROLES)}) that differ from "
+                  f"its original forward's (call {f['call']}): a difference upstream in the recomputed region, or an "
+                  f"input changed in place after the forward")
+    else:
+        detail = (f"{where} returned different {', '.join(roles)} from its original forward (call {f['call']}) on "
+                  f"bitwise the same inputs: the same computation gave two results (silent data corruption, a "
+                  f"nondeterministic kernel, or code that behaves differently when recomputed)")
+    return Finding(check="recompute", rank=rank, step=r["step"], phase=r["phase"], kind=r["kind"],
+                   boundary=r["boundary"], module_type=r["module_type"], call=r["call"], seq=r["seq"],
+                   against=Against(rank=rank, seq=f["seq"], phase=f["phase"], call=f["call"]),
+                   blame="consumer" if inputs_differ else "source", differing_roles=roles, tensors=diffs,
+                   detail=detail)
+
+
+def _check_rank(run: LoadedRun, rank: int, outcome: Outcome) -> None:
+    events = run.events(rank)
+    recomputes = events.filter((pl.col("phase") == "recompute") & (pl.col("kind") == "module"))
+    if recomputes.is_empty():
+        return
+    names = recomputes["boundary"].unique().implode()
+    forwards = events.filter((pl.col("phase") == "forward") & (pl.col("kind") == "module")
+                             & pl.col("boundary").is_in(names))
+    columns = ["seq", "step", "phase", "kind", "boundary", "module_type", "call"]
+    by_key: dict[tuple, list[dict]] = {}
+    for row in forwards.select(columns).sort("seq").iter_rows(named=True):
+        by_key.setdefault((row["step"], row["boundary"]), []).append(row)
+    digests = _tensor_map(run.tensors(rank), recomputes["seq"].to_list() + forwards["seq"].to_list())
+    unpaired = unobserved = 0
+    groups: dict[tuple, list[dict]] = {}
+    for row in recomputes.select(columns).sort("seq").iter_rows(named=True):
+        groups.setdefault((row["step"], row["boundary"]), []).append(row)
+    for key, group in groups.items():
+        for r, f in _pair(group, by_key.get(key, []), digests):
+            if f is None:
+                unpaired += 1
+                continue
+            got, expected = digests[r["seq"]], digests[f["seq"]]
+            if _unobserved(got, COMPARED_ROLES + INPUT_ROLES) or _unobserved(expected, COMPARED_ROLES + INPUT_ROLES):
+                unobserved += 1
+                continue
+            outcome.compared += 1
+            diffs = _differences(expected, got, COMPARED_ROLES)
+            if diffs:
+                inputs = _differences(expected, got, INPUT_ROLES)
+                outcome.findings.append(_finding(rank, r, f, inputs + diffs, bool(inputs)))
+    if unpaired:
+        outcome.notes.append(f"rank {rank}: {unpaired} recompute(s) had no forward of their module recorded before "
+                             f"them in their step (outside the recorded step window?): not checked")
+    if unobserved:
+        outcome.notes.append(f"rank {rank}: {unobserved} recompute(s) hold a tensor that could not be observed "
+                             f"(on a side): not checked")
+
+
+@register("recompute")
+def check_recompute(run: LoadedRun) -> Outcome:
+    """Every recompute against its original forward, on every rank of `run`."""
+    outcome = Outcome(compared=0)
+    for rank in run.ranks:
+        _check_rank(run, rank, outcome)
+    if not outcome.compared and not outcome.notes:
+        outcome.notes.append("the run recorded no activation recompute (no torch.utils.checkpoint region)")
+    return outcome

@@ -1,0 +1,67 @@
+"""Is this module call an activation recompute? (torch.utils.checkpoint, during backward)
+
+Activation checkpointing runs a region's forward a second time during the backward pass, to
+rebuild the activations it did not keep. That call starts on an empty module-call stack (the
+backward pass is not inside any module), so without this test it looks like a new model root: a
+batch event, a flush of the backward states still waiting for gradients, backward watches on
+tensors of the original forward. hooks.py asks `recompute_kind()` when a call starts with no
+module call in progress; the calls nested inside inherit the answer.
+
+A call is a recompute when the autograd engine is running a backward pass on this thread
+(`torch._C._current_graph_task_id() != -1`: never true for a forward pass, which is what makes
+the test safe) and torch.utils.checkpoint's recomputation is on the Python stack:
+- `REENTRANT`: `CheckpointFunction.backward` (use_reentrant=True). It then runs a backward pass
+  of its own through the recomputed graph, so the recomputed calls' gradients are the real ones:
+  hooks.py watches them as usual (the original forward ran under no_grad and has no watch).
+- `NON_REENTRANT`: the `recompute_fn` of `_checkpoint_without_reentrant_generator`, run from a
+  saved-tensor unpack hook (use_reentrant=False, Hugging Face's default). The backward goes on
+  through the original forward's graph, which holds the watches; the recomputed tensors only
+  replace saved activations, and its inputs are the original's tensor objects, so hooks.py adds
+  no backward watch for these calls (one would give a module two backward events).
+
+A module called during backward from anything else (a tensor hook, a custom autograd Function,
+another library's checkpointing) is not called a recompute here. Nothing here records anything.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import torch
+from torch.utils import checkpoint as _checkpoint
+
+REENTRANT = "reentrant"
+NON_REENTRANT = "non-reentrant"
+
+
+def _code_named(function, name: str):
+    """The code object of the function `name` defined inside `function` (a closure's code)."""
+    for const in function.__code__.co_consts:
+        if getattr(const, "co_name", None) == name:
+            return const
+    return None
+
+
+_CODES = {code: kind for code, kind in (
+    (_checkpoint.CheckpointFunction.backward.__code__, REENTRANT),
+    (_code_named(_checkpoint._checkpoint_without_reentrant_generator, "recompute_fn"), NON_REENTRANT),
+) if code is not None}
+_FILE = _checkpoint.__file__
+_current_graph_task = getattr(torch._C, "_current_graph_task_id", None)
+
+
+def recompute_kind() -> str | None:
+    """REENTRANT or NON_REENTRANT when the module call starting now (on this thread, with no
+    module call in progress) is a checkpoint recompute, None otherwise."""
+    if _current_graph_task is None or _current_graph_task() == -1:
+        return None
+    f = sys._getframe(1)
+    while f is not None:
+        code = f.f_code
+        kind = _CODES.get(code)
+        if kind is not None:
+            return kind
+        if code.co_filename == _FILE and code.co_name == "recompute_fn":  # a torch whose code objects moved
+            return NON_REENTRANT
+        f = f.f_back
+    return None
