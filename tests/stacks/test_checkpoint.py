@@ -1,0 +1,116 @@
+"""Activation checkpointing (torch.utils.checkpoint, reentrant and not; Hugging Face's
+gradient_checkpointing_enable): the stacks tier's claims (see harness.py), plus the in-run
+check: every recompute is recorded as a `recompute` event of its module, paired with its
+original forward, and a fault in the recompute alone is found by `bitguard check` with no
+reference run and localized by compare."""
+
+import json
+import subprocess
+import sys
+
+import polars as pl
+import pytest
+
+from bitguard.backend.ingest import load_rank, open_run
+
+from . import harness as h
+
+FAULT = {"STACK_FAULT": "recompute:step=2"}
+FAULTY = "blocks.1.mlp.0"  # the module whose output the fault flips when it is recomputed
+STEPS = 4
+
+
+def check(run) -> tuple[int, dict]:
+    """`bitguard check RUN --json`: its exit code and document."""
+    proc = subprocess.run([sys.executable, "-m", "bitguard", "check", str(run), "--json"], capture_output=True,
+                          text=True, timeout=h.TIMEOUT, env=h._env(None), cwd=str(h.ROOT))
+    try:
+        return proc.returncode, json.loads(proc.stdout)
+    except json.JSONDecodeError:
+        return proc.returncode, {"error": proc.stderr[-4000:]}
+
+
+def events(run) -> pl.DataFrame:
+    return load_rank(open_run(run), 0)[0]
+
+
+@pytest.fixture(scope="module", params=[(), ("--reentrant",)], ids=["non-reentrant", "reentrant"])
+def runs(request, tmp_path_factory):
+    args = request.param
+    tmp = tmp_path_factory.mktemp("checkpoint")
+    plain = h.plain("checkpointing.py", tmp, *args)
+    plain_fault = h.plain("checkpointing.py", tmp, *args, env=FAULT, name="plain-fault")
+    a, ra = h.recorded("checkpointing.py", tmp / "a", *args)
+    b, _ = h.recorded("checkpointing.py", tmp / "b", *args)
+    fault, rf = h.recorded("checkpointing.py", tmp / "fault", *args, env=FAULT)
+    return {"args": args, "plain": plain, "plain_fault": plain_fault, "a": a, "ra": ra, "b": b, "fault": fault,
+            "rf": rf}
+
+
+def test_records_unedited_and_numbers_unchanged(runs):
+    h.assert_unchanged(runs["plain"], runs["ra"])
+    h.assert_unchanged(runs["plain_fault"], runs["rf"])
+    assert runs["plain_fault"][0]["params"] != runs["plain"][0]["params"], "the recompute fault changes no weight"
+    m = h.manifest(runs["a"])
+    assert m["status"] == "complete" and not m["collector_errors"] and m["steps_completed"] == STEPS
+
+
+def test_recomputes_are_recompute_events_never_roots(runs):
+    e = events(runs["a"])
+    data = e.filter(pl.col("phase") == "data")
+    assert data["boundary"].to_list() == ["TinyLM"] * STEPS, "a recompute was taken for a model root"
+    rec = e.filter(pl.col("phase") == "recompute")
+    assert sorted(set(rec["step"].to_list())) == list(range(STEPS))
+    names = set(rec["boundary"].to_list())
+    assert {"blocks.0.ln", "blocks.1.attn", FAULTY, "blocks.1.mlp"} <= names
+    # every recompute event is of a module that ran forward in the same step, under the same name and type
+    forwards = e.filter(pl.col("phase") == "forward").select("step", "boundary", "module_type").unique()
+    assert rec.join(forwards, on=["step", "boundary", "module_type"], how="anti").is_empty()
+    # every module's backward is recorded once per step: no recompute added or corrupted one
+    backward = e.filter((pl.col("phase") == "backward") & (pl.col("kind") == "module"))
+    assert backward.group_by("step", "boundary").len()["len"].max() == 1
+    assert set(backward["boundary"].to_list()) >= {"blocks.1", "blocks.1.mlp", FAULTY}
+    if runs["args"]:  # reentrant: no early stop, the checkpointed block itself is recomputed
+        assert {"blocks.0", "blocks.1"} <= names
+
+
+def test_rerun_identical_with_recompute_events_paired(runs):
+    code, doc = h.compare(runs["a"], runs["b"])
+    assert (code, doc["verdict"]) == (0, "identical"), doc.get("inconclusive") or doc.get("first_divergence")
+    assert doc["run_checks"] == {"a": [], "b": []}
+    code, doc = check(runs["a"])
+    recomputes = events(runs["a"]).filter(pl.col("phase") == "recompute").height
+    assert (code, doc["verdict"], doc["findings"]) == (0, "clean", []), doc
+    assert doc["checks"][0]["name"] == "recompute" and doc["checks"][0]["compared"] == recomputes, doc["checks"]
+
+
+def test_check_finds_the_recompute_fault_without_a_reference(runs):
+    code, doc = check(runs["fault"])
+    assert (code, doc["verdict"]) == (1, "findings"), doc
+    first = doc["findings"][0]
+    assert (first["check"], first["step"], first["boundary"], first["phase"], first["blame"]) == \
+        ("recompute", 2, FAULTY, "recompute", "source"), first
+    assert first["differing_roles"] == ["output"] and first["against"]["phase"] == "forward"
+    assert {f["step"] for f in doc["findings"]} == {2}
+
+
+def test_compare_localizes_the_recompute_fault(runs):
+    code, doc = h.compare(runs["a"], runs["fault"])
+    assert code == 1
+    h.assert_localized(doc, step=2, rank=0, boundary=FAULTY, blame="source", fault_class="recompute")
+    assert doc["first_divergence"]["phase"] == "recompute"
+    assert doc["run_checks"]["a"] == []
+    assert doc["run_checks"]["b"][0]["boundary"] == FAULTY and doc["run_checks"]["b"][0]["step"] == 2
+
+
+@pytest.mark.parametrize("args", [(), ("--reentrant",)], ids=["non-reentrant", "reentrant"])
+def test_hf_gradient_checkpointing_records_recomputes_not_roots(args, tmp_path):
+    plain = h.plain("hf_checkpointing.py", tmp_path, *args)
+    run, result = h.recorded("hf_checkpointing.py", tmp_path / "hf", *args)
+    h.assert_unchanged(plain, result)
+    e = events(run)
+    assert e.filter(pl.col("phase") == "data")["boundary"].to_list() == ["LlamaForCausalLM"] * 3
+    rec = e.filter(pl.col("phase") == "recompute")
+    assert {"model.layers.0.mlp.up_proj", "model.layers.1.self_attn"} <= set(rec["boundary"].to_list())
+    code, doc = check(run)
+    assert (code, doc["verdict"]) == (0, "clean") and doc["checks"][0]["compared"] == rec.height, doc
