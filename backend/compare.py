@@ -15,7 +15,7 @@ boundaries had been instrumented.
 from __future__ import annotations
 
 import fnmatch
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -23,8 +23,7 @@ import polars as pl
 
 from bitguard.backend import certification, check, equivalence
 from bitguard.backend import pivot as pivot_mod
-from bitguard.backend import propagation
-from bitguard.backend.alignment import align
+from bitguard.backend import propagation, retype
 from bitguard.backend.ingest import RunInfo, load_rank, open_run
 from bitguard.backend.result import COMPARE_SCHEMA, EXIT_STATUS, CompareResult
 from bitguard.backend.rules import RuleSet
@@ -116,27 +115,6 @@ def _apply_ignore(diffs: pl.DataFrame, events: pl.DataFrame, rules: RuleSet, ran
     return diffs.with_columns(pl.col("_rule").is_not_null().alias("ignored")).rename({"_rule": "rule_id"})
 
 
-def _align_with_retyped(ea: pl.DataFrame, eb: pl.DataFrame, band: int):
-    """Align by full key; then pair what is left on both sides by the loose key (same step, phase,
-    boundary and shapes, another module type or dtype): a retyped boundary is compared, not two gaps."""
-    al = align(ea["key"].to_numpy().astype(np.uint64), eb["key"].to_numpy().astype(np.uint64), band=band)
-    retyped = np.zeros(len(al.a_idx), dtype=bool)
-    if not (len(al.gaps_a) and len(al.gaps_b)):
-        return al, retyped
-    loose_a = ea["loose_key"].to_numpy().astype(np.uint64)[al.gaps_a]
-    loose_b = eb["loose_key"].to_numpy().astype(np.uint64)[al.gaps_b]
-    extra = align(loose_a, loose_b, band=band)
-    if not len(extra.a_idx):
-        return al, retyped
-    a_idx = np.concatenate([al.a_idx, al.gaps_a[extra.a_idx]])
-    b_idx = np.concatenate([al.b_idx, al.gaps_b[extra.b_idx]])
-    order = np.argsort(a_idx, kind="stable")
-    merged = replace(al, a_idx=a_idx[order], b_idx=b_idx[order],
-                     reordered=np.concatenate([al.reordered, extra.reordered])[order],
-                     gaps_a=np.delete(al.gaps_a, extra.a_idx), gaps_b=np.delete(al.gaps_b, extra.b_idx))
-    return merged, np.concatenate([retyped, np.ones(len(extra.a_idx), dtype=bool)])[order]
-
-
 def _keep_probes(events: pl.DataFrame, tensors: pl.DataFrame, probes) -> tuple[pl.DataFrame, pl.DataFrame]:
     if probes is None:
         return events, tensors
@@ -169,16 +147,17 @@ def _compare_rank(rank: int, run_a: RunInfo, run_b: RunInfo, rules: RuleSet, fir
     eb, tb = _keep_probes(eb, tb, probes)
     ta = ta.filter(pl.col("seq").is_in(ea["seq"].implode()))
     tb = tb.filter(pl.col("seq").is_in(eb["seq"].implode()))
-    al, retyped = _align_with_retyped(ea, eb, band)
+    al, retyped, resigned = retype.align_retyped(ea, eb, band)
     seq_a, seq_b = ea["seq"].to_numpy(), eb["seq"].to_numpy()
     pairs = pl.DataFrame({
         "a_pos": al.a_idx, "b_pos": al.b_idx,
         "a_seq": seq_a[al.a_idx] if len(al.a_idx) else np.empty(0, np.int64),
         "b_seq": seq_b[al.b_idx] if len(al.b_idx) else np.empty(0, np.int64),
-        "reordered": al.reordered, "retyped": retyped,
+        "reordered": al.reordered, "retyped": retyped, "resigned": resigned,
     }, schema={"a_pos": pl.Int64, "b_pos": pl.Int64, "a_seq": pl.Int64, "b_seq": pl.Int64, "reordered": pl.Boolean,
-               "retyped": pl.Boolean})
-    diffs = equivalence.apply(_pair_tensors(pairs, ta, tb), fingerprint, run_a.ranks[rank], run_b.ranks[rank])
+               "retyped": pl.Boolean, "resigned": pl.Boolean})
+    diffs = equivalence.apply(retype.pair_tensors(pairs, ta, tb, _pair_tensors), fingerprint, run_a.ranks[rank],
+                              run_b.ranks[rank])
     diffs = diffs.with_columns((pl.col("differs") & ~pl.col("unknown")).alias("differs"))
     diffs = _apply_ignore(diffs, ea, rules, rank, fired)
     per_pair = diffs.group_by("a_seq").agg(
@@ -303,9 +282,11 @@ def manifest_differences(a: dict, b: dict) -> list[dict]:
         if va != vb:
             out.append({"field": name, "a": va, "b": vb, "why": why})
 
-    va, vb = a.get("versions", {}), b.get("versions", {})
-    for lib in sorted(set(va) | set(vb)):
-        check(f"versions.{lib}", va.get(lib), vb.get(lib), "a different library version can change kernels and numerics")
+    va, vb = a.get("versions") or {}, b.get("versions") or {}
+    # versions first (an upgrade explains most divergences), those both runs imported before the rest
+    for lib in sorted(set(va) | set(vb), key=lambda lib: (lib not in va or lib not in vb, lib)):
+        check(f"versions.{lib}", va.get(lib), vb.get(lib), "a different library version can change kernels and numerics"
+              if lib in va and lib in vb else "imported by one run only (or recorded by an older bitguard)")
     da, db = a.get("determinism", {}) or {}, b.get("determinism", {}) or {}
     check("determinism.torch_threads", da.get("torch_threads"), db.get("torch_threads"),
           "on CPU the thread count alone changes reduction order and results")
@@ -420,6 +401,7 @@ class Comparison:
             if structure and mostly_unpaired else None
         if hint:
             notes.append(hint)
+        notes += retype.note(rc.pairs, None if structure else p["seq"], rc.diffs)
         return {
             "cause": p["cause"], "missing_side": None if not structure else ("b" if p["side"] == "a" else "a"),
             "rank": rc.rank, "step": p["step"], "phase": p["phase"], "kind": p["kind"],

@@ -358,8 +358,10 @@ def _select(table, present: set[str], source: str | None = None) -> str:
 def load_rank(run: RunInfo, rank: int) -> tuple[pl.DataFrame, pl.DataFrame, dict[int, list[str]]]:
     """(events, tensors, stacks) of one rank, rank file and journal together. events are in seq
     order with a uint64 `key` column: the alignment key hash(step, phase, kind, boundary,
-    module_type, tensor roles/shapes/dtypes), and `loose_key`, the same without module type and
-    dtypes (to pair a retyped boundary). tensors end in `unobserved` (NULL: observed)."""
+    module_type, tensor roles/shapes/dtypes), `loose_key`, the same without module type and
+    dtypes (to pair a retyped boundary), and `place_key`, only step, phase, kind and boundary (to
+    pair a re-signatured one: retype.py; with the shards held once sharded tensors are recorded).
+    tensors end in `unobserved` (NULL: observed)."""
     if rank not in run.ranks:
         raise BadInput(f"{run.path} has no rank {rank} (ranks present: {', '.join(map(str, run.ranks)) or 'none'}); "
                        f"compare a rank both runs hold")
@@ -386,7 +388,8 @@ def load_rank(run: RunInfo, rank: int) -> tuple[pl.DataFrame, pl.DataFrame, dict
                   FROM te GROUP BY seq)
                 SELECT e.*, hash(e.step, e.phase, e.kind, e.boundary, e.module_type, coalesce(s.sig, ''))
                        AS key,
-                       hash(e.step, e.phase, e.kind, e.boundary, coalesce(s.shapes, '')) AS loose_key
+                       hash(e.step, e.phase, e.kind, e.boundary, coalesce(s.shapes, '')) AS loose_key,
+                       hash(e.step, e.phase, e.kind, e.boundary) AS place_key
                 FROM ev e LEFT JOIN sig s USING (seq)
                 ORDER BY e.seq""").pl()
             tensors = con.sql(f"SELECT * FROM ({union[TENSORS.name]}) ORDER BY seq, role, idx").pl()

@@ -28,10 +28,7 @@ def _render(c) -> str:
     al = r.alignment
     out = [f"bitguard compare  A={r.run_a}  B={r.run_b}", _line()]
     if r.manifest_diffs:
-        out.append("Before the bits: the manifests differ in ways that can explain a divergence by themselves:")
-        for m in r.manifest_diffs:
-            out.append(f"  • {m.field}: A={m.a!r}  B={m.b!r}  ({m.why})")
-        out.append("")
+        out += _manifest_diffs(r)
     if r.incomplete:
         for side, why in r.incomplete.items():
             out.append(f"Run {side.upper()} is incomplete ({why}): compared up to where it ends.")
@@ -77,6 +74,32 @@ def _render(c) -> str:
     return "\n".join(out)
 
 
+def _manifest_diffs(r: CompareResult, shown: int = 6) -> list[str]:
+    """Version differences first (the JSON's order), a library only one run imported named in one
+    line at the end: an upgrade's few changed versions are not lost among its changed imports."""
+    out = ["Before the bits: the manifests differ in ways that can explain a divergence by themselves:"]
+    lone = [m for m in r.manifest_diffs if m.field.startswith("versions.") and (m.a is None or m.b is None)]
+    for m in r.manifest_diffs:
+        if m not in lone:
+            out.append(f"  • {m.field}: A={m.a!r}  B={m.b!r}  ({m.why})")
+    if lone:
+        names = [f"{m.field.removeprefix('versions.')} {m.a or m.b} ({'A' if m.b is None else 'B'})" for m in lone]
+        more = f" and {len(names) - shown} more (--json lists them)" if len(names) > shown else ""
+        out.append(f"  • imported by one run only: {', '.join(names[:shown])}{more}")
+    return out + [""]
+
+
+def _retyped(fd: FirstDivergence) -> str:
+    """What changed between the two sides of a pair made across a type change: the module's type,
+    or only a tensor's dtype (autocast, a half-precision copy), or its tensors (by position)."""
+    if fd.module_type_b and fd.module_type_b != fd.module_type:
+        return f"paired across a type change: A runs {fd.module_type}, B runs {fd.module_type_b}"
+    changed = sorted({f"{t.dtype}→{t.dtype_b}" for t in fd.tensors if t.dtype and t.dtype_b and t.dtype != t.dtype_b})
+    if changed:
+        return f"paired across a dtype change ({', '.join(changed)}): both runs run {fd.module_type}"
+    return f"paired across a change of its tensors: both runs run {fd.module_type}"
+
+
 def _divergence(fd: FirstDivergence) -> list[str]:
     if fd.cause == "structure" and fd.fault_class == "signature":
         out = [f"VERDICT: diverged — first divergence on rank {fd.rank}, step {fd.step}: both runs record the "
@@ -91,8 +114,7 @@ def _divergence(fd: FirstDivergence) -> list[str]:
                f"{what} of {fd.boundary} ({fd.module_type}, call {fd.call})"]
     out.append(f"  blame: {fd.blame} ({fd.fault_class})")
     if fd.retyped:
-        out.append(f"  note: paired across a type change: A runs {fd.module_type}, B runs {fd.module_type_b} "
-                   f"(or a dtype differs, see the tensors)")
+        out.append(f"  note: {_retyped(fd)}")
     out += [f"  note: {n}" for n in fd.notes]
     w = fd.blame_window
     if w:
@@ -140,6 +162,7 @@ def _propagation(r: CompareResult) -> list[str]:
                 shown += 1
         frontier = nxt
     return out
+
 
 def _run_checks(r: CompareResult) -> list[str]:
     """What each run says about itself (the in-run checks, backend/check.py), when it found something."""

@@ -83,7 +83,7 @@ def cmd_record(args) -> int:
     script = rest[0]
     if not Path(script).is_file():
         raise BadInput(f"script {script} not found; give the path of the training script after -- python")
-    _check_interpreter(command[0])
+    python = _interpreter(command[0])
     out = Path(args.out)
     if out.exists() and not out.is_dir():
         raise BadInput(f"--out {out} is a file; give a directory")
@@ -95,25 +95,39 @@ def cmd_record(args) -> int:
                            f"or pass --force to replace the recording there")
         for p in bitguard_files(out):
             p.unlink()
-    child = [command[0], *py_opts, "-m", "bitguard", "record", *_forwarded(args), "--", *rest]
+    child = [python, *py_opts, "-m", "bitguard", "record", *_forwarded(args), "--", *rest]
     return _launch(child, out, command)
 
 
-def _check_interpreter(python: str) -> None:
-    """The interpreter after `--` must exist and import this bitguard: checked before anything is
-    written, so a wrong `python` leaves --out as it was (no --force needed to retry)."""
+def _interpreter(python: str) -> str:
+    """The interpreter to run the script under, checked before anything is written (a wrong one
+    leaves --out as it was). A bare name (`python`, `python3`) is looked up on PATH; when what is
+    found there cannot import bitguard (no venv activated), the interpreter bitguard itself runs
+    under is used instead, and said so on stderr: it has bitguard and torch, and is the python the
+    user most likely meant. A path (`.venv/bin/python`, `/usr/bin/python3`) is taken as given and
+    must import bitguard."""
+    bare = os.sep not in python and not (os.altsep and os.altsep in python)
     exe = shutil.which(python)
+    if exe is not None and _imports_bitguard(exe, python):
+        return exe
+    if bare and sys.executable:
+        where = f"{python!r} on PATH ({exe}) cannot import bitguard" if exe else f"{python!r} is not on PATH"
+        print(f"bitguard record: {where}; running the script with {sys.executable}, the interpreter bitguard runs "
+              f"under (give another python's path after -- to choose)", file=sys.stderr)
+        return sys.executable
     if exe is None:
-        raise BadInput(f"interpreter {python!r} not found on PATH; give the python that runs the training "
+        raise BadInput(f"interpreter {python!r} not found; give the python that runs the training "
                        f"(e.g. -- {sys.executable} train.py)")
+    raise BadInput(f"interpreter {python!r} ({exe}) cannot import bitguard; install bitguard into that "
+                   f"environment (pip install bitguard) or give its python, e.g. -- {sys.executable} ...")
+
+
+def _imports_bitguard(exe: str, python: str) -> bool:
     probe = "import importlib.util, sys; sys.exit(importlib.util.find_spec('bitguard') is None)"
     try:
-        found = subprocess.run([exe, "-c", probe], capture_output=True, timeout=60).returncode == 0
+        return subprocess.run([exe, "-c", probe], capture_output=True, timeout=60).returncode == 0
     except (OSError, subprocess.TimeoutExpired) as exc:
         raise BadInput(f"interpreter {python!r} cannot be started ({exc}); give another python after --") from None
-    if not found:
-        raise BadInput(f"interpreter {python!r} ({exe}) cannot import bitguard; install bitguard into that "
-                       f"environment (pip install bitguard) or give its python, e.g. -- {sys.executable} ...")
 
 
 def _forwarded(args) -> list[str]:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import re
 import socket
 import sys
 import time
@@ -176,27 +177,94 @@ def tool_version() -> str:
 
 def environment() -> dict:
     """Versions and devices: what, beside the code, can make two runs differ."""
-    import numpy
     import torch
 
     devices = ["cpu"]
     if torch.cuda.is_available():
         devices += [f"cuda:{i} {torch.cuda.get_device_name(i)}" for i in range(torch.cuda.device_count())]
-    versions = {"python": platform.python_version(), "torch": torch.__version__, "numpy": numpy.__version__}
-    for name in ("numba", "transformers", "duckdb"):
-        module = sys.modules.get(name)
-        if module is not None:
-            versions[name] = getattr(module, "__version__", "?")
-    if torch.version.cuda:
-        versions["cuda"] = torch.version.cuda
     return {
-        "versions": versions,
+        "versions": versions(),
         "devices": devices,
         "platform": platform.platform(),
         "machine": platform.machine(),
         "hostname": socket.gethostname(),
         "cpu_count": os.cpu_count(),
     }
+
+
+def versions() -> dict[str, str]:
+    """The version of Python, of every installed distribution a module of which is imported now
+    (torch, transformers, accelerate, deepspeed, flash-attn, triton, numpy, ...: taken again when the
+    recording ends, so what the script imported is there), keyed by its normalized name, and of
+    CUDA, cuDNN and NCCL where torch has them. A library imported only for a moment and dropped
+    from sys.modules, or vendored inside another, is not seen."""
+    import numpy
+    import torch
+
+    out = {"python": platform.python_version(), "torch": torch.__version__, "numpy": numpy.__version__}
+    out.update(_imported_distributions())
+    out["torch"] = torch.__version__  # the build tag (+cpu, +cu124) as torch itself says it
+    out.update(_native_versions(torch))
+    return out
+
+
+def versions_at_end(previous: dict | None) -> dict:
+    """`versions()` when the recording ends (what the script imported by then), over the versions
+    taken at the start; those alone if taking them fails (the recording must still end)."""
+    try:
+        return {**(previous or {}), **versions()}
+    except Exception:  # noqa: BLE001 - a broken installation must not fail the end of a recording
+        return dict(previous or {})
+
+
+def _normalized(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()  # PEP 503: flash_attn and Flash-Attn are one name
+
+
+def _imported_distributions() -> dict[str, str]:
+    from importlib import metadata
+
+    try:
+        owners = metadata.packages_distributions()  # top-level import name -> distributions
+    except Exception:  # noqa: BLE001 - a broken installed distribution: fall back to the modules' own versions
+        owners = {}
+    out = {}
+    for top in sorted({name.partition(".")[0] for name in list(sys.modules)}):
+        for dist in owners.get(top, ()):
+            key = _normalized(dist)
+            if key in out:
+                continue
+            try:
+                out[key] = metadata.version(dist)  # the first on sys.path: the one imported
+            except Exception:  # noqa: BLE001 - metadata without a version
+                continue
+        module = sys.modules.get(top)
+        if top not in owners and top not in sys.stdlib_module_names and not top.startswith("_") \
+                and isinstance(getattr(module, "__version__", None), str):
+            out.setdefault(_normalized(top), module.__version__)  # a package not installed as a distribution
+    return out
+
+
+def _native_versions(torch) -> dict[str, str]:
+    """CUDA, cuDNN and NCCL as this torch build links them (none on a CPU build)."""
+    out = {}
+    if torch.version.cuda:
+        out["cuda"] = torch.version.cuda
+    if getattr(torch.version, "hip", None):
+        out["hip"] = torch.version.hip
+    try:
+        cudnn = torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None
+    except Exception:  # noqa: BLE001 - a CUDA build on a machine without the library
+        cudnn = None
+    if cudnn:
+        out["cudnn"] = str(cudnn)
+    try:
+        nccl = torch.cuda.nccl.version() if torch.version.cuda and torch.distributed.is_nccl_available() else None
+    except Exception:  # noqa: BLE001 - NCCL absent or not loadable here
+        nccl = None
+    if nccl:
+        out["nccl"] = ".".join(map(str, nccl)) if isinstance(nccl, tuple) else str(nccl)
+    return out
 
 
 def write(directory: str | os.PathLike, data: dict) -> None:

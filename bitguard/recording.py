@@ -160,7 +160,8 @@ class record:
             self._manifest.update(status=status, complete=status == "complete", exit_status=exit_status,
                                   end_time=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
                                   collector_errors=list(self.store.errors), events_rank0=collector._seq,
-                                  steps_completed=steps_seen)
+                                  steps_completed=steps_seen,
+                                  versions=manifest.versions_at_end(self._manifest.get("versions")))
             manifest.write(self.out, self._manifest)
         if self.store.errors:
             print(f"bitguard: {len(self.store.errors)} collector error(s) recorded in {self.out}",

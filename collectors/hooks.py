@@ -121,15 +121,17 @@ def _flatten(obj, prefix: str = "") -> list[tuple[str, torch.Tensor]]:
             return out
     try:
         leaves, _ = pytree.tree_flatten_with_path(obj)
-    except Exception:  # noqa: BLE001 - a node registered without key paths, or one that fails
+        parts = []
+        for path, leaf in leaves:
+            key = prefix + pytree.keystr(path)
+            if isinstance(leaf, torch.Tensor):
+                parts.append([(key, leaf)])
+            elif is_dataclass(leaf) and not isinstance(leaf, type):
+                parts += [_flatten(getattr(leaf, f.name), f"{key}.{f.name}") for f in fields(leaf)]
+            elif isinstance(leaf, (Mapping, list, tuple)):  # a subclass pytree does not know (class D(dict))
+                parts.append(_flatten_without_keys(leaf, key))
+    except Exception:  # noqa: BLE001 - a node registered without key paths, or any part that fails
         return _flatten_without_keys(obj, prefix)
-    parts = []
-    for path, leaf in leaves:
-        key = prefix + pytree.keystr(path)
-        if isinstance(leaf, torch.Tensor):
-            parts.append([(key, leaf)])
-        elif is_dataclass(leaf) and not isinstance(leaf, type):
-            parts += [_flatten(getattr(leaf, f.name), f"{key}.{f.name}") for f in fields(leaf)]
     return _joined(parts)
 
 
@@ -146,8 +148,9 @@ def _flatten_without_keys(obj, prefix: str) -> list[tuple[str, torch.Tensor]]:
         elif isinstance(obj, (list, tuple)):
             items = [(f"[{i}]", v) for i, v in enumerate(obj)]
         else:
-            leaves = pytree.tree_flatten(obj)[0]
-            return [(f"{prefix}<leaf {i}>", x) for i, x in enumerate(leaves) if isinstance(x, torch.Tensor)]
+            leaves = pytree.tree_flatten(obj)[0]  # (a dataclass among them is walked by its fields)
+            items = [(f"<leaf {i}>", x) for i, x in enumerate(leaves)
+                     if isinstance(x, torch.Tensor) or (is_dataclass(x) and not isinstance(x, type))]
         return _joined([_flatten(value, prefix + path) for path, value in items])
     except Exception as exc:  # noqa: BLE001 - the event is recorded without these tensors, and says so
         return _NotFlattened([], prefix, f"could not flatten {type(obj).__name__}: {type(exc).__name__}: {exc}")

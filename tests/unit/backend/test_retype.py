@@ -1,0 +1,123 @@
+"""Modules renamed or re-signatured between two runs pair through their position (backend/retype.py):
+transformers' LlamaSdpaAttention (4.46: an extra cache output, a cache_position input) became
+LlamaAttention (5.x), and its decoder layer's output went from a tuple to a tensor. Made here with
+two module classes at the same path; modules at different paths never pair."""
+
+from __future__ import annotations
+
+import polars as pl
+import torch
+from torch import nn
+
+import bitguard
+from bitguard.backend import retype
+
+
+class SdpaAttention(nn.Module):  # "4.46": returns (out, None, cache), takes cache_position
+    def __init__(self):
+        super().__init__()
+        self.proj = nn.Linear(4, 4)
+
+    def forward(self, hidden_states, cache_position=None):
+        y = self.proj(hidden_states)
+        return y, None, y.detach() * 0
+
+
+class Attention(nn.Module):  # "5.x": returns (out, weights=None)
+    def __init__(self, flip=False):
+        super().__init__()
+        self.proj = nn.Linear(4, 4)
+        self.flip = flip
+
+    def forward(self, hidden_states):
+        y = self.proj(hidden_states)
+        if self.flip:
+            y = y.clone()
+            y.view(-1)[:1].view(torch.int32).bitwise_xor_(1 << 9)
+        return y, None
+
+
+class Layer(nn.Module):
+    def __init__(self, attention, as_tuple):
+        super().__init__()
+        self.self_attn = attention
+        self.as_tuple = as_tuple
+
+    def forward(self, x):
+        if isinstance(self.self_attn, SdpaAttention):
+            y = self.self_attn(hidden_states=x, cache_position=torch.arange(x.shape[0]))[0]
+        else:
+            y = self.self_attn(hidden_states=x)[0]
+        return (x + y,) if self.as_tuple else x + y
+
+
+class Net(nn.Module):
+    def __init__(self, old: bool, flip=False, where="layer"):
+        super().__init__()
+        attention = SdpaAttention() if old else Attention(flip)
+        setattr(self, where, Layer(attention, as_tuple=old))
+        self.head = nn.Linear(4, 1)
+
+    def forward(self, x):
+        out = next(self.children())(x)
+        return self.head(out[0] if isinstance(out, tuple) else out).sum()
+
+
+def _record(path, **net):
+    torch.manual_seed(0)
+    model = Net(**net)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    data = torch.Generator().manual_seed(1)
+    with bitguard.record(path, determinism=False):
+        for _ in range(3):
+            model(torch.randn(3, 4, generator=data)).backward()
+            opt.step()
+            opt.zero_grad()
+    return path
+
+
+def test_a_re_signatured_module_pairs_by_position_and_is_never_certified_identical(tmp_path):
+    c = bitguard.compare(_record(tmp_path / "old", old=True), _record(tmp_path / "new", old=False))
+    rc = c.ranks[0]
+    assert rc.gaps.is_empty(), rc.gaps  # every event paired: no structural divergence
+    paired = rc.pairs.join(rc.events_a.select(pl.col("seq").alias("a_seq"), "boundary", "phase"), on="a_seq")
+    attn = paired.filter((pl.col("boundary") == "layer.self_attn") & (pl.col("phase") == "forward"))
+    assert attn.height == 3 and attn["retyped"].all() and attn["resigned"].all()
+    layer = paired.filter((pl.col("boundary") == "layer") & (pl.col("phase") == "forward"))
+    assert layer.height == 3 and not layer["status"].is_in(["diverged"]).any()  # (x+y,) vs x+y: the same tensor
+    # the extra cache output and cache_position input: recorded by one side only, so not certified
+    d = c.to_dict()
+    assert d["verdict"] == "inconclusive", d["verdict"]
+    messages = " ".join(r["message"] for r in d["inconclusive"]["reasons"])
+    assert retype.ONLY_A in messages
+
+
+def test_a_difference_behind_a_re_signatured_module_is_found_there(tmp_path):
+    c = bitguard.compare(_record(tmp_path / "old", old=True), _record(tmp_path / "new", old=False, flip=True))
+    fd = c.to_dict()["first_divergence"]
+    assert c.verdict == "diverged" and (fd["step"], fd["phase"], fd["boundary"]) == (0, "forward", "layer.self_attn")
+    assert fd["retyped"] and (fd["module_type"], fd["module_type_b"]) == ("SdpaAttention", "Attention")
+    output = [t for t in fd["tensors"] if t["role"] == "output" and t["differs"] and not t["unobserved"]]
+    assert [t["path"] for t in output] == ["[0]"], fd["tensors"]
+    assert any("signature change" in n for n in fd["notes"]), fd["notes"]
+    from bitguard.backend.report import render_text
+
+    text = render_text(c)
+    assert "A runs SdpaAttention, B runs Attention" in text and "signature change" in text
+
+
+def test_modules_at_different_paths_never_pair(tmp_path):
+    c = bitguard.compare(_record(tmp_path / "a", old=False), _record(tmp_path / "b", old=False, where="block"))
+    assert c.verdict == "diverged" and c.to_dict()["first_divergence"]["cause"] == "structure"
+    paired = c.ranks[0].pairs.join(c.ranks[0].events_a.select(pl.col("seq").alias("a_seq"), "boundary"), on="a_seq")
+    assert not paired.filter(pl.col("boundary").str.starts_with("layer")).height
+
+
+def test_tensors_of_a_resigned_pair_match_by_path_then_shape_and_dtype():
+    a = [("input", 0, "[0]", (2, 3), "float32"), ("input", 1, "[1]", (2,), "int64"),
+         ("output", 0, "[0]", (2, 3), "float32"), ("output", 1, "[2]", (2, 3), "float32")]
+    b = [("input", 0, "['x']", (2, 3), "float32"), ("output", 0, "", (2, 3), "float32"),
+         ("state", 0, ".extra", (1,), "float32")]
+    matched, lone_b = retype._match(a, b)
+    # B's ['x'] is A's [0] (shape and dtype), B's bare output A's [0]; .extra is B's alone
+    assert sorted(matched) == [("input", 0, 0), ("output", 0, 0)] and lone_b == [("state", 0, 0)]

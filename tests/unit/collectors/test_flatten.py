@@ -1,0 +1,130 @@
+"""Outputs in any pytree container keep their event and their tensors (collectors/hooks.py
+`_flatten`): a node registered without key paths, as transformers 4.46 registered its
+ModelOutput (CausalLMOutputWithPast), one whose key function raises something else, a dict
+subclass pytree does not know, and a dataclass inside a keyless node."""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass
+
+import polars as pl
+import pytest
+import torch
+from torch.utils import _pytree as pytree
+
+import bitguard
+from bitguard.backend.ingest import load_rank, open_run
+from bitguard.collectors.hooks import _flatten, _NotFlattened
+
+
+class KeylessOutput(OrderedDict):
+    """Like transformers 4.46's ModelOutput: an OrderedDict registered with pytree without
+    `flatten_with_keys_fn`, so `tree_flatten_with_path` raises ValueError on it."""
+
+
+pytree.register_pytree_node(
+    KeylessOutput, lambda o: (list(o.values()), list(o.keys())),
+    lambda values, keys: KeylessOutput(zip(keys, values)))
+
+
+class Pair:
+    """A node that is no Mapping: registered without keys, its key function absent."""
+
+    def __init__(self, first, second):
+        self.first, self.second = first, second
+
+
+pytree.register_pytree_node(Pair, lambda p: ([p.first, p.second], None), lambda values, _: Pair(*values))
+
+
+class Broken:
+    """A node whose key function raises a RuntimeError, not the ValueError of a missing one."""
+
+    def __init__(self, t):
+        self.t = t
+
+
+def _refuse_keys(node):
+    raise RuntimeError("key paths refused by design")
+
+
+pytree.register_pytree_node(Broken, lambda b: ([b.t], None), lambda values, _: Broken(*values),
+                            flatten_with_keys_fn=_refuse_keys)
+
+
+@dataclass
+class Extra:
+    hidden: torch.Tensor
+
+
+class Plain(dict):
+    """A dict subclass: pytree treats it as a leaf."""
+
+
+def test_a_node_registered_without_key_paths_is_walked_by_its_keys():
+    loss, logits = torch.tensor(1.0), torch.ones(2, 3)
+    with pytest.raises(ValueError, match="flatten_with_keys_fn"):
+        pytree.tree_flatten_with_path(KeylessOutput(loss=loss, logits=logits))
+    flat = _flatten(KeylessOutput(loss=loss, logits=logits, past=((logits * 2, logits * 3),)))
+    assert type(flat) is not _NotFlattened
+    assert [p for p, _ in flat] == ["['loss']", "['logits']", "['past'][0][0]", "['past'][0][1]"]
+    assert flat[0][1] is loss and flat[1][1] is logits
+
+
+def test_a_keyless_node_inside_a_container_and_a_dataclass_inside_a_keyless_node_keep_their_tensors():
+    a, b, c = torch.zeros(1), torch.ones(1), torch.full((1,), 2.0)
+    flat = _flatten({"out": Pair(a, Extra(b)), "more": [c]})
+    assert type(flat) is not _NotFlattened
+    assert [t for _, t in flat] == [a, b, c] and [p for p, _ in flat] == [
+        "['out']<leaf 0>", "['out']<leaf 1>.hidden", "['more'][0]"]
+
+
+def test_a_key_function_that_raises_something_else_falls_back_to_positions():
+    t = torch.ones(2)
+    flat = _flatten((Broken(t), t * 2))
+    assert type(flat) is not _NotFlattened and [p for p, _ in flat] == ["[0]<leaf 0>", "[1]"]
+
+
+def test_a_dict_subclass_pytree_does_not_know_is_walked():
+    t = torch.ones(2)
+    flat = _flatten((Plain(x=t), 1))
+    assert [(p, x) for p, x in flat] == [("[0]['x']", t)]
+
+
+class _Returns(torch.nn.Module):
+    def __init__(self, wrap):
+        super().__init__()
+        self.lin = torch.nn.Linear(3, 3)
+        self.wrap = wrap
+
+    def forward(self, x):
+        y = self.lin(x)
+        return self.wrap(y)
+
+
+@pytest.mark.parametrize("wrap", [
+    lambda y: KeylessOutput(loss=y.sum(), logits=y),
+    lambda y: Pair(y.sum(), y),
+    lambda y: (Broken(y.sum()), y),
+], ids=["keyless-mapping", "keyless-node", "raising-keys"])
+def test_a_root_returning_such_a_container_keeps_its_forward_and_backward_events(tmp_path, wrap):
+    torch.manual_seed(0)
+    model = _Returns(wrap)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with bitguard.record(tmp_path / "run", determinism=False):
+        for _ in range(2):
+            out = model(torch.randn(2, 3))
+            loss = next(iter(out.values())) if isinstance(out, OrderedDict) else (
+                out.first if isinstance(out, Pair) else out[0].t)
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+    events, tensors, _ = load_rank(open_run(tmp_path / "run"), 0)
+    root = events.filter(pl.col("boundary") == "_Returns")
+    for step in (0, 1):
+        phases = root.filter(pl.col("step") == step)["phase"].to_list()
+        assert {"data", "forward", "backward"} <= set(phases), (step, phases)
+    forward = root.filter((pl.col("phase") == "forward") & (pl.col("step") == 0))["seq"][0]
+    outputs = tensors.filter((pl.col("seq") == forward) & (pl.col("role") == "output"))
+    assert outputs.height == 2 and outputs["unobserved"].null_count() == 2, outputs

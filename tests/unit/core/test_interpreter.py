@@ -1,0 +1,50 @@
+"""`bitguard record -- python SCRIPT` runs under an interpreter that can import bitguard (bitguard/cli.py):
+a bare `python` on PATH that cannot (no venv activated) is replaced by the one bitguard runs under,
+and said so; an interpreter given by its path is used as given, or refused."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+
+from bitguard import cli
+from bitguard.errors import BadInput
+
+
+def _python_without_bitguard(folder, name="python"):
+    folder.mkdir(exist_ok=True)
+    fake = folder / name
+    fake.write_text(f"#!/bin/sh\nexec {sys.executable} -I -S \"$@\"\n")  # isolated: no site-packages, no bitguard
+    fake.chmod(0o755)
+    return fake
+
+
+def test_a_bare_python_on_path_without_bitguard_is_replaced_by_bitguards_own(tmp_path, monkeypatch, capsys):
+    _python_without_bitguard(tmp_path / "bin", "python3")
+    monkeypatch.setenv("PATH", str(tmp_path / "bin"))
+    assert cli._interpreter("python3") == sys.executable
+    err = capsys.readouterr().err
+    assert "'python3' on PATH" in err and "cannot import bitguard" in err and sys.executable in err
+
+
+def test_a_bare_python_not_on_path_is_bitguards_own(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("PATH", str(tmp_path))
+    assert cli._interpreter("python") == sys.executable
+    assert "not on PATH" in capsys.readouterr().err
+
+
+def test_a_bare_python_on_path_with_bitguard_is_kept(tmp_path, monkeypatch, capsys):
+    (tmp_path / "bin").mkdir()
+    (tmp_path / "bin" / "python").symlink_to(sys.executable)
+    monkeypatch.setenv("PATH", str(tmp_path / "bin"))
+    assert cli._interpreter("python") == str(tmp_path / "bin" / "python")
+    assert capsys.readouterr().err == ""
+
+
+def test_a_python_given_by_its_path_is_used_as_given_or_refused(tmp_path):
+    fake = _python_without_bitguard(tmp_path / "bin")
+    with pytest.raises(BadInput, match="cannot import bitguard"):
+        cli._interpreter(str(fake))
+    with pytest.raises(BadInput, match="not found"):
+        cli._interpreter(str(tmp_path / "nowhere" / "python"))

@@ -1,0 +1,66 @@
+"""The manifest's `versions` (bitguard/manifest.py): every installed distribution the script imported,
+taken when the recording ends; compare lists version differences first."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import bitguard
+from bitguard import manifest
+from bitguard.backend.compare import manifest_differences
+
+
+def _fake_distribution(root, name="fakelib", version="1.2.3"):
+    """An installed distribution `name` (one top-level package) in folder `root`."""
+    (root / name).mkdir()
+    (root / name / "__init__.py").write_text("VALUE = 1\n")
+    info = root / f"{name}-{version}.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name.replace('_', '-')}\nVersion: {version}\n")
+    (info / "top_level.txt").write_text(f"{name}\n")
+
+
+def test_a_distribution_the_script_imports_during_the_run_is_in_the_manifest(tmp_path, monkeypatch):
+    _fake_distribution(tmp_path, "fake_numerics_lib", "1.2.3")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "fake_numerics_lib", raising=False)
+    with bitguard.record(tmp_path / "run", determinism=False):
+        import fake_numerics_lib  # noqa: F401 - imported by "the script", after recording began
+    versions = json.loads((tmp_path / "run" / "manifest.json").read_text())["versions"]
+    assert versions["fake-numerics-lib"] == "1.2.3", versions  # normalized name (PEP 503)
+    import torch
+
+    assert versions["torch"] == torch.__version__ and versions["python"]
+    manifest.load(tmp_path / "run")  # and the manifest validates
+
+
+def test_a_library_not_imported_is_not_listed(tmp_path, monkeypatch):
+    _fake_distribution(tmp_path, "never_imported_lib")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert "never-imported-lib" not in manifest.versions()
+
+
+def test_a_failure_to_read_versions_keeps_the_start_and_ends_the_recording(monkeypatch):
+    def broken():
+        raise RuntimeError("metadata unreadable")
+
+    monkeypatch.setattr(manifest, "versions", broken)
+    assert manifest.versions_at_end({"torch": "2.13.0"}) == {"torch": "2.13.0"}
+
+
+def test_an_old_manifest_with_few_versions_still_loads(tmp_path):
+    run = tmp_path / "old"
+    run.mkdir()
+    manifest.write(run, {"tool": "bitguard", "schema_version": 1, "world_size": 1,
+                         "versions": {"python": "3.11.7", "torch": "2.5.0", "numpy": "1.26.4"}})
+    assert manifest.load(run)["versions"]["torch"] == "2.5.0"
+
+
+def test_version_differences_come_first_those_both_runs_imported_before_the_rest():
+    a = {"versions": {"torch": "2.13.0", "transformers": "5.24.0", "httpx": "1.0"}, "world_size": 1,
+         "devices": ["cpu"]}
+    b = {"versions": {"torch": "2.13.0", "transformers": "4.46.3", "requests": "2.3"}, "world_size": 2,
+         "devices": ["cpu"]}
+    fields = [d["field"] for d in manifest_differences(a, b)]
+    assert fields == ["versions.transformers", "versions.httpx", "versions.requests", "world_size"], fields
