@@ -87,7 +87,7 @@ def graph(events: pl.DataFrame, tensors: pl.DataFrame, divergent: set[int],
     opt_by_param_step = {}
     for r in info.values():
         key = (r["boundary"], r["step"])
-        if r["phase"] == "forward":
+        if r["phase"] in ("forward", "recompute"):  # a recompute's outputs are the activations backward uses
             for b in by_module_step.get((r["boundary"], r["step"], "backward", "module"), []):
                 edges.append((r["seq"], b, "activation"))
         elif r["phase"] == "backward" and r["kind"] == "grad":

@@ -19,6 +19,9 @@ RANK_FILE = "rank-{rank}.duckdb"
 PHASES = ("forward", "backward", "optimizer", "data", "recompute")
 # recompute: a module forward run again during backward by activation checkpointing (collectors/recompute.py)
 ROLES = ("input", "output", "grad_input", "grad_output", "grad", "param", "state", "rng")
+# The `state` row that marks a compiled region's forward event (torch.compile): unobserved, it says
+# that the module boundaries inside the region were not observed (collectors/compiled.py).
+COMPILED_REGION_PATH = "<compiled region>"
 KINDS = ("module", "grad", "step", "batch", "final")  # final: a root module's parameters and buffers at the end
 # Columns that every row must hold (a NULL there is a damaged rank file, not a value).
 REQUIRED = {"events": ("seq", "step", "phase", "kind", "boundary", "call", "depth", "t_start_ns", "t_end_ns"),
