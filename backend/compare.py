@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 
-from bitguard.backend import certification, check, equivalence
+from bitguard.backend import certification, check, equivalence, granularity
 from bitguard.backend import pivot as pivot_mod
 from bitguard.backend import propagation, retype
 from bitguard.backend.ingest import RunInfo, load_rank, open_run
@@ -58,6 +58,7 @@ class RankComparison:
     truncated: dict = field(default_factory=dict)
     reasons: list = field(default_factory=list)  # what of this rank cannot be certified (certification.py)
     scope: certification.Scope = field(default_factory=certification.Scope)
+    regions: granularity.Regions = field(default_factory=granularity.Regions)  # compiled regions (torch.compile)
 
 
 def _unobserved(tensors: pl.DataFrame) -> pl.Expr:
@@ -143,6 +144,7 @@ def _compare_rank(rank: int, run_a: RunInfo, run_b: RunInfo, rules: RuleSet, fir
     ea, ta, sa = load_rank(run_a, rank)
     eb, tb, sb = load_rank(run_b, rank)
     ea, eb, ta, tb, mode_reasons = certification.mode_filter(run_a, run_b, ea, eb, ta, tb)
+    ea, eb, ta, tb, regions = granularity.split(ea, eb, ta, tb)
     ea, ta = _keep_probes(ea, ta, probes)
     eb, tb = _keep_probes(eb, tb, probes)
     ta = ta.filter(pl.col("seq").is_in(ea["seq"].implode()))
@@ -175,7 +177,9 @@ def _compare_rank(rank: int, run_a: RunInfo, run_b: RunInfo, rules: RuleSet, fir
     nothing = certification.empty_or_unpaired(rank, ea, eb, pairs.height)
     reasons = mode_reasons + reasons + ([nothing] if nothing else [])
     gaps = _gaps(rank, ea, eb, al, rules, fired, scope, counted=nothing is None)
-    rc = RankComparison(rank, ea, eb, ta, tb, sa, sb, al, pairs, diffs, gaps, reasons=reasons, scope=scope)
+    gaps, region_reasons = granularity.inside(gaps, ea, eb, pairs, regions, rank)  # not observed in the other run
+    rc = RankComparison(rank, ea, eb, ta, tb, sa, sb, al, pairs, diffs, gaps, reasons=reasons + region_reasons,
+                        scope=scope, regions=regions)
     _find_pivot(rc)
     return rc
 
@@ -300,7 +304,7 @@ def manifest_differences(a: dict, b: dict) -> list[dict]:
 
 
 # Reasons that stop a verdict from being `identical`; the others only describe what was compared.
-_INFORMATIONAL = {"modes"}
+_INFORMATIONAL = {"modes", "granularity"}
 
 
 class Comparison:
@@ -402,6 +406,7 @@ class Comparison:
         if hint:
             notes.append(hint)
         notes += retype.note(rc.pairs, None if structure else p["seq"], rc.diffs)
+        notes += granularity.note(rc.regions, p)
         return {
             "cause": p["cause"], "missing_side": None if not structure else ("b" if p["side"] == "a" else "a"),
             "rank": rc.rank, "step": p["step"], "phase": p["phase"], "kind": p["kind"],
@@ -543,6 +548,7 @@ class Comparison:
                 pl.lit(None, dtype=pl.Int64).alias("a_seq"), pl.lit(None, dtype=pl.Int64).alias("a_pos"),
                 pl.lit(None, dtype=pl.Int64).alias("a_t_start_ns"), pl.lit(None, dtype=pl.Int64).alias("a_t_end_ns"))
             a = pl.concat([a, b.select(a.columns)])
+        a = granularity.mark_unobserved(a, rc.regions)  # one side only because the other compiled it
         p = rc.pivot
         if p is None:
             is_pivot = pl.lit(False)

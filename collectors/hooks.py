@@ -40,6 +40,8 @@ import torch
 from torch.utils import _pytree as pytree
 
 from bitguard.collectors.callstack import StackTable
+from bitguard.collectors.compiled import (REGION_PATH, REGION_REASON, CompileWatch, eager_name, is_compiling, original,
+                                          region_of)
 from bitguard.collectors.observation import NO_DIGEST, dims, observe
 from bitguard.collectors.recompute import NON_REENTRANT, recompute_kind
 from bitguard.collectors.store import MAX_REPORTED_ERRORS
@@ -260,6 +262,9 @@ class Collector:
         from torch.optim import optimizer as optim
 
         self._wrap_module_calls()
+        watch = CompileWatch(self._observing)  # module.compile() in place: observed at its boundary
+        watch.install()
+        self._handles.append(watch)
         self._handles.append(optim.register_optimizer_step_post_hook(self._guard(self._on_optimizer_step)))
 
     def remove(self, final_state: bool = True) -> None:
@@ -290,7 +295,7 @@ class Collector:
         return partial(self._guarded, fn)
 
     def _guarded(self, fn, *args, **kwargs) -> None:
-        if not self.enabled:
+        if not self.enabled or is_compiling():  # a hook dynamo traces (a compiled step()): ours stay out
             return
         try:
             fn(*args, **kwargs)
@@ -490,15 +495,15 @@ class Collector:
         # go without a name and without gradient hooks.
         for sub_name, sub in module.named_modules():
             entry = self._names.get(id(sub))
-            if entry is None or entry[0]() is not sub:
-                self._names[id(sub)] = (weakref.ref(sub), sub_name or name)
+            if entry is None or entry[0]() is not sub:  # (a compiled submodule: named as its eager module)
+                self._names[id(sub)] = (weakref.ref(sub), eager_name(sub_name) or name)
         for p_name, p in module.named_parameters():
             entry = self._params.get(id(p))
             if (entry is not None and entry[0]() is p) or not p.requires_grad:
                 continue
             owner = module.get_submodule(p_name.rpartition(".")[0]) if "." in p_name else module
             self._next_param_tid -= 1  # parameters get negative ids, stable across steps
-            self._params[id(p)] = (weakref.ref(p), p_name, type(owner).__name__, self._next_param_tid)
+            self._params[id(p)] = (weakref.ref(p), eager_name(p_name), type(owner).__name__, self._next_param_tid)
             self._accumulating.discard(id(p))
             self._param_in.pop(id(p), None)
             self._handles.append(p.register_hook(partial(self._guarded, self._on_param_grad, id(p))))
@@ -508,6 +513,11 @@ class Collector:
         entry = self._names.get(id(module))
         if entry is not None and entry[0]() is module:
             return entry[1]
+        inner = original(module)
+        if inner is not module:  # torch.compile's wrapper is named as the module it compiles
+            name = self._name_of(inner, parent)
+            self._names[id(module)] = (weakref.ref(module), name)
+            return name
         if parent is None:
             return self._register_root(module)
         name = f"{parent.name}.<{type(module).__name__}>"
@@ -530,11 +540,17 @@ class Collector:
         slow path (a closure, a set, hook-dict walks), which cost more a step than this wrapper and
         torch's fast path together. The wrapper sees what the caller passed and what it gets back
         (the module's own hooks, if any, run inside). `remove()` puts the original back."""
-        inner = self._call_impl = torch.nn.Module._call_impl
+        self._call_impl = torch.nn.Module._call_impl
+        self._wrapper = torch.nn.Module._call_impl = self._observing(self._call_impl)
+
+    def _observing(self, inner):
+        """`inner(module, *args, **kwargs)` observed. While dynamo traces (a compiled region's
+        inside), calls pass straight through: `is_compiling()` is a constant to dynamo, so nothing
+        of ours enters its graphs (collectors/compiled.py)."""
         enter, leave = self._enter, self._guard(self._leave)
 
         def _call_impl(module, *args, **kwargs):
-            if not self.enabled:
+            if is_compiling() or not self.enabled:
                 return inner(module, *args, **kwargs)
             frame = enter(module, args)
             try:
@@ -546,7 +562,7 @@ class Collector:
                 leave(frame, kwargs, output)
             return output
 
-        self._wrapper = torch.nn.Module._call_impl = _call_impl
+        return _call_impl
 
     def _enter(self, module, args) -> _Frame | None:
         """A module call begins: its frame, pushed last (None, and nothing pushed, on failure: the
@@ -565,7 +581,9 @@ class Collector:
             name = self._name_of(module, parent)
             t0 = time.time_ns()
             in_window = self._in_window()
-            frame = _Frame(module, name, len(frames), t0, in_window and self._wanted(module), frames)
+            region = region_of(module)  # a compiled region: its only observable boundary, in every mode
+            frame = _Frame(module, name, len(frames), t0, in_window and (region is not None or self._wanted(module)),
+                           frames)
             frame.recompute = recompute
             is_model_root = parent is None and recompute is None and in_window and any(True for _ in module.parameters())
             if frame.record or is_model_root:
@@ -575,7 +593,7 @@ class Collector:
                     frame.rng = torch.get_rng_state()
             if is_model_root:
                 rows = [list(r) for r in frame.inputs] + self._rng_rows(frame.rng)
-                self._emit("data", "batch", name, type(module).__name__, 0, t0, rows)
+                self._emit("data", "batch", name, type(region or module).__name__, 0, t0, rows)
             frames.append(frame)
             return frame
         except Exception as exc:  # noqa: BLE001 - the training must go on
@@ -590,10 +608,14 @@ class Collector:
             rows = rows + [self._rng_row(frame.rng, digest_async(frame.rng), "cpu", 0)]
         outputs = _flatten(output) if output is not None else []
         out_rows = self._rows(outputs, "output")
-        buffers = frame.module._buffers
+        region = region_of(frame.module)  # a compiled region: the module it compiles (collectors/compiled.py)
+        buffers = (region or frame.module)._buffers
         if buffers:  # a module's own buffers as the call left them (running statistics, caches)
             out_rows += self._rows([(f".{n}", b) for n, b in buffers.items() if b is not None], "state")
-        mtype = type(frame.module).__name__
+        if region is not None:  # an unobserved row saying that the boundaries inside were not observed
+            marker = _NotFlattened([], REGION_PATH, REGION_REASON)
+            out_rows += self._rows(marker, "state", sum(r[1] == "state" for r in out_rows))
+        mtype = type(region or frame.module).__name__
         frames = frame.calls
         stack = self._call_key(sys._getframe(1), frames, len(frames) - 1)  # interned by _drain
         self._emit("forward" if frame.recompute is None else "recompute", "module", frame.name, mtype, frame.depth,
@@ -725,8 +747,8 @@ class Collector:
             module = ref()
             if module is None:
                 continue
-            params = [(f".{n}", p) for n, p in module.named_parameters()]
-            buffers = [(f".{n}", b) for n, b in module.named_buffers()]
+            params = [(f".{eager_name(n)}", p) for n, p in module.named_parameters()]
+            buffers = [(f".{eager_name(n)}", b) for n, b in module.named_buffers()]
             if not params and not buffers:
                 continue
             t0 = time.time_ns()

@@ -1,0 +1,111 @@
+"""torch.compile: what the collectors observe of a compiled model, and under which names.
+
+A compiled region is a module whose calls run compiled code: an `OptimizedModule`
+(`torch.compile(module)`, also as a submodule: `model.block = torch.compile(block)`) or a module
+compiled in place (`module.compile()`, whose `_compiled_call_impl` `Module.__call__` runs instead
+of `_call_impl`). The collectors observe a region where it is called eagerly: its inputs, its
+outputs, the gradients of both, and, as for every model, parameter gradients and optimizer steps.
+Nothing of bitguard runs while dynamo traces (the module-call wrapper passes calls straight
+through when `torch.compiler.is_compiling()`, which dynamo folds to a constant), so the graphs
+that run are those a plain run compiles, and the module boundaries inside a region are not
+observed. The region's forward event says so: it carries one `state` row at `REGION_PATH`,
+marked unobserved with `REGION_REASON` (backend/granularity.py reads it; a reader that does not
+know it sees an unobserved tensor, so it never certifies more than was seen).
+
+Names are eager's: the region is named and typed as the module it wraps, `_orig_mod.` is
+stripped from module and parameter names, so an eager run and a compiled run of the same model
+align. Module code that dynamo does not trace (a graph break into code it skips) runs eagerly
+inside the region and is observed as usual.
+
+This module knows torch.compile's wrappers, not how events are stored or compared. It never
+imports torch._dynamo: where it is not loaded, nothing is compiled.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+import weakref
+from functools import wraps
+
+import torch
+
+from bitguard.schema import COMPILED_REGION_PATH as REGION_PATH
+
+REGION_REASON = ("compiled region (torch.compile): observed at its inputs and outputs; the module boundaries "
+                 "inside it were not observed")
+_ORIG_MOD = re.compile(r"(?:^|\.)_orig_mod(?=\.|$)")
+is_compiling = torch.compiler.is_compiling  # dynamo folds this call to True while it traces
+
+
+def _optimized_module() -> type | None:
+    """torch._dynamo's OptimizedModule class, None while torch._dynamo is not loaded."""
+    eval_frame = sys.modules.get("torch._dynamo.eval_frame")
+    return None if eval_frame is None else eval_frame.OptimizedModule
+
+
+def original(module: torch.nn.Module) -> torch.nn.Module:
+    """The module an OptimizedModule wraps (itself for any other module)."""
+    optimized = _optimized_module()
+    while optimized is not None and isinstance(module, optimized):
+        module = module._orig_mod
+    return module
+
+
+def region_of(module: torch.nn.Module) -> torch.nn.Module | None:
+    """When a call of `module` runs compiled code, the module whose code it compiles (an
+    OptimizedModule's `_orig_mod`, or `module` itself when compiled in place); None otherwise."""
+    if module._compiled_call_impl is not None:
+        return module
+    inner = original(module)
+    return inner if inner is not module else None
+
+
+def eager_name(name: str) -> str:
+    """A module or parameter name as in the eager model: `_orig_mod` parts taken out."""
+    return _ORIG_MOD.sub("", name).lstrip(".") if "_orig_mod" in name else name
+
+
+class CompileWatch:
+    """While installed, `Module.compile()` leaves a module whose compiled calls are observed at
+    their boundary: its `_compiled_call_impl` goes through `observe(inner)` (the collector's
+    module-call wrapper around the compiled function). `remove()` restores both."""
+
+    def __init__(self, observe):
+        self._observe = observe
+        self._original = None
+        self._wrapped: list = []  # (weakref to the module, the compiled callable torch set)
+
+    def install(self) -> None:
+        original_compile = self._original = torch.nn.Module.compile
+        watch = self
+
+        @wraps(original_compile)
+        def compile(module, *args, **kwargs):
+            original_compile(module, *args, **kwargs)
+            watch.wrap(module)
+
+        torch.nn.Module.compile = compile
+
+    def wrap(self, module: torch.nn.Module) -> None:
+        compiled = module._compiled_call_impl
+        if compiled is None or getattr(compiled, "_bitguard_observed", False):
+            return
+        call = self._observe(lambda _module, *args, **kwargs: compiled(*args, **kwargs))
+        ref = weakref.ref(module)
+
+        def observed(*args, **kwargs):
+            return call(ref(), *args, **kwargs)
+
+        observed._bitguard_observed = True
+        module._compiled_call_impl = observed
+        self._wrapped.append((ref, compiled))
+
+    def remove(self) -> None:
+        if self._original is not None and torch.nn.Module.compile is not self._original:
+            torch.nn.Module.compile = self._original
+        for ref, compiled in self._wrapped:
+            module = ref()
+            if module is not None and getattr(module._compiled_call_impl, "_bitguard_observed", False):
+                module._compiled_call_impl = compiled
+        self._wrapped.clear()
