@@ -71,8 +71,10 @@ def cmd_record(args) -> int:
         # In-process: one rank of a job (torchrun -m bitguard record --out DIR -- train.py).
         return run_script(command[0], command[1:], command=list(command), **_record_kwargs(args))
     if not _PYTHON.match(program):
-        raise NotSupported(f"not supported yet: launching {program!r}; record each process instead with "
-                           f"'{program} ... -m bitguard record --out DIR -- SCRIPT' or use 'python SCRIPT'")
+        launcher = f"{program} launch" if program == "accelerate" and command[1:2] == ["launch"] else program
+        raise NotSupported(f"not supported yet: launching {launcher!r} from bitguard; put bitguard inside the "
+                           f"launcher instead, each process records its rank: '{launcher} [OPTIONS] -m bitguard "
+                           f"record --out {args.out} -- SCRIPT [ARGS]' (README.md, Launchers), or use 'python SCRIPT'")
     py_opts, rest = [], command[1:]
     while rest and rest[0].startswith("-"):
         if rest[0] in ("-m", "-c"):

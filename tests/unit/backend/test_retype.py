@@ -121,3 +121,22 @@ def test_tensors_of_a_resigned_pair_match_by_path_then_shape_and_dtype():
     matched, lone_b = retype._match(a, b)
     # B's ['x'] is A's [0] (shape and dtype), B's bare output A's [0]; .extra is B's alone
     assert sorted(matched) == [("input", 0, 0), ("output", 0, 0)] and lone_b == [("state", 0, 0)]
+
+
+def _pivot(module_type, module_type_b, dtypes):
+    from bitguard.backend.result import DigestPair, FirstDivergence, TensorPair
+
+    none = DigestPair(xor=None, pos=None)
+    tensors = [TensorPair(role="output", index=0, path="", shape=[2], dtype=a, dtype_b=b, a=none, b=none,
+                          differs=True, ignored=False, rule_id=None) for a, b in dtypes]
+    return FirstDivergence.model_construct(module_type=module_type, module_type_b=module_type_b, tensors=tensors)
+
+
+def test_the_retype_note_says_what_changed_the_type_or_only_a_dtype():
+    from bitguard.backend.report import _retyped
+
+    # under autocast the module is the same and only its dtype changed: say that, not "Linear vs Linear"
+    assert _retyped(_pivot("Linear", "Linear", [("float32", "bfloat16")])) == \
+        "paired across a dtype change (float32→bfloat16): both runs run Linear"
+    assert _retyped(_pivot("LlamaSdpaAttention", "LlamaAttention", [("float32", "float32")])) == \
+        "paired across a type change: A runs LlamaSdpaAttention, B runs LlamaAttention"

@@ -48,3 +48,13 @@ def test_a_python_given_by_its_path_is_used_as_given_or_refused(tmp_path):
         cli._interpreter(str(fake))
     with pytest.raises(BadInput, match="not found"):
         cli._interpreter(str(tmp_path / "nowhere" / "python"))
+
+
+@pytest.mark.parametrize("launcher", [["accelerate", "launch", "--num_processes", "2"], ["torchrun", "--standalone"]])
+def test_a_launcher_after_the_dashes_is_refused_with_the_form_that_works(tmp_path, capsys, launcher):
+    out = tmp_path / "run"
+    assert cli.main(["record", "--out", str(out), "--", *launcher, "train.py"]) == 2
+    err = capsys.readouterr().err.strip()
+    name = " ".join(launcher[:2]) if launcher[0] == "accelerate" else launcher[0]
+    assert len(err.splitlines()) == 1 and f"'{name} [OPTIONS] -m bitguard record --out {out} -- SCRIPT" in err, err
+    assert not out.exists()
