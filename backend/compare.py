@@ -23,6 +23,7 @@ import polars as pl
 
 from bitguard.backend import certification, check, equivalence, granularity
 from bitguard.backend import pivot as pivot_mod
+from bitguard.backend import recompute
 from bitguard.backend import propagation, retype
 from bitguard.backend.ingest import RunInfo, load_rank, open_run
 from bitguard.backend.result import COMPARE_SCHEMA, EXIT_STATUS, CompareResult
@@ -177,6 +178,8 @@ def _compare_rank(rank: int, run_a: RunInfo, run_b: RunInfo, rules: RuleSet, fir
     nothing = certification.empty_or_unpaired(rank, ea, eb, pairs.height)
     reasons = mode_reasons + reasons + ([nothing] if nothing else [])
     gaps = _gaps(rank, ea, eb, al, rules, fired, scope, counted=nothing is None)
+    gaps, recompute_reasons = recompute.one_sided(gaps, ea, eb, rank)  # checkpointing on one side only
+    reasons = reasons + recompute_reasons
     gaps, region_reasons = granularity.inside(gaps, ea, eb, pairs, regions, rank)  # not observed in the other run
     rc = RankComparison(rank, ea, eb, ta, tb, sa, sb, al, pairs, diffs, gaps, reasons=reasons + region_reasons,
                         scope=scope, regions=regions)
@@ -304,7 +307,7 @@ def manifest_differences(a: dict, b: dict) -> list[dict]:
 
 
 # Reasons that stop a verdict from being `identical`; the others only describe what was compared.
-_INFORMATIONAL = {"modes", "granularity"}
+_INFORMATIONAL = {"modes", "granularity", "recompute"}
 
 
 class Comparison:

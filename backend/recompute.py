@@ -146,6 +146,36 @@ def _check_rank(run: LoadedRun, rank: int, outcome: Outcome) -> None:
                              f"(on a side): not checked")
 
 
+def one_sided(gaps: pl.DataFrame, ea: pl.DataFrame, eb: pl.DataFrame, rank: int) -> tuple[pl.DataFrame, list[dict]]:
+    """compare.py: recompute events on one side only are not a structural divergence. A recompute
+    repeats a forward and changes no number by itself (what it feeds, the backward, is compared):
+    one run checkpointing and the other not, or another checkpoint mode (non-reentrant stops
+    recomputing early), records other recompute events for the same training. `gaps` with those
+    no longer counted, and an informational reason (certification.py `Reason`) saying how many."""
+    if not gaps.height:
+        return gaps, []
+    counts, seqs = {}, {}
+    for side, events in (("a", ea), ("b", eb)):
+        rec = events.filter(pl.col("phase") == "recompute")["seq"]
+        mine = gaps.filter((pl.col("side") == side) & pl.col("seq").is_in(rec.implode()))["seq"]
+        if mine.len():
+            counts[side], seqs[side] = mine.len(), mine.to_list()
+    if not counts:
+        return gaps, []
+    off = pl.lit(False)
+    for side, values in seqs.items():
+        off = off | ((pl.col("side") == side) & pl.col("seq").is_in(values))
+    gaps = gaps.with_columns((pl.col("counted") & ~off).alias("counted"))
+    which = " and ".join(f"run {side.upper()} {n}" for side, n in sorted(counts.items()))
+    from bitguard.backend.certification import reason
+
+    return gaps, [reason("recompute", rank=rank, message=
+                         f"activation recomputes recorded in one run only ({which} on rank {rank}: checkpointing, or "
+                         f"its mode, differs between the runs): a recompute repeats a forward and changes no number "
+                         f"itself, so these are not a divergence; each run's recomputes are held to its own forwards "
+                         f"(run_checks)")]
+
+
 @register("recompute")
 def check_recompute(run: LoadedRun) -> Outcome:
     """Every recompute against its original forward, on every rank of `run`."""

@@ -50,7 +50,7 @@ def _render(c) -> str:
     else:
         out += _divergence(fd)
     if r.verdict != "inconclusive":
-        notes = [x for x in r.certification.reasons if x.code != "modes"]
+        notes = [x for x in r.certification.reasons if x.code not in ("modes", "recompute")]
         if notes:
             out.append("  also not certified:")
             out += [f"    • {x.message}" for x in notes]
@@ -69,7 +69,7 @@ def _render(c) -> str:
     if r.rules_fired:
         out.append("rules fired: " + ", ".join(f"{x.id}×{x.count}" for x in r.rules_fired))
     for x in r.certification.reasons:
-        if x.code == "modes":
+        if x.code in ("modes", "recompute"):  # informational: they do not stop a verdict
             out.append(f"note: {x.message}")
     return "\n".join(out)
 

@@ -114,3 +114,13 @@ def test_hf_gradient_checkpointing_records_recomputes_not_roots(args, tmp_path):
     assert {"model.layers.0.mlp.up_proj", "model.layers.1.self_attn"} <= set(rec["boundary"].to_list())
     code, doc = check(run)
     assert (code, doc["verdict"]) == (0, "clean") and doc["checks"][0]["compared"] == rec.height, doc
+
+
+def test_checkpointing_changes_no_number_and_compares_identical_to_no_checkpointing(runs, tmp_path):
+    none, result = h.recorded("checkpointing.py", tmp_path / "none", "--no-checkpoint")
+    h.assert_unchanged(runs["ra"], result)  # checkpointing (either mode) leaves every number as it was
+    code, doc = h.compare(none, runs["a"])
+    assert (code, doc["verdict"]) == (0, "identical"), doc.get("inconclusive") or doc.get("first_divergence")
+    notes = [r for r in doc["certification"]["reasons"] if r["code"] == "recompute"]
+    assert len(notes) == 1 and "run B" in notes[0]["message"], doc["certification"]
+    assert doc["alignment"]["gaps_b"] == events(runs["a"]).filter(pl.col("phase") == "recompute").height

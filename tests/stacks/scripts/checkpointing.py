@@ -1,5 +1,6 @@
 """A tiny transformer-like language model whose blocks run under activation checkpointing
-(`torch.utils.checkpoint`, non-reentrant by default, `--reentrant` for use_reentrant=True), with
+(`torch.utils.checkpoint`, non-reentrant by default, `--reentrant` for use_reentrant=True,
+`--no-checkpoint` for none: the same training, without recomputation), with
 dropout inside the checkpointed blocks (checkpointing restores the RNG state for the recompute),
 trained for a few steps on CPU.
 
@@ -33,9 +34,9 @@ class Block(nn.Module):
 
 
 class TinyLM(nn.Module):
-    def __init__(self, reentrant: bool, vocab=64, d=32, n=2):
+    def __init__(self, reentrant: bool | None, vocab=64, d=32, n=2):
         super().__init__()
-        self.reentrant = reentrant
+        self.reentrant = reentrant  # None: no checkpointing
         self.emb = nn.Embedding(vocab, d)
         self.blocks = nn.ModuleList(Block(d) for _ in range(n))
         self.head = nn.Linear(d, vocab)
@@ -43,7 +44,7 @@ class TinyLM(nn.Module):
     def forward(self, idx):
         x = self.emb(idx)
         for b in self.blocks:
-            x = checkpoint(b, x, use_reentrant=self.reentrant)
+            x = b(x) if self.reentrant is None else checkpoint(b, x, use_reentrant=self.reentrant)
         return self.head(x)
 
 
@@ -73,9 +74,10 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--steps", type=int, default=4)
     ap.add_argument("--reentrant", action="store_true", help="use_reentrant=True (default: False)")
+    ap.add_argument("--no-checkpoint", action="store_true", help="no activation checkpointing")
     args = ap.parse_args()
     torch.manual_seed(0)
-    model = TinyLM(args.reentrant)
+    model = TinyLM(None if args.no_checkpoint else args.reentrant)
     fault = RecomputeFault(model.blocks[1].mlp[0])
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     data = torch.Generator().manual_seed(1)

@@ -166,3 +166,20 @@ def test_cli_check_bad_input_exits_2(tmp_path, capsys):
     assert main(["check", run, "--rank", "5"]) == 2
     err = capsys.readouterr().err
     assert "rank 5 is not recorded" in err and err.count("\n") == 2
+
+
+def test_compare_does_not_count_recompute_events_on_one_side_only():
+    from bitguard.backend.recompute import one_sided
+
+    plain, checkpointed = _Run(), _Run()
+    plain.add("forward", "m", [1], [2])
+    checkpointed.add("forward", "m", [1], [2])
+    extra = checkpointed.add("recompute", "m", [1], [2])
+    other = checkpointed.add("forward", "n", [2], [3])  # a real one-sided event: still counted
+    (ea, _), (eb, _) = plain.frames()[0], checkpointed.frames()[0]
+    gaps = pl.DataFrame({"side": ["b", "b"], "seq": [extra, other], "counted": [True, True]})
+    gaps, reasons = one_sided(gaps, ea, eb, rank=0)
+    assert gaps.filter(pl.col("counted"))["seq"].to_list() == [other]
+    assert [(r["code"], r["rank"]) for r in reasons] == [("recompute", 0)] and "run B 1" in reasons[0]["message"]
+    empty, none = one_sided(gaps.head(0), ea, eb, rank=0)
+    assert empty.is_empty() and none == []
