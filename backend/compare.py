@@ -400,8 +400,9 @@ class Comparison:
         if p["side"] is None or p["side"] == "a":
             earlier = rc.pairs.filter((pl.col("status") == "unobserved") & (pl.col("a_pos") < p["order"]))
             if earlier.height:
-                notes.append(f"{earlier.height} event(s) before this one hold tensors that could not be observed: "
-                             f"the runs may have parted earlier")
+                alone = " or that one run alone records" if earlier["resigned"].any() else ""  # retype.py
+                notes.append(f"{earlier.height} event(s) before this one hold tensors that could not be observed"
+                             f"{alone}: the runs may have parted earlier")
         # most events unpaired: often names that differ by a prefix (torch.compile's _orig_mod.)
         mostly_unpaired = 2 * rc.pairs.height < max(rc.events_a.height, rc.events_b.height)
         hint = certification.name_hint(rc.events_a["boundary"].to_list(), rc.events_b["boundary"].to_list()) \

@@ -94,13 +94,15 @@ def apply(diffs: pl.DataFrame, fingerprint: str, file_a, file_b) -> pl.DataFrame
         if not has_dumps(f):
             raise BadInput(f"fingerprint {fingerprint!r} needs every tensor's bytes, and run {side} ({f}) has "
                            f"none: record both runs with 'bitguard record --dump'")
-    rows = diffs.select("a_seq", "b_seq", "role", "idx", "dtype", "shape", "xor_b", "differs").to_dicts()
+    b_idx = "idx_b" if "idx_b" in diffs.columns else "idx"  # B's own index of a re-signatured pair's tensor (retype.py)
+    rows = diffs.select("a_seq", "b_seq", "role", "idx", pl.col(b_idx).alias("idx_b"), "dtype", "shape", "xor_b",
+                        "differs").to_dicts()
     bytes_a = load_dumps(file_a, sorted({r["a_seq"] for r in rows}))
     bytes_b = load_dumps(file_b, sorted({r["b_seq"] for r in rows if r["b_seq"] is not None}))
     differs = []
     for r in rows:
         da = bytes_a.get((r["a_seq"], r["role"], r["idx"]))
-        db = bytes_b.get((r["b_seq"], r["role"], r["idx"]))
+        db = bytes_b.get((r["b_seq"], r["role"], r["idx_b"]))
         if r["xor_b"] is None or da is None or db is None:  # no bytes kept: the digests decide
             differs.append(r["differs"])
             continue

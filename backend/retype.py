@@ -30,8 +30,8 @@ from bitguard.backend.alignment import align
 
 LOOSE_KEYS = ("loose_key", "place_key")  # the passes after the full key, loosest last
 _APART = 1 << 30  # added to a B tensor's idx that has no partner in A: it joins nothing
-ONLY_A = "only run A records this tensor (the module's signature changed between the runs)"
-ONLY_B = "only run B records this tensor (the module's signature changed between the runs)"
+ONLY_A = "only run A records this tensor: the module's signature changed between the runs"
+ONLY_B = "only run B records this tensor: the module's signature changed between the runs"
 
 
 def align_retyped(ea: pl.DataFrame, eb: pl.DataFrame, band: int):
@@ -92,7 +92,9 @@ def pair_tensors(pairs: pl.DataFrame, ta: pl.DataFrame, tb: pl.DataFrame, pair) 
                          orient="row")
     tb = tb.join(moves, on=["seq", "role", "idx"], how="left").with_columns(
         pl.coalesce("_to", "idx").alias("idx")).drop("_to")
-    d = pair(pairs, ta, tb)
+    d = pair(pairs, ta, tb).join(  # idx_b: where B holds the tensor (its dumped bytes, equivalence.py)
+        moves.select(pl.col("seq").alias("b_seq"), "role", pl.col("_to").alias("idx"), pl.col("idx").alias("idx_b")),
+        on=["b_seq", "role", "idx"], how="left").with_columns(pl.coalesce("idx_b", "idx").alias("idx_b"))
     in_resigned = pl.col("a_seq").is_in(resigned["a_seq"].implode())
     d = d.with_columns(pl.when(in_resigned & pl.col("xor_b").is_null() & pl.col("pos_b").is_null()
                                & pl.col("unobserved_b").is_null())
@@ -145,7 +147,8 @@ def _b_rows(only_b: list[tuple], tb: pl.DataFrame, like: pl.DataFrame) -> pl.Dat
     b = tb.with_columns((pl.col("idx") - _APART).alias("_b_idx")).join(
         keys, left_on=["seq", "role", "_b_idx"], right_on=["b_seq", "role", "_b_idx"])
     rows = b.select(
-        "a_seq", pl.col("seq").alias("b_seq"), "role", pl.col("_shown").alias("idx"), "path", "shape",
+        "a_seq", pl.col("seq").alias("b_seq"), "role", pl.col("_shown").alias("idx"),
+        pl.col("_b_idx").alias("idx_b"), "path", "shape",
         pl.lit(None, dtype=pl.String).alias("dtype"), pl.col("dtype").alias("dtype_b"),
         pl.col("xor").alias("xor_b"), pl.col("pos").alias("pos_b"),
         pl.lit(ONLY_B).alias("unobserved"), pl.lit(None, dtype=pl.String).alias("unobserved_b"),

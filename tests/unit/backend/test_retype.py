@@ -29,7 +29,7 @@ class Attention(nn.Module):  # "5.x": returns (out, weights=None)
         self.proj = nn.Linear(4, 4)
         self.flip = flip
 
-    def forward(self, hidden_states):
+    def forward(self, hidden_states, position=None):
         y = self.proj(hidden_states)
         if self.flip:
             y = y.clone()
@@ -38,24 +38,27 @@ class Attention(nn.Module):  # "5.x": returns (out, weights=None)
 
 
 class Layer(nn.Module):
-    def __init__(self, attention, as_tuple):
+    def __init__(self, attention, as_tuple, position_first=False):
         super().__init__()
         self.self_attn = attention
         self.as_tuple = as_tuple
+        self.position_first = position_first
 
     def forward(self, x):
         if isinstance(self.self_attn, SdpaAttention):
             y = self.self_attn(hidden_states=x, cache_position=torch.arange(x.shape[0]))[0]
+        elif self.position_first:  # B's hidden_states is its second input, A's its first
+            y = self.self_attn(position=torch.arange(x.shape[0] + 1), hidden_states=x)[0]
         else:
             y = self.self_attn(hidden_states=x)[0]
         return (x + y,) if self.as_tuple else x + y
 
 
 class Net(nn.Module):
-    def __init__(self, old: bool, flip=False, where="layer"):
+    def __init__(self, old: bool, flip=False, where="layer", position_first=False):
         super().__init__()
         attention = SdpaAttention() if old else Attention(flip)
-        setattr(self, where, Layer(attention, as_tuple=old))
+        setattr(self, where, Layer(attention, as_tuple=old, position_first=position_first))
         self.head = nn.Linear(4, 1)
 
     def forward(self, x):
@@ -63,12 +66,12 @@ class Net(nn.Module):
         return self.head(out[0] if isinstance(out, tuple) else out).sum()
 
 
-def _record(path, **net):
+def _record(path, dump=False, **net):
     torch.manual_seed(0)
     model = Net(**net)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     data = torch.Generator().manual_seed(1)
-    with bitguard.record(path, determinism=False):
+    with bitguard.record(path, determinism=False, dump=dump):
         for _ in range(3):
             model(torch.randn(3, 4, generator=data)).backward()
             opt.step()
@@ -104,6 +107,19 @@ def test_a_difference_behind_a_re_signatured_module_is_found_there(tmp_path):
 
     text = render_text(c)
     assert "A runs SdpaAttention, B runs Attention" in text and "signature change" in text
+
+
+def test_a_moved_tensor_is_compared_with_its_own_bytes_under_a_tolerance(tmp_path):
+    a = _record(tmp_path / "old", old=True, dump=True)
+    for flip in (False, True):
+        b = _record(tmp_path / f"new{flip}", old=False, position_first=True, flip=flip, dump=True)
+        c = bitguard.compare(a, b, fingerprint="tolerance")
+        fd = c.to_dict()["first_divergence"]
+        if not flip:  # B's hidden_states (its input 1) is A's input 0: equal, not A's against B's position
+            assert c.verdict == "inconclusive", fd
+        else:  # a flipped low mantissa bit is within the tolerance: still not identical (one-sided tensors)
+            assert c.verdict in ("inconclusive", "diverged"), c.verdict
+            assert fd is None or fd["boundary"] == "layer.self_attn", fd
 
 
 def test_modules_at_different_paths_never_pair(tmp_path):
