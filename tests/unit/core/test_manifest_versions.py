@@ -64,3 +64,16 @@ def test_version_differences_come_first_those_both_runs_imported_before_the_rest
          "devices": ["cpu"]}
     fields = [d["field"] for d in manifest_differences(a, b)]
     assert fields == ["versions.transformers", "versions.httpx", "versions.requests", "world_size"], fields
+
+
+def test_the_report_prints_version_differences_first_and_one_line_for_imports_of_one_run():
+    from bitguard.backend.report import _manifest_diffs
+    from bitguard.backend.result import CompareResult, ManifestDiff
+
+    a = {"versions": {"transformers": "5.24.0", **{f"lib{i}": "1" for i in range(9)}}, "world_size": 1}
+    b = {"versions": {"transformers": "4.46.3"}, "world_size": 2}
+    diffs = [ManifestDiff(**d) for d in manifest_differences(a, b)]
+    lines = _manifest_diffs(CompareResult.model_construct(manifest_diffs=diffs))
+    assert lines[1].startswith("  • versions.transformers: A='5.24.0'  B='4.46.3'"), lines
+    assert lines[2].startswith("  • world_size"), lines
+    assert lines[3].startswith("  • imported by one run only: lib0 1 (A), ") and "and 3 more (--json lists them)" in lines[3]
