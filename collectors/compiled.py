@@ -61,6 +61,32 @@ def region_of(module: torch.nn.Module) -> torch.nn.Module | None:
     return inner if inner is not module else None
 
 
+def inner_call(parent: torch.nn.Module, module: torch.nn.Module) -> bool:
+    """Is this call of `module` the compiled call that the region `parent`'s own call makes (an
+    OptimizedModule calling its `_orig_mod`, a module compiled in place calling itself)? The
+    region's event is that call's; it is not observed a second time."""
+    if parent is module:
+        return module._compiled_call_impl is not None
+    return parent._modules.get("_orig_mod") is module  # (OptimizedModule registers it as a submodule)
+
+
+def keep_out_of_dynamo(wrapper, own) -> None:
+    """Tell dynamo's frame evaluation (torch's C part: torch._dynamo need not be loaded) how to
+    treat our frames when a compiled region calls into them: the module-call `wrapper`'s frame is
+    never compiled as a top frame, but what it calls is (the module's forward, the frame a plain
+    run compiles); the collector's `own` functions run as plain Python, with everything they call.
+    Without this, a graph break inside a region made dynamo compile the wrapper (one code object
+    for every module: the recompile limit) and our bookkeeping. Set again at each region call:
+    `torch._dynamo.reset()` may forget it."""
+    eval_frame = getattr(getattr(torch._C, "_dynamo", None), "eval_frame", None)
+    if eval_frame is None or not hasattr(eval_frame, "set_code_exec_strategy"):
+        return
+    action, strategy = eval_frame._FrameAction, eval_frame._FrameExecStrategy
+    eval_frame.set_code_exec_strategy(wrapper.__code__, strategy(action.SKIP, action.DEFAULT))
+    for fn in own:
+        eval_frame.set_code_exec_strategy(fn.__code__, strategy(action.SKIP, action.SKIP))
+
+
 def eager_name(name: str) -> str:
     """A module or parameter name as in the eager model: `_orig_mod` parts taken out."""
     return _ORIG_MOD.sub("", name).lstrip(".") if "_orig_mod" in name else name

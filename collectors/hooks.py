@@ -40,8 +40,8 @@ import torch
 from torch.utils import _pytree as pytree
 
 from bitguard.collectors.callstack import StackTable
-from bitguard.collectors.compiled import (REGION_PATH, REGION_REASON, CompileWatch, eager_name, is_compiling, original,
-                                          region_of)
+from bitguard.collectors.compiled import (REGION_PATH, REGION_REASON, CompileWatch, eager_name, inner_call, is_compiling,
+                                          keep_out_of_dynamo, original, region_of)
 from bitguard.collectors.observation import NO_DIGEST, dims, observe
 from bitguard.collectors.recompute import NON_REENTRANT, recompute_kind
 from bitguard.collectors.store import MAX_REPORTED_ERRORS
@@ -265,6 +265,7 @@ class Collector:
         watch = CompileWatch(self._observing)  # module.compile() in place: observed at its boundary
         watch.install()
         self._handles.append(watch)
+        self._keep_out_of_dynamo()
         self._handles.append(optim.register_optimizer_step_post_hook(self._guard(self._on_optimizer_step)))
 
     def remove(self, final_state: bool = True) -> None:
@@ -564,6 +565,9 @@ class Collector:
 
         return _call_impl
 
+    def _keep_out_of_dynamo(self) -> None:
+        keep_out_of_dynamo(self._wrapper, (Collector._enter, Collector._guarded))  # see collectors/compiled.py
+
     def _enter(self, module, args) -> _Frame | None:
         """A module call begins: its frame, pushed last (None, and nothing pushed, on failure: the
         wrapper needs the frame back, so this contains its failures itself instead of `_guarded`)."""
@@ -574,6 +578,8 @@ class Collector:
                 frames = self._local.frames = []
             self._maybe_advance()
             parent = frames[-1] if frames else None
+            if parent is not None and inner_call(parent.module, module):  # (torch.compile's own call)
+                return None
             # a checkpoint's recompute during backward is no new root: no flush, no batch event
             recompute = parent.recompute if parent is not None else recompute_kind()
             if parent is None and recompute is None:
@@ -582,6 +588,8 @@ class Collector:
             t0 = time.time_ns()
             in_window = self._in_window()
             region = region_of(module)  # a compiled region: its only observable boundary, in every mode
+            if region is not None:
+                self._keep_out_of_dynamo()
             frame = _Frame(module, name, len(frames), t0, in_window and (region is not None or self._wanted(module)),
                            frames)
             frame.recompute = recompute

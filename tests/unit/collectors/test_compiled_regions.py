@@ -172,3 +172,53 @@ def test_compiled_rerun_is_identical_and_says_what_that_certifies(recorded):
     assert c.verdict == "identical", c.certification_reasons()
     (reason,) = [r for r in c.certification_reasons() if r["code"] == "granularity"]
     assert "Net" in reason["message"] and "not the computation inside it" in reason["message"]
+
+
+_BREAKING = """
+class Breaking{i}(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(8, 8)
+
+    def forward(self, x):
+        x = self.fc(x)
+        dynamo.graph_break()  # as a print, a .item() or unsupported code would
+        return torch.relu(x)
+"""
+
+
+def _breaking_net() -> nn.Module:
+    """Ten module classes (ten forward code objects, more than dynamo's recompile limit of 8), each
+    with a graph break: dynamo runs their calls between graphs and compiles each forward on its own."""
+    blocks = []
+    for i in range(10):
+        scope = {"nn": nn, "torch": torch, "dynamo": dynamo}
+        exec(compile(_BREAKING.format(i=i), f"<breaking {i}>", "exec"), scope)  # noqa: S102 - distinct code objects
+        blocks.append(scope[f"Breaking{i}"]())
+    return nn.Sequential(*blocks)
+
+
+def test_graph_breaks_inside_a_region_compile_as_in_a_plain_run(tmp_path, capfd):
+    def run(recorded: bool):
+        dynamo.reset()
+        dynamo.utils.counters.clear()
+        torch.manual_seed(0)
+        model = _breaking_net()
+        if recorded:
+            with bitguard.record(tmp_path / "breaks", determinism=False):
+                _train(torch.compile(model, backend="eager"), model.parameters())
+        else:
+            _train(torch.compile(model, backend="eager"), model.parameters())
+        return _dynamo_counts()
+
+    plain = run(False)
+    capfd.readouterr()
+    recorded = run(True)
+    assert recorded == plain and sum(plain["graph_break"].values()) >= 10, (recorded, plain)
+    err = capfd.readouterr().err
+    assert "collectors/" not in err and "recompile_limit" not in err, err[-2000:]
+    events, tensors, _ = load_rank(open_run(tmp_path / "breaks"), 0)
+    forward = _modules(events)
+    # the calls dynamo ran between its graphs are observed inside the region, once; the region once
+    assert forward == [(str(i), f"Breaking{i}") for i in range(10)] + [("Sequential", "Sequential")], forward
+    assert _regions(events, tensors) == ["Sequential"] * 2
