@@ -183,7 +183,7 @@ def environment() -> dict:
     if torch.cuda.is_available():
         devices += [f"cuda:{i} {torch.cuda.get_device_name(i)}" for i in range(torch.cuda.device_count())]
     return {
-        "versions": versions(),
+        "versions": versions(imported=False),  # the script's imports are added when the recording ends
         "devices": devices,
         "platform": platform.platform(),
         "machine": platform.machine(),
@@ -192,17 +192,19 @@ def environment() -> dict:
     }
 
 
-def versions() -> dict[str, str]:
-    """The version of Python, of every installed distribution a module of which is imported now
-    (torch, transformers, accelerate, deepspeed, flash-attn, triton, numpy, ...: taken again when the
-    recording ends, so what the script imported is there), keyed by its normalized name, and of
-    CUDA, cuDNN and NCCL where torch has them. A library imported only for a moment and dropped
-    from sys.modules, or vendored inside another, is not seen."""
+def versions(imported: bool = True) -> dict[str, str]:
+    """The version of Python, torch and NumPy, of every installed distribution a module of which is
+    imported now (`imported`; torch, transformers, accelerate, deepspeed, flash-attn, triton, ...:
+    taken when the recording ends, so what the script imported is there; the scan costs about
+    0.3 s), keyed by its normalized name, and of CUDA, cuDNN and NCCL where torch has them. A
+    library imported only for a moment and dropped from sys.modules, or vendored inside another,
+    is not seen."""
     import numpy
     import torch
 
     out = {"python": platform.python_version(), "torch": torch.__version__, "numpy": numpy.__version__}
-    out.update(_imported_distributions())
+    if imported:
+        out.update(_imported_distributions())
     out["torch"] = torch.__version__  # the build tag (+cpu, +cu124) as torch itself says it
     out.update(_native_versions(torch))
     return out
