@@ -60,7 +60,7 @@ EVENTS = Table(
         Column("step", "INTEGER", "training step: 0 until the first optimizer.step() ends; step() belongs to the step it ends"),
         Column("phase", "VARCHAR", "forward | backward | optimizer | data | recompute (a module's forward run "
                "again during backward by activation checkpointing: the module's own boundary name, call counting "
-               "its recomputes in the step, depth counted from the recomputed region's outermost call)"),
+               "its recomputes in the step, depth that of its original forward)"),
         Column("boundary", "VARCHAR", "dotted module path from named_modules() (root: its class name), or a parameter's dotted name for gradient and optimizer events"),
         Column("module_type", "VARCHAR", "class name of the module (owning module for a parameter; optimizer class for optimizer events)"),
         Column("kind", "VARCHAR", "module | grad | step | batch | final: what the event observed (final: a root "

@@ -215,7 +215,7 @@ class Collector:
                  "world_size", "_accumulating", "_advance", "_call_impl", "_calls", "_calls_step", "_forward_codes",
                  "_grad_watch", "_handles", "_heavy", "_local", "_lock", "_names", "_next_param_tid", "_next_tid",
                  "_param_in", "_params", "_pass_stack", "_pending", "_queued", "_rng_free", "_root_names", "_roots", "_seq",
-                 "_stacks", "_thread_names", "_tids", "_tids_limit", "_wrapper")
+                 "_stacks", "_thread_names", "_tids", "_tids_limit", "_wrapper", "_depths")
 
     def __init__(self, store, mode: str = "full", steps: tuple[int, int | None] | None = None,
                  rank: int = 0, world_size: int = 1, dump: bool = False, digest_cache: bool = True):
@@ -256,6 +256,7 @@ class Collector:
         self._heavy: dict[type, bool] = {}  # module class -> observed in trusted mode
         self._forward_codes: dict[type, object] = {}  # module class -> code object of its forward
         self._rng_free: dict[type, bool] = {}  # module class -> its forward never draws
+        self._depths: dict[str, int] = {}  # module name -> call depth of its last recorded forward (for a recompute)
 
     # -- installation ----------------------------------------------------------------------
     def install(self) -> None:
@@ -590,9 +591,13 @@ class Collector:
             region = region_of(module)  # a compiled region: its only observable boundary, in every mode
             if region is not None:
                 self._keep_out_of_dynamo()
-            frame = _Frame(module, name, len(frames), t0, in_window and (region is not None or self._wanted(module)),
+            depth = len(frames) if recompute is None else (  # a recompute: at its original forward's depth
+                parent.depth + 1 if parent is not None else self._depths.get(name, 0))
+            frame = _Frame(module, name, depth, t0, in_window and (region is not None or self._wanted(module)),
                            frames)
             frame.recompute = recompute
+            if frame.record and recompute is None:
+                self._depths[name] = depth
             is_model_root = parent is None and recompute is None and in_window and any(True for _ in module.parameters())
             if frame.record or is_model_root:
                 frame.args = _flatten(args)

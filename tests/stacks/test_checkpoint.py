@@ -63,9 +63,9 @@ def test_recomputes_are_recompute_events_never_roots(runs):
     assert sorted(set(rec["step"].to_list())) == list(range(STEPS))
     names = set(rec["boundary"].to_list())
     assert {"blocks.0.ln", "blocks.1.attn", FAULTY, "blocks.1.mlp"} <= names
-    # every recompute event is of a module that ran forward in the same step, under the same name and type
-    forwards = e.filter(pl.col("phase") == "forward").select("step", "boundary", "module_type").unique()
-    assert rec.join(forwards, on=["step", "boundary", "module_type"], how="anti").is_empty()
+    # every recompute event is of a module that ran forward in the same step, under the same name, type and depth
+    forwards = e.filter(pl.col("phase") == "forward").select("step", "boundary", "module_type", "depth").unique()
+    assert rec.join(forwards, on=["step", "boundary", "module_type", "depth"], how="anti").is_empty()
     # every module's backward is recorded once per step: no recompute added or corrupted one
     backward = e.filter((pl.col("phase") == "backward") & (pl.col("kind") == "module"))
     assert backward.group_by("step", "boundary").len()["len"].max() == 1
