@@ -48,6 +48,7 @@ EXIT_STATUS = {"clean": 0, "findings": 1, "inconclusive": 3}  # 2: bad input, 70
 # The modules whose import registers the built-in checks (one line per check module).
 CHECK_MODULES = (
     "bitguard.backend.recompute",
+    "bitguard.backend.crossrank",
 )
 
 

@@ -703,5 +703,6 @@ def compare(a, b, rules=None, rank: int | None = None, band: int = DEFAULT_BAND,
                                f"{digests[1] or 'unnamed, older'}); re-record the older run with this bitguard")
     fired: dict[str, int] = {}
     ranks = {r: _compare_rank(r, run_a, run_b, rule_set, fired, band, fingerprint, probes) for r in selected}
+    pivot_mod.confirm_comm(ranks, rank_selected=rank is not None)  # a collective's blame, seen from its group
     reasons = certification.run_reasons(run_a, run_b, selected, rank_selected=rank is not None)
     return Comparison(run_a, run_b, rule_set, ranks, fired, band, fingerprint, probes, reasons)

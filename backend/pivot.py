@@ -7,7 +7,10 @@ fault most likely sits:
 - `source`   every input of the boundary matched and an output differs: this boundary computed
              differently (`fault_class` says which part: forward, backward, accumulation for a
              parameter whose incoming gradient matched but whose .grad did not, optimizer for a
-             parameter that differs after step() although its gradient matched);
+             parameter that differs after step() although the gradient step() used matched, comm
+             for a collective whose inputs matched on this rank and whose output differs:
+             `confirm_comm` then asks the other ranks of its group, and an input that differed
+             there makes this rank its `consumer`);
 - `consumer` an input already differs: the fault sits between observed boundaries, upstream.
              The blame window is the innermost enclosing module whose inputs were still
              identical, minus its observed children;
@@ -26,15 +29,18 @@ from __future__ import annotations
 
 import polars as pl
 
+from bitguard.backend import crossrank
+
 # Which tensor roles are the inputs of an event's computation, per (phase, kind).
 INPUT_ROLES = {
     ("forward", "module"): ("input", "rng"),
     ("recompute", "module"): ("input", "rng"),  # a forward run again by activation checkpointing
     ("backward", "module"): ("grad_output",),
     ("backward", "grad"): ("grad_input",),
-    ("optimizer", "step"): (),
+    ("optimizer", "step"): ("grad",),  # the gradient step() used (older runs have no such row)
     ("optimizer", "final"): (),
     ("data", "batch"): (),
+    ("comm", "collective"): ("input",),  # a collective: this rank's part of its inputs
 }
 
 
@@ -71,9 +77,16 @@ def blame(pivot: dict, events_a: pl.DataFrame, status: dict[int, str], diffs: pl
                                   "something outside the observed boundaries changed them (an update outside "
                                   "torch.optim, an EMA, an edit after the last optimizer step, a buffer updated "
                                   "in code no module call covers)"}
+    elif phase == "comm":
+        result.update(fault_class="comm")
+        if inputs_differ:
+            result["blame"] = "consumer"
+        result["blame_window"] = {"module": pivot["boundary"], "detail": _comm_detail(pivot, inputs_differ)}
     elif phase == "optimizer":
+        used = diffs.filter((pl.col("a_seq") == pivot["seq"]) & (pl.col("role") == "grad"))
         result.update(fault_class="optimizer")
-        result["blame_window"] = {"module": pivot["boundary"], "detail": _optimizer_detail(pivot, events_a, status)}
+        result["blame_window"] = {"module": pivot["boundary"],
+                                  "detail": _optimizer_detail(pivot, events_a, status, used)}
     elif kind == "grad":
         owner = _owner_backward(pivot, events_a, diffs)
         if owner is not None and owner["grad_output_differs"]:
@@ -96,20 +109,109 @@ def blame(pivot: dict, events_a: pl.DataFrame, status: dict[int, str], diffs: pl
     return result
 
 
-def _optimizer_detail(pivot: dict, events_a: pl.DataFrame, status: dict[int, str]) -> str:
-    """What is known of the update's inputs: this step's gradient and the parameter before it.
-    Only what was observed and compared equal is called "matched"."""
+def _comm_detail(pivot: dict, inputs_differ: bool) -> str:
+    """A collective at the pivot, as far as this rank's events tell (`confirm_comm` adds what the
+    other ranks of its group say)."""
+    if inputs_differ:
+        return ("this rank's input to the collective already differed: it was produced upstream, in code between "
+                "the observed boundaries before it")
+    return ("this rank's inputs to the collective matched and its output differs: the collective (or the DDP comm "
+            "hook around it) delivered different bytes on this rank, unless another rank's input differed")
+
+
+def confirm_comm(ranks: dict, rank_selected: bool) -> None:
+    """A collective blamed on one rank (`fault_class` comm, inputs matched there) checked against
+    the same collective on the other compared ranks of its group (same step, boundary and issue
+    order `@N`): an input that differed on another rank makes this rank a consumer of it; inputs
+    that matched on every rank of the group confirm the blame; ranks not compared are named."""
+    for rc in ranks.values():
+        b = rc.blame
+        if rc.pivot is None or b is None or b["fault_class"] != "comm" or b["blame"] != "source":
+            continue
+        members = crossrank.group_of(rc.pivot["boundary"])
+        if members is None:
+            continue
+        issue = _issue_of(rc.tensors_a, rc.pivot["seq"])
+        differ, matched, absent = [], [], []
+        for r in members:
+            if r == rc.rank:
+                continue
+            other = ranks.get(r)
+            seq = None if other is None else _same_collective(other, rc.pivot, issue)
+            if seq is None:
+                absent.append(r)
+                continue
+            d = other.diffs.filter((pl.col("a_seq") == seq) & (pl.col("role") == "input"))
+            if (d["differs"] & ~d["ignored"]).any():
+                differ.append(r)
+            elif d["unknown"].any():
+                absent.append(r)
+            else:
+                matched.append(r)
+        w = b["blame_window"]
+        if differ:
+            b["blame"] = "consumer"
+            w["detail"] = (f"this rank's inputs to the collective matched, but rank(s) {_ranks(differ)} of its group "
+                           f"fed it a different input: its output differs here because of theirs")
+        elif absent:
+            why = "were not compared (--rank)" if rank_selected else "have no observed counterpart of it"
+            w["detail"] += f"; rank(s) {_ranks(absent)} of the group {why}, so their inputs are not known to match"
+        else:
+            w["detail"] = (f"the inputs to the collective matched on every rank of its group ({_ranks(members)}) and "
+                           f"its output differs on this rank: the collective (or the DDP comm hook around it) "
+                           f"computed differently")
+
+
+def _ranks(ranks: list[int]) -> str:
+    return ", ".join(map(str, sorted(ranks)))
+
+
+def _issue_of(tensors: pl.DataFrame, seq: int) -> str | None:
+    """The `@N` a collective's rows end in (its issue order on its group), None without."""
+    paths = tensors.filter(pl.col("seq") == seq)["path"].drop_nulls().to_list()
+    return next((crossrank.issue_of(p) for p in paths if crossrank.issue_of(p) is not None), None)
+
+
+def _same_collective(rc, pivot: dict, issue: str | None) -> int | None:
+    """A-side seq of the collective on `rc`'s rank that is `pivot`'s on another rank, if paired."""
+    same = rc.events_a.filter((pl.col("phase") == "comm") & (pl.col("step") == pivot["step"])
+                              & (pl.col("boundary") == pivot["boundary"]))
+    for seq in same["seq"].to_list():
+        if issue is None or _issue_of(rc.tensors_a, seq) == issue:
+            return seq if rc.pairs.filter(pl.col("a_seq") == seq).height else None
+    return None
+
+
+def _optimizer_detail(pivot: dict, events_a: pl.DataFrame, status: dict[int, str], used: pl.DataFrame) -> str:
+    """What is known of the update's inputs: the gradient step() used (the step event's `grad`
+    row, after any reduction across ranks), this step's gradient as autograd produced it, and the
+    parameter before it. Only what was observed and compared equal is called "matched"."""
     same_param = (pl.col("boundary") == pivot["boundary"])
     grads = events_a.filter(same_param & (pl.col("phase") == "backward") & (pl.col("kind") == "grad")
                             & (pl.col("step") == pivot["step"]))
     before = events_a.filter(same_param & (pl.col("phase") == "optimizer") & (pl.col("step") < pivot["step"]))
     grad_ok = grads.height and all(status.get(s) == "identical" for s in grads["seq"].to_list())
     prev_ok = before.height and status.get(before["seq"][-1]) == "identical"
-    if grad_ok and prev_ok and (pivot.get("world_size") or 1) == 1:
+    used_seen = used.height and not used["unknown"].any()
+    used_differs = bool(used.height and (used["differs"] & ~used["ignored"]).any())
+    if used_differs:
+        produced = ("while the gradient autograd produced on this rank matched: it changed between backward and "
+                    "step() (a reduction across ranks or an edit of .grad; a collective observed there would "
+                    "have been the first divergence)" if grad_ok else
+                    "and the gradient autograd produced on this rank was not observed or differs too")
+        return f"the gradient step() used differs {produced}"
+    if used_seen and prev_ok:
+        return ("the parameter differs after step() while the gradient step() used and the previous parameters "
+                "matched: the optimizer update computed differently")
+    if grad_ok and prev_ok and (pivot.get("world_size") or 1) == 1 and not used.height:
         return ("the parameter differs after step() while its gradient and the previous parameters matched: "
                 "the optimizer update computed differently")
     known = []
-    if grad_ok and (pivot.get("world_size") or 1) > 1:
+    if used_seen:
+        known.append("the gradient step() used matched")
+    elif used.height:
+        known.append("the gradient step() used could not be observed")
+    elif grad_ok and (pivot.get("world_size") or 1) > 1:
         # the hooks see each rank's own gradient; a collective that reduces it afterwards (DDP, FSDP) is not seen
         known.append("its gradient as this rank computed it matched, but the gradient the optimizer used may have "
                      "been reduced across ranks afterwards (an all-reduce the hooks do not observe)")

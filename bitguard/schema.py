@@ -16,13 +16,14 @@ DIGEST = "xor64+pos-fmix64"  # names the digest definition (docs/DIGESTS.md); ru
 MANIFEST_NAME = "manifest.json"
 RANK_FILE = "rank-{rank}.duckdb"
 
-PHASES = ("forward", "backward", "optimizer", "data", "recompute")
+PHASES = ("forward", "backward", "optimizer", "data", "recompute", "comm")
+# comm: a collective (all-reduce, reduce-scatter, all-gather, broadcast, a DDP bucket) on this rank (collectors/comm.py)
 # recompute: a module forward run again during backward by activation checkpointing (collectors/recompute.py)
 ROLES = ("input", "output", "grad_input", "grad_output", "grad", "param", "state", "rng")
 # The `state` row that marks a compiled region's forward event (torch.compile): unobserved, it says
 # that the module boundaries inside the region were not observed (collectors/compiled.py).
 COMPILED_REGION_PATH = "<compiled region>"
-KINDS = ("module", "grad", "step", "batch", "final")  # final: a root module's parameters and buffers at the end
+KINDS = ("module", "grad", "step", "batch", "final", "collective")  # final: a root module's parameters and buffers at the end
 # Columns that every row must hold (a NULL there is a damaged rank file, not a value).
 REQUIRED = {"events": ("seq", "step", "phase", "kind", "boundary", "call", "depth", "t_start_ns", "t_end_ns"),
             "tensors": ("seq", "role", "idx", "shape", "dtype", "xor", "pos")}
@@ -60,10 +61,14 @@ EVENTS = Table(
         Column("step", "INTEGER", "training step: 0 until the first optimizer.step() ends; step() belongs to the step it ends"),
         Column("phase", "VARCHAR", "forward | backward | optimizer | data | recompute (a module's forward run "
                "again during backward by activation checkpointing: the module's own boundary name, call counting "
-               "its recomputes in the step, depth that of its original forward)"),
-        Column("boundary", "VARCHAR", "dotted module path from named_modules() (root: its class name), or a parameter's dotted name for gradient and optimizer events"),
-        Column("module_type", "VARCHAR", "class name of the module (owning module for a parameter; optimizer class for optimizer events)"),
-        Column("kind", "VARCHAR", "module | grad | step | batch | final: what the event observed (final: a root "
+               "its recomputes in the step, depth that of its original forward) | comm (a "
+               "collective this rank took part in: inputs before it, outputs after it completed)"),
+        Column("boundary", "VARCHAR", "dotted module path from named_modules() (root: its class name), or a parameter's dotted name for gradient and optimizer events, "
+               "or for a collective `comm.<function>#<group>` (`comm.ddp_bucket<i>#<group>` for DDP's bucket i; the "
+               "group as its global ranks, `0-3` or `0,2`)"),
+        Column("module_type", "VARCHAR", "class name of the module (owning module for a parameter; optimizer class for optimizer events; "
+               "for a collective its operation: sum, avg, ..., gather, `src N` for a broadcast, a DDP hook's name)"),
+        Column("kind", "VARCHAR", "module | grad | step | batch | final | collective: what the event observed (final: a root "
                "module's parameters and buffers when the recording ended, phase optimizer)"),
         Column("call", "INTEGER", "occurrence of this boundary, phase and kind within the step, from 0"),
         Column("depth", "INTEGER", "module nesting depth at the call (root modules are 0)"),
@@ -84,7 +89,8 @@ TENSORS = Table(
         Column("seq", "BIGINT", "event the tensor belongs to"),
         Column("role", "VARCHAR", "input | output | grad_input | grad_output | grad | param | state | rng (an RNG state: in data events, and as an input of a call that drew random numbers)"),
         Column("idx", "INTEGER", "position among the event's tensors of this role (pytree flatten order)"),
-        Column("path", "VARCHAR", "pytree key path inside the argument or output, e.g. [0] or .logits or ['mask']"),
+        Column("path", "VARCHAR", "pytree key path inside the argument or output, e.g. [0] or .logits or ['mask']; "
+               "a collective's rows end in `@N`: its position in its group's order within the step, the same on every rank"),
         Column("shape", "BIGINT[]", "tensor shape (-1 for a dimension without one size: a nested tensor's ragged one)"),
         Column("dtype", "VARCHAR", "torch dtype without the torch. prefix"),
         Column("strides", "BIGINT[]", "strides in elements as recorded (the digest reads logical row-major order); "

@@ -40,6 +40,7 @@ import torch
 from torch.utils import _pytree as pytree
 
 from bitguard.collectors.callstack import StackTable
+from bitguard.collectors.comm import CommObserver
 from bitguard.collectors.compiled import (REGION_PATH, REGION_REASON, CompileWatch, eager_name, inner_call, is_compiling,
                                           keep_out_of_dynamo, original, region_of)
 from bitguard.collectors.observation import NO_DIGEST, dims, observe
@@ -267,6 +268,7 @@ class Collector:
         watch.install()
         self._handles.append(watch)
         self._keep_out_of_dynamo()
+        self._handles.append(CommObserver(self).install())  # collectives as `comm` events (collectors/comm.py)
         self._handles.append(optim.register_optimizer_step_post_hook(self._guard(self._on_optimizer_step)))
 
     def remove(self, final_state: bool = True) -> None:
@@ -816,7 +818,9 @@ class Collector:
                 for p in group["params"]:
                     if p.grad is None:
                         continue
-                    tensors = [("param", 0, "", p)]
+                    # the gradient as step() used it: after any reduction across ranks (DDP, FSDP), which
+                    # the gradient events, taken as autograd produced it, do not see (torch.optim leaves .grad)
+                    tensors = [("param", 0, "", p), ("grad", 0, "", p.grad)]
                     if self.mode == "full":
                         state = optimizer.state.get(p, {})
                         tensors += [("state", i, f"['{k}']", v) for i, (k, v) in enumerate(

@@ -1,0 +1,72 @@
+"""The optimizer blame reads the gradient step() used (the step event's `grad` row, after any
+reduction across ranks), never claiming a gradient matched that was not the one used."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import duckdb
+
+import bitguard
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from fixtures_runs import RunSpec, write_run  # noqa: E402
+
+PARAM = "model.layers.0.weight"
+STEP_EVENTS = "SELECT seq FROM events WHERE phase = 'optimizer'"
+
+
+def _sql(run_dir, *statements) -> None:
+    con = duckdb.connect(os.path.join(run_dir, "rank-0.duckdb"))
+    try:
+        for sql in statements:
+            con.execute(sql)
+        con.execute("CHECKPOINT")
+    finally:
+        con.close()
+
+
+def _pair(tmp_path, world_size: int = 1) -> tuple[str, str]:
+    """Two equal runs whose optimizer events are PARAM's steps, each holding a `grad` row."""
+    runs = []
+    for name in ("a", "b"):
+        run = write_run(str(tmp_path / name), RunSpec(layers=2, steps=3, world_size=world_size))
+        _sql(run, f"UPDATE events SET boundary = '{PARAM}' WHERE phase = 'optimizer'",
+             f"INSERT INTO tensors BY NAME SELECT * REPLACE ('grad' AS role) FROM tensors WHERE seq IN ({STEP_EVENTS})")
+        runs.append(run)
+    return runs[0], runs[1]
+
+
+def _detail(a, b) -> str:
+    fd = bitguard.compare(a, b, rank=0).first_divergence
+    assert (fd["phase"], fd["step"], fd["fault_class"]) == ("optimizer", 1, "optimizer"), fd
+    return fd["blame_window"]["detail"]
+
+
+def test_a_used_gradient_that_differs_is_said_while_the_produced_one_matched(tmp_path):
+    a, b = _pair(tmp_path, world_size=2)
+    _sql(b, f"UPDATE tensors SET xor = xor + 1 WHERE role IN ('grad', 'state') AND seq IN "
+            f"({STEP_EVENTS} AND step = 1)")
+    detail = _detail(a, b)
+    assert detail.startswith("the gradient step() used differs while the gradient autograd produced on this rank "
+                             "matched"), detail
+    assert "optimizer update computed differently" not in detail
+
+
+def test_an_update_that_differs_on_a_matching_used_gradient_blames_the_optimizer(tmp_path):
+    a, b = _pair(tmp_path, world_size=2)
+    _sql(b, f"UPDATE tensors SET xor = xor + 1 WHERE role = 'state' AND seq IN ({STEP_EVENTS} AND step = 1)")
+    detail = _detail(a, b)
+    assert detail.startswith("the parameter differs after step() while the gradient step() used and the previous "
+                             "parameters matched"), detail
+
+
+def test_a_used_gradient_that_could_not_be_observed_is_not_called_matched(tmp_path):
+    a, b = _pair(tmp_path)
+    for run in (a, b):
+        _sql(run, f"UPDATE tensors SET unobserved = 'sharded' WHERE role = 'grad' AND seq IN ({STEP_EVENTS})")
+    _sql(b, f"UPDATE tensors SET xor = xor + 1 WHERE role = 'state' AND seq IN ({STEP_EVENTS} AND step = 1)")
+    detail = _detail(a, b)
+    assert "the gradient step() used could not be observed" in detail and "update computed differently:" not in detail

@@ -1,0 +1,108 @@
+"""DistributedDataParallel on two gloo ranks: the stacks tier's four claims (see harness.py), with
+DDP's bucketed all-reduce observed as `comm` events (collectors/comm.py), both through DDP's own
+reduction and through a user's comm hook."""
+
+import json
+import subprocess
+import sys
+
+import polars as pl
+import pytest
+
+from bitguard.backend.ingest import load_rank, open_run
+
+from . import harness as h
+
+MODULE_FAULT = {"STACK_FAULT": "module:rank=1:step=2"}
+ALLREDUCE_FAULT = {"STACK_FAULT": "allreduce:rank=0:step=2"}
+HOOK = ("--comm-hook",)
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("ddp")
+    out = {"plain": h.plain("ddp.py", tmp, nproc=2), "plain_hook": h.plain("ddp.py", tmp, *HOOK, nproc=2,
+                                                                            name="plain-hook")}
+    out["a"], out["ra"] = h.recorded("ddp.py", tmp / "a", nproc=2)
+    out["b"], _ = h.recorded("ddp.py", tmp / "b", nproc=2)
+    out["module"], _ = h.recorded("ddp.py", tmp / "module", nproc=2, env=MODULE_FAULT)
+    out["hook"], out["rhook"] = h.recorded("ddp.py", tmp / "hook", *HOOK, nproc=2)
+    out["allreduce"], _ = h.recorded("ddp.py", tmp / "allreduce", *HOOK, nproc=2, env=ALLREDUCE_FAULT)
+    return out
+
+
+def _comm(run, rank):
+    events, tensors, _ = load_rank(open_run(run), rank)
+    return events, tensors, events.filter(pl.col("phase") == "comm")
+
+
+def test_records_unedited_and_numbers_unchanged(runs):
+    h.assert_unchanged(runs["plain"], runs["ra"])  # DDP's own reduction, observed by an equivalent hook
+    h.assert_unchanged(runs["plain_hook"], runs["rhook"])  # a user's comm hook, observed around it
+    for run in ("a", "hook"):
+        m = h.manifest(runs[run])
+        assert m["status"] == "complete" and not m["collector_errors"] and m["steps_completed"] == 4, m
+
+
+def test_buckets_and_collectives_are_comm_events(runs):
+    for rank in (0, 1):
+        events, tensors, comm = _comm(runs["a"], rank)
+        assert set(comm["module_type"]) == {"allreduce_mean"}
+        assert {b.rpartition("#")[0] for b in comm["boundary"]} >= {"comm.ddp_bucket0", "comm.ddp_bucket1"}
+        assert {b.rpartition("#")[2] for b in comm["boundary"]} == {"0-1"}
+        rows = tensors.filter(pl.col("seq").is_in(comm["seq"].implode()))
+        assert rows.group_by("seq").agg(pl.col("role").sort()).get_column("role").to_list() == \
+            [["input", "output"]] * comm.height
+        # every optimizer step event holds the gradient step() used, after the all-reduce
+        steps = events.filter(pl.col("kind") == "step")
+        grads = tensors.filter(pl.col("seq").is_in(steps["seq"].implode()) & (pl.col("role") == "grad"))
+        assert grads.height == steps.height > 0
+        _, _, hooked = _comm(runs["hook"], rank)
+        assert {"flipping_allreduce_hook", "sum"} == set(hooked["module_type"])  # the bucket, and the hook's all_reduce
+
+
+def test_rerun_identical_and_in_run_check_clean(runs):
+    code, doc = h.compare(runs["a"], runs["b"])
+    assert (code, doc["verdict"]) == (0, "identical"), doc.get("inconclusive") or doc.get("first_divergence")
+    proc = subprocess.run([sys.executable, "-m", "bitguard", "check", str(runs["a"]), "--json"],
+                          capture_output=True, text=True, timeout=300)
+    check = json.loads(proc.stdout)
+    crossrank = next(c for c in check["checks"] if c["name"] == "crossrank")
+    assert (proc.returncode, check["verdict"]) == (0, "clean") and crossrank["compared"] >= 7, check
+
+
+def test_module_fault_on_rank_1_is_localized(runs):
+    code, doc = h.compare(runs["a"], runs["module"])
+    assert code == 1
+    h.assert_localized(doc, step=2, rank=1, boundary="module.body.0", blame="source", fault_class="forward")
+
+
+def test_rank_0_alone_does_not_blame_its_optimizer_or_claim_the_group_matched(runs):
+    """Rank 0 sees the fault of rank 1 first in the all-reduce: its own inputs matched, and rank 1
+    was not compared; the blame says so instead of the optimizer's 'its gradient matched'."""
+    code, doc = h.compare(runs["a"], runs["module"], "--rank", "0")
+    fd = h.assert_localized(doc, step=2, rank=0, boundary=("comm.ddp_bucket0#0-1", "comm.ddp_bucket1#0-1"),
+                            fault_class="comm")
+    detail = fd["blame_window"]["detail"]
+    assert "rank(s) 1 of the group were not compared" in detail, detail
+    assert "optimizer update computed differently" not in detail
+
+
+def test_corrupted_allreduce_is_localized_to_the_comm_event(runs):
+    code, doc = h.compare(runs["hook"], runs["allreduce"])
+    assert code == 1
+    fd = h.assert_localized(doc, step=2, rank=0, boundary="comm.ddp_bucket0#0-1", blame="source",
+                            fault_class="comm")
+    assert "matched on every rank of its group (0, 1)" in fd["blame_window"]["detail"]
+    assert [t["role"] for t in fd["tensors"] if t["differs"]] == ["output"]
+
+
+def test_cross_rank_check_names_rank_0(runs):
+    proc = subprocess.run([sys.executable, "-m", "bitguard", "check", str(runs["allreduce"]), "--json"],
+                          capture_output=True, text=True, timeout=300)
+    doc = json.loads(proc.stdout)
+    assert (proc.returncode, doc["verdict"]) == (1, "findings"), doc
+    first = doc["findings"][0]
+    assert (first["check"], first["rank"], first["step"], first["boundary"]) == \
+        ("crossrank", 0, 2, "comm.ddp_bucket0#0-1"), first
+    assert first["against"]["rank"] == 1
