@@ -23,8 +23,10 @@ tensor that could not be observed is not compared, and said so.
 
 What this does not know: a recompute cut short (non-reentrant checkpointing stops recomputing
 once the last saved tensor is back, so the region's outermost call usually has no recompute
-event) has nothing to compare; checkpointing outside torch.utils.checkpoint (DeepSpeed's,
-Megatron's) is not recognised as a recompute by the collectors.
+event, nor a dropout whose mask is the last saved tensor) has nothing to compare; checkpointing
+outside torch.utils.checkpoint (DeepSpeed's, Megatron's) is not recognised as a recompute by the
+collectors. A recompute whose RNG state differs from its forward's (preserve_rng_state=False) is a
+finding: the backward then used activations the forward never computed.
 """
 
 from __future__ import annotations
@@ -92,7 +94,11 @@ def _pair(recomputes: list[dict], forwards: list[dict], digests: dict) -> list[t
 def _finding(rank: int, r: dict, f: dict, diffs: list[TensorDiff], inputs_differ: bool) -> Finding:
     roles = sorted({d.role for d in diffs})
     where = f"the recompute of {r['boundary']} at step {r['step']} (recompute call {r['call']})"
-    if inputs_differ:
+    if inputs_differ and {d.role for d in diffs if d.role in INPUT_ROLES} == {"rng"}:
+        detail = (f"{where} started from another RNG state than its original forward (call {f['call']}), so it drew "
+                  f"other random numbers (checkpoint(..., preserve_rng_state=False), or a generator the checkpoint "
+                  f"does not restore): the backward used activations the forward never computed")
+    elif inputs_differ:
         detail = (f"{where} already had inputs ({', '.join(x for x in roles if x in INPUT_ROLES)}) that differ from "
                   f"its original forward's (call {f['call']}): a difference upstream in the recomputed region, or an "
                   f"input changed in place after the forward")

@@ -124,3 +124,17 @@ def test_checkpointing_changes_no_number_and_compares_identical_to_no_checkpoint
     notes = [r for r in doc["certification"]["reasons"] if r["code"] == "recompute"]
     assert len(notes) == 1 and "run B" in notes[0]["message"], doc["certification"]
     assert doc["alignment"]["gaps_b"] == events(runs["a"]).filter(pl.col("phase") == "recompute").height
+
+
+def test_check_finds_a_recompute_that_draws_other_random_numbers(tmp_path):
+    # preserve_rng_state=False: each dropout recompute draws another mask than its forward did (a real
+    # nondeterminism of the training). Reentrant: non-reentrant stops recomputing at the dropout's mask,
+    # the last saved tensor of the block, so no recompute of it completes to be compared.
+    plain = h.plain("checkpointing.py", tmp_path, "--reentrant", "--no-preserve-rng")
+    run, result = h.recorded("checkpointing.py", tmp_path / "norng", "--reentrant", "--no-preserve-rng")
+    h.assert_unchanged(plain, result)
+    code, doc = check(run)
+    assert (code, doc["verdict"]) == (1, "findings"), doc
+    drops = [f for f in doc["findings"] if f["boundary"].endswith(".drop")]
+    assert drops and all("rng" in f["differing_roles"] and "RNG state" in f["detail"] for f in drops), doc["findings"]
+    assert {f["step"] for f in drops} == set(range(STEPS))

@@ -1,8 +1,9 @@
 """A tiny transformer-like language model whose blocks run under activation checkpointing
 (`torch.utils.checkpoint`, non-reentrant by default, `--reentrant` for use_reentrant=True,
 `--no-checkpoint` for none: the same training, without recomputation), with
-dropout inside the checkpointed blocks (checkpointing restores the RNG state for the recompute),
-trained for a few steps on CPU.
+dropout inside the checkpointed blocks (checkpointing restores the RNG state for the recompute;
+`--no-preserve-rng` passes preserve_rng_state=False, so a recompute draws other dropout masks than
+its forward did), trained for a few steps on CPU.
 
 STACK_FAULT=recompute:step=S flips bit 9 of the first element of blocks.1.mlp.fc's output only
 when it is recomputed during backward at step S: the module counts its calls in each step (the
@@ -34,9 +35,10 @@ class Block(nn.Module):
 
 
 class TinyLM(nn.Module):
-    def __init__(self, reentrant: bool | None, vocab=64, d=32, n=2):
+    def __init__(self, reentrant: bool | None, preserve_rng: bool = True, vocab=64, d=32, n=2):
         super().__init__()
         self.reentrant = reentrant  # None: no checkpointing
+        self.preserve_rng = preserve_rng
         self.emb = nn.Embedding(vocab, d)
         self.blocks = nn.ModuleList(Block(d) for _ in range(n))
         self.head = nn.Linear(d, vocab)
@@ -44,7 +46,8 @@ class TinyLM(nn.Module):
     def forward(self, idx):
         x = self.emb(idx)
         for b in self.blocks:
-            x = b(x) if self.reentrant is None else checkpoint(b, x, use_reentrant=self.reentrant)
+            x = b(x) if self.reentrant is None else checkpoint(b, x, use_reentrant=self.reentrant,
+                                                               preserve_rng_state=self.preserve_rng)
         return self.head(x)
 
 
@@ -75,9 +78,10 @@ def main():
     ap.add_argument("--steps", type=int, default=4)
     ap.add_argument("--reentrant", action="store_true", help="use_reentrant=True (default: False)")
     ap.add_argument("--no-checkpoint", action="store_true", help="no activation checkpointing")
+    ap.add_argument("--no-preserve-rng", action="store_true", help="checkpoint(..., preserve_rng_state=False)")
     args = ap.parse_args()
     torch.manual_seed(0)
-    model = TinyLM(None if args.no_checkpoint else args.reentrant)
+    model = TinyLM(None if args.no_checkpoint else args.reentrant, preserve_rng=not args.no_preserve_rng)
     fault = RecomputeFault(model.blocks[1].mlp[0])
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     data = torch.Generator().manual_seed(1)

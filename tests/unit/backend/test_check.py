@@ -183,3 +183,15 @@ def test_compare_does_not_count_recompute_events_on_one_side_only():
     assert [(r["code"], r["rank"]) for r in reasons] == [("recompute", 0)] and "run B 1" in reasons[0]["message"]
     empty, none = one_sided(gaps.head(0), ea, eb, rank=0)
     assert empty.is_empty() and none == []
+
+
+def test_a_recompute_that_drew_other_random_numbers_says_so():
+    run = _Run()
+    run.add("forward", "drop", [1], [2])
+    run.add("recompute", "drop", [1], [3])
+    run.tensors += [{"seq": 0, "role": "rng", "idx": 1, "path": "cpu", "shape": [5056], "dtype": "uint8", "xor": 7,
+                     "pos": 8, "unobserved": None},
+                    {"seq": 1, "role": "rng", "idx": 1, "path": "cpu", "shape": [5056], "dtype": "uint8", "xor": 9,
+                     "pos": 10, "unobserved": None}]
+    (f,) = run.check().findings
+    assert f.blame == "consumer" and f.differing_roles == ["output", "rng"] and "RNG state" in f.detail
