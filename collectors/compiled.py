@@ -38,15 +38,21 @@ _ORIG_MOD = re.compile(r"(?:^|\.)_orig_mod(?=\.|$)")
 is_compiling = torch.compiler.is_compiling  # dynamo folds this call to True while it traces
 
 
+_optimized: type | None = None  # torch._dynamo's OptimizedModule, once torch._dynamo is loaded
+
+
 def _optimized_module() -> type | None:
     """torch._dynamo's OptimizedModule class, None while torch._dynamo is not loaded."""
-    eval_frame = sys.modules.get("torch._dynamo.eval_frame")
-    return None if eval_frame is None else eval_frame.OptimizedModule
+    global _optimized
+    if _optimized is None:
+        eval_frame = sys.modules.get("torch._dynamo.eval_frame")
+        _optimized = None if eval_frame is None else eval_frame.OptimizedModule
+    return _optimized
 
 
 def original(module: torch.nn.Module) -> torch.nn.Module:
     """The module an OptimizedModule wraps (itself for any other module)."""
-    optimized = _optimized_module()
+    optimized = _optimized or _optimized_module()
     while optimized is not None and isinstance(module, optimized):
         module = module._orig_mod
     return module
@@ -54,11 +60,13 @@ def original(module: torch.nn.Module) -> torch.nn.Module:
 
 def region_of(module: torch.nn.Module) -> torch.nn.Module | None:
     """When a call of `module` runs compiled code, the module whose code it compiles (an
-    OptimizedModule's `_orig_mod`, or `module` itself when compiled in place); None otherwise."""
+    OptimizedModule's `_orig_mod`, or `module` itself when compiled in place); None otherwise.
+    This runs for every module call: a class attribute read and, once torch._dynamo is loaded, an
+    isinstance."""
     if module._compiled_call_impl is not None:
         return module
-    inner = original(module)
-    return inner if inner is not module else None
+    optimized = _optimized or _optimized_module()
+    return original(module) if optimized is not None and isinstance(module, optimized) else None
 
 
 def inner_call(parent: torch.nn.Module, module: torch.nn.Module) -> bool:

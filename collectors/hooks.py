@@ -57,7 +57,8 @@ QUEUED_EVENTS = 256  # events queued before they are numbered and handed to the 
 class _Frame:
     """A module call in progress (a plain class with slots: one is made for every module call)."""
 
-    __slots__ = ("module", "name", "depth", "t0", "record", "calls", "args", "inputs", "rng", "stack_key", "recompute")
+    __slots__ = ("module", "name", "depth", "t0", "record", "calls", "args", "inputs", "rng", "stack_key", "recompute",
+                 "region")
 
     def __init__(self, module: torch.nn.Module, name: str, depth: int, t0: int, record: bool, calls: list):
         self.module = module
@@ -71,6 +72,7 @@ class _Frame:
         self.rng: torch.Tensor | None = None  # the CPU RNG state when the call began
         self.stack_key: tuple | None = None  # user frames above the call (computed when a child needs it)
         self.recompute: str | None = None  # a checkpoint recompute: its kind (collectors/recompute.py)
+        self.region: torch.nn.Module | None = None  # a compiled region: the module it compiles (compiled.py)
 
 
 class _Backward:
@@ -581,8 +583,8 @@ class Collector:
                 frames = self._local.frames = []
             self._maybe_advance()
             parent = frames[-1] if frames else None
-            if parent is not None and inner_call(parent.module, module):  # (torch.compile's own call)
-                return None
+            if parent is not None and parent.region is not None and inner_call(parent.module, module):
+                return None  # torch.compile's own call of the module it compiles: the region's event is its
             # a checkpoint's recompute during backward is no new root: no flush, no batch event
             recompute = parent.recompute if parent is not None else recompute_kind()
             if parent is None and recompute is None:
@@ -598,6 +600,7 @@ class Collector:
             frame = _Frame(module, name, depth, t0, in_window and (region is not None or self._wanted(module)),
                            frames)
             frame.recompute = recompute
+            frame.region = region
             if frame.record and recompute is None:
                 self._depths[name] = depth
             is_model_root = parent is None and recompute is None and in_window and any(True for _ in module.parameters())
@@ -623,7 +626,7 @@ class Collector:
             rows = rows + [self._rng_row(frame.rng, digest_async(frame.rng), "cpu", 0)]
         outputs = _flatten(output) if output is not None else []
         out_rows = self._rows(outputs, "output")
-        region = region_of(frame.module)  # a compiled region: the module it compiles (collectors/compiled.py)
+        region = frame.region
         buffers = (region or frame.module)._buffers
         if buffers:  # a module's own buffers as the call left them (running statistics, caches)
             out_rows += self._rows([(f".{n}", b) for n, b in buffers.items() if b is not None], "state")
