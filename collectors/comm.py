@@ -111,13 +111,6 @@ def _flat(value, name: str) -> list[tuple[str, torch.Tensor]]:
     return []
 
 
-def _compiling() -> bool:
-    try:
-        return torch.compiler.is_compiling()
-    except Exception:  # noqa: BLE001 - an old torch without torch.compiler
-        return False
-
-
 class _Pending:
     """A collective issued and not yet completed: what its event needs when it does."""
 
@@ -196,7 +189,7 @@ class CommObserver:
         """Record this call? Not while a collective is already being recorded on this thread (one
         c10d function calling another), not while torch.compile traces, not outside the window."""
         c = self.c
-        return (c.enabled and not getattr(self._local, "depth", 0) and not _compiling() and c._in_window())
+        return c.enabled and not getattr(self._local, "depth", 0) and c._in_window()
 
     def _issue(self, label: str) -> int:
         with self._lock:
@@ -261,7 +254,9 @@ class CommObserver:
 
         @functools.wraps(orig)
         def collective(*args, **kwargs):
-            if not self._observing():
+            # first: dynamo, tracing a compiled function that calls this, folds it to the call of
+            # `orig` (which it rewrites as a functional collective, as in a plain compiled run)
+            if torch.compiler.is_compiling() or not self._observing():
                 return orig(*args, **kwargs)
             pending = self._try(begin, args, kwargs)
             self._local.depth = getattr(self._local, "depth", 0) + 1

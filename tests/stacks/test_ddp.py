@@ -106,3 +106,20 @@ def test_cross_rank_check_names_rank_0(runs):
     assert (first["check"], first["rank"], first["step"], first["boundary"]) == \
         ("crossrank", 0, 2, "comm.ddp_bucket0#0-1"), first
     assert first["against"]["rank"] == 1
+
+
+@pytest.mark.parametrize("nproc,args,observed", [(3, (), True), (2, ("--bucket-view",), True),
+                                                 (3, ("--bucket-view",), False)],
+                         ids=["3-ranks", "bucket-view", "3-ranks-bucket-view"])
+def test_ddp_reduction_observed_only_where_it_is_reproduced_bitwise(tmp_path, nproc, args, observed):
+    """The observing hook multiplies by 1/world_size as DDP's reducer does; for a gradient that is a
+    view of its bucket the reducer divides instead, the same bitwise only for a power-of-two world
+    size: with 3 ranks and gradient_as_bucket_view the reduction is left alone, unobserved."""
+    plain = h.plain("ddp.py", tmp_path, *args, nproc=nproc)
+    run, result = h.recorded("ddp.py", tmp_path / "run", *args, nproc=nproc)
+    h.assert_unchanged(plain, result)
+    events, tensors, comm = _comm(run, nproc - 1)
+    assert (comm.height > 0) == observed and set(comm["module_type"]) <= {"allreduce_mean"}
+    steps = events.filter(pl.col("kind") == "step")
+    assert tensors.filter(pl.col("seq").is_in(steps["seq"].implode()) & (pl.col("role") == "grad")).height == \
+        steps.height > 0  # the reduced gradients, as step() used them, either way

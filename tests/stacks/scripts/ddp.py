@@ -2,7 +2,7 @@
 
 DDP's bucketed all-reduce runs with DDP's own reduction, or with `--comm-hook` through this
 script's comm hook (divide by the world size, all-reduce, as torch's `allreduce_hook`). Small
-buckets (bucket_cap_mb) give a few of them. Faults (STACK_FAULT), the same plain or recorded:
+buckets (bucket_cap_mb) give a few of them; `--bucket-view` makes the gradients views of them. Faults (STACK_FAULT), the same plain or recorded:
 - `module:rank=R:step=S` flips a bit of `body.0`'s output on rank R at step S;
 - `allreduce:rank=R:step=S` (with `--comm-hook`) flips bit 9 of the first element of the reduced
   bucket 0 on rank R at step S, after the all-reduce delivered it: a corrupted all-reduce.
@@ -58,13 +58,14 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--steps", type=int, default=4)
     ap.add_argument("--comm-hook", action="store_true")
+    ap.add_argument("--bucket-view", action="store_true", help="gradient_as_bucket_view=True")
     args = ap.parse_args()
     dist.init_process_group("gloo")
     rank = dist.get_rank()
     torch.manual_seed(0)
     net = Net()
     fault = Fault(net.body[0], rank)
-    model = DDP(net, bucket_cap_mb=0.002)
+    model = DDP(net, bucket_cap_mb=0.002, gradient_as_bucket_view=args.bucket_view)
     hook = FaultState(rank)
     if args.comm_hook:
         model.register_comm_hook(hook, flipping_allreduce_hook)
