@@ -100,18 +100,36 @@ def eager_name(name: str) -> str:
     return _ORIG_MOD.sub("", name).lstrip(".") if "_orig_mod" in name else name
 
 
+def compiled_function(fn) -> str | None:
+    """Why compiling `fn` hides module calls from the collectors (None when it does not): a function
+    of the user's, not a module (whose calls are observed at the region's boundary) nor torch's own
+    (flex attention compiles itself), traced whole by dynamo with every module call inside it."""
+    if fn is None or isinstance(fn, torch.nn.Module) or isinstance(getattr(fn, "__self__", None), torch.nn.Module):
+        return None
+    if str(getattr(fn, "__module__", "") or "").split(".")[0] == "torch":
+        return None
+    name = getattr(fn, "__qualname__", None) or type(fn).__name__
+    return (f"torch.compile({name}) compiles a function: the module calls, gradients and optimizer steps dynamo "
+            f"traces inside it are not observed (compile the model, torch.compile(model), to observe it at its "
+            f"boundary)")
+
+
 class CompileWatch:
     """While installed, `Module.compile()` leaves a module whose compiled calls are observed at
     their boundary: its `_compiled_call_impl` goes through `observe(inner)` (the collector's
-    module-call wrapper around the compiled function). `remove()` restores both."""
+    module-call wrapper around the compiled function); and `torch.compile` of a function (a
+    training step) is reported through `report(message)`: what it traces is not observed.
+    `remove()` restores both."""
 
-    def __init__(self, observe):
+    def __init__(self, observe, report):
         self._observe = observe
-        self._original = None
+        self._report = report
+        self._original = self._original_compile = None
         self._wrapped: list = []  # (weakref to the module, the compiled callable torch set)
 
     def install(self) -> None:
         original_compile = self._original = torch.nn.Module.compile
+        original_torch_compile = self._original_compile = torch.compile
         watch = self
 
         @wraps(original_compile)
@@ -119,7 +137,17 @@ class CompileWatch:
             original_compile(module, *args, **kwargs)
             watch.wrap(module)
 
+        @wraps(original_torch_compile)
+        def torch_compile(model=None, **kwargs):
+            if model is None:  # @torch.compile(mode=...): the decorator
+                return lambda fn: torch_compile(fn, **kwargs)
+            why = compiled_function(model)
+            if why is not None:
+                watch._report(why)
+            return original_torch_compile(model, **kwargs)
+
         torch.nn.Module.compile = compile
+        torch.compile = torch_compile
 
     def wrap(self, module: torch.nn.Module) -> None:
         compiled = module._compiled_call_impl
@@ -138,6 +166,8 @@ class CompileWatch:
     def remove(self) -> None:
         if self._original is not None and torch.nn.Module.compile is not self._original:
             torch.nn.Module.compile = self._original
+        if self._original_compile is not None and torch.compile is not self._original_compile:
+            torch.compile = self._original_compile
         for ref, compiled in self._wrapped:
             module = ref()
             if module is not None and getattr(module._compiled_call_impl, "_bitguard_observed", False):

@@ -266,7 +266,8 @@ class Collector:
         from torch.optim import optimizer as optim
 
         self._wrap_module_calls()
-        watch = CompileWatch(self._observing)  # module.compile() in place: observed at its boundary
+        # module.compile() in place: observed at its boundary; torch.compile of a function: reported
+        watch = CompileWatch(self._observing, self._guard(self._compiled_function))
         watch.install()
         self._handles.append(watch)
         self._keep_out_of_dynamo()
@@ -569,6 +570,11 @@ class Collector:
             return output
 
         return _call_impl
+
+    def _compiled_function(self, why: str) -> None:
+        """A function is compiled (collectors/compiled.py): what it traces goes unobserved, and the
+        recording says so (a collector error: compare cannot certify such a run)."""
+        self._fail("torch.compile", NotSupported(why))
 
     def _keep_out_of_dynamo(self) -> None:
         keep_out_of_dynamo(self._wrapper, (Collector._enter, Collector._guarded))  # see collectors/compiled.py

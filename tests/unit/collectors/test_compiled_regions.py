@@ -7,6 +7,8 @@ are (seconds, not a C++ compile); the inductor runs, and the numbers, are in tes
 
 from __future__ import annotations
 
+import json
+
 import polars as pl
 import pytest
 import torch
@@ -222,3 +224,26 @@ def test_graph_breaks_inside_a_region_compile_as_in_a_plain_run(tmp_path, capfd)
     # the calls dynamo ran between its graphs are observed inside the region, once; the region once
     assert forward == [(str(i), f"Breaking{i}") for i in range(10)] + [("Sequential", "Sequential")], forward
     assert _regions(events, tensors) == ["Sequential"] * 2
+
+
+def test_a_compiled_function_is_reported_not_silently_unobserved(tmp_path):
+    dynamo.reset()
+    torch.manual_seed(0)
+    model = Net()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with bitguard.record(tmp_path / "fn", determinism=False):
+        @torch.compile(backend="eager")  # the decorator form
+        def opt_step():
+            opt.step()
+
+        forward = torch.compile(lambda x: model(x), backend="eager")
+        for _ in range(2):
+            loss = forward(torch.randn(4, 8)).square().mean()
+            opt.zero_grad()
+            loss.backward()
+            opt_step()
+        torch.compile(model, backend="eager")  # a model: observed at its boundary, not reported
+    errors = json.loads((tmp_path / "fn" / "manifest.json").read_text())["collector_errors"]
+    assert len(errors) == 2 and all("not observed" in e for e in errors), errors
+    assert "opt_step" in errors[0] and "<lambda>" in errors[1], errors
+    assert torch.compile.__module__.startswith("torch")  # given back when the recording ends
