@@ -27,8 +27,8 @@ What is observed, installed by `CommObserver.install()` and removed by `remove()
   its bucket (gradient_as_bucket_view=True after the first step); that is the same bitwise only
   when the world size is a power of two, so with gradient_as_bucket_view and another world size,
   a sparse gradient, a join with a changing divisor, DDP's Python reducer or a built-in C++ hook
-  (`_register_builtin_comm_hook`) the reduction is left alone and not observed: the optimizer
-  step events still hold each gradient as the optimizer used it.
+  (`_register_builtin_comm_hook`) the reduction is left alone and not observed (one line on
+  stderr says so): the optimizer step events still hold each gradient as the optimizer used it.
 
 The event: boundary `comm.<fn>#<group>` (`comm.ddp_bucket<i>#<group>` for DDP bucket i), the
 group as its global ranks (`0-3`, or `0,2`); module_type the operation (`sum`, `avg`, `gather`,
@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import sys
 import threading
 import time
 import weakref
@@ -109,6 +110,11 @@ def _flat(value, name: str) -> list[tuple[str, torch.Tensor]]:
     if isinstance(value, (list, tuple)):
         return [(f"[{i}]", t) for i, t in enumerate(value) if isinstance(t, torch.Tensor)]
     return []
+
+
+def _unobserved_note(why: str) -> None:
+    print(f"bitguard: DDP's gradient all-reduce is not observed ({why}); each optimizer step event still "
+          f"holds the reduced gradient step() used", file=sys.stderr)
 
 
 class _Pending:
@@ -392,6 +398,7 @@ class CommObserver:
             entry = observer._ddp.get(ddp)
             if entry is not None and not entry.ours:
                 entry.ours = None  # a C++ hook: DDP's reduction is not observed
+                _unobserved_note(f"the built-in C++ comm hook {comm_hook_type}")
             return builtin(ddp, comm_hook_type)
 
         self._patch(DDP, "__init__", init, __init__)
@@ -414,12 +421,17 @@ class CommObserver:
         if entry is None or entry.ours is not False or ddp._comm_hooks or not self.c.enabled:
             return
         size = ddp.process_group.size()
-        exact = size & (size - 1) == 0 or not ddp.gradient_as_bucket_view
-        sparse = any(getattr(m, "sparse", False) is True for m in ddp.module.modules())
         join = getattr(ddp, "_join_config", None)
-        changing = join is not None and join.enable and not getattr(ddp, "_divide_by_initial_world_size", True)
-        if not exact or sparse or changing or getattr(ddp, "_use_python_reducer", False):
-            return  # see the module docstring: DDP's own reduction stays, unobserved
+        why = next((reason for reason, applies in (
+            (f"gradient_as_bucket_view with world size {size}, not a power of two",
+             size & (size - 1) and ddp.gradient_as_bucket_view),
+            ("a sparse gradient", any(getattr(m, "sparse", False) is True for m in ddp.module.modules())),
+            ("a join with a changing divisor",
+             join is not None and join.enable and not getattr(ddp, "_divide_by_initial_world_size", True)),
+            ("DDP's Python reducer", getattr(ddp, "_use_python_reducer", False))) if applies), None)
+        if why is not None:  # see the module docstring: DDP's own reduction stays, unobserved
+            _unobserved_note(why)
+            return
         import torch.distributed as dist
 
         dist._register_comm_hook(ddp.reducer, ddp.process_group, self._observed_hook(ddp, None))
