@@ -30,13 +30,13 @@ def recorded(tmp_path_factory):
     frames = {}
     for rank in (0, 1):
         events, tensors, _ = load_rank(info, rank)
-        frames[rank] = (events, tensors.join(events.select("seq", "phase", "boundary", "module_type"), on="seq"))
+        frames[rank] = (events, tensors.join(events.select("seq", "step", "phase", "boundary", "module_type"), on="seq"))
     return tmp, info, frames
 
 
-def _rows(frames, rank, boundary):
+def _rows(frames, rank, boundary, step=0):
     events, tensors = frames[rank]
-    return tensors.filter(pl.col("boundary") == boundary).sort("seq", "role", "idx")
+    return tensors.filter((pl.col("boundary") == boundary) & (pl.col("step") == step)).sort("seq", "role", "idx")
 
 
 def test_results_unchanged_and_no_collector_error(recorded):
@@ -50,16 +50,26 @@ def test_results_unchanged_and_no_collector_error(recorded):
 def test_every_form_is_one_event_with_its_group_op_and_issue_order(recorded):
     _, _, frames = recorded
     for rank in (0, 1):
-        comm = frames[rank][0].filter(pl.col("phase") == "comm")
+        comm = frames[rank][0].filter((pl.col("phase") == "comm") & (pl.col("step") == 0))
         assert list(zip(comm["boundary"], comm["module_type"])) == [
             ("comm.all_reduce#0-1", "sum"), ("comm.all_reduce#0-1", "max"), ("comm.broadcast#0-1", "src 1"),
             ("comm.all_gather#0-1", "gather"),
             ("comm.all_gather_into_tensor#0-1", "gather"),  # once, though it calls all_gather_single
             ("comm.reduce_scatter_tensor#0-1", "sum"), ("comm.reduce_scatter#0-1", "sum"),
-            ("comm.all_reduce#0-1", "sum"), ("comm.all_gather_into_tensor#0-1", "gather")]  # the functional ones
+            ("comm.all_reduce#0-1", "sum"), ("comm.all_gather_into_tensor#0-1", "gather"),  # the functional ones
+            ("comm.ddp_bucket0#0-1", "allreduce_mean")]  # DDP's own reduction, observed
         assert set(comm["kind"]) == {"collective"}
         paths = frames[rank][1].filter(pl.col("seq").is_in(comm["seq"].implode()))["path"].to_list()
-        assert sorted({p.rpartition("@")[2] for p in paths}, key=int) == [str(n) for n in range(9)]
+        assert sorted({p.rpartition("@")[2] for p in paths}, key=int) == [str(n) for n in range(10)]
+
+
+def test_a_ddp_hook_registered_after_the_first_step_runs_observed(recorded):
+    _, _, frames = recorded
+    for rank in (0, 1):
+        comm = frames[rank][0].filter((pl.col("phase") == "comm") & (pl.col("step") == 1))
+        # the user's hook, and the all-reduce it calls
+        assert list(zip(comm["boundary"], comm["module_type"])) == [("comm.all_reduce#0-1", "sum"),
+                                                                   ("comm.ddp_bucket0#0-1", "allreduce_hook")]
 
 
 def test_inputs_before_outputs_after_and_the_same_bytes_on_both_ranks(recorded):
@@ -106,4 +116,4 @@ def test_the_cross_rank_check_finds_nothing(recorded):
 
     doc = run_checks(recorded[1])
     crossrank = next(c for c in doc.checks if c.name == "crossrank")
-    assert doc.verdict == "clean" and crossrank.compared == 7  # reduce-scatters give each rank its own shard
+    assert doc.verdict == "clean" and crossrank.compared == 10  # reduce-scatters give each rank its own shard

@@ -4,7 +4,8 @@ collectives delivered (sha256 of each result, per rank) to the path in argv[1], 
 and a recorded run can be held to the same numbers.
 
 A module reads an all-reduced tensor after the all-reduce wrote it in place: its input digest must
-be the reduced bytes (a collective does not bump the version counter the digest cache keys on)."""
+be the reduced bytes (a collective does not bump the version counter the digest cache keys on).
+Then a DDP model trains two steps, its user registering a comm hook after the first."""
 
 import hashlib
 import json
@@ -54,6 +55,22 @@ def main():
     out["funcol_all_reduce"] = sha(f + 0)
     fg = funcol.all_gather_tensor(torch.randn(2, generator=g), 0, dist.group.WORLD)
     out["funcol_all_gather"] = sha(fg + 0)
+    # DDP, with a comm hook registered after the first step (when the collector's observing hook is
+    # already in place): the user's hook runs from then on, observed
+    from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    torch.manual_seed(0)
+    ddp = DDP(nn.Sequential(nn.Linear(6, 8), nn.Tanh(), nn.Linear(8, 2)))
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
+    for step in range(2):
+        if step == 1:
+            ddp.register_comm_hook(dist.group.WORLD, allreduce_hook)
+        opt.zero_grad()
+        ddp(torch.randn(4, 6, generator=g)).square().mean().backward()
+        opt.step()
+    out["ddp"] = [sha(p) for p in ddp.parameters()]
+    del ddp, opt
     with open(f"{sys.argv[1]}.r{rank}", "w") as fh:
         json.dump(out, fh, sort_keys=True)
     dist.barrier()
