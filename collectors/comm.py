@@ -104,6 +104,22 @@ def _op_name(op) -> str:
     return str(name).lower()
 
 
+def _binder(orig):
+    """A fast `inspect.signature(orig).bind(...).arguments` with defaults applied (these functions
+    take no *args or **kwargs; binding through inspect costs more than the rest of the event)."""
+    params = list(inspect.signature(orig).parameters.values())
+    names = [p.name for p in params]
+    defaults = {p.name: p.default for p in params if p.default is not inspect.Parameter.empty}
+
+    def bind(args, kwargs) -> dict:
+        bound = dict(defaults)
+        bound.update(zip(names, args))
+        bound.update(kwargs)
+        return bound
+
+    return bind
+
+
 def _flat(value, name: str) -> list[tuple[str, torch.Tensor]]:
     if isinstance(value, torch.Tensor):
         return [("", value)]
@@ -277,14 +293,11 @@ class CommObserver:
         return collective
 
     def _c10d_wrapper(self, orig, canonical: str, in_args: tuple, out_args: tuple):
-        sig = inspect.signature(orig)
-        return self._wrapped(orig, functools.partial(self._c10d_begin, sig, canonical, in_args, out_args),
+        return self._wrapped(orig, functools.partial(self._c10d_begin, _binder(orig), canonical, in_args, out_args),
                              self._c10d_end)
 
-    def _c10d_begin(self, sig, canonical, in_args, out_args, args, kwargs) -> _Pending | None:
-        bound = sig.bind(*args, **kwargs)
-        bound.apply_defaults()
-        a = bound.arguments
+    def _c10d_begin(self, bind, canonical, in_args, out_args, args, kwargs) -> _Pending | None:
+        a = bind(args, kwargs)
         group = a.get("group")
         inputs = [pair for name in in_args for pair in _flat(a.get(name), name)]
         outputs = [pair for name in out_args for pair in _flat(a.get(name), name)]
@@ -325,19 +338,17 @@ class CommObserver:
 
     # -- functional collectives ------------------------------------------------------------
     def _funcol_wrapper(self, orig, canonical: str, op_arg: str | None):
-        sig = inspect.signature(orig)
-        return self._wrapped(orig, functools.partial(self._funcol_begin, sig, canonical, op_arg), self._funcol_end)
+        return self._wrapped(orig, functools.partial(self._funcol_begin, _binder(orig), canonical, op_arg),
+                             self._funcol_end)
 
-    def _funcol_begin(self, sig, canonical, op_arg, args, kwargs) -> _Pending | None:
+    def _funcol_begin(self, bind, canonical, op_arg, args, kwargs) -> _Pending | None:
         import torch.distributed as dist
         from torch.distributed import _functional_collectives as funcol
         from torch.distributed import distributed_c10d as c10d
 
         if not dist.is_initialized():
             return None
-        bound = sig.bind(*args, **kwargs)
-        bound.apply_defaults()
-        a = bound.arguments
+        a = bind(args, kwargs)
         group = c10d._resolve_process_group(funcol._resolve_group_name(a["group"], a.get("tag", "")))
         x = a["self"]
         if isinstance(x, funcol.AsyncCollectiveTensor):
