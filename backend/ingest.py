@@ -88,7 +88,7 @@ class RunInfo:
 
 
 def _columns(table) -> list[Column]:
-    """The columns load_rank returns for `table`, in order (tensors always end in `unobserved`)."""
+    """The columns load_rank returns for `table`, in order (tensors always end in `unobserved`, `shard`)."""
     columns = list(table.columns)
     if table is TENSORS and _UNOBSERVED.name not in table.names:
         columns.append(_UNOBSERVED)
@@ -358,10 +358,11 @@ def _select(table, present: set[str], source: str | None = None) -> str:
 def load_rank(run: RunInfo, rank: int) -> tuple[pl.DataFrame, pl.DataFrame, dict[int, list[str]]]:
     """(events, tensors, stacks) of one rank, rank file and journal together. events are in seq
     order with a uint64 `key` column: the alignment key hash(step, phase, kind, boundary,
-    module_type, tensor roles/shapes/dtypes), `loose_key`, the same without module type and
-    dtypes (to pair a retyped boundary), and `place_key`, only step, phase, kind and boundary (to
-    pair a re-signatured one: retype.py; with the shards held once sharded tensors are recorded).
-    tensors end in `unobserved` (NULL: observed)."""
+    module_type, tensor roles/shapes/dtypes, and the part of a sharded tensor a rank holds: a
+    shard is never paired with another part or with a whole tensor), `loose_key`, the same
+    without module type and dtypes (to pair a retyped boundary), and `place_key`, only step,
+    phase, kind, boundary and the shards held (to pair a re-signatured one: retype.py). tensors
+    end in `unobserved` (NULL: observed) and `shard` (NULL: the digest covers the whole tensor)."""
     if rank not in run.ranks:
         raise BadInput(f"{run.path} has no rank {rank} (ranks present: {', '.join(map(str, run.ranks)) or 'none'}); "
                        f"compare a rank both runs hold")
@@ -382,14 +383,16 @@ def load_rank(run: RunInfo, rank: int) -> tuple[pl.DataFrame, pl.DataFrame, dict
             events = con.sql(f"""
                 WITH te AS ({union[TENSORS.name]}), ev AS ({union[EVENTS.name]}),
                 sig AS (
-                  SELECT seq, string_agg(role || ':' || CAST(shape AS VARCHAR) || ':' || dtype, ';'
-                                         ORDER BY role, idx) AS sig,
-                         string_agg(role || ':' || CAST(shape AS VARCHAR), ';' ORDER BY role, idx) AS shapes
+                  SELECT seq, string_agg(role || ':' || CAST(shape AS VARCHAR) || coalesce('@' || shard, '') || ':'
+                                         || dtype, ';' ORDER BY role, idx) AS sig,
+                         string_agg(role || ':' || CAST(shape AS VARCHAR) || coalesce('@' || shard, ''), ';'
+                                    ORDER BY role, idx) AS shapes,
+                         string_agg(shard, ';' ORDER BY role, idx) AS shards
                   FROM te GROUP BY seq)
                 SELECT e.*, hash(e.step, e.phase, e.kind, e.boundary, e.module_type, coalesce(s.sig, ''))
                        AS key,
                        hash(e.step, e.phase, e.kind, e.boundary, coalesce(s.shapes, '')) AS loose_key,
-                       hash(e.step, e.phase, e.kind, e.boundary) AS place_key
+                       hash(e.step, e.phase, e.kind, e.boundary, coalesce(s.shards, '')) AS place_key
                 FROM ev e LEFT JOIN sig s USING (seq)
                 ORDER BY e.seq""").pl()
             tensors = con.sql(f"SELECT * FROM ({union[TENSORS.name]}) ORDER BY seq, role, idx").pl()

@@ -10,8 +10,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-SCHEMA_VERSION = 2  # bump on any change to a table below; readers refuse newer versions
+SCHEMA_VERSION = 3  # bump on any change to a table below; readers refuse newer versions
 # 2: tensors.unobserved (version 1 files have no such column: read as NULL, every tensor digested)
+# 3: tensors.shard (older files have no such column: read as NULL, every digest covers its whole tensor)
+#    and phase comm (kind collective); optimizer step events hold a `grad` row (the gradient step() used)
 DIGEST = "xor64+pos-fmix64"  # names the digest definition (docs/DIGESTS.md); runs compare only under the same one
 MANIFEST_NAME = "manifest.json"
 RANK_FILE = "rank-{rank}.duckdb"
@@ -103,6 +105,10 @@ TENSORS = Table(
         Column("unobserved", "VARCHAR", "NULL when the tensor was digested; otherwise why it could not be observed "
                "(nested or compressed-sparse layout, a tensor subclass that does not hold its values, the meta device, "
                "a digest that failed, a container that could not be flattened): its xor/pos are 0 and mean nothing"),
+        Column("shard", "VARCHAR", "NULL when the digest covers the whole tensor; otherwise which part of it this rank "
+               "holds and the digest read (the shape stays the whole tensor's, nbytes is the part's): a DTensor's "
+               "placements, mesh, coordinate, local shape and offset, or an FSDP1 FlatParameter's elements of an "
+               "original parameter (collectors/sharded.py)"),
     ),
 )
 

@@ -16,6 +16,10 @@ post-accumulate hook. Consequences:
 - a parameter's gradient event holds `grad_input` (what autograd delivered) and `grad` (the
   `.grad` after accumulation; the same digest when `.grad` was empty), so an accumulation fault
   is told apart from a wrong gradient.
+- FSDP parameters (collectors/sharded.py): FSDP2's gradients are taken on the unsharded
+  parameters autograd reaches, FSDP1's flat gradient and flat shards are split into the original
+  parameters, and a sharded tensor's row says which part this rank holds (`shard`). The step
+  event ends the step (the counter advances) even when observing it failed.
 
 A tensor that cannot be digested exactly (nested, compressed sparse, a subclass that does not
 hold its values, meta, a digest that raises) and a container that cannot be flattened still get
@@ -45,6 +49,7 @@ from bitguard.collectors.compiled import (REGION_PATH, REGION_REASON, CompileWat
                                           keep_out_of_dynamo, original, region_of)
 from bitguard.collectors.observation import NO_DIGEST, dims, observe
 from bitguard.collectors.recompute import NON_REENTRANT, recompute_kind
+from bitguard.collectors.sharded import ShardedParams, clean_name, mark
 from bitguard.collectors.store import MAX_REPORTED_ERRORS
 from bitguard.cuda.fingerprint import digest_async, digest_many
 from bitguard.cuda.tensor_bytes import tensor_bytes
@@ -218,7 +223,7 @@ class Collector:
                  "world_size", "_accumulating", "_advance", "_call_impl", "_calls", "_calls_step", "_forward_codes",
                  "_grad_watch", "_handles", "_heavy", "_local", "_lock", "_names", "_next_param_tid", "_next_tid",
                  "_param_in", "_params", "_pass_stack", "_pending", "_queued", "_rng_free", "_root_names", "_roots", "_seq",
-                 "_stacks", "_thread_names", "_tids", "_tids_limit", "_wrapper", "_depths")
+                 "_sharded", "_stacks", "_thread_names", "_tids", "_tids_limit", "_wrapper", "_depths")
 
     def __init__(self, store, mode: str = "full", steps: tuple[int, int | None] | None = None,
                  rank: int = 0, world_size: int = 1, dump: bool = False, digest_cache: bool = True):
@@ -260,6 +265,7 @@ class Collector:
         self._forward_codes: dict[type, object] = {}  # module class -> code object of its forward
         self._rng_free: dict[type, bool] = {}  # module class -> its forward never draws
         self._depths: dict[str, int] = {}  # module name -> call depth of its last recorded forward (for a recompute)
+        self._sharded = ShardedParams(self)  # FSDP parameters: flat parameters split, shards marked (sharded.py)
 
     # -- installation ----------------------------------------------------------------------
     def install(self) -> None:
@@ -385,8 +391,8 @@ class Collector:
             entry[2], entry[3] = version, digest
         xor, pos = digest if type(digest) is tuple else (digest, digest)
         # shape and strides as torch gives them (tuples): no copies, fewer objects for the cyclic GC
-        row = [0, role, idx, path, t.shape, dtype, t.stride(), t.nbytes, xor, pos, tid, storage, unobserved]
-        if self.dump:  # the bytes ride along as a 14th item until _drain moves them to the dumps table
+        row = [0, role, idx, path, t.shape, dtype, t.stride(), t.nbytes, xor, pos, tid, storage, unobserved, None]
+        if self.dump:  # the bytes ride along as a last item until _drain moves them to the dumps table
             row.append(tensor_bytes(t).cpu().numpy().tobytes() if t.numel() and unobserved is None else b"")
         return row
 
@@ -394,11 +400,13 @@ class Collector:
         """The row of a tensor that is not plain dense (sparse, nested, a subclass: observation.py),
         digested when it can be read exactly, otherwise marked unobserved with the reason."""
         try:
-            shape, strides, nbytes, digest, unobserved, values = observe(t)
+            shape, strides, nbytes, digest, unobserved, values, shard = observe(t)
         except Exception as exc:  # noqa: BLE001 - marked, never dropped
-            shape, strides, nbytes, digest, unobserved, values = dims(t), [], 0, NO_DIGEST, self._unreadable(exc), None
+            why = self._unreadable(exc)
+            why = why if type(t) in _PLAIN else f"{type(t).__name__}: {why}"
+            shape, strides, nbytes, digest, unobserved, values, shard = dims(t), [], 0, NO_DIGEST, why, None, None
         xor, pos = digest if type(digest) is tuple else (digest, digest)
-        row = [0, role, idx, path, shape, dtype, strides, nbytes, xor, pos, tid, storage, unobserved]
+        row = [0, role, idx, path, shape, dtype, strides, nbytes, xor, pos, tid, storage, unobserved, shard]
         if self.dump:
             row.append(tensor_bytes(values).cpu().numpy().tobytes() if values is not None and values.numel() else b"")
         return row
@@ -503,18 +511,23 @@ class Collector:
         for sub_name, sub in module.named_modules():
             entry = self._names.get(id(sub))
             if entry is None or entry[0]() is not sub:  # (a compiled submodule: named as its eager module)
-                self._names[id(sub)] = (weakref.ref(sub), eager_name(sub_name) or name)
+                self._names[id(sub)] = (weakref.ref(sub), clean_name(eager_name(sub_name)) or name)
+        flats = self._sharded.register(module)
         for p_name, p in module.named_parameters():
             entry = self._params.get(id(p))
-            if (entry is not None and entry[0]() is p) or not p.requires_grad:
+            if (entry is not None and entry[0]() is p) or not p.requires_grad or id(p) in flats:
                 continue
             owner = module.get_submodule(p_name.rpartition(".")[0]) if "." in p_name else module
-            self._next_param_tid -= 1  # parameters get negative ids, stable across steps
-            self._params[id(p)] = (weakref.ref(p), eager_name(p_name), type(owner).__name__, self._next_param_tid)
-            self._accumulating.discard(id(p))
-            self._param_in.pop(id(p), None)
-            self._handles.append(p.register_hook(partial(self._guarded, self._on_param_grad, id(p))))
+            self._watch_param(p, clean_name(eager_name(p_name)), type(owner).__name__)
         return name
+
+    def _watch_param(self, p: torch.nn.Parameter, name: str, owner: str) -> None:
+        """Name a parameter (`owner`: its module's class name) and hook its gradient."""
+        self._next_param_tid -= 1  # parameters get negative ids, stable across steps
+        self._params[id(p)] = (weakref.ref(p), name, owner, self._next_param_tid)
+        self._accumulating.discard(id(p))
+        self._param_in.pop(id(p), None)
+        self._handles.append(p.register_hook(partial(self._guarded, self._on_param_grad, id(p))))
 
     def _name_of(self, module: torch.nn.Module, parent: _Frame | None) -> str:
         entry = self._names.get(id(module))
@@ -771,12 +784,15 @@ class Collector:
             module = ref()
             if module is None:
                 continue
-            params = [(f".{eager_name(n)}", p) for n, p in module.named_parameters()]
-            buffers = [(f".{eager_name(n)}", b) for n, b in module.named_buffers()]
+            params = [(f".{clean_name(eager_name(n))}", p) for n, p in module.named_parameters()]
+            buffers = [(f".{clean_name(eager_name(n))}", b) for n, b in module.named_buffers()]
             if not params and not buffers:
                 continue
             t0 = time.time_ns()
-            rows = self._rows(params, "param") + self._rows(buffers, "state")
+            params, marks = self._sharded.final_params(params)
+            rows = self._rows(params, "param")
+            mark(rows, marks)
+            rows += self._rows(buffers, "state")
             self._emit("optimizer", "final", name, type(module).__name__, 0, t0, rows)
 
     # -- parameter gradients ---------------------------------------------------------------
@@ -817,40 +833,60 @@ class Collector:
 
     # -- optimizer -------------------------------------------------------------------------
     def _on_optimizer_step(self, optimizer, args, kwargs) -> None:
-        self._flush_backward()
-        if self._in_window():
-            opt_type = type(optimizer).__name__
-            stack = self._stacks.capture()  # one call: every parameter's event has this stack
-            # every tensor of the step at once: one kernel call for the host ones
-            steps = []
-            for group in optimizer.param_groups:
-                for p in group["params"]:
-                    if p.grad is None:
-                        continue
-                    # the gradient as step() used it: after any reduction across ranks (DDP, FSDP), which
-                    # the gradient events, taken as autograd produced it, do not see (torch.optim leaves .grad)
-                    tensors = [("param", 0, "", p), ("grad", 0, "", p.grad)]
-                    if self.mode == "full":
-                        state = optimizer.state.get(p, {})
-                        tensors += [("state", i, f"['{k}']", v) for i, (k, v) in enumerate(
-                            (k, v) for k, v in state.items() if isinstance(v, torch.Tensor))]
-                    steps.append((p, tensors))
-            flat = [t for _, tensors in steps for *_, t in tensors]
+        """A training step ends: an event per parameter the step updated, then the step counter
+        advances and the step's events go to the store, whatever failed on the way (an error here
+        loses neither the step nor the other parameters' events)."""
+        try:
+            self._flush_backward()
+            if self._in_window():
+                self._emit_steps(optimizer)
+        finally:
+            self._advance = True
+            self._purge_dead()
+            self._drain()
+            # End of a training step: the previous step is durable before this one's events go on.
+            if not self.store.step_barrier():
+                self._fail("step barrier", TimeoutError("writer did not commit within 30 s"))
+
+    def _emit_steps(self, optimizer) -> None:
+        opt_type = type(optimizer).__name__
+        stack = self._stacks.capture()  # one call: every parameter's event has this stack
+        # every tensor of the step at once: one kernel call for the host ones
+        steps = []
+        for group in optimizer.param_groups:
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                # the gradient as step() used it: after any reduction across ranks (DDP, FSDP), which
+                # the gradient events, taken as autograd produced it, do not see (torch.optim leaves .grad)
+                tensors = [("param", 0, "", p), ("grad", 0, "", p.grad)]
+                if self.mode == "full":
+                    state = optimizer.state.get(p, {})
+                    tensors += [("state", i, f"['{k}']", v) for i, (k, v) in enumerate(
+                        (k, v) for k, v in state.items() if isinstance(v, torch.Tensor))]
+                parts = self._sharded.step_parts(p, tensors)
+                steps += [(p, tensors, None, None)] if parts is None else [(p, t, n, m) for n, t, m in parts]
+        flat = [t for _, tensors, *_ in steps for *_, t in tensors]
+        try:
+            digests = digest_many(flat)
+        except Exception:  # noqa: BLE001 - one tensor it cannot read: each row digests its own, or says why not
+            digests = [None] * len(flat)
+        at = 0
+        for p, tensors, name, marks in steps:
+            taken, at = digests[at:at + len(tensors)], at + len(tensors)
             try:
-                digests = iter(digest_many(flat))
-            except Exception:  # noqa: BLE001 - one tensor it cannot read: each row digests its own, or says why not
-                digests = iter([None] * len(flat))
-            for p, tensors in steps:
-                t0 = time.time_ns()
-                entry = self._params.get(id(p))
-                name = entry[1] if entry is not None and entry[0]() is p else f"<param {id(p):x}>"
-                # (zip takes from `tensors` first, so no digest of the next parameter is taken here)
-                rows = [self._row(t, role, i, path, d if type(t) in _PLAIN else None)
-                        for (role, i, path, t), d in zip(tensors, digests)]
-                self._emit("optimizer", "step", name, opt_type, 0, t0, rows, stack)
-        self._advance = True
-        self._purge_dead()
-        self._drain()
-        # End of a training step: the previous step is durable before this one's events go on.
-        if not self.store.step_barrier():
-            self._fail("step barrier", TimeoutError("writer did not commit within 30 s"))
+                self._emit_step(p, tensors, name, marks, taken, opt_type, stack)
+            except Exception as exc:  # noqa: BLE001 - one parameter's event lost, said so; the others go on
+                self._fail("optimizer step", exc)
+
+    def _emit_step(self, p, tensors: list, name: str | None, marks: list | None, digests: list, opt_type: str,
+                   stack) -> None:
+        t0 = time.time_ns()
+        if name is None:
+            entry = self._params.get(id(p))
+            name = entry[1] if entry is not None and entry[0]() is p else f"<param {id(p):x}>"
+        rows = [self._row(t, role, i, path, d if type(t) in _PLAIN else None)
+                for (role, i, path, t), d in zip(tensors, digests)]
+        if marks is not None:
+            mark(rows, marks)
+        self._emit("optimizer", "step", name, opt_type, 0, t0, rows, stack)

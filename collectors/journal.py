@@ -52,7 +52,7 @@ def arrow_schema(table) -> pa.Schema:
 ROW_TABLES = (EVENTS, TENSORS, STACKS, DUMPS)  # the tables a batch carries, in journal order
 SCHEMAS = {t.name: arrow_schema(t) for t in ROW_TABLES}
 # Columns a table gained after schema 1: a journal written before them lacks them (read as NULL).
-LATER_COLUMNS = {TENSORS.name: {"unobserved"}}
+LATER_COLUMNS = {TENSORS.name: {"unobserved", "shard"}}
 
 MAGIC, END_MAGIC, MAGIC_V1 = b"BGJ2", b"BGJE", b"BGJ1"
 _HEAD = struct.Struct("<4sQIQqqBI")  # magic, number, parts, payload length, first step, last step, flags, CRC

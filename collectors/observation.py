@@ -7,7 +7,8 @@ tensor comes here and gets a row either way, never dropped and never raised into
   already): duplicate entries are summed there, as `to_dense()` would, and the tensor the
   training holds is not touched.
 - a DTensor: its local shard (`cuda/fingerprint.local_values`); the shape stays the global one,
-  `nbytes` is the shard's.
+  `nbytes` is the shard's, and the row's `shard` says which part it is (placements, mesh, local
+  shape and offset: `sharded.shard_of`).
 - a subclass that keeps its values in its own storage (one with `__torch_function__` only): its
   bytes, as for a plain tensor.
 - what cannot be read exactly gets digest (0, 0) and the reason, for the row's `unobserved`
@@ -23,6 +24,7 @@ from __future__ import annotations
 
 import torch
 
+from bitguard.collectors.sharded import shard_of
 from bitguard.cuda.fingerprint import digest_async, local_values
 from bitguard.cuda.tensor_bytes import tensor_bytes
 
@@ -38,24 +40,28 @@ def dims(t: torch.Tensor) -> list[int]:
         return [-1] * t.dim()
 
 
-def observe(t: torch.Tensor) -> tuple[list[int], list[int], int, object, str | None, torch.Tensor | None]:
-    """(shape, strides, nbytes, digest, unobserved, values) of a tensor that is not plain dense:
-    `values` is the tensor whose bytes the digest read (for --dump), None when unobserved."""
+def observe(t: torch.Tensor) -> tuple[list[int], list[int], int, object, str | None, torch.Tensor | None,
+                                      str | None]:
+    """(shape, strides, nbytes, digest, unobserved, values, shard) of a tensor that is not plain
+    dense: `values` is the tensor whose bytes the digest read (for --dump), None when unobserved;
+    `shard` which part of the tensor they are (None: all of it)."""
     if t.is_nested:
-        return dims(t), [], 0, NO_DIGEST, "nested tensor: its components have no single byte order (not digested)", None
+        why = "nested tensor: its components have no single byte order (not digested)"
+        return dims(t), [], 0, NO_DIGEST, why, None, None
     layout = t.layout
     if layout is torch.sparse_coo:
         with torch.no_grad():
             c = t.detach().coalesce()
             values = torch.cat([tensor_bytes(c.indices()), tensor_bytes(c.values())])
-        return dims(t), [], values.numel(), digest_async(values), None, values
+        return dims(t), [], values.numel(), digest_async(values), None, values, None
     if layout is not torch.strided:
-        return dims(t), [], 0, NO_DIGEST, f"{layout} layout: only strided and sparse COO tensors are digested", None
-    local = local_values(t)
-    if local is not t:
-        return dims(t), list(local.stride()), local.nbytes, digest_async(local), None, local
-    dispatch = type(t).__torch_dispatch__
+        why = f"{layout} layout: only strided and sparse COO tensors are digested"
+        return dims(t), [], 0, NO_DIGEST, why, None, None
+    local = local_values(t)  # a DTensor's shard (itself maybe a subclass), `t` itself otherwise
+    dispatch = type(local).__torch_dispatch__
     if getattr(dispatch, "__func__", dispatch) is not _PLAIN_DISPATCH:
-        return (dims(t), [], 0, NO_DIGEST, f"{type(t).__name__} is a tensor subclass with its own __torch_dispatch__: "
-                "its storage need not hold its values (not digested)", None)
-    return dims(t), list(t.stride()), t.nbytes, digest_async(t), None, t
+        what = type(t).__name__ if local is t else f"{type(t).__name__}'s local shard, a {type(local).__name__},"
+        what += " is"
+        return (dims(t), [], 0, NO_DIGEST, f"{what} a tensor subclass with its own __torch_dispatch__: "
+                "its storage need not hold its values (not digested)", None, None)
+    return dims(t), list(local.stride()), local.nbytes, digest_async(local), None, local, shard_of(t)

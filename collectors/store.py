@@ -89,6 +89,9 @@ def kept_name(journal: Path) -> str:
 
 
 def _to_arrow(rows: list, schema: pa.Schema) -> pa.Table:
+    width = len(schema.types)
+    if any(len(r) < width for r in rows):  # a row made before the last columns (tensors.shard): NULL there
+        rows = [r if len(r) >= width else [*r, *[None] * (width - len(r))] for r in rows]
     columns = list(zip(*rows)) if rows else [[] for _ in schema.types]
     return pa.Table.from_arrays([pa.array(c, type=t) for c, t in zip(columns, schema.types)], schema=schema)
 

@@ -113,13 +113,13 @@ def _rank_chunks(spec: RunSpec, rank: int, chunk_steps: int = 2000):
                 for role, tid, bad in (("input", in_tid, in_bad), ("output", out_tid, out_bad)):
                     x = _digest(rank, step, boundary, role, bad)
                     tensors.append((seq, role, 0, "[0]", [8, 16], "float32", [16, 1], 512,
-                                    x, _digest("pos", x), tid, 0, None))
+                                    x, _digest("pos", x), tid, 0, None, None))
             else:
                 bad = step_tainted or tainted_from is not None
                 role = "grad" if phase == "backward" else "state"
                 x = _digest(rank, step, boundary, role, bad)
                 tensors.append((seq, role, 0, "", [16, 16], "float32", [16, 1], 1024,
-                                x, _digest("pos", x), tid_base + 500 + max(layer, 0), 0, None))
+                                x, _digest("pos", x), tid_base + 500 + max(layer, 0), 0, None, None))
             seq += 1
         tid_base += 2000
     stacks = [(i, json.dumps([f"train.py:{40 + i} in main", f"model.py:{10 + i} in forward"])) for i in range(1, 5)]

@@ -330,7 +330,7 @@ def test_two_tensors_with_the_same_role_and_index_pair_in_order_not_as_a_cross_p
     a, b = write_pair(str(tmp_path), "dup", RunSpec(layers=2, steps=2))
     for run in (a, b):  # an event holding two grad rows of index 0 (a stale listener once made one)
         _edit(run, "INSERT INTO tensors SELECT seq, role, idx, path || '#2', shape, dtype, strides, nbytes, "
-                   "xor::UBIGINT + 7, pos::UBIGINT + 7, tid, storage, unobserved FROM tensors "
+                   "xor::UBIGINT + 7, pos::UBIGINT + 7, tid, storage, unobserved, shard FROM tensors "
                    "WHERE seq = (SELECT min(seq) FROM events WHERE kind = 'grad')")
     assert bitguard.compare(a, b).verdict == "identical"
 
@@ -344,7 +344,7 @@ def test_full_against_trusted_mode_compares_what_trusted_mode_observes(tmp_path)
     for run in (a, b):
         _edit(run, "UPDATE tensors SET role = 'param' WHERE seq IN (SELECT seq FROM events WHERE phase = 'optimizer')")
     _edit(a, "INSERT INTO tensors SELECT seq, 'state', 1, '[''exp_avg'']', shape, dtype, strides, nbytes, xor, pos, "
-             "tid, storage, unobserved FROM tensors WHERE seq IN (SELECT seq FROM events WHERE phase = 'optimizer')")
+             "tid, storage, unobserved, shard FROM tensors WHERE seq IN (SELECT seq FROM events WHERE phase = 'optimizer')")
     c = bitguard.compare(a, b)
     assert c.verdict == "identical", c.first_divergence
     assert "modes" in _codes(c)

@@ -382,4 +382,4 @@ def test_the_journal_is_read_in_the_events_the_counts_and_the_keys(tmp_path):
     assert events.filter(events["step"] == 3)["key"].null_count() == 0
     by_step = events.group_by("step").agg(pl.col("key").n_unique()).sort("step")["key"].to_list()
     assert by_step == [3, 3, 3, 3]  # journal rows get the same alignment keys as rank-file rows
-    assert set(EVENTS.names) <= set(events.columns) and tensors.columns[-1] == "unobserved"
+    assert set(EVENTS.names) <= set(events.columns) and tensors.columns[-2:] == ["unobserved", "shard"]
