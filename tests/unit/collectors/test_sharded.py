@@ -144,3 +144,50 @@ def test_one_parameter_failing_loses_no_other_parameters_event(tmp_path, monkeyp
     assert {r["step"]: sorted(r["boundary"]) for r in steps.iter_rows(named=True)} == \
         {s: ["0.bias", "1.bias", "1.weight"] for s in range(3)}
     assert manifest["steps_completed"] == 3 and any("boom" in e for e in manifest["collector_errors"])
+
+
+class _FakeCollector:
+    """What ShardedParams uses of a Collector: rows and events kept in lists."""
+
+    def __init__(self):
+        self.events = []
+
+    def _in_window(self):
+        return True
+
+    def _backward_stack(self):
+        return 0
+
+    def _row(self, t, role, idx, path):
+        return [0, role, idx, path, tuple(t.shape), "float32", [], t.nbytes, int(t.sum()), 0, 0, 0, None, None]
+
+    def _emit(self, phase, kind, name, owner, depth, t0, rows, stack):
+        self.events.append((name, owner, rows))
+
+
+def _flat_grad_events(numel: int, grad_there: bool):
+    flat = torch.nn.Parameter(torch.zeros(72))
+    if grad_there:  # a .grad already there (its size is not what the hook looks at)
+        flat.grad = torch.zeros(72)
+    layout = _layout(_rank1_of_two())
+    layout.ref = lambda: flat
+    collector = _FakeCollector()
+    sharded.ShardedParams(collector)._on_flat_grad(layout, torch.ones(numel))
+    return collector.events
+
+
+def test_a_flat_gradient_gives_one_gradient_event_per_original_parameter():
+    events = _flat_grad_events(144, grad_there=False)
+    assert [(name, owner) for name, owner, _ in events] == [("body.0.weight", "Linear"), ("body.0.bias", "Linear")]
+    (_, _, (w_in, w)), (_, _, (b_in, b)) = events
+    assert (w_in[1], w_in[4], w_in[8]) == ("grad_input", (16, 8), 128) and (w[1], w[8], w[12]) == ("grad", 128, None)
+    assert (b_in[4], b_in[8], b_in[13]) == ((16,), 16, None)
+
+
+def test_a_flat_gradient_of_another_size_is_one_marked_event_and_an_accumulation_is_not_guessed():
+    (name, owner, rows), = _flat_grad_events(100, grad_there=False)
+    assert (name, owner) == ("body.0._flat_param", "Linear")
+    assert all(r[13] == f"{sharded.NOT_ATTRIBUTED}: a gradient of 100 elements, not 144" for r in rows)
+    events = _flat_grad_events(144, grad_there=True)  # autograd adds it to .grad after the hook
+    assert all(rows[1][12] == sharded.ACCUMULATED and rows[1][8] == 0 and rows[0][12] is None
+               for _, _, rows in events)
