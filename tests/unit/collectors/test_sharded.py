@@ -191,3 +191,16 @@ def test_a_flat_gradient_of_another_size_is_one_marked_event_and_an_accumulation
     events = _flat_grad_events(144, grad_there=True)  # autograd adds it to .grad after the hook
     assert all(rows[1][12] == sharded.ACCUMULATED and rows[1][8] == 0 and rows[0][12] is None
                for _, _, rows in events)
+
+
+def test_the_final_event_holds_the_original_parameters_of_a_flat_one():
+    flat = _rank1_of_two()
+    param, other = torch.nn.Parameter(torch.arange(72.0)), torch.nn.Parameter(torch.zeros(3))
+    layout = _layout(flat)
+    layout.ref = lambda: param
+    params = sharded.ShardedParams(SimpleNamespace())
+    params.flats[id(param)] = layout
+    pairs, marks = params.final_params([(".body.0._flat_param", param), (".other", other)])
+    assert [path for path, _ in pairs] == [".body.0.weight", ".body.0.bias", ".other"]
+    assert [t.numel() for _, t in pairs] == [56, 16, 3] and marks[2] is None
+    assert marks[0][:2] == ((16, 8), "FSDP FlatParameter shard: elements [72, 128) of the flattened 128")
