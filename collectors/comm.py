@@ -17,6 +17,10 @@ What is observed, installed by `CommObserver.install()` and removed by `remove()
   at once (an AsyncCollectiveTensor is completed early; its values are the same), then digested.
   Calls of `torch.ops._c10d_functional.*` made directly, and every collective inside a graph
   torch.compile traced, are not observed.
+- not observed either: the object collectives (all_gather_object, broadcast_object_list, ...: the
+  tensor collectives they make inside carry pickled Python objects, which may hold host names or
+  times), coalesced and point-to-point operations, all_to_all, and collectives made from C++
+  (DDP's parameter and buffer broadcasts, `dist._broadcast_coalesced`).
 - DDP's bucketed all-reduce, which runs in C++ without a Python call: through a DDP comm hook.
   A hook the user registers (`register_comm_hook`) is observed around it: the bucket as DDP
   hands it over, the tensor the hook's future delivers. When the user registers none, an
@@ -73,6 +77,10 @@ _C10D = {
     "reduce_scatter_single": ("reduce_scatter_tensor", ("input",), ("output",)),
     "_reduce_scatter_base": ("reduce_scatter_tensor", ("input",), ("output",)),
 }
+# c10d functions that move pickled Python objects: not tensor boundaries; the tensor collectives
+# they make inside (of the pickled bytes, which may hold anything: host names, times) are not observed
+_OBJECTS = ("all_gather_object", "gather_object", "broadcast_object_list", "scatter_object_list",
+            "send_object_list", "recv_object_list")
 # functional collectives: canonical name and the name of their reduce op argument (None: none)
 _FUNCOL = {
     "all_reduce": ("all_reduce", "reduceOp"),
@@ -185,6 +193,14 @@ class CommObserver:
             for owner in (c10d, dist):
                 if getattr(owner, name, None) is orig:
                     self._patch(owner, name, orig, wrapper)
+        for name in _OBJECTS:
+            orig = getattr(c10d, name, None)
+            if orig is None:
+                continue
+            wrapper = self._unobserved(orig)
+            for owner in (c10d, dist):
+                if getattr(owner, name, None) is orig:
+                    self._patch(owner, name, orig, wrapper)
         try:
             from torch.distributed import _functional_collectives as funcol
         except Exception:  # noqa: BLE001
@@ -292,6 +308,19 @@ class CommObserver:
 
         return collective
 
+    def _unobserved(self, orig):
+        """`orig`, with the collectives it makes inside not observed."""
+
+        @functools.wraps(orig)
+        def unobserved(*args, **kwargs):
+            self._local.depth = getattr(self._local, "depth", 0) + 1
+            try:
+                return orig(*args, **kwargs)
+            finally:
+                self._local.depth -= 1
+
+        return unobserved
+
     def _c10d_wrapper(self, orig, canonical: str, in_args: tuple, out_args: tuple):
         return self._wrapped(orig, functools.partial(self._c10d_begin, _binder(orig), canonical, in_args, out_args),
                              self._c10d_end)
@@ -346,7 +375,7 @@ class CommObserver:
         from torch.distributed import _functional_collectives as funcol
         from torch.distributed import distributed_c10d as c10d
 
-        if not dist.is_initialized():
+        if not dist.is_initialized() or funcol._are_we_tracing():  # (tracing: fake tensors, no values)
             return None
         a = bind(args, kwargs)
         group = c10d._resolve_process_group(funcol._resolve_group_name(a["group"], a.get("tag", "")))

@@ -55,6 +55,9 @@ def main():
     out["funcol_all_reduce"] = sha(f + 0)
     fg = funcol.all_gather_tensor(torch.randn(2, generator=g), 0, dist.group.WORLD)
     out["funcol_all_gather"] = sha(fg + 0)
+    names = [None] * world
+    dist.all_gather_object(names, {"rank": rank})  # an object collective: not observed
+    out["objects"] = names
     # DDP, with a comm hook registered after the first step (when the collector's observing hook is
     # already in place): the user's hook runs from then on, observed
     from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
