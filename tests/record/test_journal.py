@@ -128,9 +128,9 @@ def _encode_v1(number: int, tables: dict[str, pa.Table]) -> bytes:
 
 
 def _v1_tables(first_seq: int, n: int, step: int) -> dict[str, pa.Table]:
-    """Schema-1 tables: tensors without `unobserved`."""
+    """Schema-1 tables: tensors without `unobserved` (schema 2) and `shard` (schema 3)."""
     t = _tables(first_seq, n, step)
-    t[TENSORS.name] = t[TENSORS.name].drop_columns(["unobserved"])
+    t[TENSORS.name] = t[TENSORS.name].drop_columns(["unobserved", "shard"])
     return t
 
 
@@ -149,7 +149,7 @@ def test_a_v1_journal_left_beside_a_schema_1_rank_file_is_read_with_unobserved_n
     path = out / "rank-0.duckdb"
     con = duckdb.connect(str(path))
     for table in store.TABLES:
-        columns = [c for c in table.columns if c.name != "unobserved"]
+        columns = [c for c in table.columns if c.name not in ("unobserved", "shard")]
         con.execute(f"CREATE TABLE {table.name} ({', '.join(f'{c.name} {c.sql}' for c in columns)})")
     con.execute("INSERT INTO meta VALUES ('schema_version', '1'), ('status', '\"running\"')")
     con.close()
@@ -157,7 +157,7 @@ def test_a_v1_journal_left_beside_a_schema_1_rank_file_is_read_with_unobserved_n
     (out / "manifest.json").write_text('{"tool": "bitguard", "schema_version": 1, "status": "failed", "world_size": 1}')
     events, tensors, _ = load_rank(open_run(out), 0)
     assert events["seq"].to_list() == [0, 1, 2, 3, 4]
-    assert tensors["unobserved"].null_count() == 5
+    assert tensors["unobserved"].null_count() == 5 and tensors["shard"].null_count() == 5
     assert store.recover(path) == 2 and _seqs(path) == [0, 1, 2, 3, 4]
 
 
