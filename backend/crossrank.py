@@ -81,10 +81,11 @@ class _Instance:
 
     @property
     def buffer(self) -> tuple | None:
-        """(storage, nbytes) of its only output, None when that is not known."""
-        if len(self.outputs) != 1 or not self.outputs[0]["storage"]:
+        """(storage, nbytes) of the one buffer its outputs are (parts of), None when not known."""
+        storages = {r["storage"] for r in self.outputs}
+        if len(storages) != 1 or not self.outputs[0]["storage"]:
             return None
-        return self.outputs[0]["storage"], self.outputs[0]["nbytes"]
+        return self.outputs[0]["storage"], sum(r["nbytes"] for r in self.outputs)
 
 
 def _instances(run: LoadedRun, rank: int) -> tuple[dict[tuple, _Instance], list[tuple[tuple, _Instance]]]:

@@ -40,7 +40,10 @@ group as its global ranks (`0-3`, or `0,2`); module_type the operation (`sum`, `
 Rows: role `input` before, `output` after; each path ends in `@N`, the collective's position in
 its group's order within the step, counted when it is issued: the same collective has the same
 N on every rank of the group (backend/crossrank.py pairs them by it). A broadcast's input is
-recorded on its source rank only. Collectives write their outputs without bumping the tensor's
+recorded on its source rank only. A DDP bucket has one row per parameter in it (path
+`['module.head.weight']@N`: its part of the bucket), and so has a collective a comm hook makes
+on the bucket itself (its all-reduce); one row for the whole bucket when the gradients are not
+plain slices of it or a user's hook returns another layout. Collectives write their outputs without bumping the tensor's
 version counter, so every tensor here is digested afresh, never from the digest cache.
 
 Nothing here knows how events are stored or compared; the digests and rows are the Collector's.
@@ -173,6 +176,9 @@ class CommObserver:
         self._patched: list[tuple[object, str, object, object]] = []  # (owner, name, original, ours)
         self._ddp: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
         self._originals: dict[str, object] = {}
+        # DDP buckets being reduced: buffer address -> (numel, parts), so that a collective a comm
+        # hook makes on the bucket is cut into the same per-parameter rows as the bucket's event
+        self._buckets: dict[int, tuple[int, list]] = {}
 
     # -- installation ----------------------------------------------------------------------
     def install(self) -> CommObserver:
@@ -233,6 +239,7 @@ class CommObserver:
         with self._lock:
             if self._issue_step != self.c.step:
                 self._issues.clear()
+                self._buckets.clear()  # (those of a hook that raised)
                 self._issue_step = self.c.step
             n = self._issues.get(label, 0)
             self._issues[label] = n + 1
@@ -328,8 +335,8 @@ class CommObserver:
     def _c10d_begin(self, bind, canonical, in_args, out_args, args, kwargs) -> _Pending | None:
         a = bind(args, kwargs)
         group = a.get("group")
-        inputs = [pair for name in in_args for pair in _flat(a.get(name), name)]
-        outputs = [pair for name in out_args for pair in _flat(a.get(name), name)]
+        inputs = self._cut([pair for name in in_args for pair in _flat(a.get(name), name)])
+        outputs = self._cut([pair for name in out_args for pair in _flat(a.get(name), name)])
         if canonical == "broadcast":
             import torch.distributed as dist
 
@@ -344,6 +351,19 @@ class CommObserver:
         else:
             op = "gather"
         return self._begin(canonical, group, inputs, outputs, op)
+
+    def _cut(self, pairs: list) -> list:
+        """`pairs` with a DDP bucket being reduced cut into its parameters' parts."""
+        if not self._buckets:
+            return pairs
+        out = []
+        for path, t in pairs:
+            known = self._buckets.get(t.data_ptr()) if t.dim() == 1 and t.is_contiguous() else None
+            if known is not None and known[0] == t.numel():
+                out += [(path + part, view) for part, view in _slices(t, known[1])]
+            else:
+                out.append((path, t))
+        return out
 
     def _c10d_end(self, p: _Pending, result) -> None:
         if result is None or not hasattr(result, "get_future"):  # synchronous: complete now
@@ -519,9 +539,45 @@ class CommObserver:
         import torch.distributed as dist
 
         label = group_label(dist.get_process_group_ranks(ddp.process_group))
-        return self._pending(f"comm.ddp_bucket{bucket.index()}#{label}", op, [("", bucket.buffer())], [], label)
+        buffer = bucket.buffer()
+        parts = self._bucket_parts(bucket, buffer)
+        p = self._pending(f"comm.ddp_bucket{bucket.index()}#{label}", op, _slices(buffer, parts), [], label)
+        p.outputs = parts  # (how the result is cut, read by _bucket_done)
+        if parts is not None:
+            self._buckets[buffer.data_ptr()] = (buffer.numel(), parts)
+        return p
+
+    def _bucket_parts(self, bucket, buffer: torch.Tensor) -> list[tuple[str, int, torch.Size]] | None:
+        """(parameter name, offset, shape) of each gradient in the bucket, in bucket order, so that
+        every parameter's part of it gets its own row; None when the gradients are not plain slices
+        of the buffer (then the bucket is one row)."""
+        if buffer.dim() != 1 or not buffer.is_contiguous():
+            return None
+        params = self.c._params
+        base, ptr = buffer.storage_offset(), buffer.untyped_storage().data_ptr()
+        parts = []
+        for p, g in zip(bucket.parameters(), bucket.gradients()):
+            entry = params.get(id(p))
+            if g.untyped_storage().data_ptr() != ptr or not g.is_contiguous() or entry is None or entry[0]() is not p:
+                return None
+            parts.append((entry[1], g.storage_offset() - base, g.shape))
+        return parts or None
 
     def _bucket_done(self, p: _Pending, future):
         value = future.value()  # (a failed reduction raises here, into DDP, as it would have)
-        self._try(self._end, p, _flat(value, "result"))
+        parts = p.outputs
+        if parts is not None:
+            self._buckets = {k: v for k, v in self._buckets.items() if v[1] is not parts}
+        fits = (isinstance(value, torch.Tensor) and value.dim() == 1 and value.is_contiguous()
+                and parts is not None and value.numel() == sum(shape.numel() for _, _, shape in parts)
+                and len(p.rows) == len(parts))
+        self._try(self._end, p, _slices(value, parts if fits else None) if isinstance(value, torch.Tensor)
+                  else _flat(value, "result"))
         return value
+
+
+def _slices(flat: torch.Tensor, parts) -> list[tuple[str, torch.Tensor]]:
+    """A DDP bucket's flat tensor cut into its parameters' parts (path `['name']`), or whole."""
+    if parts is None:
+        return [("", flat)]
+    return [(f"[{name!r}]", flat[offset:offset + shape.numel()].view(shape)) for name, offset, shape in parts]

@@ -16,6 +16,7 @@ from . import harness as h
 MODULE_FAULT = {"STACK_FAULT": "module:rank=1:step=2"}
 ALLREDUCE_FAULT = {"STACK_FAULT": "allreduce:rank=0:step=2"}
 HOOK = ("--comm-hook",)
+PARAMS = {f"{m}.{p}" for m in ("body.0", "body.2", "head") for p in ("weight", "bias")}  # ddp.py's Net
 
 
 @pytest.fixture(scope="module")
@@ -50,9 +51,14 @@ def test_buckets_and_collectives_are_comm_events(runs):
         assert set(comm["module_type"]) == {"allreduce_mean"}
         assert {b.rpartition("#")[0] for b in comm["boundary"]} >= {"comm.ddp_bucket0", "comm.ddp_bucket1"}
         assert {b.rpartition("#")[2] for b in comm["boundary"]} == {"0-1"}
+        # a bucket: one input and one output row per parameter in it, named by the parameter
         rows = tensors.filter(pl.col("seq").is_in(comm["seq"].implode()))
-        assert rows.group_by("seq").agg(pl.col("role").sort()).get_column("role").to_list() == \
-            [["input", "output"]] * comm.height
+        per_event = rows.group_by("seq", "role").agg(pl.col("path").sort())
+        names = {p.rpartition("@")[0] for p in rows["path"]}
+        assert names == {f"['module.{n}']" for n in PARAMS}
+        for seq in comm["seq"]:
+            mine = per_event.filter(pl.col("seq") == seq).sort("role")
+            assert mine["role"].to_list() == ["input", "output"] and mine["path"][0].to_list() == mine["path"][1].to_list()
         # every optimizer step event holds the gradient step() used, after the all-reduce
         steps = events.filter(pl.col("kind") == "step")
         grads = tensors.filter(pl.col("seq").is_in(steps["seq"].implode()) & (pl.col("role") == "grad"))
@@ -94,7 +100,8 @@ def test_corrupted_allreduce_is_localized_to_the_comm_event(runs):
     fd = h.assert_localized(doc, step=2, rank=0, boundary="comm.ddp_bucket0#0-1", blame="source",
                             fault_class="comm")
     assert "matched on every rank of its group (0, 1)" in fd["blame_window"]["detail"]
-    assert [t["role"] for t in fd["tensors"] if t["differs"]] == ["output"]
+    # the flipped first element of bucket 0 is module.head.bias's (DDP buckets the last parameters first)
+    assert [(t["role"], t["path"]) for t in fd["tensors"] if t["differs"]] == [("output", "['module.head.bias']@0")]
 
 
 def test_cross_rank_check_names_rank_0(runs):
