@@ -32,11 +32,13 @@ STACKS = {
     "eager": ("eager.py", [], 1, []),
     "autocast bf16": ("eager.py", ["--autocast"], 1, []),
     "eager, trusted mode": ("eager.py", [], 1, ["--mode", "trusted"]),
-    "torch.compile": ("compiled.py", ["--compile"], 1, []),
+    "torch.compile (inductor)": ("compiled.py", ["--compile", "model"], 1, []),
     "DDP (2 ranks, gloo)": ("ddp.py", [], 2, []),
     "FSDP1 (2 ranks)": ("fsdp1.py", [], 2, []),
+    "FSDP1 use_orig_params (2 ranks)": ("fsdp1.py", ["--orig-params"], 2, []),
     "FSDP2 (2 ranks)": ("fsdp2.py", [], 2, []),
-    "checkpointing": ("checkpointing.py", [], 1, []),
+    "checkpointing (non-reentrant)": ("checkpointing.py", [], 1, []),
+    "checkpointing (reentrant)": ("checkpointing.py", ["--reentrant"], 1, []),
     "HF Trainer": ("hf_trainer.py", [], 1, []),
 }
 

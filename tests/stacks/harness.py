@@ -17,11 +17,16 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPTS = Path(__file__).resolve().parent / "scripts"
 TIMEOUT = 900
+# Runs of a fixture started at once: most tiny runs keep one core busy at most (start-up, the
+# writer's waits), so two at a time roughly halve the tier's time on this 2-core machine.
+JOBS = int(os.environ.get("BITGUARD_STACKS_JOBS", "2"))
 
 
 def _env(extra: dict | None) -> dict:
@@ -85,6 +90,14 @@ def recorded(script, out, *args, env: dict | None = None, nproc: int = 1,
                _script(script), *args]
     _run(cmd, _env({**(env or {}), "STACK_RESULT": str(result)}), stderr_of(out))
     return out, _read(result, nproc)
+
+
+def together(jobs: dict[str, Callable]) -> dict:
+    """Run the zero-argument calls of `jobs` (e.g. `lambda: recorded(...)`), JOBS at a time; their
+    results by name. Each run is its own subprocess with its own files, so their order is free."""
+    with ThreadPoolExecutor(max_workers=max(1, JOBS)) as pool:
+        futures = {name: pool.submit(job) for name, job in jobs.items()}
+        return {name: future.result() for name, future in futures.items()}
 
 
 def stderr_of(out) -> Path:

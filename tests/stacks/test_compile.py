@@ -21,11 +21,12 @@ REGION = "TinyLM"  # the compiled model's root, named as the eager model's
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("compiled")
-    plain = h.plain("compiled.py", tmp, "--counters", str(tmp / "plain.counters"))
-    a, ra = h.recorded("compiled.py", tmp / "a", "--counters", str(tmp / "a.counters"))
-    b, _ = h.recorded("compiled.py", tmp / "b")
-    fault, _ = h.recorded("compiled.py", tmp / "fault", env=FAULT)
-    eager, _ = h.recorded("compiled.py", tmp / "eager", "--compile", "none")
+    got = h.together({"plain": lambda: h.plain("compiled.py", tmp, "--counters", str(tmp / "plain.counters")),
+                      "a": lambda: h.recorded("compiled.py", tmp / "a", "--counters", str(tmp / "a.counters")),
+                      "b": lambda: h.recorded("compiled.py", tmp / "b"),
+                      "fault": lambda: h.recorded("compiled.py", tmp / "fault", env=FAULT),
+                      "eager": lambda: h.recorded("compiled.py", tmp / "eager", "--compile", "none")})
+    plain, (a, ra), (b, _), (fault, _), (eager, _) = (got[k] for k in ("plain", "a", "b", "fault", "eager"))
     counters = {k: json.loads((tmp / f"{k}.counters").read_text()) for k in ("plain", "a")}
     return {"plain": plain, "a": a, "ra": ra, "b": b, "fault": fault, "eager": eager, "counters": counters}
 

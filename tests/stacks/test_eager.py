@@ -11,11 +11,11 @@ FAULT = {"STACK_FAULT": "module:step=2"}
 def runs(request, tmp_path_factory):
     args = request.param
     tmp = tmp_path_factory.mktemp("eager")
-    plain = h.plain("eager.py", tmp, *args)
-    a, ra = h.recorded("eager.py", tmp / "a", *args)
-    b, _ = h.recorded("eager.py", tmp / "b", *args)
-    fault, _ = h.recorded("eager.py", tmp / "fault", *args, env=FAULT)
-    return {"plain": plain, "a": a, "ra": ra, "b": b, "fault": fault}
+    got = h.together({"plain": lambda: h.plain("eager.py", tmp, *args),
+                      "a": lambda: h.recorded("eager.py", tmp / "a", *args),
+                      "b": lambda: h.recorded("eager.py", tmp / "b", *args),
+                      "fault": lambda: h.recorded("eager.py", tmp / "fault", *args, env=FAULT)})
+    return {"plain": got["plain"], "a": got["a"][0], "ra": got["a"][1], "b": got["b"][0], "fault": got["fault"][0]}
 
 
 def test_records_unedited_and_numbers_unchanged(runs):

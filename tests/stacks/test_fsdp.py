@@ -19,10 +19,11 @@ STACKS = {"fsdp1": ("fsdp1.py",), "fsdp1-orig-params": ("fsdp1.py", "--orig-para
 def runs(request, tmp_path_factory):
     script, *args = STACKS[request.param]
     tmp = tmp_path_factory.mktemp(request.param)
-    plain = h.plain(script, tmp, *args, nproc=2)
-    a, ra = h.recorded(script, tmp / "a", *args, nproc=2)
-    b, _ = h.recorded(script, tmp / "b", *args, nproc=2)
-    fault, _ = h.recorded(script, tmp / "fault", *args, env=FAULT, nproc=2)
+    got = h.together({"plain": lambda: h.plain(script, tmp, *args, nproc=2),
+                      "a": lambda: h.recorded(script, tmp / "a", *args, nproc=2),
+                      "b": lambda: h.recorded(script, tmp / "b", *args, nproc=2),
+                      "fault": lambda: h.recorded(script, tmp / "fault", *args, env=FAULT, nproc=2)})
+    plain, (a, ra), (b, _), (fault, _) = (got[k] for k in ("plain", "a", "b", "fault"))
     return {"stack": request.param, "plain": plain, "a": a, "ra": ra, "b": b, "fault": fault}
 
 

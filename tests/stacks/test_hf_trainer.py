@@ -12,10 +12,11 @@ FAULT = {"STACK_FAULT": "module:step=2"}
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("hf_trainer")
-    plain = h.plain("hf_trainer.py", tmp)
-    a, ra = h.recorded("hf_trainer.py", tmp / "a")
-    b, _ = h.recorded("hf_trainer.py", tmp / "b")
-    fault, _ = h.recorded("hf_trainer.py", tmp / "fault", env=FAULT)
+    got = h.together({"plain": lambda: h.plain("hf_trainer.py", tmp),
+                      "a": lambda: h.recorded("hf_trainer.py", tmp / "a"),
+                      "b": lambda: h.recorded("hf_trainer.py", tmp / "b"),
+                      "fault": lambda: h.recorded("hf_trainer.py", tmp / "fault", env=FAULT)})
+    plain, (a, ra), (b, _), (fault, _) = (got[k] for k in ("plain", "a", "b", "fault"))
     return {"plain": plain, "a": a, "ra": ra, "b": b, "fault": fault}
 
 
