@@ -130,10 +130,12 @@ def register(name: str) -> Callable[[CheckFn], CheckFn]:
 
 
 def checks() -> dict[str, CheckFn]:
-    """Every registered check, the built-in ones imported first."""
+    """Every registered check, the built-in ones imported first, in CHECK_MODULES order (whatever
+    imported one of them earlier), then the others as registered."""
     for module in CHECK_MODULES:
         importlib.import_module(module)
-    return dict(_CHECKS)
+    order = {m: i for i, m in enumerate(CHECK_MODULES)}
+    return dict(sorted(_CHECKS.items(), key=lambda item: order.get(item[1].__module__, len(order))))
 
 
 def hexdigest(value) -> str | None:

@@ -16,8 +16,8 @@ ranks whose buffer changed since are named. Otherwise every rank of the tie is n
 finding says it cannot tell which is wrong. Ranks not recorded or not selected, and outputs that
 could not be observed, are not compared, and the outcome's notes say so.
 
-Also here: reading a comm boundary back (`group_of`, `function_of`, `issue_of`), for
-backend/pivot.py. This module reads ingest's frames; it knows nothing of how they were recorded.
+This module reads ingest's frames (comm boundaries through backend/collectives.py); it knows
+nothing of how they were recorded.
 """
 
 from __future__ import annotations
@@ -27,38 +27,10 @@ from collections import defaultdict
 import polars as pl
 
 from bitguard.backend.check import Against, DigestPair, Finding, LoadedRun, Outcome, TensorDiff, hexdigest, register
+from bitguard.backend.collectives import function_of, group_of, issue_of
 
 REPLICATED = ("all_reduce", "all_gather", "all_gather_into_tensor", "broadcast")  # and every DDP bucket
 _DDP_BUCKET = "ddp_bucket"
-
-
-def function_of(boundary: str) -> str | None:
-    """`all_reduce` of `comm.all_reduce#0-1` (`ddp_bucket3` of a DDP bucket); None for another boundary."""
-    if not boundary.startswith("comm.") or "#" not in boundary:
-        return None
-    return boundary[len("comm."):].rpartition("#")[0]
-
-
-def group_of(boundary: str) -> list[int] | None:
-    """The global ranks of a comm boundary's group (`#0-3` or `#0,2`); None when it names none."""
-    if function_of(boundary) is None:
-        return None
-    label = boundary.rpartition("#")[2]
-    try:
-        if "-" in label:
-            first, last = label.split("-")
-            return list(range(int(first), int(last) + 1))
-        return [int(r) for r in label.split(",")]
-    except ValueError:
-        return None
-
-
-def issue_of(path: str | None) -> str | None:
-    """The issue order `N` at the end of a comm row's path (`[1]@N`), None without one."""
-    if not path or "@" not in path:
-        return None
-    n = path.rpartition("@")[2]
-    return n if n.isdigit() else None
 
 
 def _replicated(function: str) -> bool:

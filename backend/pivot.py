@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import polars as pl
 
-from bitguard.backend import crossrank
+from bitguard.backend import collectives
 
 # Which tensor roles are the inputs of an event's computation, per (phase, kind).
 INPUT_ROLES = {
@@ -128,7 +128,7 @@ def confirm_comm(ranks: dict, rank_selected: bool) -> None:
         b = rc.blame
         if rc.pivot is None or b is None or b["fault_class"] != "comm" or b["blame"] != "source":
             continue
-        members = crossrank.group_of(rc.pivot["boundary"])
+        members = collectives.group_of(rc.pivot["boundary"])
         if members is None:
             continue
         issue = _issue_of(rc.tensors_a, rc.pivot["seq"])
@@ -169,7 +169,7 @@ def _ranks(ranks: list[int]) -> str:
 def _issue_of(tensors: pl.DataFrame, seq: int) -> str | None:
     """The `@N` a collective's rows end in (its issue order on its group), None without."""
     paths = tensors.filter(pl.col("seq") == seq)["path"].drop_nulls().to_list()
-    return next((crossrank.issue_of(p) for p in paths if crossrank.issue_of(p) is not None), None)
+    return next((collectives.issue_of(p) for p in paths if collectives.issue_of(p) is not None), None)
 
 
 def _same_collective(rc, pivot: dict, issue: str | None) -> int | None:

@@ -5,7 +5,8 @@ import polars as pl
 import pytest
 
 from bitguard.backend.check import LoadedRun
-from bitguard.backend.crossrank import check_crossrank, function_of, group_of, issue_of
+from bitguard.backend.collectives import function_of, group_of, issue_of
+from bitguard.backend.crossrank import check_crossrank
 from bitguard.collectors.comm import group_label
 
 EVENT_SCHEMA = {"seq": pl.Int64, "step": pl.Int32, "phase": pl.String, "kind": pl.String, "boundary": pl.String,
