@@ -7,9 +7,11 @@ use. Step times are taken without the script's help: `steptimer/sitecustomize.py
 optimizer step of every process; a step's time is the interval between two stamps of rank 0, the
 first `--warmup` intervals left out (compilation, caches). Per stack: the median step time plain
 and recorded over all rounds, their ratio, the overhead per step divided by the events recorded
-per step (µs per event), and the run directory's bytes per step.
+per step (µs per event: the step's whole overhead, the fixed per-step part included), and the run
+directory's growth per step: one more recording with `--size-steps` steps, against round 1's
+(a DuckDB file grows by whole blocks, so a short run's size says little).
 
-    python benchmarks/bench_stacks.py [--rounds 5] [--steps 12] [--only eager,ddp] [--json]
+    python benchmarks/bench_stacks.py [--rounds 5] [--steps 12] [--size-steps 200] [--only eager,ddp] [--json]
 """
 
 from __future__ import annotations
@@ -85,7 +87,7 @@ def run_once(stack: str, recorded: bool, steps: int, work: Path, tag: str) -> di
     return result
 
 
-def measure(stacks: list[str], rounds: int, steps: int, warmup: int) -> dict:
+def measure(stacks: list[str], rounds: int, steps: int, warmup: int, size_steps: int) -> dict:
     rows = {s: {"plain": [], "recorded": [], "events": [], "bytes": []} for s in stacks}
     with tempfile.TemporaryDirectory(prefix="bitguard-bench-stacks-") as tmp:
         for r in range(rounds):
@@ -97,15 +99,18 @@ def measure(stacks: list[str], rounds: int, steps: int, warmup: int) -> dict:
                     rows[s]["recorded" if recorded else "plain"] += got["intervals"][warmup:]
                     if recorded:
                         rows[s]["events"].append(got["events_per_step"])
-                        rows[s]["bytes"].append(got["bytes_per_step"])
+                        rows[s]["bytes"].append(got["bytes_per_step"] * steps)
             print(f"round {r + 1}/{rounds} done", file=sys.stderr)
+        for s in stacks:
+            longer = run_once(s, True, size_steps, Path(tmp), f"{s.replace(' ', '_').replace('/', '_')}-size")
+            rows[s]["growth"] = (longer["bytes_per_step"] * size_steps - rows[s]["bytes"][0]) / (size_steps - steps)
     table = {}
     for s, row in rows.items():
         plain, rec = statistics.median(row["plain"]), statistics.median(row["recorded"])
         events = statistics.median(row["events"])
         table[s] = {"plain_ms": plain, "recorded_ms": rec, "ratio": rec / plain, "events_per_step": events,
                     "us_per_event": (rec - plain) * 1e3 / events if events else None,
-                    "kib_per_step": statistics.median(row["bytes"]) / 1024,
+                    "kib_per_step": row["growth"] / 1024,
                     "steps_timed": len(row["plain"])}
     return table
 
@@ -125,16 +130,17 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--steps", type=int, default=12)
     ap.add_argument("--warmup", type=int, default=3, help="step intervals left out at the start of each run")
+    ap.add_argument("--size-steps", type=int, default=200, help="steps of the longer recording the run-dir growth is taken from")
     ap.add_argument("--only", help="comma-separated stack names (default: every stack whose script exists)")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
-    if args.steps <= args.warmup + 1:
-        sys.exit("bench_stacks: --steps must exceed --warmup + 1")
+    if args.steps <= args.warmup + 1 or args.size_steps <= args.steps:
+        sys.exit("bench_stacks: --steps must exceed --warmup + 1, and --size-steps --steps")
     names = [s for s in STACKS if (SCRIPTS / STACKS[s][0]).is_file()]
     if args.only:
         wanted = [w.strip() for w in args.only.split(",")]
         names = [s for s in names if any(w.lower() in s.lower() for w in wanted)]
-    table = measure(names, args.rounds, args.steps, args.warmup)
+    table = measure(names, args.rounds, args.steps, args.warmup, args.size_steps)
     print(json.dumps({"schema": "bitguard.bench-stacks/1", "stacks": table}, indent=1) if args.json
           else markdown(table))
 
