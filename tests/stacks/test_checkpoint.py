@@ -38,11 +38,13 @@ def events(run) -> pl.DataFrame:
 def runs(request, tmp_path_factory):
     args = request.param
     tmp = tmp_path_factory.mktemp("checkpoint")
-    plain = h.plain("checkpointing.py", tmp, *args)
-    plain_fault = h.plain("checkpointing.py", tmp, *args, env=FAULT, name="plain-fault")
-    a, ra = h.recorded("checkpointing.py", tmp / "a", *args)
-    b, _ = h.recorded("checkpointing.py", tmp / "b", *args)
-    fault, rf = h.recorded("checkpointing.py", tmp / "fault", *args, env=FAULT)
+    got = h.together({
+        "plain": lambda: h.plain("checkpointing.py", tmp, *args),
+        "plain_fault": lambda: h.plain("checkpointing.py", tmp, *args, env=FAULT, name="plain-fault"),
+        "a": lambda: h.recorded("checkpointing.py", tmp / "a", *args),
+        "b": lambda: h.recorded("checkpointing.py", tmp / "b", *args),
+        "fault": lambda: h.recorded("checkpointing.py", tmp / "fault", *args, env=FAULT)})
+    plain, plain_fault, (a, ra), (b, _), (fault, rf) = (got[k] for k in ("plain", "plain_fault", "a", "b", "fault"))
     return {"args": args, "plain": plain, "plain_fault": plain_fault, "a": a, "ra": ra, "b": b, "fault": fault,
             "rf": rf}
 

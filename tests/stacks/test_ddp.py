@@ -22,13 +22,20 @@ PARAMS = {f"{m}.{p}" for m in ("body.0", "body.2", "head") for p in ("weight", "
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("ddp")
-    out = {"plain": h.plain("ddp.py", tmp, nproc=2), "plain_hook": h.plain("ddp.py", tmp, *HOOK, nproc=2,
-                                                                            name="plain-hook")}
-    out["a"], out["ra"] = h.recorded("ddp.py", tmp / "a", nproc=2)
-    out["b"], _ = h.recorded("ddp.py", tmp / "b", nproc=2)
-    out["module"], _ = h.recorded("ddp.py", tmp / "module", nproc=2, env=MODULE_FAULT)
-    out["hook"], out["rhook"] = h.recorded("ddp.py", tmp / "hook", *HOOK, nproc=2)
-    out["allreduce"], _ = h.recorded("ddp.py", tmp / "allreduce", *HOOK, nproc=2, env=ALLREDUCE_FAULT)
+    got = h.together({
+        "plain": lambda: h.plain("ddp.py", tmp, nproc=2),
+        "plain_hook": lambda: h.plain("ddp.py", tmp, *HOOK, nproc=2, name="plain-hook"),
+        "a": lambda: h.recorded("ddp.py", tmp / "a", nproc=2),
+        "b": lambda: h.recorded("ddp.py", tmp / "b", nproc=2),
+        "module": lambda: h.recorded("ddp.py", tmp / "module", nproc=2, env=MODULE_FAULT),
+        "hook": lambda: h.recorded("ddp.py", tmp / "hook", *HOOK, nproc=2),
+        "allreduce": lambda: h.recorded("ddp.py", tmp / "allreduce", *HOOK, nproc=2, env=ALLREDUCE_FAULT)})
+    out = {"plain": got["plain"], "plain_hook": got["plain_hook"]}
+    out["a"], out["ra"] = got["a"]
+    out["b"], _ = got["b"]
+    out["module"], _ = got["module"]
+    out["hook"], out["rhook"] = got["hook"]
+    out["allreduce"], _ = got["allreduce"]
     return out
 
 

@@ -16,6 +16,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from _fault import Fault, flip_bit, spec
 from _result import write_result
+from _two_ranks import finish
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 
@@ -83,10 +84,10 @@ def main():
         losses.append(loss.item())
     write_result(net, losses)
     # free DDP (its reducer holds the process group) before tearing the group down: the other
-    # order was seen to hang in ~ProcessGroupGloo joining its worker thread (MACHINE.md)
+    # order was seen to hang in ~ProcessGroupGloo joining its worker thread (MACHINE.md); the comm
+    # hook's state and the reducer hold each other, so finish() collects them first
     del model, opt
-    dist.barrier()
-    dist.destroy_process_group()
+    finish()
 
 
 if __name__ == "__main__":
