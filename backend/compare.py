@@ -78,14 +78,20 @@ def _pair_tensors(pairs: pl.DataFrame, ta: pl.DataFrame, tb: pl.DataFrame) -> pl
         pairs.select("a_seq", "b_seq"), left_on="seq", right_on="a_seq").rename({"seq": "a_seq"})
     right = tb.with_columns(_occurrence(tb)).select(
         pl.col("seq").alias("b_seq"), "role", "idx", "_nth", pl.col("xor").alias("xor_b"),
-        pl.col("pos").alias("pos_b"), pl.col("dtype").alias("dtype_b"), _unobserved(tb).alias("unobserved_b"))
+        pl.col("pos").alias("pos_b"), pl.col("dtype").alias("dtype_b"), pl.col("shape").alias("_shape_b"),
+        _unobserved(tb).alias("unobserved_b"))
     d = left.join(right, on=["b_seq", "role", "idx", "_nth"], how="left").drop("_nth")
     return d.with_columns(
         (pl.col("xor") != pl.col("xor_b")).fill_null(True).alias("xor_differs"),
         (pl.col("pos") != pl.col("pos_b")).fill_null(True).alias("pos_differs"),
+        # the same bytes as another shape or dtype are another tensor (pairs made by place or across
+        # a dtype change, retype.py): the digests see only the bytes
+        ((pl.col("shape") != pl.col("_shape_b")) | (pl.col("dtype") != pl.col("dtype_b"))).fill_null(False)
+        .alias("_form_differs"),
         # a tensor either side could not read: its digests mean nothing, it can be neither equal nor not
         (pl.col("unobserved").is_not_null() | pl.col("unobserved_b").is_not_null()).alias("unknown"),
-    ).with_columns((pl.col("xor_differs") | pl.col("pos_differs")).alias("differs"))
+    ).with_columns((pl.col("xor_differs") | pl.col("pos_differs") | pl.col("_form_differs")).alias("differs")
+                   ).drop("_shape_b", "_form_differs")
 
 
 def _apply_ignore(diffs: pl.DataFrame, events: pl.DataFrame, rules: RuleSet, rank: int, fired: dict) -> pl.DataFrame:

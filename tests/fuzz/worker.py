@@ -32,7 +32,8 @@ LIMIT = 20_000  # characters of stdout/stderr sent back per case
 # What a verdict rests on: which event it is (pairing) and what its tensors held (digests). When an
 # event ran, on which thread, its call stack or a tensor's strides describe it and are left out.
 EVENT_FACTS = ("seq", "step", "phase", "kind", "boundary")  # a rank is its file (meta rank)
-TENSOR_FACTS = ("seq", "role", "idx", "shape", "xor", "pos", "unobserved")
+# dtype is content: the same bytes as another dtype are other values (compare counts them differing)
+TENSOR_FACTS = ("seq", "role", "idx", "shape", "dtype", "xor", "pos", "unobserved")
 
 
 def _cli(argv: list[str]) -> dict:

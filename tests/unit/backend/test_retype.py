@@ -156,3 +156,42 @@ def test_the_retype_note_says_what_changed_the_type_or_only_a_dtype():
         "paired across a dtype change (float32→bfloat16): both runs run Linear"
     assert _retyped(_pivot("LlamaSdpaAttention", "LlamaAttention", [("float32", "float32")])) == \
         "paired across a type change: A runs LlamaSdpaAttention, B runs LlamaAttention"
+
+
+class Shaped(nn.Module):
+    """Returns the same bytes as (3, 4) or as (2, 6): one run's module reshapes its output."""
+
+    def __init__(self, wide: bool):
+        super().__init__()
+        self.proj = nn.Linear(4, 4)
+        self.wide = wide
+
+    def forward(self, x):
+        y = self.proj(x)
+        return y.reshape(2, 6) if self.wide else y
+
+
+class Reshaping(nn.Module):
+    def __init__(self, wide: bool):
+        super().__init__()
+        self.mod = Shaped(wide)
+        self.head = nn.Linear(4, 1)
+
+    def forward(self, x):
+        return self.head(self.mod(x).reshape(-1, 4)).sum()
+
+
+def test_the_same_bytes_in_another_shape_are_never_identical(tmp_path):
+    # paired by place (same path, other tensor shapes), the output's digests are equal: the shape
+    # alone tells the tensors apart, and it must (a fuzz case found the place pairing certifying it)
+    runs = []
+    for wide in (False, True):
+        torch.manual_seed(0)
+        model = Reshaping(wide)
+        with bitguard.record(tmp_path / str(wide), determinism=False):
+            model(torch.randn(3, 4, generator=torch.Generator().manual_seed(1))).backward()
+        runs.append(tmp_path / str(wide))
+    d = bitguard.compare(*runs).to_dict()
+    assert d["verdict"] == "diverged", d["verdict"]
+    fd = d["first_divergence"]
+    assert (fd["boundary"], fd["phase"]) == ("mod", "forward"), fd
