@@ -107,8 +107,9 @@ def test_compare_localizes_the_recompute_fault(runs):
 
 @pytest.mark.parametrize("args", [(), ("--reentrant",)], ids=["non-reentrant", "reentrant"])
 def test_hf_gradient_checkpointing_records_recomputes_not_roots(args, tmp_path):
-    plain = h.plain("hf_checkpointing.py", tmp_path, *args)
-    run, result = h.recorded("hf_checkpointing.py", tmp_path / "hf", *args)
+    got = h.together({"plain": lambda: h.plain("hf_checkpointing.py", tmp_path, *args),
+                      "run": lambda: h.recorded("hf_checkpointing.py", tmp_path / "hf", *args)})
+    plain, (run, result) = got["plain"], got["run"]
     h.assert_unchanged(plain, result)
     e = events(run)
     assert e.filter(pl.col("phase") == "data")["boundary"].to_list() == ["LlamaForCausalLM"] * 3
@@ -118,8 +119,14 @@ def test_hf_gradient_checkpointing_records_recomputes_not_roots(args, tmp_path):
     assert (code, doc["verdict"]) == (0, "clean") and doc["checks"][0]["compared"] == rec.height, doc
 
 
-def test_checkpointing_changes_no_number_and_compares_identical_to_no_checkpointing(runs, tmp_path):
-    none, result = h.recorded("checkpointing.py", tmp_path / "none", "--no-checkpoint")
+@pytest.fixture(scope="module")
+def unchecked(tmp_path_factory):
+    """The same training without checkpointing, recorded once for both modes."""
+    return h.recorded("checkpointing.py", tmp_path_factory.mktemp("none") / "none", "--no-checkpoint")
+
+
+def test_checkpointing_changes_no_number_and_compares_identical_to_no_checkpointing(runs, unchecked):
+    none, result = unchecked
     h.assert_unchanged(runs["ra"], result)  # checkpointing (either mode) leaves every number as it was
     code, doc = h.compare(none, runs["a"])
     assert (code, doc["verdict"]) == (0, "identical"), doc.get("inconclusive") or doc.get("first_divergence")
@@ -132,8 +139,10 @@ def test_check_finds_a_recompute_that_draws_other_random_numbers(tmp_path):
     # preserve_rng_state=False: each dropout recompute draws another mask than its forward did (a real
     # nondeterminism of the training). Reentrant: non-reentrant stops recomputing at the dropout's mask,
     # the last saved tensor of the block, so no recompute of it completes to be compared.
-    plain = h.plain("checkpointing.py", tmp_path, "--reentrant", "--no-preserve-rng")
-    run, result = h.recorded("checkpointing.py", tmp_path / "norng", "--reentrant", "--no-preserve-rng")
+    got = h.together({"plain": lambda: h.plain("checkpointing.py", tmp_path, "--reentrant", "--no-preserve-rng"),
+                      "run": lambda: h.recorded("checkpointing.py", tmp_path / "norng", "--reentrant",
+                                                "--no-preserve-rng")})
+    plain, (run, result) = got["plain"], got["run"]
     h.assert_unchanged(plain, result)
     code, doc = check(run)
     assert (code, doc["verdict"]) == (1, "findings"), doc

@@ -129,8 +129,9 @@ def test_ddp_reduction_observed_only_where_it_is_reproduced_bitwise(tmp_path, np
     """The observing hook multiplies by 1/world_size as DDP's reducer does; for a gradient that is a
     view of its bucket the reducer divides instead, the same bitwise only for a power-of-two world
     size: with 3 ranks and gradient_as_bucket_view the reduction is left alone, unobserved."""
-    plain = h.plain("ddp.py", tmp_path, *args, nproc=nproc)
-    run, result = h.recorded("ddp.py", tmp_path / "run", *args, nproc=nproc)
+    got = h.together({"plain": lambda: h.plain("ddp.py", tmp_path, *args, nproc=nproc),
+                      "run": lambda: h.recorded("ddp.py", tmp_path / "run", *args, nproc=nproc)})
+    plain, (run, result) = got["plain"], got["run"]
     h.assert_unchanged(plain, result)
     events, tensors, comm = _comm(run, nproc - 1)
     assert (comm.height > 0) == observed and set(comm["module_type"]) <= {"allreduce_mean"}
