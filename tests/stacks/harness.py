@@ -139,6 +139,21 @@ def assert_localized(doc: dict, step: int, rank: int, boundary, blame: str | Non
     return fd
 
 
+def assert_identical(a, b, *args) -> dict:
+    """`bitguard compare A B` says identical, exit 0. Returns the document."""
+    code, doc = compare(a, b, *args)
+    assert (code, doc.get("verdict")) == (0, "identical"), doc.get("inconclusive") or doc.get("first_divergence") or doc
+    return doc
+
+
+def assert_compare_localizes(a, b, step: int, rank: int, boundary, blame: str | None = None,
+                             fault_class: str | None = None) -> dict:
+    """`bitguard compare A B` exits 1 (diverged) with the first divergence `assert_localized` checks."""
+    code, doc = compare(a, b)
+    assert code == 1, doc.get("inconclusive") or doc.get("error") or doc.get("verdict")
+    return assert_localized(doc, step=step, rank=rank, boundary=boundary, blame=blame, fault_class=fault_class)
+
+
 def assert_unchanged(plain_result: dict, recorded_result: dict) -> None:
     """Recording left every loss and every final parameter bitwise as the plain run's."""
     assert plain_result.keys() == recorded_result.keys()

@@ -25,11 +25,9 @@ def test_records_unedited_and_numbers_unchanged(runs):
 
 
 def test_rerun_identical(runs):
-    code, doc = h.compare(runs["a"], runs["b"])
-    assert (code, doc["verdict"]) == (0, "identical"), doc.get("inconclusive") or doc.get("first_divergence")
+    h.assert_identical(runs["a"], runs["b"])
 
 
 def test_fault_localized(runs):
-    code, doc = h.compare(runs["a"], runs["fault"])
-    assert code == 1
-    h.assert_localized(doc, step=2, rank=0, boundary="blocks.1.mlp", blame="source", fault_class="forward")
+    h.assert_compare_localizes(runs["a"], runs["fault"], step=2, rank=0, boundary="blocks.1.mlp", blame="source",
+                               fault_class="forward")

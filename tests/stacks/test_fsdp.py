@@ -60,11 +60,9 @@ def test_steps_advance_and_sharded_parameters_have_gradient_and_step_events_unde
 
 
 def test_rerun_identical(runs):
-    code, doc = h.compare(runs["a"], runs["b"])
-    assert (code, doc["verdict"]) == (0, "identical"), doc.get("inconclusive") or doc.get("first_divergence")
+    h.assert_identical(runs["a"], runs["b"])
 
 
 def test_fault_localized(runs):
-    code, doc = h.compare(runs["a"], runs["fault"])
-    assert code == 1
-    h.assert_localized(doc, step=2, rank=1, boundary="body.0", blame="source", fault_class="forward")
+    h.assert_compare_localizes(runs["a"], runs["fault"], step=2, rank=1, boundary="body.0", blame="source",
+                               fault_class="forward")
