@@ -105,7 +105,8 @@ def test_compare_localizes_the_recompute_fault(runs):
     assert doc["run_checks"]["b"][0]["boundary"] == FAULTY and doc["run_checks"]["b"][0]["step"] == 2
 
 
-@pytest.mark.parametrize("args", [(), ("--reentrant",)], ids=["non-reentrant", "reentrant"])
+@pytest.mark.parametrize("args", [(), pytest.param(("--reentrant",), marks=pytest.mark.extended)],
+                         ids=["non-reentrant", "reentrant"])
 def test_hf_gradient_checkpointing_records_recomputes_not_roots(args, tmp_path):
     got = h.together({"plain": lambda: h.plain("hf_checkpointing.py", tmp_path, *args),
                       "run": lambda: h.recorded("hf_checkpointing.py", tmp_path / "hf", *args)})

@@ -122,9 +122,10 @@ def test_cross_rank_check_names_rank_0(runs):
     assert first["against"]["rank"] == 1
 
 
-@pytest.mark.parametrize("nproc,args,observed", [(3, (), True), (2, ("--bucket-view",), True),
-                                                 (3, ("--bucket-view",), False)],
-                         ids=["3-ranks", "bucket-view", "3-ranks-bucket-view"])
+@pytest.mark.parametrize("nproc,args,observed", [
+    pytest.param(3, (), True, marks=pytest.mark.extended), (2, ("--bucket-view",), True),
+    pytest.param(3, ("--bucket-view",), False, marks=pytest.mark.extended)],
+    ids=["3-ranks", "bucket-view", "3-ranks-bucket-view"])
 def test_ddp_reduction_observed_only_where_it_is_reproduced_bitwise(tmp_path, nproc, args, observed):
     """The observing hook multiplies by 1/world_size as DDP's reducer does; for a gradient that is a
     view of its bucket the reducer divides instead, the same bitwise only for a power-of-two world

@@ -15,7 +15,9 @@ PARAMS = {f"{m}.{p}" for m in ("body.0", "body.2", "head") for p in ("weight", "
 STACKS = {"fsdp1": ("fsdp1.py",), "fsdp1-orig-params": ("fsdp1.py", "--orig-params"), "fsdp2": ("fsdp2.py",)}
 
 
-@pytest.fixture(scope="module", params=list(STACKS))
+# FSDP1 with use_orig_params records through the same flat-parameter split: an extended variant
+@pytest.fixture(scope="module", params=[pytest.param(s, marks=pytest.mark.extended) if s == "fsdp1-orig-params" else s
+                                        for s in STACKS])
 def runs(request, tmp_path_factory):
     script, *args = STACKS[request.param]
     tmp = tmp_path_factory.mktemp(request.param)
