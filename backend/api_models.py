@@ -231,3 +231,30 @@ class Neighbours(BaseModel):
     node: dict[str, Any]
     consumers: list[dict[str, Any]]
     producers: list[dict[str, Any]]
+
+# -- drills -------------------------------------------------------------------------------------
+
+class DrillCreate(BaseModel):
+    rank: int | None = Field(None, ge=0, description="the rank to drill; the pivot's rank when absent")
+
+
+class DrillState(BaseModel):
+    """A comparison's drill (bitguard.backend.drills): its state and, once done, the engine's document."""
+
+    schema_: Literal["bitguard.drill-state/1"] = Field(alias="schema", serialization_alias="schema")
+    comparison: str
+    revision: int | None = Field(description="the comparison's revision whose pivot was drilled")
+    rank: int | None = Field(description="the rank asked for; null: the pivot's")
+    state: Literal["queued", "running", "done", "failed"] = Field(
+        description="queued: waiting for another comparison's drill; running: replaying both runs")
+    created: float | None = Field(description="seconds since the epoch when it was asked for")
+    started: float | None
+    finished: float | None
+    elapsed_s: float | None = Field(description="seconds it has run (so far, while running)")
+    error: ErrorInfo | None = Field(description="why it failed (e.g. NotSupported: the recorded script is not on "
+                                                "this machine, the pivot is a data batch)")
+    exit_status: int | None = Field(description="what `bitguard drill` exits with: 0 op pivot, 1 no difference, "
+                                                "3 the replay does not reproduce the record")
+    document: dict[str, Any] | None = Field(
+        description="the engine's `bitguard.drill/1` document (op_pivot, signature, replay, ...; see docs/DRILL.md), "
+                    "once done")

@@ -24,7 +24,8 @@ from fastapi.responses import FileResponse, JSONResponse
 from fastapi.staticfiles import StaticFiles
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from bitguard.backend import api_comparisons, api_rule_sets, api_runs
+from bitguard.backend import api_comparisons, api_drills, api_rule_sets, api_runs
+from bitguard.backend.drills import Drills
 from bitguard.backend.workspace import Workspace
 from bitguard.errors import BadInput, BitguardError
 
@@ -101,17 +102,20 @@ def _error_handlers(app: FastAPI, ws: Workspace) -> None:
 def create_app(workspace_dir: str | os.PathLike | None = None, config: ServerConfig | None = None) -> FastAPI:
     config = config or ServerConfig.from_env()
     ws = Workspace(workspace_dir or default_workspace(), raw_event_limit=config.raw_event_limit)
+    drills = Drills(ws)
     from contextlib import asynccontextmanager
 
     @asynccontextmanager
     async def lifespan(_app):
         yield
+        drills.close()
         ws.close()
 
     app = FastAPI(title="bitguard explorer", version="1", lifespan=lifespan,
                   description="Upload two runs, compare them, walk from the pivot through what it corrupted, "
                               "and curate benign-difference rules.")
     app.state.workspace = ws
+    app.state.drills = drills
     app.state.config = config
 
     _error_handlers(app, ws)
@@ -135,6 +139,7 @@ def create_app(workspace_dir: str | os.PathLike | None = None, config: ServerCon
     app.include_router(api_runs.routes(ws, config))
     app.include_router(api_rule_sets.routes(ws))
     app.include_router(api_comparisons.routes(ws, config))
+    app.include_router(api_drills.routes(drills))
 
     # -- the front end ------------------------------------------------------------------
     @app.get("/", include_in_schema=False)

@@ -498,11 +498,7 @@ class Workspace:
                                          rules)
             result = Result(engine_obj, revision, self.raw_event_limit, self.path_names())
         except Exception as exc:  # noqa: BLE001 - recorded on the comparison and shown to the user
-            names = self.path_names()
-            error = {"type": type(exc).__name__ if isinstance(exc, BitguardError) else "InternalError",
-                     "message": names.text(str(exc)) if isinstance(exc, BitguardError)
-                     else f"internal error ({type(exc).__name__}: {names.text(str(exc))}); a bug in bitguard: "
-                          "please report it"}
+            error = error_info(exc, self.path_names())
             with self._lock:
                 if self._record_or_none(cid, revision):
                     self._exec("UPDATE comparisons SET status = 'failed', error = ?, updated = ? WHERE id = ?",
@@ -533,6 +529,15 @@ class Workspace:
             if c["status"] in ("ready", "failed") or time.monotonic() > deadline:
                 return c
             time.sleep(0.02)
+
+
+def error_info(exc: BaseException, names: PathNames) -> dict:
+    """What a failed background job (a comparison, a drill) shows: a `BitguardError` as its class and
+    message, anything else as an internal error (a bug); paths in the user's terms."""
+    if isinstance(exc, BitguardError):
+        return {"type": type(exc).__name__, "message": names.text(str(exc))}
+    return {"type": "InternalError", "message": f"internal error ({type(exc).__name__}: {names.text(str(exc))}); "
+                                                "a bug in bitguard: please report it"}
 
 
 def _plain(obj):

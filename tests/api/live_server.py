@@ -43,9 +43,10 @@ class LiveServer:
                 self.process.wait(5)
 
 
-def start_server(workspace: str, config: dict | None = None, timeout: float = 30.0) -> LiveServer:
+def start_server(workspace: str, config: dict | None = None, timeout: float = 30.0, preamble: str = "") -> LiveServer:
+    """`preamble`: Python the server process runs first (a test's stand-in for part of the engine)."""
     port = free_port()
-    code = ("import json, sys\n"
+    code = (preamble + "import json, sys\n"
             "from bitguard.backend.server import ServerConfig, serve\n"
             "serve(sys.argv[1], '127.0.0.1', int(sys.argv[2]), ServerConfig(**json.loads(sys.argv[3])))\n")
     os.makedirs(workspace, exist_ok=True)

@@ -60,6 +60,7 @@ def test_openapi_documents_every_route(client):
         ("get", "/api/comparisons/{cid}/events"), ("get", "/api/comparisons/{cid}/events/{rank}/{side}/{seq}"),
         ("get", "/api/comparisons/{cid}/graph/nodes/{node_id}"), ("get", "/api/comparisons/{cid}/timeline"),
         ("post", "/api/comparisons/{cid}/rerun"), ("get", "/api/comparisons/{cid}/perfetto"),
+        ("post", "/api/comparisons/{cid}/drill"), ("get", "/api/comparisons/{cid}/drill"),
         ("post", "/api/rulesets"), ("put", "/api/rulesets/{rule_set_id}"), ("delete", "/api/rulesets/{rule_set_id}"),
         ("post", "/api/rulesets/import"), ("get", "/api/rulesets/{rule_set_id}/export"),
         ("post", "/api/rulesets/{rule_set_id}/copy"),
