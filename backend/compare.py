@@ -527,6 +527,13 @@ class Comparison:
             run_checks=check.for_comparison(self),  # each run against itself (backend/check.py)
         )
 
+    def drill(self, rank: int | None = None, out=None, timeout: float | None = None):
+        """Replay both runs for the pivot's step and name the first differing operation
+        (backend/drill.py): a `DrillReport`, whose `to_dict()` is the bitguard.drill/1 document."""
+        from bitguard.backend.drill import DEFAULT_TIMEOUT_S, drill_comparison
+
+        return drill_comparison(self, rank=rank, out=out, timeout=timeout or DEFAULT_TIMEOUT_S)
+
     def to_dict(self) -> dict:
         return self.result.to_dict()
 

@@ -211,3 +211,41 @@ def render_check(r: CheckResult) -> str:
         out.append(f"{c.name}: {c.compared} compared, {c.findings} finding(s)")
         out += [f"  note: {n}" for n in c.notes]
     return "\n".join(out).translate(_CONTROL)
+
+
+def render_drill(doc: dict) -> str:
+    """The terminal report of a `bitguard.drill/1` document."""
+    w, fd = doc["window"], doc["boundary_pivot"]
+    out = [_line("═"), f"bitguard drill: {doc['verdict'].replace('_', ' ')}", _line("═"),
+           f"boundary pivot   step {fd['step']} rank {fd['rank']} {fd['phase']} {fd['boundary']} ({fd['blame']})",
+           f"window traced    {w['boundary']} ({w.get('module_type')}), call {w['call']}: {w['why']}",
+           f"replay           {doc['replay']['detail']}"]
+    op = doc.get("op_pivot")
+    if op:
+        where = f"{op['file']}:{op['line']} in {op['function']}" if op.get("file") else "(no user frame)"
+        out += [_line(), f"FIRST DIFFERING OPERATION  {op['op']}", f"  at       {where}",
+                f"  chain    {' > '.join(op['chain'])}"]
+        if op["cause"] == "structure":
+            side, other = op["side_only"].upper(), "B" if op["side_only"] == "a" else "A"
+            there = ", ".join(o["op"] for o in op["other_side"]) or "nothing"
+            out.append(f"  cause    structure: run {side} alone calls it (run {other} calls {there} there)")
+        else:
+            inputs = "differ" if op["inputs_differ"] else "are equal"
+            args = ", its other arguments differ" if op["args_differ"] else ""
+            out.append(f"  cause    digest: its tensor inputs {inputs}{args}, its output differs")
+            for o in op["outputs"]:
+                if o["differs"]:
+                    a, b = o["a"] or {}, o["b"] or {}
+                    out.append(f"  output {o['index']} A {a.get('xor')}/{a.get('pos')}  B {b.get('xor')}/{b.get('pos')}")
+            if op["args_differ"]:
+                out += [f"  args A   {op['args_a']}", f"  args B   {op['args_b']}"]
+    elif doc.get("detail"):
+        out += [_line(), doc["detail"]]
+    for title, sig in (("SIGNATURE", doc.get("signature")), ("AT THE BOUNDARY", doc.get("boundary_signature"))):
+        if sig:
+            out += [_line(), f"{title}  {sig['kind']}: {sig['reading']}"]
+            if sig.get("elements_differing") is not None:
+                out.append(f"  {sig['elements_differing']:,} of {sig['elements_total']:,} elements differ; max abs "
+                           f"{sig.get('max_abs')}, max ULP {sig.get('max_ulp')}; bits {sig.get('bits')}")
+    out += [_line(), f"drill records: A {doc['records']['a']}", f"               B {doc['records']['b']}"]
+    return "\n".join(out)

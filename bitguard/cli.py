@@ -1,7 +1,9 @@
-"""The `bitguard` command line: record, compare, check, export-perfetto, serve, eval.
+"""The `bitguard` command line: record, compare, check, drill, export-perfetto, serve, eval.
 
 Exit statuses are a contract: `compare` exits 0 identical, 1 diverged, 3 inconclusive; `check`
-exits 0 clean, 1 findings, 3 inconclusive (nothing it could check, or a run not whole); every
+exits 0 clean, 1 findings, 3 inconclusive (nothing it could check, or a run not whole); `drill`
+exits 0 when it names an op-level pivot, 1 when the replays do not differ inside the window, 3 when
+a replay does not reproduce its record; every
 command exits 2 on bad input (a `BitguardError`, one line on stderr) and 70 on an internal
 error (an unexpected exception: one line on stderr, the traceback saved to a file it names), so
 a CI job never mistakes a crash for a divergence. A closed stdout (`bitguard compare A B | head`)
@@ -125,7 +127,9 @@ def _interpreter(python: str) -> str:
 
 
 def _imports_bitguard(exe: str, python: str) -> bool:
-    probe = "import importlib.util, sys; sys.exit(importlib.util.find_spec('bitguard') is None)"
+    # bitguard.collectors, not just bitguard: in a checkout's root a python without bitguard installed
+    # finds the bitguard/ folder itself, but not the packages the install maps beside it
+    probe = "import importlib.util, sys; sys.exit(importlib.util.find_spec('bitguard.collectors') is None)"
     try:
         return subprocess.run([exe, "-c", probe], capture_output=True, timeout=60).returncode == 0
     except (OSError, subprocess.TimeoutExpired) as exc:
@@ -237,6 +241,22 @@ def cmd_check(args) -> int:
     return result.exit_status
 
 
+def cmd_drill(args) -> int:
+    from bitguard.backend.drill import drill
+    from bitguard.backend.report import render_drill
+
+    if args.timeout <= 0:
+        raise BadInput(f"--timeout {args.timeout} is not a positive number of seconds")
+    report = drill(args.run_a, args.run_b, rank=args.rank, rules=args.rules, out=args.out, timeout=args.timeout)
+    if args.json:
+        import json
+
+        _print(json.dumps(report.to_dict(), indent=2))
+    else:
+        _print(render_drill(report.to_dict()))
+    return report.exit_status
+
+
 def cmd_export_perfetto(args) -> int:
     from bitguard.backend.compare import compare
 
@@ -287,6 +307,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--rank", type=int, default=None, help="check only this rank")
     p.add_argument("--json", action="store_true", help="print the bitguard.check/1 JSON document")
     p.set_defaults(func=cmd_check)
+
+    what = ("replay both runs for the pivot's step, trace every torch operation inside its blame window and name the "
+            "first that differs, with its source line, a numeric diff and a fault signature; exit 0 an op named, 1 the "
+            "replays' windows do not differ, 2 bad input or not supported, 3 a replay does not reproduce its record, "
+            "70 internal error")
+    p = sub.add_parser("drill", help=what, description=what)
+    p.add_argument("run_a", help="reference run directory")
+    p.add_argument("run_b", help="suspect run directory")
+    p.add_argument("--rank", type=int, default=None, help="drill this rank's pivot (default: the first divergence)")
+    p.add_argument("--rules", default=None, help="benign-difference rules file to apply to the comparison first")
+    p.add_argument("--out", default=None, help="where the drill records go (default: RUN/drill/ beside each run)")
+    p.add_argument("--timeout", type=float, default=3600.0, help="seconds the replays may take (default 3600)")
+    p.add_argument("--json", action="store_true", help="print the bitguard.drill/1 JSON document")
+    p.set_defaults(func=cmd_drill)
 
     p = sub.add_parser("export-perfetto", help="write a Perfetto trace of the comparison")
     p.add_argument("run_a")

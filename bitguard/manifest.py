@@ -53,6 +53,9 @@ class Manifest(BaseModel):
     digest: str | None = _field("the name of a digest definition (a string)")
     command: list[str] | str | None = _field("the recorded command, a list of strings")
     cwd: str | None = _field("a folder path (a string)")
+    python: str | None = _field("the interpreter's path (a string)")
+    script_sha256: str | None = _field("the SHA-256 of the recorded script, 64 hex digits (a string)")
+    env: dict[str, str] | None = _field("an object mapping environment variable names to their values (strings)")
     mode: str | None = _field("a recording mode (a string)")
     steps: list[int | None] | None = _field("null or [first step, end step or null]", max_length=2)
     # required: without it, a missing rank could not be told from a smaller job
@@ -269,6 +272,53 @@ def _native_versions(torch) -> dict[str, str]:
     return out
 
 
+# Environment variables that can change what a training computes, recorded so that a replay
+# (`bitguard drill`) runs under them again. Secrets are never recorded (names holding TOKEN, KEY,
+# SECRET, PASSWORD or CREDENTIAL), nor what a launcher sets per process (RANK, MASTER_ADDR, ...).
+# BITGUARD_RECORD_ENV="NAME,NAME2" records more names (a script's own switches).
+ENV_PREFIXES = ("CUDA_", "CUBLAS_", "CUDNN_", "NCCL_", "NVIDIA_", "TORCH", "PYTORCH_", "OMP_", "MKL_", "KMP_",
+                "OPENBLAS_", "HF_", "TRANSFORMERS_", "ACCELERATE_", "TOKENIZERS_", "XLA_", "TRITON_", "BITGUARD_")
+ENV_NAMES = ("PYTHONHASHSEED", "PYTHONPATH", "LD_PRELOAD", "CUBLASLT_WORKSPACE_SIZE")
+_SECRET = re.compile(r"TOKEN|KEY|SECRET|PASSW|CREDENTIAL", re.I)
+_PER_PROCESS = re.compile(r"^(RANK|LOCAL_RANK|WORLD_SIZE|LOCAL_WORLD_SIZE|GROUP_RANK|GROUP_WORLD_SIZE|ROLE_RANK|"
+                          r"ROLE_WORLD_SIZE|ROLE_NAME|MASTER_ADDR|MASTER_PORT|TORCHELASTIC_.*|TORCH_NCCL_ASYNC_.*|"
+                          r"BITGUARD_DRILL|BITGUARD_LAUNCHER_COMMAND)$")
+
+
+def recorded_env(environ: dict | None = None) -> dict[str, str]:
+    """The environment variables a replay must run under again (see ENV_PREFIXES)."""
+    environ = os.environ if environ is None else environ
+    extra = {n.strip() for n in environ.get("BITGUARD_RECORD_ENV", "").split(",") if n.strip()}
+    return {name: value for name, value in sorted(environ.items())
+            if (name in extra or name in ENV_NAMES or name.startswith(ENV_PREFIXES))
+            and not _SECRET.search(name) and not _PER_PROCESS.match(name)}
+
+
+def script_of(command: list[str] | str | None) -> str | None:
+    """The training script of a recorded command (`python [OPTS] train.py ...` or `train.py ...`)."""
+    if not isinstance(command, list):
+        return None
+    return next((c for c in command if isinstance(c, str) and c.endswith(".py")), None)
+
+
+def file_sha256(path: str | os.PathLike) -> str | None:
+    import hashlib
+
+    try:
+        with open(path, "rb") as f:
+            return hashlib.file_digest(f, "sha256").hexdigest()
+    except OSError:
+        return None
+
+
+def replay_facts(command: list[str]) -> dict:
+    """What a replay needs beside the command: the interpreter, the script's hash (to tell an
+    edited script) and the environment that matters."""
+    script = script_of(command)
+    return {"python": sys.executable, "script_sha256": file_sha256(script) if script else None,
+            "env": recorded_env()}
+
+
 def write(directory: str | os.PathLike, data: dict) -> None:
     path = Path(directory) / MANIFEST_NAME
     tmp = path.with_suffix(f".json.tmp{os.getpid()}")
@@ -299,6 +349,7 @@ def new(command: list[str], mode: str, world_size: int, determinism: dict, steps
         "digest": DIGEST,
         "command": command,
         "cwd": os.getcwd(),
+        **replay_facts(command),
         "mode": mode,
         "steps": None if steps is None else list(steps),
         "world_size": world_size,

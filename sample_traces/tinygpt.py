@@ -22,6 +22,11 @@ scenarios are switched on with --fault (each is a realistic bug, injected at a k
   benign-dropout    an extra dropout module with p=0 inserted (structure differs, values do not)
   benign-probe      with --probe: the activation-statistics probe (whose result training never
                     uses) computes in bf16 (a benign difference a rule should accept)
+  rms-eps           with --norm rms: every RMSNorm adds eps 1e-5 instead of 1e-6 (a changed
+                    constant inside a module of several operations)
+
+--attention sdpa computes attention with F.scaled_dot_product_attention instead of the explicit
+matmul/softmax (another kernel for the same mathematics: its low bits differ).
 
 Every fault but benign-dropout is active from --fault-step on. --losses FILE writes the per-step
 losses as JSON; --no-seed leaves the global RNG to the launcher (model initialisation then
@@ -75,9 +80,10 @@ class ActivationStats(nn.Module):
 
 
 class CausalSelfAttention(nn.Module):
-    def __init__(self, width: int, heads: int, dropout: float):
+    def __init__(self, width: int, heads: int, dropout: float, sdpa: bool = False):
         super().__init__()
         self.heads = heads
+        self.sdpa = sdpa
         self.qkv = nn.Linear(width, 3 * width)
         self.proj = nn.Linear(width, width)
         self.drop = nn.Dropout(dropout)
@@ -86,6 +92,10 @@ class CausalSelfAttention(nn.Module):
         b, t, c = x.shape
         q, k, v = self.qkv(x).split(c, dim=2)
         q, k, v = (z.view(b, t, self.heads, c // self.heads).transpose(1, 2) for z in (q, k, v))
+        if self.sdpa:
+            p = self.drop.p if self.training else 0.0
+            y = F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=True)
+            return self.proj(y.transpose(1, 2).reshape(b, t, c))
         att = (q @ k.transpose(-2, -1)) / math.sqrt(k.size(-1))
         mask = torch.ones(t, t, dtype=torch.bool, device=x.device).tril()
         att = self.drop(att.masked_fill(~mask, float("-inf")).softmax(-1))
@@ -105,10 +115,10 @@ class MLP(nn.Module):
 
 
 class Block(nn.Module):
-    def __init__(self, width: int, heads: int, norm: type, dropout: float):
+    def __init__(self, width: int, heads: int, norm: type, dropout: float, sdpa: bool = False):
         super().__init__()
         self.ln_1 = norm(width)
-        self.attn = CausalSelfAttention(width, heads, dropout)
+        self.attn = CausalSelfAttention(width, heads, dropout, sdpa)
         self.ln_2 = norm(width)
         self.mlp = MLP(width)
 
@@ -123,12 +133,12 @@ def residual_add(x, y):  # a functional op between modules (the 'functional' fau
 
 class GPT(nn.Module):
     def __init__(self, vocab: int, seq: int, width: int, layers: int, heads: int, norm: type, dropout: float,
-                 probe: bool = False):
+                 probe: bool = False, sdpa: bool = False):
         super().__init__()
         self.wte = nn.Embedding(vocab, width)
         self.wpe = nn.Embedding(seq, width)
         self.drop = nn.Dropout(dropout)
-        self.blocks = nn.ModuleList(Block(width, heads, norm, dropout) for _ in range(layers))
+        self.blocks = nn.ModuleList(Block(width, heads, norm, dropout, sdpa) for _ in range(layers))
         self.ln_f = norm(width)
         self.lm_head = nn.Linear(width, vocab, bias=False)
         self.stats = ActivationStats() if probe else None
@@ -155,6 +165,8 @@ def parse_args(argv=None):
     p.add_argument("--steps", type=int, default=3)
     p.add_argument("--dtype", choices=("fp32", "bf16"), default="fp32")
     p.add_argument("--norm", choices=("layer", "rms"), default="layer")
+    p.add_argument("--attention", choices=("manual", "sdpa"), default="manual",
+                   help="explicit matmul/softmax attention, or F.scaled_dot_product_attention")
     p.add_argument("--dropout", type=float, default=0.0)
     p.add_argument("--lr", type=float, default=1e-2)
     p.add_argument("--seed", type=int, default=1234)
@@ -266,6 +278,14 @@ def install_fault(args, model: GPT, state: dict):
         for norm in model.modules():
             if isinstance(norm, nn.LayerNorm):
                 norm.forward = partial(regressed, norm, norm.forward)
+    elif fault == "rms-eps":
+        def changed(norm, exact, x):
+            norm.eps = 1e-5 if active() else 1e-6
+            return exact(x)
+
+        for norm in model.modules():
+            if isinstance(norm, RMSNorm):
+                norm.forward = partial(changed, norm, norm.forward)
     elif fault == "benign-dropout":
         block.mlp.act = nn.Sequential(nn.GELU(), nn.Dropout(0.0))
     elif fault == "benign-probe":
@@ -301,7 +321,8 @@ def main(argv=None):
         torch.manual_seed(args.seed)
     dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[args.dtype]
     norm = RMSNorm if args.norm == "rms" else nn.LayerNorm
-    model = GPT(args.vocab, args.seq, args.width, args.layers, args.heads, norm, args.dropout, args.probe).to(dtype)
+    model = GPT(args.vocab, args.seq, args.width, args.layers, args.heads, norm, args.dropout, args.probe,
+                args.attention == "sdpa").to(dtype)
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.01)
     state = {"step": 0}
     install_fault(args, model, state)

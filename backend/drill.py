@@ -1,0 +1,315 @@
+"""`bitguard drill A B`: from the boundary-level pivot down to the operation and its source line.
+
+A boundary pivot often lands on a consumer (the fault sits in code between observed modules)
+or on a module of many operations. The runs are replayable, so the drill goes the last step:
+
+1. compare A and B (backend/compare.py) and take the pivot: its step K, rank and the *window*
+   module (a consumer pivot's blame window, a source pivot's own module, the parent of an event
+   one run alone has);
+2. replay each run's recorded command for step K only, side by side (backend/replay.py), with the
+   window's call in step K traced at op level (collectors/drill.py, collectors/ops.py) and the
+   pivot's tensors kept whole;
+3. check that each replay reproduces its record up to the window (else the verdict is
+   `not_reproduced`: nondeterminism or a changed environment, a finding in itself);
+4. align the two op streams and name the first op that differs (backend/opdiff.py), with its
+   file, line and function, the chain from the boundary down to it, and a numeric diff and fault
+   signature of the differing tensors (backend/signature.py).
+
+The document is `bitguard.drill/1` (`DrillReport.to_dict()`); exit statuses: 0 an op-level
+pivot named, 1 the replays' windows do not differ, 2 bad input (or what is not supported yet:
+a pivot outside a module's forward), 3 a replay does not reproduce its record. Drill records
+live beside the runs (`RUN/drill/step-K-rank-R/`, or under `out`); the original record is never
+touched.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import polars as pl
+
+from bitguard.backend import opdiff, replay
+from bitguard.backend.ingest import RunInfo, load_rank
+from bitguard.errors import BadInput, NotSupported
+
+DRILL_SCHEMA = "bitguard.drill/1"
+SPEC_SCHEMA = "bitguard.drill-spec/1"
+EXIT_STATUS = {"op_pivot": 0, "no_difference": 1, "not_reproduced": 3}
+NOT_REPRODUCED = "the replay does not reproduce the record: nondeterminism or a changed environment"
+MAX_TENSOR_BYTES = 64 << 20
+MAX_TOTAL_BYTES = 512 << 20
+DEFAULT_TIMEOUT_S = 3600.0
+
+
+@dataclass
+class Window:
+    """The module call a drill traces at op level."""
+
+    rank: int
+    step: int
+    boundary: str
+    module_type: str | None
+    call: int
+    why: str
+    seq_a: int | None  # the window event's seq in each recorded run (the replay check's bound)
+    seq_b: int | None
+
+    def to_dict(self) -> dict:
+        return {"boundary": self.boundary, "module_type": self.module_type, "phase": "forward", "call": self.call,
+                "step": self.step, "rank": self.rank, "why": self.why}
+
+
+def _parent(boundary: str, events: pl.DataFrame) -> str | None:
+    """The module whose forward holds `boundary`'s call: the dotted parent, or the root."""
+    if "." in boundary:
+        return boundary.rsplit(".", 1)[0]
+    roots = events.filter((pl.col("phase") == "forward") & (pl.col("kind") == "module") & (pl.col("depth") == 0))
+    return roots["boundary"][0] if roots.height else None
+
+
+def _window_event(events: pl.DataFrame, step: int, boundary: str, after: int | None) -> dict | None:
+    """The first forward call of `boundary` in `step` that completes at or after event `after`."""
+    ev = events.filter((pl.col("step") == step) & (pl.col("phase") == "forward") & (pl.col("kind") == "module")
+                       & (pl.col("boundary") == boundary))
+    if after is not None:
+        ev = ev.filter(pl.col("seq") >= after)
+    return ev.row(0, named=True) if ev.height else None
+
+
+def plan(run_a: RunInfo, run_b: RunInfo, fd: dict) -> Window:
+    """The window to trace for pivot `fd` (a `first_divergence` dict of bitguard.compare/1)."""
+    phase, kind, boundary = fd["phase"], fd["kind"], fd["boundary"]
+    where = f"step {fd['step']} {phase} {boundary}"
+    if fd["blame"] == "data" or kind == "batch":
+        raise NotSupported(f"the pivot ({where}) is the input batch: there is no operation to drill into; the "
+                           f"batch or the RNG state differs before the model runs (see 'bitguard compare')")
+    if phase != "forward" or kind != "module":
+        raise NotSupported(f"not supported yet: drilling a {phase} pivot ({where}); the drill traces a module's "
+                           f"forward operations. Look at the blame window 'bitguard compare' gives")
+    rank, step = fd["rank"], fd["step"]
+    ea, _, _ = load_rank(run_a, rank)
+    eb, _, _ = load_rank(run_b, rank)
+    window = (fd.get("blame_window") or {}).get("module")
+    if fd.get("cause") == "structure":
+        target = window if window and window != boundary else _parent(boundary, ea if fd.get("a_seq") is not None else eb)
+        why = f"an event one run alone has ({boundary}): the module that calls it"
+    elif fd["blame"] == "consumer":
+        target, why = window or _parent(boundary, ea), "consumer pivot: its blame window"
+    else:
+        target, why = boundary, "source pivot: the module itself"
+    if not target:
+        raise NotSupported(f"the pivot ({where}) has no module around it to trace")
+    a = _window_event(ea, step, target, fd.get("a_seq"))
+    b = _window_event(eb, step, target, fd.get("b_seq"))
+    if a is None and b is None:
+        raise NotSupported(f"not supported yet: the window {target} of the pivot ({where}) is not a recorded module "
+                           f"call in step {step} of either run (trusted mode or a compiled region?); record in full mode")
+    call = (a or b)["call"]
+    return Window(rank, step, target, (a or b)["module_type"], call, why,
+                  a["seq"] if a else None, b["seq"] if b else None)
+
+
+def _spec(w: Window, fd: dict, out: Path) -> dict:
+    keep = [{"boundary": fd["boundary"], "phase": "forward", "call": fd["call"]}]
+    return {"schema": SPEC_SCHEMA, "step": w.step, "rank": w.rank,
+            "window": {"boundary": w.boundary, "phase": "forward", "call": w.call}, "keep": keep, "out": str(out),
+            "max_tensor_bytes": MAX_TENSOR_BYTES, "max_total_bytes": MAX_TOTAL_BYTES, "stop_after_step": True}
+
+
+def _tensor(replay_dir: Path, t: dict | None):
+    """The kept bytes of a traced tensor, as a tensor (None when they were not kept)."""
+    from bitguard.backend.signature import load_bytes
+
+    if not t or t.get("kept") != "full" or not t.get("bytes"):
+        return None
+    return load_bytes(replay_dir / t["bytes"], t["dtype"], t["shape"])
+
+
+def _not_kept(ta: dict | None, tb: dict | None) -> dict:
+    big = ta or tb or {}
+    chunks_a, chunks_b = (ta or {}).get("chunks") or [], (tb or {}).get("chunks") or []
+    differing = [i for i, (x, y) in enumerate(zip(chunks_a, chunks_b)) if x != y]
+    where = f"{len(differing)} of {len(chunks_a)} 1-MiB chunks differ" + (
+        f", the first at byte {differing[0] << 20:,}" if differing else "") if chunks_a and chunks_b else \
+        "no chunk digests either"
+    return {"kind": "unknown", "reading": f"the tensor ({big.get('dtype')}, shape {big.get('shape')}) is over the "
+            f"drill's byte cap, so its bytes were not kept: {where}", "elements_differing": None,
+            "elements_total": None, "max_abs": None, "max_ulp": None, "bits": {}}
+
+
+def _signature(dirs: dict, ta: dict | None, tb: dict | None) -> dict:
+    from bitguard.backend.signature import signature
+
+    a, b = _tensor(dirs["a"], ta), _tensor(dirs["b"], tb)
+    if (ta is not None and a is None) or (tb is not None and b is None):
+        return _not_kept(ta, tb)
+    return signature(a, b)
+
+
+def _chain(w: Window, op: dict) -> list[str]:
+    chain = [f"{w.boundary} ({w.module_type})" if w.module_type else w.boundary]
+    chain += [m for m in (op.get("modules") or [])[1:]]
+    chain += [_short(frame) for frame in op.get("stack") or []]
+    chain.append(op.get("op") or "?")
+    return chain
+
+
+def _short(frame: str) -> str:
+    path, _, rest = frame.partition(":")
+    return f"{Path(path).name}:{rest}"
+
+
+def _op_pivot(w: Window, d: opdiff.OpDifference) -> dict:
+    op = d.op
+    return {"op": op.get("op"), "file": op.get("file"), "line": op.get("line"), "function": op.get("function"),
+            "boundary": w.boundary, "step": w.step, "rank": w.rank, "cause": d.cause, "side_only": d.side_only,
+            "index_a": d.index_a, "index_b": d.index_b, "modules": op.get("modules") or [], "chain": _chain(w, op),
+            "inputs_differ": d.inputs_differ, "args_differ": d.args_differ,
+            "args_a": (d.op_a or {}).get("args"), "args_b": (d.op_b or {}).get("args"),
+            "inputs": d.inputs, "outputs": d.outputs, "other_side": d.other_side,
+            "ops_equal_before": d.paired_before}
+
+
+def _boundary_tensors(trace: dict | None, fd: dict) -> dict:
+    """The kept tensors of the pivot's boundary call in one side's trace, by (role, idx)."""
+    out = {}
+    for t in (trace or {}).get("boundaries") or []:
+        if t.get("boundary") == fd["boundary"] and t.get("call") == fd["call"]:
+            out[(t.get("role"), t.get("idx"))] = t
+    return out
+
+
+def _boundary_signature(dirs: dict, traces: dict, fd: dict) -> dict | None:
+    first = next((t for t in fd.get("tensors") or [] if t.get("differs") and not t.get("ignored")), None)
+    if first is None:
+        return None
+    key = (first["role"], first["index"])
+    ta = _boundary_tensors(traces["a"], fd).get(key)
+    tb = _boundary_tensors(traces["b"], fd).get(key)
+    if ta is None and tb is None:
+        return None
+    sig = _signature(dirs, ta, tb)
+    sig["tensor"] = {"role": first["role"], "index": first["index"], "path": first.get("path")}
+    return sig
+
+
+@dataclass
+class DrillReport:
+    document: dict
+
+    @property
+    def verdict(self) -> str:
+        return self.document["verdict"]
+
+    @property
+    def exit_status(self) -> int:
+        return EXIT_STATUS[self.verdict]
+
+    def to_dict(self) -> dict:
+        return self.document
+
+
+def _trace_problem(side: str, trace: dict | None) -> str | None:
+    if trace is None:
+        return f"run {side.upper()}'s replay wrote no op trace"
+    if not trace.get("found"):
+        return f"run {side.upper()}'s replay never called the window module in the step"
+    if not trace.get("complete") or trace.get("errors"):
+        return f"run {side.upper()}'s op trace is incomplete: {'; '.join(trace.get('errors') or ['the call did not return'])}"
+    return None
+
+
+def drill_comparison(comparison, *, rank: int | None = None, out: str | Path | None = None,
+                     timeout: float = DEFAULT_TIMEOUT_S) -> DrillReport:
+    """Drill from `comparison`'s pivot (see the module docstring)."""
+    fd = comparison.first_divergence
+    if rank is not None and fd is not None and fd["rank"] != rank:
+        fd = _rank_pivot(comparison, rank)
+    if fd is None:
+        verdict = comparison.verdict
+        raise BadInput(f"the runs compare {verdict}: there is no pivot to drill into" +
+                       ("; 'bitguard compare' says what could not be certified" if verdict == "inconclusive" else ""))
+    run_a, run_b = comparison.run_a, comparison.run_b
+    w = plan(run_a, run_b, fd)
+    name = f"step-{w.step}-rank-{w.rank}"
+    if out is None:
+        dirs = {"a": replay.writable_beside(run_a.path, name), "b": replay.writable_beside(run_b.path, name)}
+    else:
+        dirs = {"a": Path(out) / "a" / name, "b": Path(out) / "b" / name}
+    replays = []
+    for side, run in (("a", run_a), ("b", run_b)):
+        dirs[side].mkdir(parents=True, exist_ok=True)
+        spec_path = dirs[side].parent / f"{name}.spec.json"
+        replay.write_spec(spec_path, _spec(w, fd, dirs[side]))
+        replays.append(replay.command(side, run, w.step, dirs[side], spec_path))
+    t0 = time.monotonic()
+    replay.run(replays, timeout)
+    checks = {}
+    for r in replays:
+        checks[r.side] = replay.check(r.run, r.out, w.rank, w.step, w.seq_a if r.side == "a" else w.seq_b)
+        checks[r.side].update(exit_status=r.exit_status, seconds=round(r.seconds, 3), notes=r.notes,
+                              command=r.argv)
+        if r.exit_status not in (0, None) and checks[r.side]["reproduced"]:
+            checks[r.side]["notes"].append(f"the replay exited {r.exit_status}: {replay.log_tail(r)}")
+    traces = {side: opdiff.load(dirs[side], w.rank) for side in ("a", "b")}
+    problems = [p for p in (_trace_problem(s, traces[s]) for s in ("a", "b")) if p]
+    reproduced = all(c["reproduced"] for c in checks.values()) and not problems
+    doc = {"schema": DRILL_SCHEMA, "boundary_pivot": fd, "window": w.to_dict(), "op_pivot": None,
+           "signature": None, "boundary_signature": None,
+           "records": {side: str(dirs[side]) for side in ("a", "b")},
+           "cost": {"replay_s_a": checks["a"]["seconds"], "replay_s_b": checks["b"]["seconds"],
+                    "wall_s": round(time.monotonic() - t0, 3),
+                    "ops_a": len((traces["a"] or {}).get("ops") or []),
+                    "ops_b": len((traces["b"] or {}).get("ops") or [])}}
+    if not reproduced:
+        details = [f"run {s.upper()}: {checks[s]['detail']}" for s in ("a", "b") if not checks[s]["reproduced"]]
+        details += problems
+        for s in ("a", "b"):
+            if not checks[s]["reproduced"]:
+                details += [f"run {s.upper()}: {n}" for n in checks[s]["notes"]]
+                tail = replay.log_tail(next(r for r in replays if r.side == s))
+                if checks[s]["compared"] == 0 and tail:
+                    details.append(f"run {s.upper()}'s replay said: {tail}")
+        doc.update(verdict="not_reproduced", replay={"reproduced": False, "detail": f"{NOT_REPRODUCED} ("
+                                                     + "; ".join(details) + ")", **checks})
+        return DrillReport(doc)
+    doc["replay"] = {"reproduced": True, "detail": "both replays reproduce their records bitwise up to the window "
+                     f"({checks['a']['compared']} and {checks['b']['compared']} events of step {w.step})", **checks}
+    doc["boundary_signature"] = _boundary_signature(dirs, traces, fd)
+    d = opdiff.first_difference(traces["a"]["ops"], traces["b"]["ops"])
+    if d is None:
+        doc["verdict"] = "no_difference"
+        doc["detail"] = (f"the {doc['cost']['ops_a']} operations of {w.boundary}'s call are the same in both replays: "
+                         f"the difference is not made by a torch operation inside the window (a hook, a C++ "
+                         f"extension calling kernels directly, or code that writes tensors in place)")
+        return DrillReport(doc)
+    doc["verdict"] = "op_pivot"
+    doc["op_pivot"] = _op_pivot(w, d)
+    k = d.first_output
+    outs = d.outputs
+    if d.cause == "structure":
+        only = next((o for o in outs), None)
+        ta, tb = (only["a"], None) if d.side_only == "a" and only else (None, only["b"] if only else None)
+        doc["signature"] = _signature(dirs, ta, tb)
+    elif k is not None:
+        doc["signature"] = _signature(dirs, outs[k]["a"], outs[k]["b"])
+        doc["signature"]["tensor"] = {"role": "output", "index": k, "path": (outs[k]["a"] or outs[k]["b"]).get("path")}
+    return DrillReport(doc)
+
+
+def _rank_pivot(comparison, rank: int) -> dict | None:
+    """The first divergence of one rank (when --rank names another rank than the overall pivot's)."""
+    from bitguard.backend.compare import compare
+
+    sub = compare(comparison.run_a, comparison.run_b, rules=comparison.rules, rank=rank)
+    return sub.first_divergence
+
+
+def drill(a, b, *, rank: int | None = None, rules=None, out: str | Path | None = None,
+          timeout: float = DEFAULT_TIMEOUT_S) -> DrillReport:
+    """Compare run directories `a` and `b` and drill from their pivot (see the module docstring)."""
+    from bitguard.backend.compare import compare
+
+    return drill_comparison(compare(a, b, rules=rules, rank=rank), rank=rank, out=out, timeout=timeout)
