@@ -232,6 +232,7 @@ class Neighbours(BaseModel):
     consumers: list[dict[str, Any]]
     producers: list[dict[str, Any]]
 
+
 # -- drills -------------------------------------------------------------------------------------
 
 class DrillCreate(BaseModel):

@@ -6,6 +6,7 @@ import { api, comparisonPath } from "./api.js";
 import { $, EV, SEL, el, emit, on, show, fill } from "./dom.js";
 import { count } from "./format.js";
 import * as detail from "./detail.js";
+import * as drill from "./drill.js";
 import * as pivot from "./pivot.js";
 import { inconclusiveReasons, reasonList } from "./pivot.js";
 import * as propagation from "./propagation.js";
@@ -132,6 +133,7 @@ function summary(c) {
 function init() {
   timeline.init();
   pivot.init();
+  drill.init();
   detail.init();
   propagation.init();
   rules.init();

@@ -34,6 +34,8 @@ export const SEL = {
   propForward: "#prop-forward",
   propCrumbs: "#prop-crumbs",
   pivotPanel: "#pivot-panel",
+  drillButton: "#drill-down",
+  drillPanel: "#drill-panel",
   detailPanel: "#detail-panel",
   rulesPanel: "#rules-panel",
 };
@@ -44,6 +46,7 @@ export const EV = {
   markBenign: "bitguard:mark-benign", // detail: event detail from the API
   rulesSaved: "bitguard:rules-saved", // detail: {ruleSet, comparison}
   timelineDrawn: "bitguard:timeline-drawn", // detail: {rank, axis, start, end, mode}
+  drillRequested: "bitguard:drill-requested", // detail: none (drill the loaded comparison's pivot)
 };
 
 // resolves with window.Plotly once plotly.js (loaded async by index.html) has run

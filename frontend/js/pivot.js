@@ -94,6 +94,7 @@ function render(c) {
     el("div", { class: "panel-actions" },
       el("button", { class: "btn small", onclick: () => selectPivot() }, "Show in timeline"),
       el("button", { id: "pivot-benign", class: "btn small benign", onclick: () => markPivotBenign(fd) }, "Mark as benign…"),
+      el("button", { id: "drill-down", class: "btn small primary", onclick: () => emit(EV.drillRequested), title: "Replay both runs' pivot step and name the first operation that differs, with its source line" }, "Drill down"),
     ),
   );
 }

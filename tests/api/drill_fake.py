@@ -95,23 +95,30 @@ class FakeDrill:
         self.entered.set()
         if not self.gate.wait(60):
             raise TimeoutError("the test never opened the fake drill's gate")
-        if self.error is not None:
-            raise self.error(dir_a, dir_b) if callable(self.error) and not isinstance(self.error, type) \
-                else self.error
+        error = self.error(dir_a, dir_b) if callable(self.error) else self.error
+        if error is not None:
+            raise error
         return FakeReport(self.document, self.exit_status)
 
 
 def preamble(gate_path: str) -> str:
     """Python run by a `bitguard serve` subprocess before it serves: its drill is a FakeDrill gated on
-    `gate_path`."""
+    `gate_path` (see install)."""
     tests = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     return (f"import sys; sys.path.insert(0, {tests!r})\n"
             f"from api import drill_fake; drill_fake.install({gate_path!r})\n")
 
 
 def install(gate_path: str) -> FakeDrill:
+    """The server's drill becomes a FakeDrill that waits for `gate_path` to exist; a gate file holding
+    text makes it fail with NotSupported(that text), as the real drill of a run it cannot replay."""
     from bitguard.backend import drills
+    from bitguard.errors import NotSupported
 
-    fake = FakeDrill(gate=FileGate(gate_path))
+    def error(_a, _b):
+        text = open(gate_path).read().strip()
+        return NotSupported(text) if text else None
+
+    fake = FakeDrill(gate=FileGate(gate_path), error=error)
     drills._engine_drill = fake
     return fake

@@ -1,0 +1,90 @@
+"""The drill panel in Debian's Chromium: "Drill down" on the pivot panel, the running state, then the
+op-level pivot, its source line and chain, the replay check, the signature and the heat map. The
+server's drill is the stand-in of api/drill_fake.py, held on a gate file until the test opens it
+(the routes and the worker are real; what a real replay finds is tested with backend/drill.py)."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+
+from api.conftest import compare as api_compare
+from api.drill_fake import DOCUMENT, preamble
+from api.live_server import start_server
+from browser.pages import SEL, pivot_boundary, wait_drawn
+
+pytestmark = pytest.mark.browser
+
+
+@pytest.fixture
+def drill_explorer(tmp_path):
+    gate = tmp_path / "open-the-drill"
+    srv = start_server(str(tmp_path / "workspace"), preamble=preamble(str(gate)))
+    yield srv, gate
+    gate.touch()
+    srv.stop()
+
+
+def test_drill_down_shows_progress_then_the_op_its_line_and_the_heat_map(page, drill_explorer, scenario_dirs,
+                                                                          artifacts):
+    srv, gate = drill_explorer
+    errors: list[str] = []
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    with httpx.Client(base_url=srv.url, timeout=30) as client:
+        c = api_compare(client, scenario_dirs["probe"])
+    page.goto(f"{srv.url}/#/c/{c['id']}")
+    wait_drawn(page, 1)
+    assert pivot_boundary(page) == "model.probe"
+    assert page.is_hidden(SEL["drillPanel"]), "never drilled: no drill panel"
+
+    page.click(SEL["drillButton"])
+    page.wait_for_selector(f"{SEL['drillPanel']}[data-state=running] #drill-progress .spinner")
+    assert "Replaying both runs" in page.inner_text("#drill-progress")
+    assert page.is_disabled(SEL["drillButton"]) and page.inner_text(SEL["drillButton"]) == "Drilling…"
+
+    gate.touch()
+    page.wait_for_selector(f"{SEL['drillPanel']}[data-state=done]")
+    op = DOCUMENT["op_pivot"]
+    assert page.inner_text("#drill-op") == "torch.Tensor.add"
+    assert page.inner_text("#drill-source") == f"{op['file']}:121 in residual_add"
+    assert page.inner_text("#drill-chain").splitlines() == [*op["chain"], "→ torch.Tensor.add"]
+    assert page.inner_text("#drill-verdict") == "op pivot"
+    assert page.get_attribute("#drill-replay", "data-reproduced") == "true"
+    assert page.get_attribute("#drill-signature", "data-kind") == "bit_flip"
+    assert "hardware SDC" in page.inner_text("#drill-signature")
+    assert page.inner_text("#drill-differing").startswith("1 of 2,048 elements")
+    assert page.inner_text("#drill-bits-text") == "bit 7: 1"
+    assert page.inner_text("#drill-ulp") == "1"
+    digests = page.inner_text(f"{SEL['drillPanel']} table.digests")
+    assert "aaaabbbbccccddde" in digests and "differs" in digests, "the op's output digests, B's differing"
+    assert "[object" not in page.inner_text(SEL["drillPanel"])
+    assert not page.is_disabled(SEL["drillButton"])
+
+    page.wait_for_function("() => { const g = document.querySelector('#drill-heatmap'); return g && g.data; }")
+    heat = page.evaluate("() => { const t = document.querySelector('#drill-heatmap').data[0]; "
+                         "return {type: t.type, z: t.z, hover: t.text[0][1]}; }")
+    assert heat["type"] == "heatmap" and heat["z"] == DOCUMENT["signature"]["heatmap"]["counts"]
+    assert heat["hover"] == "rows 0–15, cols 4–7: 1 differing"
+    assert page.evaluate("() => document.querySelector('#drill-bits').data[0].x") == [7]
+    page.locator(SEL["drillPanel"]).screenshot(path=str(artifacts / "drill-panel.png"))
+
+    # a reload shows the finished drill again, without drilling again
+    page.reload()
+    wait_drawn(page, 1)
+    page.wait_for_selector(f"{SEL['drillPanel']}[data-state=done] #drill-op")
+    assert errors == []
+
+
+def test_a_drill_that_fails_shows_its_message_not_a_stack(page, drill_explorer, scenario_dirs):
+    srv, gate = drill_explorer
+    message = "the recorded script /home/u/train.py is not on this machine; drill the runs where they were recorded"
+    gate.write_text(message)  # the stand-in fails as the real drill does on a run it cannot replay
+    with httpx.Client(base_url=srv.url, timeout=30) as client:
+        c = api_compare(client, scenario_dirs["gap"])
+    page.goto(f"{srv.url}/#/c/{c['id']}")
+    wait_drawn(page, 1)
+    page.click(SEL["drillButton"])
+    page.wait_for_selector(f"{SEL['drillPanel']}[data-state=failed]")
+    assert page.text_content("#drill-error") == f"NotSupported: {message}"
+    assert "Traceback" not in page.inner_text(SEL["drillPanel"])
+    assert not page.is_disabled(SEL["drillButton"]), "a failed drill can be asked for again"
