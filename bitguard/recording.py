@@ -95,6 +95,7 @@ class record:
         self.collector = None
         self.store = None
         self._old_sigterm = None
+        self.drill = None  # a drill replay's op tracer (collectors/drill.py), when BITGUARD_DRILL is set
 
     def __enter__(self):
         if disabled():
@@ -102,6 +103,9 @@ class record:
         rank, world = rank_and_world()
         self.rank, self.world = rank, world
         check_writable(self.out)
+        from bitguard.collectors.drill import from_env as drill_from_env
+
+        drill = drill_from_env(rank, self.out)  # a bad drill spec is bad input, before anything starts
         rank_path = self.out / RANK_FILE.format(rank=rank)
         if rank_path.exists():
             if not self.force:
@@ -127,6 +131,9 @@ class record:
         })
         self.collector = Collector(self.store, self.mode, self.steps, rank, world, dump=self.dump,
                                    digest_cache=self.digest_cache)
+        if drill is not None:  # its module-call wrapper goes under the collector's
+            drill.install(self)
+            self.drill = drill
         self.collector.install()
         if threading.current_thread() is threading.main_thread() \
                 and signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
@@ -150,6 +157,8 @@ class record:
 
         collector, self.collector = self.collector, None
         collector.remove(final_state=status == "complete")  # a failed run's weights are not its result
+        if self.drill is not None:
+            self.drill.close(status)
         unpatch_dataloader()
         steps_seen = collector.step + (1 if collector._advance else 0)
         self.store.close(status, {"end_time_ns": time.time_ns(), "steps_completed": steps_seen,

@@ -1,0 +1,309 @@
+"""The drill inside a replay child: trace one module call at op level, keep bytes, stop after step K.
+
+`bitguard drill` (backend/drill.py) replays a run with env `BITGUARD_DRILL` naming a drill spec
+(`bitguard.drill-spec/1`, docs/DRILL.md). `from_env()` reads it when the recording starts (a bad
+spec is bad input: the replay exits 2 before the script runs) and `Drill.install()` wraps
+`nn.Module._call_impl` *under* the collector's wrapper, so that when ours runs the collector has
+pushed the call's frame (its bitguard name, its recompute kind) and moved its step counter. In
+step K, the window call (the `call`-th forward of the window boundary; recomputes under
+activation checkpointing do not count) runs with the op tracer on (collectors/ops.py), and the
+`keep` calls' inputs and outputs are digested and their bytes kept. When the step counter moves
+past K (the first module call after step K's last optimizer step), or when the recording ends,
+`ops-rank-R.json` (`bitguard.ops/1`) is written atomically; with `stop_after_step` the recording
+is then closed as complete and the process exits 0, on every rank at the same point.
+
+A failure of the drill never reaches the training: it is one line on stderr and one entry in the
+trace's `errors` (then `complete` is false), and the tracer steps aside. Nothing here decides
+what to trace (the spec says) nor reads traces back (backend/opdiff.py).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from bitguard.collectors.compiled import is_compiling, keep_out_of_dynamo
+from bitguard.collectors.hooks import _flatten
+from bitguard.collectors.ops import Keeper, OpTracer, describe, transparent
+from bitguard.errors import BadInput
+
+ENV = "BITGUARD_DRILL"
+SPEC_SCHEMA = "bitguard.drill-spec/1"
+OPS_SCHEMA = "bitguard.ops/1"
+MAX_ERRORS = 20
+
+
+@dataclass(frozen=True)
+class CallSpec:
+    """One module call of step K: its bitguard name and which forward call of it (0: the first)."""
+
+    boundary: str
+    phase: str
+    call: int
+
+    def to_dict(self) -> dict:
+        return {"boundary": self.boundary, "phase": self.phase, "call": self.call}
+
+
+@dataclass(frozen=True)
+class DrillSpec:
+    step: int  # the training step traced (the collector's numbering)
+    rank: int | None  # the rank traced; None: every rank
+    window: CallSpec  # the module call traced at op level
+    keep: tuple[CallSpec, ...]  # module calls whose input and output bytes are kept
+    out: Path  # folder of ops-rank-R.json and ops-rank-R/
+    max_tensor_bytes: int  # bytes kept of one tensor at most
+    max_total_bytes: int  # bytes kept in all at most
+    stop_after_step: bool  # end the process once step K is over
+
+
+def _call_spec(value, where: str) -> CallSpec:
+    if not isinstance(value, dict) or not isinstance(value.get("boundary"), str) or not value["boundary"]:
+        raise BadInput(f"drill spec: {where} must be an object with a boundary name")
+    phase = value.get("phase", "forward")
+    if phase != "forward":
+        raise BadInput(f"drill spec: {where} has phase {phase!r}; only forward calls are traced")
+    call = value.get("call", 0)
+    if type(call) is not int or call < 0:
+        raise BadInput(f"drill spec: {where}.call must be a call index >= 0")
+    return CallSpec(value["boundary"], phase, call)
+
+
+def _count(data: dict, key: str, default: int) -> int:
+    value = data.get(key, default)
+    if type(value) is not int or value < 0:
+        raise BadInput(f"drill spec: {key} must be a byte count >= 0")
+    return value
+
+
+def read_spec(path: str, default_out: Path) -> DrillSpec:
+    """The spec at `path` (BadInput, one line, when it cannot be used)."""
+    try:
+        data = json.loads(Path(path).read_text())
+    except (OSError, ValueError) as exc:
+        raise BadInput(f"{ENV}={path}: cannot read the drill spec ({exc}); drill again") from None
+    if not isinstance(data, dict) or data.get("schema") != SPEC_SCHEMA:
+        raise BadInput(f"{ENV}={path} is not a {SPEC_SCHEMA} drill spec; drill again with this bitguard")
+    step, rank = data.get("step"), data.get("rank")
+    if type(step) is not int or step < 0:
+        raise BadInput(f"drill spec {path}: step must be a step number >= 0")
+    if rank is not None and (type(rank) is not int or rank < 0):
+        raise BadInput(f"drill spec {path}: rank must be a rank >= 0 or null")
+    keep = data.get("keep") or []
+    if not isinstance(keep, list):
+        raise BadInput(f"drill spec {path}: keep must be a list of calls")
+    out = data.get("out")
+    return DrillSpec(step, rank, _call_spec(data.get("window"), "window"),
+                     tuple(_call_spec(k, f"keep[{i}]") for i, k in enumerate(keep)),
+                     Path(out) if isinstance(out, str) and out else default_out,
+                     _count(data, "max_tensor_bytes", 64 << 20), _count(data, "max_total_bytes", 512 << 20),
+                     bool(data.get("stop_after_step", True)))
+
+
+def from_env(rank: int, default_out: Path) -> Drill | None:
+    """The drill the env asks for (None without BITGUARD_DRILL)."""
+    path = os.environ.get(ENV, "")
+    return Drill(read_spec(path, default_out), rank) if path else None
+
+
+def _file_part(name: str) -> str:
+    return re.sub(r"[^A-Za-z0-9._-]+", "_", name)
+
+
+class Drill:
+    def __init__(self, spec: DrillSpec, rank: int):
+        self.spec = spec
+        self.rank = rank
+        self.traced = spec.rank is None or spec.rank == rank  # this rank traces (every rank stops)
+        self.keeper = Keeper(spec.out / f"ops-rank-{rank}", f"ops-rank-{rank}", spec.max_tensor_bytes,
+                             spec.max_total_bytes)
+        self.keep = {(k.boundary, k.call) for k in spec.keep} if self.traced else set()
+        self.errors: list[str] = []
+        self.boundaries: list[dict] = []
+        self.calls: dict[str, int] = {}  # boundary -> forward calls so far in step K
+        self.tracer: OpTracer | None = None
+        self.found = False  # the window call began
+        self.returned = False  # ... and returned
+        self.module_type: str | None = None
+        self.written = False
+        self.off = False  # closed: every call passes straight through
+        self.recording = self.collector = None
+        self._inner = self._wrapper = None
+
+    # -- installation ----------------------------------------------------------------------
+    def install(self, recording) -> None:
+        """Wrap `nn.Module._call_impl`; call before the collector installs (its wrapper is outer)."""
+        self.recording, self.collector = recording, recording.collector
+        self._inner = torch.nn.Module._call_impl
+        self._wrapper = torch.nn.Module._call_impl = self._wrap(self._inner)
+        keep_out_of_dynamo(self._wrapper, ())
+
+    def close(self, status: str | None = None) -> None:
+        """The recording ends: write the trace (if not yet) and take the wrapper out."""
+        self._write()
+        self.off = True
+        if self._wrapper is not None and torch.nn.Module._call_impl is self._wrapper:
+            torch.nn.Module._call_impl = self._inner
+        # (wrapped again since by someone else: ours stays in their chain, passing calls through)
+
+    def _wrap(self, inner):
+        drill, step = self, self.spec.step
+
+        def _call_impl(module, *args, **kwargs):
+            collector = drill.collector
+            if is_compiling() or drill.off or collector.step != step:
+                if not drill.off and collector.step > step and not is_compiling():
+                    drill._step_over()
+                return inner(module, *args, **kwargs)
+            return drill._in_step(inner, module, args, kwargs)
+
+        transparent(_call_impl, Drill._in_step, Drill._traced, Drill._suspended)
+        return _call_impl
+
+    # -- step K ----------------------------------------------------------------------------
+    def _in_step(self, inner, module, args, kwargs):
+        frames = getattr(self.collector._local, "frames", None)
+        frame = frames[-1] if frames and frames[-1].module is module else None
+        if frame is None or frame.recompute is not None or not frame.record:
+            return inner(module, *args, **kwargs)
+        name = frame.name
+        call = self.calls.get(name, 0)
+        self.calls[name] = call + 1
+        kept = (name, call) in self.keep and self._keep_inputs(name, call, args, kwargs)
+        window = self.spec.window
+        if self.traced and not self.found and name == window.boundary and call == window.call:
+            output = self._traced(inner, module, args, kwargs, frame, frames)
+        elif frame.region is not None and self.tracer is not None and self.tracer.active:
+            output = self._suspended(inner, module, args, kwargs, name)
+        else:
+            output = inner(module, *args, **kwargs)
+        if kept:
+            self._keep_outputs(name, call, output)
+        return output
+
+    def _traced(self, inner, module, args, kwargs, frame, frames):
+        """The window call, with the op tracer on."""
+        self.found = True
+        self.module_type = type(frame.region or module).__name__
+        if frame.region is not None:
+            self._fail("window", RuntimeError(f"{frame.name} is a compiled region (torch.compile): its ops run in a "
+                                              "dynamo graph and are not traced; drill a run without torch.compile"))
+            return inner(module, *args, **kwargs)
+        tracer = None
+        try:
+            tracer = OpTracer(frames, len(frames) - 1, sys._getframe(), self.keeper, self._fail)
+            tracer.__enter__()
+            self.tracer = tracer
+        except Exception as exc:  # noqa: BLE001 - untraced, and said so
+            self._fail("op tracer", exc)
+            return inner(module, *args, **kwargs)
+        try:
+            output = inner(module, *args, **kwargs)
+        except BaseException as exc:
+            self._fail("window", RuntimeError(f"the window call raised {type(exc).__name__}: {exc}"))
+            raise
+        finally:
+            self._pop(tracer)
+        self.returned = True
+        return output
+
+    def _pop(self, tracer: OpTracer) -> None:
+        tracer.active = False
+        depth = torch._C._len_torch_function_stack()
+        if depth and torch._C._get_function_stack_at(depth - 1) is tracer:
+            tracer.__exit__(None, None, None)
+        else:  # someone's mode pushed inside the window and left there: ours stays, inactive
+            self._fail("op tracer", RuntimeError("a torch function mode entered inside the window was not left; "
+                                                 "the tracer stays on the stack, inactive"))
+
+    def _suspended(self, inner, module, args, kwargs, name: str):
+        """A compiled region inside the window: called with the tracer off (dynamo must not see it)."""
+        tracer = self.tracer
+        self._fail("op tracer", RuntimeError(f"{name} inside the window is a compiled region (torch.compile): "
+                                             "its ops are not traced"))
+        depth = torch._C._len_torch_function_stack()
+        if not (depth and torch._C._get_function_stack_at(depth - 1) is tracer):
+            return inner(module, *args, **kwargs)
+        tracer.__exit__(None, None, None)
+        try:
+            return inner(module, *args, **kwargs)
+        finally:
+            tracer.__enter__()
+
+    def _keep_inputs(self, name: str, call: int, args, kwargs) -> bool:
+        try:
+            flat = list(_flatten(args))
+            if kwargs:
+                flat += list(_flatten(kwargs))
+            self._keep_all(name, call, "input", flat)
+        except Exception as exc:  # noqa: BLE001
+            self._fail(f"keep {name}", exc)
+            return False
+        return True
+
+    def _keep_outputs(self, name: str, call: int, output) -> None:
+        try:
+            self._keep_all(name, call, "output", list(_flatten(output)) if output is not None else [])
+        except Exception as exc:  # noqa: BLE001
+            self._fail(f"keep {name}", exc)
+
+    def _keep_all(self, name: str, call: int, role: str, flat: list) -> None:
+        for idx, (path, t) in enumerate(flat):
+            entry = {"boundary": name, "phase": "forward", "call": call, "role": role, "idx": idx, **describe(t, path)}
+            self.keeper.keep(t, f"b-{_file_part(name)}-{call}-{role}{idx}", entry)
+            self.boundaries.append(entry)
+
+    # -- the end of step K -----------------------------------------------------------------
+    def _step_over(self) -> None:
+        """The step counter moved past K: the trace is final; stop if the spec says so."""
+        self._write()
+        self.off = True
+        if not self.spec.stop_after_step:
+            return
+        code = 0
+        try:
+            self.recording.finish("complete", 0)  # closes this drill too (recording.finish)
+        except Exception as exc:  # noqa: BLE001 - the recording could not be closed: not a clean replay
+            print(f"bitguard drill: could not close the recording after step {self.spec.step}: "
+                  f"{type(exc).__name__}: {exc}", file=sys.stderr)
+            code = 1
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except Exception:  # noqa: BLE001
+                pass
+        os._exit(code)
+
+    def _fail(self, where: str, exc: BaseException) -> None:
+        message = f"{where}: {type(exc).__name__}: {exc}"
+        if message not in self.errors and len(self.errors) < MAX_ERRORS:
+            self.errors.append(message)
+            print(f"bitguard drill: {message} (training continues)", file=sys.stderr)
+
+    def trace(self) -> dict:
+        tracer = self.tracer
+        return {"schema": OPS_SCHEMA, "rank": self.rank, "step": self.spec.step,
+                "window": {**self.spec.window.to_dict(), "module_type": self.module_type},
+                "found": self.found, "complete": self.found and self.returned and not self.errors,
+                "errors": list(self.errors), "ops": tracer.ops if tracer is not None else [],
+                "boundaries": self.boundaries, "bytes_kept": self.keeper.total}
+
+    def _write(self) -> None:
+        """ops-rank-R.json, atomically (once; only on a traced rank)."""
+        if self.written or not self.traced:
+            return
+        self.written = True
+        try:
+            path = self.spec.out / f"ops-rank-{self.rank}.json"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+            tmp.write_text(json.dumps(self.trace()))
+            os.replace(tmp, path)
+        except Exception as exc:  # noqa: BLE001 - the drill finds no trace and says so
+            print(f"bitguard drill: could not write the op trace: {type(exc).__name__}: {exc}", file=sys.stderr)
