@@ -151,7 +151,7 @@ function replayCheck(replay) {
 function opTensors(op) {
   const row = (role) => (t, index) => {
     const side = t.a || t.b || {};
-    return { role, index, shape: side.shape, dtype: side.dtype, a: t.a && t.a.xor ? t.a : null, b: t.b && t.b.xor ? t.b : null, differs: !!t.differs, ignored: false };
+    return { role, index: t.index ?? index, shape: side.shape, dtype: side.dtype, a: t.a && t.a.xor ? t.a : null, b: t.b && t.b.xor ? t.b : null, differs: !!t.differs, ignored: false };
   };
   return [...(op.inputs || []).map(row("input")), ...(op.outputs || []).map(row("output"))];
 }
@@ -167,7 +167,9 @@ function sideOnly(op) {
 }
 
 function opPivot(op) {
-  const chain = [...(op.chain || []), `→ ${op.op}`];
+  // the engine's chain: the window module, the modules open at the op, the user frames, the op itself
+  const chain = [...(op.chain || [])];
+  if (chain[chain.length - 1] !== op.op) chain.push(op.op);
   return [
     el("div", { id: "drill-op", class: "boundary-name" }, op.op),
     el("div", { id: "drill-source", class: "mono drill-source" }, where(op)),
@@ -177,8 +179,9 @@ function opPivot(op) {
       el("span", { class: "k" }, "boundary"), el("span", { class: "v mono" }, op.boundary || ""),
       el("span", { class: "k" }, "step · rank"), el("span", { class: "v" }, `${op.step} · ${op.rank}`),
       el("span", { class: "k" }, "op # A · B"), el("span", { class: "v mono" }, `${op.index_a ?? "—"} · ${op.index_b ?? "—"}`),
-      op.args_a !== op.args_b ? [el("span", { class: "k" }, "args A"), el("span", { class: "v mono" }, op.args_a ?? "—"),
-        el("span", { class: "k" }, "args B"), el("span", { class: "v mono" }, op.args_b ?? "—")] : null,
+      op.side_only ? [el("span", { class: "k" }, `args ${op.side_only.toUpperCase()}`), el("span", { class: "v mono" }, (op.side_only === "a" ? op.args_a : op.args_b) ?? "—")]
+        : op.args_a !== op.args_b ? [el("span", { class: "k" }, "args A"), el("span", { class: "v mono" }, op.args_a ?? "—"),
+          el("span", { class: "k" }, "args B"), el("span", { class: "v mono" }, op.args_b ?? "—")] : null,
     ),
     el("h3", {}, "From the boundary down to the op"),
     el("pre", { id: "drill-chain", class: "stack" }, chain.join("\n")),
@@ -191,24 +194,35 @@ const num = (x) => (x == null ? "—" : Number(x) === 0 ? "0" : Math.abs(x) >= 1
 // the signature's bit histogram as [bit position, count] pairs, lowest bit first
 const bitCounts = (sig) => Object.entries(sig.bits || {}).map(([b, n]) => [Number(b), n]).sort((x, y) => x[0] - y[0]);
 
-function signature(sig, title) {
+// one signature with its numbers, bit histogram and heat map; `id` prefixes its elements' ids
+function signature(sig, title, id) {
   if (!sig) return null;
   const pct = sig.fraction == null ? "" : ` (${(100 * sig.fraction).toPrecision(3)}%)`;
   const bits = bitCounts(sig);
+  const measured = sig.elements_differing != null; // none for a structure difference or bytes not kept
   return [
     el("h3", {}, title),
-    el("div", { id: "drill-signature", class: "drill-signature", dataset: { kind: sig.kind } },
+    el("div", { id: `${id}-signature`, class: "drill-signature", dataset: { kind: sig.kind } },
       el("span", { class: `badge kind-${sig.kind}` }, String(sig.kind).replace(/_/g, " ")), " ", sig.reading || ""),
-    el("div", { class: "kv", style: "margin-top:6px" },
-      el("span", { class: "k" }, "differing"), el("span", { class: "v", id: "drill-differing" }, `${count(sig.elements_differing)} of ${count(sig.elements_total)} elements${pct}`),
+    measured ? el("div", { class: "kv", style: "margin-top:6px" },
+      el("span", { class: "k" }, "differing"), el("span", { class: "v", id: `${id}-differing` }, `${count(sig.elements_differing)} of ${count(sig.elements_total)} elements${pct}`),
       el("span", { class: "k" }, "max abs · rel"), el("span", { class: "v mono" }, `${num(sig.max_abs)} · ${num(sig.max_rel)}`),
-      el("span", { class: "k" }, "max ULP"), el("span", { class: "v mono", id: "drill-ulp" }, sig.max_ulp == null ? "—" : count(sig.max_ulp)),
+      el("span", { class: "k" }, "max ULP"), el("span", { class: "v mono", id: `${id}-ulp` }, sig.max_ulp == null ? "—" : count(sig.max_ulp)),
       sig.first_indices && sig.first_indices.length ? [el("span", { class: "k" }, "first at"), el("span", { class: "v mono" }, sig.first_indices.slice(0, 4).map((i) => `[${[].concat(i).join(", ")}]`).join(" "))] : null,
-      el("span", { class: "k" }, "bits differing"), el("span", { class: "v mono", id: "drill-bits-text" }, bits.length ? bits.map(([b, n]) => `bit ${b}: ${count(n)}`).join(", ") : "—"),
-    ),
-    bits.length ? el("div", { id: "drill-bits", class: "plot drill-bits", title: "How often each bit position differs (0: the least significant bit of the element's word)" }) : null,
-    sig.heatmap && sig.heatmap.counts ? [el("h3", {}, "Where the elements differ"), el("div", { id: "drill-heatmap", class: "plot drill-heatmap" })] : null,
+      el("span", { class: "k" }, "bits differing"), el("span", { class: "v mono", id: `${id}-bits-text` }, bits.length ? bits.map(([b, n]) => `bit ${b}: ${count(n)}`).join(", ") : "—"),
+    ) : null,
+    bits.length ? el("div", { id: `${id}-bits`, class: "plot drill-bits", title: "How often each bit position differs (0: the least significant bit of the element's word)" }) : null,
+    sig.heatmap && sig.heatmap.counts && sig.heatmap.counts.length ? [el("h3", {}, "Where the elements differ"), el("div", { id: `${id}-heatmap`, class: "plot drill-heatmap" })] : null,
   ].flat();
+}
+
+const differs = (sig) => sig && sig.kind !== "identical";
+
+// the dtype of the tensor a signature measured: the op's output, or the boundary pivot's tensor
+function dtypeOf(sig, tensors) {
+  const t = sig && sig.tensor ? (tensors || []).find((x) => x.role === sig.tensor.role && x.index === sig.tensor.index) : null;
+  if (!t) return sig && sig.dtype;
+  return t.dtype || (t.a && t.a.dtype) || (t.b && t.b.dtype);
 }
 
 function renderDone(state) {
@@ -217,9 +231,9 @@ function renderDone(state) {
   panel.dataset.state = "done";
   const [cls, label] = VERDICT[doc.verdict] || ["", doc.verdict || "done"];
   const op = doc.op_pivot;
-  const sig = doc.signature && doc.signature.kind !== "identical" ? doc.signature : null;
-  const bsig = doc.boundary_signature;
-  const shown = sig || bsig;
+  const sig = differs(doc.signature) ? doc.signature : null;
+  const bsig = differs(doc.boundary_signature) ? doc.boundary_signature : null;
+  const bp = doc.boundary_pivot || {};
   const w = doc.window || {};
   const old = comparison && state.revision != null && state.revision !== comparison.revision;
   fill(panel,
@@ -231,19 +245,20 @@ function renderDone(state) {
         doc.cost && doc.cost.ops_a != null ? ` · ${count(doc.cost.ops_a)} / ${count(doc.cost.ops_b)} ops traced` : ""),
     ),
     replayCheck(doc.replay),
-    op ? opPivot(op) : el("p", { id: "drill-no-op", class: "note" }, doc.verdict === "no_difference"
+    op ? opPivot(op) : el("p", { id: "drill-no-op", class: "note" }, doc.detail || (doc.verdict === "no_difference"
       ? "The replay found no operation that differs inside the window."
-      : "No operation-level pivot was named."),
-    signature(shown, sig ? "Fault signature of the op's output" : "Fault signature of the boundary's tensor"),
+      : "No operation-level pivot was named.")),
+    signature(sig, "Fault signature of the op's output", "drill"),
+    signature(bsig, ["Fault signature at the boundary pivot", bp.boundary ? [" ", el("span", { class: "mono" }, bp.boundary)] : null], "drill-boundary"),
   );
   show(panel, true);
-  if (shown) draw(shown, wordBits(sig ? op : null, shown));
+  if (sig) draw(sig, wordBits(sig, dtypeOf(sig, ((op && op.outputs) || []).map((o) => ({ ...o, role: "output" })))), "drill");
+  if (bsig) draw(bsig, wordBits(bsig, dtypeOf(bsig, bp.tensors)), "drill-boundary");
 }
 
-// how many bits an element's word has: the differing tensor's dtype when the document names it
-function wordBits(op, sig) {
-  const t = op && (op.outputs || []).find((o) => o.differs);
-  const dtype = String((t && ((t.a && t.a.dtype) || (t.b && t.b.dtype))) || sig.dtype || "");
+// how many bits an element's word has: from its dtype when known, else enough for the bits seen
+function wordBits(sig, dtype) {
+  dtype = String(dtype || "");
   const m = dtype.match(/(\d+)/);
   if (m) return Number(m[1]);
   if (/bool/.test(dtype)) return 8;
@@ -251,23 +266,26 @@ function wordBits(op, sig) {
   return top < 16 ? 16 : top < 32 ? 32 : 64;
 }
 
-async function draw(sig, width) {
+async function draw(sig, width, id) {
   const Plotly = await plotly;
   const bits = bitCounts(sig);
-  const bitsNode = $("#drill-bits");
+  const bitsNode = $(`#${id}-bits`);
   if (bitsNode && bits.length) {
     Plotly.react(bitsNode, [{ type: "bar", x: bits.map((b) => b[0]), y: bits.map((b) => b[1]), marker: { color: "#d6453d" }, hovertemplate: "bit %{x}: %{y} elements<extra></extra>" }],
       { margin: { l: 36, r: 8, t: 6, b: 30 }, xaxis: { title: { text: `bit position (0: least significant of ${width})`, standoff: 4 }, range: [-0.5, Math.max(width - 1, ...bits.map((b) => b[0])) + 0.5], dtick: width > 32 ? 8 : 4 }, yaxis: { rangemode: "tozero" }, bargap: 0.1, height: 120 },
       { displayModeBar: false, responsive: true });
   }
-  const heat = $("#drill-heatmap");
+  const heat = $(`#${id}-heatmap`);
   const hm = sig.heatmap;
   if (!heat || !hm || !hm.counts) return;
   const rows = hm.counts.length;
   const cols = rows ? hm.counts[0].length : 0;
   const [R, C] = hm.shape2d || [rows, cols];
-  const span = (i, n, N) => { const lo = Math.floor((i * N) / n); const hi = Math.max(lo, Math.floor(((i + 1) * N) / n) - 1); return lo === hi ? `${lo}` : `${lo}–${hi}`; };
-  const text = hm.counts.map((row, i) => row.map((n, j) => plotText(`rows ${span(i, rows, R)}, cols ${span(j, cols, C)}: ${count(n)} differing`)));
+  // cell i holds rows i*bin .. (i+1)*bin - 1 of the 2-D view (the last cell may hold fewer)
+  const binR = hm.bin_rows || Math.ceil(R / Math.max(1, rows));
+  const binC = hm.bin_cols || Math.ceil(C / Math.max(1, cols));
+  const span = (i, bin, N) => { const lo = i * bin; const hi = Math.min((i + 1) * bin, N) - 1; return lo >= hi ? `${lo}` : `${lo}–${hi}`; };
+  const text = hm.counts.map((row, i) => row.map((n, j) => plotText(`rows ${span(i, binR, R)}, cols ${span(j, binC, C)}: ${count(n)} differing`)));
   Plotly.react(heat, [{ type: "heatmap", z: hm.counts, text, hoverinfo: "text", zmin: 0, colorscale: [[0, "#f7f8fa"], [1e-6, "#fbd3cf"], [1, "#a1261f"]], colorbar: { thickness: 10, len: 0.9, title: { text: "elements", side: "right" } }, xgap: 1, ygap: 1 }],
     { margin: { l: 44, r: 8, t: 6, b: 36 }, height: 220, xaxis: { title: { text: `columns (of ${count(C)})`, standoff: 4 }, showticklabels: false, ticks: "" }, yaxis: { title: { text: `rows (of ${count(R)})`, standoff: 4 }, autorange: "reversed", showticklabels: false, ticks: "" } },
     { displayModeBar: false, responsive: true });

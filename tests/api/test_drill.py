@@ -176,3 +176,25 @@ def test_a_damaged_stored_drill_reads_as_failed_saying_so(tmp_path, scenarios, f
         state = client.get(f"/api/comparisons/{c['id']}/drill").json()
         assert state["state"] == "failed" and state["error"]["type"] == "CorruptRun"
         assert "drill it again" in state["error"]["message"]
+
+
+def test_a_run_recorded_on_another_machine_is_not_replayed_and_the_drill_says_so(tmp_path, scenarios):
+    """The real engine: uploads are copies, and the replay needs the recorded working directory and script
+    where they were; here the manifests name a folder this machine lacks."""
+    import json
+    import shutil
+
+    pair = []
+    for side, src in zip(("reference", "suspect"), scenarios["benign_probe_then_real"]):
+        shutil.copytree(src, tmp_path / side)
+        manifest = tmp_path / side / "manifest.json"
+        manifest.write_text(json.dumps({**json.loads(manifest.read_text()), "cwd": "/home/someone/elsewhere"}))
+        pair.append(str(tmp_path / side))
+    app, ws = _app(tmp_path / "ws")
+    with TestClient(app) as client:
+        c = _comparison(ws, pair)
+        assert client.post(f"/api/comparisons/{c['id']}/drill").status_code == 202
+        failed = _poll(client, c["id"])
+    assert failed["state"] == "failed" and failed["error"]["type"] == "NotSupported", failed
+    assert failed["error"]["message"] == ("cannot replay reference: its working directory /home/someone/elsewhere is "
+                                          "not on this machine; drill on the machine that recorded it")
