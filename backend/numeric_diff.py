@@ -21,6 +21,8 @@ from dataclasses import dataclass, field
 import torch
 
 _INT_OF_SIZE = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+ONE_WAY_MIN = 16  # one_way: at least this many differing elements (noise: all 16 one way, p = 2^-15) ...
+ONE_WAY_FRACTION = 0.95  # ... of which at least this fraction moved the same way
 
 
 @dataclass(frozen=True)
@@ -99,8 +101,26 @@ class Diff:
     inf_a: int | None = None
     inf_b: int | None = None
     nonfinite_differing: int | None = None  # differing elements non-finite on one side only
+    finite_differing: int | None = None  # differing elements finite on both sides; of those:
+    b_greater: int | None = None  # ... where B's value is greater than A's
+    b_greater_abs: int | None = None  # ... where B's magnitude is greater than A's
     layout: FloatLayout | None = field(default=None, repr=False)  # the compared words' format
     ulp_layout: FloatLayout | None = field(default=None, repr=False)  # the format max_ulp counts in
+
+    def one_way(self) -> str | None:
+        """How all but a few of many differing elements moved the same way, if they did: "B greater",
+        "B smaller", "B larger in magnitude" or "B smaller in magnitude". Rounding noise is unbiased
+        (as often up as down); a changed constant or scale is not."""
+        n = self.finite_differing or 0
+        if n < ONE_WAY_MIN:
+            return None
+        for count, more, less in ((self.b_greater, "B greater", "B smaller"),
+                                  (self.b_greater_abs, "B larger in magnitude", "B smaller in magnitude")):
+            if count >= ONE_WAY_FRACTION * n:
+                return more
+            if n - count >= ONE_WAY_FRACTION * n:
+                return less
+        return None
 
     def to_dict(self) -> dict:
         fraction = None if self.differing is None else (self.differing / self.total if self.total else 0.0)
@@ -112,7 +132,8 @@ class Diff:
             "bits": self.bits, "bit_fields": self.bit_fields,
             "bits_per_element_max": self.popcount_max, "heatmap": self.heatmap,
             "nan_a": self.nan_a, "nan_b": self.nan_b, "inf_a": self.inf_a, "inf_b": self.inf_b,
-            "nonfinite_differing": self.nonfinite_differing,
+            "nonfinite_differing": self.nonfinite_differing, "finite_differing": self.finite_differing,
+            "b_greater": self.b_greater, "b_greater_abs": self.b_greater_abs,
         }
 
 
@@ -148,9 +169,10 @@ def diff_bitwise(a: torch.Tensor, b: torch.Tensor, first: int, grid: tuple[int, 
         if d.permuted and a.dim() >= 2 and a.shape[-1] > 1:
             d.rows_permuted = _rows_permuted(wa, wb, a.shape[-1])
     if d.differing:
-        _magnitudes(d, a.reshape(-1)[idx].double(), b.reshape(-1)[idx].double())
+        va, vb = a.reshape(-1)[idx].double(), b.reshape(-1)[idx].double()
+        _magnitudes(d, va, vb)
         if lay is not None:
-            d.max_ulp = _max_ulp(xa, xb, lay, a.reshape(-1)[idx].double(), b.reshape(-1)[idx].double())
+            d.max_ulp = _max_ulp(xa, xb, lay, va, vb)
             d.max_ulp_rms = _ulps_of_rms(d.max_abs, lay, a, b)
     return d
 
@@ -207,6 +229,9 @@ def _magnitudes(d: Diff, va: torch.Tensor, vb: torch.Tensor) -> None:
     rel = torch.where(finite & (den > 0), absd / torch.where(den > 0, den, 1.0), 0.0)
     d.max_abs = float(absd[comparable].max())
     d.max_rel = float(rel[comparable].max())
+    d.finite_differing = int(finite.sum())
+    d.b_greater = int((finite & (vb > va)).sum())
+    d.b_greater_abs = int((finite & (vb.abs() > va.abs())).sum())
 
 
 def _ulps_of_rms(max_abs: float | None, lay: FloatLayout, a: torch.Tensor, b: torch.Tensor) -> float | None:
@@ -215,9 +240,13 @@ def _ulps_of_rms(max_abs: float | None, lay: FloatLayout, a: torch.Tensor, b: to
     tensor's typical magnitude stands in for the inputs this module never sees."""
     if max_abs is None:
         return None
-    va, vb = a.reshape(-1).double(), b.reshape(-1).double()
-    both = torch.cat((va[va.isfinite()], vb[vb.isfinite()]))
-    rms = float(both.square().mean().sqrt()) if both.numel() else 0.0
+    squares, count = 0.0, 0
+    for t in (a, b):
+        v = t.reshape(-1).double()
+        finite = v.isfinite()
+        squares += float(torch.where(finite, v, 0.0).square().sum())
+        count += int(finite.sum())
+    rms = math.sqrt(squares / count) if count else 0.0
     return max_abs / lay.ulp(rms) if rms > 0 else None
 
 
@@ -243,6 +272,7 @@ def _max_ulp(xa: torch.Tensor, xb: torch.Tensor, lay: FloatLayout, va: torch.Ten
 
 
 _BYTE_BITS = torch.tensor([[(v >> j) & 1 for j in range(8)] for v in range(256)], dtype=torch.int64)  # [256, 8]
+_BYTE_POPCOUNT = _BYTE_BITS.sum(1).to(torch.uint8)
 
 
 def _bit_counts(xor: torch.Tensor, nbits: int) -> tuple[dict, int]:
@@ -258,7 +288,9 @@ def _bit_counts(xor: torch.Tensor, nbits: int) -> tuple[dict, int]:
     for k in range(size):
         per_bit = (torch.bincount(octets[:, k], minlength=256) @ _BYTE_BITS).tolist()
         counts.update({str(8 * k + j): c for j, c in enumerate(per_bit) if c})
-    popcount = _BYTE_BITS.sum(1)[octets.long()].sum(1)
+    popcount = torch.zeros(octets.shape[0], dtype=torch.uint8)
+    for k in range(size):  # a byte column at a time: the table lookup's index is int64
+        popcount += _BYTE_POPCOUNT[octets[:, k].long()]
     return counts, int(popcount.max())
 
 

@@ -42,6 +42,9 @@ Kinds, the first that applies (thresholds at the top of the code; `elements` = d
                     and not ULP-close;
 - `large`           anything else: a logic change (the reading adds when the relative difference
                     stays at the level of a lower-precision kernel, TF32 or bfloat16).
+Readings of few_ulp and large add when nearly every differing element moved one way (B greater,
+or larger in magnitude, in >= 95% of at least 16): rounding noise goes both ways, a changed
+constant or scale does not (`b_greater`, `b_greater_abs`, `finite_differing` hold the counts).
 
 Why those numbers: a float32 reduction summed in another order typically lands 1 to 16 ULP away
 (of the tensor's RMS value; thousands of its own ULPs where a sum cancels to near zero: a
@@ -162,7 +165,11 @@ def signature(
     kind = _classify(d)
     if kind == "identical":
         return _result(kind, f"identical: all {d.total} elements are bitwise equal", d, meta)
-    why = "a logic change or an overflow" if kind == "large" and d.nonfinite_differing else _WHY[kind]
+    why = _WHY[kind]
+    if kind == "large" and d.nonfinite_differing:
+        why = "a logic change or an overflow"
+    if kind == "few_ulp" and d.one_way():
+        why = "a changed constant or scale, or a precision change (reduction-order noise goes both ways)"
     return _result(kind, f"{_what(kind, d)}: {why}", d, meta)
 
 
@@ -217,11 +224,15 @@ def _what(kind: str, d: Diff) -> str:
         if d.max_ulp == 0:
             return f"{where} differ by 0 ULP: only signed zeros or NaN payloads differ"
         if d.max_ulp is not None and d.max_ulp <= few_ulp_limit(d.layout):
-            return f"{where} differ by at most {d.max_ulp} ULP (max rel {_g(d.max_rel)})"
-        return (
-            f"{where} differ by at most {_g(d.max_ulp_rms)} ULP of the tensor's RMS value "
-            f"({d.max_ulp} ULP element-wise, where values cancelled to near zero; max abs {_g(d.max_abs)})"
-        )
+            text = f"{where} differ by at most {d.max_ulp} ULP (max rel {_g(d.max_rel)})"
+        else:
+            text = (
+                f"{where} differ by at most {_g(d.max_ulp_rms)} ULP of the tensor's RMS value "
+                f"({d.max_ulp} ULP element-wise, where values cancelled to near zero; max abs {_g(d.max_abs)})"
+            )
+        if d.one_way():
+            text += f"; nearly all one way ({d.one_way()})"
+        return text
     if kind == "dtype":
         return f"{where} differ (max abs {_g(d.max_abs)}, max rel {_g(d.max_rel)})"
     # large
@@ -231,6 +242,8 @@ def _what(kind: str, d: Diff) -> str:
         parts.append(f"up to {_g(d.max_abs)} (max rel {_g(d.max_rel)}{ulp})")
     if d.nonfinite_differing:
         parts.append(f"{d.nonfinite_differing} non-finite on one side only")
+    if d.one_way():
+        parts.append(f"nearly all one way ({d.one_way()})")
     text = ", ".join(parts)
     if d.layout is not None and d.nonfinite_differing == 0 and d.max_rel is not None and d.max_rel < LOW_PRECISION_REL:
         text += "; relative differences stay below 2^-7, as a lower-precision kernel (TF32, bfloat16 autocast)"

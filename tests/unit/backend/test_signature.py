@@ -386,6 +386,24 @@ def test_not_a_tensor_is_refused():
         signature([1.0], torch.ones(1))
 
 
+def test_a_small_change_all_one_way_is_few_ulp_read_as_a_changed_constant():
+    x = _randn(32, 32) * 8
+    a = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6)  # RMSNorm with its eps changed
+    b = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-5)
+    s = signature(a, b)
+    assert s["kind"] == "few_ulp", s["reading"]
+    assert s["b_greater_abs"] == 0 and s["finite_differing"] == s["elements_differing"] > 16
+    assert "B smaller in magnitude" in s["reading"] and "changed constant" in s["reading"]
+    noise = signature(a, _ulps(a, torch.randint(0, 2, a.shape, generator=torch.Generator().manual_seed(7))))
+    assert "one way" in noise["reading"], "moved away from zero only: one way too"
+    y = _randn(64, 64, seed=8)
+    k = torch.randint(-2, 3, y.shape, generator=torch.Generator().manual_seed(9))
+    both = y.clone()
+    both.view(torch.int32).add_(k.to(torch.int32))  # words up and down: magnitudes up and down
+    s = signature(y, both)
+    assert s["kind"] == "few_ulp" and "one way" not in s["reading"] and "reduction order" in s["reading"]
+
+
 def test_a_lower_precision_kernel_is_large_with_a_note():
     x = _randn(64, 64)
     y = x * (1 + 2.0**-11)  # about the error of a TF32 product: thousands of float32 ULP
