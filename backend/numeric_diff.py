@@ -103,7 +103,9 @@ class Diff:
     nonfinite_differing: int | None = None  # differing elements non-finite on one side only
     finite_differing: int | None = None  # differing elements finite on both sides; of those:
     b_greater: int | None = None  # ... where B's value is greater than A's
+    b_smaller: int | None = None  # ... smaller (neither: +0 against -0)
     b_greater_abs: int | None = None  # ... where B's magnitude is greater than A's
+    b_smaller_abs: int | None = None  # ... smaller
     layout: FloatLayout | None = field(default=None, repr=False)  # the compared words' format
     ulp_layout: FloatLayout | None = field(default=None, repr=False)  # the format max_ulp counts in
 
@@ -114,13 +116,9 @@ class Diff:
         n = self.finite_differing or 0
         if n < ONE_WAY_MIN:
             return None
-        for count, more, less in ((self.b_greater, "B greater", "B smaller"),
-                                  (self.b_greater_abs, "B larger in magnitude", "B smaller in magnitude")):
-            if count >= ONE_WAY_FRACTION * n:
-                return more
-            if n - count >= ONE_WAY_FRACTION * n:
-                return less
-        return None
+        ways = ((self.b_greater, "B greater"), (self.b_smaller, "B smaller"),
+                (self.b_greater_abs, "B larger in magnitude"), (self.b_smaller_abs, "B smaller in magnitude"))
+        return next((way for count, way in ways if count >= ONE_WAY_FRACTION * n), None)
 
     def to_dict(self) -> dict:
         fraction = None if self.differing is None else (self.differing / self.total if self.total else 0.0)
@@ -133,7 +131,8 @@ class Diff:
             "bits_per_element_max": self.popcount_max, "heatmap": self.heatmap,
             "nan_a": self.nan_a, "nan_b": self.nan_b, "inf_a": self.inf_a, "inf_b": self.inf_b,
             "nonfinite_differing": self.nonfinite_differing, "finite_differing": self.finite_differing,
-            "b_greater": self.b_greater, "b_greater_abs": self.b_greater_abs,
+            "b_greater": self.b_greater, "b_smaller": self.b_smaller,
+            "b_greater_abs": self.b_greater_abs, "b_smaller_abs": self.b_smaller_abs,
         }
 
 
@@ -230,8 +229,9 @@ def _magnitudes(d: Diff, va: torch.Tensor, vb: torch.Tensor) -> None:
     d.max_abs = float(absd[comparable].max())
     d.max_rel = float(rel[comparable].max())
     d.finite_differing = int(finite.sum())
-    d.b_greater = int((finite & (vb > va)).sum())
+    d.b_greater, d.b_smaller = int((finite & (vb > va)).sum()), int((finite & (vb < va)).sum())
     d.b_greater_abs = int((finite & (vb.abs() > va.abs())).sum())
+    d.b_smaller_abs = int((finite & (vb.abs() < va.abs())).sum())
 
 
 def _ulps_of_rms(max_abs: float | None, lay: FloatLayout, a: torch.Tensor, b: torch.Tensor) -> float | None:

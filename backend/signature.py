@@ -33,8 +33,8 @@ Kinds, the first that applies (thresholds at the top of the code; `elements` = d
                     (the reading says when whole rows of the last dimension moved);
 - `bit_flip`        every differing element differs in exactly one bit, and they are few: at most
                     FEW_ELEMENTS (4) and at most FEW_FRACTION (10%) of the tensor (one element
-                    always counts). A flip of a float's lowest mantissa bit is also what a 1-ULP
-                    rounding difference looks like; the reading says so;
+                    always counts). A flip of a float's lowest two mantissa bits (at most 2
+                    ULP) is also what a rounding difference looks like; the reading says so;
 - `few_ulp`         floats, nothing non-finite on one side only, and max_ulp or max_ulp_rms <=
                     FEW_ULP[dtype] (64 for float32/float64, 16 float16, 8 bfloat16, 2 float8), in
                     any number of elements;
@@ -44,7 +44,8 @@ Kinds, the first that applies (thresholds at the top of the code; `elements` = d
                     stays at the level of a lower-precision kernel, TF32 or bfloat16).
 Readings of few_ulp and large add when nearly every differing element moved one way (B greater,
 or larger in magnitude, in >= 95% of at least 16): rounding noise goes both ways, a changed
-constant or scale does not (`b_greater`, `b_greater_abs`, `finite_differing` hold the counts).
+constant or scale does not (`finite_differing`, `b_greater`, `b_smaller`, `b_greater_abs` and
+`b_smaller_abs` hold the counts).
 
 Why those numbers: a float32 reduction summed in another order typically lands 1 to 16 ULP away
 (of the tensor's RMS value; thousands of its own ULPs where a sum cancels to near zero: a
@@ -132,6 +133,7 @@ def signature(
     side has no such tensor). `first` differing elements are listed; the heat map has at most
     `heatmap` = (rows, cols) cells. Every key is always present (None where it does not apply)."""
     a, b = (None if t is None else _plain(t) for t in (a, b))
+    first = max(0, int(first))
     meta = {
         "dtype_a": _dtype(a), "dtype_b": _dtype(b),
         "shape_a": None if a is None else list(a.shape), "shape_b": None if b is None else list(b.shape),
@@ -168,6 +170,8 @@ def signature(
     why = _WHY[kind]
     if kind == "large" and d.nonfinite_differing:
         why = "a logic change or an overflow"
+    if kind == "bit_flip" and _rounding_sized(d):
+        why = "a rounding difference (reduction order, another kernel) is as likely as a hardware SDC"
     if kind == "few_ulp" and d.one_way():
         why = "a changed constant or scale, or a precision change (reduction-order noise goes both ways)"
     return _result(kind, f"{_what(kind, d)}: {why}", d, meta)
@@ -197,6 +201,12 @@ def _classify(d: Diff) -> str:
     return "large"
 
 
+def _rounding_sized(d: Diff) -> bool:
+    """A float difference only in the lowest two mantissa bits and at most 2 ULP: what a
+    rounding difference looks like as much as a flipped bit."""
+    return d.layout is not None and all(int(p) < 2 for p in d.bits) and d.max_ulp is not None and d.max_ulp <= 2
+
+
 def _ulp_close(d: Diff, lay: FloatLayout) -> bool:
     """max_ulp, or the difference in ULPs of the tensors' RMS value, within few_ulp's limit."""
     limit = few_ulp_limit(lay)
@@ -211,10 +221,8 @@ def _what(kind: str, d: Diff) -> str:
         return f"the same values in another order ({where} moved{moved})"
     if kind == "bit_flip":
         each = "one element" if d.differing == 1 else f"each of {d.differing} elements"
-        text = f"one bit differs in {each} of {d.total} ({_bit_list(d)})"
-        if d.layout is not None and all(int(p) < 2 for p in d.bits) and d.max_ulp is not None and d.max_ulp <= 2:
-            text += f", also what a {d.max_ulp}-ULP rounding difference looks like"
-        return text
+        ulp = f", {d.max_ulp} ULP" if _rounding_sized(d) else ""
+        return f"one bit differs in {each} of {d.total} ({_bit_list(d)}{ulp})"
     if kind == "multi_bit_flip":
         ulp = f", {d.max_ulp} ULP" if d.max_ulp is not None else ""
         each = "differs in" if d.differing == 1 else "differ in up to"

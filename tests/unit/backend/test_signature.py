@@ -75,7 +75,8 @@ def test_lowest_bit_flip_says_it_is_also_one_ulp():
     x = _randn(1000)
     s = signature(x, _flip(x, 5, 0))
     assert s["kind"] == "bit_flip" and s["max_ulp"] == 1
-    assert "1-ULP rounding" in s["reading"]
+    assert "mantissa bit 0, 1 ULP" in s["reading"] and "rounding difference" in s["reading"]
+    assert "rounding" not in signature(x, _flip(x, 5, 2))["reading"]  # 4 ULP: no longer rounding-sized
 
 
 def test_the_same_bit_in_every_element_is_a_logic_change_not_a_flip():
@@ -285,7 +286,8 @@ def test_signed_zeros_differ_but_are_zero_ulp():
     z = torch.zeros(100)
     s = signature(z, -z)
     assert s["elements_differing"] == 100 and s["max_ulp"] == 0 and s["max_abs"] == 0.0
-    assert s["kind"] == "few_ulp" and "signed zeros" in s["reading"]
+    assert s["kind"] == "few_ulp" and "signed zeros" in s["reading"] and "one way" not in s["reading"]
+    assert (s["b_greater"], s["b_smaller"], s["finite_differing"]) == (0, 0, 100)
 
 
 def test_ulp_distance_across_zero_and_in_float64():
