@@ -419,3 +419,26 @@ def test_a_medium_tensor_is_vectorized():
     s = signature(x, x * 1.5, first=3)
     assert s["elements_differing"] == 1024 * 1024 - int((x == 0).sum())
     assert len(s["first_indices"]) == 3 and math.isclose(s["max_rel"], 1 / 3, rel_tol=1e-6)
+
+
+def test_shape_and_dtype_both_changed_compare_flat_as_float64():
+    x = _randn(4, 6)
+    s = signature(x, x.reshape(6, 4).to(torch.float64))
+    assert s["kind"] == "shape" and s["compared"] == "float64" and s["elements_differing"] == 0
+    assert "reshape or view change" in s["reading"]
+
+
+def test_every_kind_has_every_key_and_is_strict_json():
+    x = _randn(16, 16)
+    pairs = {
+        "identical": (x, x.clone()), "bit_flip": (x, _flip(x, 3, 9)), "multi_bit_flip": (x, _flip(x, 3, 9, 10)),
+        "few_ulp": (x, _ulps(x, torch.ones(256))), "permutation": (x, x.flip(0)), "large": (x, x * 1.5),
+        "dtype": (x, x.half()), "shape": (x, x.reshape(-1)), "structure": (x, None),
+    }
+    keys = None
+    for kind, (a, b) in pairs.items():
+        s = _json(signature(a, b))
+        assert s["kind"] == kind, s["reading"]
+        assert isinstance(s["reading"], str) and "\n" not in s["reading"]
+        keys = keys or set(s)
+        assert set(s) == keys, f"{kind}: {set(s) ^ keys}"
