@@ -33,6 +33,14 @@ export function init() {
     if (!same) load();
   });
   on(EV.drillRequested, () => start());
+  // leaving the comparison stops the polling; coming back loads its drill again
+  window.addEventListener("hashchange", () => {
+    if (comparison && !location.hash.startsWith(`#/c/${comparison.id}`)) {
+      stop();
+      token += 1;
+      comparison = null;
+    }
+  });
 }
 
 const path = () => comparisonPath(comparison.id, "/drill");

@@ -42,6 +42,13 @@ def test_drill_down_shows_progress_then_the_op_its_line_and_the_heat_map(page, d
     assert "Replaying both runs" in page.inner_text("#drill-progress")
     assert page.is_disabled(SEL["drillButton"]) and page.inner_text(SEL["drillButton"]) == "Drilling…"
 
+    # away to the start page and back while it runs: the panel picks the running drill up again
+    page.goto(f"{srv.url}/#/")
+    page.wait_for_selector(f"{SEL['viewHome']}:not(.hidden)")
+    page.goto(f"{srv.url}/#/c/{c['id']}")
+    page.wait_for_selector(f"{SEL['drillPanel']}[data-state=running] #drill-progress .spinner")
+    assert page.is_disabled(SEL["drillButton"])
+
     gate.touch()
     page.wait_for_selector(f"{SEL['drillPanel']}[data-state=done]")
     op = DOCUMENT["op_pivot"]
