@@ -24,6 +24,7 @@ import os
 import re
 import sys
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -180,7 +181,7 @@ class Drill:
         if self.traced and not self.found and name == window.boundary and call == window.call:
             output = self._traced(inner, module, args, kwargs, frame, frames)
         elif frame.region is not None and self.tracer is not None and self.tracer.active:
-            output = self._suspended(inner, module, args, kwargs, name)
+            output = self._suspended(inner, module, args, kwargs, frame)
         else:
             output = inner(module, *args, **kwargs)
         if kept:
@@ -222,17 +223,19 @@ class Drill:
             self._fail("op tracer", RuntimeError("a torch function mode entered inside the window was not left; "
                                                  "the tracer stays on the stack, inactive"))
 
-    def _suspended(self, inner, module, args, kwargs, name: str):
-        """A compiled region inside the window: called with the tracer off (dynamo must not see it)."""
+    def _suspended(self, inner, module, args, kwargs, frame):
+        """A compiled region inside the window: called with the tracer off (dynamo must not see it),
+        one op named `compiled region <its module type>` with the region's inputs and outputs."""
         tracer = self.tracer
-        self._fail("op tracer", RuntimeError(f"{name} inside the window is a compiled region (torch.compile): "
-                                             "its ops are not traced"))
+        self._fail("op tracer", RuntimeError(f"{frame.name} inside the window is a compiled region (torch.compile): "
+                                             "its ops are not traced, only its inputs and outputs"))
         depth = torch._C._len_torch_function_stack()
         if not (depth and torch._C._get_function_stack_at(depth - 1) is tracer):
             return inner(module, *args, **kwargs)
         tracer.__exit__(None, None, None)
         try:
-            return inner(module, *args, **kwargs)
+            return tracer.region(f"compiled region {type(frame.region).__name__}", sys._getframe(),
+                                 partial(inner, module), args, kwargs)
         finally:
             tracer.__enter__()
 

@@ -12,9 +12,10 @@ popped, as torch does for any mode, so the call dispatches exactly as it would u
 
 What it does not see: anything below the torch function boundary (the ops a C++ or Python torch
 function runs inside, autograd's backward, kernels), torch functions called with torch function
-disabled (`torch._C.DisableTorchFunction`), compiled code (dynamo graphs), and calls on other
-threads (a mode is per thread). Collectives (torch.distributed) are not torch functions: their
-writes into a tensor are not op records.
+disabled (`torch._C.DisableTorchFunction`), compiled code (a compiled region module inside the
+window is one op, `compiled region <type>`, with its inputs and outputs: drill.py), and calls on
+other threads (a mode is per thread). Collectives (torch.distributed) are not torch functions:
+their writes into a tensor are not op records.
 
 This module knows torch functions and frames; not which call is traced (drill.py).
 """
@@ -144,10 +145,6 @@ _WRITES_QUIETLY = frozenset({"batch_norm", "instance_norm", "native_batch_norm",
                              "cudnn_batch_norm", "miopen_batch_norm", "_batch_norm_impl_index"})
 
 
-def _pure(func) -> bool:
-    return getattr(func, "__name__", None) in _PURE
-
-
 # -- tensors -----------------------------------------------------------------------------------
 def _dtype(t: torch.Tensor) -> str:
     return str(t.dtype).removeprefix("torch.")
@@ -267,28 +264,46 @@ class OpTracer(TorchFunctionMode):
             return func(*args, **kwargs)
         try:
             where = self._where(sys._getframe(1), getattr(func, "__code__", None))
-            if where is None:  # bitguard's own call (the collector, the drill): not an op of the model
-                return func(*args, **kwargs)
+        except Exception as exc:  # noqa: BLE001 - the training goes on, untraced from here
+            self._failed(op_name(func), exc)
+            return func(*args, **kwargs)
+        if where is None:  # bitguard's own call (the collector, the drill): not an op of the model
+            return func(*args, **kwargs)
+        name = getattr(func, "__name__", None)
+        # (this handler runs with the mode popped, as torch runs every mode: dispatch is the untraced one)
+        return self._call(op_name(func), func, args, kwargs, where, name in _PURE, name in _WRITES_QUIETLY)
+
+    def region(self, name: str, f, call, args: tuple, kwargs: dict):
+        """A compiled region's call inside the window (`call(*args, **kwargs)`, run with this mode
+        off: dynamo must not see it) as one op: its inputs and outputs, under `name`. `f` is the
+        drill's frame that runs the region's module call."""
+        where = self._where(f, None) if self.active else None
+        if where is None:
+            return call(*args, **kwargs)
+        return self._call(name, call, args, kwargs, where, False, False)
+
+    def _call(self, name: str, func, args: tuple, kwargs: dict, where: tuple, pure: bool, quiet: bool):
+        try:
             tensors: list = []
             text = call_text(args, kwargs, tensors)
-            pure = _pure(func)
             inputs = None if pure else [describe(t, p) for p, t in tensors]
             versions = [_version(t) for _, t in tensors]
         except Exception as exc:  # noqa: BLE001 - the training goes on, untraced from here
-            self._failed(func, exc)
+            self._failed(name, exc)
             return func(*args, **kwargs)
-        result = func(*args, **kwargs)  # with this mode popped: dispatch is the untraced one
+        result = func(*args, **kwargs)
         try:
-            self._record(func, where, text, tensors, inputs, versions, result)
+            self._record(name, quiet, where, text, tensors, inputs, versions, result)
         except Exception as exc:  # noqa: BLE001
-            self._failed(func, exc)
+            self._failed(name, exc)
         return result
 
-    def _failed(self, func, exc: BaseException) -> None:
+    def _failed(self, name: str, exc: BaseException) -> None:
         self.active = False
-        self.fail(f"op tracer at {op_name(func)}", exc)
+        self.fail(f"op tracer at {name}", exc)
 
-    def _record(self, func, where, text: str, tensors: list, inputs, versions: list, result) -> None:
+    def _record(self, name: str, quiet: bool, where, text: str, tensors: list, inputs, versions: list,
+                result) -> None:
         outs: list = []
         walk(result, "", outs, text=False)
         if not outs:
@@ -302,7 +317,7 @@ class OpTracer(TorchFunctionMode):
         # inputs the op wrote without returning them (running statistics, ...): outputs too
         written = [(f"input{p}", t) for (p, t), v in zip(tensors, versions)
                    if v is not None and id(t) not in out_ids and _version(t) != v]
-        if getattr(func, "__name__", None) in _WRITES_QUIETLY:
+        if quiet:
             seen = {id(t) for _, t in written} | out_ids
             for (p, t), before in zip(tensors, inputs):
                 after = describe(t, p)
@@ -316,7 +331,7 @@ class OpTracer(TorchFunctionMode):
             self.keeper.keep(t, f"op{i:05d}-out{k}", entry)
             outputs.append(entry)
         file, line, function, stack = where
-        self.ops.append({"i": i, "op": op_name(func), "modules": [f.name for f in self.frames[self.depth:]],
+        self.ops.append({"i": i, "op": name, "modules": [f.name for f in self.frames[self.depth:]],
                          "file": file, "line": line, "function": function, "stack": stack, "args": text,
                          "inputs": inputs, "outputs": outputs, "inplace": inplace or bool(written)})
 

@@ -297,3 +297,29 @@ def test_stop_after_step_ends_the_replay_complete_after_step_k(tmp_path):
     assert trace["complete"] and [op["op"] for op in trace["ops"]] == BLOCK_OPS
     events, _, _ = load_rank(open_run(tmp_path / "run"), 0)
     assert set(events.filter(pl.col("phase") != "optimizer")["step"]) == {1}
+
+
+class _WithCompiled(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.inner = torch.compile(torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Tanh()), backend="eager")
+
+    def forward(self, x):
+        return self.inner(x * 2) + 1
+
+
+def test_a_compiled_region_inside_the_window_is_one_op_and_the_trace_says_it_is_not_complete(tmp_path, monkeypatch):
+    _set_spec(tmp_path, monkeypatch, _spec(tmp_path / "run", step=0, keep=[],
+                                           window={"boundary": "_WithCompiled", "phase": "forward", "call": 0}))
+    torch.manual_seed(0)
+    net = _WithCompiled()
+    x = torch.randn(2, 4)
+    with bitguard.record(tmp_path / "run"):
+        out = net(x)
+    trace = json.loads((tmp_path / "run" / "ops-rank-0.json").read_text())
+    assert [op["op"] for op in trace["ops"]] == ["torch.Tensor.mul", "compiled region Sequential", "torch.Tensor.add"]
+    region = trace["ops"][1]
+    assert region["modules"] == ["_WithCompiled", "inner"] and region["line"] == _line_of(_WithCompiled.forward, "inner")
+    assert region["inputs"][0]["xor"] == trace["ops"][0]["outputs"][0]["xor"]
+    assert trace["ops"][2]["outputs"][0]["xor"] == _hex(digest(out)[0])
+    assert trace["found"] and not trace["complete"] and "compiled region" in trace["errors"][0]
