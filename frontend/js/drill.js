@@ -127,7 +127,7 @@ function renderBusy(state) {
     head(el("span", { class: "badge running" }, state.state)),
     el("div", { id: "drill-progress", class: "banner busy" }, el("span", { class: "spinner" }),
       state.state === "queued" ? "Waiting for another drill to finish…" : `Replaying both runs' pivot step and tracing each operation…${secs}`),
-    el("p", { class: "note" }, "The drill reruns each run's recorded command for one step; it takes about as long as recording that step twice."),
+    el("p", { class: "note" }, "The drill reruns both runs' recorded commands for the pivot's step, side by side, tracing each torch operation inside the blame window."),
   );
   show(panel, true);
 }
@@ -151,8 +151,11 @@ function replayCheck(replay) {
     return el("div", { id: "drill-replay", class: "drill-replay ok", dataset: { reproduced: "true" } },
       el("span", { class: "badge identical" }, "replay reproduced"), " ", replay.detail || "");
   }
+  // the engine's detail opens with the same sentence, then says why in parentheses
+  let detail = String(replay.detail || "");
+  if (detail.startsWith(NOT_REPRODUCED)) detail = detail.slice(NOT_REPRODUCED.length).trim().replace(/^\((.*)\)$/s, "$1");
   return el("div", { id: "drill-replay", class: "banner inconclusive drill-replay", dataset: { reproduced: "false" } },
-    el("b", {}, `Warning: ${NOT_REPRODUCED}.`), replay.detail ? el("div", {}, replay.detail) : null);
+    el("b", {}, `Warning: ${NOT_REPRODUCED}.`), detail ? el("div", {}, detail) : null);
 }
 
 // the op's inputs and outputs as the digest table of the other panels: {"a": {...}, "b": {...}, "differs"}

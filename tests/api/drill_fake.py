@@ -12,6 +12,7 @@ gated on a file the test creates.
 from __future__ import annotations
 
 import copy
+import json
 import os
 import threading
 import time
@@ -114,13 +115,19 @@ def preamble(gate_path: str) -> str:
 
 
 def install(gate_path: str) -> FakeDrill:
-    """The server's drill becomes a FakeDrill that waits for `gate_path` to exist; a gate file holding
-    text makes it fail with NotSupported(that text), as the real drill of a run it cannot replay."""
+    """The server's drill becomes a FakeDrill that waits for `gate_path` to exist. An empty gate file:
+    it answers DOCUMENT; a JSON object: it answers that document instead (exit status 3 if its verdict
+    is not_reproduced); other text: it fails with NotSupported(that text), as the real drill of a run
+    it cannot replay."""
     from bitguard.backend import drills
     from bitguard.errors import NotSupported
 
     def error(_a, _b):
         text = open(gate_path).read().strip()
+        if text.startswith("{"):
+            fake.document = json.loads(text)
+            fake.exit_status = {"op_pivot": 0, "no_difference": 1, "not_reproduced": 3}[fake.document["verdict"]]
+            return None
         return NotSupported(text) if text else None
 
     fake = FakeDrill(gate=FileGate(gate_path), error=error)

@@ -5,6 +5,8 @@ server's drill is the stand-in of api/drill_fake.py, held on a gate file until t
 
 from __future__ import annotations
 
+import json
+
 import httpx
 import pytest
 
@@ -95,3 +97,23 @@ def test_a_drill_that_fails_shows_its_message_not_a_stack(page, drill_explorer, 
     assert page.text_content("#drill-error") == f"NotSupported: {message}"
     assert "Traceback" not in page.inner_text(SEL["drillPanel"])
     assert not page.is_disabled(SEL["drillButton"]), "a failed drill can be asked for again"
+
+
+def test_a_replay_that_does_not_reproduce_the_record_is_a_plain_warning(page, drill_explorer, scenario_dirs):
+    srv, gate = drill_explorer
+    why = "run B: blocks.0.ln_1's output differs from the record at step 0"
+    doc = {**DOCUMENT, "verdict": "not_reproduced", "op_pivot": None, "signature": None,
+           "replay": {"reproduced": False, "detail": "the replay does not reproduce the record: nondeterminism or a "
+                                                     f"changed environment ({why})"}}
+    gate.write_text(json.dumps(doc))
+    with httpx.Client(base_url=srv.url, timeout=30) as client:
+        c = api_compare(client, scenario_dirs["probe"])
+    page.goto(f"{srv.url}/#/c/{c['id']}")
+    wait_drawn(page, 1)
+    page.click(SEL["drillButton"])
+    page.wait_for_selector(f"{SEL['drillPanel']}[data-state=done]")
+    assert page.inner_text("#drill-verdict") == "not reproduced"
+    assert page.get_attribute("#drill-replay", "data-reproduced") == "false"
+    assert page.text_content("#drill-replay") == ("Warning: the replay does not reproduce the record: nondeterminism "
+                                                  f"or a changed environment.{why}")
+    assert page.is_hidden("#drill-op") and page.is_visible("#drill-no-op")
