@@ -158,7 +158,7 @@ class record:
         collector, self.collector = self.collector, None
         collector.remove(final_state=status == "complete")  # a failed run's weights are not its result
         if self.drill is not None:
-            self.drill.close(status)
+            self.drill.close()
         unpatch_dataloader()
         steps_seen = collector.step + (1 if collector._advance else 0)
         self.store.close(status, {"end_time_ns": time.time_ns(), "steps_completed": steps_seen,

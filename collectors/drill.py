@@ -145,7 +145,7 @@ class Drill:
         self._wrapper = torch.nn.Module._call_impl = self._wrap(self._inner)
         keep_out_of_dynamo(self._wrapper, ())
 
-    def close(self, status: str | None = None) -> None:
+    def close(self) -> None:
         """The recording ends: write the trace (if not yet) and take the wrapper out."""
         self._write()
         self.off = True
