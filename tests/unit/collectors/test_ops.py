@@ -52,6 +52,7 @@ def _spec(out: Path, **over) -> dict:
 
 
 def _set_spec(tmp: Path, monkeypatch, spec: dict) -> None:
+    tmp.mkdir(parents=True, exist_ok=True)
     path = tmp / "spec.json"
     path.write_text(json.dumps(spec))
     monkeypatch.setenv(drill_mod.ENV, str(path))
@@ -323,3 +324,20 @@ def test_a_compiled_region_inside_the_window_is_one_op_and_the_trace_says_it_is_
     assert region["inputs"][0]["xor"] == trace["ops"][0]["outputs"][0]["xor"]
     assert trace["ops"][2]["outputs"][0]["xor"] == _hex(digest(out)[0])
     assert trace["found"] and not trace["complete"] and "compiled region" in trace["errors"][0]
+
+
+def test_a_failing_tracer_steps_aside_and_the_training_goes_on_unchanged(tmp_path, monkeypatch, capsys):
+    from bitguard.collectors import ops
+
+    plain, _, plain_net = _train_net(tmp_path / "plain", monkeypatch)
+
+    def broken(*_):
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(ops, "call_text", broken)
+    trace, _, net = _train_net(tmp_path / "broken", monkeypatch)
+    assert trace["found"] and not trace["complete"] and trace["ops"] == []
+    assert trace["errors"] == ["op tracer at torch.nn.functional.linear: RuntimeError: boom"]
+    assert "bitguard drill: op tracer at torch.nn.functional.linear: RuntimeError: boom" in capsys.readouterr().err
+    for p, q in zip(plain_net.state_dict().values(), net.state_dict().values()):
+        assert torch.equal(p, q)
