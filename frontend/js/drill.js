@@ -39,6 +39,7 @@ export function init() {
       stop();
       token += 1;
       comparison = null;
+      show($(SEL.drillPanel), false);
     }
   });
 }

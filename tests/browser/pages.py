@@ -42,3 +42,19 @@ def click_point(page, trace_name: str, index: int = 0, plot: str = "#timeline"):
     page.wait_for_timeout(150)
     page.mouse.click(p["x"], p["y"])
     return p["custom"]
+
+
+def drill_in_the_page(page, url: str, pair: tuple[str, str], until: str, timeout: float = 30_000) -> dict:
+    """Upload and compare `pair` on the explorer at `url`, open the comparison, click Drill down and wait
+    until the drill panel is in state `until` (running | done | failed); the comparison."""
+    import httpx
+
+    from api.conftest import compare
+
+    with httpx.Client(base_url=url, timeout=30) as client:
+        c = compare(client, pair)
+    page.goto(f"{url}/#/c/{c['id']}")
+    wait_drawn(page, 1)
+    page.click(SEL["drillButton"])
+    page.wait_for_selector(f"{SEL['drillPanel']}[data-state={until}]", timeout=timeout)
+    return c

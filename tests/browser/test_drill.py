@@ -13,7 +13,7 @@ import pytest
 from api.conftest import compare as api_compare
 from api.drill_fake import DOCUMENT, preamble
 from api.live_server import start_server
-from browser.pages import SEL, pivot_boundary, wait_drawn
+from browser.pages import SEL, drill_in_the_page, pivot_boundary, wait_drawn
 
 pytestmark = pytest.mark.browser
 
@@ -25,16 +25,6 @@ def drill_explorer(tmp_path):
     yield srv, gate
     gate.touch()
     srv.stop()
-
-
-def _drill_in_the_page(page, srv, pair, until: str) -> None:
-    """Compare `pair` on the server, open it, click Drill down and wait for the drill's `until` state."""
-    with httpx.Client(base_url=srv.url, timeout=30) as client:
-        c = api_compare(client, pair)
-    page.goto(f"{srv.url}/#/c/{c['id']}")
-    wait_drawn(page, 1)
-    page.click(SEL["drillButton"])
-    page.wait_for_selector(f"{SEL['drillPanel']}[data-state={until}]")
 
 
 def test_drill_down_shows_progress_then_the_op_its_line_and_the_heat_map(page, drill_explorer, scenario_dirs,
@@ -57,9 +47,10 @@ def test_drill_down_shows_progress_then_the_op_its_line_and_the_heat_map(page, d
     # away to the start page and back while it runs: the panel picks the running drill up again
     page.goto(f"{srv.url}/#/")
     page.wait_for_selector(f"{SEL['viewHome']}:not(.hidden)")
+    assert page.is_hidden(SEL["drillPanel"])
     page.goto(f"{srv.url}/#/c/{c['id']}")
-    page.wait_for_selector(f"{SEL['drillPanel']}[data-state=running] #drill-progress .spinner")
-    assert page.is_disabled(SEL["drillButton"])
+    page.wait_for_selector(f"{SEL['drillPanel']}[data-state=running]:not(.hidden) #drill-progress .spinner")
+    page.wait_for_selector(f"{SEL['drillButton']}:disabled")
 
     gate.touch()
     page.wait_for_selector(f"{SEL['drillPanel']}[data-state=done]")
@@ -98,7 +89,7 @@ def test_a_drill_that_fails_shows_its_message_not_a_stack(page, drill_explorer, 
     srv, gate = drill_explorer
     message = "the recorded script /home/u/train.py is not on this machine; drill the runs where they were recorded"
     gate.write_text(message)  # the stand-in fails as the real drill does on a run it cannot replay
-    _drill_in_the_page(page, srv, scenario_dirs["gap"], "failed")
+    drill_in_the_page(page, srv.url, scenario_dirs["gap"], "failed")
     assert page.text_content("#drill-error") == f"NotSupported: {message}"
     assert "Traceback" not in page.inner_text(SEL["drillPanel"])
     assert not page.is_disabled(SEL["drillButton"]), "a failed drill can be asked for again"
@@ -111,7 +102,7 @@ def test_a_replay_that_does_not_reproduce_the_record_is_a_plain_warning(page, dr
            "replay": {"reproduced": False, "detail": "the replay does not reproduce the record: nondeterminism or a "
                                                      f"changed environment ({why})"}}
     gate.write_text(json.dumps(doc))
-    _drill_in_the_page(page, srv, scenario_dirs["probe"], "done")
+    drill_in_the_page(page, srv.url, scenario_dirs["probe"], "done")
     assert page.inner_text("#drill-verdict") == "not reproduced"
     assert page.get_attribute("#drill-replay", "data-reproduced") == "false"
     assert page.text_content("#drill-replay") == ("Warning: the replay does not reproduce the record: nondeterminism "

@@ -8,10 +8,9 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from api.conftest import compare as api_compare
 from bitguard.sample_traces.recordings import run_jobs
 from bitguard.sample_traces.scenarios import SCENARIOS
-from browser.pages import SEL, wait_drawn
+from browser.pages import SEL, drill_in_the_page
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
@@ -27,12 +26,7 @@ def functional(tmp_path_factory):
 def test_drill_down_from_the_browser_names_the_residual_add(page, explorer, functional, artifacts):
     errors: list[str] = []
     page.on("pageerror", lambda e: errors.append(str(e)))
-    with httpx.Client(base_url=explorer.url, timeout=30) as client:
-        c = api_compare(client, functional)
-    page.goto(f"{explorer.url}/#/c/{c['id']}")
-    wait_drawn(page, 1)
-    page.click(SEL["drillButton"])
-    page.wait_for_selector(f"{SEL['drillPanel']}[data-state=running]")
+    c = drill_in_the_page(page, explorer.url, functional, "running")
     page.wait_for_selector(f"{SEL['drillPanel']}[data-state=done], {SEL['drillPanel']}[data-state=failed]",
                            timeout=300_000)
     panel = page.inner_text(SEL["drillPanel"])
