@@ -12,8 +12,10 @@ popped, as torch does for any mode, so the call dispatches exactly as it would u
 
 What it does not see: anything below the torch function boundary (the ops a C++ or Python torch
 function runs inside, autograd's backward, kernels), torch functions called with torch function
-disabled (`torch._C.DisableTorchFunction`), compiled code (a compiled region module inside the
-window is one op, `compiled region <type>`, with its inputs and outputs: drill.py), and calls on
+disabled (`torch._C.DisableTorchFunction`), compiled code (a torch.compile'd module inside the
+window is one op, `compiled region <type>`, with its inputs and outputs: drill.py; compiled code
+the drill cannot call with the mode off, a compiled function or `module.compile()`, is traced as
+the graphs' Python runs it and the trace says it may differ from the record), and calls on
 other threads (a mode is per thread). Collectives (torch.distributed) are not torch functions:
 their writes into a tensor are not op records.
 
@@ -40,9 +42,11 @@ MAX_VALUE_CHARS = 60  # one non-tensor argument's repr at most
 MAX_STACK = 64  # user frames kept in an op's `stack` (innermost ones)
 
 # Frame kinds (`_kind`): torch's own Python, bitguard's own code, a bitguard frame a module call
-# passes through (the collector's and the drill's module-call wrappers), the user's code.
-TORCH, OWN, TRANSPARENT, USER = range(4)
+# passes through (the collector's and the drill's module-call wrappers), the user's code, and
+# torch's own Python of dynamo (a call of compiled code: torch's otherwise).
+TORCH, OWN, TRANSPARENT, USER, DYNAMO = range(5)
 _TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
+_DYNAMO_DIR = os.path.join(_TORCH_DIR, "_dynamo", "")
 _TRANSPARENT: set = set()  # code objects of bitguard's module-call wrappers (`transparent`)
 _TRANSPARENT_NAMES = {"hooks.py": ("_call_impl",), "compiled.py": ("observed", "<lambda>")}
 _kinds: dict = {}  # code object -> kind
@@ -79,7 +83,7 @@ def _kind(code) -> int:
         if code in _TRANSPARENT:
             kind = TRANSPARENT
         elif real.startswith(_TORCH_DIR) or path.startswith(_TORCH_DIR):
-            kind = TORCH
+            kind = DYNAMO if real.startswith(_DYNAMO_DIR) or path.startswith(_DYNAMO_DIR) else TORCH
         elif real.startswith(_OWN_DIRS) and not real.startswith(_SAMPLE_DIRS):
             names = _TRANSPARENT_NAMES.get(os.path.basename(real), ())
             kind = TRANSPARENT if code.co_name in names and os.path.basename(os.path.dirname(real)) == "collectors" \
@@ -257,6 +261,7 @@ class OpTracer(TorchFunctionMode):
         self.fail = fail
         self.active = True
         self.ops: list[dict] = []
+        self.compiled = False  # an op ran under a compiled call (reported once)
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -277,7 +282,7 @@ class OpTracer(TorchFunctionMode):
         """A compiled region's call inside the window (`call(*args, **kwargs)`, run with this mode
         off: dynamo must not see it) as one op: its inputs and outputs, under `name`. `f` is the
         drill's frame that runs the region's module call."""
-        where = self._where(f, None) if self.active else None
+        where = self._where(f, None, region=True) if self.active else None
         if where is None:
             return call(*args, **kwargs)
         return self._call(name, call, args, kwargs, where, False, False)
@@ -335,7 +340,7 @@ class OpTracer(TorchFunctionMode):
                          "file": file, "line": line, "function": function, "stack": stack, "args": text,
                          "inputs": inputs, "outputs": outputs, "inplace": inplace or bool(written)})
 
-    def _where(self, f, own_code):
+    def _where(self, f, own_code, region: bool = False):
         """(file, line, function, stack) of the op's caller: the innermost user frame and the user
         frames from the window's forward down to it; None when the first frame that is not
         torch's is bitguard's own (not an op of the model). In a window without user code (a
@@ -355,6 +360,11 @@ class OpTracer(TorchFunctionMode):
             elif kind == OWN:
                 if not user:
                     return None
+            elif kind == DYNAMO and not region:  # (a region's call: its OptimizedModule's frames)
+                if not self.compiled:
+                    self._compiled_call(code)
+                if not user:  # dynamo's own work (compiling): not an op of the model
+                    return None
             elif kind == TORCH and fallback is None and code is not own_code \
                     and not code.co_filename.endswith(("overrides.py", os.path.join("modules", "module.py"))):
                 fallback = (code.co_filename, f.f_lineno, code.co_name)
@@ -367,6 +377,19 @@ class OpTracer(TorchFunctionMode):
             return *user[-1], [f"{fi}:{li} in {fn}" for fi, li, fn in reversed(user)]
         file, line, function = user[0]
         return file, line, function, [f"{fi}:{li} in {fn}" for fi, li, fn in reversed(user)]
+
+    def _compiled_call(self, code) -> None:
+        """Compiled code runs inside the window with the tracer on (a function compiled with
+        torch.compile, or a module compiled in place with `module.compile()`, which the drill
+        cannot call with the tracer off): dynamo compiles it with a torch function mode on the
+        stack (graph breaks at the mode: other graphs), so the traced ops and numbers may not be
+        those of the record. The ops the graphs' Python runs are traced anyway; said once (the
+        trace is then not complete)."""
+        self.compiled = True
+        self.fail("op tracer", RuntimeError(
+            f"compiled code ({os.path.basename(code.co_filename)}:{code.co_name}) ran inside the window with the op "
+            f"tracer on: dynamo compiles it otherwise with a torch function mode on, so its ops and numbers may "
+            f"differ from the record's; compile the module (torch.compile(module)) or drill a run without compile"))
 
     @staticmethod
     def _caller(f):

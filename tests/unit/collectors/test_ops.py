@@ -341,3 +341,28 @@ def test_a_failing_tracer_steps_aside_and_the_training_goes_on_unchanged(tmp_pat
     assert "bitguard drill: op tracer at torch.nn.functional.linear: RuntimeError: boom" in capsys.readouterr().err
     for p, q in zip(plain_net.state_dict().values(), net.state_dict().values()):
         assert torch.equal(p, q)
+
+
+class _CompiledInPlace(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.inner = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Tanh())
+        self.inner.compile(backend="eager")
+
+    def forward(self, x):
+        return self.inner(x * 2) + 1
+
+
+def test_compiled_code_run_with_the_tracer_on_is_said_and_the_trace_not_complete(tmp_path, monkeypatch):
+    """A module compiled in place runs with the mode on (the drill cannot take it off there):
+    dynamo's own work is not traced, the graphs' ops are, and the trace says they may differ."""
+    _set_spec(tmp_path, monkeypatch, _spec(tmp_path / "run", step=0, keep=[],
+                                           window={"boundary": "_CompiledInPlace", "phase": "forward", "call": 0}))
+    torch.manual_seed(0)
+    net = _CompiledInPlace()
+    with bitguard.record(tmp_path / "run"):
+        net(torch.randn(2, 4))
+    trace = json.loads((tmp_path / "run" / "ops-rank-0.json").read_text())
+    assert [op["op"] for op in trace["ops"]] == ["torch.Tensor.mul", "torch.nn.functional.linear", "torch.tanh",
+                                                 "torch.Tensor.add"]
+    assert not trace["complete"] and len(trace["errors"]) == 1 and "compiled code" in trace["errors"][0]
