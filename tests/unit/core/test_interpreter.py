@@ -35,8 +35,12 @@ def test_a_bare_python_not_on_path_is_bitguards_own(tmp_path, monkeypatch, capsy
 
 
 def test_a_bare_python_on_path_with_bitguard_is_kept(tmp_path, monkeypatch, capsys):
+    # a wrapper, not a symlink: a symlinked venv python finds no pyvenv.cfg beside it, so it is the base
+    # interpreter (which in the checkout's root finds the bitguard/ folder, but not bitguard.collectors)
     (tmp_path / "bin").mkdir()
-    (tmp_path / "bin" / "python").symlink_to(sys.executable)
+    wrapper = tmp_path / "bin" / "python"
+    wrapper.write_text(f'#!/bin/sh\nexec "{sys.executable}" "$@"\n')
+    wrapper.chmod(0o755)
     monkeypatch.setenv("PATH", str(tmp_path / "bin"))
     assert cli._interpreter("python") == str(tmp_path / "bin" / "python")
     assert capsys.readouterr().err == ""
@@ -58,3 +62,19 @@ def test_a_launcher_after_the_dashes_is_refused_with_the_form_that_works(tmp_pat
     name = " ".join(launcher[:2]) if launcher[0] == "accelerate" else launcher[0]
     assert len(err.splitlines()) == 1 and f"'{name} [OPTIONS] -m bitguard record --out {out} -- SCRIPT" in err, err
     assert not out.exists()
+
+
+def test_a_python_that_finds_only_the_checkouts_bitguard_folder_is_replaced(tmp_path, monkeypatch, capsys):
+    """In the repository's root a python without bitguard installed imports the bitguard/ folder
+    itself; the recording would then fail on bitguard.collectors (found on a new user's first try)."""
+    root = tmp_path / "checkout"
+    (root / "bitguard").mkdir(parents=True)
+    (root / "bitguard" / "__init__.py").write_text("")
+    fake = tmp_path / "bin" / "python"
+    fake.parent.mkdir()
+    fake.write_text(f"#!/bin/sh\nexec {sys.executable} -S \"$@\"\n")  # no site-packages, but the current folder
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", str(tmp_path / "bin"))
+    monkeypatch.chdir(root)
+    assert cli._interpreter("python") == sys.executable
+    assert "cannot import bitguard" in capsys.readouterr().err
