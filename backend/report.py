@@ -6,6 +6,8 @@ same document.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from bitguard.backend.check import CheckResult, Finding
 from bitguard.backend.result import CompareResult, FirstDivergence
 
@@ -227,7 +229,8 @@ def render_drill(doc: dict) -> str:
                 f"  chain    {' > '.join(op['chain'])}"]
         if op["cause"] == "structure":
             side, other = op["side_only"].upper(), "B" if op["side_only"] == "a" else "A"
-            there = ", ".join(o["op"] for o in op["other_side"]) or "nothing"
+            there = ", ".join(f"{o['op']} ({Path(o['file']).name}:{o['line']})" if o.get("file") else o["op"]
+                              for o in op["other_side"][:4]) or "nothing"
             out.append(f"  cause    structure: run {side} alone calls it (run {other} calls {there} there)")
         else:
             inputs = "differ" if op["inputs_differ"] else "are equal"

@@ -1,0 +1,93 @@
+"""What a drill costs on the bench-size model, against recording one step.
+
+The bench model (6 layers, width 256, sequence 128, batch 8, vocabulary 512: bench_recording.py's)
+trains 3 steps under `bitguard record`, plainly and with the functional fault from step 1 (a
+consumer pivot at blocks.0.ln_2, window blocks.0). Then `bitguard drill` runs on the pair, ROUNDS
+times. Per round:
+
+- `drill_s`: the whole drill's wall time (compare, two replays side by side, checks, op diff);
+- `replay_s`: each replay's wall time (start-up, the unrecorded steps before the pivot's, the
+  traced step, exit);
+- `traced_step_s`: the pivot's step inside a replay (first event start to last event end), with
+  the window traced at op level and its tensors kept, against `recorded_step_s`, the same step in
+  the original recording: their ratio is the drill's cost per step (target <= 2x);
+- `startup_s`: replay_s - traced_step_s (interpreter, imports, model build, earlier steps).
+
+Medians over the rounds; `--json` prints them as bitguard.bench-drill/1.
+
+    .venv/bin/python benchmarks/bench_drill.py [--rounds 3] [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import polars as pl
+
+from bitguard.backend.ingest import load_rank, open_run
+
+ROOT = Path(__file__).resolve().parents[1]
+MODEL = ("--layers", "6", "--width", "256", "--seq", "128", "--batch", "8", "--vocab", "512", "--steps", "3")
+FAULT = ("--fault", "functional", "--fault-step", "1")
+
+
+def _record(out: Path, args: tuple[str, ...]) -> None:
+    subprocess.run([sys.executable, "-m", "bitguard", "record", "--out", str(out), "--", sys.executable,
+                    "sample_traces/tinygpt.py", *args], check=True, cwd=ROOT, capture_output=True)
+
+
+def _step_seconds(run: Path, step: int) -> float:
+    events, _, _ = load_rank(open_run(run), 0)
+    ev = events.filter(pl.col("step") == step)
+    return (ev["t_end_ns"].max() - ev["t_start_ns"].min()) / 1e9
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--json", action="store_true")
+    args = p.parse_args(argv)
+    with tempfile.TemporaryDirectory() as tmp:
+        a, b = Path(tmp, "a"), Path(tmp, "b")
+        _record(a, MODEL)
+        _record(b, (*MODEL, *FAULT))
+        recorded = statistics.median([_step_seconds(a, 1), _step_seconds(b, 1)])
+        rounds = []
+        for _ in range(args.rounds):
+            t0 = time.perf_counter()
+            got = subprocess.run([sys.executable, "-m", "bitguard", "drill", str(a), str(b), "--json"],
+                                 capture_output=True, text=True, cwd=ROOT)
+            wall = time.perf_counter() - t0
+            if got.returncode != 0:
+                print(got.stderr, file=sys.stderr)
+                return 1
+            doc = json.loads(got.stdout)
+            traced = statistics.median([_step_seconds(Path(doc["records"][s]), 1) for s in ("a", "b")])
+            replay = statistics.median([doc["cost"]["replay_s_a"], doc["cost"]["replay_s_b"]])
+            rounds.append({"drill_s": wall, "replay_s": replay, "traced_step_s": traced, "startup_s": replay - traced,
+                           "ops": doc["cost"]["ops_a"], "op": doc["op_pivot"]["op"]})
+    med = {k: statistics.median(r[k] for r in rounds) for k in ("drill_s", "replay_s", "traced_step_s", "startup_s")}
+    result = {"schema": "bitguard.bench-drill/1", "model": " ".join(MODEL), "rounds": rounds, "median": med,
+              "recorded_step_s": recorded, "traced_over_recorded": med["traced_step_s"] / recorded,
+              "ops_traced": rounds[0]["ops"]}
+    if args.json:
+        print(json.dumps(result, indent=2))
+    else:
+        print(f"GPT 6x256, seq 128, batch 8; {args.rounds} drills; window blocks.0, {result['ops_traced']} ops traced")
+        print(f"  drill (wall)            {med['drill_s']:.2f} s")
+        print(f"  replay (each, parallel) {med['replay_s']:.2f} s = start-up {med['startup_s']:.2f} s + traced step "
+              f"{med['traced_step_s']:.3f} s")
+        print(f"  recorded step           {recorded:.3f} s -> traced / recorded = {result['traced_over_recorded']:.2f}x "
+              f"(target <= 2x)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

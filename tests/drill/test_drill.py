@@ -1,0 +1,141 @@
+"""`bitguard drill` on recorded runs: from the boundary pivot to the operation and its source line.
+
+Each case is a reference/suspect pair of real recordings; the drill replays both for the pivot's
+step, traces the window at op level and must name the operation the fault is in:
+- `functional` (a scenario): the fault is in the functional residual add between blocks.0.attn
+  and blocks.0.ln_2 (a consumer pivot, window blocks.0);
+- `hf-llama-rope` (a scenario): transformers' Llama, apply_rotary_pos_emb rotating with
+  bf16-rounded cos/sin inside LlamaAttention.forward (a consumer pivot, window the attention);
+- `sdpa`: F.scaled_dot_product_attention against explicit matmul/softmax attention (an event one
+  run alone has; the drill names the attention call);
+- `rms-eps`: a changed constant inside RMSNorm, a source pivot in a module of several ops (the
+  drill names the add of eps, its tensor inputs equal, its other argument not).
+And: an edited script is reported as a replay that does not reproduce its record (exit 3).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from bitguard.backend.drill import drill
+from bitguard.sample_traces.recordings import HERE, Job, run_jobs
+from bitguard.sample_traces.scenarios import SCENARIOS, TINY
+
+pytestmark = pytest.mark.slow
+
+TINYGPT = HERE / "tinygpt.py"
+
+
+def _line(path: Path, text: str) -> int:
+    """The line number of the first line of `path` that holds `text`."""
+    return next(i for i, line in enumerate(path.read_text().splitlines(), 1) if text in line)
+
+
+def _pairs(root: Path) -> dict[str, tuple[Job, Job]]:
+    pairs = {name: SCENARIOS[name].jobs(root / name) for name in ("functional", "hf-llama-rope")}
+    pairs["sdpa"] = (Job("tinygpt.py", TINY, str(root / "sdpa" / "reference")),
+                     Job("tinygpt.py", (*TINY, "--attention", "sdpa"), str(root / "sdpa" / "suspect")))
+    rms = (*TINY, "--norm", "rms")
+    pairs["rms-eps"] = (Job("tinygpt.py", rms, str(root / "rms" / "reference")),
+                        Job("tinygpt.py", (*rms, "--fault", "rms-eps", "--fault-step", "1"),
+                            str(root / "rms" / "suspect")))
+    return pairs
+
+
+@pytest.fixture(scope="module")
+def drilled(tmp_path_factory):
+    root = tmp_path_factory.mktemp("drill")
+    pairs = _pairs(root)
+    outcomes = run_jobs([j for pair in pairs.values() for j in pair], workers=2, reuse=False)
+    failed = [o for o in outcomes if o.exit_status]
+    assert not failed, "\n".join(f"{o.job.shell()}: {o.log}" for o in failed)
+    return {name: drill(a.out, b.out).to_dict() for name, (a, b) in pairs.items()}
+
+
+def _assert_reproduced(doc: dict) -> None:
+    assert doc["replay"]["reproduced"], doc["replay"]["detail"]
+    assert doc["replay"]["a"]["compared"] > 0 and doc["replay"]["b"]["compared"] > 0
+
+
+def test_functional_op_between_modules(drilled):
+    doc = drilled["functional"]
+    _assert_reproduced(doc)
+    assert doc["verdict"] == "op_pivot" and doc["schema"] == "bitguard.drill/1"
+    assert (doc["boundary_pivot"]["boundary"], doc["window"]["boundary"]) == ("blocks.0.ln_2", "blocks.0")
+    op = doc["op_pivot"]
+    assert Path(op["file"]).name == "tinygpt.py"
+    # the suspect's residual_add (the fault patches it) flips a bit of the sum it returns
+    assert any("in residual_add" in c for c in op["chain"]), op["chain"]
+    assert f"tinygpt.py:{_line(TINYGPT, 'x = residual_add(x, self.attn(self.ln_1(x)))')} in forward" in op["chain"]
+    assert (op["step"], op["rank"], op["boundary"]) == (1, 0, "blocks.0")
+    sig = doc["boundary_signature"]
+    assert sig is not None and sig["elements_differing"] >= 1
+
+
+def test_rotary_embedding_inside_llama_attention(drilled):
+    doc = drilled["hf-llama-rope"]
+    _assert_reproduced(doc)
+    assert doc["verdict"] == "op_pivot"
+    assert doc["window"]["boundary"] == "model.layers.0.self_attn"
+    op = doc["op_pivot"]
+    assert op["function"] == "apply_rotary_pos_emb" or any("apply_rotary_pos_emb" in c for c in op["chain"]), op
+    assert op["boundary"] == "model.layers.0.self_attn"
+
+
+def test_sdpa_against_eager_attention_names_the_attention_call(drilled):
+    doc = drilled["sdpa"]
+    _assert_reproduced(doc)
+    assert doc["verdict"] == "op_pivot"
+    op = doc["op_pivot"]
+    assert op["cause"] == "structure" and doc["signature"]["kind"] == "structure"
+    sdpa_line = _line(TINYGPT, "F.scaled_dot_product_attention(")
+    named = [op] + op["other_side"]
+    assert any(o["op"].endswith("scaled_dot_product_attention") and o["line"] == sdpa_line for o in named), named
+
+
+def test_source_pivot_inside_a_module_of_several_ops(drilled):
+    doc = drilled["rms-eps"]
+    _assert_reproduced(doc)
+    assert doc["verdict"] == "op_pivot"
+    assert doc["boundary_pivot"]["blame"] == "source" and doc["window"]["boundary"] == "blocks.0.ln_1"
+    op = doc["op_pivot"]
+    assert op["cause"] == "digest" and op["line"] == _line(TINYGPT, "rsqrt(var + self.eps)")
+    assert not op["inputs_differ"] and op["args_differ"], op
+    assert "1e-05" in op["args_b"] and "1e-06" in op["args_a"]
+    sig = doc["signature"]
+    assert sig["elements_differing"] > 0 and sig["kind"] != "identical"
+
+
+def test_a_changed_script_is_a_replay_that_does_not_reproduce(tmp_path):
+    script = tmp_path / "train.py"
+    shutil.copy(TINYGPT, script)
+    runs = {}
+    for side, args in (("a", ()), ("b", ("--fault", "functional", "--fault-step", "1"))):
+        runs[side] = tmp_path / side
+        subprocess.run([sys.executable, "-m", "bitguard", "record", "--out", str(runs[side]), "--", sys.executable,
+                        str(script), *TINY, *args], check=True, capture_output=True, cwd=tmp_path)
+    text = script.read_text()
+    script.write_text(text.replace('"--lr", type=float, default=1e-2', '"--lr", type=float, default=2e-2'))
+    got = subprocess.run([sys.executable, "-m", "bitguard", "drill", str(runs["a"]), str(runs["b"]), "--json"],
+                         capture_output=True, text=True, cwd=tmp_path)
+    assert got.returncode == 3, got.stderr
+    doc = json.loads(got.stdout)
+    assert doc["verdict"] == "not_reproduced" and doc["replay"]["reproduced"] is False
+    assert doc["replay"]["detail"].startswith("the replay does not reproduce the record: nondeterminism or a changed "
+                                              "environment")
+    assert "changed since the recording" in doc["replay"]["detail"]
+    assert doc["op_pivot"] is None
+
+
+def test_nothing_to_drill_is_a_clear_error(tmp_path):
+    demo = Path(__file__).resolve().parents[2] / "sample_traces" / "demo"
+    got = subprocess.run([sys.executable, "-m", "bitguard", "drill", str(demo / "reference"), str(demo / "reference"),
+                          "--out", str(tmp_path)], capture_output=True, text=True)
+    assert got.returncode == 2 and "compare identical: there is no pivot to drill into" in got.stderr
+    assert len(got.stderr.strip().splitlines()) == 1
