@@ -293,10 +293,25 @@ def drill_comparison(comparison, *, rank: int | None = None, out: str | Path | N
         only = next((o for o in outs), None)
         ta, tb = (only["a"], None) if d.side_only == "a" and only else (None, only["b"] if only else None)
         doc["signature"] = _signature(dirs, ta, tb)
+        doc["op_pivot"]["then"] = _rejoin(dirs, opdiff.first_value_difference(traces["a"]["ops"], traces["b"]["ops"]))
     elif k is not None:
         doc["signature"] = _signature(dirs, outs[k]["a"], outs[k]["b"])
         doc["signature"]["tensor"] = {"role": "output", "index": k, "path": (outs[k]["a"] or outs[k]["b"]).get("path")}
     return DrillReport(doc)
+
+
+def _rejoin(dirs: dict, v: opdiff.OpDifference | None) -> dict | None:
+    """After a structural difference: the first op both runs call whose outputs differ (where the
+    two streams join again), with the signature of its first differing output."""
+    if v is None:
+        return None
+    k = v.first_output
+    a, b = v.outputs[k]["a"], v.outputs[k]["b"]
+    sig = _signature(dirs, a, b)
+    return {"op": v.op.get("op"), "file": v.op.get("file"), "line": v.op.get("line"),
+            "function": v.op.get("function"), "index_a": v.index_a, "index_b": v.index_b,
+            "inputs_differ": v.inputs_differ, "args_differ": v.args_differ, "output": k,
+            "a": a, "b": b, "signature": sig}
 
 
 def _rank_pivot(comparison, rank: int) -> dict | None:

@@ -98,8 +98,9 @@ def _brief(op: dict) -> dict:
     return {k: op.get(k) for k in ("i", "op", "file", "line", "function")}
 
 
-def first_difference(ops_a: list[dict], ops_b: list[dict]) -> OpDifference | None:
-    """The first op that differs, in A's order (None: the traces are the same op for op)."""
+def differences(ops_a: list[dict], ops_b: list[dict]):
+    """Every op that differs, in A's order: ops one side alone runs (a B-only op before A's next
+    paired op comes first) and paired ops whose outputs differ."""
     keys_a = np.array([_key(o) for o in ops_a], dtype=np.uint64)
     keys_b = np.array([_key(o) for o in ops_b], dtype=np.uint64)
     al = align(keys_a, keys_b)
@@ -110,26 +111,48 @@ def first_difference(ops_a: list[dict], ops_b: list[dict]) -> OpDifference | Non
     i = j = equal = 0
     while i < len(ops_a) or j < len(ops_b):
         if j < len(ops_b) and not paired_b[j] and (i >= len(ops_a) or match_a[i] > j):
-            return _structure("b", None, j, None, ops_b[j], [], equal)  # an op B alone runs, before A's next
+            yield _structure("b", None, j, None, ops_b[j], [], equal)  # an op B alone runs, before A's next
+            j += 1
+            continue
         if i >= len(ops_a):
             break
         if match_a[i] < 0:
-            run_b = [_brief(ops_b[k]) for k in range(j, len(ops_b)) if not paired_b[k]][:8]
-            return _structure("a", i, None, ops_a[i], None, run_b, equal)
+            run_b = []
+            for k in range(j, len(ops_b)):
+                if paired_b[k] or len(run_b) == 8:
+                    break
+                run_b.append(_brief(ops_b[k]))
+            yield _structure("a", i, None, ops_a[i], None, run_b, equal)
+            i += 1
+            continue
         a, b = ops_a[i], ops_b[match_a[i]]
         outputs = _pairs(a.get("outputs") or [], b.get("outputs") or [])
         if any(p["differs"] for p in outputs):
             inputs = _pairs(a.get("inputs") or [], b.get("inputs") or [])
-            return OpDifference("digest", None, i, int(match_a[i]), a, b, inputs, outputs,
-                                any(p["differs"] for p in inputs), a.get("args") != b.get("args"), [], equal)
-        equal += 1
+            yield OpDifference("digest", None, i, int(match_a[i]), a, b, inputs, outputs,
+                               any(p["differs"] for p in inputs), a.get("args") != b.get("args"), [], equal)
+        else:
+            equal += 1
         j = max(j, int(match_a[i]) + 1)
         i += 1
-    return None
+
+
+def first_difference(ops_a: list[dict], ops_b: list[dict]) -> OpDifference | None:
+    """The first op that differs, in A's order (None: the traces are the same op for op)."""
+    return next(differences(ops_a, ops_b), None)
+
+
+def first_value_difference(ops_a: list[dict], ops_b: list[dict]) -> OpDifference | None:
+    """The first paired op whose outputs differ (after a structural difference: where the two
+    streams join again and what the other code computed differently)."""
+    return next((d for d in differences(ops_a, ops_b) if d.cause == "digest"), None)
 
 
 def _structure(side, index_a, index_b, op_a, op_b, other, equal) -> OpDifference:
     op = op_a if op_a is not None else op_b
-    outs = [{"index": k, "a": t if side == "a" else None, "b": t if side == "b" else None, "differs": True}
-            for k, t in enumerate(op.get("outputs") or [])]
-    return OpDifference("structure", side, index_a, index_b, op_a, op_b, [], outs, False, False, other, equal)
+    def one_side(tensors: list, differs: bool | None) -> list[dict]:
+        return [{"index": k, "a": t if side == "a" else None, "b": t if side == "b" else None, "differs": differs}
+                for k, t in enumerate(tensors or [])]
+
+    return OpDifference("structure", side, index_a, index_b, op_a, op_b, one_side(op.get("inputs"), None),
+                        one_side(op.get("outputs"), True), False, False, other, equal)

@@ -232,6 +232,13 @@ def render_drill(doc: dict) -> str:
             there = ", ".join(f"{o['op']} ({Path(o['file']).name}:{o['line']})" if o.get("file") else o["op"]
                               for o in op["other_side"][:4]) or "nothing"
             out.append(f"  cause    structure: run {side} alone calls it (run {other} calls {there} there)")
+            then = op.get("then")
+            if then:
+                at = f"{Path(then['file']).name}:{then['line']} in {then['function']}" if then.get("file") else "?"
+                sig = then.get("signature") or {}
+                fed = " (fed by what differs)" if then["inputs_differ"] else ""
+                out.append(f"  then     the first op both call whose output differs{fed}: {then['op']} at {at}: "
+                           f"{sig.get('kind')}: {sig.get('reading')}")
         else:
             inputs = "differ" if op["inputs_differ"] else "are equal"
             args = ", its other arguments differ" if op["args_differ"] else ""

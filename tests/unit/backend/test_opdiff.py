@@ -1,0 +1,54 @@
+"""The first differing op of two op traces (backend/opdiff.py), on made-up traces."""
+
+from bitguard.backend.opdiff import differences, first_difference, first_value_difference
+
+
+def op(name, out, function="forward", inputs=("i",), args="(<t0>)"):
+    tensor = lambda d: {"shape": [2], "dtype": "float32", "xor": d, "pos": d}  # noqa: E731
+    return {"op": name, "function": function, "modules": ["m"], "file": "/x/model.py", "line": len(name),
+            "inputs": [tensor(d) for d in inputs], "outputs": [tensor(out)], "args": args}
+
+
+A = [op("linear", "1"), op("gelu", "2", inputs=("1",)), op("add", "3", inputs=("2",))]
+
+
+def test_equal_traces_have_no_difference():
+    assert first_difference(A, [dict(o) for o in A]) is None
+
+
+def test_an_op_whose_inputs_are_equal_and_output_differs():
+    b = [A[0], op("gelu", "9", inputs=("1",)), op("add", "8", inputs=("9",))]
+    d = first_difference(A, b)
+    assert (d.cause, d.op["op"], d.index_a, d.index_b, d.inputs_differ, d.args_differ) == \
+        ("digest", "gelu", 1, 1, False, False)
+    assert d.first_output == 0 and d.paired_before == 1
+
+
+def test_other_arguments_are_part_of_the_inputs():
+    b = [A[0], op("gelu", "9", inputs=("1",), args="(<t0>, approximate='tanh')"), A[2]]
+    d = first_difference(A, b)
+    assert d.args_differ and not d.inputs_differ
+
+
+def test_an_op_run_a_alone_has_names_what_run_b_runs_there():
+    b = [A[0], op("matmul", "5", inputs=("1",)), op("softmax", "6", inputs=("5",)), A[2]]
+    a = [A[0], op("sdpa", "4", inputs=("1",)), A[2]]
+    d = first_difference(a, b)
+    assert (d.cause, d.side_only, d.op["op"]) == ("structure", "a", "sdpa")
+    assert [o["op"] for o in d.other_side] == ["matmul", "softmax"]
+    assert d.outputs[0]["a"]["xor"] == "4" and d.outputs[0]["b"] is None
+    assert d.inputs[0]["a"]["xor"] == "1"
+
+
+def test_an_op_run_b_alone_has_before_a_paired_op_comes_first():
+    b = [A[0], op("clone", "7", inputs=("1",)), A[1], A[2]]
+    d = first_difference(A, b)
+    assert (d.cause, d.side_only, d.op["op"], d.index_b) == ("structure", "b", "clone", 1)
+
+
+def test_after_a_structural_difference_the_first_value_difference_is_where_the_streams_join():
+    b = [A[0], op("clone", "7", inputs=("1",)), A[1], op("add", "8", inputs=("2",))]
+    kinds = [(d.cause, d.op["op"]) for d in differences(A, b)]
+    assert kinds == [("structure", "clone"), ("digest", "add")]
+    v = first_value_difference(A, b)
+    assert (v.op["op"], v.index_a, v.index_b) == ("add", 2, 3)
