@@ -172,10 +172,11 @@ function sideOnly(op) {
   if (!op.side_only) return null;
   const has = op.side_only.toUpperCase();
   const lacks = has === "A" ? "B" : "A";
-  const other = (op.other_side || []).map((o) => (typeof o === "string" ? o : o.op)).filter(Boolean);
+  const other = (op.other_side || []).map((o) => (typeof o === "string" ? o : o.line ? `${o.op} (line ${o.line})` : o.op)).filter(Boolean);
+  const few = other.length > 6 ? [...other.slice(0, 6), `… ${other.length - 6} more`] : other;
   return el("p", { id: "drill-side-only", class: "note structure" },
     `Run ${has} runs this operation and run ${lacks} does not`,
-    other.length ? `; run ${lacks} runs ${other.join(", ")} at that place.` : ".");
+    few.length ? `; run ${lacks} runs ${few.join(", ")} at that place.` : ".");
 }
 
 function opPivot(op) {
