@@ -198,3 +198,19 @@ def test_a_run_recorded_on_another_machine_is_not_replayed_and_the_drill_says_so
     assert failed["state"] == "failed" and failed["error"]["type"] == "NotSupported", failed
     assert failed["error"]["message"] == ("cannot replay reference: its working directory /home/someone/elsewhere is "
                                           "not on this machine; drill on the machine that recorded it")
+
+
+def test_drills_run_one_at_a_time_the_next_one_queued(tmp_path, scenarios, fake):
+    app, ws = _app(tmp_path / "ws")
+    with TestClient(app) as client:
+        first = _comparison(ws, scenarios["benign_probe_then_real"])
+        second = _comparison(ws, scenarios["gap_then_divergence"])
+        client.post(f"/api/comparisons/{first['id']}/drill")
+        assert fake.entered.wait(10)
+        queued = client.post(f"/api/comparisons/{second['id']}/drill").json()
+        assert queued["state"] == "queued" and queued["started"] is None and queued["elapsed_s"] is None
+        assert client.get(f"/api/comparisons/{second['id']}/drill").json()["state"] == "queued"
+        fake.gate.set()
+        assert _poll(client, first["id"])["state"] == "done" and _poll(client, second["id"])["state"] == "done"
+        assert [call["dir_a"] for call in fake.calls] == [ws.run_path(first["run_a"]["id"]),
+                                                          ws.run_path(second["run_a"]["id"])]
