@@ -231,6 +231,17 @@ function signature(sig, title, id) {
 
 const differs = (sig) => sig && sig.kind !== "identical";
 
+// after a structural difference: the first op both runs call whose outputs differ again
+function rejoin(then) {
+  if (!then) return null;
+  return [
+    el("h3", {}, "Where the two runs join again"),
+    el("div", { id: "drill-then-op", class: "boundary-name" }, then.op),
+    el("div", { id: "drill-then-source", class: "mono drill-source" }, where(then)),
+    el("p", { class: "note" }, then.inputs_differ ? "Its inputs already differ: they carry the difference above." : "Its inputs are equal on both sides and its output differs."),
+  ];
+}
+
 // the dtype of the tensor a signature measured: the op's output, or the boundary pivot's tensor
 function dtypeOf(sig, tensors) {
   const t = sig && sig.tensor ? (tensors || []).find((x) => x.role === sig.tensor.role && x.index === sig.tensor.index) : null;
@@ -262,10 +273,14 @@ function renderDone(state) {
       ? "The replay found no operation that differs inside the window."
       : "No operation-level pivot was named.")),
     signature(sig, "Fault signature of the op's output", "drill"),
+    op ? rejoin(op.then) : null,
+    op && op.then ? signature(differs(op.then.signature) ? op.then.signature : null, "Fault signature of its output", "drill-then") : null,
     signature(bsig, ["Fault signature at the boundary pivot", bp.boundary ? [" ", el("span", { class: "mono" }, bp.boundary)] : null], "drill-boundary"),
   );
   show(panel, true);
   if (sig) draw(sig, wordBits(sig, dtypeOf(sig, ((op && op.outputs) || []).map((o) => ({ ...o, role: "output" })))), "drill");
+  const then = op && op.then && differs(op.then.signature) ? op.then : null;
+  if (then) draw(then.signature, wordBits(then.signature, (then.a && then.a.dtype) || (then.b && then.b.dtype)), "drill-then");
   if (bsig) draw(bsig, wordBits(bsig, dtypeOf(bsig, bp.tensors)), "drill-boundary");
 }
 
@@ -299,7 +314,9 @@ async function draw(sig, width, id) {
   const binC = hm.bin_cols || Math.ceil(C / Math.max(1, cols));
   const span = (i, bin, N) => { const lo = i * bin; const hi = Math.min((i + 1) * bin, N) - 1; return lo >= hi ? `${lo}` : `${lo}–${hi}`; };
   const text = hm.counts.map((row, i) => row.map((n, j) => plotText(`rows ${span(i, binR, R)}, cols ${span(j, binC, C)}: ${count(n)} differing`)));
-  Plotly.react(heat, [{ type: "heatmap", z: hm.counts, text, hoverinfo: "text", zmin: 0, colorscale: [[0, "#f7f8fa"], [1e-6, "#fbd3cf"], [1, "#a1261f"]], colorbar: { thickness: 10, len: 0.9, title: { text: "elements", side: "right" } }, xgap: 1, ygap: 1 }],
+  // 0 (no differing element) is always the palest colour, whatever the counts' range
+  const top = Math.max(1, ...hm.counts.map((row) => Math.max(...row)));
+  Plotly.react(heat, [{ type: "heatmap", z: hm.counts, text, hoverinfo: "text", zauto: false, zmin: 0, zmax: top, colorscale: [[0, "#f7f8fa"], [1e-6, "#fbd3cf"], [1, "#a1261f"]], colorbar: { thickness: 10, len: 0.9, title: { text: "elements", side: "right" } }, xgap: 1, ygap: 1 }],
     { margin: { l: 44, r: 8, t: 6, b: 36 }, height: 220, xaxis: { title: { text: `columns (of ${count(C)})`, standoff: 4 }, showticklabels: false, ticks: "" }, yaxis: { title: { text: `rows (of ${count(R)})`, standoff: 4 }, autorange: "reversed", showticklabels: false, ticks: "" } },
     { displayModeBar: false, responsive: true });
 }

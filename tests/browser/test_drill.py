@@ -108,3 +108,37 @@ def test_a_replay_that_does_not_reproduce_the_record_is_a_plain_warning(page, dr
     assert page.text_content("#drill-replay") == ("Warning: the replay does not reproduce the record: nondeterminism "
                                                   f"or a changed environment.{why}")
     assert page.is_hidden("#drill-op") and page.is_visible("#drill-no-op")
+
+
+def test_a_one_sided_op_names_the_other_runs_ops_and_where_the_runs_join_again(page, drill_explorer, scenario_dirs,
+                                                                                 artifacts):
+    """SDPA against eager attention: an op on one side only, then the op where both runs meet again, whose
+    output differs by a few ULPs (the shape of the engine's document for the sdpa case)."""
+    srv, gate = drill_explorer
+    sdpa = {"op": "torch.nn.functional.scaled_dot_product_attention", "file": "/src/tinygpt.py", "line": 95,
+            "function": "forward"}
+    ulp = {**DOCUMENT["signature"], "kind": "few_ulp", "reading": "a few ULPs across many elements: reduction order, "
+           "a nondeterministic kernel or a precision change", "elements_differing": 900, "max_ulp": 3,
+           "bits": {"0": 700, "1": 300}, "heatmap": {**DOCUMENT["signature"]["heatmap"],
+                                                     "counts": [[30] * 8, [28] * 8, [29] * 8, [25] * 8]}}
+    op = {**DOCUMENT["op_pivot"], "op": "torch.Tensor.__matmul__", "line": 97, "function": "forward",
+          "cause": "structure", "side_only": "a", "index_b": None, "args_b": None, "other_side": [sdpa],
+          "then": {**sdpa, "op": "torch.Tensor.view", "line": 99, "inputs_differ": True, "index_a": 20,
+                   "index_b": 17, "a": {"dtype": "float32"}, "b": {"dtype": "float32"}, "signature": ulp}}
+    gate.write_text(json.dumps({**DOCUMENT, "op_pivot": op,
+                                "signature": {"kind": "structure", "reading": "only run A has this tensor"}}))
+    drill_in_the_page(page, srv.url, scenario_dirs["probe"], "done")
+    assert page.inner_text("#drill-side-only") == ("Run A runs this operation and run B does not; run B runs "
+                                                   "torch.nn.functional.scaled_dot_product_attention (line 95) at "
+                                                   "that place.")
+    assert page.get_attribute("#drill-signature", "data-kind") == "structure"
+    assert page.inner_text("#drill-then-op") == "torch.Tensor.view"
+    assert page.inner_text("#drill-then-source") == "/src/tinygpt.py:99 in forward"
+    assert page.get_attribute("#drill-then-signature", "data-kind") == "few_ulp"
+    page.wait_for_function("() => { const g = document.querySelector('#drill-then-heatmap'); return g && g.data; }")
+    scale = page.evaluate("() => { const t = document.querySelector('#drill-then-heatmap')._fullData[0]; "
+                          "return [t.zmin, t.zmax]; }")
+    assert scale == [0, 30], "the colour scale starts at 0 differing elements, not at the fewest counted"
+    assert page.evaluate("() => document.querySelector('#drill-then-bits').data[0].x") == [0, 1]
+    assert page.is_hidden("#drill-heatmap"), "a structure signature measures no elements"
+    page.locator(SEL["drillPanel"]).screenshot(path=str(artifacts / "drill-panel-structure.png"))
