@@ -104,8 +104,11 @@ def command(side: str, run: RunInfo, step: int, out: Path, spec_path: Path) -> R
     """The replay of `run` for step `step` into `out`, as a command to start."""
     m = run.manifest
     py_opts, script, args = _script_and_args(m.get("command"))
-    cwd = m.get("cwd") or os.getcwd()
+    cwd = m.get("cwd")
     notes: list[str] = []
+    if not isinstance(cwd, str) or not cwd:
+        raise NotSupported(f"cannot replay {run.path}: its manifest records no working directory (recorded by an "
+                           f"older bitguard?); re-record it with this bitguard")
     if not Path(cwd).is_dir():
         raise NotSupported(f"cannot replay {run.path}: its working directory {cwd} is not on this machine; drill "
                            f"on the machine that recorded it")
