@@ -17,9 +17,9 @@ or on a module of many operations. The runs are replayable, so the drill goes th
 
 The document is `bitguard.drill/1` (`DrillReport.to_dict()`); exit statuses: 0 an op-level
 pivot named, 1 the replays' windows do not differ, 2 bad input (or what is not supported yet:
-a pivot outside a module's forward), 3 a replay does not reproduce its record. Drill records
-live beside the runs (`RUN/drill/step-K-rank-R/`, or under `out`); the original record is never
-touched.
+a pivot outside a module's forward or backward: an optimizer step), 3 a replay does not reproduce
+its record. Drill records live beside the runs (`RUN/drill/step-K-rank-R/`, or under `out`); the
+original record is never touched.
 """
 
 from __future__ import annotations
@@ -55,9 +55,10 @@ class Window:
     why: str
     seq_a: int | None  # the window event's seq in each recorded run (the replay check's bound)
     seq_b: int | None
+    phase: str = "forward"  # forward: the window's call is traced; backward: what autograd runs for its nodes
 
     def to_dict(self) -> dict:
-        return {"boundary": self.boundary, "module_type": self.module_type, "phase": "forward", "call": self.call,
+        return {"boundary": self.boundary, "module_type": self.module_type, "phase": self.phase, "call": self.call,
                 "step": self.step, "rank": self.rank, "why": self.why}
 
 
@@ -79,20 +80,29 @@ def _window_event(events: pl.DataFrame, step: int, boundary: str, after: int | N
 
 
 def plan(run_a: RunInfo, run_b: RunInfo, fd: dict) -> Window:
-    """The window to trace for pivot `fd` (a `first_divergence` dict of bitguard.compare/1)."""
+    """The window to trace for pivot `fd` (a `first_divergence` dict of bitguard.compare/1).
+
+    A forward pivot's window is a module call of step K (its forward traced). A backward pivot's
+    (a module's gradients, or a parameter's: its owning module, the root for a root-level one) is
+    what autograd runs in step K's backward for the nodes the window module's forward calls made;
+    the replay check then covers the recorded events up to the pivot itself."""
     phase, kind, boundary = fd["phase"], fd["kind"], fd["boundary"]
     where = f"step {fd['step']} {phase} {boundary}"
     if fd["blame"] == "data" or kind == "batch":
         raise NotSupported(f"the pivot ({where}) is the input batch: there is no operation to drill into; the "
                            f"batch or the RNG state differs before the model runs (see 'bitguard compare')")
-    if phase != "forward" or kind != "module":
-        raise NotSupported(f"not supported yet: drilling a {phase} pivot ({where}); the drill traces a module's "
-                           f"forward operations. Look at the blame window 'bitguard compare' gives")
+    if (phase, kind) not in (("forward", "module"), ("backward", "module"), ("backward", "grad")):
+        raise NotSupported(f"not supported yet: drilling into a pivot of kind {phase} {kind} ({where}); the drill "
+                           f"traces a module's forward or backward operations. Look at the blame window 'bitguard "
+                           f"compare' gives")
     rank, step = fd["rank"], fd["step"]
     ea, _, _ = load_rank(run_a, rank)
     eb, _, _ = load_rank(run_b, rank)
     window = (fd.get("blame_window") or {}).get("module")
-    if fd.get("cause") == "structure":
+    if kind == "grad":
+        target = _parent(boundary, ea if fd.get("a_seq") is not None else eb)
+        why = f"a parameter's gradient ({boundary}): the backward of the module that owns it"
+    elif fd.get("cause") == "structure":
         target = window if window and window != boundary else _parent(boundary, ea if fd.get("a_seq") is not None else eb)
         why = f"an event one run alone has ({boundary}): the module that calls it"
     elif fd["blame"] == "consumer":
@@ -101,20 +111,28 @@ def plan(run_a: RunInfo, run_b: RunInfo, fd: dict) -> Window:
         target, why = boundary, "source pivot: the module itself"
     if not target:
         raise NotSupported(f"the pivot ({where}) has no module around it to trace")
-    a = _window_event(ea, step, target, fd.get("a_seq"))
-    b = _window_event(eb, step, target, fd.get("b_seq"))
+    backward = phase == "backward"
+    # a backward window: every forward call of the module in the step (its nodes), the check up to the pivot
+    a = _window_event(ea, step, target, None if backward else fd.get("a_seq"))
+    b = _window_event(eb, step, target, None if backward else fd.get("b_seq"))
     if a is None and b is None:
         raise NotSupported(f"not supported yet: the window {target} of the pivot ({where}) is not a recorded module "
                            f"call in step {step} of either run (trusted mode or a compiled region?); record in full mode")
+    if backward:
+        why = why if kind == "grad" else f"{why}, its backward"
+        return Window(rank, step, target, (a or b)["module_type"], fd["call"], why,
+                      fd.get("a_seq"), fd.get("b_seq"), phase="backward")
     call = (a or b)["call"]
     return Window(rank, step, target, (a or b)["module_type"], call, why,
                   a["seq"] if a else None, b["seq"] if b else None)
 
 
 def _spec(w: Window, fd: dict, out: Path) -> dict:
-    keep = [{"boundary": fd["boundary"], "phase": "forward", "call": fd["call"]}]
+    keep = [{"boundary": fd["boundary"], "phase": fd["phase"], "call": fd["call"]}]
+    if fd["kind"] == "grad":
+        keep[0]["kind"] = "grad"
     return {"schema": SPEC_SCHEMA, "step": w.step, "rank": w.rank,
-            "window": {"boundary": w.boundary, "phase": "forward", "call": w.call}, "keep": keep, "out": str(out),
+            "window": {"boundary": w.boundary, "phase": w.phase, "call": w.call}, "keep": keep, "out": str(out),
             "max_tensor_bytes": MAX_TENSOR_BYTES, "max_total_bytes": MAX_TOTAL_BYTES, "stop_after_step": True}
 
 
@@ -151,7 +169,12 @@ def _signature(dirs: dict, ta: dict | None, tb: dict | None) -> dict:
 def _chain(w: Window, op: dict) -> list[str]:
     chain = [f"{w.boundary} ({w.module_type})" if w.module_type else w.boundary]
     chain += [m for m in (op.get("modules") or [])[1:]]
-    chain += [_short(frame) for frame in op.get("stack") or []]
+    frames = [_short(frame) for frame in op.get("stack") or []]
+    if op.get("node"):  # a backward op: its autograd node, after the forward line that made it or before its hook's
+        node = op["node"].removeprefix("torch::autograd::") + (f" of {op['param']}" if op.get("param") else "")
+        here = f"{node} (backward)"
+        frames = [*frames, here] if op.get("source") == "created_at" else [here, *frames]
+    chain += frames
     chain.append(op.get("op") or "?")
     return chain
 
@@ -161,9 +184,19 @@ def _short(frame: str) -> str:
     return f"{Path(path).name}:{rest}"
 
 
+def _entered(d: opdiff.OpDifference) -> str | None:
+    """Why the first differing op's inputs can already differ: no traced op before it differs."""
+    if d.cause != "digest" or not d.inputs_differ:
+        return None
+    which = ", ".join(str(p["index"]) for p in d.inputs if p["differs"])
+    return (f"its input {which} differs although no traced op before it does: that tensor was written outside torch "
+            f"functions (NumPy, a C++ extension, another thread) or came into the window from outside it (a "
+            f"parameter, a global)")
+
+
 def _op_pivot(w: Window, d: opdiff.OpDifference) -> dict:
     op = d.op
-    return {"op": op.get("op"), "file": op.get("file"), "line": op.get("line"), "function": op.get("function"),
+    return {"note": _entered(d), "op": op.get("op"), "file": op.get("file"), "line": op.get("line"), "function": op.get("function"),
             "boundary": w.boundary, "step": w.step, "rank": w.rank, "cause": d.cause, "side_only": d.side_only,
             "index_a": d.index_a, "index_b": d.index_b, "modules": op.get("modules") or [], "chain": _chain(w, op),
             "inputs_differ": d.inputs_differ, "args_differ": d.args_differ,

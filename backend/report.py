@@ -243,6 +243,8 @@ def render_drill(doc: dict) -> str:
             inputs = "differ" if op["inputs_differ"] else "are equal"
             args = ", its other arguments differ" if op["args_differ"] else ""
             out.append(f"  cause    digest: its tensor inputs {inputs}{args}, its output differs")
+            if op.get("note"):
+                out.append(f"  note     {op['note']}")
             for o in op["outputs"]:
                 if o["differs"]:
                     a, b = o["a"] or {}, o["b"] or {}

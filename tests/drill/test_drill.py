@@ -23,6 +23,7 @@ from pathlib import Path
 
 import pytest
 
+import bitguard
 from bitguard.backend.drill import drill
 from bitguard.sample_traces.recordings import HERE, Job, run_jobs
 from bitguard.sample_traces.scenarios import SCENARIOS, TINY
@@ -55,7 +56,13 @@ def drilled(tmp_path_factory):
     outcomes = run_jobs([j for pair in pairs.values() for j in pair], workers=2, reuse=False)
     failed = [o for o in outcomes if o.exit_status]
     assert not failed, "\n".join(f"{o.job.shell()}: {o.log}" for o in failed)
-    return {name: drill(a.out, b.out).to_dict() for name, (a, b) in pairs.items()}
+    # one through the notebook's path, Comparison.drill()
+    return {name: (bitguard.compare(a.out, b.out).drill() if name == "rms-eps" else drill(a.out, b.out)).to_dict()
+            for name, (a, b) in pairs.items()}
+
+
+def bitguard_drill(a, b) -> dict:
+    return drill(a, b).to_dict()
 
 
 def _assert_reproduced(doc: dict) -> None:
@@ -142,3 +149,26 @@ def test_nothing_to_drill_is_a_clear_error(tmp_path):
                           "--out", str(tmp_path)], capture_output=True, text=True)
     assert got.returncode == 2 and "compare identical: there is no pivot to drill into" in got.stderr
     assert len(got.stderr.strip().splitlines()) == 1
+
+
+def test_a_write_no_op_trace_sees(tmp_path):
+    """A write through a NumPy view (as a C++ extension might): before the block's linear op, the
+    drill names the op whose input it changed and says where such a difference comes from; after
+    the block's last op, no op differs and the drill says so with exit 1 (never a made-up op)."""
+    script = Path(__file__).parent / "scripts" / "untraced_write.py"
+    runs = {}
+    for name, args in (("clean", ()), ("weight", ("--fault", "weight")), ("output", ("--fault", "output"))):
+        runs[name] = tmp_path / name
+        subprocess.run([sys.executable, "-m", "bitguard", "record", "--out", str(runs[name]), "--", sys.executable,
+                        str(script), *args], check=True, capture_output=True)
+    doc = bitguard_drill(runs["clean"], runs["weight"])
+    op = doc["op_pivot"]
+    assert (doc["verdict"], op["op"], op["cause"], op["inputs_differ"]) == \
+        ("op_pivot", "torch.nn.functional.linear", "digest", True)
+    assert [p["index"] for p in op["inputs"] if p["differs"]] == [1] and "outside torch functions" in op["note"]
+    got = subprocess.run([sys.executable, "-m", "bitguard", "drill", str(runs["clean"]), str(runs["output"]), "--json"],
+                         capture_output=True, text=True)
+    assert got.returncode == 1, got.stderr
+    doc = json.loads(got.stdout)
+    assert doc["verdict"] == "no_difference" and doc["op_pivot"] is None and doc["replay"]["reproduced"]
+    assert doc["boundary_signature"]["elements_differing"] == 1
