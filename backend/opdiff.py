@@ -49,7 +49,11 @@ def load(replay_dir: Path, rank: int) -> dict | None:
 
 def _key(op: dict) -> int:
     shapes = tuple(tuple(t.get("shape") or ()) for t in op.get("inputs") or ())
-    text = repr((op.get("op"), op.get("function"), tuple(op.get("modules") or ()), shapes))
+    # a backward op: its autograd node too; one a C++ node runs is keyed by the node, not by the
+    # function of the forward line that made the node (another caller of the same module aligns)
+    node = (op["node"],) if op.get("node") else ()
+    function = None if op.get("source") == "created_at" else op.get("function")
+    text = repr((op.get("op"), function, tuple(op.get("modules") or ()), shapes) + node)
     return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "little")
 
 

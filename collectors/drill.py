@@ -7,7 +7,13 @@ spec is bad input: the replay exits 2 before the script runs) and `Drill.install
 pushed the call's frame (its bitguard name, its recompute kind) and moved its step counter. In
 step K, the window call (the `call`-th forward of the window boundary; recomputes under
 activation checkpointing do not count) runs with the op tracer on (collectors/ops.py), and the
-`keep` calls' inputs and outputs are digested and their bytes kept. When the step counter moves
+`keep` calls' inputs and outputs are digested and their bytes kept. A backward window
+(`phase: "backward"`) has every forward call of its boundary in step K traced that way, noting
+the autograd nodes they make, and the step's backward passes traced for those nodes
+(collectors/backward_ops.py, around torch's `_engine_run_backward`): the trace's `ops` are then
+the backward's, `forward_ops` the forward calls'. A backward `keep` call keeps the gradients the
+collector observes there (`BackwardKeep`: a module's, or with `kind: "grad"` a parameter's).
+When the step counter moves
 past K (the first module call after step K's last optimizer step), or when the recording ends,
 `ops-rank-R.json` (`bitguard.ops/1`) is written atomically; with `stop_after_step` the recording
 is then closed as complete and the process exits 0, on every rank at the same point.
@@ -29,6 +35,7 @@ from pathlib import Path
 
 import torch
 
+from bitguard.collectors.backward_ops import BackwardTrace
 from bitguard.collectors.compiled import is_compiling, keep_out_of_dynamo
 from bitguard.collectors.hooks import _flatten
 from bitguard.collectors.ops import Keeper, OpTracer, describe, transparent
@@ -47,9 +54,11 @@ class CallSpec:
     boundary: str
     phase: str
     call: int
+    kind: str = "module"  # module | grad (a parameter's gradient: `boundary` is its name; a keep call only)
 
     def to_dict(self) -> dict:
-        return {"boundary": self.boundary, "phase": self.phase, "call": self.call}
+        extra = {"kind": self.kind} if self.kind != "module" else {}
+        return {"boundary": self.boundary, "phase": self.phase, "call": self.call, **extra}
 
 
 @dataclass(frozen=True)
@@ -68,12 +77,15 @@ def _call_spec(value, where: str) -> CallSpec:
     if not isinstance(value, dict) or not isinstance(value.get("boundary"), str) or not value["boundary"]:
         raise BadInput(f"drill spec: {where} must be an object with a boundary name")
     phase = value.get("phase", "forward")
-    if phase != "forward":
-        raise BadInput(f"drill spec: {where} has phase {phase!r}; only forward calls are traced")
+    if phase not in ("forward", "backward"):
+        raise BadInput(f"drill spec: {where} has phase {phase!r}; a call is traced in its forward or its backward")
     call = value.get("call", 0)
     if type(call) is not int or call < 0:
         raise BadInput(f"drill spec: {where}.call must be a call index >= 0")
-    return CallSpec(value["boundary"], phase, call)
+    kind = value.get("kind", "module")
+    if kind not in ("module", "grad") or (kind == "grad" and (phase != "backward" or where == "window")):
+        raise BadInput(f"drill spec: {where}.kind must be module, or grad for a kept backward parameter gradient")
+    return CallSpec(value["boundary"], phase, call, kind)
 
 
 def _count(data: dict, key: str, default: int) -> int:
@@ -124,7 +136,10 @@ class Drill:
         self.traced = spec.rank is None or spec.rank == rank  # this rank traces (every rank stops)
         self.keeper = Keeper(spec.out / f"ops-rank-{rank}", f"ops-rank-{rank}", spec.max_tensor_bytes,
                              spec.max_total_bytes)
-        self.keep = {(k.boundary, k.call) for k in spec.keep} if self.traced else set()
+        self.keep = {(k.boundary, k.call) for k in spec.keep if k.phase == "forward"} if self.traced else set()
+        backward = spec.window.phase == "backward" and self.traced
+        self.backward = BackwardTrace(self.keeper, self._fail) if backward else None
+        self.grads = BackwardKeep(self, [k for k in spec.keep if k.phase == "backward"]) if self.traced else None
         self.errors: list[str] = []
         self.boundaries: list[dict] = []
         self.calls: dict[str, int] = {}  # boundary -> forward calls so far in step K
@@ -136,6 +151,7 @@ class Drill:
         self.off = False  # closed: every call passes straight through
         self.recording = self.collector = None
         self._inner = self._wrapper = None
+        self._run_backward = self._backward_wrapper = None
 
     # -- installation ----------------------------------------------------------------------
     def install(self, recording) -> None:
@@ -144,6 +160,9 @@ class Drill:
         self._inner = torch.nn.Module._call_impl
         self._wrapper = torch.nn.Module._call_impl = self._wrap(self._inner)
         keep_out_of_dynamo(self._wrapper, ())
+        if self.backward is not None:  # the backward pass, where Tensor.backward and autograd.grad run it
+            self._run_backward = torch.autograd._engine_run_backward
+            self._backward_wrapper = torch.autograd._engine_run_backward = self._wrap_backward(self._run_backward)
 
     def close(self) -> None:
         """The recording ends: write the trace (if not yet) and take the wrapper out."""
@@ -151,7 +170,11 @@ class Drill:
         self.off = True
         if self._wrapper is not None and torch.nn.Module._call_impl is self._wrapper:
             torch.nn.Module._call_impl = self._inner
+        if self._backward_wrapper is not None and torch.autograd._engine_run_backward is self._backward_wrapper:
+            torch.autograd._engine_run_backward = self._run_backward
         # (wrapped again since by someone else: ours stays in their chain, passing calls through)
+        if self.grads is not None:
+            self.grads.close()
 
     def _wrap(self, inner):
         drill, step = self, self.spec.step
@@ -167,6 +190,16 @@ class Drill:
         transparent(_call_impl, Drill._in_step, Drill._traced, Drill._suspended)
         return _call_impl
 
+    def _wrap_backward(self, run):
+        drill, step = self, self.spec.step
+
+        def _engine_run_backward(*args, **kwargs):
+            if drill.off or drill.collector.step != step or is_compiling():
+                return run(*args, **kwargs)
+            return drill.backward.run(run, args, kwargs)
+
+        return _engine_run_backward
+
     # -- step K ----------------------------------------------------------------------------
     def _in_step(self, inner, module, args, kwargs):
         frames = getattr(self.collector._local, "frames", None)
@@ -178,7 +211,8 @@ class Drill:
         self.calls[name] = call + 1
         kept = (name, call) in self.keep and self._keep_inputs(name, call, args, kwargs)
         window = self.spec.window
-        if self.traced and not self.found and name == window.boundary and call == window.call:
+        if self.traced and name == window.boundary and (
+                (not self.found and call == window.call) or self.backward is not None):
             output = self._traced(inner, module, args, kwargs, frame, frames)
         elif frame.region is not None and self.tracer is not None and self.tracer.active:
             output = self._suspended(inner, module, args, kwargs, frame)
@@ -186,6 +220,8 @@ class Drill:
             output = inner(module, *args, **kwargs)
         if kept:
             self._keep_outputs(name, call, output)
+        if self.grads is not None and self.grads.wanted(name):
+            self.grads.watch(name, frame, kwargs, output)
         return output
 
     def _traced(self, inner, module, args, kwargs, frame, frames):
@@ -196,9 +232,15 @@ class Drill:
             self._fail("window", RuntimeError(f"{frame.name} is a compiled region (torch.compile): its ops run in a "
                                               "dynamo graph and are not traced; drill a run without torch.compile"))
             return inner(module, *args, **kwargs)
-        tracer = None
+        tracer = since = None
+        backward = self.backward
         try:
-            tracer = OpTracer(frames, len(frames) - 1, sys._getframe(), self.keeper, self._fail)
+            keeper = self.keeper if backward is None else backward.forward_keeper
+            tracer = OpTracer(frames, len(frames) - 1, sys._getframe(), keeper, self._fail)
+            if backward is not None:  # every forward call of the window: the autograd nodes it creates
+                since = backward.nodes.begin(module, self._param_names())
+                tracer.ops = backward.forward_ops
+                tracer.observe = partial(backward.observe, since)
             tracer.__enter__()
             self.tracer = tracer
         except Exception as exc:  # noqa: BLE001 - untraced, and said so
@@ -212,7 +254,16 @@ class Drill:
         finally:
             self._pop(tracer)
         self.returned = True
+        if backward is not None:
+            try:
+                backward.returned(since, list(_flatten(output)) if output is not None else [], frame.name)
+            except Exception as exc:  # noqa: BLE001
+                self._fail("backward nodes", exc)
         return output
+
+    def _param_names(self) -> dict:
+        """id(parameter) -> the collector's name of it."""
+        return {pid: entry[1] for pid, entry in getattr(self.collector, "_params", {}).items()}
 
     def _pop(self, tracer: OpTracer) -> None:
         tracer.active = False
@@ -258,9 +309,13 @@ class Drill:
 
     def _keep_all(self, name: str, call: int, role: str, flat: list) -> None:
         for idx, (path, t) in enumerate(flat):
-            entry = {"boundary": name, "phase": "forward", "call": call, "role": role, "idx": idx, **describe(t, path)}
-            self.keeper.keep(t, f"b-{_file_part(name)}-{call}-{role}{idx}", entry)
-            self.boundaries.append(entry)
+            self.boundaries.append(self._kept(name, "forward", call, role, idx, path, t, str(call)))
+
+    def _kept(self, name: str, phase: str, call: int | None, role: str, idx: int, path: str, t, tag: str) -> dict:
+        """A boundary tensor's entry, its bytes kept as b-NAME-TAG-ROLEIDX.bin."""
+        entry = {"boundary": name, "phase": phase, "call": call, "role": role, "idx": idx, **describe(t, path)}
+        self.keeper.keep(t, f"b-{_file_part(name)}-{tag}-{role}{idx}", entry)
+        return entry
 
     # -- the end of step K -----------------------------------------------------------------
     def _step_over(self) -> None:
@@ -290,12 +345,21 @@ class Drill:
             print(f"bitguard drill: {message} (training continues)", file=sys.stderr)
 
     def trace(self) -> dict:
-        tracer = self.tracer
-        return {"schema": OPS_SCHEMA, "rank": self.rank, "step": self.spec.step,
-                "window": {**self.spec.window.to_dict(), "module_type": self.module_type},
-                "found": self.found, "complete": self.found and self.returned and not self.errors,
-                "errors": list(self.errors), "ops": tracer.ops if tracer is not None else [],
-                "boundaries": self.boundaries, "bytes_kept": self.keeper.total}
+        tracer, backward = self.tracer, self.backward
+        if self.grads is not None:
+            self.grads.flush()
+        doc = {"schema": OPS_SCHEMA, "rank": self.rank, "step": self.spec.step,
+               "window": {**self.spec.window.to_dict(), "module_type": self.module_type},
+               "found": self.found, "complete": self.found and self.returned and not self.errors,
+               "errors": list(self.errors), "ops": tracer.ops if tracer is not None else [],
+               "boundaries": self.boundaries, "bytes_kept": self.keeper.total}
+        if backward is not None:  # the window's backward: its ops; the forward calls' ops beside them
+            doc.update(ops=backward.ops, forward_ops=backward.forward_ops, backward_passes=backward.passes,
+                       nodes=len(backward.nodes.nodes))
+            doc["complete"] = doc["complete"] and backward.passes > 0
+            if self.found and not backward.passes and not self.errors:
+                doc["errors"] = ["no backward pass ran in the step after the window's forward"]
+        return doc
 
     def _write(self) -> None:
         """ops-rank-R.json, atomically (once; only on a traced rank)."""
@@ -310,3 +374,112 @@ class Drill:
             os.replace(tmp, path)
         except Exception as exc:  # noqa: BLE001 - the drill finds no trace and says so
             print(f"bitguard drill: could not write the op trace: {type(exc).__name__}: {exc}", file=sys.stderr)
+        if self.backward is not None:
+            self.backward.nodes.clear()  # the step's autograd nodes are not kept past it
+
+
+class BackwardKeep:
+    """The gradients of the spec's backward `keep` calls in step K, kept as the collector observes
+    them: a module call's `grad_output` (each output that requires grad) and `grad_input` (each
+    input that does, summed over its consumers), through tensor hooks on those tensors; a
+    parameter's `grad_input` (a hook after the collector's and the user's) and `grad` (its `.grad`
+    after accumulation). The hooks return nothing (the gradients go on unchanged) and are removed
+    when the drill closes. A module's backward calls are numbered as the collector numbers its
+    events: in the order they complete (every gradient arrived), then those never completed."""
+
+    def __init__(self, drill: Drill, specs: list[CallSpec]):
+        self.drill = drill
+        self.modules = {k.boundary for k in specs if k.kind == "module"}
+        self.params = {k.boundary for k in specs if k.kind == "grad"}
+        self.handles: list = []
+        self.pending: list[dict] = []  # module calls waiting for gradients
+        self.calls: dict[str, int] = {}  # boundary -> backward calls numbered so far
+        self.forward_calls: dict[str, int] = {}  # boundary -> forward calls watched (file names)
+
+    def wanted(self, name: str) -> bool:
+        if self.params:  # the parameters are found (and hooked) in step K's first module call
+            self._watch_params()
+        return name in self.modules
+
+    def _watch_params(self) -> None:
+        names, self.params = self.params, set()
+        for pid, (ref, name, *_rest) in list(getattr(self.drill.collector, "_params", {}).items()):
+            p = ref()
+            if name in names and p is not None and p.requires_grad:
+                try:
+                    self.handles.append(p.register_hook(partial(self._guard, self._param_grad, name)))
+                    self.handles.append(p.register_post_accumulate_grad_hook(
+                        partial(self._guard, self._param_accumulated, name)))
+                except Exception as exc:  # noqa: BLE001
+                    self.drill._fail(f"keep {name}", exc)
+
+    def watch(self, name: str, frame, kwargs, output) -> None:
+        """A watched module call returned `output`: hooks on its outputs' and inputs' gradients (the
+        inputs as the collector flattened them when the call began, `frame.args`)."""
+        try:
+            if not torch.is_grad_enabled() or output is None:
+                return
+            outs = [(p, t) for p, t in _flatten(output) if t.requires_grad]
+            if not outs:
+                return
+            ins = [("[0]" + p, t) for p, t in frame.args if t.requires_grad]
+            if kwargs:
+                ins += [(p, t) for p, t in _flatten(kwargs, "[1]") if t.requires_grad]
+            n = self.forward_calls.get(name, 0)
+            self.forward_calls[name] = n + 1
+            state = {"name": name, "tag": f"backward{n}", "expected": len(outs) + len(ins), "entries": [],
+                     "done": False}
+            self.pending.append(state)
+            for role, tensors in (("grad_output", outs), ("grad_input", ins)):
+                for idx, (path, t) in enumerate(tensors):
+                    t.grad_fn  # noqa: B018 - read before the hook dict exists (hooks.py _add_grad_hook)
+                    self.handles.append(t.register_hook(partial(self._guard, self._grad, state, role, idx, path)))
+        except Exception as exc:  # noqa: BLE001
+            self.drill._fail(f"keep {name}", exc)
+
+    def _guard(self, fn, *args) -> None:
+        try:
+            fn(*args)
+        except Exception as exc:  # noqa: BLE001 - the gradient goes on unchanged
+            self.drill._fail("keep gradient", exc)
+
+    def _grad(self, state: dict, role: str, idx: int, path: str, grad) -> None:
+        if grad is None or state["done"]:
+            return
+        state["entries"].append(self.drill._kept(state["name"], "backward", None, role, idx, path, grad,
+                                                 state["tag"]))
+        if len(state["entries"]) >= state["expected"]:
+            self._complete(state)
+
+    def _complete(self, state: dict) -> None:
+        state["done"] = True
+        call = self.calls.get(state["name"], 0)
+        self.calls[state["name"]] = call + 1
+        for entry in sorted(state["entries"], key=lambda e: (e["role"] != "grad_output", e["idx"])):
+            entry["call"] = call
+            self.drill.boundaries.append(entry)
+
+    def _param_grad(self, name: str, grad) -> None:
+        if grad is not None:
+            call = self.calls.get(name, 0)
+            self.drill.boundaries.append(self.drill._kept(name, "backward", call, "grad_input", 0, "", grad,
+                                                          f"backward{call}"))
+
+    def _param_accumulated(self, name: str, param) -> None:
+        call = self.calls.get(name, 0)
+        self.calls[name] = call + 1
+        if param.grad is not None:
+            self.drill.boundaries.append(self.drill._kept(name, "backward", call, "grad", 0, "", param.grad,
+                                                          f"backward{call}"))
+
+    def flush(self) -> None:
+        """Module calls whose gradients did not all arrive: numbered after the completed ones."""
+        for state in self.pending:
+            if not state["done"] and state["entries"]:
+                self._complete(state)
+        self.pending = []
+
+    def close(self) -> None:
+        for handle in self.handles:
+            handle.remove()
+        self.handles = []

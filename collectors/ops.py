@@ -3,7 +3,8 @@
 `OpTracer` is a `torch.overrides.TorchFunctionMode` that collectors/drill.py pushes for the
 duration of the drill's window call. Each torch function call that reaches it from user code
 (not from torch's own Python, not from bitguard: the collector digesting, the drill keeping bytes)
-and returns at least one tensor becomes one op record (schema in docs/DRILL.md, `bitguard.ops/1`):
+and returns at least one tensor (or writes one: `x[i] = y`, whose written tensor is then its output)
+becomes one op record (schema in docs/DRILL.md, `bitguard.ops/1`):
 its readable name, the module calls open around it (the collector's frames, window first), the
 innermost user frame and the user frames from the window's forward down to it, its arguments with
 tensors as `<tN>`, and its tensor inputs (digested before the call) and outputs (digested after,
@@ -11,12 +12,12 @@ with their bytes kept by a `Keeper`). The handler calls `func(*args, **kwargs)` 
 popped, as torch does for any mode, so the call dispatches exactly as it would untraced.
 
 What it does not see: anything below the torch function boundary (the ops a C++ or Python torch
-function runs inside, autograd's backward, kernels), torch functions called with torch function
-disabled (`torch._C.DisableTorchFunction`), compiled code (a torch.compile'd module inside the
-window is one op, `compiled region <type>`, with its inputs and outputs: drill.py; compiled code
-the drill cannot call with the mode off, a compiled function or `module.compile()`, is traced as
-the graphs' Python runs it and the trace says it may differ from the record), and calls on
-other threads (a mode is per thread). Collectives (torch.distributed) are not torch functions:
+function runs inside, kernels; autograd's backward is backward_ops.py's), torch functions called
+with torch function disabled (`torch._C.DisableTorchFunction`), compiled code (a torch.compile'd
+module inside the window is one op, `compiled region <type>`, with its inputs and outputs:
+drill.py; compiled code the drill cannot call with the mode off, a compiled function or
+`module.compile()`, is traced as the graphs' Python runs it and the trace says it may differ from
+the record), and calls on other threads (a mode is per thread). Collectives (torch.distributed) are not torch functions:
 their writes into a tensor are not op records.
 
 This module knows torch functions and frames; not which call is traced (drill.py).
@@ -252,6 +253,8 @@ class OpTracer(TorchFunctionMode):
     Bytes of outputs go to `keeper`; a failure of the tracer itself goes to `fail(where, exc)` and
     turns the tracer off (`active`): the call goes on untraced."""
 
+    phase = "forward"  # the ops' `phase` (backward_ops.py traces the backward)
+
     def __init__(self, frames: list, depth: int, stop, keeper: Keeper, fail):
         super().__init__()
         self.frames = frames
@@ -262,10 +265,19 @@ class OpTracer(TorchFunctionMode):
         self.active = True
         self.ops: list[dict] = []
         self.compiled = False  # an op ran under a compiled call (reported once)
+        self.observe = None  # called with (op record, its outputs, its inputs) after each op is recorded
+
+    def _attends(self) -> bool:
+        """Is a torch function called now one of the traced place's (a subclass narrows it)?"""
+        return True
+
+    def _fields(self) -> dict:
+        """The op record's fields that say where it ran: its phase and the module calls open."""
+        return {"phase": self.phase, "modules": [f.name for f in self.frames[self.depth:]]}
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        if not self.active or is_compiling():
+        if not self.active or is_compiling() or not self._attends():
             return func(*args, **kwargs)
         try:
             where = self._where(sys._getframe(1), getattr(func, "__code__", None))
@@ -311,8 +323,8 @@ class OpTracer(TorchFunctionMode):
                 result) -> None:
         outs: list = []
         walk(result, "", outs, text=False)
-        if not outs:
-            return
+        if not outs and not any(v is not None and _version(t) != v for (_, t), v in zip(tensors, versions)):
+            return  # (a call that returns no tensor is an op when it wrote one: `x[i] = y`, __setitem__)
         if inputs is None:  # a function that writes nothing: its inputs as they are now
             inputs = [describe(t, p) for p, t in tensors]
         # an input the op wrote: its version moved (or, without a version counter, it is returned)
@@ -336,9 +348,12 @@ class OpTracer(TorchFunctionMode):
             self.keeper.keep(t, f"op{i:05d}-out{k}", entry)
             outputs.append(entry)
         file, line, function, stack = where
-        self.ops.append({"i": i, "op": name, "modules": [f.name for f in self.frames[self.depth:]],
-                         "file": file, "line": line, "function": function, "stack": stack, "args": text,
-                         "inputs": inputs, "outputs": outputs, "inplace": inplace or bool(written)})
+        record = {"i": i, "op": name, **self._fields(), "file": file, "line": line, "function": function,
+                  "stack": stack, "args": text, "inputs": inputs, "outputs": outputs,
+                  "inplace": inplace or bool(written)}
+        self.ops.append(record)
+        if self.observe is not None:
+            self.observe(record, outs, tensors)
 
     def _where(self, f, own_code, region: bool = False):
         """(file, line, function, stack) of the op's caller: the innermost user frame and the user

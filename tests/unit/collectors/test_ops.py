@@ -272,7 +272,8 @@ def test_a_rank_not_traced_writes_no_trace(tmp_path, monkeypatch):
 @pytest.mark.parametrize("spec, message", [
     ({"schema": "bitguard.drill-spec/0"}, "is not a bitguard.drill-spec/1"),
     ({"schema": drill_mod.SPEC_SCHEMA, "step": -1}, "step must be"),
-    ({"schema": drill_mod.SPEC_SCHEMA, "step": 1, "window": {"boundary": "a", "phase": "backward"}}, "only forward"),
+    ({"schema": drill_mod.SPEC_SCHEMA, "step": 1, "window": {"boundary": "a", "phase": "optimizer"}},
+     "traced in its forward or its backward"),
 ])
 def test_a_bad_spec_is_bad_input_before_the_recording_starts(tmp_path, monkeypatch, spec, message):
     _set_spec(tmp_path, monkeypatch, spec)

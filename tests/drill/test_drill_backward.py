@@ -1,0 +1,90 @@
+"""`bitguard drill` on backward pivots: from a gradient that differs down to the operation and its line.
+
+Each case is a reference/suspect scenario pair of real recordings whose pivot is in step 1's
+backward; the drill replays both, traces what autograd runs for the window module's nodes
+(collectors/backward_ops.py) and must name the operation the fault is in:
+- `backward`: a custom autograd.Function's backward flips a bit of the gradient blocks.1.attn.proj
+  sends back (a source pivot: the Function's ops, in `flip_bit`, run in the suspect alone);
+- `embedding-race`: a tensor hook `corrupt` on the token embedding's weight mixes two rows of its
+  gradient (a parameter's gradient: the window is its module, wte; the hook's ops run inside the
+  weight's AccumulateGrad node).
+A missed zero_grad() (`grad-accum`: AccumulateGrad adds into the old `.grad`) is shown in-process
+by tests/unit/collectors/test_backward_ops.py, to keep this module under a minute.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from bitguard.backend.drill import drill, plan
+from bitguard.errors import NotSupported
+from bitguard.sample_traces.recordings import HERE, run_jobs
+from bitguard.sample_traces.scenarios import SCENARIOS
+
+pytestmark = pytest.mark.slow
+
+TINYGPT = HERE / "tinygpt.py"
+NAMES = ("backward", "embedding-race")
+
+
+def _line(text: str) -> int:
+    return next(i for i, line in enumerate(TINYGPT.read_text().splitlines(), 1) if text in line)
+
+
+@pytest.fixture(scope="module")
+def drilled(tmp_path_factory):
+    root = tmp_path_factory.mktemp("drill_backward")
+    pairs = {name: SCENARIOS[name].jobs(root / name) for name in NAMES}
+    outcomes = run_jobs([j for pair in pairs.values() for j in pair], workers=2, reuse=False)
+    failed = [o for o in outcomes if o.exit_status]
+    assert not failed, "\n".join(f"{o.job.shell()}: {o.log}" for o in failed)
+    return {name: drill(a.out, b.out).to_dict() for name, (a, b) in pairs.items()}
+
+
+def _assert_reproduced(doc: dict) -> None:
+    assert doc["replay"]["reproduced"], doc["replay"]["detail"]
+    assert doc["replay"]["a"]["compared"] > 0 and doc["replay"]["b"]["compared"] > 0
+
+
+def test_a_custom_functions_wrong_backward_is_named_at_its_line(drilled):
+    doc = drilled["backward"]
+    _assert_reproduced(doc)
+    assert doc["verdict"] == "op_pivot"
+    assert (doc["boundary_pivot"]["phase"], doc["boundary_pivot"]["boundary"]) == ("backward", "blocks.1.attn.proj")
+    assert doc["window"]["boundary"] == "blocks.1.attn.proj" and doc["window"]["phase"] == "backward"
+    op = doc["op_pivot"]
+    # the suspect's Scale.backward runs flip_bit: its first op, in the suspect alone
+    assert (op["cause"], op["side_only"]) == ("structure", "b")
+    assert (Path(op["file"]).name, op["function"], op["line"]) == ("tinygpt.py", "flip_bit", _line("out = t.clone()"))
+    assert f"tinygpt.py:{_line('return flip_bit(g, 2, 9)')} in backward" in op["chain"]
+    assert "ScaleBackward (backward)" in op["chain"], op["chain"]
+    assert op["ops_equal_before"] > 0  # the linear's own backward ops pair and are equal first
+    # the gradient the module sends back differs in one bit (the boundary pivot's kept tensors)
+    sig = doc["boundary_signature"]
+    assert sig["kind"] == "bit_flip" and sig["elements_differing"] == 1 and sig["bits"] == {"9": 1}, sig
+    assert sig["tensor"]["role"] == "grad_input"
+
+
+def test_a_racy_hook_on_the_embedding_gradient_is_named_in_corrupt(drilled):
+    doc = drilled["embedding-race"]
+    _assert_reproduced(doc)
+    assert doc["verdict"] == "op_pivot"
+    assert (doc["boundary_pivot"]["kind"], doc["boundary_pivot"]["boundary"]) == ("grad", "wte.weight")
+    assert doc["window"]["boundary"] == "wte" and doc["window"]["module_type"] == "Embedding"
+    op = doc["op_pivot"]
+    assert (op["cause"], op["side_only"], op["op"]) == ("structure", "b", "torch.Tensor.clone")
+    assert (Path(op["file"]).name, op["function"], op["line"]) == ("tinygpt.py", "corrupt", _line("g = g.clone()"))
+    assert "AccumulateGrad of wte.weight (backward)" in op["chain"]
+    assert op["ops_equal_before"] == 1  # aten.embedding_dense_backward: the same gradient on both sides
+    # after the hook the two streams join again at AccumulateGrad, taking in a different gradient
+    then = op["then"]
+    assert then["op"] == "aten.detach.default" and then["signature"]["elements_differing"] > 0
+    assert doc["boundary_signature"]["elements_differing"] > 0
+
+
+def test_an_optimizer_pivot_is_not_supported_yet():
+    fd = {"phase": "optimizer", "kind": "step", "boundary": "lm_head.weight", "step": 1, "blame": "source"}
+    with pytest.raises(NotSupported, match="not supported yet: drilling into a pivot of kind optimizer step"):
+        plan(None, None, fd)
