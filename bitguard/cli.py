@@ -245,7 +245,7 @@ def cmd_drill(args) -> int:
     from bitguard.backend.drill import drill
     from bitguard.backend.report import render_drill
 
-    if args.timeout <= 0:
+    if not args.timeout > 0:  # also nan, which every comparison fails (the replays were stopped at once)
         raise BadInput(f"--timeout {args.timeout} is not a positive number of seconds")
     report = drill(args.run_a, args.run_b, rank=args.rank, rules=args.rules, out=args.out, timeout=args.timeout)
     if args.json:

@@ -2,6 +2,7 @@
 DDP run launched by torchrun (the stacks tier's ddp.py, its fault switched on by an environment
 variable the recording is told to keep), and a run recorded by `bitguard.record()` inside
 `python -c`, which has no script to replay. Through the CLI in subprocesses, as a user would.
+The two that record are `slow`; a bad --timeout is refused before anything is read (fast).
 """
 
 from __future__ import annotations
@@ -13,8 +14,6 @@ import sys
 
 import pytest
 from stacks import harness as h
-
-pytestmark = pytest.mark.slow
 
 # ddp.py's STACK_FAULT: flip bit 9 of body.0's output on rank 1 at step 2 (tests/stacks/scripts/_fault.py)
 FAULT = {"STACK_FAULT": "module:rank=1:step=2", "BITGUARD_RECORD_ENV": "STACK_FAULT"}
@@ -29,6 +28,7 @@ def _line(path, text: str) -> int:
     return next(i for i, line in enumerate(path.read_text().splitlines(), 1) if text in line)
 
 
+@pytest.mark.slow
 def test_ddp_two_ranks_drills_the_faulty_rank_to_the_hook_line(tmp_path):
     runs = h.together({"ref": lambda: h.recorded("ddp.py", tmp_path / "ref", nproc=2),
                        "fault": lambda: h.recorded("ddp.py", tmp_path / "fault", nproc=2, env=FAULT)})
@@ -68,6 +68,7 @@ with bitguard.record(os.environ["OUT"]):
 """
 
 
+@pytest.mark.slow
 def test_a_run_recorded_inside_python_c_is_refused_in_one_line(tmp_path):
     """A notebook-like `python -c` recording has no script file: the drill cannot replay it and says
     so in one line (exit 2), never a traceback nor a `not reproduced` finding."""
@@ -79,3 +80,11 @@ def test_a_run_recorded_inside_python_c_is_refused_in_one_line(tmp_path):
     lines = got.stderr.strip().splitlines()  # (a pivot exists: the runs' GELUs differ, else "compare identical")
     assert len(lines) == 1 and "not supported yet" in lines[0] and "'-c'" in lines[0], lines
     assert not (tmp_path / "a" / "drill" / "step-0-rank-0.replay.log").exists()  # refused before any replay
+
+
+@pytest.mark.parametrize("timeout", ["nan", "0", "-5"])
+def test_a_timeout_that_is_not_a_positive_number_is_bad_input(timeout):
+    """`--timeout nan` passed a `<= 0` check and stopped both replays at once: a false 'not reproduced'."""
+    demo = h.ROOT / "sample_traces" / "demo"
+    got = _drill(demo / "reference", demo / "reference", "--timeout", timeout)
+    assert got.returncode == 2 and "is not a positive number of seconds" in got.stderr, got.stderr
