@@ -16,6 +16,7 @@ And: an edited script is reported as a replay that does not reproduce its record
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -151,17 +152,27 @@ def test_nothing_to_drill_is_a_clear_error(tmp_path):
     assert len(got.stderr.strip().splitlines()) == 1
 
 
-def test_a_write_no_op_trace_sees(tmp_path):
+def test_a_write_no_op_trace_sees_and_the_recorded_environment(tmp_path, monkeypatch):
     """A write through a NumPy view (as a C++ extension might): before the block's linear op, the
     drill names the op whose input it changed and says where such a difference comes from; after
-    the block's last op, no op differs and the drill says so with exit 1 (never a made-up op)."""
+    the block's last op, no op differs and the drill says so with exit 1 (never a made-up op).
+    The script reads its block's scale from TOY_SCALE: recorded (BITGUARD_RECORD_ENV), the replay runs
+    under the recorded value whatever the drilling shell has; not recorded, a changed value is a
+    replay that does not reproduce its record (exit 3)."""
     script = Path(__file__).parent / "scripts" / "untraced_write.py"
     runs = {}
-    for name, args in (("clean", ()), ("weight", ("--fault", "weight")), ("output", ("--fault", "output"))):
+    for name, args, env in (("clean", (), {"BITGUARD_RECORD_ENV": "TOY_SCALE"}),
+                            ("weight", ("--fault", "weight"), {"BITGUARD_RECORD_ENV": "TOY_SCALE"}),
+                            ("output", ("--fault", "output"), {"BITGUARD_RECORD_ENV": "TOY_SCALE"}),
+                            ("unrecorded", ("--fault", "output"), {})):
         runs[name] = tmp_path / name
         subprocess.run([sys.executable, "-m", "bitguard", "record", "--out", str(runs[name]), "--", sys.executable,
-                        str(script), *args], check=True, capture_output=True)
+                        str(script), *args], check=True, capture_output=True,
+                       env={**os.environ, "TOY_SCALE": "2", **env})
+    monkeypatch.setenv("TOY_SCALE", "3")  # the drilling shell's value differs from the recording's
     doc = bitguard_drill(runs["clean"], runs["weight"])
+    assert doc["replay"]["reproduced"], doc["replay"]["detail"]
+    assert any("TOY_SCALE" in n for n in doc["replay"]["b"]["notes"]), doc["replay"]["b"]["notes"]
     op = doc["op_pivot"]
     assert (doc["verdict"], op["op"], op["cause"], op["inputs_differ"]) == \
         ("op_pivot", "torch.nn.functional.linear", "digest", True)
@@ -172,3 +183,6 @@ def test_a_write_no_op_trace_sees(tmp_path):
     doc = json.loads(got.stdout)
     assert doc["verdict"] == "no_difference" and doc["op_pivot"] is None and doc["replay"]["reproduced"]
     assert doc["boundary_signature"]["elements_differing"] == 1
+    doc = bitguard_drill(runs["clean"], runs["unrecorded"])
+    assert doc["verdict"] == "not_reproduced" and doc["op_pivot"] is None
+    assert "run B" in doc["replay"]["detail"] and doc["replay"]["a"]["reproduced"], doc["replay"]["detail"]

@@ -1,9 +1,11 @@
 """A tiny training loop whose fault writes memory outside every torch function, through a NumPy
 view made before training (as a C++ extension or a racy kernel might), which no op trace sees.
 From step 1 on: --fault weight bumps an element of the block's weight just before its linear op
-reads it; --fault output bumps an element of the block's output buffer after its last op."""
+reads it; --fault output bumps an element of the block's output buffer after its last op. The
+block's scale comes from the environment (TOY_SCALE), as many scripts take their settings."""
 
 import argparse
+import os
 
 import torch
 import torch.nn as nn
@@ -22,7 +24,7 @@ class Block(nn.Module):
     def forward(self, x):
         if self.active and self.fault == "weight":
             self.weight_view[0, 0] += 1e-3
-        y = F.linear(x, self.lin.weight, self.lin.bias) * 2
+        y = F.linear(x, self.lin.weight, self.lin.bias) * float(os.environ.get("TOY_SCALE", "2"))
         with torch.no_grad():
             self.out.copy_(y)  # the block hands on a buffer (no gradient flows back through it)
         if self.active and self.fault == "output":
