@@ -9,13 +9,16 @@ A backward pivot (a module's gradient, a parameter's gradient) is drilled into i
    autograd was at when the call began (created in the call, not before); the parameters'
    `AccumulateGrad` nodes reached through `next_functions`. The nodes are kept alive for the step.
 2. *Backward*: while the step's backward pass runs (`BackwardTrace.run`, around torch's
-   `_engine_run_backward`, which `Tensor.backward` and `torch.autograd.grad` call), two modes are
-   on: a `TorchFunctionMode` (the forward tracer's, `BackwardFunctions`) sees the torch functions
+   `_engine_run_backward`, which `Tensor.backward` and `torch.autograd.grad` call), a
+   `TorchFunctionMode` (the forward tracer's, `BackwardFunctions`) sees the torch functions
    Python code calls inside a node (a tensor hook such as a gradient hook on a parameter, a custom
-   `autograd.Function`'s backward), with their own user frame; a `TorchDispatchMode`
-   (`BackwardAten`) sees the aten ops a C++ node runs (`aten.embedding_dense_backward.default`,
-   `aten.mm.default`, `AccumulateGrad`'s `aten.detach.default` or `aten.add_.Tensor`), placed
-   where the forward op that created the node was called (`source: "created_at"`). Each op is
+   `autograd.Function`'s backward), with their own user frame; while a window node runs (from a
+   pre-hook on the node to a post-hook: with a dispatch mode on, autograd's formulas take their
+   tensor-subclass paths, `isTensorSubclassLike`, which must not change the gradients reaching the
+   window), a `TorchDispatchMode` (`BackwardAten`) sees the aten ops it runs
+   (`aten.embedding_dense_backward.default`, `aten.mm.default`, `AccumulateGrad`'s
+   `aten.detach.default` or `aten.add_.Tensor`), placed where the forward op that created the node
+   was called (`source: "created_at"`). Each op is
    attributed to `torch._C._current_autograd_node()`; only ops of the window's nodes are recorded,
    with `phase: "backward"`, `node` (its name) and `created_at` (the forward op that created it).
    An aten op below a traced torch function, or below bitguard's own code (the collector's
@@ -25,11 +28,17 @@ Inputs are digested before an op, outputs after, bytes kept within the caps: the
 code (ops.py `OpTracer._call`). Modes hand each call on with themselves popped, so dispatch is
 the untraced one; a failure turns the tracer off and goes to the trace's errors.
 
-What it cannot see: what runs inside a C++ op (a kernel, a fused backward, autograd's own buffer
-bookkeeping apart from the ops it dispatches), ops on threads other than the one that runs the
-backward pass and those of other graph tasks, DDP's reducer and collectives (not torch
-functions), compiled backward graphs (one opaque call), and nodes the window's forward did not
-create (a gradient arriving through a tensor made elsewhere).
+What it cannot see: what runs inside a C++ op (a kernel, a fused backward), autograd's sums of a
+gradient from several consumers (the engine adds them after the producing node's post-hooks),
+tensor hooks' ops below torch functions that run with torch function off (they run before the
+node's pre-hook), Python ops on threads other than the one that runs the backward pass,
+collectives (not torch functions; DDP's reducer hooks run in the window's AccumulateGrad nodes,
+its all-reduce elsewhere), compiled backward graphs (one opaque call), a window whose forward
+runs under reentrant activation checkpointing (its nodes are made in the backward's recompute),
+and nodes the window's forward did not create (a gradient arriving through a tensor made
+elsewhere). The dispatch mode still makes the window's own nodes take autograd's tensor-subclass
+paths: a formula that computes otherwise there changes the window's gradient, and the drill's
+replay check then says the replay does not reproduce its record.
 
 This module knows autograd nodes and modes; not which call is the window (drill.py).
 """
@@ -85,6 +94,7 @@ class WindowNodes:
         self.nodes: dict[int, tuple] = {}  # id(node) -> (node, info)
         self.params: dict[int, str] = {}  # id(parameter) -> its name (the window's parameters)
         self.full = False
+        self.noted = None  # called with each node when it is noted
 
     def begin(self, module: torch.nn.Module, names: dict) -> int:
         """A window call begins: its parameters (`names`: id -> name) and autograd's sequence number."""
@@ -122,6 +132,8 @@ class WindowNodes:
                                                                  "the rest are not traced"))
                     return
                 self.nodes[key] = (node, self._info(node, seq, record, modules))
+                if self.noted is not None:
+                    self.noted(node)
             elif not through:
                 continue
             if seq != NO_SEQUENCE:
@@ -223,17 +235,24 @@ class BackwardAten(TorchDispatchMode):
 
 
 class BackwardTrace:
-    """The window's nodes and the two modes that trace them in the backward pass."""
+    """The window's nodes and the two modes that trace them in the backward pass: the torch
+    function mode for the whole pass (it changes nothing a C++ node computes), the dispatch mode
+    only while a window node runs (from its pre-hook to its post-hook): with a dispatch mode on,
+    autograd's formulas take the paths they take for tensor subclasses (`isTensorSubclassLike`),
+    which must not change the gradients that reach the window."""
 
     def __init__(self, keeper: Keeper, fail):
         self.fail = fail
         self.nodes = WindowNodes(fail)
+        self.nodes.noted = self._hook
         self.functions = BackwardFunctions(self.nodes, keeper, fail)
         self.aten = BackwardAten(self.functions)
         self.forward_ops: list[dict] = []  # the window's forward ops (their records), digests only
         self.forward_keeper = DigestsOnly()
         self.passes = 0  # backward passes traced
         self.running = False
+        self.depth = 0  # window nodes running (the dispatch mode is on while > 0)
+        self.handles: list = []
 
     @property
     def ops(self) -> list[dict]:
@@ -247,22 +266,42 @@ class BackwardTrace:
         """A window call returned: nodes its outputs reach that no traced op created."""
         self.nodes.add([t for _, t in outputs], since, None, [window], through=True)
 
+    def _hook(self, node) -> None:
+        """A node of the window: the dispatch mode on while it runs (hooks that pass its gradients on)."""
+        try:
+            self.handles.append(node.register_prehook(self._node_begins))
+            self.handles.append(node.register_hook(self._node_ends))
+        except Exception as exc:  # noqa: BLE001 - its C++ ops go untraced, and it is said
+            self.fail(f"backward node {node.name()}", exc)
+
+    def _node_begins(self, grad_outputs) -> None:
+        if not self.running or not self.functions.active:
+            return
+        if self.depth == 0:
+            try:
+                self.aten.__enter__()
+            except Exception as exc:  # noqa: BLE001
+                self.fail("backward op tracer", exc)
+                return
+        self.depth += 1
+
+    def _node_ends(self, grad_inputs, grad_outputs) -> None:
+        if self.depth == 0:
+            return
+        self.depth -= 1
+        if self.depth == 0:
+            _pop_dispatch_mode(self.aten, self.fail)
+
     def run(self, run, args: tuple, kwargs: dict):
-        """torch's `_engine_run_backward(*args, **kwargs)` (`run`) with the modes on."""
+        """torch's `_engine_run_backward(*args, **kwargs)` (`run`) with the function mode on."""
         if self.running or not self.nodes.nodes or not self.functions.active or is_compiling():
             return run(*args, **kwargs)
-        functions, aten = self.functions, self.aten
+        functions = self.functions
         try:
             functions.stop = sys._getframe()
             functions.__enter__()
         except Exception as exc:  # noqa: BLE001 - untraced, and said so
             self.fail("backward op tracer", exc)
-            return run(*args, **kwargs)
-        try:
-            aten.__enter__()
-        except Exception as exc:  # noqa: BLE001
-            self.fail("backward op tracer", exc)
-            _pop_function_mode(functions, self.fail)
             return run(*args, **kwargs)
         self.running = True
         try:
@@ -270,8 +309,17 @@ class BackwardTrace:
         finally:
             self.running = False
             self.passes += 1
-            _pop_dispatch_mode(aten, self.fail)
+            if self.depth:  # a node that raised: its post-hook never ran
+                self.depth = 0
+                _pop_dispatch_mode(self.aten, self.fail)
             _pop_function_mode(functions, self.fail)
+
+    def close(self) -> None:
+        """The step is over: the node hooks out, the nodes let go."""
+        for handle in self.handles:
+            handle.remove()
+        self.handles = []
+        self.nodes.clear()
 
 
 def _pop_function_mode(mode, fail) -> None:

@@ -375,7 +375,7 @@ class Drill:
         except Exception as exc:  # noqa: BLE001 - the drill finds no trace and says so
             print(f"bitguard drill: could not write the op trace: {type(exc).__name__}: {exc}", file=sys.stderr)
         if self.backward is not None:
-            self.backward.nodes.clear()  # the step's autograd nodes are not kept past it
+            self.backward.close()  # the step's autograd nodes are not kept past it
 
 
 class BackwardKeep:

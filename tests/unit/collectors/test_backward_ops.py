@@ -290,3 +290,50 @@ def test_a_bad_backward_keep_is_bad_input(tmp_path, monkeypatch, keep, message):
     with pytest.raises(BadInput, match=message):
         with bitguard.record(tmp_path / "run"):
             pass
+
+
+class _Probe(torch.autograd.Function):
+    """Identity whose backward notes the dispatch mode on while it runs."""
+
+    seen: list = []
+
+    @staticmethod
+    def forward(ctx, x):
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, g):
+        from torch.utils._python_dispatch import _get_current_dispatch_mode
+
+        mode = _get_current_dispatch_mode()
+        _Probe.seen.append(type(mode).__name__ if mode is not None else None)
+        return g
+
+
+class _Probed(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a = torch.nn.Linear(4, 4)
+        self.b = torch.nn.Linear(4, 4)
+
+    def forward(self, x):
+        return _Probe.apply(self.b(_Probe.apply(self.a(x))))
+
+
+def test_the_dispatch_mode_is_on_only_while_a_window_node_runs(tmp_path, monkeypatch):
+    """Outside the window's nodes autograd computes as untraced (a dispatch mode would make its
+    formulas take their tensor-subclass paths)."""
+    _set_spec(tmp_path, monkeypatch, _spec(tmp_path / "run", "_Probed", [], step=1))
+    _Probe.seen = []
+    torch.manual_seed(0)
+    net = _Probed()
+    opt = torch.optim.SGD(net.parameters(), lr=0.1)
+    with bitguard.record(tmp_path / "run", steps="1:2"):
+        for _ in range(3):
+            y = net(torch.randn(2, 4))  # the window's forward: both probes' nodes are its
+            _Probe.apply(y).sum().backward()  # this probe's node is not
+            opt.step()
+    trace = json.loads((tmp_path / "run" / "ops-rank-0.json").read_text())
+    assert trace["complete"] and "AddmmBackward0" in {op["node"] for op in trace["ops"]}
+    # per step: the probe outside the window, then the two inside it (backward order)
+    assert _Probe.seen == [None, None, None, None, "BackwardAten", "BackwardAten", None, None, None]
