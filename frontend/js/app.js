@@ -6,6 +6,7 @@ import { api, comparisonPath } from "./api.js";
 import { $, EV, SEL, el, emit, on, show, fill } from "./dom.js";
 import { count } from "./format.js";
 import * as detail from "./detail.js";
+import * as download from "./download.js";
 import * as drill from "./drill.js";
 import * as pivot from "./pivot.js";
 import { inconclusiveReasons, reasonList } from "./pivot.js";
@@ -40,9 +41,26 @@ function openComparison(id) {
     st.loaded = null;
     st.firstDraw = false;
     performance.mark("bitguard:open");
-    fill($(SEL.summary));
+    clearComparison(); // nothing of the comparison shown before stays on screen under this one's title
   }
   poll(id);
+}
+
+function clearComparison() {
+  document.title = "bitguard explorer";
+  fill($(SEL.title));
+  fill($(SEL.summary));
+  show(SEL.perfetto, false);
+  show(SEL.cmpGrid, false); // shown again when this comparison is ready
+}
+
+// a comparison the server cannot give: said for the person who followed the link, with a way back
+function unavailable(id, e) {
+  clearComparison();
+  const what = e.type === "NotFound"
+    ? [`There is no comparison “${id}” in this workspace. The link may be mistyped or cut short, or the comparison was deleted.`]
+    : ["This comparison cannot be opened: ", e.message];
+  banner("error", el("div", { id: "cmp-unavailable" }, ...what), el("div", {}, el("a", { href: "#/", class: "btn small" }, "Back to the comparisons")));
 }
 
 function banner(kind, ...content) {
@@ -57,7 +75,9 @@ async function poll(id) {
   try {
     c = await api.get(comparisonPath(id));
   } catch (e) {
-    banner("error", e.message, " ", el("a", { href: "#/" }, "Back to the start"));
+    if (st.id !== id) return;
+    if (e.type === "NotFound" || !st.loaded) unavailable(id, e);
+    else banner("error", e.message); // the comparison on show stays: the server did not answer this once
     return;
   }
   if (st.id !== id) return;
@@ -68,6 +88,7 @@ async function poll(id) {
       if (!st.loaded) performance.mark("bitguard:ready");
       st.loaded = c;
       summary(c);
+      show(SEL.cmpGrid, true);
       emit(EV.comparisonLoaded, c);
     }
     return;
@@ -135,6 +156,7 @@ function init() {
   pivot.init();
   drill.init();
   detail.init();
+  download.init();
   propagation.init();
   rules.init();
   upload.init();

@@ -6,13 +6,20 @@ import { $, EV, SEL, el, emit, on, toast, fill } from "./dom.js";
 import { benignLabel, duration, shape } from "./format.js";
 
 let comparison = null;
+let selected = null; // the event on show, read again when the comparison re-runs
 let token = 0;
 
 export function init() {
   on(EV.comparisonLoaded, (c) => {
     const same = comparison && comparison.id === c.id;
     comparison = c;
-    if (!same) renderEmpty();
+    if (!same) {
+      selected = null;
+      token += 1; // an answer still on its way is for the other comparison
+      renderEmpty();
+    } else if (selected) {
+      load(selected); // a new revision (rules changed): its statuses, not the last one's
+    }
   });
   on(EV.selectEvent, (sel) => load(sel));
   renderEmpty();
@@ -27,6 +34,7 @@ function renderEmpty() {
 
 async function load(sel) {
   if (!comparison || sel.seq == null) return;
+  selected = sel;
   const mine = ++token;
   try {
     const d = await api.get(comparisonPath(comparison.id, `/events/${sel.rank}/${sel.side}/${sel.seq}`));
@@ -101,6 +109,7 @@ function render(d) {
   const benignable = ["diverged", "only_a", "only_b"].includes(d.status);
   const panel = $(SEL.detailPanel);
   panel.dataset.boundary = e.boundary;
+  panel.dataset.revision = String(comparison.revision); // the browser tests wait for a re-run's answer
   fill(panel, 
     el("div", { class: "pivot-head" }, el("h2", { style: "margin:0" }, "Selected event"), el("span", { class: `badge ${d.status}` }, d.status.replace("_", " ")), d.is_pivot ? el("span", { class: "badge", style: "background:#f3e8f7;color:#7a1fa2" }, "pivot") : null),
     el("div", { class: "boundary-name" }, e.boundary),

@@ -21,10 +21,12 @@ export const SEL = {
   runsTable: "#runs-table",
   // comparison view
   banner: "#cmp-status",
+  cmpGrid: "#cmp-grid",
   summary: "#summary",
   rankSelect: "#rank-select",
   axisToggle: "#axis-toggle",
   gotoPivot: "#goto-pivot",
+  wholeRank: "#whole-rank",
   legend: "#legend",
   overview: "#overview",
   timeline: "#timeline",

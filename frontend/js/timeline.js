@@ -12,6 +12,14 @@ const look = (code) => STATUS[code] || UNKNOWN_STATUS;
 const SPAN = 240; // events in a window opened around one event
 const BINS = 900;
 const LANE_GAP = 0.9; // blank space between A's and B's lanes, in lane heights
+// a click on a bin zooms in, but only once it is known not to be the first click of a double-click
+const DOUBLE_CLICK_MS = 300;
+// Plotly's own double-click and "reset axes" go back to the first range it drew, which may be in
+// the other axis's units (positions read as seconds) or the pivot window: both are ours instead
+const PLOT_CONFIG = {
+  displaylogo: false, responsive: true, doubleClick: false, doubleClickDelay: DOUBLE_CLICK_MS, showTips: false,
+  modeBarButtonsToRemove: ["select2d", "lasso2d", "autoScale2d", "resetScale2d", "toImage"],
+};
 
 const st = {
   c: null, // the comparison
@@ -52,6 +60,7 @@ export function init() {
   $(SEL.rankSelect).addEventListener("change", (e) => setRank(Number(e.target.value)));
   for (const b of $$("button", $(SEL.axisToggle))) b.addEventListener("click", () => setAxis(b.dataset.axis));
   $(SEL.gotoPivot).addEventListener("click", () => gotoPivot());
+  $(SEL.wholeRank).addEventListener("click", () => wholeRank());
   on(EV.comparisonLoaded, (c) => load(c));
   on(EV.selectEvent, (sel) => {
     st.selected = sel;
@@ -92,16 +101,25 @@ async function setRank(rank) {
 
 async function setAxis(axis) {
   if (axis === st.axis) return;
+  const d = st.data;
+  const whole = d && d.start <= d.extent[0] && d.end >= d.extent[1]; // the whole rank stays the whole rank
   const centre = st.selected && st.selected.rank === st.rank ? st.selected.pos : middlePos();
   st.axis = axis;
   syncAxisButtons();
-  await refresh({ around: centre });
+  cancelPending();
+  await refresh(whole ? {} : { around: centre });
 }
 
 function middlePos() {
   const d = st.data;
   if (d && d.mode === "events" && d.events.length) return d.events[Math.floor(d.events.length / 3)].pos;
   return pivotPos();
+}
+
+// the whole rank in the current axis: a window without bounds
+export function wholeRank() {
+  cancelPending();
+  return refresh({ overviewToo: false });
 }
 
 export async function gotoPivot() {
@@ -150,6 +168,7 @@ async function refresh({ around = null, start = null, end = null, overviewToo = 
     return;
   }
   await plotly;
+  await released();
   if (token !== st.token || c !== st.c) return; // a newer request won
   useCodes(detail.status_codes);
   st.data = inSeconds(detail);
@@ -349,30 +368,87 @@ function drawDetail() {
     annotations,
   };
   const node = $(SEL.timeline);
-  window.Plotly.react(node, traces, layout, { displaylogo: false, responsive: true, modeBarButtonsToRemove: ["select2d", "lasso2d", "autoScale2d", "toImage"] });
+  window.Plotly.react(node, traces, layout, PLOT_CONFIG);
   if (!node.dataset.wired) {
     node.dataset.wired = "1";
     node.on("plotly_click", onDetailClick);
+    node.on("plotly_doubleclick", onDoubleClick);
+    // plotly loses a double-click when its first click redraws the plot (selecting an event):
+    // two presses close in time and place are one whatever was drawn between them
+    node.addEventListener("mousedown", onPress, true);
     node.on("plotly_relayout", onRelayout);
   }
   node.dataset.mode = d.mode;
   node.dataset.rank = String(st.rank);
   node.dataset.axis = st.axis;
+  node.dataset.window = `${d.start} ${d.end}`; // in what the axis shows: positions, or seconds
+  node.dataset.whole = String(d.start <= d.extent[0] && d.end >= d.extent[1]);
+  node.dataset.countA = String(d.count_a);
   const what = d.mode === "bins" ? `${count(d.bins.count)} bins of ${st.axis === "seq" ? count(Math.round(d.bins.width)) + " positions" : duration(d.bins.width * NS)}` : `${count(d.events.length)} events, each drawn`;
   const span = st.axis === "seq" ? `positions ${count(Math.floor(d.start))}–${count(Math.ceil(d.end))} of ${count(d.extent[1])}` : `${duration(d.start * NS)} – ${duration(d.end * NS)} of ${duration(d.extent[1] * NS)}`;
   fill($(SEL.timelineInfo), 
     el("span", {}, `rank ${st.rank} · ${span}`),
     el("span", {}, `A ${count(d.count_a)} / B ${count(d.count_b)} events in view · ${what}`),
-    el("span", {}, "drag to zoom · double-click for the whole rank · click an event to inspect it"),
+    el("span", {}, d.mode === "bins" ? "drag or click a bin to zoom · double-click for the whole rank" : "drag to zoom · double-click for the whole rank · click an event to inspect it"),
   );
+}
+
+let clickTimer = null;
+let lastDoubleClick = -Infinity;
+function cancelPending() {
+  clearTimeout(clickTimer);
+  clearTimeout(relayoutTimer);
+}
+
+// a window that arrives while the mouse is down on the plot waits for the release: drawn under a
+// drag, it would change what the drag covers (a click's zoom landing mid-drag made the drag's
+// range one of the zoomed window's, a few events instead of thousands)
+let pressed = false;
+let waiting = [];
+function released() {
+  return pressed ? new Promise((resolve) => waiting.push(resolve)) : null;
+}
+function release() {
+  if (!pressed) return;
+  pressed = false;
+  setTimeout(() => { // after plotly's own mouseup, which ends the drag
+    const go = waiting;
+    waiting = [];
+    for (const resolve of go) resolve();
+  }, 0);
+}
+window.addEventListener("mouseup", release, true);
+window.addEventListener("blur", release);
+
+let lastPress = { t: -Infinity, x: 0, y: 0 };
+function onPress(e) {
+  if (e.button !== 0 || e.target.closest(".modebar")) return;
+  pressed = true;
+  clearTimeout(clickTimer); // a press after a bin click: a drag or a double-click, not that zoom
+  const t = e.timeStamp; // when the press happened, not when a busy page got to it
+  const near = Math.abs(e.clientX - lastPress.x) < 6 && Math.abs(e.clientY - lastPress.y) < 6;
+  const double = near && t - lastPress.t < DOUBLE_CLICK_MS;
+  lastPress = double ? { t: -Infinity, x: 0, y: 0 } : { t, x: e.clientX, y: e.clientY };
+  if (double) onDoubleClick();
+}
+
+function onDoubleClick() {
+  const t = performance.now();
+  if (t - lastDoubleClick < DOUBLE_CLICK_MS) return; // seen already (by the presses, or by plotly)
+  lastDoubleClick = t;
+  wholeRank();
 }
 
 function onDetailClick(ev) {
   const p = ev.points && ev.points[0];
   if (!p) return;
   if (st.data.mode === "bins") {
+    // plotly reports both clicks of a double-click, the second one after the double-click itself
+    if (performance.now() - lastDoubleClick < DOUBLE_CLICK_MS) return;
     const w = st.data.bins.width;
-    refresh({ start: p.x - 2 * w, end: p.x + 2 * w, overviewToo: false });
+    const x = p.x;
+    clearTimeout(clickTimer);
+    clickTimer = setTimeout(() => refresh({ start: x - 2 * w, end: x + 2 * w, overviewToo: false }), DOUBLE_CLICK_MS + 20);
     return;
   }
   if (!p.customdata) return;
@@ -383,14 +459,15 @@ function onDetailClick(ev) {
 let relayoutTimer = null;
 function onRelayout(ev) {
   if (ev["xaxis.autorange"]) {
-    clearTimeout(relayoutTimer);
+    cancelPending();
     relayoutTimer = setTimeout(() => refresh({ overviewToo: false }), 60);
     return;
   }
   const a = ev["xaxis.range[0]"] ?? (ev["xaxis.range"] && ev["xaxis.range"][0]);
   const b = ev["xaxis.range[1]"] ?? (ev["xaxis.range"] && ev["xaxis.range"][1]);
   if (a == null || b == null) return;
-  clearTimeout(relayoutTimer);
+  cancelPending(); // a drag wins over a bin click still waiting
+  st.token += 1; // and over any window still on its way: it was asked for from the view the drag left
   relayoutTimer = setTimeout(() => refresh({ start: a, end: b, overviewToo: false }), 120);
 }
 

@@ -3,8 +3,6 @@ mark a divergence benign, watch the pivot move, and find the rule again after a 
 
 from __future__ import annotations
 
-import os
-
 import httpx
 import pytest
 
@@ -134,18 +132,6 @@ def test_ranks_time_axis_gaps_and_clicking_an_event(page, explorer, scenario_dir
     assert "B xor / pos" in page.inner_text(SEL["detailPanel"])
     page.click(SEL["gotoPivot"])
     page.wait_for_selector(f"{SEL['timeline']}[data-rank='1']")
-
-
-def test_perfetto_download(page, explorer, scenario_dirs):
-    pytest.importorskip("bitguard.backend.perfetto_export")
-    with httpx.Client(base_url=explorer.url, timeout=30) as client:
-        c = api_compare(client, scenario_dirs["probe"])
-    page.goto(f"{explorer.url}/#/c/{c['id']}")
-    wait_drawn(page, 1)
-    with page.expect_download() as info:
-        page.click(SEL["perfetto"])
-    download = info.value
-    assert download.suggested_filename.endswith(".pftrace") and os.path.getsize(download.path()) > 100
 
 
 def test_edit_delete_import_rules_and_the_pivot_follows(page, explorer, scenario_dirs, tmp_path):

@@ -1,0 +1,227 @@
+"""Moving around a comparison in Debian's Chromium: zoom and "whole rank" in both axes, a click
+on a bin against a double-click, drags that ask for what they cover, the selected event after a
+re-run, a link to a comparison that does not exist, and the Perfetto download's progress.
+
+The long pair (8 blocks x 120 steps, 2,280 events a side) is past the server's raw-event limit,
+so its whole rank is drawn in bins and a window around the pivot event by event."""
+
+from __future__ import annotations
+
+import os
+
+import httpx
+import pytest
+
+import fixtures_runs as runs
+from api.conftest import compare as api_compare
+from browser.pages import SEL, click_point, wait_drawn
+
+pytestmark = pytest.mark.browser
+
+PLOT_BOX = """(sel) => { const gd = document.querySelector(sel), L = gd._fullLayout, b = gd.getBoundingClientRect();
+  return {l: b.left + L._size.l, t: b.top + L._size.t, w: L._size.w, h: L._size.h,
+          r0: L.xaxis.range[0], r1: L.xaxis.range[1]}; }"""
+# a y between the first two lanes' centres would hit the gap between them: lane 0's centre
+LANE0_Y = """(sel) => { const gd = document.querySelector(sel), L = gd._fullLayout, b = gd.getBoundingClientRect();
+  return b.top + L._size.t + L.yaxis.l2p(0); }"""
+
+
+@pytest.fixture(scope="module")
+def long_comparison(explorer, tmp_path_factory) -> dict:
+    root = str(tmp_path_factory.mktemp("long-pair"))
+    pair = runs.write_pair(root, "long", runs.RunSpec(layers=8, steps=120, taints=(runs.Taint(80, "model.layers.3"),),
+                                                      jitter_ns=2_000))
+    with httpx.Client(base_url=explorer.url, timeout=60) as client:
+        return api_compare(client, pair)
+
+
+def _window(page) -> tuple[float, float]:
+    a, b = page.get_attribute(SEL["timeline"], "data-window").split()
+    return float(a), float(b)
+
+
+def _wait_window(page, predicate_js: str, timeout: float = 10_000) -> None:
+    """Until the drawn window satisfies `predicate_js`, an expression of s, e (window), whole, axis, mode."""
+    page.wait_for_function(f"""(sel) => {{ const n = document.querySelector(sel); if (!n || !n.dataset.window) return false;
+        const [s, e] = n.dataset.window.split(" ").map(Number), whole = n.dataset.whole === "true",
+              axis = n.dataset.axis, mode = n.dataset.mode; return {predicate_js}; }}""", arg=SEL["timeline"],
+                           timeout=timeout)
+
+
+def _x_pixel(page, box: dict, x: float) -> float:
+    return box["l"] + (x - box["r0"]) / (box["r1"] - box["r0"]) * box["w"]
+
+
+def _drag(page, x0: float, x1: float) -> None:
+    """Drag-zoom the detail plot from data x0 to data x1 (in the axis's units)."""
+    box = page.evaluate(PLOT_BOX, SEL["timeline"])
+    y = page.evaluate(LANE0_Y, SEL["timeline"])
+    page.mouse.move(_x_pixel(page, box, x0), y)
+    page.mouse.down()
+    page.mouse.move(_x_pixel(page, box, x1), y, steps=6)
+    page.mouse.up()
+
+
+def _timeline_requests(page) -> list[dict]:
+    seen: list[dict] = []
+
+    def log(request):
+        if "/timeline?" in request.url:
+            from urllib.parse import parse_qs, urlparse
+            seen.append({k: v[0] for k, v in parse_qs(urlparse(request.url).query).items()})
+
+    page.on("request", log)
+    return seen
+
+
+def test_double_click_shows_the_whole_rank_from_any_window_in_both_axes(page, explorer, long_comparison):
+    c = long_comparison
+    requests = _timeline_requests(page)
+    page.goto(f"{explorer.url}/#/c/{c['id']}")
+    wait_drawn(page, 1)
+    assert page.get_attribute(SEL["timeline"], "data-mode") == "events"  # the pivot's window
+    pivot_window = _window(page)
+    # drag to a window away from the pivot, then double-click: the whole rank, not the pivot window
+    _drag(page, pivot_window[0] + 10, pivot_window[0] + 60)
+    _wait_window(page, f"s > {pivot_window[0] + 5} && e < {pivot_window[0] + 65}")
+    box = page.evaluate(PLOT_BOX, SEL["timeline"])
+    y = page.evaluate(LANE0_Y, SEL["timeline"])
+    page.mouse.dblclick(box["l"] + box["w"] / 2, y)
+    _wait_window(page, "whole && mode === 'bins'")
+    assert _window(page) == (0.0, float(c["summary"]["alignment"]["events_a"]))
+
+    # a double-click on a bin: the whole rank stays, its first click zooms nowhere
+    requests.clear()
+    page.mouse.move(box["l"] + box["w"] / 3, y)
+    page.wait_for_timeout(150)
+    page.mouse.dblclick(box["l"] + box["w"] / 3, y)
+    page.wait_for_timeout(900)  # past the click's wait for a second click
+    assert page.get_attribute(SEL["timeline"], "data-whole") == "true"
+    assert all("start" not in r for r in requests), requests
+
+    # a single click on a bin still zooms into it
+    page.mouse.move(box["l"] + box["w"] / 3, y)
+    page.wait_for_timeout(150)
+    page.mouse.click(box["l"] + box["w"] / 3, y)
+    _wait_window(page, "!whole && e - s < 60")
+
+    # by time: the whole rank reads in seconds, and double-click comes back to it from a zoom
+    page.click(f"{SEL['axisToggle']} button[data-axis=time]")
+    _wait_window(page, "axis === 'time'")
+    page.click(SEL["wholeRank"])
+    _wait_window(page, "axis === 'time' && whole")
+    t_end = _window(page)[1]
+    assert 0 < t_end < 60, t_end  # seconds, not positions read as seconds
+    _drag(page, t_end * 0.2, t_end * 0.4)
+    _wait_window(page, f"axis === 'time' && !whole && s > {t_end * 0.15}")
+    box = page.evaluate(PLOT_BOX, SEL["timeline"])
+    page.mouse.dblclick(box["l"] + box["w"] / 2, y)
+    _wait_window(page, "axis === 'time' && whole")
+    assert _window(page)[1] == pytest.approx(t_end)
+    assert int(page.get_attribute(SEL["timeline"], "data-count-a")) == c["summary"]["alignment"]["events_a"]
+    # no notice of plotly's own double-click over the panels beside the plot
+    assert page.locator(".notifier-note").count() == 0
+
+
+@pytest.mark.parametrize("axis", ["seq", "time"])
+def test_a_drag_asks_for_the_events_it_covers(page, explorer, long_comparison, axis):
+    c = long_comparison
+    page.goto(f"{explorer.url}/#/c/{c['id']}")
+    wait_drawn(page, 1)
+    if axis == "time":
+        page.click(f"{SEL['axisToggle']} button[data-axis=time]")
+        _wait_window(page, "axis === 'time'")
+    page.click(SEL["wholeRank"])
+    _wait_window(page, f"axis === '{axis}' && whole")
+    end = _window(page)[1]
+    # a click on a bin and, before its zoom, a drag: the drag is over the whole rank, as seen
+    box = page.evaluate(PLOT_BOX, SEL["timeline"])
+    y = page.evaluate(LANE0_Y, SEL["timeline"])
+    page.mouse.move(box["l"] + box["w"] / 2, y)
+    page.wait_for_timeout(150)
+    page.mouse.click(box["l"] + box["w"] / 2, y)
+    page.wait_for_timeout(100)
+    _drag(page, end * 0.25, end * 0.55)  # about 680 of 2,280 events
+    _wait_window(page, "!whole")
+    s, e = _window(page)
+    assert s == pytest.approx(end * 0.25, rel=0.03) and e == pytest.approx(end * 0.55, rel=0.03), (s, e, end)
+    scale = 1e9 if axis == "time" else 1  # the page shows seconds, the server counts ns
+    with httpx.Client(base_url=explorer.url, timeout=30) as client:
+        truth = client.get(f"/api/comparisons/{c['id']}/timeline",
+                           params={"rank": 0, "axis": axis, "start": s * scale, "end": e * scale}).json()
+    shown = int(page.get_attribute(SEL["timeline"], "data-count-a"))
+    assert shown == truth["count_a"] and shown > 500, (shown, truth["count_a"])
+
+
+def test_the_selected_event_is_read_again_when_the_comparison_reruns(page, explorer, scenario_dirs):
+    rule = {"id": "probe-debug", "action": "ignore", "match": {"boundary": "model.probe"}}
+    with httpx.Client(base_url=explorer.url, timeout=30) as client:
+        rs = client.post("/api/rulesets", json={"name": "probe for the stale panel", "rules": [rule]}).json()
+        c = api_compare(client, scenario_dirs["probe"], rule_set_id=rs["id"])
+    page.goto(f"{explorer.url}/#/c/{c['id']}")
+    wait_drawn(page, 1)
+    index = page.evaluate("""(sel) => document.querySelector(sel).data.find((t) => t.name === "run A")
+                             .customdata.findIndex((d) => d[1] === 1)""", SEL["timeline"])
+    click_point(page, "run A", index)
+    panel = f"{SEL['detailPanel']}[data-boundary='model.probe']"
+    page.wait_for_selector(f"{panel} .digests")
+    assert "benign" in page.inner_text(f"{SEL['detailPanel']} .pivot-head")
+    # detach the rule set: the comparison reruns and the panel says what the event is now
+    page.select_option("#ruleset-select", "")
+    wait_drawn(page, 2)
+    page.wait_for_selector(f"{panel}[data-revision='2'] .digests")
+    head = page.inner_text(f"{SEL['detailPanel']} .pivot-head")
+    assert "diverged" in head and "benign" not in head, head
+
+
+def test_a_link_to_no_comparison_clears_the_view_and_offers_a_way_back(page, explorer, scenario_dirs):
+    with httpx.Client(base_url=explorer.url, timeout=30) as client:
+        c = api_compare(client, scenario_dirs["probe"])
+    page.goto(f"{explorer.url}/#/c/{c['id']}")
+    wait_drawn(page, 1)
+    page.evaluate("location.hash = '#/c/doesnotexist'")
+    page.wait_for_selector("#cmp-unavailable")
+    banner = page.inner_text(SEL["banner"])
+    assert "no comparison “doesnotexist”" in banner and "/api/" not in banner, banner
+    # nothing of the comparison shown before stays under the message
+    assert page.inner_text(SEL["title"]).strip() == ""
+    assert not page.is_visible(SEL["cmpGrid"]) and not page.is_visible(SEL["perfetto"])
+    assert page.inner_text(SEL["summary"]).strip() == ""
+    page.click(f"{SEL['banner']} a:has-text('Back to the comparisons')")
+    page.wait_for_selector(f"{SEL['viewHome']}:not(.hidden)")
+    # and a good link after the bad one shows its comparison again
+    page.goto(f"{explorer.url}/#/c/{c['id']}")
+    page.wait_for_selector(f"{SEL['cmpGrid']}:not(.hidden)")
+    assert page.is_visible("#pivot-boundary")
+
+
+WATCH_STATES = """(sel) => { window.__states = []; const n = document.querySelector(sel);
+  new MutationObserver(() => window.__states.push([n.dataset.state, n.textContent]))
+    .observe(n, {attributes: true, childList: true, subtree: true, characterData: true}); }"""
+
+
+def test_the_perfetto_download_shows_progress_and_errors(page, explorer, scenario_dirs):
+    pytest.importorskip("bitguard.backend.perfetto_export")
+    with httpx.Client(base_url=explorer.url, timeout=30) as client:
+        c = api_compare(client, scenario_dirs["gap"])
+    page.goto(f"{explorer.url}/#/c/{c['id']}")
+    wait_drawn(page, 1)
+    page.evaluate(WATCH_STATES, SEL["perfetto"])
+    with page.expect_download() as info:
+        page.click(SEL["perfetto"])
+    download = info.value
+    assert download.suggested_filename.endswith(".pftrace") and os.path.getsize(download.path()) > 100
+    page.wait_for_selector(f"{SEL['perfetto']}[data-state=done]")
+    states = page.evaluate("window.__states")
+    kinds = [s for s, _ in states]
+    assert kinds[0] == "preparing" and "receiving" in kinds, states
+    received = next(text for s, text in states if s == "receiving")
+    assert " of " in received and "%" in received, received  # bytes received of the size the server sent
+
+    # a server error: said in a toast, the button ready to try again
+    page.route("**/perfetto", lambda route: route.fulfill(
+        status=500, json={"error": {"type": "InternalError", "message": "the disk is full"}}))
+    page.click(SEL["perfetto"])
+    page.wait_for_selector(f"{SEL['perfetto']}[data-state=error]")
+    assert "the disk is full" in page.inner_text(SEL["toast"])
+    assert page.inner_text(SEL["perfetto"]) == "Perfetto trace"
