@@ -196,7 +196,8 @@ def _entered(d: opdiff.OpDifference) -> str | None:
 
 def _op_pivot(w: Window, d: opdiff.OpDifference) -> dict:
     op = d.op
-    return {"note": _entered(d), "op": op.get("op"), "file": op.get("file"), "line": op.get("line"), "function": op.get("function"),
+    at_b = {k: (d.op_b or {}).get(k) for k in ("file", "line", "function")} if d.op_b is not None else None
+    return {"note": _entered(d), "at_b": at_b, "op": op.get("op"), "file": op.get("file"), "line": op.get("line"), "function": op.get("function"),
             "boundary": w.boundary, "step": w.step, "rank": w.rank, "cause": d.cause, "side_only": d.side_only,
             "index_a": d.index_a, "index_b": d.index_b, "modules": op.get("modules") or [], "chain": _chain(w, op),
             "inputs_differ": d.inputs_differ, "args_differ": d.args_differ,
@@ -267,16 +268,19 @@ def drill_comparison(comparison, *, rank: int | None = None, out: str | Path | N
     run_a, run_b = comparison.run_a, comparison.run_b
     w = plan(run_a, run_b, fd)
     name = f"step-{w.step}-rank-{w.rank}"
+    # absolute: the replays run in each run's recorded working directory, not in this one
     if out is None:
-        dirs = {"a": replay.writable_beside(run_a.path, name), "b": replay.writable_beside(run_b.path, name)}
+        dirs = {"a": run_a.path.resolve() / "drill" / name, "b": run_b.path.resolve() / "drill" / name}
     else:
-        dirs = {"a": Path(out) / "a" / name, "b": Path(out) / "b" / name}
-    replays = []
+        dirs = {"a": Path(out).resolve() / "a" / name, "b": Path(out).resolve() / "b" / name}
+    specs = {side: dirs[side].parent / f"{name}.spec.json" for side in dirs}
+    # every replay's command first: a run that cannot be replayed is refused before anything is written
+    replays = [replay.command(side, run, w.step, dirs[side], specs[side]) for side, run in (("a", run_a), ("b", run_b))]
     for side, run in (("a", run_a), ("b", run_b)):
+        if out is None:
+            replay.writable_beside(run.path.resolve(), name)
         dirs[side].mkdir(parents=True, exist_ok=True)
-        spec_path = dirs[side].parent / f"{name}.spec.json"
-        replay.write_spec(spec_path, _spec(w, fd, dirs[side]))
-        replays.append(replay.command(side, run, w.step, dirs[side], spec_path))
+        replay.write_spec(specs[side], _spec(w, fd, dirs[side]))
     t0 = time.monotonic()
     replay.run(replays, timeout)
     checks = {}
@@ -289,6 +293,12 @@ def drill_comparison(comparison, *, rank: int | None = None, out: str | Path | N
     traces = {side: opdiff.load(dirs[side], w.rank) for side in ("a", "b")}
     problems = [p for p in (_trace_problem(s, traces[s]) for s in ("a", "b")) if p]
     reproduced = all(c["reproduced"] for c in checks.values()) and not problems
+    late = [r for r in replays if r.timed_out]
+    if late and not reproduced:  # stopped before it was done: nothing is known of the runs themselves
+        r = late[0]
+        raise BadInput(f"the replay of run {r.side.upper()} ran past --timeout {timeout:g} s and was stopped before "
+                       f"its step {w.step} was traced (its output: {r.out.parent / (r.out.name + '.' + replay.REPLAY_LOG)}"
+                       f"); give a longer --timeout")
     doc = {"schema": DRILL_SCHEMA, "boundary_pivot": fd, "window": w.to_dict(), "op_pivot": None,
            "signature": None, "boundary_signature": None,
            "records": {side: str(dirs[side]) for side in ("a", "b")},
@@ -305,6 +315,9 @@ def drill_comparison(comparison, *, rank: int | None = None, out: str | Path | N
                 tail = replay.log_tail(next(r for r in replays if r.side == s))
                 if checks[s]["compared"] == 0 and tail:
                     details.append(f"run {s.upper()}'s replay said: {tail}")
+        if any(checks[s]["compared"] and not checks[s]["reproduced"] for s in ("a", "b")):
+            details.append("if the script reads environment variables bitguard does not record, record them with "
+                           "BITGUARD_RECORD_ENV=NAME,... (docs/DRILL.md)")
         doc.update(verdict="not_reproduced", replay={"reproduced": False, "detail": f"{NOT_REPRODUCED} ("
                                                      + "; ".join(details) + ")", **checks})
         return DrillReport(doc)

@@ -4,8 +4,8 @@ An op trace (`ops-rank-R.json`, schema `bitguard.ops/1`, written by collectors/d
 replay) lists every torch operation inside a drill's window: its name, the user frame that called
 it, the module calls open around it, and the digests of its tensor inputs and outputs. `load()`
 reads one without trusting it; `first_difference()` aligns two traces with the boundary events'
-alignment (backend/alignment.py, on a key of the op's name, calling function, module chain and
-input shapes) and walks them in run A's order: the first op present on one side only (cause
+alignment (backend/alignment.py, on a key of the op's name, module chain and input shapes, and
+a backward op's autograd node) and walks them in run A's order: the first op present on one side only (cause
 `structure`), or the first paired op whose outputs differ (cause `digest`: with its inputs and
 non-tensor arguments said equal or not), is the op-level pivot.
 
@@ -49,11 +49,11 @@ def load(replay_dir: Path, rank: int) -> dict | None:
 
 def _key(op: dict) -> int:
     shapes = tuple(tuple(t.get("shape") or ()) for t in op.get("inputs") or ())
-    # a backward op: its autograd node too; one a C++ node runs is keyed by the node, not by the
-    # function of the forward line that made the node (another caller of the same module aligns)
+    # not the calling function: the same op called from refactored or monkeypatched code (a forward
+    # replaced by another function) must pair, its digests say whether it computes the same; a
+    # backward op: its autograd node too
     node = (op["node"],) if op.get("node") else ()
-    function = None if op.get("source") == "created_at" else op.get("function")
-    text = repr((op.get("op"), function, tuple(op.get("modules") or ()), shapes) + node)
+    text = repr((op.get("op"), tuple(op.get("modules") or ()), shapes) + node)
     return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "little")
 
 

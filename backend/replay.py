@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -47,6 +48,7 @@ class Replay:
     notes: list[str] = field(default_factory=list)  # what differs from the recording's circumstances
     exit_status: int | None = None
     seconds: float = 0.0
+    timed_out: bool = False
 
 
 def _script_and_args(command) -> tuple[list[str], str, list[str]]:
@@ -92,7 +94,8 @@ def _environment(m: dict, notes: list[str]) -> dict[str, str]:
     for name in list(env):
         if name not in recorded and manifest_mod.recorded_env({name: env[name]}):
             del env[name]
-    changed = sorted(n for n, v in recorded.items() if os.environ.get(n) != v)
+    set_by_bitguard = set((m.get("determinism") or {})) | {"TORCHINDUCTOR_CACHE_DIR"}  # not the user's
+    changed = sorted(n for n, v in recorded.items() if os.environ.get(n) != v and n not in set_by_bitguard)
     env.update(recorded)
     if changed:
         notes.append(f"restored {len(changed)} recorded environment variable(s) that differ here: "
@@ -119,6 +122,11 @@ def command(side: str, run: RunInfo, step: int, out: Path, spec_path: Path) -> R
     recorded_sha = m.get("script_sha256")
     if recorded_sha and manifest_mod.file_sha256(script_path) != recorded_sha:
         notes.append(f"the script {script} changed since the recording (its SHA-256 differs)")
+    edited = [Path(f).name for f, sha in (m.get("sources") or {}).items()
+              if f != str(script_path.resolve()) and manifest_mod.file_sha256(f) != sha]
+    if edited:
+        notes.append(f"{len(edited)} source file(s) the training imported changed or went since the recording: "
+                     f"{', '.join(edited[:6])}")
     python = m.get("python")
     if not python or not Path(python).exists():
         notes.append(f"the recorded interpreter {python or '(not recorded)'} is not here: replayed with "
@@ -152,16 +160,26 @@ def run(replays: list[Replay], timeout: float) -> None:
             try:
                 r.exit_status = proc.wait(timeout=max(0.0, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
-                proc.kill()
+                _kill(proc)
                 r.exit_status = proc.wait()
-                r.notes.append(f"the replay ran past the drill's {timeout:.0f} s timeout and was stopped")
+                r.timed_out = True
+                r.notes.append(f"the replay ran past the drill's {timeout:g} s timeout and was stopped")
             r.seconds = time.monotonic() - t0
     finally:
         for r, proc, log, _ in procs:
             if proc.poll() is None:
-                proc.kill()
+                _kill(proc)
                 proc.wait()
+            _kill(proc)  # what the replay started and left (its recording child, torchrun's workers)
             log.close()
+
+
+def _kill(proc: subprocess.Popen) -> None:
+    """Kill a replay and every process of its session (it is started in one of its own)."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
 
 
 def log_tail(r: Replay, lines: int = 6) -> str:

@@ -222,11 +222,16 @@ def render_drill(doc: dict) -> str:
            f"boundary pivot   step {fd['step']} rank {fd['rank']} {fd['phase']} {fd['boundary']} ({fd['blame']})",
            f"window traced    {w['boundary']} ({w.get('module_type')}), call {w['call']}: {w['why']}",
            f"replay           {doc['replay']['detail']}"]
+    if doc["replay"].get("reproduced"):  # (a replay that does not reproduce has its notes in its detail)
+        out += [f"  run {s.upper()}: {n}" for s in ("a", "b") for n in (doc["replay"].get(s) or {}).get("notes") or []]
     op = doc.get("op_pivot")
     if op:
         where = f"{op['file']}:{op['line']} in {op['function']}" if op.get("file") else "(no user frame)"
-        out += [_line(), f"FIRST DIFFERING OPERATION  {op['op']}", f"  at       {where}",
-                f"  chain    {' > '.join(op['chain'])}"]
+        out += [_line(), f"FIRST DIFFERING OPERATION  {op['op']}", f"  at       {where}"]
+        b = op.get("at_b")
+        if b and (b.get("file"), b.get("line")) != (op.get("file"), op.get("line")):
+            out.append(f"  in B at  {b['file']}:{b['line']} in {b['function']}")
+        out.append(f"  chain    {' > '.join(op['chain'])}")
         if op["cause"] == "structure":
             side, other = op["side_only"].upper(), "B" if op["side_only"] == "a" else "A"
             there = ", ".join(f"{o['op']} ({Path(o['file']).name}:{o['line']})" if o.get("file") else o["op"]

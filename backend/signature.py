@@ -172,6 +172,9 @@ def signature(
         why = "a logic change or an overflow"
     if kind == "bit_flip" and _rounding_sized(d):
         why = "a rounding difference (reduction order, another kernel) is as likely as a hardware SDC"
+    if kind == "large" and d.nonfinite_differing == 0 and d.max_rel is not None and d.max_rel < LOW_PRECISION_REL \
+            and d.layout is not None:
+        why = "a logic change, or a lower-precision kernel"  # (the reading says why: below 2^-7 relative)
     if kind == "few_ulp" and d.one_way():
         why = "a changed constant or scale, or a precision change (reduction-order noise goes both ways)"
     return _result(kind, f"{_what(kind, d)}: {why}", d, meta)
@@ -255,7 +258,7 @@ def _what(kind: str, d: Diff) -> str:
     text = ", ".join(parts)
     if d.layout is not None and d.nonfinite_differing == 0 and d.max_rel is not None and d.max_rel < LOW_PRECISION_REL:
         text += "; relative differences stay below 2^-7, as a lower-precision kernel (TF32, bfloat16 autocast)"
-        text += " would also give"
+        text += " gives them"
     return text
 
 

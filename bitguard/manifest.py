@@ -56,6 +56,7 @@ class Manifest(BaseModel):
     python: str | None = _field("the interpreter's path (a string)")
     script_sha256: str | None = _field("the SHA-256 of the recorded script, 64 hex digits (a string)")
     env: dict[str, str] | None = _field("an object mapping environment variable names to their values (strings)")
+    sources: dict[str, str] | None = _field("an object mapping source files to their SHA-256 (strings)")
     mode: str | None = _field("a recording mode (a string)")
     steps: list[int | None] | None = _field("null or [first step, end step or null]", max_length=2)
     # required: without it, a missing rank could not be told from a smaller job
@@ -317,6 +318,32 @@ def replay_facts(command: list[str]) -> dict:
     script = script_of(command)
     return {"python": sys.executable, "script_sha256": file_sha256(script) if script else None,
             "env": recorded_env()}
+
+
+MAX_SOURCES = 256
+
+
+def sources(cwd: str | None, command) -> dict[str, str]:
+    """SHA-256 of the user's own Python files the training imported: every module file under the
+    working directory or the script's folder, outside installed packages (site-packages) and
+    bitguard itself, at most MAX_SOURCES. A replay compares them: an edited model.py is named."""
+    script = script_of(command)
+    roots = {Path(r).resolve() for r in (cwd, Path(cwd or ".", script).parent if script else None) if r}
+    out = {}
+    for key, module in list(sys.modules.items()):
+        name = getattr(module, "__file__", None)
+        if key == "bitguard" or key.startswith("bitguard.") or not isinstance(name, str) or not name.endswith(".py"):
+            continue
+        path = Path(name).resolve()
+        if "site-packages" in path.parts or "dist-packages" in path.parts \
+                or not any(path.is_relative_to(r) for r in roots):
+            continue
+        digest = file_sha256(path)
+        if digest:
+            out[str(path)] = digest
+        if len(out) >= MAX_SOURCES:
+            break
+    return dict(sorted(out.items()))
 
 
 def write(directory: str | os.PathLike, data: dict) -> None:

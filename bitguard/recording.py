@@ -170,11 +170,19 @@ class record:
                                   end_time=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
                                   collector_errors=list(self.store.errors), events_rank0=collector._seq,
                                   steps_completed=steps_seen,
-                                  versions=manifest.versions_at_end(self._manifest.get("versions")))
+                                  versions=manifest.versions_at_end(self._manifest.get("versions")),
+                                  sources=_sources(self._manifest))
             manifest.write(self.out, self._manifest)
         if self.store.errors:
             print(f"bitguard: {len(self.store.errors)} collector error(s) recorded in {self.out}",
                   file=sys.stderr)
+
+
+def _sources(m: dict) -> dict:
+    try:
+        return manifest.sources(m.get("cwd"), m.get("command"))
+    except Exception:  # noqa: BLE001 - the end of a recording must not fail on a hash
+        return {}
 
 
 def _sigterm_to_exit(signum, frame):

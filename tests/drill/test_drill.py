@@ -186,3 +186,25 @@ def test_a_write_no_op_trace_sees_and_the_recorded_environment(tmp_path, monkeyp
     doc = bitguard_drill(runs["clean"], runs["unrecorded"])
     assert doc["verdict"] == "not_reproduced" and doc["op_pivot"] is None
     assert "run B" in doc["replay"]["detail"] and doc["replay"]["a"]["reproduced"], doc["replay"]["detail"]
+
+
+def test_relative_paths_from_another_folder_and_a_timeout_that_leaves_nothing_running(tmp_path):
+    """Run paths relative to a folder that is not the one recorded in (the replays run in the
+    recorded one); a replay past --timeout is stopped with every process it started, and said so."""
+    script = Path(__file__).parent / "scripts" / "untraced_write.py"
+    work = tmp_path / "work"
+    work.mkdir()
+    for name, args in (("clean", ()), ("weight", ("--fault", "weight"))):
+        subprocess.run([sys.executable, "-m", "bitguard", "record", "--out", str(work / name), "--", sys.executable,
+                        str(script), *args], check=True, capture_output=True, cwd=work)
+    drill = [sys.executable, "-m", "bitguard", "drill", "work/clean", "work/weight"]
+    got = subprocess.run([*drill, "--json"], capture_output=True, text=True, cwd=tmp_path)
+    assert got.returncode == 0, got.stderr
+    assert json.loads(got.stdout)["op_pivot"]["op"] == "torch.nn.functional.linear"
+    assert not (work / "work").exists()  # nothing written into the recorded working directory's copy of the paths
+    slow = {**os.environ, "TOY_SLEEP": "60"}
+    got = subprocess.run([*drill, "--timeout", "6"], capture_output=True, text=True, cwd=tmp_path, env=slow)
+    assert got.returncode == 2 and "ran past --timeout 6 s" in got.stderr, got.stderr
+    assert len(got.stderr.strip().splitlines()) == 1
+    left = subprocess.run(["pgrep", "-f", str(work / "clean" / "drill")], capture_output=True, text=True)
+    assert left.stdout.strip() == "", f"replay processes left running: {left.stdout}"

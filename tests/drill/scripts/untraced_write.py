@@ -2,10 +2,12 @@
 view made before training (as a C++ extension or a racy kernel might), which no op trace sees.
 From step 1 on: --fault weight bumps an element of the block's weight just before its linear op
 reads it; --fault output bumps an element of the block's output buffer after its last op. The
-block's scale comes from the environment (TOY_SCALE), as many scripts take their settings."""
+block's scale comes from the environment (TOY_SCALE), as many scripts take their settings, and
+TOY_SLEEP makes each step that many seconds slower (numbers unchanged)."""
 
 import argparse
 import os
+import time
 
 import torch
 import torch.nn as nn
@@ -46,6 +48,7 @@ def main():
         opt.zero_grad()
         model(data[step]).pow(2).mean().backward()
         opt.step()
+        time.sleep(float(os.environ.get("TOY_SLEEP", "0")))
 
 
 if __name__ == "__main__":

@@ -52,3 +52,13 @@ def test_after_a_structural_difference_the_first_value_difference_is_where_the_s
     assert kinds == [("structure", "clone"), ("digest", "add")]
     v = first_value_difference(A, b)
     assert (v.op["op"], v.index_a, v.index_b) == ("add", 2, 3)
+
+
+def test_the_same_op_called_from_another_function_pairs():
+    """A forward monkeypatched by another function calls the same ops: they pair by op, module and
+    shapes, and their digests say whether they compute the same (a trial on Llama's MLP)."""
+    b = [op("linear", "1", function="_patched_forward"), op("gelu", "2", inputs=("1",), function="_patched_forward"),
+         op("sigmoid", "5", inputs=("2",), function="_patched_forward")]
+    d = first_difference(A, b)
+    assert (d.cause, d.op["op"], d.side_only) == ("structure", "add", "a")
+    assert [o["op"] for o in d.other_side] == ["sigmoid"]
