@@ -200,6 +200,8 @@ class TimelineBins(BaseModel):
     width: float
     count: int
     lanes: list[TimelineLaneBins]
+    step_lo: list[int | None] | None = Field(None, description="first training step of the events in each bin")
+    step_hi: list[int | None] | None = Field(None, description="last training step of the events in each bin")
 
 
 class Timeline(BaseModel):
@@ -215,6 +217,7 @@ class Timeline(BaseModel):
     count_b: int
     prefix: dict[str, Any] | None = Field(description="extent of the identical prefix per side")
     pivot: dict[str, Any] | None = Field(description="where the pivot is, when it is on this rank")
+    steps: dict[str, Any] | None = Field(None, description="step boundaries in the window: {every, marks: [{step, x, b_x}]}")
     bins: TimelineBins | None = None
     events: list[dict[str, Any]] | None = Field(None, description="Comparison.events() rows plus pos, a_x, b_x")
 

@@ -18,6 +18,7 @@ import numpy as np
 import polars as pl
 
 from bitguard.backend.result import EVENT_STATUSES
+from bitguard.backend.timeline_steps import StepIndex
 from bitguard.backend.user_paths import PathNames
 from bitguard.errors import BadInput, NotFound
 from bitguard.schema import PHASES
@@ -45,6 +46,7 @@ class RankTimeline:
     pivot: int | None  # position of the pivot on this rank
     prefix_end: int  # positions [0, prefix_end) are the identical prefix
     whole: dict = field(default_factory=dict, repr=False)  # (axis, bins, raw_limit) -> whole-rank window
+    steps: StepIndex | None = field(default=None, repr=False)  # where each training step begins
 
     @classmethod
     def from_frame(cls, frame: pl.DataFrame) -> "RankTimeline":
@@ -80,6 +82,7 @@ class RankTimeline:
             phases=phases,
             pivot=int(pivots[0]) if len(pivots) else None,
             prefix_end=int(not_prefix[0]) if len(not_prefix) else int(frame.height),
+            steps=StepIndex.from_steps(frame["step"].cast(pl.Float64).to_numpy()),
         )
 
     @property
@@ -141,6 +144,7 @@ class RankTimeline:
             "axis": axis, "start": start, "end": end, "extent": [lo, hi], "lanes": lanes,
             "status_codes": list(STATUS_CODES), "count_a": int(pos_a.size), "count_b": int(pos_b.size),
             "prefix": self._prefix(axis), "pivot": self._marker(self.pivot),
+            "steps": self.steps.marks(axis, start, end, self.a_x, self.b_x) if self.steps else None,
         }
         if max(pos_a.size, pos_b.size) <= raw_limit:  # only then is the union worth making
             both = np.union1d(pos_a, pos_b)
@@ -156,9 +160,11 @@ class RankTimeline:
         n_phase = len(self.phases)
         width = (end - start) / bins
         lanes_out = []
+        in_bins = []  # (positions, bin of each) per side, for the steps each bin holds
         for side, pos, lane, x in (("a", pos_a, self.lane_a, self.a_x), ("b", pos_b, self.lane_b, self.b_x)):
             coord = pos.astype(np.float64) if axis == "seq" else x[pos]
             b = np.clip(((coord - start) / width).astype(np.int64), 0, bins - 1)
+            in_bins.append((pos, b))
             key = (lane[pos].astype(np.int64) * bins + b) * len(STATUS_CODES) + self.code[pos]
             counts = np.bincount(key, minlength=n_phase * bins * len(STATUS_CODES))
             counts = counts.reshape(n_phase, bins, len(STATUS_CODES))
@@ -167,7 +173,10 @@ class RankTimeline:
             for i, phase in enumerate(self.phases):
                 lanes_out.append({"side": side, "phase": phase, "status": worst[i].tolist(),
                                   "n": total[i].tolist(), "diverged": counts[i, :, _DIVERGED].tolist()})
-        return {"start": start, "width": width, "count": bins, "lanes": lanes_out}
+        out = {"start": start, "width": width, "count": bins, "lanes": lanes_out}
+        if self.steps:
+            out["step_lo"], out["step_hi"] = self.steps.bin_ranges(bins, in_bins)
+        return out
 
     def _raw(self, pos: np.ndarray) -> list[dict]:
         rows = self.frame[pos.tolist()] if pos.size else self.frame.head(0)

@@ -188,6 +188,7 @@ function inSeconds(d) {
   if (d.pivot) out.pivot = { ...d.pivot, a_x: s(d.pivot.a_x), b_x: s(d.pivot.b_x) };
   if (d.bins) out.bins = { ...d.bins, start: s(d.bins.start), width: s(d.bins.width) };
   if (d.events) out.events = d.events.map((e) => ({ ...e, a_x: s(e.a_x), b_x: s(e.b_x) }));
+  if (d.steps) out.steps = { ...d.steps, marks: d.steps.marks.map((m) => ({ ...m, x: s(m.x), b_x: s(m.b_x) })) };
   return out;
 }
 
@@ -221,6 +222,7 @@ function shapesFor(d, geo, { labels = true } = {}) {
       annotations.push({ x: Math.max(r[0], d.start), xanchor: "left", y: bBot, yanchor: "bottom", text: "identical prefix", showarrow: false, font: { size: 10, color: "#2e8b57" }, bgcolor: "rgba(255,255,255,0.7)" });
     }
   }
+  stepShapes(d, { aTop, aBot, bTop, bBot }, shapes, labels ? annotations : null);
   if (d.pivot) {
     const xa = st.axis === "seq" ? d.pivot.pos + 0.5 : d.pivot.a_x;
     const xb = st.axis === "seq" ? d.pivot.pos + 0.5 : d.pivot.b_x;
@@ -232,6 +234,38 @@ function shapesFor(d, geo, { labels = true } = {}) {
     }
   }
   return { shapes, annotations };
+}
+
+// where each training step begins: a line through the lanes (by time, A's and B's each at their
+// own clock), numbered along the top; thinned by the server to every k-th step when many
+const STEP_LINE = { color: "rgba(31,41,51,0.32)", width: 1, dash: "dash" };
+const LABEL_PX = 58; // the least room between two step numbers
+function stepShapes(d, y, shapes, annotations) {
+  const marks = (d.steps && d.steps.marks) || [];
+  const node = $(SEL.timeline);
+  const pxPerX = Math.max(node.clientWidth - 118, 100) / Math.max(d.end - d.start, 1e-12); // less the margins
+  let lastLabel = -Infinity;
+  const pivotX = d.pivot ? (st.axis === "seq" ? d.pivot.pos + 0.5 : d.pivot.a_x) : null;
+  const clear = (x) => pivotX == null || Math.abs(x + 12 / pxPerX - pivotX) * pxPerX >= 30; // the "pivot" label's place
+  for (const m of marks) {
+    if (st.axis === "seq") {
+      shapes.push({ type: "line", x0: m.x, x1: m.x, y0: y.aTop, y1: y.bBot, line: STEP_LINE, layer: "above", name: "step" });
+    } else {
+      if (m.x != null) shapes.push({ type: "line", x0: m.x, x1: m.x, y0: y.aTop, y1: y.aBot, line: STEP_LINE, layer: "above", name: "step" });
+      if (m.b_x != null) shapes.push({ type: "line", x0: m.b_x, x1: m.b_x, y0: y.bTop, y1: y.bBot, line: STEP_LINE, layer: "above", name: "step" });
+    }
+    const x = m.x ?? m.b_x;
+    if (annotations && x != null && (x - lastLabel) * pxPerX >= LABEL_PX && clear(x)) {
+      const first = lastLabel === -Infinity;
+      lastLabel = x;
+      annotations.push({ x, xanchor: "left", yref: "paper", y: 1, yanchor: "bottom", text: first ? `step ${count(m.step)}` : count(m.step), showarrow: false, font: { size: 10, color: "#5f6b7a" }, name: "step" });
+    }
+  }
+}
+
+function stepRange(lo, hi) {
+  if (lo == null) return "";
+  return lo === hi ? `step ${count(lo)}` : `steps ${count(lo)}–${count(hi)}`;
 }
 
 function laneTicks(geo) {
@@ -268,7 +302,8 @@ function binTraces(d, geo) {
     const ln = rowOf[`${side}:${p}`];
     ys.push(y);
     z.push(ln.status.map((s, i) => (ln.n[i] ? s : null)));
-    text.push(ln.n.map((n, i) => (n ? `${side.toUpperCase()} · ${esc(p)}<br>${count(n)} events${ln.diverged[i] ? `, <b>${count(ln.diverged[i])} diverged</b>` : ""}<br>${CODES[ln.status[i]]}` : "")));
+    const steps = (i) => (b.step_lo ? stepRange(b.step_lo[i], b.step_hi[i]) : "");
+    text.push(ln.n.map((n, i) => (n ? `${side.toUpperCase()} · ${esc(p)} · ${steps(i)}<br>${count(n)} events${ln.diverged[i] ? `, <b>${count(ln.diverged[i])} diverged</b>` : ""}<br>${look(CODES[ln.status[i]]).label}` : "")));
   }
   const x = Array.from({ length: b.count }, (_, i) => b.start + (i + 0.5) * b.width);
   return [{

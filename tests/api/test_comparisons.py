@@ -66,6 +66,20 @@ def test_timeline_by_time(client, probe):
     assert big["mode"] == "bins" and big["extent"][1] > 380_000
 
 
+def test_timeline_windows_carry_step_boundaries_and_each_bins_steps(client, probe):
+    # 13 events a step (5 blocks, the probe, the root, 5 gradients, the optimizer), 3 steps
+    url = f"/api/comparisons/{probe['id']}/timeline"
+    seq = client.get(url, params={"rank": 0, "start": 10, "end": 39}).json()
+    assert seq["steps"] == {"every": 1, "marks": [{"step": 1, "x": 13, "b_x": 13}, {"step": 2, "x": 26, "b_x": 26}]}
+    t = client.get(url, params={"rank": 0, "axis": "time"}).json()
+    assert [(m["step"], m["x"]) for m in t["steps"]["marks"]] == [(0, 0), (1, 130_000), (2, 260_000)]
+    assert all(m["b_x"] is not None for m in t["steps"]["marks"])
+    bins = client.get(url, params={"rank": 0, "bins": 3}).json()["bins"]
+    assert (bins["step_lo"], bins["step_hi"]) == ([0, 1, 2], [0, 1, 2])
+    two = client.get(url, params={"rank": 0, "bins": 2}).json()["bins"]  # 19.5 positions a bin
+    assert (two["step_lo"], two["step_hi"]) == ([0, 1], [1, 2])
+
+
 def test_events_pages_and_detail(client, probe):
     page = client.get(f"/api/comparisons/{probe['id']}/events", params={"status": "diverged", "limit": 5}).json()
     assert page["total"] == 24 and len(page["rows"]) == 5

@@ -89,6 +89,12 @@ def test_double_click_shows_the_whole_rank_from_any_window_in_both_axes(page, ex
     page.mouse.dblclick(box["l"] + box["w"] / 2, y)
     _wait_window(page, "whole && mode === 'bins'")
     assert _window(page) == (0.0, float(c["summary"]["alignment"]["events_a"]))
+    # step boundaries numbered along the top (120 steps: every 5th), each bin's tooltip with its steps
+    steps = page.evaluate("""(sel) => document.querySelector(sel).layout.annotations
+                             .filter((a) => a.name === "step").map((a) => a.text)""", SEL["timeline"])
+    assert steps[0] == "step 0" and len(steps) >= 5 and all(int(t) % 5 == 0 for t in steps[1:]), steps
+    tips = page.evaluate("(sel) => document.querySelector(sel).data[0].text.flat().filter(Boolean)", SEL["timeline"])
+    assert all("step" in t for t in tips) and any("steps " in t for t in tips), tips[:3]
 
     # a double-click on a bin: the whole rank stays, its first click zooms nowhere
     requests.clear()
