@@ -129,8 +129,24 @@ function header(c) {
   show(link, c.status === "ready");
 }
 
-function stat(k, v, cls = "") {
-  return el("div", { class: `stat ${cls}` }, el("div", { class: "k" }, k), el("div", { class: "v" }, v));
+function stat(k, v, cls = "", attrs = {}) {
+  return el("div", { class: `stat ${cls}`, ...attrs }, el("div", { class: "k" }, k), el("div", { class: "v" }, v));
+}
+
+// "1 rank", "4 ranks: 0, 1, 2, 3" (eight named at most)
+export function ranksText(ranks) {
+  const r = ranks || [];
+  if (r.length === 1) return "1 rank";
+  const named = r.length > 8 ? `${r.slice(0, 8).join(", ")}…` : r.join(", ");
+  return r.length ? `${count(r.length)} ranks: ${named}` : "none";
+}
+
+// the pivot named by its module, then when: "model.layers.2 · step 1 · forward"
+function pivotStat(fd) {
+  if (!fd) return stat("pivot", "—");
+  const where = `step ${fd.step} · ${fd.phase}${fd.rank != null && fd.rank !== 0 ? ` · rank ${fd.rank}` : ""}`;
+  const type = fd.module_type && fd.module_type !== fd.boundary ? ` (${fd.module_type})` : "";
+  return stat("pivot", el("span", {}, el("span", { class: "mono" }, fd.boundary), el("span", { class: "sub" }, `${type} · ${where}`)), "pivot", { id: "summary-pivot" });
 }
 
 function summary(c) {
@@ -140,12 +156,12 @@ function summary(c) {
   const fired = (s.rules_fired || []).reduce((acc, r) => acc + r.count, 0);
   fill($(SEL.summary), 
     stat("verdict", c.verdict, `verdict ${c.verdict}`),
-    stat("pivot", fd ? `step ${fd.step} · ${fd.phase}` : "—"),
+    pivotStat(fd),
     stat("events A / B", `${count(al.events_a)} / ${count(al.events_b)}`),
     stat("matched", count(al.matched)),
     stat("identical prefix", count(al.identical_prefix)),
     stat("gaps A / B", `${count(al.gaps_a)} / ${count(al.gaps_b)}`),
-    stat("ranks", (c.ranks || []).join(", ")),
+    stat("ranks", ranksText(c.ranks), "", { id: "summary-ranks" }),
     stat("rules fired", count(fired)),
     s.manifest_diffs && s.manifest_diffs.length ? stat("setup differs", s.manifest_diffs.map((d) => d.field).slice(0, 3).join(", "), "") : null,
   );

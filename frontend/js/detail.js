@@ -3,6 +3,7 @@
 
 import { api, comparisonPath } from "./api.js";
 import { $, EV, SEL, el, emit, on, toast, fill } from "./dom.js";
+import { singleBitHint, XOR_POS_HELP } from "./digests.js";
 import { benignLabel, duration, shape } from "./format.js";
 
 let comparison = null;
@@ -85,15 +86,21 @@ function verdictBadge(r) {
 
 export function digestTable(rows) {
   if (!rows.length) return el("p", { class: "note" }, "No tensors recorded for this event.");
-  const body = rows.map((r) =>
-    el("tr", { class: r.differs && r.ignored ? "ignored" : r.differs ? "differs" : "" },
-      el("td", {}, `${r.role}[${r.index}]`, el("br"), el("span", { class: "mono", style: "color:#5f6b7a" }, `${shape(r.shape)} ${r.dtype || ""}`)),
-      el("td", { class: "hex" }, r.a ? r.a.xor : "—", el("br"), r.a ? r.a.pos : ""),
-      el("td", { class: "hex" }, r.b ? r.b.xor : "—", el("br"), r.b ? r.b.pos : ""),
-      el("td", {}, verdictBadge(r)),
-    ));
+  const body = rows.flatMap((r) => {
+    const hint = r.a && r.b && !r.unobserved ? singleBitHint(r.a.xor, r.b.xor, r.dtype) : null;
+    return [
+      el("tr", { class: r.differs && r.ignored ? "ignored" : r.differs ? "differs" : "" },
+        el("td", {}, `${r.role}[${r.index}]`, el("br"), el("span", { class: "mono", style: "color:#5f6b7a" }, `${shape(r.shape)} ${r.dtype || ""}`)),
+        el("td", { class: "hex" }, r.a ? r.a.xor : "—", el("br"), r.a ? r.a.pos : ""),
+        el("td", { class: "hex" }, r.b ? r.b.xor : "—", el("br"), r.b ? r.b.pos : ""),
+        el("td", {}, verdictBadge(r)),
+      ),
+      hint ? el("tr", { class: "bit-hint", dataset: { bit: hint.bit } }, el("td", { colspan: 4 }, hint.text)) : null,
+    ];
+  });
+  const help = (side) => el("th", { title: XOR_POS_HELP, class: "help" }, `${side} xor / pos`);
   return el("table", { class: "digests" },
-    el("thead", {}, el("tr", {}, el("th", {}, "tensor"), el("th", {}, "A xor / pos"), el("th", {}, "B xor / pos"), el("th", {}, ""))),
+    el("thead", {}, el("tr", {}, el("th", {}, "tensor"), help("A"), help("B"), el("th", {}, ""))),
     el("tbody", {}, body));
 }
 
