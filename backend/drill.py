@@ -5,11 +5,14 @@ or on a module of many operations. The runs are replayable, so the drill goes th
 
 1. compare A and B (backend/compare.py) and take the pivot: its step K, rank and the *window*
    module (a consumer pivot's blame window, a source pivot's own module, the parent of an event
-   one run alone has);
+   one run alone has; for a backward pivot the module, and for a parameter's gradient the module
+   that owns it);
 2. replay each run's recorded command for step K only, side by side (backend/replay.py), with the
-   window's call in step K traced at op level (collectors/drill.py, collectors/ops.py) and the
-   pivot's tensors kept whole;
-3. check that each replay reproduces its record up to the window (else the verdict is
+   window's call in step K traced at op level (collectors/drill.py, collectors/ops.py; a backward
+   window: the autograd nodes every forward call of it made, traced in step K's backward,
+   collectors/backward_ops.py) and the pivot's tensors kept whole;
+3. check that each replay reproduces its record up to the window's call (a backward window: up to
+   the pivot event) (else the verdict is
    `not_reproduced`: nondeterminism or a changed environment, a finding in itself);
 4. align the two op streams and name the first op that differs (backend/opdiff.py), with its
    file, line and function, the chain from the boundary down to it, and a numeric diff and fault
@@ -194,11 +197,26 @@ def _entered(d: opdiff.OpDifference) -> str | None:
             f"parameter, a global)")
 
 
+def _accumulation(d: opdiff.OpDifference) -> str | None:
+    """An AccumulateGrad that adds into a .grad on one side and takes the gradient over on the
+    other: the reading of a missed (or an extra) zero_grad()."""
+    node = (d.op or {}).get("node") or ""
+    if d.cause != "structure" or "AccumulateGrad" not in node:
+        return None
+    adds = [o for o in [d.op, *d.other_side] if o and str(o.get("op", "")).startswith("aten.add")]
+    if not adds:
+        return None
+    side = d.side_only.upper() if str(d.op.get("op", "")).startswith("aten.add") else ("B" if d.side_only == "a" else "A")
+    return (f"run {side} adds the new gradient into an existing .grad where the other run takes it over: the "
+            f".grad was not cleared before this backward (a missed zero_grad(), or gradient accumulation on one side)")
+
+
 def _op_pivot(w: Window, d: opdiff.OpDifference) -> dict:
     op = d.op
     at_b = {k: (d.op_b or {}).get(k) for k in ("file", "line", "function")} if d.op_b is not None else None
-    return {"note": _entered(d), "at_b": at_b, "op": op.get("op"), "file": op.get("file"), "line": op.get("line"), "function": op.get("function"),
-            "boundary": w.boundary, "step": w.step, "rank": w.rank, "cause": d.cause, "side_only": d.side_only,
+    return {"note": _entered(d) or _accumulation(d), "at_b": at_b, "op": op.get("op"), "file": op.get("file"),
+            "line": op.get("line"), "function": op.get("function"), "phase": op.get("phase", "forward"),
+            "node": op.get("node"), "source": op.get("source", "frame"), "boundary": w.boundary, "step": w.step, "rank": w.rank, "cause": d.cause, "side_only": d.side_only,
             "index_a": d.index_a, "index_b": d.index_b, "modules": op.get("modules") or [], "chain": _chain(w, op),
             "inputs_differ": d.inputs_differ, "args_differ": d.args_differ,
             "args_a": (d.op_a or {}).get("args"), "args_b": (d.op_b or {}).get("args"),
@@ -321,7 +339,8 @@ def drill_comparison(comparison, *, rank: int | None = None, out: str | Path | N
         doc.update(verdict="not_reproduced", replay={"reproduced": False, "detail": f"{NOT_REPRODUCED} ("
                                                      + "; ".join(details) + ")", **checks})
         return DrillReport(doc)
-    doc["replay"] = {"reproduced": True, "detail": "both replays reproduce their records bitwise up to the window "
+    upto = "the pivot" if w.phase == "backward" else "the window"
+    doc["replay"] = {"reproduced": True, "detail": f"both replays reproduce their records bitwise up to {upto} "
                      f"({checks['a']['compared']} and {checks['b']['compared']} events of step {w.step})", **checks}
     doc["boundary_signature"] = _boundary_signature(dirs, traces, fd)
     d = opdiff.first_difference(traces["a"]["ops"], traces["b"]["ops"])

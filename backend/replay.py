@@ -129,8 +129,8 @@ def command(side: str, run: RunInfo, step: int, out: Path, spec_path: Path) -> R
                      f"{', '.join(edited[:6])}")
     python = m.get("python")
     if not python or not Path(python).exists():
-        notes.append(f"the recorded interpreter {python or '(not recorded)'} is not here: replayed with "
-                     f"{sys.executable}")
+        notes.append(f"the recorded interpreter {python} is not here: replayed with {sys.executable}" if python else
+                     f"the manifest records no interpreter (recorded by an older bitguard): replayed with {sys.executable}")
         python = sys.executable
     env = _environment(m, notes)
     env["BITGUARD_DRILL"] = str(spec_path)

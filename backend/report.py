@@ -227,6 +227,10 @@ def render_drill(doc: dict) -> str:
     op = doc.get("op_pivot")
     if op:
         where = f"{op['file']}:{op['line']} in {op['function']}" if op.get("file") else "(no user frame)"
+        if op.get("source") == "created_at":
+            where += f" (the forward line that made autograd node {op.get('node')}, which runs it in backward)"
+        elif op.get("node"):
+            where += f" (in backward, inside autograd node {op['node']})"
         out += [_line(), f"FIRST DIFFERING OPERATION  {op['op']}", f"  at       {where}"]
         b = op.get("at_b")
         if b and (b.get("file"), b.get("line")) != (op.get("file"), op.get("line")):
@@ -248,14 +252,14 @@ def render_drill(doc: dict) -> str:
             inputs = "differ" if op["inputs_differ"] else "are equal"
             args = ", its other arguments differ" if op["args_differ"] else ""
             out.append(f"  cause    digest: its tensor inputs {inputs}{args}, its output differs")
-            if op.get("note"):
-                out.append(f"  note     {op['note']}")
             for o in op["outputs"]:
                 if o["differs"]:
                     a, b = o["a"] or {}, o["b"] or {}
                     out.append(f"  output {o['index']} A {a.get('xor')}/{a.get('pos')}  B {b.get('xor')}/{b.get('pos')}")
             if op["args_differ"]:
                 out += [f"  args A   {op['args_a']}", f"  args B   {op['args_b']}"]
+        if op.get("note"):
+            out.append(f"  note     {op['note']}")
     elif doc.get("detail"):
         out += [_line(), doc["detail"]]
     for title, sig in (("SIGNATURE", doc.get("signature")), ("AT THE BOUNDARY", doc.get("boundary_signature"))):

@@ -62,3 +62,14 @@ def test_the_same_op_called_from_another_function_pairs():
     d = first_difference(A, b)
     assert (d.cause, d.op["op"], d.side_only) == ("structure", "add", "a")
     assert [o["op"] for o in d.other_side] == ["sigmoid"]
+
+
+def test_an_accumulate_grad_that_adds_on_one_side_reads_as_a_missed_zero_grad():
+    from bitguard.backend.drill import _accumulation
+
+    node = "torch::autograd::AccumulateGrad"
+    a = [dict(op("aten.detach.default", "1"), node=node)]
+    b = [dict(op("aten.add_.Tensor", "2", inputs=("i", "g")), node=node)]
+    d = first_difference(a, b)
+    assert d.cause == "structure" and "run B adds the new gradient into an existing .grad" in _accumulation(d)
+    assert _accumulation(first_difference(A, [A[0], op("gelu", "9", inputs=("1",)), A[2]])) is None
