@@ -318,6 +318,8 @@ function eventTraces(d, geo) {
   const colors = { a: [], b: [] };
   const custom = { a: [], b: [] };
   const hover = { a: [], b: [] };
+  const names = { a: [], b: [] };
+  const namePlace = { a: [], b: [] };
   const links = { x: [], y: [] };
   const badLinks = { x: [], y: [] };
   const missing = { x: [], y: [], text: [] };
@@ -333,6 +335,8 @@ function eventTraces(d, geo) {
       ys[side].push(geo.y[side][e.phase]);
       colors[side].push(color);
       custom[side].push([side, seq, e.pos]);
+      names[side].push(esc(shortName(e.boundary)));
+      namePlace[side].push(e.pos % 2 ? "bottom center" : "top center"); // neighbours alternate: twice the room
       const status = rowStatus(e);
       hover[side].push(`<b>${side.toUpperCase()}</b> seq ${esc(seq)} · step ${esc(e.step)}<br>${esc(e.phase)} <b>${esc(e.boundary)}</b> (${esc(e.module_type)})<br>${esc(status)}${e.is_pivot ? " · <b>pivot</b>" : ""}${e.reordered ? " · reordered" : ""}`);
     }
@@ -351,9 +355,14 @@ function eventTraces(d, geo) {
     { type: "scatter", mode: "lines", x: links.x, y: links.y, line: { color: "rgba(95,107,122,0.28)", width: 1 }, hoverinfo: "skip", name: "matched" },
     { type: "scatter", mode: "lines", x: badLinks.x, y: badLinks.y, line: { color: "rgba(214,69,61,0.55)", width: 1.2 }, hoverinfo: "skip", name: "matched, differing" },
   ];
+  // each event named above its square once there is room for a name
+  const plotPx = Math.max($(SEL.timeline).clientWidth - 118, 100);
+  const named = n > 0 && plotPx / n >= NAME_PX;
   for (const side of ["a", "b"]) {
     traces.push({
-      type: "scatter", mode: "markers", x: xs[side], y: ys[side], customdata: custom[side], text: hover[side], hoverinfo: "text",
+      type: "scatter", mode: named ? "markers+text" : "markers", x: xs[side], y: ys[side], customdata: custom[side],
+      hovertext: hover[side], hoverinfo: "text", text: named ? names[side] : undefined, textposition: namePlace[side],
+      textfont: { size: 9, color: "#3e4c59" }, cliponaxis: false,
       marker: { symbol: "square", size, color: colors[side], line: { width: 0.5, color: "rgba(0,0,0,0.25)" } }, name: `run ${side.toUpperCase()}`,
     });
   }
@@ -364,6 +373,15 @@ function eventTraces(d, geo) {
   const sel = selectedPoints(d, geo, size);
   if (sel) traces.push(sel);
   return traces;
+}
+
+const NAME_PX = 44; // room an event needs for its name (neighbours' names alternate above and below)
+// "blocks.5.mlp" of "model.transformer.blocks.5.mlp": the last parts that fit 16 characters
+function shortName(boundary) {
+  const parts = String(boundary ?? "").split(".");
+  let out = parts.pop() || "";
+  while (parts.length && out.length + parts[parts.length - 1].length + 1 <= 16) out = `${parts.pop()}.${out}`;
+  return out.length > 16 ? `${out.slice(0, 15)}…` : out;
 }
 
 function selectedPoints(d, geo, size) {
