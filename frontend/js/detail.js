@@ -22,7 +22,7 @@ export function init() {
       load(selected); // a new revision (rules changed): its statuses, not the last one's
     }
   });
-  on(EV.selectEvent, (sel) => load(sel));
+  on(EV.selectEvent, (sel) => load(sel, true));
   renderEmpty();
 }
 
@@ -33,13 +33,15 @@ function renderEmpty() {
   );
 }
 
-async function load(sel) {
+async function load(sel, reveal = false) {
   if (!comparison || sel.seq == null) return;
   selected = sel;
   const mine = ++token;
   try {
     const d = await api.get(comparisonPath(comparison.id, `/events/${sel.rank}/${sel.side}/${sel.seq}`));
-    if (mine === token) render(d);
+    if (mine !== token) return;
+    render(d);
+    if (reveal) bringIntoView($(SEL.detailPanel));
   } catch (e) {
     toast(e.message, "error");
   }
@@ -107,6 +109,12 @@ export function digestTable(rows) {
 export function stackBlock(frames) {
   if (!frames || !frames.length) return el("p", { class: "note" }, "No call stack recorded.");
   return el("pre", { class: "stack" }, frames.join("\n"));
+}
+
+// the side column scrolls on its own (style.css): the panel comes to its top, the page stays where it is
+function bringIntoView(panel) {
+  const side = panel.parentElement;
+  if (side && side.scrollHeight > side.clientHeight && getComputedStyle(side).overflowY === "auto") side.scrollTop = panel.offsetTop - side.firstElementChild.offsetTop;
 }
 
 function render(d) {

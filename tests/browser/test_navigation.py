@@ -159,11 +159,13 @@ def test_a_drag_asks_for_the_events_it_covers(page, explorer, long_comparison, a
     assert shown == truth["count_a"] and shown > 500, (shown, truth["count_a"])
 
 
-def test_the_selected_event_is_read_again_when_the_comparison_reruns(page, explorer, scenario_dirs):
+def test_the_selected_event_is_beside_the_timeline_and_read_again_when_the_comparison_reruns(page, explorer,
+                                                                                            scenario_dirs):
     rule = {"id": "probe-debug", "action": "ignore", "match": {"boundary": "model.probe"}}
     with httpx.Client(base_url=explorer.url, timeout=30) as client:
         rs = client.post("/api/rulesets", json={"name": "probe for the stale panel", "rules": [rule]}).json()
         c = api_compare(client, scenario_dirs["probe"], rule_set_id=rs["id"])
+    page.set_viewport_size({"width": 1480, "height": 800})
     page.goto(f"{explorer.url}/#/c/{c['id']}")
     wait_drawn(page, 1)
     index = page.evaluate("""(sel) => document.querySelector(sel).data.find((t) => t.name === "run A")
@@ -171,6 +173,12 @@ def test_the_selected_event_is_read_again_when_the_comparison_reruns(page, explo
     click_point(page, "run A", index)
     panel = f"{SEL['detailPanel']}[data-boundary='model.probe']"
     page.wait_for_selector(f"{panel} .digests")
+    # shown beside the timeline, not below the fold, and the timeline did not move away
+    page.wait_for_timeout(100)
+    digests = page.locator(f"{SEL['detailPanel']} .digests").bounding_box()
+    timeline = page.locator(SEL["timeline"]).bounding_box()
+    assert 0 <= digests["y"] and digests["y"] + digests["height"] <= 800, digests
+    assert timeline["y"] >= 0 and page.evaluate("window.scrollY") == 0, timeline
     assert "benign" in page.inner_text(f"{SEL['detailPanel']} .pivot-head")
     # detach the rule set: the comparison reruns and the panel says what the event is now
     page.select_option("#ruleset-select", "")
