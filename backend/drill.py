@@ -130,13 +130,14 @@ def plan(run_a: RunInfo, run_b: RunInfo, fd: dict) -> Window:
                   a["seq"] if a else None, b["seq"] if b else None)
 
 
-def _spec(w: Window, fd: dict, out: Path) -> dict:
+def _spec(w: Window, fd: dict, out: Path, max_tensor_bytes: int = MAX_TENSOR_BYTES, windows: dict | None = None) -> dict:
     keep = [{"boundary": fd["boundary"], "phase": fd["phase"], "call": fd["call"]}]
     if fd["kind"] == "grad":
         keep[0]["kind"] = "grad"
     return {"schema": SPEC_SCHEMA, "step": w.step, "rank": w.rank,
             "window": {"boundary": w.boundary, "phase": w.phase, "call": w.call}, "keep": keep, "out": str(out),
-            "max_tensor_bytes": MAX_TENSOR_BYTES, "max_total_bytes": MAX_TOTAL_BYTES, "stop_after_step": True}
+            "max_tensor_bytes": max_tensor_bytes, "max_total_bytes": MAX_TOTAL_BYTES, "stop_after_step": True,
+            "windows": windows or {}}
 
 
 def _tensor(replay_dir: Path, t: dict | None):
@@ -163,10 +164,47 @@ def _not_kept(ta: dict | None, tb: dict | None) -> dict:
 def _signature(dirs: dict, ta: dict | None, tb: dict | None) -> dict:
     from bitguard.backend.signature import signature
 
+    if ta and tb and ta.get("window") and tb.get("window") and ta["window"]["chunks"] == tb["window"]["chunks"]:
+        return _window_signature(dirs, ta, tb)
     a, b = _tensor(dirs["a"], ta), _tensor(dirs["b"], tb)
     if (ta is not None and a is None) or (tb is not None and b is None):
         return _not_kept(ta, tb)
     return signature(a, b)
+
+
+def _window_signature(dirs: dict, ta: dict, tb: dict) -> dict:
+    """The signature of a tensor over the byte cap, read from the bytes of its differing 1-MiB
+    chunks only (a window around the differing elements), its indices those of the whole tensor."""
+    import math
+
+    import numpy as np
+    import torch
+
+    from bitguard.backend.signature import signature
+
+    win = ta["window"]
+    item = torch.empty(0, dtype=getattr(torch, ta["dtype"])).element_size()
+    parts = {}
+    for side, t in (("a", ta), ("b", tb)):
+        raw = b"".join((dirs[side] / f).read_bytes() for f in t["window"]["bytes"])
+        parts[side] = torch.frombuffer(bytearray(raw), dtype=getattr(torch, t["dtype"]))
+    n = min(parts["a"].numel(), parts["b"].numel())
+    sig = signature(parts["a"][:n], parts["b"][:n])
+    per_chunk = win["chunk_bytes"] // item
+    starts = [c * per_chunk for c in win["chunks"]]
+    total = math.prod(ta["shape"]) if ta.get("shape") else n
+
+    def whole(flat: int) -> list[int]:  # window position -> index in the whole tensor
+        k, off = divmod(flat, per_chunk)
+        return [int(i) for i in np.unravel_index(starts[k] + off, ta["shape"])] if ta.get("shape") else [flat]
+
+    sig["first_indices"] = [whole(i[0] if isinstance(i, list) and len(i) == 1 else 0) for i in sig.get("first_indices") or []]
+    chunks_total = len(ta.get("chunks") or [])
+    sig["window"] = {"chunks": win["chunks"], "chunks_total": chunks_total, "elements": n, "elements_total": total}
+    sig["reading"] = (f"over the byte cap, read in the {len(win['chunks'])} differing 1-MiB chunk(s) of {chunks_total} "
+                      f"({n:,} of {total:,} elements): {sig['reading']}")
+    sig["heatmap"] = None  # a window's 1-D grid is not the tensor's 2-D picture
+    return sig
 
 
 def _chain(w: Window, op: dict) -> list[str]:
@@ -233,18 +271,19 @@ def _boundary_tensors(trace: dict | None, fd: dict) -> dict:
     return out
 
 
-def _boundary_signature(dirs: dict, traces: dict, fd: dict) -> dict | None:
+def _boundary_signature(dirs: dict, traces: dict, fd: dict) -> tuple[dict | None, tuple]:
+    """The signature of the boundary pivot's first differing tensor, and that tensor's two entries."""
     first = next((t for t in fd.get("tensors") or [] if t.get("differs") and not t.get("ignored")), None)
     if first is None:
-        return None
+        return None, (None, None)
     key = (first["role"], first["index"])
     ta = _boundary_tensors(traces["a"], fd).get(key)
     tb = _boundary_tensors(traces["b"], fd).get(key)
     if ta is None and tb is None:
-        return None
+        return None, (None, None)
     sig = _signature(dirs, ta, tb)
     sig["tensor"] = {"role": first["role"], "index": first["index"], "path": first.get("path")}
-    return sig
+    return sig, (ta, tb)
 
 
 @dataclass
@@ -274,7 +313,7 @@ def _trace_problem(side: str, trace: dict | None) -> str | None:
 
 
 def drill_comparison(comparison, *, rank: int | None = None, out: str | Path | None = None,
-                     timeout: float = DEFAULT_TIMEOUT_S) -> DrillReport:
+                     timeout: float = DEFAULT_TIMEOUT_S, max_tensor_bytes: int = MAX_TENSOR_BYTES) -> DrillReport:
     """Drill from `comparison`'s pivot (see the module docstring)."""
     fd = comparison.first_divergence
     if rank is not None and fd is not None and fd["rank"] != rank:
@@ -298,13 +337,41 @@ def drill_comparison(comparison, *, rank: int | None = None, out: str | Path | N
         if out is None:
             replay.writable_beside(run.path.resolve(), name)
         dirs[side].mkdir(parents=True, exist_ok=True)
-        replay.write_spec(specs[side], _spec(w, fd, dirs[side]))
     t0 = time.monotonic()
+    checks, traces, problems = _replay_pass(replays, w, fd, specs, dirs, timeout, max_tensor_bytes, {})
+    doc = {"schema": DRILL_SCHEMA, "boundary_pivot": fd, "window": w.to_dict(), "op_pivot": None,
+           "signature": None, "boundary_signature": None,
+           "records": {side: str(dirs[side]) for side in ("a", "b")},
+           "cost": {"replay_s_a": checks["a"]["seconds"], "replay_s_b": checks["b"]["seconds"],
+                    "ops_a": len((traces["a"] or {}).get("ops") or []),
+                    "ops_b": len((traces["b"] or {}).get("ops") or [])}}
+    if problems or not all(c["reproduced"] for c in checks.values()):
+        doc.update(verdict="not_reproduced", replay=_not_reproduced(replays, checks, problems))
+        doc["cost"]["wall_s"] = round(time.monotonic() - t0, 3)
+        return DrillReport(doc)
+    windows = _windows_wanted(doc, _analyse(doc, w, fd, dirs, traces, checks))
+    if windows["a"] or windows["b"]:  # tensors over the byte cap differ: a second pass keeps their differing chunks
+        again, traces2, problems2 = _replay_pass(replays, w, fd, specs, dirs, timeout, max_tensor_bytes, windows)
+        doc["cost"]["window_pass_s"] = round(max(c["seconds"] for c in again.values()), 3)
+        if problems2 or not all(c["reproduced"] for c in again.values()):
+            doc["replay"]["detail"] += ("; the second replay, for the bytes of the differing chunks of the tensors over "
+                                        "the byte cap, did not reproduce: their signature is from chunk digests only")
+        else:
+            _analyse(doc, w, fd, dirs, traces2, checks)
+    doc["cost"]["wall_s"] = round(time.monotonic() - t0, 3)
+    return DrillReport(doc)
+
+
+def _replay_pass(replays: list, w: Window, fd: dict, specs: dict, dirs: dict, timeout: float,
+                 max_tensor_bytes: int, windows: dict) -> tuple[dict, dict, list]:
+    """Run both replays once: (checks against the records, op traces, problems of the traces)."""
+    for side in ("a", "b"):
+        replay.write_spec(specs[side], _spec(w, fd, dirs[side], max_tensor_bytes, windows.get(side)))
     replay.run(replays, timeout)
     checks = {}
     for r in replays:
         checks[r.side] = replay.check(r.run, r.out, w.rank, w.step, w.seq_a if r.side == "a" else w.seq_b)
-        checks[r.side].update(exit_status=r.exit_status, seconds=round(r.seconds, 3), notes=r.notes,
+        checks[r.side].update(exit_status=r.exit_status, seconds=round(r.seconds, 3), notes=list(r.notes),
                               command=r.argv)
         if r.exit_status not in (0, None) and checks[r.side]["reproduced"]:
             checks[r.side]["notes"].append(f"the replay exited {r.exit_status}: {replay.log_tail(r)}")
@@ -317,39 +384,38 @@ def drill_comparison(comparison, *, rank: int | None = None, out: str | Path | N
         raise BadInput(f"the replay of run {r.side.upper()} ran past --timeout {timeout:g} s and was stopped before "
                        f"its step {w.step} was traced (its output: {r.out.parent / (r.out.name + '.' + replay.REPLAY_LOG)}"
                        f"); give a longer --timeout")
-    doc = {"schema": DRILL_SCHEMA, "boundary_pivot": fd, "window": w.to_dict(), "op_pivot": None,
-           "signature": None, "boundary_signature": None,
-           "records": {side: str(dirs[side]) for side in ("a", "b")},
-           "cost": {"replay_s_a": checks["a"]["seconds"], "replay_s_b": checks["b"]["seconds"],
-                    "wall_s": round(time.monotonic() - t0, 3),
-                    "ops_a": len((traces["a"] or {}).get("ops") or []),
-                    "ops_b": len((traces["b"] or {}).get("ops") or [])}}
-    if not reproduced:
-        details = [f"run {s.upper()}: {checks[s]['detail']}" for s in ("a", "b") if not checks[s]["reproduced"]]
-        details += problems
-        for s in ("a", "b"):
-            if not checks[s]["reproduced"]:
-                details += [f"run {s.upper()}: {n}" for n in checks[s]["notes"]]
-                tail = replay.log_tail(next(r for r in replays if r.side == s))
-                if checks[s]["compared"] == 0 and tail:
-                    details.append(f"run {s.upper()}'s replay said: {tail}")
-        if any(checks[s]["compared"] and not checks[s]["reproduced"] for s in ("a", "b")):
-            details.append("if the script reads environment variables bitguard does not record, record them with "
-                           "BITGUARD_RECORD_ENV=NAME,... (docs/DRILL.md)")
-        doc.update(verdict="not_reproduced", replay={"reproduced": False, "detail": f"{NOT_REPRODUCED} ("
-                                                     + "; ".join(details) + ")", **checks})
-        return DrillReport(doc)
+    return checks, traces, problems
+
+
+def _not_reproduced(replays: list, checks: dict, problems: list) -> dict:
+    details = [f"run {s.upper()}: {checks[s]['detail']}" for s in ("a", "b") if not checks[s]["reproduced"]]
+    details += problems
+    for s in ("a", "b"):
+        if not checks[s]["reproduced"]:
+            details += [f"run {s.upper()}: {n}" for n in checks[s]["notes"]]
+            tail = replay.log_tail(next(r for r in replays if r.side == s))
+            if checks[s]["compared"] == 0 and tail:
+                details.append(f"run {s.upper()}'s replay said: {tail}")
+    if any(checks[s]["compared"] and not checks[s]["reproduced"] for s in ("a", "b")):
+        details.append("if the script reads environment variables bitguard does not record, record them with "
+                       "BITGUARD_RECORD_ENV=NAME,... (docs/DRILL.md)")
+    return {"reproduced": False, "detail": f"{NOT_REPRODUCED} (" + "; ".join(details) + ")", **checks}
+
+
+def _analyse(doc: dict, w: Window, fd: dict, dirs: dict, traces: dict, checks: dict) -> tuple:
+    """Fill in the op pivot and the signatures from two reproduced replays' traces; returns the
+    boundary pivot's compared tensor pair (the traces' entries)."""
     upto = "the pivot" if w.phase == "backward" else "the window"
     doc["replay"] = {"reproduced": True, "detail": f"both replays reproduce their records bitwise up to {upto} "
                      f"({checks['a']['compared']} and {checks['b']['compared']} events of step {w.step})", **checks}
-    doc["boundary_signature"] = _boundary_signature(dirs, traces, fd)
+    doc["boundary_signature"], boundary_pair = _boundary_signature(dirs, traces, fd)
     d = opdiff.first_difference(traces["a"]["ops"], traces["b"]["ops"])
     if d is None:
         doc["verdict"] = "no_difference"
         doc["detail"] = (f"the {doc['cost']['ops_a']} operations of {w.boundary}'s call are the same in both replays: "
                          f"the difference is not made by a torch operation inside the window (a hook, a C++ "
                          f"extension calling kernels directly, or code that writes tensors in place)")
-        return DrillReport(doc)
+        return boundary_pair
     doc["verdict"] = "op_pivot"
     doc["op_pivot"] = _op_pivot(w, d)
     k = d.first_output
@@ -362,7 +428,31 @@ def drill_comparison(comparison, *, rank: int | None = None, out: str | Path | N
     elif k is not None:
         doc["signature"] = _signature(dirs, outs[k]["a"], outs[k]["b"])
         doc["signature"]["tensor"] = {"role": "output", "index": k, "path": (outs[k]["a"] or outs[k]["b"]).get("path")}
-    return DrillReport(doc)
+    return boundary_pair
+
+
+MAX_WINDOW_CHUNKS = 8  # differing 1-MiB chunks a second pass keeps the bytes of, per tensor
+
+
+def _windows_wanted(doc: dict, boundary_pair: tuple) -> dict:
+    """{side: {kept tensor name: differing chunks}} for the compared tensors that were over the
+    byte cap on both sides (the op pivot's output, where the streams join again, the boundary's)."""
+    pairs = []
+    op = doc.get("op_pivot") or {}
+    pairs += [(o["a"], o["b"]) for o in op.get("outputs") or [] if o.get("differs")][:1]
+    if op.get("then"):
+        pairs.append((op["then"]["a"], op["then"]["b"]))
+    pairs.append(boundary_pair)
+    out = {"a": {}, "b": {}}
+    for ta, tb in pairs:
+        if not ta or not tb or ta.get("kept") != "none" or tb.get("kept") != "none" or "window" in ta:
+            continue
+        ca, cb = ta.get("chunks") or [], tb.get("chunks") or []
+        differing = [i for i in range(max(len(ca), len(cb))) if i >= len(ca) or i >= len(cb) or ca[i] != cb[i]]
+        if differing and ta.get("name") and tb.get("name"):
+            out["a"][ta["name"]] = differing[:MAX_WINDOW_CHUNKS]
+            out["b"][tb["name"]] = differing[:MAX_WINDOW_CHUNKS]
+    return out
 
 
 def _rejoin(dirs: dict, v: opdiff.OpDifference | None) -> dict | None:
@@ -388,8 +478,9 @@ def _rank_pivot(comparison, rank: int) -> dict | None:
 
 
 def drill(a, b, *, rank: int | None = None, rules=None, out: str | Path | None = None,
-          timeout: float = DEFAULT_TIMEOUT_S) -> DrillReport:
+          timeout: float = DEFAULT_TIMEOUT_S, max_tensor_bytes: int = MAX_TENSOR_BYTES) -> DrillReport:
     """Compare run directories `a` and `b` and drill from their pivot (see the module docstring)."""
     from bitguard.backend.compare import compare
 
-    return drill_comparison(compare(a, b, rules=rules, rank=rank), rank=rank, out=out, timeout=timeout)
+    return drill_comparison(compare(a, b, rules=rules, rank=rank), rank=rank, out=out, timeout=timeout,
+                            max_tensor_bytes=max_tensor_bytes)

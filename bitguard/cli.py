@@ -247,7 +247,10 @@ def cmd_drill(args) -> int:
 
     if not args.timeout > 0:  # also nan, which every comparison fails (the replays were stopped at once)
         raise BadInput(f"--timeout {args.timeout} is not a positive number of seconds")
-    report = drill(args.run_a, args.run_b, rank=args.rank, rules=args.rules, out=args.out, timeout=args.timeout)
+    if not args.keep_mib >= 0:  # (nan too)
+        raise BadInput(f"--keep-mib {args.keep_mib} is negative; give the MiB of a tensor kept whole (default 64)")
+    report = drill(args.run_a, args.run_b, rank=args.rank, rules=args.rules, out=args.out, timeout=args.timeout,
+                   max_tensor_bytes=int(args.keep_mib * (1 << 20)))
     if args.json:
         import json
 
@@ -319,6 +322,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--rules", default=None, help="benign-difference rules file to apply to the comparison first")
     p.add_argument("--out", default=None, help="where the drill records go (default: RUN/drill/ beside each run)")
     p.add_argument("--timeout", type=float, default=3600.0, help="seconds the replays may take (default 3600)")
+    p.add_argument("--keep-mib", type=float, default=64.0,
+                   help="MiB of a tensor kept whole (default 64); of a bigger one, a second replay keeps the 1-MiB "
+                        "chunks that differ")
     p.add_argument("--json", action="store_true", help="print the bitguard.drill/1 JSON document")
     p.set_defaults(func=cmd_drill)
 

@@ -71,6 +71,7 @@ class DrillSpec:
     max_tensor_bytes: int  # bytes kept of one tensor at most
     max_total_bytes: int  # bytes kept in all at most
     stop_after_step: bool  # end the process once step K is over
+    windows: dict = None  # kept tensor name -> chunks to keep the bytes of (a second pass, over the caps)
 
 
 def _call_spec(value, where: str) -> CallSpec:
@@ -116,7 +117,17 @@ def read_spec(path: str, default_out: Path) -> DrillSpec:
                      tuple(_call_spec(k, f"keep[{i}]") for i, k in enumerate(keep)),
                      Path(out) if isinstance(out, str) and out else default_out,
                      _count(data, "max_tensor_bytes", 64 << 20), _count(data, "max_total_bytes", 512 << 20),
-                     bool(data.get("stop_after_step", True)))
+                     bool(data.get("stop_after_step", True)), _windows(data.get("windows"), path))
+
+
+def _windows(value, path) -> dict:
+    if value is None:
+        return {}
+    if not isinstance(value, dict) or not all(
+            isinstance(k, str) and isinstance(v, list) and len(v) <= 64 and all(type(i) is int and i >= 0 for i in v)
+            for k, v in value.items()):
+        raise BadInput(f"drill spec {path}: windows must map kept tensor names to at most 64 chunk indices")
+    return {k: tuple(v) for k, v in value.items()}
 
 
 def from_env(rank: int, default_out: Path) -> Drill | None:
@@ -135,7 +146,7 @@ class Drill:
         self.rank = rank
         self.traced = spec.rank is None or spec.rank == rank  # this rank traces (every rank stops)
         self.keeper = Keeper(spec.out / f"ops-rank-{rank}", f"ops-rank-{rank}", spec.max_tensor_bytes,
-                             spec.max_total_bytes)
+                             spec.max_total_bytes, spec.windows)
         self.keep = {(k.boundary, k.call) for k in spec.keep if k.phase == "forward"} if self.traced else set()
         backward = spec.window.phase == "backward" and self.traced
         self.backward = BackwardTrace(self.keeper, self._fail) if backward else None

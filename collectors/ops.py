@@ -172,16 +172,20 @@ class Keeper:
     one tensor, and bytes in all. Over a cap, a tensor is described by the digests of its 1 MiB
     chunks instead (`kept: "none"`, `chunks`)."""
 
-    def __init__(self, folder: Path, relative: str, max_tensor_bytes: int, max_total_bytes: int):
+    def __init__(self, folder: Path, relative: str, max_tensor_bytes: int, max_total_bytes: int,
+                 windows: dict[str, tuple[int, ...]] | None = None):
         self.folder = folder  # where the files go (made on the first one)
         self.relative = relative  # the folder as the trace names it (relative to the replay dir)
         self.max_tensor_bytes = max_tensor_bytes
         self.max_total_bytes = max_total_bytes
+        self.windows = windows or {}  # name -> chunks whose bytes to keep of a tensor over the caps
         self.total = 0  # bytes kept so far
 
     def keep(self, t: torch.Tensor, name: str, entry: dict) -> None:
-        """Keep `t`'s bytes as `name`.bin, or its chunk digests; says which in `entry`."""
+        """Keep `t`'s bytes as `name`.bin, or its chunk digests (and the bytes of the chunks the
+        spec's `windows` name for it, as `name`.cI.bin); says which in `entry`."""
         entry["kept"] = "none"
+        entry["name"] = name
         if entry.get("unobserved"):
             return
         data = tensor_bytes(local_values(t))
@@ -199,6 +203,15 @@ class Keeper:
             x, p = digest(data[start:start + CHUNK_BYTES])
             chunks.append([f"{x:016x}", f"{p:016x}"])
         entry["chunks"] = chunks
+        wanted = [i for i in self.windows.get(name, ()) if i * CHUNK_BYTES < n]
+        if wanted:  # a window around the differing elements: the chunks another pass found differing
+            self.folder.mkdir(parents=True, exist_ok=True)
+            files = []
+            for i in wanted:
+                with open(self.folder / f"{name}.c{i}.bin", "wb") as f:
+                    f.write(data[i * CHUNK_BYTES:(i + 1) * CHUNK_BYTES].cpu().numpy().tobytes())
+                files.append(f"{self.relative}/{name}.c{i}.bin")
+            entry["window"] = {"chunks": wanted, "bytes": files, "chunk_bytes": CHUNK_BYTES}
 
 
 # -- arguments ---------------------------------------------------------------------------------

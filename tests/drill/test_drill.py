@@ -170,7 +170,11 @@ def test_a_write_no_op_trace_sees_and_the_recorded_environment(tmp_path, monkeyp
                         str(script), *args], check=True, capture_output=True,
                        env={**os.environ, "TOY_SCALE": "2", **env})
     monkeypatch.setenv("TOY_SCALE", "3")  # the drilling shell's value differs from the recording's
-    doc = bitguard_drill(runs["clean"], runs["weight"])
+    # no tensor kept whole: a second pass keeps the differing 1-MiB chunks, and the signature reads them
+    doc = drill(runs["clean"], runs["weight"], max_tensor_bytes=0).to_dict()
+    sig = doc["signature"]
+    assert sig["window"] == {"chunks": [0], "chunks_total": 1, "elements": 32, "elements_total": 32}, sig
+    assert sig["elements_differing"] == 4 and sig["first_indices"][0] == [0, 0] and "window_pass_s" in doc["cost"]
     assert doc["replay"]["reproduced"], doc["replay"]["detail"]
     assert any("TOY_SCALE" in n for n in doc["replay"]["b"]["notes"]), doc["replay"]["b"]["notes"]
     op = doc["op_pivot"]
