@@ -429,6 +429,7 @@ function drawDetail() {
     // plotly loses a double-click when its first click redraws the plot (selecting an event):
     // two presses close in time and place are one whatever was drawn between them
     node.addEventListener("mousedown", onPress, true);
+    node.addEventListener("click", onBlankClick);
     node.on("plotly_relayout", onRelayout);
   }
   node.dataset.mode = d.mode;
@@ -477,6 +478,7 @@ let lastPress = { t: -Infinity, x: 0, y: 0 };
 function onPress(e) {
   if (e.button !== 0 || e.target.closest(".modebar")) return;
   pressed = true;
+  pointClicked = false;
   clearTimeout(clickTimer); // a press after a bin click: a drag or a double-click, not that zoom
   const t = e.timeStamp; // when the press happened, not when a busy page got to it
   const near = Math.abs(e.clientX - lastPress.x) < 6 && Math.abs(e.clientY - lastPress.y) < 6;
@@ -492,21 +494,64 @@ function onDoubleClick() {
   wholeRank();
 }
 
+// a bin's zoom: four bins around x, once the click is known not to start a double-click
+function zoomAt(x) {
+  // plotly reports both clicks of a double-click, the second one after the double-click itself
+  if (performance.now() - lastDoubleClick < DOUBLE_CLICK_MS) return;
+  const w = st.data.bins.width;
+  clearTimeout(clickTimer);
+  clickTimer = setTimeout(() => refresh({ start: x - 2 * w, end: x + 2 * w, overviewToo: false }), DOUBLE_CLICK_MS + 20);
+}
+
+let pointClicked = false; // plotly found a point under this click
 function onDetailClick(ev) {
   const p = ev.points && ev.points[0];
   if (!p) return;
+  pointClicked = true;
   if (st.data.mode === "bins") {
-    // plotly reports both clicks of a double-click, the second one after the double-click itself
-    if (performance.now() - lastDoubleClick < DOUBLE_CLICK_MS) return;
-    const w = st.data.bins.width;
-    const x = p.x;
-    clearTimeout(clickTimer);
-    clickTimer = setTimeout(() => refresh({ start: x - 2 * w, end: x + 2 * w, overviewToo: false }), DOUBLE_CLICK_MS + 20);
+    zoomAt(p.x);
     return;
   }
   if (!p.customdata) return;
   const [side, seq, pos] = p.customdata;
   emit(EV.selectEvent, { rank: st.rank, side, seq, pos, source: "timeline" });
+}
+
+// a click where plotly found no point (white space between squares, an empty bin): the nearest
+// event of that lane within reach is selected, or the bins there are zoomed into
+const REACH_PX = 120;
+function onBlankClick(e) {
+  const gd = $(SEL.timeline);
+  const L = gd._fullLayout;
+  const d = st.data;
+  if (pointClicked || gd._dragged || !L || !d || e.button !== 0 || e.target.closest(".modebar")) return;
+  const box = gd.getBoundingClientRect();
+  const px = e.clientX - box.left - L._size.l;
+  const py = e.clientY - box.top - L._size.t;
+  if (px < 0 || px > L._size.w || py < 0 || py > L._size.h) return;
+  const x = L.xaxis.p2l(px);
+  if (d.mode === "bins") {
+    zoomAt(x);
+    return;
+  }
+  const geo = laneY(d);
+  const y = L.yaxis.p2l(py);
+  let lane = null;
+  for (const side of ["a", "b"]) {
+    for (const phase of geo.phases) {
+      if (Math.abs(geo.y[side][phase] - y) <= 0.5) lane = { side, phase };
+    }
+  }
+  if (!lane) return;
+  let best = null;
+  for (const ev of d.events) {
+    const seq = ev[`${lane.side}_seq`];
+    const ex = st.axis === "seq" ? ev.pos + 0.5 : ev[`${lane.side}_x`];
+    if (ev.phase !== lane.phase || seq == null || ex == null) continue;
+    const dist = Math.abs(L.xaxis.l2p(ex) - px);
+    if (dist <= REACH_PX && (!best || dist < best.dist)) best = { dist, seq, pos: ev.pos };
+  }
+  if (best) emit(EV.selectEvent, { rank: st.rank, side: lane.side, seq: best.seq, pos: best.pos, source: "timeline" });
 }
 
 let relayoutTimer = null;

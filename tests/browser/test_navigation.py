@@ -159,6 +159,27 @@ def test_a_drag_asks_for_the_events_it_covers(page, explorer, long_comparison, a
     assert shown == truth["count_a"] and shown > 500, (shown, truth["count_a"])
 
 
+def test_a_click_between_squares_selects_the_nearest_event_of_that_lane(page, explorer, long_comparison):
+    page.goto(f"{explorer.url}/#/c/{long_comparison['id']}")
+    wait_drawn(page, 1)
+    start = _window(page)[0]
+    _drag(page, start + 20, start + 30)  # 10 positions: the squares far apart
+    _wait_window(page, "e - s < 14")
+    page.wait_for_timeout(200)
+    xy = page.evaluate("""(sel) => { const gd = document.querySelector(sel), L = gd._fullLayout, b = gd.getBoundingClientRect();
+        const t = gd.data.find((t) => t.name === "run A");
+        const lane = t.y[0], i = t.y.findIndex((y, k) => k > 0 && y === lane && t.y[k - 1] === lane);
+        const px = (k) => b.left + L._size.l + L.xaxis.l2p(t.x[k]);
+        return {x: px(i - 1) + 0.45 * (px(i) - px(i - 1)), y: b.top + L._size.t + L.yaxis.l2p(lane),
+                gap: px(i) - px(i - 1), seq: t.customdata[i - 1][1]}; }""", SEL["timeline"])
+    assert xy["gap"] > 70, xy  # room for a click further from both squares than plotly picks a point
+    page.mouse.move(xy["x"], xy["y"])
+    page.wait_for_timeout(150)
+    page.mouse.click(xy["x"], xy["y"])
+    page.wait_for_selector(f"{SEL['detailPanel']} .digests")
+    assert page.inner_text(f"{SEL['detailPanel']} .kv").count(f"{xy['seq']} ·") == 1
+
+
 def test_the_selected_event_is_beside_the_timeline_and_read_again_when_the_comparison_reruns(page, explorer,
                                                                                             scenario_dirs):
     rule = {"id": "probe-debug", "action": "ignore", "match": {"boundary": "model.probe"}}
