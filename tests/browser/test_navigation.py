@@ -74,12 +74,13 @@ def _timeline_requests(page) -> list[dict]:
     return seen
 
 
-def test_double_click_shows_the_whole_rank_from_any_window_in_both_axes(page, explorer, long_comparison):
+def test_double_click_shows_the_whole_rank_from_any_window_in_both_axes(page, explorer, long_comparison, artifacts):
     c = long_comparison
     requests = _timeline_requests(page)
     page.goto(f"{explorer.url}/#/c/{c['id']}")
     wait_drawn(page, 1)
     assert page.get_attribute(SEL["timeline"], "data-mode") == "events"  # the pivot's window
+    page.screenshot(path=str(artifacts / "timeline-zoomed-in.png"))
     pivot_window = _window(page)
     # drag to a window away from the pivot, then double-click: the whole rank, not the pivot window
     _drag(page, pivot_window[0] + 10, pivot_window[0] + 60)
@@ -89,6 +90,7 @@ def test_double_click_shows_the_whole_rank_from_any_window_in_both_axes(page, ex
     page.mouse.dblclick(box["l"] + box["w"] / 2, y)
     _wait_window(page, "whole && mode === 'bins'")
     assert _window(page) == (0.0, float(c["summary"]["alignment"]["events_a"]))
+    page.screenshot(path=str(artifacts / "timeline-whole-rank.png"))
     # step boundaries numbered along the top (120 steps: every 5th), each bin's tooltip with its steps
     steps = page.evaluate("""(sel) => document.querySelector(sel).layout.annotations
                              .filter((a) => a.name === "step").map((a) => a.text)""", SEL["timeline"])
