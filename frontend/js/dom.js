@@ -35,6 +35,7 @@ export const SEL = {
   propBack: "#prop-back",
   propForward: "#prop-forward",
   propCrumbs: "#prop-crumbs",
+  propTotal: "#prop-total",
   pivotPanel: "#pivot-panel",
   drillButton: "#drill-down",
   drillPanel: "#drill-panel",

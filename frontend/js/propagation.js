@@ -28,6 +28,9 @@ async function load(c) {
   st.history = [];
   st.at = -1;
   st.pivot = null;
+  const total = (c.summary && c.summary.propagation) || {};
+  $(SEL.propTotal).textContent = total.nodes != null
+    ? `${count(total.nodes)} divergent node${total.nodes === 1 ? "" : "s"} · ${count(total.edges)} edge${total.edges === 1 ? "" : "s"} in all` : "";
   if (!c.pivot_position) {
     fill($(SEL.propagation), el("p", { class: "note" }, "No divergence, nothing propagated."));
     syncButtons([]);
@@ -97,7 +100,7 @@ function card(node, column, selected, edge) {
     onclick: () => clickNode(column, node),
   },
   el("div", { class: "b" }, node.boundary),
-  el("div", { class: "m" }, el("span", {}, `${node.phase}${node.kind && node.kind !== "module" ? ` · ${node.kind}` : ""}`), el("span", {}, `step ${node.first_step}`), el("span", {}, `${count(node.count)}×`), node.is_pivot ? el("b", { style: "color:#7a1fa2" }, "pivot") : null),
+  el("div", { class: "m" }, el("span", {}, `${node.phase}${node.kind && node.kind !== "module" ? ` · ${node.kind}` : ""}`), el("span", {}, `step ${node.first_step}`), el("span", { title: "divergent events of this boundary and phase, over all steps" }, `${count(node.count)} event${node.count === 1 ? "" : "s"}`), node.is_pivot ? el("b", { style: "color:#7a1fa2" }, "pivot") : null),
   edge ? el("div", { class: "edge" }, `via ${edge}`) : null);
 }
 
@@ -110,7 +113,7 @@ function render() {
     const n = st.neighbours.get(id);
     if (!n) return;
     const from = st.nodes.get(id);
-    const col = el("div", { class: "column" }, el("h4", { title: `${from.phase} ${from.boundary}` }, `Fed by ${from.boundary.split(".").slice(-2).join(".")} · ${from.phase}`));
+    const col = el("div", { class: "column" }, el("h4", { title: `${from.phase} ${from.boundary}` }, `Fed by ${from.boundary} · ${from.phase}`));
     if (!n.consumers.length) col.append(el("p", { class: "note" }, "No divergent consumer: the difference stops here or leaves the recorded boundaries."));
     for (const c of n.consumers) col.append(card(c, i + 1, path[i + 1] === c.id, c.edge));
     columns.push(col);

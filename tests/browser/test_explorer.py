@@ -3,6 +3,8 @@ mark a divergence benign, watch the pivot move, and find the rule again after a 
 
 from __future__ import annotations
 
+import re
+
 import httpx
 import pytest
 
@@ -66,6 +68,11 @@ def test_upload_compare_mark_benign_and_walk_the_propagation(page, explorer, sce
     page.wait_for_selector(f"{SEL['detailPanel']}[data-boundary='model.layers.4']")
     page.wait_for_selector(".column:nth-child(4) .node[data-boundary='Net']")
     assert page.inner_text(SEL["propCrumbs"]).split(" › ") == ["model.layers.2", "model.layers.3", "model.layers.4"]
+    # full names in the column headers, counts in words, and how many nodes there are in all
+    assert page.inner_text(".column:nth-child(3) h4") == "FED BY MODEL.LAYERS.3 · FORWARD"
+    counted = page.inner_text(".column:nth-child(3) .node[data-boundary='model.layers.4'] .m")
+    assert re.search(r"(^|\s)\d+ events?(\s|$)", counted) and "×" not in counted, counted
+    assert page.inner_text(SEL["propTotal"]).endswith("in all") and "divergent nodes" in page.inner_text(SEL["propTotal"])
     # back and forth without losing place
     page.click(SEL["propBack"])
     page.wait_for_selector(f"{SEL['detailPanel']}[data-boundary='model.layers.3']")
