@@ -52,6 +52,28 @@ function clearComparison() {
   fill($(SEL.summary));
   show(SEL.perfetto, false);
   show(SEL.cmpGrid, false); // shown again when this comparison is ready
+  show(SEL.pivotMoved, false);
+}
+
+// after a re-run, where the pivot went: "Pivot moved: model.probe (step 0 · forward) → model.layers.2
+// (step 1 · forward), 15 events later", or that it stayed
+function pivotMoved(before, after) {
+  const fa = before.summary && before.summary.first_divergence;
+  const fb = after.summary && after.summary.first_divergence;
+  const name = (fd) => (fd ? `${fd.boundary} (step ${fd.step} · ${fd.phase}${fd.rank ? ` · rank ${fd.rank}` : ""})` : "no divergence");
+  const pa = before.pivot_position;
+  const pb = after.pivot_position;
+  const same = name(fa) === name(fb) && (pa && pa.pos) === (pb && pb.pos);
+  let shift = "";
+  if (pa && pb && pa.rank === pb.rank && pa.pos !== pb.pos) {
+    const n = pb.pos - pa.pos;
+    shift = `, ${count(Math.abs(n))} event${Math.abs(n) === 1 ? "" : "s"} ${n > 0 ? "later" : "earlier"}`;
+  }
+  const b = $(SEL.pivotMoved);
+  b.dataset.moved = String(!same);
+  fill(b, same ? `The pivot stayed at ${name(fb)} (revision ${after.revision}).`
+    : el("span", {}, el("b", {}, "Pivot moved: "), `${name(fa)} → ${name(fb)}${shift} (revision ${before.revision} → ${after.revision}).`));
+  show(b, true);
 }
 
 // a comparison the server cannot give: said for the person who followed the link, with a way back
@@ -86,6 +108,7 @@ async function poll(id) {
     verdictBanner(c);
     if (!st.loaded || st.loaded.revision !== c.revision) {
       if (!st.loaded) performance.mark("bitguard:ready");
+      else pivotMoved(st.loaded, c);
       st.loaded = c;
       summary(c);
       show(SEL.cmpGrid, true);

@@ -22,6 +22,7 @@ export const SEL = {
   // comparison view
   banner: "#cmp-status",
   cmpGrid: "#cmp-grid",
+  pivotMoved: "#pivot-moved",
   summary: "#summary",
   rankSelect: "#rank-select",
   axisToggle: "#axis-toggle",

@@ -60,6 +60,9 @@ def test_upload_compare_mark_benign_and_walk_the_propagation(page, explorer, sce
     wait_drawn(page, 2)
     assert pivot_boundary(page) == "model.layers.2"
     assert "fired 2×" in page.inner_text(SEL["rulesPanel"])
+    moved = page.inner_text(SEL["pivotMoved"])
+    assert moved.startswith("Pivot moved: model.probe (step 0 · forward) → model.layers.2 (step 1 · forward), "), moved
+    assert "events later (revision 1 → 2)" in moved, moved
 
     # two hops through the propagation view; each click selects the event in the timelines
     page.click(".column:nth-child(2) .node[data-boundary='model.layers.3']")
