@@ -141,7 +141,7 @@ def command(side: str, run: RunInfo, step: int, out: Path, spec_path: Path) -> R
                 "--", str(script_path), *args]
         notes.append(f"replayed on {world} local processes under torch.distributed.run --standalone")
     else:
-        argv = [python, *record, "--", python, *py_opts, str(script_path), *args]
+        argv = [python, *py_opts, *record, "--", str(script_path), *args]  # in this process: no launcher to start
     return Replay(side, run, out, argv, cwd, env, notes)
 
 
