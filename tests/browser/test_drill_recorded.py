@@ -12,7 +12,7 @@ from bitguard.sample_traces.recordings import run_jobs
 from bitguard.sample_traces.scenarios import SCENARIOS
 from browser.pages import SEL, drill_in_the_page
 
-pytestmark = [pytest.mark.browser, pytest.mark.slow]
+pytestmark = [pytest.mark.browser, pytest.mark.slow, pytest.mark.extended]  # the fake-backed tests/browser/test_drill.py is the default
 
 
 @pytest.fixture(scope="module")

@@ -29,6 +29,7 @@ def _line(path, text: str) -> int:
 
 
 @pytest.mark.slow
+@pytest.mark.extended  # a two-rank replay under torch.distributed.run
 def test_ddp_two_ranks_drills_the_faulty_rank_to_the_hook_line(tmp_path):
     runs = h.together({"ref": lambda: h.recorded("ddp.py", tmp_path / "ref", nproc=2),
                        "fault": lambda: h.recorded("ddp.py", tmp_path / "fault", nproc=2, env=FAULT)})

@@ -26,6 +26,16 @@ def record(out, *script_args, options=(), script=TINYGPT, check=True):
     return proc
 
 
+def record_together(*calls: dict) -> list:
+    """Several `record(**call)`s two at a time (the machine's two cores: about half the wall time)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(2) as pool:
+        return list(pool.map(lambda call: record(call["out"], *call.get("script_args", ()),
+                                                 **{k: v for k, v in call.items() if k not in ("out", "script_args")}),
+                             calls))
+
+
 @pytest.fixture
 def record_run():
     return record

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from .conftest import BITGUARD, SCRIPTS, record, run
+from .conftest import BITGUARD, SCRIPTS, record, record_together, run
 
 pytestmark = pytest.mark.slow
 
@@ -19,8 +19,8 @@ def _compare(a, b) -> tuple[int, dict]:
 
 
 def test_a_buffer_updated_differently_is_a_divergence_at_its_module(tmp_path):
-    record(tmp_path / "a", "bn", "0.1", script=SCRIPT)
-    record(tmp_path / "b", "bn", "0.2", script=SCRIPT)
+    record_together(dict(out=tmp_path / "a", script_args=("bn", "0.1"), script=SCRIPT),
+                    dict(out=tmp_path / "b", script_args=("bn", "0.2"), script=SCRIPT))
     code, d = _compare(tmp_path / "a", tmp_path / "b")
     fd = d["first_divergence"]
     assert code == 1 and (fd["step"], fd["phase"], fd["module_type"]) == (0, "forward", "BatchNorm1d")
@@ -30,11 +30,10 @@ def test_a_buffer_updated_differently_is_a_divergence_at_its_module(tmp_path):
 
 
 def test_parameters_updated_outside_torch_optim_differ_in_the_final_state(tmp_path):
-    record(tmp_path / "a", "manual", "0.01", script=SCRIPT)
-    record(tmp_path / "b", "manual", "0.5", script=SCRIPT)
+    record_together(*(dict(out=tmp_path / name, script_args=("manual", lr), script=SCRIPT) for name, lr in
+                      (("a", "0.01"), ("b", "0.5"), ("c", "0.01"))))
     code, d = _compare(tmp_path / "a", tmp_path / "b")
     fd = d["first_divergence"]
     assert code == 1 and (fd["kind"], fd["fault_class"], fd["boundary"]) == ("final", "final_state", "Sequential")
     assert "outside torch.optim" in fd["blame_window"]["detail"]
-    record(tmp_path / "c", "manual", "0.01", script=SCRIPT)
     assert _compare(tmp_path / "a", tmp_path / "c")[0] == 0  # and a rerun is identical, final state included

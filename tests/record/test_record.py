@@ -15,7 +15,7 @@ import torch
 import bitguard
 from bitguard.backend.ingest import load_rank, open_run
 from bitguard.schema import EVENTS, TENSORS
-from .conftest import BITGUARD, SCRIPTS, TINYGPT, record, run
+from .conftest import BITGUARD, SCRIPTS, TINYGPT, record, record_together, run
 
 
 def events(run_dir, rank=0):
@@ -90,6 +90,7 @@ def test_run_directory_layout_and_event_fields(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.extended  # covered by the scenarios and stacks tiers
 def test_two_recordings_in_separate_processes_have_identical_digests(tmp_path):
     record(tmp_path / "a", "--steps", "2", "--dropout", "0.1")
     record(tmp_path / "b", "--steps", "2", "--dropout", "0.1")
@@ -101,6 +102,7 @@ def test_two_recordings_in_separate_processes_have_identical_digests(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.extended  # covered by the scenarios and stacks tiers
 def test_fault_inside_a_linear_changes_that_event_and_only_later_ones(tmp_path):
     record(tmp_path / "ref", "--steps", "2")
     record(tmp_path / "bad", "--steps", "2", "--fault", "forward-bitflip", "--fault-step", "1")
@@ -294,6 +296,7 @@ def _torchrun(out, env_extra=()):
 
 
 @pytest.mark.slow
+@pytest.mark.extended  # covered by the scenarios and stacks tiers
 def test_torchrun_two_ranks_gloo(tmp_path):
     for name in ("a", "b"):
         proc = _torchrun(tmp_path / name)
@@ -333,11 +336,11 @@ def test_sigterm_flushes_and_marks_the_run_interrupted(tmp_path):
 
 @pytest.mark.slow
 def test_step_window_and_trusted_mode(tmp_path):
-    record(tmp_path / "window", "--steps", "3", options=["--steps", "1:2"])
+    record_together(dict(out=tmp_path / "window", script_args=("--steps", "3"), options=["--steps", "1:2"]),
+                    dict(out=tmp_path / "trusted", script_args=("--steps", "1"), options=["--mode", "trusted"]))
     rows = [dict(zip(EVENTS.names, e)) for e in events(tmp_path / "window")[0]]
     assert {r["step"] for r in rows} == {1}
     assert {r["phase"] for r in rows} == {"data", "forward", "backward", "optimizer"}
-    record(tmp_path / "trusted", "--steps", "1", options=["--mode", "trusted"])
     rows = [dict(zip(EVENTS.names, e)) for e in events(tmp_path / "trusted")[0]]
     module_types = {r["module_type"] for r in rows if r["kind"] == "module"}
     assert module_types == {"Embedding", "LayerNorm", "Linear", "CausalSelfAttention"}, module_types
@@ -346,10 +349,10 @@ def test_step_window_and_trusted_mode(tmp_path):
 
 @pytest.mark.slow
 def test_digest_reuse_never_hides_an_in_place_write(tmp_path):
+    record_together(*(dict(out=tmp_path / f"{kind}-{mode}", script=SCRIPTS / "inplace.py",
+                           options=["--mode", mode, *extra])
+                      for mode in ("full", "trusted") for kind, extra in (("cached", []), ("every", ["--no-digest-cache"]))))
     for mode in ("full", "trusted"):
-        record(tmp_path / f"cached-{mode}", script=SCRIPTS / "inplace.py", options=["--mode", mode])
-        record(tmp_path / f"every-{mode}", script=SCRIPTS / "inplace.py",
-               options=["--mode", mode, "--no-digest-cache"])
         cached, every = digests_by_event(tmp_path / f"cached-{mode}"), digests_by_event(tmp_path / f"every-{mode}")
         assert cached == every, mode
     # and the write is seen: act's input is a's output object, but not a's output bytes

@@ -34,7 +34,8 @@ def events(run) -> pl.DataFrame:
     return load_rank(open_run(run), 0)[0]
 
 
-@pytest.fixture(scope="module", params=[(), ("--reentrant",)], ids=["non-reentrant", "reentrant"])
+@pytest.fixture(scope="module", params=[(), pytest.param(("--reentrant",), marks=pytest.mark.extended)],
+                ids=["non-reentrant", "reentrant"])
 def runs(request, tmp_path_factory):
     args = request.param
     tmp = tmp_path_factory.mktemp("checkpoint")

@@ -7,7 +7,8 @@ from . import harness as h
 FAULT = {"STACK_FAULT": "module:step=2"}
 
 
-@pytest.fixture(scope="module", params=[(), ("--autocast",)], ids=["eager", "autocast"])
+@pytest.fixture(scope="module", params=[(), pytest.param(("--autocast",), marks=pytest.mark.extended)],
+                ids=["eager", "autocast"])
 def runs(request, tmp_path_factory):
     args = request.param
     tmp = tmp_path_factory.mktemp("eager")

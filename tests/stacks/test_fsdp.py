@@ -15,8 +15,8 @@ PARAMS = {f"{m}.{p}" for m in ("body.0", "body.2", "head") for p in ("weight", "
 STACKS = {"fsdp1": ("fsdp1.py",), "fsdp1-orig-params": ("fsdp1.py", "--orig-params"), "fsdp2": ("fsdp2.py",)}
 
 
-# FSDP1 with use_orig_params records through the same flat-parameter split: an extended variant
-@pytest.fixture(scope="module", params=[pytest.param(s, marks=pytest.mark.extended) if s == "fsdp1-orig-params" else s
+# FSDP2 in the default tiers; FSDP1 (both parameter modes, one flat-parameter split) is extended
+@pytest.fixture(scope="module", params=[pytest.param(s, marks=pytest.mark.extended) if s.startswith("fsdp1") else s
                                         for s in STACKS])
 def runs(request, tmp_path_factory):
     script, *args = STACKS[request.param]
