@@ -7,7 +7,8 @@ or on a module of many operations. The runs are replayable, so the drill goes th
    module (a consumer pivot's blame window, a source pivot's own module, the parent of an event
    one run alone has; for a backward pivot the module, and for a parameter's gradient the module
    that owns it);
-2. replay each run's recorded command for step K only, side by side (backend/replay.py), with the
+2. replay each run's recorded command for step K only (backend/replay.py: side by side where the
+   cores suffice), with the
    window's call in step K traced at op level (collectors/drill.py, collectors/ops.py; a backward
    window: the autograd nodes every forward call of it made, traced in step K's backward,
    collectors/backward_ops.py) and the pivot's tensors kept whole;
