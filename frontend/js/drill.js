@@ -245,7 +245,7 @@ function rejoin(then) {
 // the dtype of the tensor a signature measured: the op's output, or the boundary pivot's tensor
 function dtypeOf(sig, tensors) {
   const t = sig && sig.tensor ? (tensors || []).find((x) => x.role === sig.tensor.role && x.index === sig.tensor.index) : null;
-  if (!t) return sig && sig.dtype;
+  if (!t) return sig && (sig.dtype_a || sig.dtype_b);
   return t.dtype || (t.a && t.a.dtype) || (t.b && t.b.dtype);
 }
 
