@@ -339,7 +339,8 @@ def drill_comparison(comparison, *, rank: int | None = None, out: str | Path | N
             replay.writable_beside(run.path.resolve(), name)
         dirs[side].mkdir(parents=True, exist_ok=True)
     t0 = time.monotonic()
-    checks, traces, problems = _replay_pass(replays, w, fd, specs, dirs, timeout, max_tensor_bytes, {})
+    step_s = _step_seconds(run_a, w.rank, w.step)
+    checks, traces, problems = _replay_pass(replays, w, fd, specs, dirs, timeout, max_tensor_bytes, {}, step_s)
     doc = {"schema": DRILL_SCHEMA, "boundary_pivot": fd, "window": w.to_dict(), "op_pivot": None,
            "signature": None, "boundary_signature": None,
            "records": {side: str(dirs[side]) for side in ("a", "b")},
@@ -352,7 +353,8 @@ def drill_comparison(comparison, *, rank: int | None = None, out: str | Path | N
         return DrillReport(doc)
     windows = _windows_wanted(doc, _analyse(doc, w, fd, dirs, traces, checks))
     if windows["a"] or windows["b"]:  # tensors over the byte cap differ: a second pass keeps their differing chunks
-        again, traces2, problems2 = _replay_pass(replays, w, fd, specs, dirs, timeout, max_tensor_bytes, windows)
+        again, traces2, problems2 = _replay_pass(replays, w, fd, specs, dirs, timeout, max_tensor_bytes, windows,
+                                                 step_s)
         doc["cost"]["window_pass_s"] = round(max(c["seconds"] for c in again.values()), 3)
         if problems2 or not all(c["reproduced"] for c in again.values()):
             doc["replay"]["detail"] += ("; the second replay, for the bytes of the differing chunks of the tensors over "
@@ -363,12 +365,19 @@ def drill_comparison(comparison, *, rank: int | None = None, out: str | Path | N
     return DrillReport(doc)
 
 
+def _step_seconds(run: RunInfo, rank: int, step: int) -> float | None:
+    """How long the recorded step took (first event's start to last event's end)."""
+    events, _, _ = load_rank(run, rank)
+    ev = events.filter(pl.col("step") == step)
+    return (ev["t_end_ns"].max() - ev["t_start_ns"].min()) / 1e9 if ev.height else None
+
+
 def _replay_pass(replays: list, w: Window, fd: dict, specs: dict, dirs: dict, timeout: float,
-                 max_tensor_bytes: int, windows: dict) -> tuple[dict, dict, list]:
+                 max_tensor_bytes: int, windows: dict, step_s: float | None) -> tuple[dict, dict, list]:
     """Run both replays once: (checks against the records, op traces, problems of the traces)."""
     for side in ("a", "b"):
         replay.write_spec(specs[side], _spec(w, fd, dirs[side], max_tensor_bytes, windows.get(side)))
-    replay.run(replays, timeout)
+    replay.run(replays, timeout, step_s)
     checks = {}
     for r in replays:
         checks[r.side] = replay.check(r.run, r.out, w.rank, w.step, w.seq_a if r.side == "a" else w.seq_b)

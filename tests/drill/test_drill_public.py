@@ -70,6 +70,7 @@ with bitguard.record(os.environ["OUT"]):
 
 
 @pytest.mark.slow
+@pytest.mark.extended  # the refusal itself: tests/unit/backend/test_opdiff.py (fast)
 def test_a_run_recorded_inside_python_c_is_refused_in_one_line(tmp_path):
     """A notebook-like `python -c` recording has no script file: the drill cannot replay it and says
     so in one line (exit 2), never a traceback nor a `not reproduced` finding."""

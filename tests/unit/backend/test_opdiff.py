@@ -73,3 +73,16 @@ def test_an_accumulate_grad_that_adds_on_one_side_reads_as_a_missed_zero_grad():
     d = first_difference(a, b)
     assert d.cause == "structure" and "run B adds the new gradient into an existing .grad" in _accumulation(d)
     assert _accumulation(first_difference(A, [A[0], op("gelu", "9", inputs=("1",)), A[2]])) is None
+
+
+def test_a_command_without_a_script_cannot_be_replayed_and_says_so():
+    """A `python -c` (notebook-like) recording's manifest command has no .py file."""
+    import pytest
+
+    from bitguard.backend.replay import _script_and_args
+    from bitguard.errors import NotSupported
+
+    with pytest.raises(NotSupported, match="not supported yet: replaying '-c'"):
+        _script_and_args(["-c"])
+    assert _script_and_args(["python", "-u", "train.py", "--lr", "1"]) == (["-u"], "train.py", ["--lr", "1"])
+    assert _script_and_args(["train.py"]) == ([], "train.py", [])

@@ -22,6 +22,7 @@ def test_benchmark_reports_digest_and_baselines():
 
 
 @pytest.mark.slow  # bench_recording records tiny runs in its subprocess
+@pytest.mark.extended  # a benchmark's report, not bitguard itself
 def test_team_pairs_benchmark_reports_both_sides():
     run = subprocess.run(
         [sys.executable, str(ROOT / "benchmarks" / "bench_recording.py"), "--team-pairs", "2", "--json"],
