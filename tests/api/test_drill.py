@@ -11,7 +11,7 @@ from fastapi.testclient import TestClient
 
 from api.conftest import assert_error
 from api.drill_fake import DOCUMENT, FakeDrill
-from bitguard.backend import drills, workspace
+from bitguard.backend import comparison_jobs, drills
 from bitguard.backend.server import create_app
 from bitguard.errors import NotSupported
 
@@ -135,8 +135,8 @@ def test_what_cannot_be_drilled_is_refused_at_once(tmp_path, scenarios, fake, mo
                      "rank")
 
         # a comparison still being computed: 409, poll it first
-        gate, real = __import__("threading").Event(), workspace._engine_compare
-        monkeypatch.setattr(workspace, "_engine_compare", lambda *a: gate.wait(30) and real(*a))
+        gate, real = __import__("threading").Event(), comparison_jobs._engine_compare
+        monkeypatch.setattr(comparison_jobs, "_engine_compare", lambda *a: gate.wait(30) and real(*a))
         busy = ws.rerun(probe["id"])
         assert_error(client.post(f"/api/comparisons/{busy['id']}/drill"), 409, "ComparisonNotReady", "poll")
         gate.set()
