@@ -10,10 +10,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-SCHEMA_VERSION = 3  # bump on any change to a table below; readers refuse newer versions
+SCHEMA_VERSION = 4  # bump on any change to a table below; readers refuse newer versions
 # 2: tensors.unobserved (version 1 files have no such column: read as NULL, every tensor digested)
 # 3: tensors.shard (older files have no such column: read as NULL, every digest covers its whole tensor)
 #    and phase comm (kind collective); optimizer step events hold a `grad` row (the gradient step() used)
+# 4: tables alerts and sensor_stats (online mode, collectors/online/; older files have neither: read as empty)
 DIGEST = "xor64+pos-fmix64"  # names the digest definition (docs/DIGESTS.md); runs compare only under the same one
 MANIFEST_NAME = "manifest.json"
 RANK_FILE = "rank-{rank}.duckdb"
@@ -141,7 +142,48 @@ DUMPS = Table(
     ),
 )
 
-TABLES = (EVENTS, TENSORS, STACKS, META, DUMPS)
+ALERTS = Table(
+    "alerts",
+    "Online mode (`--mode online`): one row per state change of an alert a sensor raised; the latest row of an "
+    "`alert_id` is its state. Empty in the other modes.",
+    (
+        Column("alert_id", "BIGINT", "per-rank alert number, from 0"),
+        Column("step", "INTEGER", "training step it was raised in (counted as events' steps)"),
+        Column("rank", "INTEGER", "rank that raised it"),
+        Column("sensor", "VARCHAR", "sensor name: checksum, recompute, crossrank, guard"),
+        Column("boundary", "VARCHAR", "module path, parameter name, collective, `loss` or `grad_norm`"),
+        Column("op", "VARCHAR", "operator: linear, matmul, bmm, linear.dgrad, linear.wgrad, allreduce, ..."),
+        Column("severity", "VARCHAR", "alert (goes to the verifier) | warning (a lead, never confirmed)"),
+        Column("state", "VARCHAR", "pending | confirmed | transient | cleared (a false alarm) | warning"),
+        Column("evidence", "VARCHAR", "JSON: what was seen (gap, sampled rows, digests per rank, values; on a "
+               "verdict row what the verifier found)"),
+        Column("threshold", "DOUBLE", "the threshold in force when it was raised (NULL: none)"),
+        Column("t_ns", "BIGINT", "wall clock of this state change, ns since the epoch"),
+        Column("latency_steps", "INTEGER", "on a verdict row: steps from raising to the verdict"),
+        Column("verifier_s", "DOUBLE", "on a verdict row: seconds the verifier spent on it"),
+    ),
+)
+
+SENSOR_STATS = Table(
+    "sensor_stats",
+    "Online mode: one row per sensor (and operator) per step, written at the step's end.",
+    (
+        Column("step", "INTEGER", "training step"),
+        Column("rank", "INTEGER", "rank"),
+        Column("sensor", "VARCHAR", "sensor name"),
+        Column("op", "VARCHAR", "operator key (`linear:blocks.0.mlp.fc`, ...); NULL: the sensor as a whole"),
+        Column("calls", "INTEGER", "protected operator calls seen in the step"),
+        Column("checked", "INTEGER", "calls checked"),
+        Column("rate", "DOUBLE", "sampling rate in force (fraction of the operator's work checked)"),
+        Column("seconds", "DOUBLE", "seconds the sensor spent on the training's critical path"),
+        Column("flops_seen", "DOUBLE", "FLOPs of the calls seen"),
+        Column("flops_checked", "DOUBLE", "FLOPs of the work checked (rows checked of the calls checked)"),
+        Column("threshold", "DOUBLE", "threshold in force at the step's end (NULL: none)"),
+        Column("queue", "INTEGER", "verifier queue length at the step's end"),
+    ),
+)
+
+TABLES = (EVENTS, TENSORS, STACKS, META, DUMPS, ALERTS, SENSOR_STATS)
 
 
 def markdown() -> str:

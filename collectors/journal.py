@@ -33,7 +33,7 @@ from typing import Callable
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from bitguard.schema import DUMPS, EVENTS, STACKS, TENSORS
+from bitguard.schema import ALERTS, DUMPS, EVENTS, SENSOR_STATS, STACKS, TENSORS
 
 ARROW_TYPES = {
     "BIGINT": pa.int64(),
@@ -42,6 +42,7 @@ ARROW_TYPES = {
     "UBIGINT": pa.uint64(),
     "BIGINT[]": pa.list_(pa.int64()),
     "BLOB": pa.binary(),
+    "DOUBLE": pa.float64(),
 }
 
 
@@ -49,7 +50,8 @@ def arrow_schema(table) -> pa.Schema:
     return pa.schema([(c.name, ARROW_TYPES[c.sql]) for c in table.columns])
 
 
-ROW_TABLES = (EVENTS, TENSORS, STACKS, DUMPS)  # the tables a batch carries, in journal order
+# the tables a batch carries, in journal order (new ones go at the end: a part names its table by index)
+ROW_TABLES = (EVENTS, TENSORS, STACKS, DUMPS, ALERTS, SENSOR_STATS)
 SCHEMAS = {t.name: arrow_schema(t) for t in ROW_TABLES}
 # Columns a table gained after schema 1: a journal written before them lacks them (read as NULL).
 LATER_COLUMNS = {TENSORS.name: {"unobserved", "shard"}}
@@ -149,8 +151,10 @@ class Journal:
 
 
 def _steps(tables: dict[str, pa.Table]) -> tuple[int, int]:
-    events = tables.get(EVENTS.name)
-    if events is None or not events.num_rows:
+    """The step range of a batch's events (online mode, which records none: of its sensor rows)."""
+    events = next((t for t in (tables.get(n.name) for n in (EVENTS, SENSOR_STATS, ALERTS))
+                   if t is not None and t.num_rows), None)
+    if events is None:
         return -1, -1
     bounds = pc.min_max(events.column("step"))
     return bounds["min"].as_py(), bounds["max"].as_py()

@@ -227,6 +227,8 @@ def recover(rank_path: str | os.PathLike) -> int:
         raise CorruptRun(f"{rank_path} is {problem}; its journal {journal.name} is left as it is")
     con = db.connect(rank_path, config={"threads": 1})
     try:
+        for table in _ROW_TABLES:  # a rank file opened before the writer made every table (or an older one)
+            con.execute(table.ddl())
         fold = fold_journal(con, journal, folded_upto(con))
         con.execute("CHECKPOINT")
     finally:
@@ -249,6 +251,7 @@ class RankStore:
         self._tensors: list[list] = []
         self._stacks: list[tuple] = []
         self._dumps: list[tuple] = []
+        self._rows: dict[str, list] = {}  # add_rows: further row tables (alerts, sensor_stats), by name
         self._queue: queue.Queue = queue.Queue(maxsize=queue_batches)
         # One DuckDB thread and a small buffer pool: the writer is a guest beside the training's
         # own threads and memory (collector memory must stay bounded whatever the run length).
@@ -283,9 +286,19 @@ class RankStore:
         if len(self._events) >= self._batch_events:
             self._push()
 
+    def add_rows(self, table_name: str, rows: list) -> None:
+        """Queue rows of another journaled table (alerts, sensor_stats: online mode), each a dict by
+        column name (absent columns NULL) or a sequence in the schema's column order. Training thread
+        only (like add); they go out with the next batch, at the latest at the next step_barrier()."""
+        if table_name not in _SCHEMAS or table_name in (EVENTS.name, TENSORS.name, STACKS.name, DUMPS.name):
+            raise ValueError(f"add_rows: {table_name!r} is not a row table add_rows writes")
+        names = _SCHEMAS[table_name].names
+        self._rows.setdefault(table_name, []).extend(
+            [r.get(n) for n in names] if isinstance(r, dict) else list(r) for r in rows)
+
     def _push(self, marker: threading.Event | None = None) -> None:
-        batch = (self._events, self._tensors, self._stacks, self._dumps, marker)
-        self._events, self._tensors, self._stacks, self._dumps = [], [], [], []
+        batch = (self._events, self._tensors, self._stacks, self._dumps, self._rows, marker)
+        self._events, self._tensors, self._stacks, self._dumps, self._rows = [], [], [], [], {}
         self._queue.put(batch)  # blocks when the writer is behind: back-pressure
 
     def step_barrier(self, timeout: float = 30.0) -> bool:
@@ -335,10 +348,10 @@ class RankStore:
             batch = self._queue.get()
             if batch is None:
                 return
-            events, tensors, stacks, dumps, marker = batch
+            events, tensors, stacks, dumps, rows, marker = batch
             try:
-                if events or stacks:
-                    self._write(events, tensors, stacks, dumps, ends_step=marker is not None)
+                if events or stacks or rows:
+                    self._write(events, tensors, stacks, dumps, ends_step=marker is not None, rows=rows)
             except Exception as exc:  # noqa: BLE001
                 self._report(f"writing {len(events)} events to {self.path} failed: {exc}")
                 traceback.print_exc(file=sys.stderr)
@@ -353,14 +366,15 @@ class RankStore:
                     marker.set()
 
     def _write(self, events: list[tuple], tensors: list[list], stacks: list[tuple], dumps: list[tuple],
-               ends_step: bool = False) -> None:
-        """Journal one batch (`ends_step`: the last of a training step): one append, and the batch is
-        durable once it returns."""
+               ends_step: bool = False, rows: dict[str, list] | None = None) -> None:
+        """Journal one batch (`ends_step`: the last of a training step; `rows`: add_rows' tables): one
+        append, and the batch is durable once it returns."""
         _resolve_digests(tensors)
         tables = {EVENTS.name: _to_arrow(events, _SCHEMAS[EVENTS.name]),
                   TENSORS.name: _to_arrow(tensors, _SCHEMAS[TENSORS.name]),
                   STACKS.name: _to_arrow(stacks, _SCHEMAS[STACKS.name]),
-                  DUMPS.name: _to_arrow(dumps, _SCHEMAS[DUMPS.name])}
+                  DUMPS.name: _to_arrow(dumps, _SCHEMAS[DUMPS.name]),
+                  **{name: _to_arrow(r, _SCHEMAS[name]) for name, r in (rows or {}).items()}}
         self._group += 1
         group = encode_group(self._group, tables, ends_step)
         try:

@@ -119,7 +119,7 @@ def test_a_missing_group_number_is_damage_even_without_a_bad_byte():
 
 def _encode_v1(number: int, tables: dict[str, pa.Table]) -> bytes:
     """A group as bitguard wrote them before checksums (BGJ1)."""
-    parts = [(i, journal._ipc(tables[t.name])) for i, t in enumerate(journal.ROW_TABLES) if tables[t.name].num_rows]
+    parts = [(i, journal._ipc(tables[t.name])) for i, t in enumerate(journal.ROW_TABLES) if t.name in tables and tables[t.name].num_rows]
     out = [struct.pack("<4sQI", b"BGJ1", number, len(parts))]
     for i, data in parts:
         out += [struct.pack("<BQ", i, len(data)), data]
