@@ -46,11 +46,12 @@ def routes(ws, config) -> APIRouter:
     @router.post("/api/comparisons/{cid}/rerun", tags=["comparisons"], response_model=m.ComparisonPublic,
               status_code=202, responses=errors)
     def rerun_comparison(cid: str, body: m.ComparisonRerun | None = None):
-        """Recompute with the latest version of its rule set, or attach another rule set first."""
+        """Recompute with the latest version of its rule set (or its saved `rule_set_version`: an earlier
+        version's result reopened), or attach another rule set first."""
         body = body or m.ComparisonRerun()
         if body.rule_set_id is None and body.keep_rule_set:
-            return ws.rerun(cid)
-        return ws.rerun(cid, body.rule_set_id)
+            return ws.rerun(cid, version=body.rule_set_version)
+        return ws.rerun(cid, body.rule_set_id, body.rule_set_version)
 
     @router.get("/api/comparisons/{cid}/pivot", tags=["comparisons"], response_model=m.Pivot, responses=errors)
     def pivot(cid: str):

@@ -107,6 +107,7 @@ class ComparisonCreate(BaseModel):
 class ComparisonRerun(BaseModel):
     rule_set_id: str | None = Field(None, description="attach this rule set (null: no rules)")
     keep_rule_set: bool = Field(True, description="when true and rule_set_id is null, rerun with the current rule set")
+    rule_set_version: int | None = Field(None, ge=1, description="a saved version of the rule set (null: its latest)")
 
 
 class NamedRef(BaseModel):
@@ -228,6 +229,24 @@ class EventsPage(BaseModel):
     offset: int
     limit: int
     rows: list[dict[str, Any]] = Field(description="Comparison.events() columns plus pos")
+
+
+class SearchHit(BaseModel):
+    index: int = Field(description="the hit's place among all matches (0-based)")
+    event: dict[str, Any] = Field(description="pos, status, step, phase, kind, boundary, module_type, a_seq, b_seq, "
+                                              "is_pivot")
+
+
+class SearchPage(BaseModel):
+    rank: int
+    query: dict[str, Any] = Field(description="the filters given")
+    total: int = Field(description="how many events match")
+    offset: int
+    limit: int
+    from_: int | None = Field(None, alias="from", description="the position the hit was looked for from")
+    direction: Literal["next", "prev"]
+    matches: list[dict[str, Any]] = Field(description="a page of matching events, as `hit.event`")
+    hit: SearchHit | None = Field(description="the next (or previous) match from `from`; null past the end")
 
 
 class Neighbours(BaseModel):

@@ -401,13 +401,16 @@ class Catalogue:
             "pivot_position": result.pivot_position() if result else None,
         }
 
-    def requeue(self, cid: str, rule_set_id: str | None | object = KEEP) -> int:
+    def requeue(self, cid: str, rule_set_id: str | None | object = KEEP, version: int | None = None) -> int:
         """Queue the comparison again, at its next revision, with the latest version of its rule set
-        or with `rule_set_id` (None: no rules) attached instead; returns that revision."""
+        or with `rule_set_id` (None: no rules) attached instead, or with its saved `version` (an
+        earlier version's result reopened); returns that revision."""
         with self._lock:
             rec = self._record(cid)
             rule_set = rec["rule_set"] if rule_set_id is KEEP else rule_set_id
-            version = self.rule_set(rule_set)["version"] if rule_set else None
+            if version is not None and not rule_set:
+                raise BadInput("a rule-set version needs a rule set: give rule_set_id, or rerun one that has a rule set")
+            version = self.rule_set(rule_set, version)["version"] if rule_set else None
             revision = rec["revision"] + 1
             self._exec("UPDATE comparisons SET rule_set = ?, rule_set_version = ?, revision = ?, status = 'queued', "
                        "error = NULL, updated = ? WHERE id = ?", (rule_set, version, revision, _now(), cid))

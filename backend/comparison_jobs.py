@@ -17,6 +17,7 @@ import traceback
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
+from bitguard.backend import divergences
 from bitguard.backend.timelines import Result
 from bitguard.backend.user_paths import PathNames
 from bitguard.errors import BitguardError, NotFound
@@ -91,6 +92,7 @@ class ComparisonJobs:
             engine_obj = _engine_compare(str(cat.root / "runs" / rec["run_a"]), str(cat.root / "runs" / rec["run_b"]),
                                          rules)
             result = Result(engine_obj, revision, self.raw_event_limit, cat.path_names())
+            divergences.table_of(result)  # the divergences table is ready with the result, not at its first page
         except Exception as exc:  # noqa: BLE001 - recorded on the comparison and shown to the user
             error = error_info(exc, cat.path_names())
             with cat.lock:

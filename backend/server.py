@@ -127,14 +127,15 @@ def create_app(workspace_dir: str | os.PathLike | None = None, config: ServerCon
 
     @app.get("/api/schema", tags=["meta"])
     def schema() -> dict:
-        """The vocabularies the browser offers (phases, roles, rule actions), from their one definition."""
+        """The vocabularies the browser offers (phases, roles, rule actions) and the timeline's statuses
+        (least to most severe) with the code each event status is drawn as, from their one definition."""
         from bitguard.backend import rules
-        from bitguard.backend.timelines import STATUS_CODES
+        from bitguard.backend.statuses import STATUS_CODES, STATUS_OF_EVENT
         from bitguard.schema import PHASES, ROLES
 
         return {"phases": list(PHASES), "roles": list(ROLES), "rule_actions": list(rules.ACTIONS),
                 "rule_match_fields": list(rules.MATCH_FIELDS), "rules_schema": rules.RULES_SCHEMA,
-                "status_codes": list(STATUS_CODES)}
+                "status_codes": list(STATUS_CODES), "status_of_event": dict(STATUS_OF_EVENT)}
 
     app.include_router(api_runs.routes(ws, config))
     app.include_router(api_rule_sets.routes(ws))

@@ -17,19 +17,13 @@ from dataclasses import dataclass, field
 import numpy as np
 import polars as pl
 
-from bitguard.backend.result import EVENT_STATUSES
+from bitguard.backend.statuses import CODE_OF_EVENT, DIVERGED, STATUS_CODES, bin_counts, worst
 from bitguard.backend.timeline_steps import StepIndex
 from bitguard.backend.user_paths import PathNames
 from bitguard.errors import BadInput, NotFound
 from bitguard.schema import PHASES
 
-# timeline status codes, in order of severity: a bin shows the worst status it holds
-# follows: differs only downstream of a difference a rule accepted; unobserved: not comparable
-STATUS_CODES = ("empty", "identical", "benign", "follows", "unobserved", "gap", "diverged")
 DEFAULT_BINS = 800  # bins of a timeline window when the browser does not say
-# an event on one side only is a gap in the timeline, whichever side it is on
-_CODE = {s: STATUS_CODES.index("gap" if s.startswith("only_") else s) for s in EVENT_STATUSES}
-_DIVERGED = STATUS_CODES.index("diverged")
 
 
 @dataclass
@@ -51,7 +45,7 @@ class RankTimeline:
     @classmethod
     def from_frame(cls, frame: pl.DataFrame) -> "RankTimeline":
         frame = frame.sort("row").with_row_index("pos")
-        code = frame.select(pl.col("status").replace_strict(_CODE, default=0, return_dtype=pl.Int8))
+        code = frame.select(pl.col("status").replace_strict(CODE_OF_EVENT, default=0, return_dtype=pl.Int8))
         code = code.to_series().to_numpy()
         present = [p for p in frame["phase"].unique().to_list() if p is not None]
         phases = [p for p in PHASES if p in present] + sorted(p for p in present if p not in PHASES)
@@ -165,14 +159,12 @@ class RankTimeline:
             coord = pos.astype(np.float64) if axis == "seq" else x[pos]
             b = np.clip(((coord - start) / width).astype(np.int64), 0, bins - 1)
             in_bins.append((pos, b))
-            key = (lane[pos].astype(np.int64) * bins + b) * len(STATUS_CODES) + self.code[pos]
-            counts = np.bincount(key, minlength=n_phase * bins * len(STATUS_CODES))
+            counts = bin_counts(lane[pos].astype(np.int64) * bins + b, self.code[pos], n_phase * bins)
             counts = counts.reshape(n_phase, bins, len(STATUS_CODES))
-            total = counts.sum(axis=2)
-            worst = np.where(total > 0, len(STATUS_CODES) - 1 - np.argmax(counts[:, :, ::-1] > 0, axis=2), 0)
+            total, shown = counts.sum(axis=2), worst(counts)
             for i, phase in enumerate(self.phases):
-                lanes_out.append({"side": side, "phase": phase, "status": worst[i].tolist(),
-                                  "n": total[i].tolist(), "diverged": counts[i, :, _DIVERGED].tolist()})
+                lanes_out.append({"side": side, "phase": phase, "status": shown[i].tolist(),
+                                  "n": total[i].tolist(), "diverged": counts[i, :, DIVERGED].tolist()})
         out = {"start": start, "width": width, "count": bins, "lanes": lanes_out}
         if self.steps:
             out["step_lo"], out["step_hi"] = self.steps.bin_ranges(bins, in_bins)

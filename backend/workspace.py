@@ -69,10 +69,10 @@ class Workspace(Catalogue):
             rec = self._record(cid)
         return self.comparison_listed(rec, self.jobs.results.get(cid))
 
-    def rerun(self, cid: str, rule_set_id: str | None | object = KEEP) -> dict:
-        """Recompute with the latest version of the comparison's rule set, or with `rule_set_id`
-        (None: no rules) attached instead."""
-        self.jobs.schedule(cid, self.requeue(cid, rule_set_id))
+    def rerun(self, cid: str, rule_set_id: str | None | object = KEEP, version: int | None = None) -> dict:
+        """Recompute with the latest version of the comparison's rule set (or its saved `version`), or
+        with `rule_set_id` (None: no rules) attached instead."""
+        self.jobs.schedule(cid, self.requeue(cid, rule_set_id, version))
         return self.comparison(cid)
 
     def delete_comparison(self, cid: str) -> None:

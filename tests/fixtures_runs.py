@@ -19,6 +19,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import struct
 from dataclasses import dataclass, field
 
 import duckdb
@@ -46,6 +47,8 @@ class RunSpec:
     drop: frozenset = frozenset()  # (step, boundary, phase) events left out (gaps)
     jitter_ns: int = 0  # shift of every timestamp, so that two sides differ in time
     extra_manifest: dict = field(default_factory=dict)  # merged into manifest.json
+    scalar_loss: bool = False  # the root's output is a 0-d float32 loss (its xor digest is its bits), drifting
+    # away from the reference's by 1e-6 x 8^k, k steps after the suspect's first tainted step
 
 
 def _digest(*key) -> int:
@@ -62,6 +65,11 @@ def _step_plan(layers: int) -> list[tuple]:
     plan += [("backward", f"model.layers.{i}.weight", "Linear", "grad", 1, i) for i in reversed(range(layers))]
     plan.append(("optimizer", "SGD", "SGD", "step", 0, layers + 1))
     return plan
+
+
+def _loss_bits(value: float) -> int:
+    """The xor digest of a 0-d float32 tensor holding `value`: its 4 bytes, zero-padded to one word."""
+    return int.from_bytes(struct.pack("<f", value) + bytes(4), "little")
 
 
 def _table(table, rows: list[tuple]) -> pa.Table:
@@ -101,7 +109,13 @@ def _rank_chunks(spec: RunSpec, rank: int, chunk_steps: int = 2000):
             t_end = t_start + 8_000
             events.append((seq, rank, spec.world_size, step, phase, boundary, module_type, kind, 0, depth,
                            "MainThread", "cpu", None, t_start, t_end, 1 + (layer % 3 if layer >= 0 else 3)))
-            if phase == "forward":
+            if phase == "forward" and spec.scalar_loss and layer == spec.layers:
+                first_bad = min((t.step for t in taints if t.boundary != "model.probe"), default=None)
+                bad = first_bad is not None and step >= first_bad
+                x = _loss_bits(0.1 + 2.5 * 0.8 ** step + (1e-6 * 8 ** (step - first_bad) if bad else 0.0))
+                tensors.append((seq, "output", 0, "", [], "float32", [], 4, x, _digest("pos", x),
+                                tid_base + 1500, 0, None, None))
+            elif phase == "forward":
                 if layer == -1:  # the probe reads block 0's output and writes a tensor nobody reads
                     in_tid, out_tid = tid_base + 1, tid_base + 1000
                     in_bad = step_tainted or tainted_from == 0
@@ -164,7 +178,8 @@ def write_run(run_dir: str, spec: RunSpec | None = None, **kw) -> str:
 
 def write_pair(root: str, name: str, suspect: RunSpec, reference: RunSpec | None = None) -> tuple[str, str]:
     """`root/name/reference` and `root/name/suspect`, the two sides of a scenario."""
-    reference = reference or RunSpec(layers=suspect.layers, steps=suspect.steps, world_size=suspect.world_size)
+    reference = reference or RunSpec(layers=suspect.layers, steps=suspect.steps, world_size=suspect.world_size,
+                                     scalar_loss=suspect.scalar_loss)
     a = write_run(os.path.join(root, name, "reference"), reference)
     b = write_run(os.path.join(root, name, "suspect"), suspect)
     return a, b

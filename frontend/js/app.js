@@ -4,7 +4,7 @@
 
 import { api, comparisonPath } from "./api.js";
 import { $, EV, SEL, el, emit, on, show, fill } from "./dom.js";
-import { count } from "./format.js";
+import { count, useVocabulary } from "./format.js";
 import * as detail from "./detail.js";
 import * as download from "./download.js";
 import * as drill from "./drill.js";
@@ -15,7 +15,7 @@ import * as rules from "./rules.js";
 import * as timeline from "./timeline.js";
 import * as upload from "./upload.js";
 
-const st = { id: null, loaded: null, poll: null, firstDraw: false };
+const st = { id: null, loaded: null, poll: null, firstDraw: false, vocabulary: null };
 
 function route() {
   clearTimeout(st.poll);
@@ -95,8 +95,11 @@ function banner(kind, ...content) {
 async function poll(id) {
   let c;
   try {
-    c = await api.get(comparisonPath(id));
+    // the statuses' vocabulary (once, beside the first poll): the views draw with it
+    st.vocabulary = st.vocabulary || api.get("/api/schema").then(useVocabulary);
+    [c] = await Promise.all([api.get(comparisonPath(id)), st.vocabulary]);
   } catch (e) {
+    if (!st.loaded) st.vocabulary = null; // asked again with the next poll
     if (st.id !== id) return;
     if (e.type === "NotFound" || !st.loaded) unavailable(id, e);
     else banner("error", e.message); // the comparison on show stays: the server did not answer this once

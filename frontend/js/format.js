@@ -12,7 +12,13 @@ export const STATUS = {
   diverged: { label: "diverged", color: "#d6453d" },
 };
 export const UNKNOWN_STATUS = { label: "other", color: "#9aa5b1" };
-export const STATUS_OF_ROW = { identical: "identical", benign: "benign", follows: "follows", unobserved: "unobserved", only_a: "gap", only_b: "gap", diverged: "diverged" };
+// the status code each event status is drawn as (only_a, only_b: gap): the server's, from
+// /api/schema's status_of_event, filled by useVocabulary before a comparison is shown
+export const STATUS_OF_ROW = {};
+export function useVocabulary(schema) {
+  Object.assign(STATUS_OF_ROW, schema.status_of_event);
+  return schema;
+}
 export const PREFIX_FILL = "rgba(46, 160, 90, 0.10)";
 export const PIVOT_COLOR = "#7a1fa2";
 export const SELECT_COLOR = "#111827";

@@ -1,0 +1,53 @@
+"""The loss curve (backend/loss_curve.py): values read from one-element digests, the steps where the
+losses part, and the honest "no scalar loss recorded" when none is known."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+import bitguard
+import fixtures_runs
+from bitguard.backend import loss_curve
+from bitguard.cuda.reference import digest_tensor_reference
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16, torch.bfloat16])
+def test_a_one_element_digest_decodes_to_its_value(dtype):
+    values = [1.5, -0.3, 2.0 ** -20, 65000.0, float("nan"), float("inf")]
+    for shape in ((), (1,), (1, 1)):
+        tensors = [torch.tensor(v, dtype=dtype).reshape(shape) for v in values]
+        xors = np.array([digest_tensor_reference(t)[0] for t in tensors], dtype=np.uint64)
+        got = loss_curve.decode(xors, str(dtype).removeprefix("torch."))
+        want = [t.double().item() for t in tensors]
+        for g, w in zip(got, want):
+            assert (math.isnan(g) and math.isnan(w)) or g == w, (dtype, shape, got, want)
+
+
+@pytest.fixture(scope="module")
+def drifting(tmp_path_factory):
+    """Block 1 diverges at step 2; the suspect's loss drifts by 1e-6 x 8^k after it."""
+    spec = fixtures_runs.RunSpec(layers=3, steps=8, scalar_loss=True, taints=(fixtures_runs.Taint(2, "model.layers.1"),))
+    return bitguard.compare(*fixtures_runs.write_pair(str(tmp_path_factory.mktemp("loss")), "drift", spec))
+
+
+def test_the_curve_marks_the_first_step_that_differs_and_the_first_over_the_threshold(drifting):
+    fd = drifting.to_dict()["first_divergence"]
+    doc = loss_curve.curve(drifting.ranks[0], fd)
+    assert doc["schema"] == "bitguard.loss_curve/1" and doc["unknown"] is None
+    assert doc["source"] == {"boundary": "Net", "module_type": "Net", "idx": 0, "path": "", "dtype": "float32"}
+    assert [s["step"] for s in doc["steps"]] == list(range(8))
+    assert doc["steps"][0]["a"] == pytest.approx(2.6) and doc["steps"][0]["equal"]
+    assert (doc["pivot_step"], doc["first_differs"], doc["first_over"]) == (2, 2, 6)
+    assert (doc["lead_differs"], doc["lead_over"]) == (0, 4)
+    step = doc["steps"][5]  # 1e-6 x 8^3 = 5.1e-4 apart: differs, not over
+    assert not step["equal"] and 0 < abs(step["a"] - step["b"]) <= 1e-3
+
+
+def test_no_scalar_output_says_so_and_names_the_root(gap_then_divergence):
+    doc = loss_curve.curve(gap_then_divergence.ranks[1], gap_then_divergence.to_dict()["first_divergence"])
+    assert doc["source"] is None and doc["steps"] == [] and doc["first_over"] is None
+    assert doc["unknown"].startswith("no scalar loss recorded: ") and "(Net)" in doc["unknown"]
