@@ -14,9 +14,12 @@ import math
 import plotly.graph_objects as go
 import polars as pl
 
-from bitguard.backend.result import EVENT_STATUSES
+import numpy as np
 
-MAX_POINTS = 20_000  # above this many markers the timeline aggregates rows into bins
+from bitguard.backend.statuses import CODE_OF_EVENT, GAP, STATUS_CODES, bin_counts, worst
+from bitguard.backend.timeline_steps import StepIndex
+
+MAX_POINTS = 4_000  # above this many markers the timeline aggregates rows into bins (a 39,100-event pair: ~340 KB)
 STATUS_COLOURS = {  # also the legend order
     "identical": "#9ccfa4",
     "benign": "#7fb1e0",
@@ -29,8 +32,7 @@ STATUS_COLOURS = {  # also the legend order
 STATUS_LABELS = {"identical": "identical", "benign": "benign (rule)", "follows": "follows an accepted difference",
                  "unobserved": "not observed (cannot certify)", "diverged": "diverged",
                  "only_a": "only in A", "only_b": "only in B"}
-# a bin shows its worst; the two one-sided statuses are equally bad
-SEVERITY = {s: EVENT_STATUSES.index("only_a" if s == "only_b" else s) for s in EVENT_STATUSES}
+_BIN_LABELS = {**STATUS_LABELS, "gap": "gap (one side only)"}
 PHASE_COLOURS = {"data": "#7f7f7f", "forward": "#1f77b4", "backward": "#ff7f0e", "optimizer": "#2ca02c"}
 EDGE_COLOURS = {"dataflow": "#555555", "nesting": "#9e9e9e", "activation": "#1f77b4", "weight-grad": "#ff7f0e",
                 "update": "#2ca02c", "weights": "#8c564b"}
@@ -57,10 +59,8 @@ def timeline(comparison, rank: int | None = None) -> go.Figure:
         return _empty(fig, "no events recorded" + ("" if rank is None else f" on rank {rank}"))
     ranks = sorted(ev["rank"].unique().to_list())
     lane_y = {(r, side): -(3 * i + (0 if side == "a" else 1)) for i, r in enumerate(ranks) for side in "ab"}
-    points = _lane_points(ev, lane_y)
     width = _bin_width(ev, len(ranks))
-    if width > 1:
-        points = _binned(points, width)
+    points = _binned(ev, lane_y, width) if width > 1 else _lane_points(ev, lane_y)
     n = points.height
     for status, colour in STATUS_COLOURS.items():
         sub = points.filter(pl.col("status") == status)
@@ -133,22 +133,38 @@ def _bin_width(ev: pl.DataFrame, n_ranks: int) -> int:
     return max(1, math.ceil(longest / per_lane))
 
 
-def _binned(points: pl.DataFrame, width: int) -> pl.DataFrame:
-    sev = pl.col("status").replace_strict({**SEVERITY, "gap": SEVERITY["only_a"]}, return_dtype=pl.Int8)
-    worst = {v: k for k, v in SEVERITY.items() if k != "only_b"}
-    counts = [(pl.col("status") == s).sum().alias(s) for s in [*STATUS_COLOURS, "gap"]]
-    g = points.with_columns((pl.col("x") // width).alias("bin"), sev.alias("sev")).group_by("rank", "y", "bin").agg(
-        pl.col("x").min().alias("x0"), pl.col("x").max().alias("x1"), pl.col("sev").max().alias("sev"),
-        pl.col("step").min().alias("s0"), pl.col("step").max().alias("s1"), *counts,
-        # a bin's worst 'only' status keeps its side; a bin of gaps only is drawn as a gap
-        pl.col("status").filter(pl.col("status").is_in(["only_a", "only_b"])).first().alias("only"),
-    ).sort("rank", "y", "bin")
-    status = (pl.when(pl.col("sev") == SEVERITY["only_a"]).then(pl.coalesce("only", pl.lit("gap")))
-              .otherwise(pl.col("sev").replace_strict(worst, return_dtype=pl.String)))
-    detail = pl.concat_str([pl.when(pl.col(s) > 0).then(pl.format("{} " + STATUS_LABELS.get(s, "gap"), pl.col(s)))
-                            for s in [*STATUS_COLOURS, "gap"]], separator=", ", ignore_nulls=True)
-    return g.select("rank", ((pl.col("x0") + pl.col("x1")) / 2).alias("x"), "y", status.alias("status"),
-                    pl.format("rows {}–{} · steps {}–{}<br>{}", "x0", "x1", "s0", "s1", detail).alias("hover"))
+def _binned(ev: pl.DataFrame, lane_y: dict, width: int) -> pl.DataFrame:
+    """Each lane's rows in bins of `width`, a bin drawn in the worst status it holds as the server's
+    timeline windows do (statuses.py); a row a run lacks counts as a gap on that run's lane. A gap
+    bin is 'only in A/B' where the lane holds a one-sided event, else a gap (missing on this run)."""
+    frames = []
+    for (rank, side), y in lane_y.items():
+        sub = ev.filter(pl.col("rank") == rank).sort("row")
+        rows = sub["row"].cast(pl.Int64).to_numpy()
+        event_code = sub["status"].replace_strict(CODE_OF_EVENT, return_dtype=pl.Int8).to_numpy()
+        has = sub[f"{side}_seq"].is_not_null().to_numpy()
+        code = np.where(has, event_code, GAP)
+        b = rows // width
+        n_bins = int(b.max()) + 1
+        counts = bin_counts(b, code, n_bins)
+        one_sided = np.bincount(b[has & (event_code == GAP)], minlength=n_bins)
+        lo, hi = StepIndex.from_steps(sub["step"].cast(pl.Float64).to_numpy()).bin_ranges(
+            n_bins, [(np.arange(rows.size), b)])
+        first, last = np.full(n_bins, rows.max(), np.int64), np.zeros(n_bins, np.int64)
+        np.minimum.at(first, b, rows)
+        np.maximum.at(last, b, rows)
+        shown = worst(counts)
+        keep = np.flatnonzero(counts.sum(axis=1))
+        status = [f"only_{side}" if c == GAP and one_sided[k] else ("gap" if c == GAP else STATUS_CODES[c])
+                  for k, c in zip(keep.tolist(), shown[keep].tolist())]
+        hover = [f"rows {first[k]}–{last[k]} · steps {lo[k]}–{hi[k]}<br>" + ", ".join(
+            f"{counts[k, c]} {_BIN_LABELS[STATUS_CODES[c]]}" for c in range(1, len(STATUS_CODES)) if counts[k, c])
+            for k in keep.tolist()]
+        frames.append(pl.DataFrame({"rank": [rank] * keep.size, "x": ((first[keep] + last[keep]) / 2).tolist(),
+                                    "y": [y] * keep.size, "status": status, "hover": hover},
+                                   schema={"rank": pl.Int64, "x": pl.Float64, "y": pl.Int64, "status": pl.String,
+                                           "hover": pl.String}))
+    return pl.concat(frames)
 
 
 def _prefix_band(fig: go.Figure, ev: pl.DataFrame, y_a: int, y_b: int) -> None:

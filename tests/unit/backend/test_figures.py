@@ -100,6 +100,32 @@ def test_timeline_aggregates_large_runs_into_bins_of_their_worst_status(gap_then
     assert len(points(fig, "pivot")) == 2, "the pivot is drawn exactly, not binned"
 
 
+@pytest.fixture(scope="module")
+def long_pair(tmp_path_factory):
+    """39,102 events a run, the size of the issue's big pair (8 blocks x 2,058 steps, synthetic):
+    block 3 diverges at step 2,000 and everything after it with it."""
+    spec = fixtures_runs.RunSpec(layers=8, steps=2058, taints=(fixtures_runs.Taint(2000, "model.layers.3"),))
+    return compare(*fixtures_runs.write_pair(str(tmp_path_factory.mktemp("long")), "long", spec))
+
+
+def test_the_timeline_of_a_long_pair_is_a_small_figure_of_worst_status_bins(long_pair):
+    fig = long_pair.timeline()
+    ev = long_pair.events()
+    assert ev.height == 39_102
+    markers = sum(len(t.x) for t in fig.data if t.name != "pivot")
+    assert markers <= figures.MAX_POINTS, markers
+    size = len(fig.to_html(include_plotlyjs=False, full_html=False))
+    assert size < 500_000, f"{size:,} bytes of figure (plotly.js apart; it was 1.6 MB before binning to this size)"
+    width = int(re.search(r"bins of (\d+) rows", fig.layout.xaxis.title.text).group(1))
+    y_a = lane(fig, "rank 0 · A (reference)")
+    want = {r // width for r in ev.filter(pl.col("status") == "diverged")["row"].to_list()}
+    assert {int(x) // width for x, y in points(fig, "diverged") if y == y_a} == want
+    texts = [t for tr in fig.data if tr.name != "pivot" for t in tr.hovertext]
+    assert sum(int(n) for t in texts for n in re.findall(r"(\d+) identical", t)) == 2 * ev.filter(
+        pl.col("status") == "identical").height, "every row counted once on each lane"
+    assert any("rows 38000–38019 · steps 2000–2001" in t for t in texts), "a bin says the steps it spans"
+
+
 def test_timeline_of_identical_runs(identical_runs):
     fig = identical_runs.timeline()
     assert not points(fig, "pivot")
