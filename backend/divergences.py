@@ -24,7 +24,7 @@ from bitguard.errors import BadInput
 SCHEMA = "bitguard.divergences/1"
 # what each non-identical status means in the table's "cause" column
 CAUSES = {"diverged": "digest", "only_a": "structure: only in A", "only_b": "structure: only in B",
-          "benign": "benign (rule accepted)", "follows": "follows an accepted difference",
+          "benign": "accepted by a rule", "follows": "follows an accepted difference",
           "unobserved": "not observed on a side"}
 KEYS = ["rank", "step", "phase", "boundary", "module_type", "status"]
 MAX_LIMIT = 500
@@ -92,6 +92,20 @@ def _statuses(status: str | None) -> list[str] | None:
     return wanted
 
 
+def _cause(status: str, rules: list[str]) -> str:
+    """The row's cause in words, naming the rules that accepted or allowed it."""
+    named = ", ".join(rules)
+    if not rules:
+        return CAUSES.get(status, status)
+    if status == "benign":
+        return f"accepted by rule {named}"
+    if status == "follows":
+        return f"follows the difference rule {named} accepted"
+    if status in ("only_a", "only_b"):
+        return f"{CAUSES[status]}, allowed by rule {named}"
+    return f"{CAUSES.get(status, status)} (rule {named})"
+
+
 def page(result, *, rank: int | None = None, phase: str | None = None, module_type: str | None = None,
          status: str | None = None, offset: int = 0, limit: int = 50) -> dict:
     """One page of the table under the filters (each None: any).
@@ -119,9 +133,7 @@ def page(result, *, rank: int | None = None, phase: str | None = None, module_ty
     offset = max(0, min(int(offset), t.height))
     rows = t.slice(offset, limit).to_dicts()
     for r in rows:
-        r["cause"] = CAUSES.get(r["status"], r["status"])
-        if r["status"] in ("only_a", "only_b") and r["rules"]:
-            r["cause"] += " (allowed by a rule)"
+        r["cause"] = _cause(r["status"], r["rules"])
         r["side"], r["seq"] = ("a", r["a_seq"]) if r["a_seq"] is not None else ("b", r["b_seq"])
     return {"schema": SCHEMA, "total": t.height, "events": int(t["count"].sum()) if t.height else 0,
             "offset": offset, "limit": limit, "rows": rows, "facets": cached["facets"],

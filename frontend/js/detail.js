@@ -4,7 +4,7 @@
 import { api, comparisonPath } from "./api.js";
 import { $, EV, SEL, el, emit, on, toast, fill } from "./dom.js";
 import { singleBitHint, XOR_POS_HELP } from "./digests.js";
-import { benignLabel, duration, shape } from "./format.js";
+import { benignLabel, duration, rowStatus, shape } from "./format.js";
 
 let comparison = null;
 let selected = null; // the event on show, read again when the comparison re-runs
@@ -117,6 +117,12 @@ function bringIntoView(panel) {
   if (side && side.scrollHeight > side.clientHeight && getComputedStyle(side).overflowY === "auto") side.scrollTop = panel.offsetTop - side.firstElementChild.offsetTop;
 }
 
+// the event's status; a benign one (or one that follows it, or an allowed gap) names its rule
+function statusText(d) {
+  if (d.rule_id && (d.status === "only_a" || d.status === "only_b")) return `${d.status.replace("_", " ")} (allowed by rule ${d.rule_id})`;
+  return rowStatus(d).replace("_", " ");
+}
+
 function render(d) {
   const e = d.event;
   const rows = pairTensors(d.tensors_a, d.tensors_b);
@@ -126,7 +132,7 @@ function render(d) {
   panel.dataset.boundary = e.boundary;
   panel.dataset.revision = String(comparison.revision); // the browser tests wait for a re-run's answer
   fill(panel, 
-    el("div", { class: "pivot-head" }, el("h2", { style: "margin:0" }, "Selected event"), el("span", { class: `badge ${d.status}` }, d.status.replace("_", " ")), d.is_pivot ? el("span", { class: "badge", style: "background:#f3e8f7;color:#7a1fa2" }, "pivot") : null),
+    el("div", { class: "pivot-head" }, el("h2", { style: "margin:0" }, "Selected event"), el("span", { class: `badge ${d.status}`, id: "detail-status" }, statusText(d)), d.is_pivot ? el("span", { class: "badge", style: "background:#f3e8f7;color:#7a1fa2" }, "pivot") : null),
     el("div", { class: "boundary-name" }, e.boundary),
     el("div", { class: "kv", style: "margin-top:6px" },
       el("span", { class: "k" }, "step · phase"), el("span", { class: "v" }, `${e.step} · ${e.phase} (${e.kind})`),

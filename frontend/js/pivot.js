@@ -76,6 +76,9 @@ function render(c) {
   fill(panel,
     el("div", { class: "pivot-head" }, el("span", { class: "dot" }), el("h2", { style: "margin:0" }, "Pivot"), el("span", { class: "badge diverged" }, structure ? "first divergence · structure" : "first divergence")),
     el("div", { id: "pivot-boundary", class: "boundary-name" }, fd.boundary),
+    // at a glance: which module, when, and whom bitguard blames
+    el("div", { id: "pivot-where", class: "sub" }, [fd.module_type && fd.module_type !== fd.boundary ? fd.module_type : null,
+      `step ${fd.step}`, fd.phase, fd.rank ? `rank ${fd.rank}` : null, `blame: ${fd.blame}`].filter(Boolean).join(" · ")),
     structureNote(fd),
     el("div", { class: "kv", style: "margin-top:6px" },
       el("span", { class: "k" }, "step · phase"), el("span", { class: "v" }, `${fd.step} · ${fd.phase} (${fd.kind})`),

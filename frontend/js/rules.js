@@ -2,6 +2,8 @@
 // divergence opens a rule prefilled from it; rules are edited in a draft, and saving stores a
 // new version on the server, which reruns the comparison (the pivot moves). Rule sets can be
 // saved under a name, exported as the file `bitguard compare --rules` reads, and imported.
+// "Add & save" adds the rule and saves in one click; every saved version's result can be reopened
+// (the version picker reruns the comparison with that version).
 
 import { api, comparisonPath } from "./api.js";
 import { $, EV, SEL, el, emit, on, toast, fill } from "./dom.js";
@@ -27,11 +29,13 @@ export async function init() {
 }
 
 async function load(c) {
-  const changedSet = !st.c || st.c.id !== c.id || (c.rule_set && c.rule_set.id) !== (st.current && st.current.id);
+  const changedSet = !st.c || st.c.id !== c.id || (c.rule_set && c.rule_set.id) !== (st.current && st.current.id)
+    || (c.rule_set && c.rule_set.version) !== (st.current && st.current.version);
   st.c = c;
   st.sets = await api.get("/api/rulesets");
   if (changedSet || !st.dirty) {
-    st.current = c.rule_set ? await api.get(`/api/rulesets/${c.rule_set.id}`) : null;
+    // the version the comparison ran with (an earlier one when reopened), not always the latest
+    st.current = c.rule_set ? await api.get(`/api/rulesets/${c.rule_set.id}`, { version: c.rule_set.version }) : null;
     st.draft = st.current ? structuredClone(st.current.rules) : [];
     st.dirty = false;
     st.editing = null;
@@ -127,9 +131,11 @@ function editor() {
     ...field("rank", el("input", { type: "number", id: "rule-rank", min: 0, value: m.rank ?? "", placeholder: "any" })),
     ...field("note", el("textarea", { id: "rule-note", rows: 2 }, r.note || "")),
     ...field("author", el("input", { type: "text", id: "rule-author", value: r.author || "" })),
+    st.current ? null : field("save as", el("input", { type: "text", id: "rule-set-name", value: suggestedName(), title: "the name the new rule set is saved under" })),
     el("div", { class: "buttons" },
       el("button", { class: "btn small", onclick: () => { st.editing = null; render(); } }, "Cancel"),
-      el("button", { id: "rule-apply", class: "btn small primary", onclick: applyEditor }, st.editing.index < 0 ? "Add to rule set" : "Update rule")));
+      el("button", { id: "rule-apply", class: "btn small", onclick: applyEditor, title: "Change the draft only; save it later" }, st.editing.index < 0 ? "Add to draft" : "Update draft"),
+      el("button", { id: "rule-add-save", class: "btn small primary", onclick: applyAndSave, title: "Save the rule set with this rule and re-run the comparison" }, st.editing.index < 0 ? "Add & save" : "Update & save")));
 }
 
 function readEditor() {
@@ -153,13 +159,13 @@ function applyEditor() {
   if (!rule.id) {
     st.error = "A rule needs an id (letters, digits, _ . : -).";
     render();
-    return;
+    return false;
   }
   const clash = st.draft.findIndex((r) => r.id === rule.id);
   if (clash >= 0 && clash !== st.editing.index) {
     st.error = `Another rule is already called ${rule.id}; pick another id.`;
     render();
-    return;
+    return false;
   }
   if (st.editing.index < 0) st.draft.push(rule);
   else st.draft[st.editing.index] = rule;
@@ -167,10 +173,28 @@ function applyEditor() {
   st.dirty = true;
   st.error = null;
   render();
+  return true;
+}
+
+// "Add & save": the rule goes into the draft and the draft is saved (a new set under the name given)
+function applyAndSave() {
+  const name = st.current ? null : $("#rule-set-name").value;
+  if (!applyEditor()) return;
+  if (st.current) save();
+  else saveNew(name);
+}
+
+// a name no saved set has yet: "rules for A vs B", else "rules for A vs B (2)", ...
+function suggestedName() {
+  const base = `rules for ${st.c.run_a.name} vs ${st.c.run_b.name}`;
+  const taken = new Set(st.sets.map((s) => s.name));
+  let name = base;
+  for (let i = 2; taken.has(name); i += 1) name = `${base} (${i})`;
+  return name;
 }
 
 function nameBox() {
-  const suggestion = st.naming === "save-as" && st.current ? `${st.current.name} (copy)` : `rules for ${st.c.run_a.name} vs ${st.c.run_b.name}`;
+  const suggestion = st.naming === "save-as" && st.current ? `${st.current.name} (copy)` : suggestedName();
   const input = el("input", { type: "text", id: "ruleset-name", value: suggestion, style: "flex:1" });
   return el("div", { class: "rules-head" }, el("label", {}, "Name"), input,
     el("button", { id: "ruleset-name-ok", class: "btn small primary", onclick: () => saveNew(input.value) }, "Save"),
@@ -186,6 +210,7 @@ function render() {
   const chooser = el("div", { class: "rules-head" },
     select("ruleset-select", setOptions, st.current ? st.current.id : ""),
     st.current ? el("span", { class: "version", id: "ruleset-version" }, `v${st.current.version}${st.current.versions ? ` of ${st.current.versions.length}` : ""}`) : null,
+    versionPicker(),
     st.dirty ? el("span", { class: "dirty", id: "rules-dirty" }, "● unsaved changes") : null);
   chooser.querySelector("select").addEventListener("change", (e) => attach(e.target.value || null));
   const list = st.draft.length ? st.draft.map(ruleCard) : [el("p", { class: "note" }, "No rules: every digest difference counts as a divergence. Select a divergence and choose \u201cMark as benign\u201d to add one.")];
@@ -205,8 +230,8 @@ function render() {
 }
 
 // -- saving: every save reruns the comparison ---------------------------------------------------
-async function rerunWith(ruleSetId) {
-  const c = await api.post(comparisonPath(st.c.id, "/rerun"), { rule_set_id: ruleSetId, keep_rule_set: false });
+async function rerunWith(ruleSetId, version = null) {
+  const c = await api.post(comparisonPath(st.c.id, "/rerun"), { rule_set_id: ruleSetId, keep_rule_set: false, rule_set_version: version });
   emit(EV.rulesSaved, { comparison: c });
 }
 
@@ -247,6 +272,24 @@ function saveNew(name) {
     toast(`Saved ${saved.name}; re-running the comparison`);
     await rerunWith(saved.id);
   });
+}
+
+// every saved version of the set: choosing one reruns the comparison with it (its result reopened)
+function versionPicker() {
+  const versions = (st.current && st.current.versions) || [];
+  if (versions.length < 2) return null;
+  const s = el("select", { id: "ruleset-version-select", "aria-label": "reopen the result of a saved version", title: "Reopen the comparison's result under a saved version of this rule set" },
+    ...versions.map((v) => el("option", { value: v.version, selected: v.version === st.current.version },
+      `v${v.version} · ${v.rules} rule${v.rules === 1 ? "" : "s"}${v.version === st.current.latest_version ? " (latest)" : ""}`)));
+  s.addEventListener("change", () => {
+    if (st.dirty && !confirm("Discard the unsaved rule changes?")) {
+      render();
+      return;
+    }
+    st.dirty = false;
+    guard(() => rerunWith(st.current.id, Number(s.value)));
+  });
+  return s;
 }
 
 function attach(id) {

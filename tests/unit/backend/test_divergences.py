@@ -38,7 +38,8 @@ def test_a_row_names_its_first_event_as_the_event_route_reads_it(result, gap_the
 
 def test_an_allowed_gap_says_which_rule_allowed_it(result):
     rows = divergences.page(result, status="only_a")["rows"]
-    assert rows and all(r["rules"] == ["no-probe"] and "allowed by a rule" in r["cause"] for r in rows)
+    assert rows and all(r["rules"] == ["no-probe"] and r["cause"] == "structure: only in A, allowed by rule no-probe"
+                        for r in rows)
 
 
 def test_filters_combine_and_pages_slice_the_filtered_rows(result):
