@@ -3,7 +3,7 @@
 Exit statuses are a contract: `compare` exits 0 identical, 1 diverged, 3 inconclusive; `check`
 exits 0 clean, 1 findings, 3 inconclusive (nothing it could check, or a run not whole); `drill`
 exits 0 when it names an op-level pivot, 1 when the replays do not differ inside the window, 3 when
-a replay does not reproduce its record; every
+a replay does not reproduce its record; `alerts` exits 0 when no alert was confirmed, 1 when some was; every
 command exits 2 on bad input (a `BitguardError`, one line on stderr) and 70 on an internal
 error (an unexpected exception: one line on stderr, the traceback saved to a file it names), so
 a CI job never mistakes a crash for a divergence. A closed stdout (`bitguard compare A B | head`)
@@ -33,11 +33,15 @@ INTERNAL_ERROR = 70  # EX_SOFTWARE: an unexpected exception, never a verdict
 
 def _record_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", required=True, help="run directory to write (must be empty unless --force)")
-    p.add_argument("--mode", default="full", help="full: every module; trusted: heavy modules only (cheaper)")
+    p.add_argument("--mode", default="full", help="full: every module; trusted: heavy modules only (cheaper); "
+                   "online: no boundary events, sensors watch for silent data corruption while training runs (alerts)")
+    p.add_argument("--budget", type=float, default=None,
+                   help="online mode: the fraction of step time the sensors may cost (default 0.02)")
+    p.add_argument("--sensors", default=None, help="online mode: comma-separated sensors to run (default: all)")
     p.add_argument("--seed", type=int, default=0, help="seed for Python, NumPy and torch RNGs (default 0)")
     p.add_argument("--steps", default=None, help="record only steps A:B (B exclusive, 'A:' open-ended)")
     p.add_argument("--force", action="store_true", help="replace an existing recording in --out")
-    p.add_argument("--no-determinism", dest="determinism", action="store_false",
+    p.add_argument("--no-determinism", dest="determinism", action="store_false", default=None,
                    help="leave RNGs, deterministic algorithms, TF32 and threads as the script sets them")
     p.add_argument("--warn-only", action="store_true",
                    help="torch.use_deterministic_algorithms(warn_only=True): warn instead of failing")
@@ -55,11 +59,11 @@ def _record_options(p: argparse.ArgumentParser) -> None:
 def _record_kwargs(args) -> dict:
     return dict(out=args.out, mode=args.mode, seed=args.seed, steps=args.steps, force=args.force,
                 determinism=args.determinism, warn_only=args.warn_only, threads=args.threads, dump=args.dump,
-                digest_cache=args.digest_cache)
+                digest_cache=args.digest_cache, budget=args.budget, sensors=args.sensors)
 
 
 def cmd_record(args) -> int:
-    from bitguard.recording import MODES, bitguard_files, check_writable, parse_steps, run_script
+    from bitguard.recording import MODES, bitguard_files, check_writable, online_options, parse_steps, run_script
 
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     if not command:
@@ -68,6 +72,7 @@ def cmd_record(args) -> int:
     if args.mode not in MODES:
         raise BadInput(f"unknown --mode {args.mode!r}; use one of: {', '.join(MODES)}")
     parse_steps(args.steps)
+    online_options(args.mode, args.budget, args.sensors)
     program = os.path.basename(command[0])
     if command[0].endswith(".py"):
         # In-process: one rank of a job (torchrun -m bitguard record --out DIR -- train.py).
@@ -140,8 +145,12 @@ def _forwarded(args) -> list[str]:
     opts = ["--out", args.out, "--mode", args.mode, "--seed", str(args.seed)]
     if args.steps:
         opts += ["--steps", args.steps]
-    if not args.determinism:
+    if args.determinism is False:
         opts.append("--no-determinism")
+    if args.budget is not None:
+        opts += ["--budget", repr(args.budget)]
+    if args.sensors is not None:
+        opts += ["--sensors", args.sensors]
     if args.warn_only:
         opts.append("--warn-only")
     if args.threads:
@@ -260,6 +269,14 @@ def cmd_drill(args) -> int:
     return report.exit_status
 
 
+def cmd_alerts(args) -> int:
+    from bitguard.backend.alerts import read_alerts, render_text, to_json
+
+    report = read_alerts(args.run)
+    _print(to_json(report) if args.json else render_text(report))
+    return report.exit_status
+
+
 def cmd_export_perfetto(args) -> int:
     from bitguard.backend.compare import compare
 
@@ -327,6 +344,13 @@ def build_parser() -> argparse.ArgumentParser:
                         "chunks that differ")
     p.add_argument("--json", action="store_true", help="print the bitguard.drill/1 JSON document")
     p.set_defaults(func=cmd_drill)
+
+    what = ("list the alerts of a run recorded with --mode online, each in its latest state, with how to replay "
+            "a confirmed one offline; exit 0 no confirmed alert, 1 some confirmed, 2 bad input (not an online run)")
+    p = sub.add_parser("alerts", help=what, description=what)
+    p.add_argument("run", help="run directory recorded with --mode online")
+    p.add_argument("--json", action="store_true", help="print the bitguard.alerts/1 JSON document")
+    p.set_defaults(func=cmd_alerts)
 
     p = sub.add_parser("export-perfetto", help="write a Perfetto trace of the comparison")
     p.add_argument("run_a")

@@ -3,7 +3,8 @@ comparison (a full-mode run compared with a trusted-mode one), so the two never 
 
 import re
 
-MODES = ("full", "trusted")  # full: every module call; trusted: heavy modules only (cheaper)
+MODES = ("full", "trusted", "online")  # full: every module call; trusted: heavy modules only (cheaper);
+# online: no boundary events, sensors for silent data corruption and alerts (collectors/online/)
 
 # Trusted mode observes only module calls of these types (and gradients, optimizer steps, data).
 HEAVY_MODULES = re.compile(r"Linear|Embedding|Norm|Attention|Attn|MoE|Router|Expert|Conv", re.IGNORECASE)

@@ -55,6 +55,22 @@ def parse_steps(text: str | None) -> tuple[int, int | None] | None:
     return window
 
 
+def online_options(mode: str, budget: float | None, sensors) -> tuple[float, list[str]]:
+    """(budget, sensor names) of an online recording, checked; BadInput for options online mode
+    alone takes given to another mode, or out of range."""
+    if mode != "online":
+        if budget is not None or sensors is not None:
+            raise BadInput(f"--budget and --sensors apply to --mode online only (this is --mode {mode})")
+        return 0.0, []
+    from bitguard.collectors.online import parse_sensors
+    from bitguard.collectors.online.budget import DEFAULT_BUDGET
+
+    budget = DEFAULT_BUDGET if budget is None else budget
+    if not isinstance(budget, (int, float)) or not 0 < budget <= 1:
+        raise BadInput(f"--budget {budget!r} is not a fraction of the step time in (0, 1]; e.g. 0.02 for 2%")
+    return float(budget), parse_sensors(sensors)
+
+
 def check_writable(directory: Path) -> None:
     try:
         directory.mkdir(parents=True, exist_ok=True)
@@ -76,9 +92,9 @@ class record:
     """`with bitguard.record(DIR, mode="full"):` records everything the block trains."""
 
     def __init__(self, out: str | os.PathLike, mode: str = "full", seed: int = 0,
-                 steps: str | tuple | None = None, force: bool = False, determinism: bool = True,
+                 steps: str | tuple | None = None, force: bool = False, determinism: bool | None = None,
                  warn_only: bool = False, threads: int | None = None, command: list[str] | None = None,
-                 dump: bool = False, digest_cache: bool = True):
+                 dump: bool = False, digest_cache: bool = True, budget: float | None = None, sensors=None):
         if mode not in MODES:
             raise BadInput(f"unknown mode {mode!r}; use one of: {', '.join(MODES)}")
         self.out = Path(out)
@@ -86,7 +102,9 @@ class record:
         self.seed = seed
         self.steps = parse_steps(steps) if isinstance(steps, str) or steps is None else tuple(steps)
         self.force = force
-        self.determinism = determinism
+        # online mode watches the user's production run: it changes none of its settings unless asked
+        self.determinism = mode != "online" if determinism is None else determinism
+        self.budget, self.sensors = online_options(mode, budget, sensors)
         self.warn_only = warn_only
         self.threads = threads
         self.dump = dump
@@ -96,6 +114,7 @@ class record:
         self.store = None
         self._old_sigterm = None
         self.drill = None  # a drill replay's op tracer (collectors/drill.py), when BITGUARD_DRILL is set
+        self.monitor = None  # online mode's OnlineMonitor (collectors/online/monitor.py)
 
     def __enter__(self):
         if disabled():
@@ -105,7 +124,7 @@ class record:
         check_writable(self.out)
         from bitguard.collectors.drill import from_env as drill_from_env
 
-        drill = drill_from_env(rank, self.out)  # a bad drill spec is bad input, before anything starts
+        drill = drill_from_env(rank, self.out) if self.mode != "online" else None  # bad input before anything starts
         rank_path = self.out / RANK_FILE.format(rank=rank)
         if rank_path.exists():
             if not self.force:
@@ -120,6 +139,8 @@ class record:
         from bitguard.cuda.fingerprint import warmup
 
         settings = det.apply(det.DeterminismConfig(self.determinism, self.seed, self.warn_only, self.threads))
+        if self.mode == "online":
+            return self._enter_online(rank, world, rank_path, settings)
         self._manifest = manifest.new(self.command, self.mode, world, settings, self.steps, {"dump": self.dump, "digest_cache": self.digest_cache})
         if rank == 0:
             manifest.write(self.out, self._manifest)
@@ -135,6 +156,16 @@ class record:
             drill.install(self)
             self.drill = drill
         self.collector.install()
+        if threading.current_thread() is threading.main_thread() \
+                and signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+            self._old_sigterm = signal.signal(signal.SIGTERM, _sigterm_to_exit)
+        return self
+
+    def _enter_online(self, rank: int, world: int, rank_path: Path, settings: dict):
+        from bitguard.collectors.online.monitor import start
+
+        self.store, self.monitor, self._manifest = start(self, rank, world, rank_path, settings)
+        self.collector = self.monitor  # what finish() ends
         if threading.current_thread() is threading.main_thread() \
                 and signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
             self._old_sigterm = signal.signal(signal.SIGTERM, _sigterm_to_exit)
@@ -156,19 +187,23 @@ class record:
         from bitguard.collectors.determinism import unpatch_dataloader
 
         collector, self.collector = self.collector, None
-        collector.remove(final_state=status == "complete")  # a failed run's weights are not its result
+        if self.monitor is not None:
+            collector.remove()
+            steps_seen, events = collector.steps_seen(), 0
+        else:
+            collector.remove(final_state=status == "complete")  # a failed run's weights are not its result
+            steps_seen, events = collector.step + (1 if collector._advance else 0), collector._seq
         if self.drill is not None:
             self.drill.close()
         unpatch_dataloader()
-        steps_seen = collector.step + (1 if collector._advance else 0)
         self.store.close(status, {"end_time_ns": time.time_ns(), "steps_completed": steps_seen,
-                                  "events": collector._seq})
+                                  "events": events})
         if self._old_sigterm is not None:
             signal.signal(signal.SIGTERM, self._old_sigterm)
         if self.rank == 0:
             self._manifest.update(status=status, complete=status == "complete", exit_status=exit_status,
                                   end_time=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-                                  collector_errors=list(self.store.errors), events_rank0=collector._seq,
+                                  collector_errors=list(self.store.errors), events_rank0=events,
                                   steps_completed=steps_seen,
                                   versions=manifest.versions_at_end(self._manifest.get("versions")),
                                   sources=_sources(self._manifest))

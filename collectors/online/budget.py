@@ -1,0 +1,132 @@
+"""The overhead budget: how much of each operator's work the sensors may check, so that what they
+cost on the critical path stays within a fraction of the step time (`--budget`, default 0.02).
+
+Sensors ask `allow(sensor, op)` before checking a call and report what a check cost with
+`charge(sensor, op, seconds, flops)`. At each step's end `step_end()` compares the seconds
+charged with the training's own time in that step (the step's wall time minus what the sensors
+charged) and sets every operator's rate for the next step: a water-filling of the step's allowance
+(budget × training time) over the operators seen, cheapest first, each getting an equal share of
+what is left, capped at rate 1. An operator's cost per unit of rate is learned from what it
+charged (an exponential average), so the controller needs no model of the hardware.
+
+A rate r is the expected fraction of an operator's work that is checked. Down to `ROW_FLOOR` it is
+the fraction of rows checked in every call (`row_fraction`); below that, calls are checked with
+probability r / ROW_FLOOR, each at ROW_FLOOR of its rows, so the cost of a check's fixed part
+(a weight's column sums, Python) also scales with r. No rate goes below `MIN_RATE`: a budget too
+small for even that is exceeded, and the sensor_stats rows show by how much.
+
+The random draws use a generator of their own, never torch's or Python's global one (the training
+must draw exactly what it draws unwatched). The clock is injectable: tests drive the controller
+with a fake one. This module knows nothing about tensors or hooks.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from dataclasses import dataclass
+
+DEFAULT_BUDGET = 0.02
+ROW_FLOOR = 1 / 16  # below this rate, whole calls are skipped instead of rows
+MIN_RATE = 1 / 1024
+EMA = 0.3  # weight of the latest step in an operator's cost estimate
+MAX_RAISE = 2.0  # a rate at most doubles from one step to the next (decreases take effect at once)
+
+
+@dataclass
+class OpBudget:
+    rate: float = 1.0  # in force for the current step
+    unit: float | None = None  # learned seconds per step at rate 1
+    calls: int = 0  # this step
+    checked: int = 0
+    seconds: float = 0.0
+    flops_seen: float = 0.0
+    flops_checked: float = 0.0
+
+
+class Budget:
+    def __init__(self, fraction: float = DEFAULT_BUDGET, clock=time.perf_counter, seed: int = 0):
+        if not 0 < fraction <= 1:
+            raise ValueError(f"budget {fraction!r} is not a fraction in (0, 1]")
+        self.fraction = fraction
+        self.clock = clock
+        self.ops: dict[tuple[str, str], OpBudget] = {}
+        self._random = random.Random(seed).random
+        self._step_start: float | None = None
+        self.last_step_s: float | None = None  # the last step's wall time
+        self.last_sensor_s = 0.0  # what the sensors charged in it
+        self.overhead: float | None = None  # last_sensor_s / (last_step_s - last_sensor_s)
+        self.fixed_s = 0.0  # this step's critical-path seconds no rate can lower (the monitor's step end)
+
+    def start(self) -> None:
+        """The clock starts the first step (the recording began)."""
+        self._step_start = self.clock()
+
+    def op(self, sensor: str, op: str) -> OpBudget:
+        entry = self.ops.get((sensor, op))
+        if entry is None:
+            entry = self.ops[(sensor, op)] = OpBudget()
+        return entry
+
+    def allow(self, sensor: str, op: str, flops: float = 0.0) -> bool:
+        """Whether to check this call of `op` (counting it as seen)."""
+        entry = self.op(sensor, op)
+        entry.calls += 1
+        entry.flops_seen += flops
+        if entry.rate >= ROW_FLOOR or self._random() < entry.rate / ROW_FLOOR:
+            entry.checked += 1
+            return True
+        return False
+
+    def row_fraction(self, sensor: str, op: str) -> float:
+        """The fraction of a checked call's rows (or columns) to check."""
+        return max(self.op(sensor, op).rate, ROW_FLOOR)
+
+    def random(self) -> float:
+        """A draw from the budget's own generator (sensors' row offsets)."""
+        return self._random()
+
+    def charge(self, sensor: str, op: str, seconds: float, flops: float = 0.0) -> None:
+        entry = self.op(sensor, op)
+        entry.seconds += seconds
+        entry.flops_checked += flops
+
+    def charge_fixed(self, seconds: float) -> None:
+        """Critical-path time that no sampling rate scales (it comes off the allowance)."""
+        self.fixed_s += seconds
+
+    def step_end(self) -> None:
+        """Measure the step that ends and set the rates for the next one; counters are kept until
+        reset() (the sensors' stats() read them first)."""
+        now = self.clock()
+        charged = sum(e.seconds for e in self.ops.values()) + self.fixed_s
+        if self._step_start is not None:
+            step = now - self._step_start
+            self.last_step_s, self.last_sensor_s = step, charged
+            own = step - charged
+            self.overhead = charged / own if own > 0 else None
+            if own > 0:
+                self._allocate(max(0.0, self.fraction * own - self.fixed_s))
+        self._step_start = now
+
+    def _allocate(self, allowance: float) -> None:
+        active = []
+        for entry in self.ops.values():
+            if entry.checked and entry.seconds > 0:
+                observed = entry.seconds / entry.rate
+                entry.unit = observed if entry.unit is None else (1 - EMA) * entry.unit + EMA * observed
+            if entry.calls and entry.unit:
+                active.append(entry)
+        left = allowance
+        for n, entry in enumerate(sorted(active, key=lambda e: e.unit)):
+            share = left / (len(active) - n)
+            rate = min(1.0, max(MIN_RATE, share / entry.unit), entry.rate * MAX_RAISE)
+            left = max(0.0, left - rate * entry.unit)
+            entry.rate = rate
+
+    def reset(self) -> None:
+        """Start the next step's counters."""
+        self.fixed_s = 0.0
+        for entry in self.ops.values():
+            entry.calls = entry.checked = 0
+            entry.seconds = entry.flops_seen = entry.flops_checked = 0.0

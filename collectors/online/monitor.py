@@ -1,0 +1,294 @@
+"""The online monitor: what `--mode online` installs in the training process instead of the
+recording Collector.
+
+It counts steps with a global optimizer step post hook (step 0 until the first optimizer.step()
+ends, as events count them), installs the chosen sensors, gives them the budget
+(`monitor.budget`) and `raise_alert`, runs the verifier, and at every step's end writes each
+sensor's `sensor_stats` rows and the alert rows of the step (raised ones, and the verifier's
+verdicts) to the rank's store through its journal, so a killed run keeps them. Every alert state
+change is also one line on stderr. It records no boundary event and changes nothing the training
+computes: its hooks read tensors, copy evidence, and never raise (`guard`).
+
+It does not know what a sensor checks; module names come from `ModuleNames` (the same dotted
+paths events use, found from the first call of a module without wrapping every module call).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import threading
+import time
+import weakref
+from functools import partial
+
+import torch
+
+from bitguard.collectors.online.budget import DEFAULT_BUDGET, Budget
+from bitguard.collectors.online.sensor import Alert, Task
+from bitguard.collectors.online.verifier import Verifier, Verdict
+from bitguard.schema import ALERTS, SENSOR_STATS
+
+MAX_REPORTED_ERRORS = 20
+DRAIN_SECONDS = 30.0  # at the recording's end, how long the verifier may still run
+MAX_PRINTED_ALERTS = 200  # stderr lines; every state change is in the alerts table whatever the count
+
+
+class ModuleNames:
+    """Dotted module paths as named_modules() gives them under each root (a root: its class
+    name), found on a module's first call by walking the Python stack up to the outermost module
+    whose forward is running (its `self`). A module called outside any module's forward is its own
+    root."""
+
+    def __init__(self):
+        self._names: dict[int, tuple[weakref.ref, str]] = {}
+        self._roots: set[str] = set()
+
+    def __call__(self, module: torch.nn.Module) -> str:
+        entry = self._names.get(id(module))
+        if entry is not None and entry[0]() is module:
+            return entry[1]
+        root = module
+        frame = sys._getframe(1)
+        while frame is not None:
+            candidate = frame.f_locals.get("self") if frame.f_code.co_name in ("forward", "_call_impl") else None
+            if isinstance(candidate, torch.nn.Module) and candidate is not root:
+                if any(m is root for m in candidate.modules()):
+                    root = candidate
+            frame = frame.f_back
+        self._register(root)
+        entry = self._names.get(id(module))
+        return entry[1] if entry is not None else type(module).__name__
+
+    def _register(self, root: torch.nn.Module) -> None:
+        from bitguard.collectors.compiled import eager_name
+        from bitguard.collectors.sharded import clean_name
+
+        base = name = type(root).__name__
+        n = 1
+        while name in self._roots:
+            n += 1
+            name = f"{base}#{n}"
+        self._roots.add(name)
+        for sub_name, sub in root.named_modules():
+            entry = self._names.get(id(sub))
+            if entry is None or entry[0]() is not sub:
+                self._names[id(sub)] = (weakref.ref(sub), clean_name(eager_name(sub_name)) or name)
+
+
+class OnlineMonitor:
+    def __init__(self, store, rank: int = 0, world_size: int = 1, budget: float = DEFAULT_BUDGET,
+                 sensors: list | None = None, simulator=None, clock=time.perf_counter, verifier_thread: bool = True,
+                 out=sys.stderr):
+        self.store = store
+        self.rank = rank
+        self.world_size = world_size
+        self.errors: list[str] = store.errors if store is not None else []
+        self.enabled = True
+        self.budget = Budget(budget, clock, seed=rank)
+        self.sensors = list(sensors or [])
+        self.simulator = simulator  # the SDC simulator (tests and evaluation only), or None
+        self.module_name = ModuleNames()
+        self.verifier = Verifier(self._on_verdict, thread=verifier_thread)
+        self.alerts_raised = 0
+        self.states: dict[int, str] = {}  # alert_id -> latest state
+        self._out = out
+        self._step = 0
+        self._advance = False
+        self._lock = threading.Lock()
+        self._rows: list[dict] = []  # alert rows waiting for the training thread
+        self._handles: list = []
+        self._printed = 0
+        self._stepped: set[int] = set()  # optimizers that stepped since the last step's end
+
+    # -- steps ---------------------------------------------------------------------------------
+    @property
+    def step(self) -> int:
+        """The current step (0 until the first optimizer.step() ends)."""
+        if self._advance:
+            self._advance = False
+            self._step += 1
+        return self._step
+
+    def install(self) -> None:
+        from torch.optim import optimizer as optim
+
+        self._handles.append(optim.register_optimizer_step_post_hook(self.guard(self._on_optimizer_step)))
+        if self.simulator is not None:  # first: the sensors see its corrupted outputs, as they would a device's
+            self.guard(self.simulator.install)(self)
+        for sensor in self.sensors:
+            self.guard(sensor.install)(self)
+        self.budget.start()
+
+    def remove(self) -> None:
+        """Remove every hook, let the verifier finish (DRAIN_SECONDS at most: what is left stays
+        pending) and write what is still queued."""
+        for sensor in reversed(self.sensors):
+            self.guard(sensor.remove)()
+        if self.simulator is not None:
+            self.guard(self.simulator.remove)()
+        for handle in self._handles:
+            handle.remove()
+        self._handles.clear()
+        left = self.verifier.drain(DRAIN_SECONDS)
+        if left:
+            print(f"bitguard: online: {left} verification task(s) unfinished at the end; their alerts stay pending",
+                  file=self._out)
+        if self._active():
+            self.guard(self._end_step)()  # the last, partial step's counters
+        else:
+            self.guard(self._flush)()
+        self.enabled = False
+
+    def steps_seen(self) -> int:
+        return self._step + (1 if self._advance else 0)
+
+    def _active(self) -> bool:
+        """Whether a protected call was seen since the last step's end."""
+        return any(e.calls for e in self.budget.ops.values())
+
+    def _on_optimizer_step(self, optimizer, args, kwargs) -> None:
+        if self._advance:
+            if id(optimizer) not in self._stepped and not self._active():
+                # another optimizer in the same step: no protected call ran since the first one's step()
+                # (without a sensor that sees calls, another optimizer's step() always joins the step)
+                self._stepped.add(id(optimizer))
+                return
+            self._advance = False
+            self._step += 1
+        self._stepped = {id(optimizer)}
+        try:
+            self._end_step()
+        finally:
+            self._advance = True
+
+    def _end_step(self) -> None:
+        step = self._step
+        for sensor in self.sensors:
+            self.guard(sensor.on_step_end)(step)
+        t0 = self.budget.clock()
+        rows = []
+        for sensor in self.sensors:
+            rows += self.guard(sensor.stats)() or []
+        queue = len(self.verifier)
+        for row in rows:
+            row.update(step=step, rank=self.rank, queue=queue)
+        self.budget.step_end()
+        self.budget.reset()
+        if self.store is not None and rows:
+            self.store.add_rows(SENSOR_STATS.name, rows)
+        if self.simulator is not None:
+            self.guard(self.simulator.on_step_end)(step)
+        self._flush()
+        self.budget.charge_fixed(self.budget.clock() - t0)
+
+    def _flush(self) -> None:
+        with self._lock:
+            rows, self._rows = self._rows, []
+        if self.store is not None:
+            if rows:
+                self.store.add_rows(ALERTS.name, rows)
+            if not self.store.step_barrier():
+                self._fail("step barrier", TimeoutError("writer did not commit within 30 s"))
+
+    # -- alerts --------------------------------------------------------------------------------
+    def sensor(self, name: str):
+        return next((s for s in self.sensors if s.name == name), None)
+
+    def raise_alert(self, alert: Alert, payload=None) -> int:
+        """Record an alert (a `pending` row, or `warning`), print its line, and queue its
+        verification when it is an alert. Its id."""
+        with self._lock:
+            alert_id = self.alerts_raised
+            self.alerts_raised += 1
+        step = self.step
+        state = "pending" if alert.severity == "alert" else "warning"
+        self._record(alert_id, step, alert, state, alert.evidence)
+        if alert.severity == "alert":
+            sensor = self.sensor(alert.sensor)
+            if sensor is None:
+                self._fail("raise_alert", ValueError(f"no sensor {alert.sensor!r} to verify alert #{alert_id}"))
+            else:
+                self.verifier.submit(Task(alert_id, step, sensor, payload, time.monotonic(), alert))
+        return alert_id
+
+    def _record(self, alert_id: int, step: int, alert: Alert, state: str, evidence: dict,
+                latency: int | None = None, seconds: float | None = None) -> None:
+        row = {"alert_id": alert_id, "step": step, "rank": self.rank, "sensor": alert.sensor,
+               "boundary": alert.boundary, "op": alert.op, "severity": alert.severity, "state": state,
+               "evidence": json.dumps(evidence, default=str, allow_nan=True), "threshold": alert.threshold,
+               "t_ns": time.time_ns(), "latency_steps": latency, "verifier_s": seconds}
+        with self._lock:
+            self._rows.append(row)
+            self.states[alert_id] = state
+            printed = self._printed
+            self._printed += 1
+        if printed < MAX_PRINTED_ALERTS:
+            print(f"bitguard: online alert #{alert_id} step {step} rank {self.rank} {alert.sensor} {alert.boundary} "
+                  f"({alert.op}): {_summary(alert, evidence)} — {state}", file=self._out, flush=True)
+        elif printed == MAX_PRINTED_ALERTS:
+            print(f"bitguard: online: more alert state changes follow; only the alerts table holds them",
+                  file=self._out, flush=True)
+
+    def _on_verdict(self, verdict: Verdict) -> None:
+        task = verdict.task
+        now = self._step + (1 if self._advance else 0)
+        self._record(task.alert_id, task.step, task.alert, verdict.state, verdict.evidence,
+                     latency=now - task.step, seconds=verdict.seconds)
+
+    # -- failure containment -------------------------------------------------------------------
+    def guard(self, fn):
+        """`fn` as a hook that never raises into training: a failure is recorded and reported once."""
+        return partial(self._guarded, fn)
+
+    def _guarded(self, fn, *args, **kwargs):
+        if not self.enabled:
+            return None
+        try:
+            return fn(*args, **kwargs)
+        except Exception as exc:  # noqa: BLE001 - the training must go on
+            self._fail(getattr(fn, "__qualname__", getattr(fn, "__name__", "hook")), exc)
+            return None
+
+    def _fail(self, where: str, exc: BaseException) -> None:
+        message = f"online {where}: {type(exc).__name__}: {exc}"
+        if message not in self.errors and len(self.errors) < MAX_REPORTED_ERRORS:
+            self.errors.append(message)
+            print(f"bitguard: collector error (training continues): {message}", file=self._out)
+
+
+def _summary(alert: Alert, evidence: dict) -> str:
+    """What the stderr line says was seen: the gap against the threshold, or the verdict's words."""
+    if isinstance(evidence, dict) and isinstance(evidence.get("summary"), str):
+        return evidence["summary"]
+    gap = evidence.get("gap") if isinstance(evidence, dict) else None
+    if isinstance(gap, (int, float)) and alert.threshold is not None:
+        return f"gap {gap:.1e} > threshold {alert.threshold:.1e}"
+    return alert.severity
+
+
+def start(recording, rank: int, world: int, rank_path, settings: dict):
+    """Online mode's part of `bitguard.record`: the manifest (mode online, its budget, sensors and
+    any SDC simulation), this rank's store and the installed monitor. (store, monitor, manifest)."""
+    import os
+
+    from bitguard import manifest
+    from bitguard.collectors.online import build
+    from bitguard.collectors.online.simulator import from_env as simulator_from_env
+    from bitguard.collectors.store import RankStore
+
+    simulator = simulator_from_env(recording.out, rank)  # a bad spec is bad input, before anything starts
+    options = {"budget": recording.budget, "sensors": recording.sensors,
+               "sdc_simulate": None if simulator is None else simulator.spec_dict()}
+    data = manifest.new(recording.command, recording.mode, world, settings, recording.steps, {"online": options})
+    if rank == 0:
+        manifest.write(recording.out, data)
+    store = RankStore(str(rank_path), {
+        "rank": rank, "world_size": world, "mode": recording.mode, "determinism": settings, "steps": recording.steps,
+        "start_time_ns": time.time_ns(), "pid": os.getpid(), "online": options})
+    monitor = OnlineMonitor(store, rank, world, recording.budget, build(recording.sensors), simulator)
+    monitor.install()
+    if simulator is not None:
+        print(f"bitguard: online: SDC SIMULATION ACTIVE ({simulator.describe()}): this run's outputs are corrupted "
+              f"on purpose (BITGUARD_SDC_SIMULATE)", file=sys.stderr)
+    return store, monitor, data

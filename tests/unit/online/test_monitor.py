@@ -1,0 +1,109 @@
+"""The online monitor in process: it leaves training bitwise as a plain run's, counts steps as
+events do, writes sensor_stats at each step's end and every alert state change as a row and one
+stderr line."""
+
+import io
+import json
+
+import duckdb
+import torch
+
+import bitguard
+from bitguard.collectors.online.monitor import OnlineMonitor
+from bitguard.collectors.online.sensor import Alert, Sensor
+from bitguard.collectors.store import RankStore
+from online_tiny import build, train
+
+
+def _rows(path, sql):
+    con = duckdb.connect(str(path), read_only=True)
+    try:
+        return con.execute(sql).fetchall()
+    finally:
+        con.close()
+
+
+def test_an_online_run_trains_bitwise_as_a_plain_one(tmp_path):
+    model, opt, data = build()
+    plain_losses = train(model, opt, data, 4)
+    plain = [p.detach().clone() for p in model.parameters()]
+    model, opt, data = build()
+    with bitguard.record(tmp_path / "run", mode="online", budget=1.0):
+        online_losses = train(model, opt, data, 4)
+    assert online_losses == plain_losses
+    for a, b in zip(plain, model.parameters()):
+        assert torch.equal(a, b), "the online monitor changed the training's numbers"
+    assert torch.nn.Linear.forward.__qualname__ == "Linear.forward", "the sensor's wrapper was not removed"
+    manifest = json.loads((tmp_path / "run" / "manifest.json").read_text())
+    assert manifest["mode"] == "online" and manifest["online"]["budget"] == 1.0
+    assert manifest["determinism"]["enabled"] is False, "online mode must not change the run's settings"
+    stats = _rows(tmp_path / "run" / "rank-0.duckdb",
+                  "SELECT step, count(*), sum(checked) FROM sensor_stats WHERE op LIKE 'linear:%' GROUP BY step ORDER BY step")
+    assert [s for s, *_ in stats] == [0, 1, 2, 3]
+    assert all(n == 9 and checked >= 9 for _, n, checked in stats), stats  # 2 layers x 4 Linear + lm_head
+    assert _rows(tmp_path / "run" / "rank-0.duckdb", "SELECT count(*) FROM alerts") == [(0,)]
+    assert _rows(tmp_path / "run" / "rank-0.duckdb", "SELECT count(*) FROM events") == [(0,)]
+
+
+class _Raiser(Sensor):
+    """A sensor that raises one alert and one warning at step 1 and verifies as told."""
+
+    name = "checksum"
+
+    def __init__(self, verdict):
+        self.verdict = verdict
+
+    def on_step_end(self, step):
+        if step == 1:
+            self.monitor.raise_alert(Alert(self.name, "blocks.0.mlp.fc", "linear", "alert", {"gap": 0.5}, 1e-5),
+                                     payload={"x": 1})
+            self.monitor.raise_alert(Alert(self.name, "loss", "loss", "warning", {"summary": "loss jumped"}))
+
+    def verify(self, task):
+        assert task.payload == {"x": 1}
+        return self.verdict, {"summary": f"verified: {self.verdict}"}
+
+    def stats(self):
+        return [{"sensor": self.name, "op": None, "calls": 1, "checked": 1, "rate": 1.0, "seconds": 0.0}]
+
+
+def test_alerts_are_rows_and_stderr_lines_with_their_verdict(tmp_path):
+    path = tmp_path / "rank-0.duckdb"
+    store = RankStore(str(path), {"rank": 0, "world_size": 1, "mode": "online"})
+    err = io.StringIO()
+    monitor = OnlineMonitor(store, sensors=[_Raiser("confirmed")], out=err, verifier_thread=False)
+    monitor.install()
+    model, opt, data = build()
+    try:
+        train(model, opt, data, 3)
+        monitor.verifier.run_one()
+        train(model, opt, data, 1)
+    finally:
+        monitor.remove()
+        store.close("complete")
+    rows = _rows(path, "SELECT alert_id, step, severity, state, threshold, latency_steps FROM alerts ORDER BY t_ns")
+    assert rows == [(0, 1, "alert", "pending", 1e-5, None), (1, 1, "warning", "warning", None, None),
+                    (0, 1, "alert", "confirmed", 1e-5, 2)]  # verified once step 2 had ended
+    lines = err.getvalue().splitlines()
+    assert lines[0] == ("bitguard: online alert #0 step 1 rank 0 checksum blocks.0.mlp.fc (linear): gap 5.0e-01 > "
+                        "threshold 1.0e-05 — pending")
+    assert lines[1].endswith("loss (loss): loss jumped — warning")
+    assert lines[2].endswith("(linear): verified: confirmed — confirmed")
+    assert _rows(path, "SELECT step, queue FROM sensor_stats ORDER BY step") == [(0, 0), (1, 1), (2, 1), (3, 0)]
+
+
+def test_a_second_optimizer_in_the_same_step_does_not_count_a_step(tmp_path):
+    monitor = OnlineMonitor(None, sensors=[], verifier_thread=False)
+    monitor.install()
+    try:
+        w = torch.nn.Parameter(torch.ones(2))
+        a, b = torch.optim.SGD([w], lr=0.1), torch.optim.SGD([w], lr=0.1)
+        monitor.budget.allow("checksum", "op")  # a protected call in step 0
+        a.step()
+        b.step()  # nothing ran since a.step(): the same step
+        assert monitor.steps_seen() == 1
+        monitor.budget.allow("checksum", "op")
+        a.step()
+        assert monitor.steps_seen() == 2 and monitor.step == 2
+    finally:
+        monitor.remove()
