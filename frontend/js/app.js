@@ -8,12 +8,15 @@ import { count, useVocabulary } from "./format.js";
 import * as detail from "./detail.js";
 import * as download from "./download.js";
 import * as drill from "./drill.js";
+import * as keys from "./keys.js";
 import * as pivot from "./pivot.js";
 import { inconclusiveReasons, reasonList } from "./pivot.js";
 import * as propagation from "./propagation.js";
 import * as rules from "./rules.js";
+import * as search from "./search.js";
 import * as timeline from "./timeline.js";
 import * as upload from "./upload.js";
+import * as viewstate from "./viewstate.js";
 
 const st = { id: null, loaded: null, poll: null, firstDraw: false, vocabulary: null };
 
@@ -202,6 +205,9 @@ function init() {
   propagation.init();
   rules.init();
   upload.init();
+  search.init();
+  keys.init();
+  viewstate.init(); // after the views: the URL's selection reaches a panel that has reset for its comparison
   on(EV.rulesSaved, () => st.id && poll(st.id));
   on(EV.timelineDrawn, (d) => {
     // the benchmark and the browser tests wait for this: the comparison is drawn

@@ -28,6 +28,21 @@ export const SEL = {
   axisToggle: "#axis-toggle",
   gotoPivot: "#goto-pivot",
   wholeRank: "#whole-rank",
+  prevDivergence: "#prev-divergence",
+  nextDivergence: "#next-divergence",
+  prevGap: "#prev-gap",
+  nextGap: "#next-gap",
+  zoomIn: "#zoom-in",
+  zoomOut: "#zoom-out",
+  navInfo: "#nav-info",
+  searchForm: "#search-form",
+  search: "#search",
+  searchPrev: "#search-prev",
+  searchNext: "#search-next",
+  searchInfo: "#search-info",
+  keysHelp: "#keys-help",
+  keysOverlay: "#keys-overlay",
+  linkNote: "#link-note",
   legend: "#legend",
   overview: "#overview",
   timeline: "#timeline",
@@ -51,6 +66,10 @@ export const EV = {
   rulesSaved: "bitguard:rules-saved", // detail: {ruleSet, comparison}
   timelineDrawn: "bitguard:timeline-drawn", // detail: {rank, axis, start, end, mode}
   drillRequested: "bitguard:drill-requested", // detail: none (drill the loaded comparison's pivot)
+  trailChanged: "bitguard:trail-changed", // detail: {trail: [node ids], push} (a propagation step when push)
+  showTrail: "bitguard:show-trail", // detail: [node ids] (a trail to show again: a link, the back button)
+  propagationReady: "bitguard:propagation-ready", // detail: comparison (its pivot column is drawn)
+  restoreView: "bitguard:restore-view", // detail: {rank, axis, window} (a link's timeline window)
 };
 
 // resolves with window.Plotly once plotly.js (loaded async by index.html) has run

@@ -19,6 +19,7 @@ export function init() {
   on(EV.comparisonLoaded, (c) => load(c));
   $(SEL.propBack).addEventListener("click", () => go(st.at - 1));
   $(SEL.propForward).addEventListener("click", () => go(st.at + 1));
+  on(EV.showTrail, (ids) => showTrail(ids)); // a link's trail, or the browser's Back (viewstate.js)
 }
 
 async function load(c) {
@@ -49,6 +50,7 @@ async function load(c) {
     st.history = [[st.pivot.id]];
     st.at = 0;
     render();
+    emit(EV.propagationReady, c);
   } catch (e) {
     toast(e.message, "error");
   }
@@ -76,7 +78,34 @@ async function clickNode(column, node) {
   st.history.push(path);
   st.at = st.history.length - 1;
   render();
+  emit(EV.trailChanged, { trail: path, push: true }); // a new history entry, which select() then fills
   select(node);
+  const again = $(SEL.propagation).querySelectorAll(".column")[column]?.querySelector(".node.selected");
+  if (again) again.focus({ preventScroll: true }); // the keyboard stays where it was
+}
+
+// a trail given by node ids after the pivot, each expanded in turn (a node not reached stops it);
+// shown without a selection and without a history entry of its own (the URL already has it)
+async function showTrail(ids) {
+  if (!st.pivot) return;
+  const path = [st.pivot.id];
+  try {
+    for (const id of ids) {
+      const from = st.neighbours.get(path[path.length - 1]) || await expand(path[path.length - 1]);
+      if (!from.consumers.some((n) => n.id === id)) break;
+      await expand(id);
+      path.push(id);
+    }
+  } catch (e) {
+    toast(e.message, "error");
+  }
+  const i = st.history.findIndex((t) => t.join("\n") === path.join("\n"));
+  if (i >= 0) st.at = i;
+  else {
+    st.history = st.history.slice(0, st.at + 1).concat([path]);
+    st.at = st.history.length - 1;
+  }
+  render();
 }
 
 function go(index) {
@@ -84,6 +113,7 @@ function go(index) {
   st.at = index;
   const path = trail(); // every node on a trail was expanded when it was clicked
   render();
+  emit(EV.trailChanged, { trail: path, push: false });
   select(st.nodes.get(path[path.length - 1]));
 }
 
@@ -98,6 +128,9 @@ function card(node, column, selected, edge) {
     dataset: { nodeId: node.id, boundary: node.boundary },
     title: `${node.phase} ${node.boundary}: ${node.count} divergent event(s) from step ${node.first_step}`,
     onclick: () => clickNode(column, node),
+    tabindex: 0, // focusable; Enter or Space clicks it
+    role: "button",
+    onkeydown: (e) => (e.key === "Enter" || e.key === " ") && (e.preventDefault(), clickNode(column, node)),
   },
   el("div", { class: "b" }, node.boundary),
   el("div", { class: "m" }, el("span", {}, `${node.phase}${node.kind && node.kind !== "module" ? ` · ${node.kind}` : ""}`), el("span", {}, `step ${node.first_step}`), el("span", { title: "divergent events of this boundary and phase, over all steps" }, `${count(node.count)} event${node.count === 1 ? "" : "s"}`), node.is_pivot ? el("b", { style: "color:#7a1fa2" }, "pivot") : null),

@@ -1,10 +1,13 @@
 // The comparison view's two matched timelines: run A's lanes above run B's, one lane per
 // phase, for one rank, by aligned position or by time. The server sends a window at a time,
 // binned when it holds many events and event by event when few; zooming asks for the next
-// window. An overview strip shows the whole rank and where the window is.
+// window. An overview strip shows the whole rank and where the window is. Above them, steps to
+// the next or previous divergent pair or gap (asked of the server's search, which knows them all
+// in aligned order) and zoom in and out around the selected event or the window's middle.
 
 import { api, comparisonPath } from "./api.js";
 import { $, $$, EV, SEL, el, emit, fill, on, plotly, toast } from "./dom.js";
+import { pending } from "./viewstate.js";
 import { count, duration, PIVOT_COLOR, plotText as esc, PREFIX_FILL, rowStatus, SELECT_COLOR, STATUS, STATUS_OF_ROW, UNKNOWN_STATUS } from "./format.js";
 
 let CODES = Object.keys(STATUS); // replaced by the server's status_codes with every window
@@ -61,10 +64,21 @@ export function init() {
   for (const b of $$("button", $(SEL.axisToggle))) b.addEventListener("click", () => setAxis(b.dataset.axis));
   $(SEL.gotoPivot).addEventListener("click", () => gotoPivot());
   $(SEL.wholeRank).addEventListener("click", () => wholeRank());
+  $(SEL.prevDivergence).addEventListener("click", () => nextDifference("diverged", "prev"));
+  $(SEL.nextDivergence).addEventListener("click", () => nextDifference("diverged", "next"));
+  $(SEL.prevGap).addEventListener("click", () => nextDifference("gap", "prev"));
+  $(SEL.nextGap).addEventListener("click", () => nextDifference("gap", "next"));
+  $(SEL.zoomIn).addEventListener("click", () => zoom(0.5));
+  $(SEL.zoomOut).addEventListener("click", () => zoom(2));
+  const plot = $(SEL.timeline);
+  plot.tabIndex = 0; // focusable: the arrow keys step from event to event (keys.js)
+  plot.setAttribute("aria-label", "timelines of run A and run B; arrow keys step from event to event");
   on(EV.comparisonLoaded, (c) => load(c));
+  on(EV.restoreView, (v) => show(v));
   on(EV.selectEvent, (sel) => {
     st.selected = sel;
-    if (sel.source !== "timeline") reveal(sel);
+    if (sel.source === "restore") drawDetail(); // a link's selection: its window comes with it
+    else if (sel.source !== "timeline") reveal(sel);
     else drawDetail();
   });
 }
@@ -86,8 +100,30 @@ async function load(c) {
   fill(select, ...c.ranks.map((r) => el("option", { value: r, selected: r === st.rank }, `${r}`)));
   select.disabled = c.ranks.length < 2;
   $(SEL.gotoPivot).disabled = !c.pivot_position;
+  fill($(SEL.navInfo));
+  const v = pending(c);
+  if (v) {
+    await show(v);
+    return;
+  }
   syncAxisButtons();
   await refresh({ around: pivotPos() });
+}
+
+// a view read from a link: {rank, axis, window: [start, end] in what the axis shows | "all", selected}
+async function show(v) {
+  if (v.rank != null && st.c.ranks.includes(v.rank)) {
+    st.rank = v.rank;
+    $(SEL.rankSelect).value = String(v.rank);
+  }
+  if (v.axis === "seq" || v.axis === "time") st.axis = v.axis;
+  if (v.selected) st.selected = v.selected;
+  syncAxisButtons();
+  cancelPending();
+  if (v.window === "all") await refresh({});
+  else if (Array.isArray(v.window)) await refresh({ start: v.window[0], end: v.window[1] });
+  else if (v.selected && v.selected.rank === st.rank) await refresh({ around: v.selected.pos });
+  else await refresh({ around: pivotPos() });
 }
 
 function syncAxisButtons() {
@@ -122,6 +158,95 @@ export function wholeRank() {
   return refresh({ overviewToo: false });
 }
 
+// -- stepping through the rank ---------------------------------------------------------------
+// where "next" starts from: the selected event, else just before the window (after it for "prev")
+function cursor(direction) {
+  const s = st.selected;
+  if (s && s.rank === st.rank && s.pos != null) return s.pos;
+  const d = st.data;
+  if (!d) return null;
+  if (st.axis === "seq") return direction === "next" ? Math.floor(d.start) - 1 : Math.ceil(d.end);
+  if (d.mode === "events" && d.events.length) return direction === "next" ? d.events[0].pos - 1 : d.events[d.events.length - 1].pos + 1;
+  return pivotPos();
+}
+
+const WHAT = { diverged: "divergent pair", gap: "gap" };
+
+// the next (or previous) event the query matches on this rank, selected and brought into view;
+// the server's answer, or null when the request failed
+export async function jump(query, direction = "next") {
+  const c = st.c;
+  if (!c) return null;
+  const at = cursor(direction);
+  let out;
+  try {
+    out = await api.get(comparisonPath(c.id, "/search"), { ...query, rank: st.rank, from: at, direction, limit: 0 });
+  } catch (e) {
+    if (e.type !== "ComparisonNotReady") toast(e.message, "error");
+    return null;
+  }
+  if (c !== st.c) return null;
+  if (out.hit) {
+    const e = out.hit.event;
+    const side = e.a_seq != null ? "a" : "b";
+    emit(EV.selectEvent, { rank: st.rank, pos: e.pos, side, seq: side === "a" ? e.a_seq : e.b_seq, source: "nav" });
+  }
+  return out;
+}
+
+function say(node, text, none = false) {
+  node.textContent = text;
+  node.classList.toggle("none", none);
+}
+
+export async function nextDifference(status, direction = "next") {
+  const out = await jump({ status }, direction);
+  if (!out) return;
+  const what = WHAT[status] || status;
+  const node = $(SEL.navInfo);
+  if (!out.total) say(node, `no ${what} on rank ${st.rank}`, true);
+  else if (!out.hit) say(node, `no ${what} ${direction === "next" ? "after" : "before"} this one (${count(out.total)} in all)`, true);
+  else {
+    const e = out.hit.event;
+    say(node, `${what} ${count(out.hit.index + 1)} of ${count(out.total)} · step ${count(e.step)} · ${e.phase} ${e.boundary}`);
+  }
+}
+
+// the event next to the selected one in aligned order (any status)
+export async function stepEvent(direction) {
+  const out = await jump({}, direction);
+  if (out && !out.hit) say($(SEL.navInfo), direction === "next" ? "the last event of this rank" : "the first event of this rank", true);
+}
+
+// zoom the window by `factor` (0.5: in, 2: out) around the selected event when it is in view,
+// else around the window's middle; the server clamps a window past the rank's ends
+export function zoom(factor) {
+  const d = st.data;
+  if (!d) return null;
+  let mid = (d.start + d.end) / 2;
+  const s = st.selected;
+  if (s && s.rank === st.rank && d.mode === "events") {
+    const e = d.events.find((ev) => ev.pos === s.pos);
+    const x = e && (st.axis === "seq" ? e.pos + 0.5 : e[`${s.side}_x`]);
+    if (x != null) mid = x;
+  }
+  const least = st.axis === "seq" ? 4 : 1e-6; // four positions, or a microsecond
+  const half = Math.max(((d.end - d.start) * factor) / 2, least / 2);
+  if (factor > 1 && d.start <= d.extent[0] && d.end >= d.extent[1]) return null; // the whole rank already
+  const [lo, hi] = d.extent;
+  // a window past one end of the rank slides back in, keeping its width where the rank allows
+  let a = mid - half;
+  let b = mid + half;
+  if (a < lo) [a, b] = [lo, Math.min(hi, b + (lo - a))];
+  if (b > hi) [a, b] = [Math.max(lo, a - (b - hi)), hi];
+  cancelPending();
+  return refresh({ start: a, end: b, overviewToo: false });
+}
+
+export function toggleAxis() {
+  return setAxis(st.axis === "seq" ? "time" : "seq");
+}
+
 export async function gotoPivot() {
   const p = st.c && st.c.pivot_position;
   if (!p) return;
@@ -130,6 +255,11 @@ export async function gotoPivot() {
     $(SEL.rankSelect).value = String(p.rank);
   }
   await refresh({ around: p.pos });
+  const m = st.data && st.data.pivot; // and selected, so that "next" goes on from it
+  if (m && st.c && st.c.pivot_position === p && (m.a_seq != null || m.b_seq != null)) {
+    const side = m.a_seq != null ? "a" : "b";
+    emit(EV.selectEvent, { rank: p.rank, pos: p.pos, side, seq: m[`${side}_seq`], source: "timeline" });
+  }
 }
 
 async function reveal(sel) {
@@ -175,7 +305,9 @@ async function refresh({ around = null, start = null, end = null, overviewToo = 
   if (overview) st.overview = inSeconds(overview);
   drawDetail();
   drawOverview();
-  emit(EV.timelineDrawn, { rank: st.rank, axis: st.axis, start: detail.start, end: detail.end, mode: detail.mode, revision: c.revision });
+  const whole = st.data.start <= st.data.extent[0] && st.data.end >= st.data.extent[1];
+  emit(EV.timelineDrawn, { rank: st.rank, axis: st.axis, start: detail.start, end: detail.end, mode: detail.mode, revision: c.revision,
+    comparison: c.id, window: whole ? "all" : [st.data.start, st.data.end] }); // window: in what the axis shows
 }
 
 // a time window arrives in ns since each side's first event; it is drawn in seconds
