@@ -49,6 +49,7 @@ class RunSpec:
     extra_manifest: dict = field(default_factory=dict)  # merged into manifest.json
     scalar_loss: bool = False  # the root's output is a 0-d float32 loss (its xor digest is its bits), drifting
     # away from the reference's by 1e-6 x 8^k, k steps after the suspect's first tainted step
+    nested: bool = False  # the root's forward call encloses its blocks' in time, as a recorded one does: nesting edges
 
 
 def _digest(*key) -> int:
@@ -102,11 +103,14 @@ def _rank_chunks(spec: RunSpec, rank: int, chunk_steps: int = 2000):
                 else:
                     layer = int(t.boundary.rsplit(".", 1)[1])
                     tainted_from = layer if tainted_from is None else min(tainted_from, layer)
+        step_start = t0 + seq * 10_000
         for phase, boundary, module_type, kind, depth, layer in plan:
             if (step, boundary, phase) in spec.drop:
                 continue
             t_start = t0 + seq * 10_000
             t_end = t_start + 8_000
+            if spec.nested and phase == "forward" and layer == spec.layers:
+                t_start = step_start - 1_000  # the root began before its blocks and ends after them
             events.append((seq, rank, spec.world_size, step, phase, boundary, module_type, kind, 0, depth,
                            "MainThread", "cpu", None, t_start, t_end, 1 + (layer % 3 if layer >= 0 else 3)))
             if phase == "forward" and spec.scalar_loss and layer == spec.layers:
@@ -179,7 +183,7 @@ def write_run(run_dir: str, spec: RunSpec | None = None, **kw) -> str:
 def write_pair(root: str, name: str, suspect: RunSpec, reference: RunSpec | None = None) -> tuple[str, str]:
     """`root/name/reference` and `root/name/suspect`, the two sides of a scenario."""
     reference = reference or RunSpec(layers=suspect.layers, steps=suspect.steps, world_size=suspect.world_size,
-                                     scalar_loss=suspect.scalar_loss)
+                                     scalar_loss=suspect.scalar_loss, nested=suspect.nested)
     a = write_run(os.path.join(root, name, "reference"), reference)
     b = write_run(os.path.join(root, name, "suspect"), suspect)
     return a, b
@@ -203,3 +207,10 @@ def gap_then_divergence(root: str) -> tuple[str, str]:
     return write_pair(root, "gap_then_divergence", RunSpec(
         layers=4, steps=3, world_size=2, taints=(Taint(1, "model.layers.1", rank=1),),
         drop=frozenset({(0, "model.probe", "forward")})), RunSpec(layers=4, steps=3, world_size=2))
+
+
+def nested_propagation(root: str) -> tuple[str, str]:
+    """Block 2 diverges at step 1 inside a root call that encloses its blocks: the propagation has
+    dataflow edges (block to block, the last block into the root) and nesting edges (each block into the root)."""
+    return write_pair(root, "nested_propagation", RunSpec(layers=5, steps=3, nested=True,
+                                                          taints=(Taint(1, "model.layers.2"),)))

@@ -1,6 +1,9 @@
 // The propagation view: from the pivot, column by column, the divergent events each node fed.
 // Clicking a node expands its consumers in the next column and selects its event in the
 // timelines; Back and Forward walk the trail of clicks without losing the expanded columns.
+// Above the columns, an overview: how many nodes and edges, the edges by type with a filter per
+// type (nesting, a call inside the call it belongs to rather than data, is hidden at first), and
+// in words what a node's and an edge's counts mean.
 
 import { api, comparisonPath } from "./api.js";
 import { $, EV, SEL, el, emit, on, toast, fill } from "./dom.js";
@@ -13,7 +16,22 @@ const st = {
   pivot: null,
   history: [], // trails of node ids; a trail is the path of clicked nodes from the pivot
   at: -1,
+  edges: new Map(), // "source\ntarget\nkind" -> edge {count, first_step}
+  kinds: new Map(), // edge kind -> how many edges of the graph have it
+  hidden: new Set(["nesting"]), // edge kinds not followed in the columns
 };
+
+// what each edge type means, shown on its filter (the kinds themselves come with the graph)
+const EDGE_MEANS = {
+  dataflow: "a tensor one event wrote is another's input",
+  nesting: "a child call inside the call it belongs to (not data)",
+  activation: "a forward's saved activations used by its backward",
+  "weight-grad": "a module's backward making its weights' gradients",
+  update: "a gradient used by its optimizer step",
+  weights: "an optimizer step's weights used by the next forward",
+  inferred: "an input no recorded event wrote (a functional op between modules), from the call just before",
+};
+const plural = (n, one, many) => `${count(n)} ${n === 1 ? one : many}`;
 
 export function init() {
   on(EV.comparisonLoaded, (c) => load(c));
@@ -29,6 +47,10 @@ async function load(c) {
   st.history = [];
   st.at = -1;
   st.pivot = null;
+  st.edges.clear();
+  st.kinds.clear();
+  st.hidden = new Set(["nesting"]);
+  fill(overviewBox());
   const total = (c.summary && c.summary.propagation) || {};
   $(SEL.propTotal).textContent = total.nodes != null
     ? `${count(total.nodes)} divergent node${total.nodes === 1 ? "" : "s"} · ${count(total.edges)} edge${total.edges === 1 ? "" : "s"} in all` : "";
@@ -41,6 +63,11 @@ async function load(c) {
     const g = await api.get(comparisonPath(c.id, "/graph"), { limit: 5000 });
     if (st.c !== c) return;
     for (const n of g.nodes) st.nodes.set(n.id, n);
+    for (const e of g.edges) {
+      st.edges.set(`${e.source}\n${e.target}\n${e.kind}`, e);
+      st.kinds.set(e.kind, (st.kinds.get(e.kind) || 0) + 1);
+    }
+    overview(g);
     st.pivot = g.nodes.find((n) => n.is_pivot) || null;
     if (!st.pivot) {
       fill($(SEL.propagation), el("p", { class: "note" }, "The propagation graph has no pivot node."));
@@ -134,7 +161,31 @@ function card(node, column, selected, edge) {
   },
   el("div", { class: "b" }, node.boundary),
   el("div", { class: "m" }, el("span", {}, `${node.phase}${node.kind && node.kind !== "module" ? ` · ${node.kind}` : ""}`), el("span", {}, `step ${node.first_step}`), el("span", { title: "divergent events of this boundary and phase, over all steps" }, `${count(node.count)} event${node.count === 1 ? "" : "s"}`), node.is_pivot ? el("b", { style: "color:#7a1fa2" }, "pivot") : null),
-  edge ? el("div", { class: "edge" }, `via ${edge}`) : null);
+  edge ? el("div", { class: "edge" }, `via ${edge.kind}${edge.count ? ` · ${plural(edge.count, "time", "times")}` : ""}`) : null);
+}
+
+// the panel's overview, made once above the columns
+function overviewBox() {
+  let box = document.querySelector(".prop-overview");
+  if (!box) {
+    box = el("div", { class: "prop-overview" });
+    $(SEL.propagation).before(box);
+  }
+  return box;
+}
+
+function overview(g) {
+  const shown = g.total_nodes != null && g.total_nodes > g.nodes.length ? ` (the first ${count(g.nodes.length)} of ${count(g.total_nodes)} loaded)` : "";
+  const filters = [...st.kinds.entries()].sort((x, y) => y[1] - x[1]).map(([kind, n]) => el("label", { class: "edge-kind", title: EDGE_MEANS[kind] || kind },
+    el("input", { type: "checkbox", dataset: { kind }, checked: !st.hidden.has(kind), onchange: (e) => {
+      if (e.target.checked) st.hidden.delete(kind);
+      else st.hidden.add(kind);
+      render();
+    } }), ` ${kind} ${count(n)}`));
+  fill(overviewBox(),
+    el("div", {}, el("b", {}, plural(g.nodes.length, "node", "nodes")), " · ", el("b", {}, plural(g.edges.length, "edge", "edges")), shown,
+      filters.length ? el("span", { class: "edge-kinds" }, " · follow: ", ...filters) : null),
+    el("div", { class: "note" }, "On a node, “n events”: its divergent events (that module and phase, over all steps). On an edge, “n times”: how many divergent event pairs it links."));
 }
 
 function render() {
@@ -147,8 +198,11 @@ function render() {
     if (!n) return;
     const from = st.nodes.get(id);
     const col = el("div", { class: "column" }, el("h4", { title: `${from.phase} ${from.boundary}` }, `Fed by ${from.boundary} · ${from.phase}`));
+    const followed = n.consumers.filter((c) => !st.hidden.has(c.edge) || path[i + 1] === c.id);
     if (!n.consumers.length) col.append(el("p", { class: "note" }, "No divergent consumer: the difference stops here or leaves the recorded boundaries."));
-    for (const c of n.consumers) col.append(card(c, i + 1, path[i + 1] === c.id, c.edge));
+    for (const c of followed) col.append(card(c, i + 1, path[i + 1] === c.id, { kind: c.edge, count: (st.edges.get(`${id}\n${c.id}\n${c.edge}`) || {}).count }));
+    const hidden = n.consumers.length - followed.length;
+    if (hidden) col.append(el("p", { class: "note hidden-edges" }, `${plural(hidden, "more", "more")} via ${[...new Set(n.consumers.filter((c) => !followed.includes(c)).map((c) => c.edge))].join(", ")}, not followed (tick it above)`));
     columns.push(col);
   });
   fill($(SEL.propagation), ...columns);
