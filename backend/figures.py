@@ -219,44 +219,91 @@ def _column(node: dict) -> tuple:
     return node["first_step"], place
 
 
-def propagation_figure(comparison) -> go.Figure:
-    """The propagation graph left to right: a column per (first step, phase), nodes by phase colour.
+MAX_COLUMN_ROWS = 40  # nodes stacked in one column; more wrap into further sub-columns beside it
+TOP_FAN_OUT = 6  # besides the pivot and the blamed module, this many nodes of highest fan-out are labelled
+LABEL_ALL_UP_TO = 40  # graphs of at most this many nodes have every node labelled
+_PLACES = {0: "data", 1: "forward", 2: "backward", 3: "gradients", 4: "optimizer"}
 
-    Within a column nodes go top to bottom in the order they were first reached; each rank has
-    its own band. Edges are lines (with arrows up to 300 edges), hover on an edge's midpoint.
+
+def _layout(nodes: list[dict]) -> tuple[dict, dict, float, float]:
+    """Layered positions: a column per (first step, phase) left to right, wrapped into sub-columns
+    of MAX_COLUMN_ROWS nodes; within a column nodes top to bottom in the order they were first
+    reached; each rank in its own band. Returns positions by node id, the header (x, y) of each
+    column, the bottom of the last band and the x of the last sub-column."""
+    columns = sorted({_column(n) for n in nodes})
+    ranks = sorted({n["rank"] for n in nodes})
+    members = {(r, c): [] for r in ranks for c in columns}
+    for n in sorted(nodes, key=lambda n: n["a_seq"]):
+        members[(n["rank"], _column(n))].append(n)
+    widths = {c: max(1, *(math.ceil(len(members[(r, c)]) / MAX_COLUMN_ROWS) for r in ranks)) for c in columns}
+    x0, left = {}, 0.0
+    for c in columns:
+        x0[c] = left
+        left += widths[c] + 0.3  # a little air between columns, none between a column's sub-columns
+    pos: dict[str, tuple[float, float]] = {}
+    headers: dict[tuple, tuple[float, float]] = {}
+    band_top = 0.0
+    for r in ranks:
+        tallest = max(min(len(members[(r, c)]), MAX_COLUMN_ROWS) for c in columns)
+        for c in columns:
+            group = members[(r, c)]
+            for i, n in enumerate(group):
+                sub, row = divmod(i, MAX_COLUMN_ROWS)
+                rows_here = min(len(group) - sub * MAX_COLUMN_ROWS, MAX_COLUMN_ROWS)
+                pos[n["id"]] = (x0[c] + sub, band_top - row - (tallest - rows_here) / 2)
+            if group and c not in headers:
+                headers[c] = (x0[c] + (widths[c] - 1) / 2, band_top)
+        band_top -= tallest + 1.5
+    return pos, headers, band_top, left - 1.3
+
+
+def _important(nodes: list[dict], edges: list[dict], first: dict | None) -> set[str]:
+    """The nodes worth a label: the pivot, the blamed module's, and the highest fan-outs (3 or more
+    distinct targets over edges other than nesting)."""
+    keep = {n["id"] for n in nodes if n["is_pivot"]}
+    window = (first or {}).get("blame_window") or {}
+    keep |= {n["id"] for n in nodes if window.get("module") and n["boundary"] == window["module"]
+             and n["rank"] == first.get("rank")}
+    fan: dict[str, set] = {}
+    for e in edges:
+        if e["kind"] != "nesting":
+            fan.setdefault(e["source"], set()).add(e["target"])
+    ranked = sorted(fan, key=lambda nid: (-len(fan[nid]), nid))
+    keep |= {nid for nid in ranked[:TOP_FAN_OUT] if len(fan[nid]) >= 3}  # a chain's 2 (next, own backward) is no hub
+    return keep
+
+
+def propagation_figure(comparison) -> go.Figure:
+    """The propagation graph left to right, layered: a column per (first step, phase), nodes by
+    phase colour, readable at hundreds of nodes.
+
+    Columns of more than MAX_COLUMN_ROWS nodes wrap into sub-columns; each rank has its own band.
+    The pivot, the blamed module and the nodes of highest fan-out are labelled (every node when
+    there are few); every node's full name is on hover. Edges are lines (with arrows up to 300
+    edges), hover on an edge's midpoint; nesting edges (a call inside the call it belongs to, not
+    data) start hidden, a click on the legend shows them. The legend sits under the plot, clear of
+    the title.
     """
     graph = comparison.propagation_graph()
     fig = go.Figure()
     nodes, edges = graph["nodes"], graph["edges"]
     if not nodes:
         return _empty(fig, "no divergence: nothing propagates")
-    columns = sorted({_column(n) for n in nodes})
-    col_x = {c: i for i, c in enumerate(columns)}
-    pos: dict[str, tuple[float, float]] = {}
-    band_top = 0.0
-    headers = {}
-    for rank in sorted({n["rank"] for n in nodes}):
-        by_col: dict[tuple, list] = {}
-        for n in sorted((n for n in nodes if n["rank"] == rank), key=lambda n: n["a_seq"]):
-            by_col.setdefault(_column(n), []).append(n)
-        tallest = max(len(v) for v in by_col.values())
-        for c, members in by_col.items():
-            for i, n in enumerate(members):
-                pos[n["id"]] = (col_x[c], band_top - i - (tallest - len(members)) / 2)
-            headers[c] = max(headers.get(c, band_top), band_top)
-        band_top -= tallest + 1.5
+    pos, headers, bottom, right = _layout(nodes)
+    labelled = {n["id"] for n in nodes} if len(nodes) <= LABEL_ALL_UP_TO else _important(
+        nodes, edges, comparison.first_divergence)
     arrows = _edges(fig, edges, pos, {n["id"]: n for n in nodes})
     for phase, colour in PHASE_COLOURS.items():
         members = [n for n in nodes if n["phase"] == phase]
         if members:
-            fig.add_trace(_node_trace(members, pos, phase, colour, show_text=len(nodes) <= 40))
+            fig.add_trace(_node_trace(members, pos, phase, colour, labelled))
     other = [n for n in nodes if n["phase"] not in PHASE_COLOURS]
     if other:
-        fig.add_trace(_node_trace(other, pos, "other", "#bcbd22", show_text=len(nodes) <= 40))
+        fig.add_trace(_node_trace(other, pos, "other", "#bcbd22", labelled))
     pivot = [n for n in nodes if n["is_pivot"]]
     for n in pivot:
         x, y = pos[n["id"]]
-        arrows.append({"x": x, "y": y, "ax": 45, "ay": -24, "xanchor": "left",
+        arrows.append({"x": x, "y": y, "ax": 50, "ay": -12, "xanchor": "left",
                        "text": f"PIVOT: {html.escape(n['boundary'])}",
                        "showarrow": True, "arrowhead": 2, "arrowcolor": PIVOT_COLOUR, "font": {"color": PIVOT_COLOUR},
                        "bgcolor": "rgba(255,255,255,0.85)"})
@@ -264,31 +311,31 @@ def propagation_figure(comparison) -> go.Figure:
         fig.add_trace(go.Scatter(
             x=[pos[n["id"]][0] for n in pivot], y=[pos[n["id"]][1] for n in pivot], mode="markers", name="pivot",
             hoverinfo="skip", marker={"symbol": "circle-open", "size": 26, "color": PIVOT_COLOUR, "line": {"width": 3}}))
-    for c, top in headers.items():
-        step, place = c
-        phase = {0: "data", 1: "forward", 2: "backward", 3: "gradients", 4: "optimizer"}.get(place, "other")
-        arrows.append({"x": col_x[c], "y": top + 0.9, "text": f"step {step}<br>{phase}", "showarrow": False,
-                       "font": {"size": 10, "color": "#555555"}})
+    for (step, place), (x, top) in headers.items():
+        arrows.append({"x": x, "y": top + 1.5, "text": f"step {step}<br>{_PLACES.get(place, 'other')}",
+                       "showarrow": False, "font": {"size": 10, "color": "#555555"}})
+    rows = int(1.5 - bottom)
     fig.update_layout(
         annotations=arrows,
-        title={"text": f"Propagation from the pivot: {len(nodes)} module/phase nodes, {len(edges)} edges"},
-        template="plotly_white", height=max(320, 120 + 28 * int(1.5 - band_top)),
-        margin={"l": 30, "r": 30, "t": 90, "b": 30}, hovermode="closest",
-        legend={"orientation": "h", "y": 1.02, "yanchor": "bottom", "x": 0},
-        xaxis={"visible": False, "range": [-0.6, len(columns) - 0.4]},
-        yaxis={"visible": False, "range": [band_top + 0.5, 1.6]})
+        title={"text": f"Propagation from the pivot: {len(nodes)} module/phase nodes, {len(edges)} edges",
+               "y": 0.99, "yanchor": "top"},
+        template="plotly_white", height=max(360, 160 + 24 * rows), width=max(900, 150 * right) if right > 6 else None,
+        margin={"l": 30, "r": 200, "t": 60, "b": 60}, hovermode="closest",
+        legend={"orientation": "h", "y": -0.01, "yanchor": "top", "x": 0},
+        xaxis={"visible": False, "range": [-0.6, right + 0.6]},
+        yaxis={"visible": False, "range": [bottom + 0.5, 2.3]})
     return fig
 
 
-def _node_trace(members: list[dict], pos: dict, name: str, colour: str, show_text: bool) -> go.Scatter:
+def _node_trace(members: list[dict], pos: dict, name: str, colour: str, labelled: set[str]) -> go.Scatter:
     hover = [f"<b>{html.escape(n['boundary'])}</b> ({html.escape(n['module_type'] or '')})<br>"
              f"{html.escape(str(n['phase']))} {html.escape(str(n['kind']))} · rank {n['rank']}<br>first reached at step {n['first_step']}"
              f" · {n['count']} divergent event{'s' if n['count'] != 1 else ''}" for n in members]
+    text = [html.escape(n["boundary"]) if n["id"] in labelled and not n["is_pivot"] else "" for n in members]
     return go.Scatter(
         x=[pos[n["id"]][0] for n in members], y=[pos[n["id"]][1] for n in members],
-        mode="markers+text" if show_text else "markers", name=name, hovertext=hover, hoverinfo="text",
-        text=[html.escape(n["boundary"]) for n in members] if show_text else None, textposition="middle right",
-        textfont={"size": 9},
+        mode="markers+text" if any(text) else "markers", name=name, hovertext=hover, hoverinfo="text",
+        text=text if any(text) else None, textposition="middle right", textfont={"size": 9},
         marker={"size": [9 + 3 * math.log2(1 + n["count"]) for n in members], "color": colour,
                 "line": {"width": 1, "color": "white"}})
 
@@ -306,18 +353,23 @@ def _edges(fig: go.Figure, edges: list[dict], pos: dict, nodes: dict) -> list[di
             (x0, y0), (x1, y1) = pos[e["source"]], pos[e["target"]]
             xs += [x0, x1, None]
             ys += [y0, y1, None]
+            if kind == "nesting":
+                continue  # hidden at first: neither a hover point nor an arrow
             mids_x.append((x0 + x1) / 2)
             mids_y.append((y0 + y1) / 2)
             src, dst = nodes[e["source"]], nodes[e["target"]]
+            times = f"{e['count']} divergent event pair{'s' if e['count'] != 1 else ''}"
             mids_text.append(f"{html.escape(src['boundary'])} ({html.escape(str(src['phase']))}) → "
-                             f"{html.escape(dst['boundary'])} ({html.escape(str(dst['phase']))})<br>{kind} · {e['count']}× · first at step {e['first_step']}")
+                             f"{html.escape(dst['boundary'])} ({html.escape(str(dst['phase']))})<br>{kind} · {times}"
+                             f" · first at step {e['first_step']}")
             if len(edges) <= 300:
                 arrows.append({"x": x1, "y": y1, "ax": x0, "ay": y0, "xref": "x", "yref": "y", "axref": "x",
                                "ayref": "y", "text": "", "showarrow": True, "arrowhead": 2, "arrowsize": 1,
                                "arrowwidth": 1, "arrowcolor": colour, "standoff": 6, "opacity": 0.6})
         if xs:
             fig.add_trace(go.Scatter(x=xs, y=ys, mode="lines", name=f"{kind} edge", hoverinfo="skip",
-                                     line={"width": 1, "color": colour}, opacity=0.6))
+                                     line={"width": 1, "color": colour}, opacity=0.6,
+                                     visible="legendonly" if kind == "nesting" else True))
     if mids_x:
         fig.add_trace(go.Scatter(x=mids_x, y=mids_y, mode="markers", name="edge (hover)", showlegend=False,
                                  hovertext=mids_text, hoverinfo="text",

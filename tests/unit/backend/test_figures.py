@@ -170,12 +170,111 @@ def test_propagation_edges_are_lines_with_hover(forward_bitflip):
     fig = forward_bitflip.propagation()
     edges = forward_bitflip.propagation_graph()["edges"]
     (hover,) = [t for t in fig.data if t.name == "edge (hover)"]
-    assert len(hover.x) == len(edges)
+    assert len(hover.x) == sum(e["kind"] != "nesting" for e in edges), "nesting edges start hidden"
     for kind, n in {e["kind"]: sum(1 for f in edges if f["kind"] == e["kind"]) for e in edges}.items():
         (line,) = traces(fig, f"{kind} edge")
         assert line.mode == "lines" and len(line.x) == 3 * n, kind
-    first = edges[0]
-    assert any(f"{first['kind']} · {first['count']}×" in text for text in hover.hovertext)
+        assert line.visible == ("legendonly" if kind == "nesting" else True), kind
+    first = next(e for e in edges if e["kind"] != "nesting")
+    pairs = f"{first['count']} divergent event pair{'s' if first['count'] != 1 else ''}"
+    assert any(f"{first['kind']} · {pairs}" in text for text in hover.hovertext)
+
+
+class _Graph:
+    """What propagation_figure reads of a comparison: its graph and first divergence."""
+
+    def __init__(self, nodes, edges, first=None):
+        self.graph, self.first_divergence = {"nodes": nodes, "edges": edges}, first
+
+    def propagation_graph(self):
+        return self.graph
+
+
+def _wide_graph() -> _Graph:
+    """395 nodes over 3 steps and 4 phases, as a real model's graph: per step 52 forward
+    blocks in a dataflow chain nested in the root, every other one's backward, gradient and optimizer step;
+    the pivot (an embedding) feeds the first block, a rotary embedding feeds 20 blocks of step 1 (the
+    widest fan-out); the blamed module is block 7."""
+    nodes, edges, seq = [], [], 0
+
+    def node(step, phase, kind, boundary, pivot=False):
+        nonlocal seq
+        seq += 1
+        nodes.append({"id": f"r0:{phase}:{kind}:{boundary}", "rank": 0, "phase": phase, "kind": kind,
+                      "boundary": boundary, "module_type": "Linear", "step": step, "first_step": step,
+                      "count": 1 + seq % 5, "a_seq": seq, "is_pivot": pivot})
+        return nodes[-1]["id"]
+
+    def edge(a, b, kind):
+        edges.append({"source": a, "target": b, "kind": kind, "count": 2, "first_step": 1})
+
+    embed = node(1, "forward", "module", "model.embed", pivot=True)
+    rope = node(1, "forward", "module", "s1.model.rope")
+    for step in (1, 2, 3):
+        root = node(step, "forward", "module", f"s{step}.model")
+        blocks = [node(step, "forward", "module", f"s{step}.model.blocks.{i}") for i in range(52)]
+        for a, b in zip(blocks, blocks[1:]):
+            edge(a, b, "dataflow")
+        for b in blocks:
+            edge(b, root, "nesting")
+        for i, b in enumerate(blocks[::2]):
+            back = node(step, "backward", "module", f"s{step}.model.blocks.{2 * i}")
+            grad = node(step, "backward", "grad", f"s{step}.model.blocks.{2 * i}.weight")
+            opt = node(step, "optimizer", "step", f"s{step}.model.blocks.{2 * i}.weight")
+            edge(b, back, "activation")
+            edge(back, grad, "weight-grad")
+            edge(grad, opt, "update")
+        if step == 1:
+            edge(embed, blocks[0], "dataflow")
+            for b in blocks[20:40]:
+                edge(rope, b, "dataflow")
+    first = {"rank": 0, "boundary": "model.embed", "blame_window": {"module": "s1.model.blocks.7"}}
+    return _Graph(nodes, edges, first)
+
+
+def test_the_propagation_figure_is_layered_by_step_and_phase_at_hundreds_of_nodes():
+    g = _wide_graph()
+    fig = figures.propagation_figure(g)
+    nodes = {n["id"]: n for n in g.graph["nodes"]}
+    assert len(nodes) == 395
+    at = {}  # (x, y) -> node, read back from the hover text of the node traces
+    for t in fig.data:
+        if t.name in figures.PHASE_COLOURS:
+            for x, y, text in zip(t.x, t.y, t.hovertext):
+                (n,) = [n for n in nodes.values() if text.startswith(f"<b>{n['boundary']}</b>")
+                        and f"{n['phase']} {n['kind']}" in text]
+                at[(x, y)] = n
+    assert len(at) == len(nodes), "one marker per node, none on top of another"
+    columns = {}
+    for (x, y), n in at.items():
+        columns.setdefault(figures._column(n), []).append((x, y))
+    spans = sorted((min(x for x, _ in xy), max(x for x, _ in xy), c) for c, xy in columns.items())
+    assert [c for *_, c in spans] == sorted(columns), "columns left to right by step, then phase"
+    assert all(hi < nxt for (_, hi, _), (nxt, _, _) in zip(spans, spans[1:])), "columns do not overlap"
+    for c, xy in columns.items():
+        for x in {x for x, _ in xy}:
+            assert sum(1 for x2, _ in xy if x2 == x) <= figures.MAX_COLUMN_ROWS, "a long column wraps"
+    # labels: the pivot (its own annotation), the blamed module, the widest fan-out; not all 400
+    labelled = {t for tr in fig.data if tr.name in figures.PHASE_COLOURS and tr.text for t in tr.text if t}
+    assert labelled == {"s1.model.rope", "s1.model.blocks.7"}, "a chain's blocks (2 targets each) are no hubs"
+    assert [a.text for a in fig.layout.annotations if a.text.startswith("PIVOT")] == ["PIVOT: model.embed"]
+    # nesting starts hidden; the legend is under the plot, the title over it
+    (nesting,) = traces(fig, "nesting edge")
+    assert nesting.visible == "legendonly"
+    assert fig.layout.legend.yanchor == "top" and fig.layout.legend.y <= 0
+    assert fig.layout.title.yanchor == "top" and fig.layout.margin.t >= 50
+    assert fig.layout.height <= 160 + 24 * (figures.MAX_COLUMN_ROWS + 3), "one band of at most 40 rows"
+
+
+def test_the_propagation_figure_of_a_398_node_chain_wraps_and_labels_the_pivot(tmp_path):
+    spec = fixtures_runs.RunSpec(layers=400, steps=2, taints=(fixtures_runs.Taint(0, "model.layers.3"),))
+    c = compare(*fixtures_runs.write_pair(str(tmp_path), "chain", spec))
+    fig = c.propagation()
+    xs = [x for t in fig.data if t.name == "forward" for x in t.x]
+    assert len(xs) == len(c.propagation_graph()["nodes"]) == 398
+    assert len(set(xs)) == 10 and max(xs.count(x) for x in set(xs)) == figures.MAX_COLUMN_ROWS
+    assert "PIVOT: model.layers.3" in [a.text for a in fig.layout.annotations], "the pivot is labelled"
+    assert len(fig.to_html(include_plotlyjs=False, full_html=False)) < 400_000
 
 
 def test_propagation_of_identical_runs_says_so(identical_runs):
