@@ -4,7 +4,8 @@ A comparison may only answer `identical` when nothing is hidden from it. This mo
 per rank and for the whole pair, what is: a run that did not finish (its last recorded step may
 be cut short), a damaged rank file (its events from some step on are not all there), ranks
 that the manifest declares but that have no file, collector errors during the recording,
-recorded step windows that differ, and runs that paired nothing (often: module names that
+recorded step windows that differ, runs recorded in online mode (alerts, no boundary events),
+and runs that paired nothing (often: module names that
 differ by a prefix, as `torch.compile` adds `_orig_mod.`).
 
 `Scope` is the per-rank answer compare.py applies: an event on one side only counts as a
@@ -85,6 +86,12 @@ def rank_scope(rank: int, run_a, run_b, ea: pl.DataFrame, eb: pl.DataFrame) -> t
             where = "from the start" if from_step is None else f"from step {from_step} on"
             reasons.append(reason("damaged", f"run {label} rank {rank} is damaged {where} "
                                               f"({damage.get('reason', 'unreadable records')})", side, rank))
+    for side, run in (("a", run_a), ("b", run_b)):
+        if run.manifest.get("mode") == "online":  # no boundary events: nothing of it can be certified
+            cut(0)
+            reasons.append(reason("online", f"run {side.upper()} was recorded in online mode: it holds alerts, not "
+                                            f"boundary events (bitguard alerts reads them); record with --mode full to "
+                                            f"compare", side, rank))
     wa, wb = _window(run_a.manifest), _window(run_b.manifest)
     first = max((w[0] for w in (wa, wb) if w[0] is not None), default=None)
     for w in (wa, wb):
