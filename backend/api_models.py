@@ -220,7 +220,8 @@ class Timeline(BaseModel):
     pivot: dict[str, Any] | None = Field(description="where the pivot is, when it is on this rank")
     steps: dict[str, Any] | None = Field(None, description="step boundaries in the window: {every, marks: [{step, x, b_x}]}")
     bins: TimelineBins | None = None
-    events: list[dict[str, Any]] | None = Field(None, description="Comparison.events() rows plus pos, a_x, b_x")
+    events: list[dict[str, Any]] | None = Field(None, description="Comparison.events() rows plus pos, a_x, b_x and "
+                                                                   "a_dur, b_dur (each side's call in ns)")
 
 
 class EventsPage(BaseModel):

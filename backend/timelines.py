@@ -174,8 +174,11 @@ class RankTimeline:
         rows = self.frame[pos.tolist()] if pos.size else self.frame.head(0)
         rows = rows.with_columns(a_x=pl.Series(self.a_x[pos]), b_x=pl.Series(self.b_x[pos])).with_columns(
             pl.col("a_x").fill_nan(None), pl.col("b_x").fill_nan(None))
+        if "a_t_end_ns" in rows.columns:  # how long each side's call took: the slices drawn by time
+            rows = rows.with_columns(a_dur=pl.col("a_t_end_ns") - pl.col("a_t_start_ns"),
+                                     b_dur=pl.col("b_t_end_ns") - pl.col("b_t_start_ns"))
         keep = ["pos", "status", "in_prefix", "reordered", "is_pivot", "step", "phase", "boundary", "module_type",
-                "call", "a_seq", "b_seq", "a_x", "b_x"]
+                "call", "depth", "a_seq", "b_seq", "a_x", "b_x", "a_dur", "b_dur"]
         return rows.select([c for c in keep if c in rows.columns]).to_dicts()
 
     def _prefix(self, axis: str) -> dict | None:

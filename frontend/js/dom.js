@@ -32,6 +32,7 @@ export const SEL = {
   nextDivergence: "#next-divergence",
   prevGap: "#prev-gap",
   nextGap: "#next-gap",
+  drawToggle: "#draw-toggle",
   zoomIn: "#zoom-in",
   zoomOut: "#zoom-out",
   navInfo: "#nav-info",

@@ -21,6 +21,7 @@ export const SHORTCUTS = [
   [["-"], "zoom out", plain("-"), () => timeline.zoom(2)],
   [["0"], "the whole rank", plain("0"), () => timeline.wholeRank()],
   [["t"], "by sequence / by time", plain("t"), () => timeline.toggleAxis()],
+  [["d"], "draw events as squares / slices / merged A·B", plain("d"), () => timeline.cycleDraw()],
   [["/"], "search (Enter: next match, Shift+Enter: previous)", plain("/"), () => search.focus()],
   [["?"], "this list", plain("?"), () => help(true)],
   [["Esc"], "close this list, leave the search box", plain("Escape"), () => help(false)],

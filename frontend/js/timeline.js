@@ -8,6 +8,7 @@
 import { api, comparisonPath } from "./api.js";
 import { $, $$, EV, SEL, el, emit, fill, on, plotly, toast } from "./dom.js";
 import { pending } from "./viewstate.js";
+import { mergedTraces, shortName, sliceTraces } from "./slices.js";
 import { count, duration, PIVOT_COLOR, plotText as esc, PREFIX_FILL, rowStatus, SELECT_COLOR, STATUS, STATUS_OF_ROW, UNKNOWN_STATUS } from "./format.js";
 
 let CODES = Object.keys(STATUS); // replaced by the server's status_codes with every window
@@ -28,6 +29,7 @@ const st = {
   c: null, // the comparison
   rank: 0,
   axis: "seq",
+  draw: "squares", // how a window of events is drawn: squares | slices | merged (slices.js)
   data: null, // the last detail window from the server
   overview: null,
   selected: null, // {rank, pos, side, seq}
@@ -62,6 +64,7 @@ export function init() {
   drawLegend();
   $(SEL.rankSelect).addEventListener("change", (e) => setRank(Number(e.target.value)));
   for (const b of $$("button", $(SEL.axisToggle))) b.addEventListener("click", () => setAxis(b.dataset.axis));
+  for (const b of $$("button", $(SEL.drawToggle))) b.addEventListener("click", () => setDraw(b.dataset.draw));
   $(SEL.gotoPivot).addEventListener("click", () => gotoPivot());
   $(SEL.wholeRank).addEventListener("click", () => wholeRank());
   $(SEL.prevDivergence).addEventListener("click", () => nextDifference("diverged", "prev"));
@@ -117,6 +120,7 @@ async function show(v) {
     $(SEL.rankSelect).value = String(v.rank);
   }
   if (v.axis === "seq" || v.axis === "time") st.axis = v.axis;
+  if (DRAWS.includes(v.draw)) st.draw = v.draw;
   if (v.selected) st.selected = v.selected;
   syncAxisButtons();
   cancelPending();
@@ -128,6 +132,17 @@ async function show(v) {
 
 function syncAxisButtons() {
   for (const b of $$("button", $(SEL.axisToggle))) b.classList.toggle("on", b.dataset.axis === st.axis);
+  for (const b of $$("button", $(SEL.drawToggle))) b.classList.toggle("on", b.dataset.draw === st.draw);
+}
+
+const DRAWS = ["squares", "slices", "merged"];
+export const cycleDraw = () => setDraw(DRAWS[(DRAWS.indexOf(st.draw) + 1) % DRAWS.length]);
+export function setDraw(draw) {
+  if (!DRAWS.includes(draw) || draw === st.draw) return;
+  st.draw = draw;
+  syncAxisButtons();
+  drawDetail();
+  if (st.data) announce();
 }
 
 async function setRank(rank) {
@@ -305,9 +320,16 @@ async function refresh({ around = null, start = null, end = null, overviewToo = 
   if (overview) st.overview = inSeconds(overview);
   drawDetail();
   drawOverview();
-  const whole = st.data.start <= st.data.extent[0] && st.data.end >= st.data.extent[1];
-  emit(EV.timelineDrawn, { rank: st.rank, axis: st.axis, start: detail.start, end: detail.end, mode: detail.mode, revision: c.revision,
-    comparison: c.id, window: whole ? "all" : [st.data.start, st.data.end] }); // window: in what the axis shows
+  announce();
+}
+
+function announce() {
+  const d = st.data;
+  const whole = d.start <= d.extent[0] && d.end >= d.extent[1];
+  const start = st.axis === "time" ? d.start * NS : d.start; // the server's units, as before
+  const end = st.axis === "time" ? d.end * NS : d.end;
+  emit(EV.timelineDrawn, { rank: st.rank, axis: st.axis, start, end, mode: d.mode, revision: st.c.revision,
+    comparison: st.c.id, window: whole ? "all" : [d.start, d.end], draw: st.draw }); // window: in what the axis shows
 }
 
 // a time window arrives in ns since each side's first event; it is drawn in seconds
@@ -319,30 +341,31 @@ function inSeconds(d) {
   if (d.prefix) out.prefix = { a: d.prefix.a && d.prefix.a.map(s), b: d.prefix.b && d.prefix.b.map(s) };
   if (d.pivot) out.pivot = { ...d.pivot, a_x: s(d.pivot.a_x), b_x: s(d.pivot.b_x) };
   if (d.bins) out.bins = { ...d.bins, start: s(d.bins.start), width: s(d.bins.width) };
-  if (d.events) out.events = d.events.map((e) => ({ ...e, a_x: s(e.a_x), b_x: s(e.b_x) }));
+  if (d.events) out.events = d.events.map((e) => ({ ...e, a_x: s(e.a_x), b_x: s(e.b_x), a_dur: s(e.a_dur), b_dur: s(e.b_dur) }));
   if (d.steps) out.steps = { ...d.steps, marks: d.steps.marks.map((m) => ({ ...m, x: s(m.x), b_x: s(m.b_x) })) };
   return out;
 }
 
 // -- geometry ------------------------------------------------------------------------------
 function laneY(d) {
-  // A's lanes 0..k-1 on top, a gap, B's lanes below; returns {side: {phase: y}}
+  // A's lanes 0..k-1 on top, a gap, B's lanes below; returns {side: {phase: y}} and each side's
+  // top and bottom. Merged (events only): one lane per phase holds both runs.
   const y = { a: {}, b: {} };
   const phases = d.lanes.filter((l) => l.side === "a").map((l) => l.phase);
+  const merged = st.draw === "merged" && d.mode === "events";
+  const k = phases.length;
   phases.forEach((p, i) => {
     y.a[p] = i;
-    y.b[p] = phases.length + LANE_GAP + i;
+    y.b[p] = merged ? i : k + LANE_GAP + i;
   });
-  return { y, phases, bottom: 2 * phases.length + LANE_GAP - 1 };
+  const bottom = merged ? k - 1 : 2 * k + LANE_GAP - 1;
+  return { y, phases, merged, bottom, aTop: -0.5, aBot: k - 0.5, bTop: merged ? -0.5 : k + LANE_GAP - 0.5, bBot: bottom + 0.5 };
 }
 
 function shapesFor(d, geo, { labels = true } = {}) {
   const shapes = [];
   const annotations = [];
-  const aTop = -0.5;
-  const aBot = geo.phases.length - 0.5;
-  const bTop = geo.phases.length + LANE_GAP - 0.5;
-  const bBot = geo.bottom + 0.5;
+  const { aTop, aBot, bTop, bBot } = geo;
   if (d.prefix) {
     for (const [side, y0, y1] of [["a", aTop, aBot], ["b", bTop, bBot]]) {
       const r = d.prefix[side];
@@ -403,10 +426,10 @@ function stepRange(lo, hi) {
 function laneTicks(geo) {
   const vals = [];
   const text = [];
-  for (const side of ["a", "b"]) {
+  for (const side of geo.merged ? ["a"] : ["a", "b"]) {
     for (const p of geo.phases) {
       vals.push(geo.y[side][p]);
-      text.push(`${side.toUpperCase()} · ${esc(p)}`);
+      text.push(`${geo.merged ? "A·B" : side.toUpperCase()} · ${esc(p)}`);
     }
   }
   return { tickvals: vals, ticktext: text };
@@ -488,8 +511,7 @@ function eventTraces(d, geo) {
     { type: "scatter", mode: "lines", x: badLinks.x, y: badLinks.y, line: { color: "rgba(214,69,61,0.55)", width: 1.2 }, hoverinfo: "skip", name: "matched, differing" },
   ];
   // each event named above its square once there is room for a name
-  const plotPx = Math.max($(SEL.timeline).clientWidth - 118, 100);
-  const named = n > 0 && plotPx / n >= NAME_PX;
+  const named = hasRoom(n);
   for (const side of ["a", "b"]) {
     traces.push({
       type: "scatter", mode: named ? "markers+text" : "markers", x: xs[side], y: ys[side], customdata: custom[side],
@@ -508,13 +530,8 @@ function eventTraces(d, geo) {
 }
 
 const NAME_PX = 44; // room an event needs for its name (neighbours' names alternate above and below)
-// "blocks.5.mlp" of "model.transformer.blocks.5.mlp": the last parts that fit 16 characters
-function shortName(boundary) {
-  const parts = String(boundary ?? "").split(".");
-  let out = parts.pop() || "";
-  while (parts.length && out.length + parts[parts.length - 1].length + 1 <= 16) out = `${parts.pop()}.${out}`;
-  return out.length > 16 ? `${out.slice(0, 15)}…` : out;
-}
+const plotPx = () => Math.max($(SEL.timeline).clientWidth - 118, 100); // less the margins
+const hasRoom = (n) => n > 0 && plotPx() / n >= NAME_PX;
 
 function selectedPoints(d, geo, size) {
   const s = st.selected;
@@ -536,7 +553,11 @@ function drawDetail() {
   const d = st.data;
   if (!d || !window.Plotly) return;
   const geo = laneY(d);
-  const traces = d.mode === "bins" ? binTraces(d, geo) : eventTraces(d, geo);
+  let traces;
+  if (d.mode === "bins") traces = binTraces(d, geo);
+  else if (st.draw === "slices") traces = [...sliceTraces(d, geo, st.axis, plotPx() / Math.max(d.end - d.start, 1e-12)), selectedPoints(d, geo, 12)].filter(Boolean);
+  else if (st.draw === "merged") traces = [...mergedTraces(d, geo, st.axis, hasRoom(d.events.length)), selectedPoints(d, geo, 14)].filter(Boolean);
+  else traces = eventTraces(d, geo);
   const { shapes, annotations } = shapesFor(d, geo);
   const layout = {
     margin: { l: 104, r: 14, t: 22, b: 44 },
@@ -551,6 +572,7 @@ function drawDetail() {
     yaxis: { range: [geo.bottom + 0.6, -0.6], fixedrange: true, showgrid: false, zeroline: false, ...laneTicks(geo) },
     shapes,
     annotations,
+    barmode: "overlay",
   };
   const node = $(SEL.timeline);
   window.Plotly.react(node, traces, layout, PLOT_CONFIG);
@@ -567,6 +589,7 @@ function drawDetail() {
   node.dataset.mode = d.mode;
   node.dataset.rank = String(st.rank);
   node.dataset.axis = st.axis;
+  node.dataset.draw = d.mode === "events" ? st.draw : "bins";
   node.dataset.window = `${d.start} ${d.end}`; // in what the axis shows: positions, or seconds
   node.dataset.whole = String(d.start <= d.extent[0] && d.end >= d.extent[1]);
   node.dataset.countA = String(d.count_a);
@@ -677,13 +700,15 @@ function onBlankClick(e) {
   if (!lane) return;
   let best = null;
   for (const ev of d.events) {
-    const seq = ev[`${lane.side}_seq`];
-    const ex = st.axis === "seq" ? ev.pos + 0.5 : ev[`${lane.side}_x`];
+    // merged: one lane holds both runs, and an event on one side only is that side's
+    const side = geo.merged && ev[`${lane.side}_seq`] == null ? (lane.side === "a" ? "b" : "a") : lane.side;
+    const seq = ev[`${side}_seq`];
+    const ex = st.axis === "seq" ? ev.pos + 0.5 : ev[`${side}_x`];
     if (ev.phase !== lane.phase || seq == null || ex == null) continue;
     const dist = Math.abs(L.xaxis.l2p(ex) - px);
-    if (dist <= REACH_PX && (!best || dist < best.dist)) best = { dist, seq, pos: ev.pos };
+    if (dist <= REACH_PX && (!best || dist < best.dist)) best = { dist, seq, side, pos: ev.pos };
   }
-  if (best) emit(EV.selectEvent, { rank: st.rank, side: lane.side, seq: best.seq, pos: best.pos, source: "timeline" });
+  if (best) emit(EV.selectEvent, { rank: st.rank, side: best.side, seq: best.seq, pos: best.pos, source: "timeline" });
 }
 
 let relayoutTimer = null;

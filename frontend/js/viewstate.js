@@ -1,14 +1,15 @@
 // The view in the URL, so that a reload or a shared link opens the same view:
-//   #/c/<id>?rank=1&axis=time&w=0.0125,0.0803&sel=1.a.123.456&rules=<rule set id>@3&trail=<node>&trail=<node>
+//   #/c/<id>?rank=1&axis=time&w=0.0125,0.0803&draw=slices&sel=1.a.123.456&rules=<rule set id>@3&trail=<node>
 // rank, axis and w (the timeline window, in what the axis shows: positions or seconds; "all" for
-// the whole rank), sel (rank.side.seq.pos of the selected event), rules (the rule set and version
-// the view was made under, "none" without one) and trail (the propagation view's clicked nodes
-// from the pivot). Moving the window or selecting an event replaces the current history entry; a
-// step in the propagation view pushes a new one, so Back and Forward walk the trail.
+// the whole rank), draw (squares, slices or merged), sel (rank.side.seq.pos of the selected
+// event), rules (the rule set and version the view was made under, "none" without one) and
+// trail (the propagation view's clicked nodes from the pivot). Moving the window or selecting an
+// event replaces the current history entry; a step in the propagation view pushes a new one, so
+// Back and Forward walk the trail.
 //
 // The timeline asks `pending(c)` when it first draws a comparison; the selected event and the
 // trail are handed to the other views by events (dom.js EV). This module draws nothing but the
-// note that a link was made under another rule-set version (that result is not kept).
+// note that a link was made under another rule-set version (the view shows the current result).
 
 import { $, EV, SEL, el, emit, fill, on, show } from "./dom.js";
 
@@ -31,6 +32,7 @@ export function parse(hash = location.hash) {
   const v = { cid: m[1] };
   if (finite(p.get("rank"))) v.rank = Number(p.get("rank"));
   if (["seq", "time"].includes(p.get("axis"))) v.axis = p.get("axis");
+  if (["squares", "slices", "merged"].includes(p.get("draw"))) v.draw = p.get("draw");
   const w = p.get("w");
   if (w === "all") v.w = "all";
   else if (w) {
@@ -54,6 +56,7 @@ export function format(cid, v) {
   if (v.axis) p.set("axis", v.axis);
   if (v.w === "all") p.set("w", "all");
   else if (Array.isArray(v.w)) p.set("w", v.w.map((x) => String(Number(x.toPrecision(9)))).join(","));
+  if (v.draw && v.draw !== "squares") p.set("draw", v.draw);
   if (v.sel) p.set("sel", [v.sel.rank, v.sel.side, v.sel.seq, v.sel.pos].join("."));
   if (v.rules) p.set("rules", v.rules);
   for (const id of v.trail || []) p.append("trail", id);
@@ -83,9 +86,9 @@ export function pending(c) {
   if (st.taken || !st.link) return null;
   st.taken = true;
   const v = st.link;
-  if (v.rank == null && !v.axis && !v.w && !v.sel) return null;
+  if (v.rank == null && !v.axis && !v.w && !v.sel && !v.draw) return null;
   const selected = v.sel && c.ranks.includes(v.sel.rank) ? { ...v.sel, source: "restore" } : null;
-  return { rank: v.rank, axis: v.axis, window: v.w, selected };
+  return { rank: v.rank, axis: v.axis, window: v.w, draw: v.draw, selected };
 }
 
 function write(push = false) {
@@ -122,8 +125,8 @@ function onPop() {
   const { cid, ...view } = v;
   const was = st.view;
   st.view = view;
-  const moved = view.rank !== was.rank || view.axis !== was.axis || JSON.stringify(view.w) !== JSON.stringify(was.w);
-  if (moved && (view.w || view.sel)) emit(EV.restoreView, { rank: view.rank, axis: view.axis, window: view.w, selected: view.sel ? { ...view.sel, source: "restore" } : null });
+  const moved = view.rank !== was.rank || view.axis !== was.axis || view.draw !== was.draw || JSON.stringify(view.w) !== JSON.stringify(was.w);
+  if (moved && (view.w || view.sel)) emit(EV.restoreView, { rank: view.rank, axis: view.axis, window: view.w, draw: view.draw || "squares", selected: view.sel ? { ...view.sel, source: "restore" } : null });
   if (view.sel && JSON.stringify(view.sel) !== JSON.stringify(was.sel)) emit(EV.selectEvent, { ...view.sel, source: moved ? "restore" : "link" });
   if (JSON.stringify(view.trail || []) !== JSON.stringify(was.trail || [])) emit(EV.showTrail, view.trail || []);
 }
@@ -141,7 +144,7 @@ export function init() {
   });
   on(EV.timelineDrawn, (d) => {
     if (d.comparison !== st.cid) return;
-    Object.assign(st.view, { rank: d.rank, axis: d.axis, w: d.window });
+    Object.assign(st.view, { rank: d.rank, axis: d.axis, w: d.window, draw: d.draw });
     write();
   });
   on(EV.selectEvent, (s) => {

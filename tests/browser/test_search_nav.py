@@ -235,3 +235,46 @@ def test_every_shortcut_is_in_the_readme():
         assert what in section, f"README's Keyboard section does not say what {keys} does ({what})"
         for k in re.findall(r'"([^"]+)"', keys):
             assert f"`{k}`" in section, f"README's Keyboard section does not show the key {k}"
+
+
+def test_slices_nested_by_depth_and_the_merged_view(page, explorer, comparisons, artifacts):
+    c = comparisons["chain"]  # forward: blocks 0..3 (depth 1) then the root module Net (depth 0)
+    _open(page, explorer, c, "?w=0,16")  # step 0 and a little of step 1: each event drawn
+    page.click(f"{SEL['drawToggle']} button[data-draw=slices]")
+    page.wait_for_function("(sel) => document.querySelector(sel).dataset.draw === 'slices'", arg=SEL["timeline"])
+    bars = page.evaluate("""(sel) => { const t = document.querySelector(sel).data.find((t) => t.name === "slices");
+        return t.customdata.map((c, i) => ({side: c[0], pos: c[2], base: t.base[i], width: t.x[i], y: t.y[i],
+                                            text: t.hovertext[i].match(/<b>([^<]+)<\/b> \(/)[1]})); }""",
+                         SEL["timeline"])
+    net = next(b for b in bars if b["side"] == "a" and b["text"] == "Net")
+    blocks = [b for b in bars if b["side"] == "a" and "layers." in b["text"] and b["pos"] < net["pos"]]
+    assert len(blocks) == 4 and all(b["width"] == 1 for b in blocks), blocks
+    # the root spans its children, one row above them in the lane
+    assert net["base"] == min(b["pos"] for b in blocks) and net["base"] + net["width"] == net["pos"] + 1, net
+    assert all(net["y"] < b["y"] for b in blocks)
+    names = page.evaluate("(sel) => document.querySelector(sel).data.find((t) => t.name === 'slice names').text",
+                          SEL["timeline"])
+    assert "Net" in names and "probe" in names, names  # named where they fit, by the last parts that fit
+    page.screenshot(path=str(artifacts / "comparison-slices.png"), full_page=True)
+    # a click on a slice selects its event
+    box = page.evaluate("""([sel, pos]) => { const gd = document.querySelector(sel), L = gd._fullLayout, b = gd.getBoundingClientRect();
+        return {x: b.left + L._size.l + L.xaxis.l2p(pos + 0.5), y: b.top + L._size.t + L.yaxis.l2p(%s)}; }""" % net["y"],
+                        [SEL["timeline"], net["pos"] - 1])
+    page.mouse.move(box["x"], box["y"])
+    page.wait_for_timeout(150)
+    page.mouse.click(box["x"], box["y"])
+    _selected(page, "Net", "0 · forward")
+
+    # merged: one lane per phase; what agrees drawn once and faint, the divergences stand out
+    page.keyboard.press("d")
+    page.wait_for_function("(sel) => document.querySelector(sel).dataset.draw === 'merged'", arg=SEL["timeline"])
+    _wait_hash(page, "draw", "merged")
+    drawn = page.evaluate("""(sel) => { const gd = document.querySelector(sel);
+        const n = (name) => gd.data.find((t) => t.name === name).x.length;
+        return {same: n("A = B"), differs: n("A ≠ B"), ticks: gd.layout.yaxis.ticktext}; }""", SEL["timeline"])
+    with httpx.Client(base_url=explorer.url, timeout=30) as client:
+        truth = client.get(f"/api/comparisons/{c['id']}/timeline", params={"rank": 0, "start": 0, "end": 16}).json()
+    statuses = [e["status"] for e in truth["events"]]
+    assert drawn["differs"] == statuses.count("diverged") > 0 and drawn["same"] == statuses.count("identical"), drawn
+    assert all(t.startswith("A·B · ") for t in drawn["ticks"]) and len(drawn["ticks"]) == len(truth["lanes"]) // 2
+    page.screenshot(path=str(artifacts / "comparison-merged.png"), full_page=True)
