@@ -88,6 +88,7 @@ class OpState:
         self.bound = math.inf  # the hard bound at the last check
         self.alert_step = -1
         self.observed = True  # backward: False when a call's autograd node could not be hooked
+        self.nonfinite = 0  # checks skipped: their inputs held inf or NaN
 
     def threshold(self) -> float:
         if self.checks < WARMUP or not self.clean:
@@ -166,7 +167,11 @@ class ChecksumSensor(Sensor):
             gaps = raw / (ls.abs() @ rabs + babs).clamp_min(1e-300)
             state.bound = hard_bound(inner, c.dtype, c.device)
             worst = int(gaps.argmax())
-            self._judge(state, key, float(gaps[worst]), float(raw[worst]), gaps, offset, stride, call, evidence)
+            gap = float(gaps[worst])
+            if math.isfinite(gap) or bool(ls.isfinite().all()) and bool(r.isfinite().all()):
+                self._judge(state, key, gap, float(raw[worst]), gaps, offset, stride, call, evidence)
+            else:  # non-finite inputs (an overflow the loss scaler will skip): no checksum to judge
+                state.nonfinite += 1
         budget.charge(self.name, key, budget.clock() - t0, 2.0 * gaps.numel() * inner * c.shape[1])
 
     def _rows(self, key: str, n: int) -> tuple[int, int]:
@@ -198,9 +203,8 @@ class ChecksumSensor(Sensor):
         """Learn a clean gap, or raise an alert with the evidence of the rows over the threshold."""
         state.checks += 1
         threshold = state.threshold()
-        if not gap > threshold:  # (a NaN gap is no clean gap either)
-            if gap == gap:
-                state.learn(gap, raw_gap)
+        if gap <= threshold:  # (a NaN gap is over any threshold)
+            state.learn(gap, raw_gap)
             return
         step = self.monitor.step
         if state.alert_step == step:
@@ -355,6 +359,10 @@ def verify_gemm(payload: dict) -> tuple[str, dict]:
             mag = mag + bias.detach().to("cpu", torch.float64).abs()
         bound = hard_bound(left.shape[-1], original.dtype, original.device) * mag
         err = (original.detach().to("cpu", torch.float64) - ref).abs()
+        # an output that rounded to ±inf because the true value is beyond the dtype's range is rounding too
+        overflow = original.detach().cpu().isinf() & (ref.abs() > torch.finfo(original.dtype).max) & (
+            original.detach().cpu().double().sign() == ref.sign())
+        err = torch.where(overflow, torch.zeros_like(err), err)
         excess = err - bound
         worst = int(excess.flatten().argmax())
         idx = list(divmod(worst, err.shape[-1])) if err.dim() == 2 else [worst]

@@ -1,0 +1,82 @@
+"""The budget controller, driven by a fake clock: the sensors' charged time converges within the
+budget, cheap operators get higher rates than dear ones, rates stay in [MIN_RATE, 1], and below
+ROW_FLOOR whole calls are skipped."""
+
+import pytest
+
+from bitguard.collectors.online.budget import MIN_RATE, ROW_FLOOR, Budget
+
+
+class Clock:
+    def __init__(self):
+        self.t = 0.0
+
+    def __call__(self):
+        return self.t
+
+
+def _steps(budget, clock, unit: dict, n: int, train_s: float = 1.0) -> list[float]:
+    """n steps: each op is called once and checked (when allowed) at a cost of rate × its unit; the
+    training itself takes train_s. The overhead the controller measured each step."""
+    seen = []
+    for _ in range(n):
+        for op, cost in unit.items():
+            if budget.allow("checksum", op):
+                seconds = cost * budget.row_fraction("checksum", op)
+                budget.charge("checksum", op, seconds)
+                clock.t += seconds
+        clock.t += train_s
+        budget.step_end()
+        budget.reset()
+        seen.append(budget.overhead)
+    return seen
+
+
+def test_the_measured_cost_converges_within_the_budget_cheap_ops_checked_more():
+    clock = Clock()
+    budget = Budget(0.02, clock)
+    budget.start()
+    unit = {"cheap": 0.004, "dear": 0.1, "mid": 0.02}
+    overheads = _steps(budget, clock, unit, 60)
+    assert overheads[0] > 0.1, "the first step checks everything at rate 1"
+    late = overheads[-20:]
+    assert sum(late) / len(late) <= 0.02 * 1.25, late
+    rates = {op: budget.op("checksum", op).rate for op in unit}
+    assert rates["cheap"] == 1.0, "a cheap operator's share is more than it needs"
+    assert rates["dear"] < rates["mid"] < 1.0
+    assert all(MIN_RATE <= r <= 1 for r in rates.values())
+
+
+def test_a_generous_budget_checks_everything():
+    clock = Clock()
+    budget = Budget(0.5, clock)
+    budget.start()
+    _steps(budget, clock, {"a": 0.01, "b": 0.02}, 5)
+    assert budget.op("checksum", "a").rate == budget.op("checksum", "b").rate == 1.0
+
+
+def test_below_the_row_floor_whole_calls_are_sampled():
+    budget = Budget(0.02, Clock())
+    budget.op("checksum", "x").rate = ROW_FLOOR / 4
+    allowed = sum(budget.allow("checksum", "x") for _ in range(4000))
+    assert budget.row_fraction("checksum", "x") == ROW_FLOOR
+    assert 800 < allowed < 1200, allowed  # a quarter of the calls, each at ROW_FLOOR of its rows
+    entry = budget.op("checksum", "x")
+    assert entry.calls == 4000 and entry.checked == allowed
+
+
+def test_fixed_costs_come_off_the_allowance():
+    clock = Clock()
+    budget = Budget(0.02, clock)
+    budget.start()
+    _steps(budget, clock, {"a": 0.1}, 3)
+    free = budget.op("checksum", "a").rate
+    budget.charge_fixed(0.015)  # most of the next step's 2%
+    _steps(budget, clock, {"a": 0.1}, 1)
+    assert budget.op("checksum", "a").rate < free
+
+
+def test_a_budget_out_of_range_is_refused():
+    for bad in (0, -0.1, 1.5):
+        with pytest.raises(ValueError):
+            Budget(bad)
