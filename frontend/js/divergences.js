@@ -63,9 +63,12 @@ function facetSelect(key, label, facets, text = (v) => String(v)) {
   return s;
 }
 
-function causeSelect() {
+// the cause choices, each with how many events it covers in the whole table
+function causeSelect(facets) {
+  const events = new Map((facets || []).map((f) => [f.value, f.events]));
+  const n = (v) => v.split(",").reduce((acc, s) => acc + (events.get(s) || 0), 0);
   const s = el("select", { id: "div-cause", "aria-label": "filter by cause" },
-    ...CAUSES.map(([v, t]) => el("option", { value: v, selected: (st.filters.status ?? "") === v }, t)));
+    ...CAUSES.map(([v, t]) => el("option", { value: v, selected: (st.filters.status ?? "") === v }, v && facets ? `${t} (${count(n(v))})` : t)));
   s.addEventListener("change", () => setFilter("status", s.value));
   return s;
 }
@@ -80,7 +83,7 @@ function row(r) {
     emit(EV.selectEvent, { rank: r.rank, pos: r.first_pos, side: r.side, seq: r.seq, source: "divergences" });
     $(SEL.timeline).closest(".card").scrollIntoView({ block: "nearest" }); // the timeline moves to it: show it
   };
-  const tr = el("tr", { class: "link", tabindex: 0, dataset: { pos: r.first_pos, rank: r.rank, status: r.status },
+  const tr = el("tr", { class: "link", tabindex: 0, dataset: { pos: r.first_pos, rank: r.rank, status: r.status, phase: r.phase },
     title: "Show this event in the timeline", onclick: select,
     onkeydown: (e) => { if (e.key === "Enter") select(); } },
   el("td", { class: "num" }, r.step),
@@ -102,7 +105,7 @@ function render() {
     d ? facetSelect("rank", "rank", d.facets.rank, (v) => `rank ${v}`) : null,
     d ? facetSelect("phase", "phase", d.facets.phase) : null,
     d ? facetSelect("module_type", "module type", d.facets.module_type) : null,
-    causeSelect());
+    causeSelect(d && d.facets.status));
   if (st.error) {
     fill(panel, head, el("p", { class: "banner error" }, st.error));
     return;

@@ -58,6 +58,8 @@ export const SEL = {
   drillPanel: "#drill-panel",
   detailPanel: "#detail-panel",
   rulesPanel: "#rules-panel",
+  lossPanel: "#loss-panel",
+  divergencesPanel: "#divergences-panel",
 };
 
 export const EV = {
