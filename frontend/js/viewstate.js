@@ -22,7 +22,7 @@ const st = {
   view: {}, // {rank, axis, w, sel, rules, trail}: what the next URL says
 };
 
-const finite = (x) => x !== "" && Number.isFinite(Number(x));
+const finite = (x) => x != null && x !== "" && Number.isFinite(Number(x)); // Number(null) is 0
 
 // the view a hash describes, or null for no comparison
 export function parse(hash = location.hash) {
