@@ -65,6 +65,7 @@ def test_openapi_documents_every_route(client):
         ("post", "/api/rulesets/import"), ("get", "/api/rulesets/{rule_set_id}/export"),
         ("post", "/api/rulesets/{rule_set_id}/copy"),
         ("get", "/api/comparisons/{cid}/divergences"), ("get", "/api/comparisons/{cid}/loss"),
+        ("get", "/api/comparisons/{cid}/search"),
     }
     have = {(method, path) for path, ops in doc["paths"].items() for method in ops}
     assert want <= have, want - have
