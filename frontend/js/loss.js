@@ -74,14 +74,22 @@ async function render(panel, doc) {
     type: "scatter", mode: "lines+markers", name: `run ${side.toUpperCase()}`, x, y: doc.steps.map((s) => num(s[side])),
     line: { color, width: 1.5, dash }, marker: { size: 4 }, hovertemplate: `run ${side.toUpperCase()}: %{y:.7g}<extra>step %{x}</extra>`,
   });
+  // the gap between the runs on a log axis of its own: the curves overlap long before it shows
+  const gap = doc.steps.map((s) => {
+    const d = Math.abs(num(s.a) - num(s.b));
+    return Number.isFinite(d) && d > 0 ? d : null;
+  });
+  const gapTrace = { type: "scatter", mode: "lines+markers", name: "|A − B|", x, y: gap, yaxis: "y2", connectgaps: false,
+    line: { color: "#8a94a3", width: 1, dash: "dash" }, marker: { size: 3 }, hovertemplate: "|A − B|: %{y:.3g}<extra>step %{x}</extra>" };
   const marks = [["pivot", doc.pivot_step, "#7a1fa2"], ["differs", doc.first_differs, "#8a4b0f"], [`> ${doc.threshold}`, doc.first_over, "#d6453d"]]
     .filter(([, s]) => s != null);
   const layout = {
-    margin: { l: 56, r: 12, t: 18, b: 30 }, height: 190, showlegend: true, legend: { orientation: "h", x: 0, y: 1.18 },
-    xaxis: { title: { text: "step", standoff: 4 }, zeroline: false }, yaxis: { zeroline: false },
+    margin: { l: 56, r: 64, t: 18, b: 30 }, height: 190, showlegend: true, legend: { orientation: "h", x: 0, y: 1.18 },
+    xaxis: { title: { text: "step", standoff: 4 }, zeroline: false }, yaxis: { zeroline: false, title: { text: "loss" } },
+    yaxis2: { type: "log", overlaying: "y", side: "right", showgrid: false, title: { text: "|A − B|" }, exponentformat: "power" },
     shapes: marks.map(([, s, color]) => ({ type: "line", xref: "x", yref: "paper", x0: s, x1: s, y0: 0, y1: 1, line: { color, width: 1.5, dash: "dot" } })),
     annotations: marks.map(([name, s, color], i) => ({ x: s, y: 1 - i * 0.14, xref: "x", yref: "paper", text: name, showarrow: false, xanchor: "left", font: { size: 11, color } })),
   };
   const Plotly = await plotly;
-  Plotly.react(plot, [line("a", "#2f5fd0", "solid"), line("b", "#d6453d", "dot")], layout, { displayModeBar: false, responsive: true });
+  Plotly.react(plot, [line("a", "#2f5fd0", "solid"), line("b", "#d6453d", "dot"), gapTrace], layout, { displayModeBar: false, responsive: true });
 }

@@ -80,7 +80,7 @@ def test_divergences_table_filters_pages_and_selects_in_the_timeline(page, explo
 
 
 def test_loss_curve_marks_the_pivot_and_how_far_ahead_of_the_loss_bitguard_saw_it_and_the_table_pages(
-        page, explorer, comparisons):
+        page, explorer, comparisons, artifacts):
     requests: list[str] = []
     page.on("request", lambda r: requests.append(r.url) if "/divergences" in r.url else None)
     _open(page, explorer, comparisons["loss"])
@@ -90,8 +90,9 @@ def test_loss_curve_marks_the_pivot_and_how_far_ahead_of_the_loss_bitguard_saw_i
     assert "bitguard saw it 4 steps before the loss (pivot at step 2)" in lead, lead
     plot = page.evaluate("""() => { const gd = document.querySelector('#loss-plot');
         return {names: gd.data.map((t) => t.name), n: gd.data[0].x.length, marks: gd.layout.shapes.map((s) => s.x0)}; }""")
-    assert plot == {"names": ["run A", "run B"], "n": 8, "marks": [2, 2, 6]}
+    assert plot == {"names": ["run A", "run B", "|A − B|"], "n": 8, "marks": [2, 2, 6]}
     assert "from Net" in page.inner_text(SEL["lossPanel"])
+    page.screenshot(path=str(artifacts / "comparison-panels.png"), full_page=True)
     # the same comparison's divergences table, a page at a time from the server
     page.wait_for_selector(ROWS)
     total = int(page.get_attribute(SEL["divergencesPanel"], "data-total"))
