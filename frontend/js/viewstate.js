@@ -9,9 +9,11 @@
 //
 // The timeline asks `pending(c)` when it first draws a comparison; the selected event and the
 // trail are handed to the other views by events (dom.js EV). This module draws nothing but the
-// note that a link was made under another rule-set version (the view shows the current result).
+// note that a link was made under another rule-set version (the view shows the current result),
+// with a button that reopens the result under the link's version.
 
-import { $, EV, SEL, el, emit, fill, on, show } from "./dom.js";
+import { api, comparisonPath } from "./api.js";
+import { $, EV, SEL, el, emit, fill, on, show, toast } from "./dom.js";
 
 const st = {
   cid: null, // the comparison the URL describes
@@ -111,8 +113,22 @@ function linkNote(c) {
   const then = want === "none" ? "without rules" : c.rule_set && c.rule_set.id === id
     ? `with version ${version} of rule set ${c.rule_set.name}` : "with another rule set";
   const now = c.rule_set ? `version ${c.rule_set.version} of rule set ${c.rule_set.name}` : "no rules";
-  fill(node, el("span", {}, `This link was made ${then}; the comparison now uses ${now}, and that is what is shown.`));
+  const known = want === "none" || (c.rule_set && c.rule_set.id === id && Number(version) >= 1);
+  fill(node, el("span", {}, `This link was made ${then}; the comparison now uses ${now}, and that is what is shown.`),
+    known ? el("button", { id: "link-reopen", class: "btn small", onclick: () => reopen(c, want) }, want === "none" ? "Reopen it without rules" : `Reopen it under version ${version}`) : null);
   show(node, true);
+}
+
+// rerun the comparison under the link's rule-set version (the server keeps every saved version)
+async function reopen(c, want) {
+  const [id, version] = want.split("@");
+  const body = want === "none" ? { rule_set_id: null, keep_rule_set: false } : { rule_set_id: id, keep_rule_set: false, rule_set_version: Number(version) };
+  try {
+    const again = await api.post(comparisonPath(c.id, "/rerun"), body);
+    emit(EV.rulesSaved, { comparison: again }); // app.js polls until the new revision is ready
+  } catch (e) {
+    toast(e.message, "error");
+  }
 }
 
 // Back or Forward (or an edited hash) within the same comparison: show that entry's view

@@ -169,13 +169,31 @@ def test_the_view_is_in_the_url_a_reload_restores_it_and_back_walks_the_propagat
                                                        .locator("h4").get_attribute("title").split(" ", 1)[1])
 
 
-def test_a_link_made_under_another_rule_set_version_says_so(page, explorer, comparisons):
+def test_a_link_made_under_another_rule_set_version_says_so_and_reopens_it(page, explorer, comparisons, scenario_dirs):
     c = comparisons["probe"]
     _open(page, explorer, c, "?rules=rs-gone@3&sel=0.a.1.1")
     page.wait_for_selector(f"{SEL['linkNote']}:not(.hidden)")
     note = page.inner_text(SEL["linkNote"])
     assert "made with another rule set" in note and "now uses no rules" in note, note
+    assert page.locator("#link-reopen").count() == 0  # a rule set it does not know: nothing to reopen
     _selected(page, "model.probe", "0 · forward")
+    # version 1 ignores the probe (pivot: block 2), version 2 has no rule (pivot: the probe)
+    rule = {"id": "probe-debug", "action": "ignore", "match": {"boundary": "model.probe"}}
+    with httpx.Client(base_url=explorer.url, timeout=60) as client:
+        rs = client.post("/api/rulesets", json={"name": "link versions", "rules": [rule]}).json()
+        client.put(f"/api/rulesets/{rs['id']}", json={"rules": []}).raise_for_status()
+        c2 = api_compare(client, scenario_dirs["probe"], rule_set_id=rs["id"])
+    assert c2["rule_set"]["version"] == 2
+    _open(page, explorer, c2, f"?rules={rs['id']}@1")
+    page.wait_for_selector(f"{SEL['linkNote']}:not(.hidden)")
+    note = page.inner_text(SEL["linkNote"])
+    assert "with version 1 of rule set link versions" in note and "now uses version 2" in note, note
+    assert page.inner_text("#pivot-boundary") == "model.probe"
+    page.click("#link-reopen")
+    wait_drawn(page, c2["revision"] + 1)
+    page.wait_for_selector(SEL["linkNote"], state="hidden")
+    assert page.inner_text("#pivot-boundary") == "model.layers.2"
+    _wait_hash(page, "rules", f"{rs['id']}@1")
 
 
 def test_the_keyboard_path(page, explorer, comparisons, artifacts):
@@ -242,7 +260,7 @@ def test_slices_nested_by_depth_and_the_merged_view(page, explorer, comparisons,
     _open(page, explorer, c, "?w=0,16")  # step 0 and a little of step 1: each event drawn
     page.click(f"{SEL['drawToggle']} button[data-draw=slices]")
     page.wait_for_function("(sel) => document.querySelector(sel).dataset.draw === 'slices'", arg=SEL["timeline"])
-    bars = page.evaluate("""(sel) => { const t = document.querySelector(sel).data.find((t) => t.name === "slices");
+    bars = page.evaluate(r"""(sel) => { const t = document.querySelector(sel).data.find((t) => t.name === "slices");
         return t.customdata.map((c, i) => ({side: c[0], pos: c[2], base: t.base[i], width: t.x[i], y: t.y[i],
                                             text: t.hovertext[i].match(/<b>([^<]+)<\/b> \(/)[1]})); }""",
                          SEL["timeline"])
