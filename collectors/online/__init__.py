@@ -11,6 +11,9 @@ from bitguard.errors import BadInput
 # name -> "module:class" (imported when selected). A new sensor: its file, and one line here.
 SENSORS = {
     "checksum": "bitguard.collectors.online.checksum:ChecksumSensor",
+    "recompute": "bitguard.collectors.online.recompute_sensor:RecomputeSensor",
+    "crossrank": "bitguard.collectors.online.crossrank:CrossRankSensor",
+    "guard": "bitguard.collectors.online.guards:GuardSensor",
 }
 
 
