@@ -24,7 +24,7 @@ from fastapi.responses import FileResponse, JSONResponse
 from fastapi.staticfiles import StaticFiles
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from bitguard.backend import api_comparisons, api_drills, api_panels, api_rule_sets, api_runs, api_search
+from bitguard.backend import api_alerts, api_comparisons, api_drills, api_panels, api_rule_sets, api_runs, api_search
 from bitguard.backend.drills import Drills
 from bitguard.backend.workspace import Workspace
 from bitguard.errors import BadInput, BitguardError
@@ -138,6 +138,7 @@ def create_app(workspace_dir: str | os.PathLike | None = None, config: ServerCon
                 "status_codes": list(STATUS_CODES), "status_of_event": dict(STATUS_OF_EVENT)}
 
     app.include_router(api_runs.routes(ws, config))
+    app.include_router(api_alerts.routes(ws))
     app.include_router(api_rule_sets.routes(ws))
     app.include_router(api_comparisons.routes(ws, config))
     app.include_router(api_search.routes(ws, config))

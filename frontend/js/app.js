@@ -5,6 +5,7 @@
 import { api, comparisonPath } from "./api.js";
 import { $, EV, SEL, el, emit, on, show, fill } from "./dom.js";
 import { count, useVocabulary } from "./format.js";
+import * as alerts from "./alerts.js";
 import * as detail from "./detail.js";
 import * as divergences from "./divergences.js";
 import * as download from "./download.js";
@@ -24,9 +25,21 @@ const st = { id: null, loaded: null, poll: null, firstDraw: false, vocabulary: n
 
 function route() {
   clearTimeout(st.poll);
+  show(SEL.viewAlerts, false);
+  const r = location.hash.match(/^#\/r\/([\w-]+)\/alerts/);
+  if (r) return openAlerts(r[1]);
   const m = location.hash.match(/^#\/c\/([\w-]+)/);
   if (m) openComparison(m[1]);
   else openHome();
+}
+
+// an online-mode run's alerts (alerts.js)
+function openAlerts(runId) {
+  show(SEL.viewHome, false);
+  show(SEL.viewComparison, false);
+  show(SEL.perfetto, false);
+  show(SEL.viewAlerts, true);
+  alerts.open(runId);
 }
 
 function openHome() {

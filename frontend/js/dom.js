@@ -8,6 +8,8 @@ export const SEL = {
   toast: "#toast",
   viewHome: "#view-home",
   viewComparison: "#view-comparison",
+  viewAlerts: "#view-alerts",
+  alertsBody: "#alerts-body",
   // upload (home)
   pickA: "#pick-a",
   pickB: "#pick-b",

@@ -14,48 +14,14 @@ from bitguard.backend.afterwards import advice
 from bitguard.backend.alerts import read_alerts, render_text
 from bitguard.backend.compare import compare
 from bitguard.cli import main
-from bitguard.collectors import store
 from bitguard.errors import NotSupported
-from bitguard.schema import ALERTS, RANK_FILE, SENSOR_STATS
+from fixtures_runs import RunSpec, write_run
+from online_runs import alert, online_run, stats
 
 ROOT = Path(__file__).resolve().parents[3]
-sys.path.insert(0, str(ROOT / "tests"))
-from fixtures_runs import RunSpec, write_manifest, write_run  # noqa: E402
 
 
-def _row(i, state, step=5, t=0, sensor="checksum", severity="alert", rank=0, **kw):
-    row = {"alert_id": i, "step": step, "rank": rank, "sensor": sensor, "boundary": "blocks.0.mlp.fc",
-           "op": "linear", "severity": severity, "state": state, "evidence": json.dumps({"gap": 0.5, "rows": [3]}),
-           "threshold": 1e-5, "t_ns": 1_000 + t}
-    row.update(kw)
-    return row
-
-
-def _stats(step, sensor="checksum", op=None, calls=10, checked=2, flops=100.0, queue=0, rank=0):
-    return {"step": step, "rank": rank, "sensor": sensor, "op": op, "calls": calls, "checked": checked, "rate": 0.2,
-            "seconds": 1e-3, "flops_seen": flops, "flops_checked": flops / 5, "threshold": 1e-5, "queue": queue}
-
-
-def online_run(tmp_path, alerts, stats=(), killed_alerts=(), world_size=1, name="online", **manifest):
-    """A run directory as online mode writes it: manifest, rank files by RankStore. `killed_alerts`
-    go to the journal of a store that is then stopped as a SIGKILL would (never folded)."""
-    run = tmp_path / name
-    run.mkdir()
-    write_manifest(str(run), world_size, mode="online", command=["python", "train.py", "--lr", "3e-4"], **manifest)
-    for rank in range(world_size):
-        s = store.RankStore(str(run / RANK_FILE.format(rank=rank)), {"rank": rank, "world_size": world_size,
-                                                                    "mode": "online"})
-        s.add_rows(ALERTS.name, [a for a in alerts if a["rank"] == rank])
-        s.add_rows(SENSOR_STATS.name, [r for r in stats if r["rank"] == rank])
-        if killed_alerts:
-            s.add_rows(ALERTS.name, list(killed_alerts))
-            assert s.step_barrier() and s.step_barrier()
-            s._queue.put(None)  # the writer stops with no fold, no close
-            s._thread.join()
-            s._con.close()
-        else:
-            s.close("complete")
-    return run
+_row, _stats = alert, stats
 
 
 def test_latest_state_per_alert_counts_and_coverage(tmp_path):
