@@ -352,6 +352,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print the bitguard.alerts/1 JSON document")
     p.set_defaults(func=cmd_alerts)
 
+    from bitguard.backend.invariants.commands import add_commands as add_invariants_commands
+    add_invariants_commands(sub)  # bitguard invariants infer|check (issue 17)
+
     p = sub.add_parser("export-perfetto", help="write a Perfetto trace of the comparison")
     p.add_argument("run_a")
     p.add_argument("run_b")

@@ -1,0 +1,440 @@
+"""Relation templates: what each kind of invariant observes in a step's facts.
+
+A template turns one rank's `StepFacts`, seen in step order, into observations (`Obs`): a key
+naming the relation (`dtype:blocks.0.ln_1.weight`, `order:backward<optimizer_step`), what it
+covers, the value seen, and the step's context (the features preconditions are made of). An
+observation is either of a relation that must hold (`holds`: the value is True or False) or of
+a value that must stay the same (`constant`: the clean runs' value is learned). Inference
+(infer.py) gathers the observations of clean runs, checking (check.py) those of any run; both
+feed steps in order through the same `observe`, so what is inferred is exactly what is checked.
+
+Templates: Consistent (a value equal across steps or ranks, coverage of the optimizer and of
+clipping), EventContain (what each training step must contain), Sequence (the order of API
+calls in a step), Update (which parameters change, and when), Bound (clipping's returned norm,
+the learning rate against the scheduler, the backward root against the loss), Mode (train/eval
+of the modules whose mode matters), Distinct (a step's batch is not the previous one's).
+
+Each template keeps a small state per rank between steps (`state`, a dict the caller owns and
+starts empty for each rank of each run). This module knows StepFacts; nothing of files.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from dataclasses import dataclass, field
+
+from bitguard.backend.invariants.facts import StepFacts
+
+# The step features a precondition may name, in the order the inference tries them.
+FEATURES = ("world_size", "accum", "scheduler", "clip", "amp", "optimizer", "model_dtype", "first_step",
+            "set_to_none", "dtype", "requires_grad")
+FEATURE_TEXT = {
+    "world_size": "world size", "accum": "backward calls per optimizer step", "scheduler": "an LR scheduler is attached",
+    "clip": "gradients are clipped in the step", "amp": "a GradScaler scales the loss",
+    "optimizer": "optimizer class", "model_dtype": "the parameters' most common dtype",
+    "first_step": "first training step of the run", "set_to_none": "zero_grad's set_to_none (last seen)",
+    "dtype": "the parameter's dtype", "requires_grad": "the parameter requires grad",
+}
+SEQ_KINDS = ("zero_grad", "backward", "clip_grad_norm", "clip_grad_value", "optimizer_step", "scheduler_step",
+             "loss_scale")
+
+
+@dataclass(frozen=True)
+class Obs:
+    key: str  # the relation: the invariant's id within its template
+    names: tuple[str, ...]  # what it covers ("*": every name its descriptor selects)
+    value: object  # holds: True/False; constant: a JSON value
+    ctx: dict = field(hash=False, compare=False)  # feature -> value in this step (and for this name)
+    evidence: dict = field(hash=False, compare=False, default_factory=dict)
+    kind: str = "holds"  # holds | constant
+
+
+def context(facts: StepFacts, state: dict) -> dict:
+    """The step's features (state: the rank's state dict, shared with the templates)."""
+    run = state.setdefault("_run", {"training_steps": 0, "scheduler": False, "amp": False, "set_to_none": None})
+    for a in facts.api:
+        if a["kind"] in ("scheduler_init", "scheduler_step"):
+            run["scheduler"] = True
+        elif a["kind"] == "loss_scale":
+            run["amp"] = True
+        elif a["kind"] == "zero_grad":
+            run["set_to_none"] = a["value"].get("set_to_none")
+        elif a["kind"] == "optimizer_step":
+            if any("initial_lr" in g for g in a["value"].get("groups", [])):
+                run["scheduler"] = True
+    dtypes = Counter(p.get("dtype") for p in facts.params.values() if isinstance(p, dict))
+    if dtypes:
+        run["model_dtype"] = sorted(dtypes.items(), key=lambda kv: (-kv[1], str(kv[0])))[0][0]
+    optimizers = sorted({str(a["target"]).split("#")[0] for a in facts.of("optimizer_step")})
+    ctx = {"world_size": facts.world_size, "accum": len(facts.of("backward")), "scheduler": run["scheduler"],
+           "clip": bool(facts.of("clip_grad_norm") or facts.of("clip_grad_value")), "amp": run["amp"],
+           "optimizer": "+".join(optimizers) or None, "model_dtype": run.get("model_dtype"),
+           "first_step": facts.training_step and run["training_steps"] == 0, "set_to_none": run["set_to_none"]}
+    if facts.training_step:
+        run["training_steps"] += 1
+    return ctx
+
+
+def _ords(facts: StepFacts, kind: str) -> list[int]:
+    return [a["ord"] for a in facts.api if a["kind"] == kind]
+
+
+class Template:
+    name = ""
+    relevant: dict[str, tuple[str, ...]] = {}  # key prefix -> features kept in the precondition when constant
+    cross_rank = False
+
+    def observe(self, facts: StepFacts, ctx: dict, state: dict) -> list[Obs]:
+        return []
+
+    def observe_ranks(self, facts_by_rank: dict[int, StepFacts], ctx: dict) -> list[Obs]:
+        return []
+
+    def relation(self, key: str, expected) -> str:
+        raise NotImplementedError
+
+    def relevant_features(self, key: str) -> tuple[str, ...]:
+        return self.relevant.get(key.split(":")[0], ())
+
+
+def _tied(params: dict) -> dict[str, str]:
+    """name -> the first name (sorted) sharing its storage: itself when untied."""
+    by_storage: dict = {}
+    for name in sorted(params):
+        sid = params[name].get("storage")
+        if sid is not None:
+            by_storage.setdefault(sid, name)
+    return {n: by_storage.get(params[n].get("storage"), n) for n in params}
+
+
+class Consistent(Template):
+    name = "Consistent"
+    relevant = {"clip_covers": ("clip",), "clip_max_norm": ("clip",), "replicated": ("world_size",)}
+
+    def observe(self, facts, ctx, state):
+        if not facts.training_step:
+            return []
+        out = []
+        params = {n: p for n, p in facts.params.items() if isinstance(p, dict)}
+        tied = _tied(params)
+        in_opt = facts.optimizer_params()
+        for n in sorted(params):
+            p = params[n]
+            feat = {**ctx, "dtype": p.get("dtype"), "requires_grad": p.get("requires_grad")}
+            out.append(Obs(f"dtype:{n}", (n,), p.get("dtype"), feat, {"param": n, "dtype": p.get("dtype")}, "constant"))
+            out.append(Obs(f"requires_grad:{n}", (n,), p.get("requires_grad"), feat,
+                           {"param": n, "requires_grad": p.get("requires_grad")}, "constant"))
+            out.append(Obs(f"storage:{n}", (n,), tied[n], feat, {"param": n, "shares_storage_with": tied[n]},
+                           "constant"))
+            if p.get("requires_grad") and facts.of("optimizer_step"):
+                out.append(Obs("in_optimizer", ("*",), n in in_opt, feat, {"param": n}))
+        stepped = set(facts.updates)
+        for a in facts.of("clip_grad_norm") + facts.of("clip_grad_value"):
+            clipped = set(a["value"].get("params") or [])
+            missing = sorted(stepped - clipped)
+            out.append(Obs("clip_covers", ("*",), not missing, ctx,
+                           {"not_clipped": missing[:10], "not_clipped_count": len(missing), "ord": a["ord"]}))
+            if a["kind"] == "clip_grad_norm":
+                m = a["value"].get("max_norm")
+                out.append(Obs("clip_max_norm", ("clip_grad_norm",), m, ctx, {"max_norm": m, "ord": a["ord"]},
+                               "constant"))
+        return out
+
+    cross_rank = True
+
+    def observe_ranks(self, facts_by_rank, ctx):
+        """Parameters replicated across ranks (data parallel): equal after each step on every rank."""
+        ranks = sorted(facts_by_rank)
+        if len(ranks) < 2 or not all(facts_by_rank[r].training_step for r in ranks):
+            return []
+        out = []
+        starts = {r: {n: p.get("xor") for n, p in facts_by_rank[r].params.items() if isinstance(p, dict)}
+                  for r in ranks}
+        names = set.intersection(*(set(facts_by_rank[r].updates) | set(starts[r]) for r in ranks))
+        for n in sorted(names):
+            evidence = {"param": n}
+            same = True
+            for what, by_rank in (("xor_at_forward", {r: starts[r].get(n) for r in ranks}),
+                                  ("xor_after_step", {r: facts_by_rank[r].updates.get(n, (None, None))[1]
+                                                      for r in ranks})):
+                if any(v is None for v in by_rank.values()):
+                    continue
+                values = {r: int(v, 16) if isinstance(v, str) else v for r, v in by_rank.items()}
+                same = same and len(set(values.values())) == 1
+                evidence[what] = {str(r): f"{v:016x}" for r, v in values.items()}
+            if len(evidence) > 1:
+                out.append(Obs(f"replicated:{n}", (n,), same, ctx, evidence))
+        return out
+
+    def relation(self, key, expected):
+        what, _, name = key.partition(":")
+        return {
+            "dtype": f"{name} has dtype {expected} in every training step",
+            "requires_grad": f"{name} has requires_grad={expected} in every training step",
+            "storage": (f"{name} shares its storage with {expected} (tied)" if expected != name
+                        else f"{name} shares its storage with no other parameter"),
+            "in_optimizer": "every parameter that requires grad is in some param group of the optimizer",
+            "clip_covers": "gradient clipping covers every parameter the optimizer steps",
+            "clip_max_norm": f"clip_grad_norm_ is called with max_norm={expected}",
+            "replicated": f"{name} is equal on every rank at each step's forward and after its optimizer step "
+                          f"(replicated)",
+        }[what]
+
+
+class EventContain(Template):
+    name = "EventContain"
+    relevant = {"scheduler_stepped": ("scheduler",)}
+
+    def observe(self, facts, ctx, state):
+        if not facts.training_step:
+            return []
+        out = []
+        backward = _ords(facts, "backward")
+        steps = _ords(facts, "optimizer_step")
+        if backward:
+            zero = [o for o in _ords(facts, "zero_grad") if o < backward[0]]
+            out.append(Obs("zero_grad_before_backward", ("zero_grad", "backward"), bool(zero), ctx,
+                           {"first_backward_ord": backward[0], "zero_grad_ords": _ords(facts, "zero_grad")}))
+        if facts.grads:
+            stale = sorted(n for n, g in facts.grads.items() if g["grad"] != g["grad_input"])
+            out.append(Obs("grads_fresh", ("*",), not stale, ctx,
+                           {"accumulated_onto_old_grad": stale[:10], "count": len(stale)}))
+        if steps:
+            ok = bool(backward) and backward[-1] < steps[0]
+            out.append(Obs("step_after_backward", ("backward", "optimizer_step"), ok, ctx,
+                           {"backward_ords": backward[-3:], "optimizer_step_ord": steps[0]}))
+        out.append(Obs("scheduler_stepped", ("scheduler_step",), bool(facts.of("scheduler_step")), ctx,
+                       {"scheduler_steps": len(facts.of("scheduler_step"))}))
+        return out
+
+    def relation(self, key, expected):
+        return {
+            "zero_grad_before_backward": "each training step calls zero_grad before its first backward",
+            "grads_fresh": "each parameter's first gradient in a step is not accumulated onto an older one "
+                           "(.grad was zeroed or None before backward)",
+            "step_after_backward": "each training step's optimizer step comes after its backward",
+            "scheduler_stepped": "each training step steps the LR scheduler",
+        }[key]
+
+
+class Sequence(Template):
+    name = "Sequence"
+
+    def observe(self, facts, ctx, state):
+        if not facts.training_step:
+            return []
+        ords = {k: _ords(facts, k) for k in SEQ_KINDS}
+        out = []
+        for a in SEQ_KINDS:
+            for b in SEQ_KINDS:
+                if a != b and ords[a] and ords[b]:
+                    out.append(Obs(f"order:{a}<{b}", (a, b), ords[a][-1] < ords[b][0], ctx,
+                                   {f"{a}_ords": ords[a][-3:], f"{b}_ords": ords[b][:3]}))
+        return out
+
+    def relation(self, key, expected):
+        a, _, b = key.partition(":")[2].partition("<")
+        return f"in each training step where both happen, every {a} comes before the first {b}"
+
+
+class Update(Template):
+    name = "Update"
+    relevant = {"changes_at_step": ("amp",)}
+
+    def observe(self, facts, ctx, state):
+        out = []
+        params = {n: p for n, p in facts.params.items() if isinstance(p, dict)}
+        expect = state.setdefault("update_expect", {})  # name -> (xor, why, step)
+        for n in sorted(params):
+            now = params[n].get("xor")
+            now = int(now, 16) if isinstance(now, str) else now
+            if n in expect and now is not None:
+                xor, why, step = expect[n]
+                feat = {**ctx, "dtype": params[n].get("dtype"), "requires_grad": params[n].get("requires_grad")}
+                out.append(Obs(why, ("*",), now == xor, feat,
+                               {"param": n, "since_step": step, "expected_xor": f"{xor:016x}", "xor": f"{now:016x}"}))
+        lrs = {}
+        for a in facts.of("optimizer_step"):
+            for g in a["value"].get("groups", []):
+                for p in g.get("params", []):
+                    lrs[p] = g.get("lr")
+        if facts.training_step:
+            got = set(facts.grads) | set(facts.updates)
+            for n in sorted(params):
+                out.append(Obs(f"gets_grad:{n}", (n,), n in got, {**ctx, "dtype": params[n].get("dtype"),
+                                                                 "requires_grad": params[n].get("requires_grad")},
+                               {"param": n, "received_gradient": n in got}, "constant"))
+            for n in sorted(params):
+                if params[n].get("requires_grad") is False:
+                    before, after = facts.updates.get(n, (None, None))
+                    out.append(Obs("frozen_unchanged", ("*",), before is None or before == after,
+                                   {**ctx, "dtype": params[n].get("dtype"), "requires_grad": False},
+                                   {"param": n, "stepped": n in facts.updates}))
+            for n, (before, after) in sorted(facts.updates.items()):
+                if before is None or facts.grad_zero.get(n) or not lrs.get(n):
+                    continue
+                feat = {**ctx, "dtype": params.get(n, {}).get("dtype"), "requires_grad": True}
+                out.append(Obs("changes_at_step", ("*",), before != after, feat,
+                               {"param": n, "lr": lrs.get(n), "xor": f"{after:016x}"}))
+        # what the next step's first forward must find
+        new = {}
+        for n in params:
+            xor = params[n].get("xor")
+            if n in facts.updates:
+                new[n] = (facts.updates[n][1], "no_edit_between_steps", facts.step)
+            elif xor is not None:
+                new[n] = (int(xor, 16) if isinstance(xor, str) else xor, "unstepped_unchanged", facts.step)
+        if params:
+            state["update_expect"] = new
+        return out
+
+    def relation(self, key, expected):
+        what, _, name = key.partition(":")
+        return {
+            "changes_at_step": "each parameter the optimizer steps with a nonzero gradient and lr > 0 changes",
+            "no_edit_between_steps": "no parameter changes between an optimizer step and the next step's forward "
+                                     "(no in-place edit outside the optimizer)",
+            "unstepped_unchanged": "a parameter the optimizer did not step keeps its value into the next step",
+            "frozen_unchanged": "a parameter with requires_grad=False is not changed by the optimizer step",
+            "gets_grad": f"{name} {'receives' if expected else 'never receives'} a gradient in a training step",
+        }[what]
+
+
+class Bound(Template):
+    name = "Bound"
+    relevant = {"clip_total_norm": ("clip",), "lr_is_scheduled": ("scheduler",), "loss_over_accum": ("amp",)}
+
+    def observe(self, facts, ctx, state):
+        out = []
+        for a in facts.api:
+            if a["kind"] == "scheduler_step":
+                state["last_lr"] = (a["value"].get("last_lr"), facts.step)
+            elif a["kind"] == "optimizer_step" and state.get("last_lr"):
+                last, since = state["last_lr"]
+                lrs = [g.get("lr") for g in a["value"].get("groups", [])]
+                if last is not None and len(last) == len(lrs):
+                    ok = all(x is not None and math.isclose(x, y, rel_tol=1e-6, abs_tol=1e-12)
+                             for x, y in zip(lrs, last))
+                    out.append(Obs("lr_is_scheduled", ("optimizer_step", "scheduler_step"), ok, ctx,
+                                   {"lr": lrs, "scheduler_last_lr": last, "scheduler_step_in": since}))
+            elif a["kind"] == "clip_grad_norm":
+                n = a["value"].get("total_norm")
+                ok = isinstance(n, (int, float)) and math.isfinite(n) and n > 0
+                out.append(Obs("clip_total_norm", ("clip_grad_norm",), ok, ctx,
+                               {"total_norm": n, "max_norm": a["value"].get("max_norm"), "ord": a["ord"]}))
+        if facts.training_step:
+            roots = [b["value"].get("value") for b in facts.of("backward")]
+            if roots and len(roots) == len(facts.losses) and all(isinstance(r, (int, float)) for r in roots):
+                n = len(roots)
+                ratios = [r * n / loss for r, loss in zip(roots, facts.losses) if loss not in (0, None)
+                          and math.isfinite(loss) and math.isfinite(r)]
+                if len(ratios) == n:
+                    value = round(sum(ratios) / n, 3)
+                    out.append(Obs("loss_over_accum", ("backward", "loss"), value, ctx,
+                                   {"backward_roots": roots[:4], "losses": facts.losses[:4], "backward_calls": n},
+                                   "constant"))
+        return out
+
+    def relation(self, key, expected):
+        return {
+            "clip_total_norm": "clip_grad_norm_ returns a finite, positive total norm (gradients exist when clipped)",
+            "lr_is_scheduled": "each param group's lr at optimizer step is the scheduler's last_lr",
+            "loss_over_accum": (f"backward root x backward calls per step / root module loss = {expected} "
+                                f"(the loss divided by the accumulation count)"),
+        }[key]
+
+
+class Mode(Template):
+    name = "Mode"
+
+    def observe(self, facts, ctx, state):
+        if not facts.training_step:
+            return []
+        backward = _ords(facts, "backward")
+        modes = [a for a in facts.of("modes") if not backward or a["ord"] < backward[0]]
+        if not modes:
+            return []
+        m = modes[-1]["value"]
+        out = []
+        training, evaluating = list(m.get("training") or []), list(m.get("eval") or [])
+        out.append(Obs("all_training", ("*",), not evaluating, ctx, {"eval": evaluating[:10]}))
+        for name in sorted(training):
+            out.append(Obs(f"mode:{name}", (name,), "training", ctx, {"module": name, "mode": "training"}, "constant"))
+        for name in sorted(evaluating):
+            out.append(Obs(f"mode:{name}", (name,), "eval", ctx, {"module": name, "mode": "eval"}, "constant"))
+        return out
+
+    def relation(self, key, expected):
+        if key == "all_training":
+            return "in training steps every dropout-like module is in training mode at the forward before backward"
+        return f"{key.partition(':')[2]} is in {expected} mode in training steps"
+
+
+class Distinct(Template):
+    name = "Distinct"
+
+    def observe(self, facts, ctx, state):
+        if not facts.training_step or not facts.batches:
+            return []
+        prev = state.get("last_batch")
+        state["last_batch"] = facts.batches[-1]
+        out = []
+        seen, repeats = ([prev] if prev is not None else []), 0
+        for b in facts.batches:
+            repeats += b in seen
+            seen.append(b)
+        if prev is not None or len(facts.batches) > 1:
+            out.append(Obs("batch_changes", ("batch",), repeats == 0, ctx,
+                           {"batches": len(facts.batches), "repeated": repeats,
+                            "batch_xor": f"{facts.batches[0][0]:016x}"}))
+        return out
+
+    def relation(self, key, expected):
+        return "each data batch of a training step differs from the one before it"
+
+
+TEMPLATES: tuple[Template, ...] = (Consistent(), EventContain(), Sequence(), Update(), Bound(), Mode(), Distinct())
+BY_NAME = {t.name: t for t in TEMPLATES}
+
+
+class Observer:
+    """Feeds steps in order through every template, keeping each rank's state: what inference and
+    checking both use, so a relation is observed the same way in clean and checked runs."""
+
+    def __init__(self, templates: tuple[Template, ...] = TEMPLATES):
+        self.templates = templates
+        self.states: dict[int, dict] = {}
+        self.contexts: dict[tuple[int, int], dict] = {}  # (rank, step) -> ctx, for the cross-rank pass
+
+    def step(self, facts: StepFacts) -> list[tuple[Template, Obs]]:
+        state = self.states.setdefault(facts.rank, {})
+        ctx = context(facts, state)
+        self.contexts[(facts.rank, facts.step)] = ctx
+        return [(t, o) for t in self.templates for o in t.observe(facts, ctx, state.setdefault(t.name, {}))]
+
+    def ranks(self, facts_by_rank: dict[int, StepFacts]) -> list[tuple[Template, Obs]]:
+        """The cross-rank observations of one step (every rank's facts of that step, each already
+        passed to `step`)."""
+        if len(facts_by_rank) < 2:
+            return []
+        first = min(facts_by_rank)
+        ctx = self.contexts.get((first, facts_by_rank[first].step), {})
+        return [(t, o) for t in self.templates if t.cross_rank for o in t.observe_ranks(facts_by_rank, ctx)]
+
+
+def observe_run(facts_by_rank: dict[int, list[StepFacts]]):
+    """Every observation of one run: (template, obs, rank, step), rank by rank in step order, then
+    the cross-rank ones step by step (rank None)."""
+    observer = Observer()
+    for rank in sorted(facts_by_rank):
+        for facts in facts_by_rank[rank]:
+            for t, o in observer.step(facts):
+                yield t, o, rank, facts.step
+    by_step: dict[int, dict[int, StepFacts]] = {}
+    for rank, steps in facts_by_rank.items():
+        for facts in steps:
+            by_step.setdefault(facts.step, {})[rank] = facts
+    for step in sorted(by_step):
+        for t, o in observer.ranks(by_step[step]):
+            yield t, o, None, step

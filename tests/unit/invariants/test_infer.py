@@ -1,0 +1,59 @@
+"""Inference: preconditions found or the candidate dropped, supports, a deterministic readable file."""
+
+import json
+
+from bitguard.backend.invariants.check import check_facts, parse_invariants
+from bitguard.backend.invariants.infer import MIN_SUPPORT, SCHEMA, infer
+from fakeloop import Loop
+
+
+def by_id(doc):
+    return {i["id"]: i for i in doc["invariants"]}
+
+
+def test_the_file_is_versioned_readable_and_deterministic():
+    runs = {"a": Loop(seed="a").run(), "b": Loop(seed="b", accum=2).run()}
+    doc = infer(runs)
+    again = infer({"a": Loop(seed="a").run(), "b": Loop(seed="b", accum=2).run()})
+    assert json.dumps(doc) == json.dumps(again)
+    assert doc["schema"] == SCHEMA and doc["inferred_from"] == ["a", "b"]
+    for inv in doc["invariants"]:
+        assert set(inv) >= {"id", "template", "names", "relation", "precondition", "support", "params"}
+        assert inv["support"] >= MIN_SUPPORT and inv["relation"] and inv["names"]
+        json.dumps(inv)
+    assert len(parse_invariants(json.loads(json.dumps(doc)))) == len(doc["invariants"])
+
+
+def test_a_failure_at_the_first_step_becomes_the_precondition():
+    """scheduler.step() comes after optimizer.step(), so it lands in the next step: never in the first."""
+    inv = by_id(infer({"a": Loop(seed="a").run(), "b": Loop(seed="b").run()}))["EventContain/scheduler_stepped"]
+    features = {(c["feature"], c["op"], c["value"]) for c in inv["precondition"]}
+    assert ("first_step", "==", False) in features and ("scheduler", "==", True) in features
+
+
+def test_a_candidate_failing_in_a_clean_run_without_a_separating_feature_is_dropped():
+    class EvalDropout(Loop):  # a clean pipeline that keeps its dropout in eval mode on purpose, in one run
+        pass
+    runs = {"a": Loop(seed="a").run(), "b": EvalDropout(seed="b", bugs={"dropout_eval"}).run()}
+    doc = infer(runs)
+    assert "Mode/all_training" not in by_id(doc)
+    dropped = {d["id"]: d["why"] for d in doc["dropped"]}
+    assert "no precondition separates" in dropped["Mode/all_training"]
+    assert "no majority value" in dropped["Mode/mode:h.0.drop"]
+
+
+def test_relevant_features_keep_an_invariant_from_runs_unlike_its_clean_ones():
+    """Inferred only where a scheduler was attached, the scheduler invariants are skipped, not
+    violated, on a run without one (transfer)."""
+    invariants = parse_invariants(infer({"a": Loop(seed="a").run(), "b": Loop(seed="b").run()}))
+    report = check_facts(Loop(seed="c", scheduler=False).run(), invariants)
+    assert report["violations"] == []
+    skipped = {s["id"]: s["why"] for s in report["skipped"]}
+    assert skipped["EventContain/scheduler_stepped"].startswith("precondition absent: an LR scheduler is attached")
+    assert "EventContain/zero_grad_before_backward" in report["applied"]
+
+
+def test_too_little_support_is_dropped():
+    doc = infer({"a": Loop(seed="a", steps=1).run()})
+    dropped = {d["id"]: d["why"] for d in doc["dropped"]}
+    assert "fewer than" in dropped["EventContain/zero_grad_before_backward"]
