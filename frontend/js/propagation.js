@@ -175,7 +175,9 @@ function overviewBox() {
 }
 
 function overview(g) {
-  const shown = g.total_nodes != null && g.total_nodes > g.nodes.length ? ` (the first ${count(g.nodes.length)} of ${count(g.total_nodes)} loaded)` : "";
+  // the counts in all are in the toolbar (prop-total); here only what was loaded, when that is less
+  const cut = g.total_nodes != null && g.total_nodes > g.nodes.length
+    ? `${count(g.nodes.length)} of the ${count(g.total_nodes)} nodes loaded (${plural(g.edges.length, "edge", "edges")} among them) · ` : "";
   const filters = [...st.kinds.entries()].sort((x, y) => y[1] - x[1]).map(([kind, n]) => el("label", { class: "edge-kind", title: EDGE_MEANS[kind] || kind },
     el("input", { type: "checkbox", dataset: { kind }, checked: !st.hidden.has(kind), onchange: (e) => {
       if (e.target.checked) st.hidden.delete(kind);
@@ -183,8 +185,7 @@ function overview(g) {
       render();
     } }), ` ${kind} ${count(n)}`));
   fill(overviewBox(),
-    el("div", {}, el("b", {}, plural(g.nodes.length, "node", "nodes")), " · ", el("b", {}, plural(g.edges.length, "edge", "edges")), shown,
-      filters.length ? el("span", { class: "edge-kinds" }, " · follow: ", ...filters) : null),
+    el("div", {}, cut, filters.length ? el("span", { class: "edge-kinds" }, el("b", {}, "Edges by type"), " (ticked: followed in the columns): ", ...filters) : "No edges: the pivot fed no other divergent event."),
     el("div", { class: "note" }, "On a node, “n events”: its divergent events (that module and phase, over all steps). On an edge, “n times”: how many divergent event pairs it links."));
 }
 
