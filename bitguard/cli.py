@@ -49,6 +49,9 @@ def _record_options(p: argparse.ArgumentParser) -> None:
                    help="torch intra-op threads (default: what the script would get; stated in the manifest)")
     p.add_argument("--dump", action="store_true",
                    help="also store every tensor's bytes (small models only: for tolerance studies and debugging)")
+    p.add_argument("--check", default=None, metavar="INV_JSON",
+                   help="check each step against the invariants of this file (bitguard invariants infer -o): "
+                        "a violation is one stderr line and a row in the run's violations table")
     p.add_argument("--no-digest-cache", dest="digest_cache", action="store_false",
                    help="digest every observation of a tensor, even when its version counter says it is unchanged")
     p.add_argument("command", nargs=argparse.REMAINDER,
@@ -59,11 +62,12 @@ def _record_options(p: argparse.ArgumentParser) -> None:
 def _record_kwargs(args) -> dict:
     return dict(out=args.out, mode=args.mode, seed=args.seed, steps=args.steps, force=args.force,
                 determinism=args.determinism, warn_only=args.warn_only, threads=args.threads, dump=args.dump,
-                digest_cache=args.digest_cache, budget=args.budget, sensors=args.sensors)
+                digest_cache=args.digest_cache, budget=args.budget, sensors=args.sensors, check=args.check)
 
 
 def cmd_record(args) -> int:
-    from bitguard.recording import MODES, bitguard_files, check_writable, online_options, parse_steps, run_script
+    from bitguard.recording import (MODES, bitguard_files, check_invariants, check_writable, online_options, parse_steps,
+                                    run_script)
 
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     if not command:
@@ -73,6 +77,7 @@ def cmd_record(args) -> int:
         raise BadInput(f"unknown --mode {args.mode!r}; use one of: {', '.join(MODES)}")
     parse_steps(args.steps)
     online_options(args.mode, args.budget, args.sensors)
+    check_invariants(args.check, args.mode)  # a bad file before anything runs
     program = os.path.basename(command[0])
     if command[0].endswith(".py"):
         # In-process: one rank of a job (torchrun -m bitguard record --out DIR -- train.py).
@@ -159,6 +164,8 @@ def _forwarded(args) -> list[str]:
         opts.append("--dump")
     if not args.digest_cache:
         opts.append("--no-digest-cache")
+    if args.check is not None:
+        opts += ["--check", os.path.abspath(args.check)]
     return opts
 
 

@@ -71,6 +71,20 @@ def online_options(mode: str, budget: float | None, sensors) -> tuple[float, lis
     return float(budget), parse_sensors(sensors)
 
 
+def check_invariants(path, mode: str):
+    """The invariants of `record --check FILE` (None without it); BadInput for a file that is not
+    one, NotSupported in online mode (its monitor records no boundary events to check)."""
+    if path is None:
+        return None
+    if mode == "online":
+        from bitguard.errors import NotSupported
+
+        raise NotSupported("not supported yet: --check with --mode online; record with --mode full or trusted")
+    from bitguard.backend.invariants.check import load_invariants
+
+    return load_invariants(path)
+
+
 def check_writable(directory: Path) -> None:
     try:
         directory.mkdir(parents=True, exist_ok=True)
@@ -94,7 +108,8 @@ class record:
     def __init__(self, out: str | os.PathLike, mode: str = "full", seed: int = 0,
                  steps: str | tuple | None = None, force: bool = False, determinism: bool | None = None,
                  warn_only: bool = False, threads: int | None = None, command: list[str] | None = None,
-                 dump: bool = False, digest_cache: bool = True, budget: float | None = None, sensors=None):
+                 dump: bool = False, digest_cache: bool = True, budget: float | None = None, sensors=None,
+                 check: str | os.PathLike | None = None):
         if mode not in MODES:
             raise BadInput(f"unknown mode {mode!r}; use one of: {', '.join(MODES)}")
         self.out = Path(out)
@@ -115,6 +130,7 @@ class record:
         self._old_sigterm = None
         self.drill = None  # a drill replay's op tracer (collectors/drill.py), when BITGUARD_DRILL is set
         self.monitor = None  # online mode's OnlineMonitor (collectors/online/monitor.py)
+        self.invariants = check_invariants(check, mode)  # --check: what each step is checked against
 
     def __enter__(self):
         if disabled():
@@ -156,6 +172,10 @@ class record:
             drill.install(self)
             self.drill = drill
         self.collector.install()
+        if self.invariants is not None and self.collector.api is not None:
+            from bitguard.backend.invariants.check import Checker
+
+            self.collector.api.check_with(Checker(self.invariants))
         if threading.current_thread() is threading.main_thread() \
                 and signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
             self._old_sigterm = signal.signal(signal.SIGTERM, _sigterm_to_exit)

@@ -15,6 +15,8 @@ SCHEMA_VERSION = 4  # bump on any change to a table below; readers refuse newer 
 # 3: tensors.shard (older files have no such column: read as NULL, every digest covers its whole tensor)
 #    and phase comm (kind collective); optimizer step events hold a `grad` row (the gradient step() used)
 # 4: tables alerts and sensor_stats (online mode, collectors/online/; older files have neither: read as empty)
+#    and tables api_events and violations (training invariants, collectors/api_events.py; older files have
+#    neither: read as empty, and an invariant check says no API events were recorded)
 DIGEST = "xor64+pos-fmix64"  # names the digest definition (docs/DIGESTS.md); runs compare only under the same one
 MANIFEST_NAME = "manifest.json"
 RANK_FILE = "rank-{rank}.duckdb"
@@ -183,7 +185,42 @@ SENSOR_STATS = Table(
     ),
 )
 
-TABLES = (EVENTS, TENSORS, STACKS, META, DUMPS, ALERTS, SENSOR_STATS)
+API_EVENTS = Table(
+    "api_events",
+    "Training API calls (zero_grad, backward, clipping, optimizer and scheduler steps, the loss scale) and, once per "
+    "step, the parameters' and modules' state, recorded in every mode by collectors/api_events.py: the facts that "
+    "training invariants are inferred from and checked on (docs/INVARIANTS.md).",
+    (
+        Column("step", "INTEGER", "training step, counted as events' steps (a call after an optimizer.step() ended "
+               "belongs to the next step)"),
+        Column("rank", "INTEGER", "rank that recorded it"),
+        Column("ord", "BIGINT", "per-rank order of API events, from 0"),
+        Column("kind", "VARCHAR", "zero_grad | backward | clip_grad_norm | clip_grad_value | optimizer_step | "
+               "scheduler_init | scheduler_step | loss_scale | params | modes"),
+        Column("target", "VARCHAR", "optimizer or scheduler `Class#i` (i: the order it was first seen in), a module "
+               "name (Module.zero_grad, params, modes: a root module), `loss` (backward) or `clip`"),
+        Column("value", "VARCHAR", "JSON, per kind: what the call was given and returned (scalars read at the "
+               "step's end; format in collectors/api_events.py)"),
+        Column("t_ns", "BIGINT", "wall clock of the call, ns since the epoch"),
+    ),
+)
+
+VIOLATIONS = Table(
+    "violations",
+    "Invariants violated while recording with `--check inv.json` (one row per violation, written at the end of "
+    "the step it was seen in). Empty without --check.",
+    (
+        Column("step", "INTEGER", "training step it was seen in"),
+        Column("rank", "INTEGER", "rank that saw it"),
+        Column("invariant_id", "VARCHAR", "the invariant's id in the invariants file"),
+        Column("template", "VARCHAR", "Consistent | EventContain | Sequence | Update | Bound | Mode"),
+        Column("message", "VARCHAR", "what was violated, in words"),
+        Column("evidence", "VARCHAR", "JSON: the observations that violate it"),
+        Column("t_ns", "BIGINT", "wall clock when it was found, ns since the epoch"),
+    ),
+)
+
+TABLES = (EVENTS, TENSORS, STACKS, META, DUMPS, ALERTS, SENSOR_STATS, API_EVENTS, VIOLATIONS)
 
 
 def markdown() -> str:

@@ -43,6 +43,7 @@ from functools import partial
 import torch
 from torch.utils import _pytree as pytree
 
+from bitguard.collectors.api_events import ApiRecorder, CollectorNaming
 from bitguard.collectors.callstack import StackTable
 from bitguard.collectors.comm import CommObserver
 from bitguard.collectors.compiled import (REGION_PATH, REGION_REASON, CompileWatch, eager_name, inner_call, is_compiling,
@@ -219,7 +220,7 @@ def _rng_drawn(before: torch.Tensor) -> bool:
 class Collector:
     # Slots, not an instance dict: every hook reads a dozen of these, between kernels that left the
     # caches cold.
-    __slots__ = ("digest_cache", "dump", "enabled", "errors", "mode", "rank", "step", "steps", "store",
+    __slots__ = ("api", "digest_cache", "dump", "enabled", "errors", "mode", "rank", "step", "steps", "store",
                  "world_size", "_accumulating", "_advance", "_call_impl", "_calls", "_calls_step", "_forward_codes",
                  "_grad_watch", "_handles", "_heavy", "_local", "_lock", "_names", "_next_param_tid", "_next_tid",
                  "_param_in", "_params", "_pass_stack", "_pending", "_queued", "_rng_free", "_root_names", "_roots", "_seq",
@@ -266,6 +267,7 @@ class Collector:
         self._rng_free: dict[type, bool] = {}  # module class -> its forward never draws
         self._depths: dict[str, int] = {}  # module name -> call depth of its last recorded forward (for a recompute)
         self._sharded = ShardedParams(self)  # FSDP parameters: flat parameters split, shards marked (sharded.py)
+        self.api: ApiRecorder | None = None  # API-level events (collectors/api_events.py), once installed
 
     # -- installation ----------------------------------------------------------------------
     def install(self) -> None:
@@ -279,6 +281,9 @@ class Collector:
         self._keep_out_of_dynamo()
         self._handles.append(CommObserver(self).install())  # collectives as `comm` events (collectors/comm.py)
         self._handles.append(optim.register_optimizer_step_post_hook(self._guard(self._on_optimizer_step)))
+        # last: its step hook runs after ours, with the step's events drained (removed after the final drain)
+        self.api = ApiRecorder(self.store, CollectorNaming(self), self._fail, self.rank).install()
+        self._handles.append(self.api)
 
     def remove(self, final_state: bool = True) -> None:
         """Flush what is pending, record the final state (of a recording that ended normally), and
@@ -628,6 +633,8 @@ class Collector:
                 frame.inputs = self._rows(frame.args, "input")
                 if is_model_root or self._may_draw(module):
                     frame.rng = torch.get_rng_state()
+            if parent is None and recompute is None and self.api is not None:  # its params and modes rows
+                self.api.root_forward(module, name)
             if is_model_root:
                 rows = [list(r) for r in frame.inputs] + self._rng_rows(frame.rng)
                 self._emit("data", "batch", name, type(region or module).__name__, 0, t0, rows)

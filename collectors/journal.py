@@ -33,7 +33,7 @@ from typing import Callable
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from bitguard.schema import ALERTS, DUMPS, EVENTS, SENSOR_STATS, STACKS, TENSORS
+from bitguard.schema import ALERTS, API_EVENTS, DUMPS, EVENTS, SENSOR_STATS, STACKS, TENSORS, VIOLATIONS
 
 ARROW_TYPES = {
     "BIGINT": pa.int64(),
@@ -51,7 +51,7 @@ def arrow_schema(table) -> pa.Schema:
 
 
 # the tables a batch carries, in journal order (new ones go at the end: a part names its table by index)
-ROW_TABLES = (EVENTS, TENSORS, STACKS, DUMPS, ALERTS, SENSOR_STATS)
+ROW_TABLES = (EVENTS, TENSORS, STACKS, DUMPS, ALERTS, SENSOR_STATS, API_EVENTS, VIOLATIONS)
 SCHEMAS = {t.name: arrow_schema(t) for t in ROW_TABLES}
 # Columns a table gained after schema 1: a journal written before them lacks them (read as NULL).
 LATER_COLUMNS = {TENSORS.name: {"unobserved", "shard"}}
@@ -152,7 +152,7 @@ class Journal:
 
 def _steps(tables: dict[str, pa.Table]) -> tuple[int, int]:
     """The step range of a batch's events (online mode, which records none: of its sensor rows)."""
-    events = next((t for t in (tables.get(n.name) for n in (EVENTS, SENSOR_STATS, ALERTS))
+    events = next((t for t in (tables.get(n.name) for n in (EVENTS, SENSOR_STATS, ALERTS, API_EVENTS, VIOLATIONS))
                    if t is not None and t.num_rows), None)
     if events is None:
         return -1, -1

@@ -1,0 +1,525 @@
+"""API-level events: the training calls that invariants are about, as rows of `api_events`.
+
+`ApiRecorder(store, naming)` wraps, while a recording runs, the calls a training loop makes
+around the model: `Optimizer.zero_grad` and `Module.zero_grad`, `torch.autograd.backward` and
+`Tensor.backward`, gradient clipping, learning-rate scheduler steps and `GradScaler.update`, and
+takes a global optimizer step post hook for the optimizer's param groups. At each root module
+forward (the Collector tells it: `root_forward`) it also writes, once per step and root, the
+`params` row (every parameter's requires_grad, dtype, device, xor digest and storage) and at
+every root forward the `modes` row (which mode-sensitive modules are in training mode). Row
+formats, one JSON `value` per kind, are in docs/INVARIANTS_CONTRACT (section 1) and below.
+
+Scalars (a loss, a clipping norm, the loss scale) are kept as tensors and read when the step
+ends (the optimizer step post hook), so a CUDA step is never synchronised inside; the rows of a
+step are handed to the store there. Every wrapper calls the original with the caller's own
+arguments and only reads what goes in and out: the training's numbers are a plain run's. A
+failure inside a wrapper is a collector error (reported once), never the training's.
+
+With a checker (`bitguard record --check inv.json`) the recorder keeps the step's rows (its own
+and the Collector's events and tensors, teed from the store) and, when the next step begins or
+the recording ends, builds the step's facts and checks them (backend/invariants): each violation
+is a `violations` row and one line on stderr.
+
+What it misses, by design: `clip_grad_norm_` is seen wherever it is imported from (its inner
+`_clip_grads_with_norm_` is wrapped in torch.nn.utils.clip_grad, which it looks up at call time),
+but `clip_grad_value_` and the public `clip_grads_with_norm_` only through their module
+attributes (a `from torch.nn.utils import clip_grad_value_` made before the recording started
+is not seen); an optimizer or scheduler subclass whose own `zero_grad`/`step` does not call
+torch's is not seen; FSDP's `clip_grad_norm_` method is its own code (not seen); modules added
+to a model after its first forward are not in its `modes` rows. It knows nothing of how rows are
+stored or of what an invariant is.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import json
+import math
+import re
+import sys
+import threading
+import time
+import weakref
+
+import torch
+
+from bitguard.collectors.compiled import eager_name, is_compiling
+from bitguard.collectors.sharded import clean_name
+from bitguard.cuda.fingerprint import digest_many, resolve
+from bitguard.schema import API_EVENTS, EVENTS, TENSORS, VIOLATIONS
+
+_MODE_CLASSES = re.compile(r"Dropout|BatchNorm")  # modules whose mode matters even if forward hides it
+MAX_PRINTED_VIOLATIONS = 200  # stderr lines; every violation is in the table whatever the count
+
+
+class CollectorNaming:
+    """Names and steps as the Collector (collectors/hooks.py) gives them: parameters and modules
+    by the collector's own maps, steps by its counter (a call after an optimizer.step() ended
+    belongs to the next step, as events do)."""
+
+    def __init__(self, collector):
+        self.collector = collector
+
+    def step(self) -> int:
+        c = self.collector
+        return c.step + (1 if c._advance else 0)
+
+    def ending_step(self) -> int:
+        """The step an optimizer step post hook ends (the Collector has not advanced yet)."""
+        return self.collector.step
+
+    def param_name(self, p) -> str | None:
+        entry = self.collector._params.get(id(p))
+        return entry[1] if entry is not None and entry[0]() is p else None
+
+    def module_name(self, m) -> str | None:
+        entry = self.collector._names.get(id(m))
+        return entry[1] if entry is not None and entry[0]() is m else None
+
+
+class _Pending:
+    """A row whose value still holds tensors (scalars to read when the step ends)."""
+
+    __slots__ = ("step", "ord", "kind", "target", "value", "t_ns", "later")
+
+    def __init__(self, step, ord_, kind, target, value, t_ns, later):
+        self.step, self.ord, self.kind, self.target, self.value, self.t_ns = step, ord_, kind, target, value, t_ns
+        self.later = later  # [(key, tensor or pending digest, how to read it)], filled into value at the step's end
+
+
+class _Params(list):
+    """Parameters whose names go in a row when its step ends."""
+
+    __slots__ = ()
+
+
+def _num(x):
+    """A float for JSON: finite as it is, otherwise 'nan', 'inf' or '-inf' (JSON has no such numbers)."""
+    x = float(x)
+    return x if math.isfinite(x) else str(x)
+
+
+def _plain(v):
+    """A hyperparameter as JSON can hold it (a one-element tensor as its float), or None to leave out."""
+    if isinstance(v, bool) or v is None or isinstance(v, str):
+        return v
+    if isinstance(v, (int, float)):
+        return _num(v) if isinstance(v, float) else v
+    if isinstance(v, torch.Tensor) and v.numel() == 1:
+        return _num(v.item())
+    if isinstance(v, (tuple, list)) and all(isinstance(x, (int, float, torch.Tensor)) for x in v):
+        items = [_plain(x) for x in v]
+        return None if any(x is None for x in items) else items
+    return None
+
+
+def _readable(params) -> list:
+    """The parameters a clipping call was given, when reading them leaves them to the call: a
+    tensor, a list or a tuple (a generator is the call's to consume: its names are not recorded)."""
+    if isinstance(params, torch.Tensor):
+        return [params]
+    return list(params) if isinstance(params, (list, tuple)) else []
+
+
+def _mode_matters(cls: type) -> bool:
+    """Is a module class's training/eval mode part of what it computes (Dropout*, BatchNorm*, or a
+    forward that reads self.training)?"""
+    if any(_MODE_CLASSES.search(k.__name__) for k in cls.__mro__ if k is not torch.nn.Module):
+        return True
+    code = getattr(getattr(cls, "forward", None), "__code__", None)
+    return code is not None and "training" in code.co_names
+
+
+class ApiRecorder:
+    def __init__(self, store, naming, fail, rank: int = 0, out=sys.stderr):
+        self.store = store
+        self.naming = naming
+        self._fail = fail  # fail(where, exc): the owner's collector-error report (recorded once, on stderr)
+        self.rank = rank
+        self.enabled = True
+        self.checker = None  # backend/invariants Checker, with --check
+        self.violations = 0
+        self._out = out
+        self._ord = 0
+        self._pending: list[_Pending] = []  # rows of the step in progress
+        self._backwards: dict[int, int] = {}  # step -> backward calls
+        self._indices: dict[str, weakref.WeakKeyDictionary] = {}  # class name -> object -> index
+        self._param_names: dict[int, tuple[weakref.ref, str]] = {}  # names of parameters the collector skips
+        self._params_step: dict[int, int] = {}  # id(root) -> step of its last params row
+        self._mode_modules: dict[int, tuple[weakref.ref, list]] = {}  # id(root) -> [(name, ref)]
+        self._scaled: dict[int, tuple[weakref.ref, object]] = {}  # GradScaler.scale outputs -> their scaler
+        self._local = threading.local()
+        self._restore: list[tuple[object, str, object, object]] = []  # (owner, attr, original, wrapper)
+        self._handles: list = []
+        self._norm_type = threading.local()
+        # with a checker: the rows of steps not yet checked
+        self._kept_api: list[dict] = []
+        self._kept_events: list[tuple] = []
+        self._kept_tensors: list[list] = []
+        self._checked = -1
+        self._store_add = None
+
+    # -- installation ----------------------------------------------------------------------
+    def install(self) -> ApiRecorder:
+        """Wrap the calls and take the step hook; a failure here is a collector error, and what was
+        installed until then stays (remove() takes it out)."""
+        self._guarded(self._install)
+        return self
+
+    def _install(self) -> None:
+        from torch.nn.utils import clip_grad
+        from torch.optim import lr_scheduler
+        from torch.optim import optimizer as optim
+
+        self._wrap(torch.optim.Optimizer, "zero_grad", self._zero_grad_of(True), outermost="zero_grad")
+        self._wrap(torch.nn.Module, "zero_grad", self._zero_grad_of(False), outermost="zero_grad")
+        # Tensor.backward calls torch.autograd.backward: one row, the outermost call's
+        self._wrap(torch.autograd, "backward", self._on_backward, outermost="backward")
+        self._wrap(torch.Tensor, "backward", self._on_tensor_backward, outermost="backward")
+        # clip_grad_norm_ however it was imported: it looks these two up in its module when it runs
+        self._wrap(clip_grad, "_get_total_norm", self._on_total_norm, before=True)
+        self._wrap(clip_grad, "_clip_grads_with_norm_", self._on_clip_norm, before=True)
+        if getattr(torch.nn.utils, "clip_grads_with_norm_", None) is not None:  # (the same function, by name)
+            self._wrap(torch.nn.utils, "clip_grads_with_norm_", self._on_clip_norm, before=True)
+        for owner in (clip_grad, torch.nn.utils):
+            self._wrap(owner, "clip_grad_value_", self._on_clip_value, before=True)
+        schedulers = [c for c in vars(lr_scheduler).values() if isinstance(c, type) and issubclass(c, lr_scheduler.LRScheduler)]
+        for cls in dict.fromkeys([lr_scheduler.LRScheduler, *schedulers]):
+            if "step" in vars(cls):
+                self._wrap(cls, "step", self._on_scheduler_step, outermost="scheduler")
+        self._wrap(torch.amp.GradScaler, "scale", self._on_scale)
+        self._wrap(torch.amp.GradScaler, "update", self._on_scaler_update)
+        self._handles.append(optim.register_optimizer_step_post_hook(self._guard(self._on_optimizer_step)))
+
+    def remove(self) -> None:
+        """Write what the last step left, check it, and put every wrapped function back."""
+        self._guard(self._end_step)(None)
+        self._guard(self._check_through)(None)
+        for handle in self._handles:
+            handle.remove()
+        self._handles.clear()
+        for owner, attr, original, wrapper in reversed(self._restore):
+            if owner.__dict__.get(attr) is wrapper:  # (wrapped again since by someone else: ours passes through)
+                setattr(owner, attr, original)
+        self._restore.clear()
+        if self._store_add is not None and self.store.__dict__.get("add") is not None:
+            del self.store.add
+        self.enabled = False
+
+    def check_with(self, checker) -> None:
+        """Check each step against `checker` (backend/invariants Checker) when it ends; the
+        Collector's rows of the step are teed from the store for its facts."""
+        self.checker = checker
+        add = self._store_add = self.store.add
+
+        def teed(event, tensors, stacks, dumps=()):
+            if self.enabled:
+                self._kept_events.append(event)
+                self._kept_tensors.extend(list(r) for r in tensors)
+            return add(event, tensors, stacks, dumps)
+
+        self.store.add = teed
+
+    def _wrap(self, owner, attr: str, on, before: bool = False, outermost: str | None = None) -> None:
+        """Replace owner.attr by a wrapper calling the original with the caller's arguments. `on` is
+        called (guarded) with (args, kwargs, output) after it returns, or with (args, kwargs) before
+        it runs when `before`; `outermost`: only the outermost of nested calls of that name is seen.
+        The original runs with exactly the caller's arguments, and its exceptions go to the caller."""
+        original = owner.__dict__[attr] if attr in owner.__dict__ else getattr(owner, attr)
+        guarded = self._guarded
+        local = self._local
+
+        @functools.wraps(original)
+        def wrapper(*args, **kwargs):
+            if not self.enabled or is_compiling():
+                return original(*args, **kwargs)
+            if outermost is not None:
+                if getattr(local, outermost, False):
+                    return original(*args, **kwargs)
+                setattr(local, outermost, True)
+            try:
+                if before:
+                    guarded(on, args, kwargs)
+                out = original(*args, **kwargs)
+                if not before:
+                    guarded(on, args, kwargs, out)
+                return out
+            finally:
+                if outermost is not None:
+                    setattr(local, outermost, False)
+
+        setattr(owner, attr, wrapper)
+        self._restore.append((owner, attr, original, wrapper))
+
+    # -- failure containment ---------------------------------------------------------------
+    def _guard(self, fn):
+        return functools.partial(self._guarded, fn)
+
+    def _guarded(self, fn, *args, **kwargs):
+        if not self.enabled:
+            return None
+        try:
+            return fn(*args, **kwargs)
+        except Exception as exc:  # noqa: BLE001 - the training must go on
+            self._fail(f"api events {getattr(fn, '__name__', 'hook')}", exc)
+            return None
+
+    # -- rows ------------------------------------------------------------------------------
+    def _add(self, kind: str, target: str, value: dict, later=(), step: int | None = None) -> None:
+        step = self.naming.step() if step is None else step
+        if self.checker is not None and step > self._checked + 1:
+            self._check_through(step)
+        self._pending.append(_Pending(step, self._ord, kind, target, value, time.time_ns(), list(later)))
+        self._ord += 1
+
+    def _index(self, obj) -> str:
+        """`Class#i`: i counts the objects of that class in the order they were first seen."""
+        name = type(obj).__name__
+        seen = self._indices.setdefault(name, weakref.WeakKeyDictionary())
+        i = seen.get(obj)
+        if i is None:
+            i = seen[obj] = len(seen)
+        return f"{name}#{i}"
+
+    def _name(self, p, i: int) -> str:
+        name = self.naming.param_name(p)
+        if name is None:
+            entry = self._param_names.get(id(p))
+            name = entry[1] if entry is not None and entry[0]() is p else f"<unnamed {i}>"
+        return name
+
+    def _names(self, params) -> _Params:
+        """The parameters, named when the step ends (a zero_grad before the model's first forward
+        comes before the collector has met, and named, its parameters)."""
+        return _Params(params)
+
+    def _named(self, obj):
+        """`obj` with each `_Params` in it replaced by the parameters' names."""
+        if type(obj) is _Params:
+            return [self._name(p, i) for i, p in enumerate(obj)]
+        if isinstance(obj, dict):
+            return {k: self._named(v) for k, v in obj.items()}
+        if isinstance(obj, list):
+            return [self._named(v) for v in obj]
+        return obj
+
+    # -- the wrapped calls -----------------------------------------------------------------
+    def _zero_grad_of(self, optimizer: bool):
+        default = True  # torch's default set_to_none, read from the function it wraps below
+
+        owner = torch.optim.Optimizer if optimizer else torch.nn.Module
+        try:
+            default = inspect.signature(owner.zero_grad).parameters["set_to_none"].default
+        except (KeyError, ValueError, TypeError):
+            pass
+
+        def on_zero_grad(args, kwargs, out):
+            this = args[0]
+            set_to_none = kwargs.get("set_to_none", args[1] if len(args) > 1 else default)
+            if optimizer:
+                params = [p for g in this.param_groups for p in g["params"]]
+                target = self._index(this)
+            else:
+                params = list(this.parameters())
+                target = self.naming.module_name(this) or type(this).__name__
+            self._add("zero_grad", target, {"set_to_none": bool(set_to_none), "params": self._names(params)})
+
+        on_zero_grad.__name__ = "zero_grad"
+        return on_zero_grad
+
+    def _on_tensor_backward(self, args, kwargs, out):
+        self._backward_row(args[0])
+
+    def _on_backward(self, args, kwargs, out):
+        roots = args[0] if args else kwargs.get("tensors")
+        self._backward_row(roots[0] if isinstance(roots, (list, tuple)) and roots else roots, roots)
+
+    def _backward_row(self, root, roots=None) -> None:
+        step = self.naming.step()
+        call = self._backwards.get(step, 0)
+        self._backwards[step] = call + 1
+        value = {"value": None, "shape": list(getattr(root, "shape", ())), "dtype": str(getattr(root, "dtype", "")).removeprefix("torch."),
+                 "call": call, "roots": len(roots) if isinstance(roots, (list, tuple)) else 1}
+        later = []
+        if isinstance(root, torch.Tensor) and root.numel() == 1:
+            later.append(("value", root.detach(), None))
+            scaled = self._scaled.get(id(root))
+            if scaled is not None and scaled[0]() is root and getattr(scaled[1], "_scale", None) is not None:
+                later.append(("scaled_by", scaled[1]._scale.detach().clone(), None))
+        self._add("backward", "loss", value, later, step)
+
+    def _on_total_norm(self, args, kwargs):
+        self._norm_type.value = kwargs.get("norm_type", args[1] if len(args) > 1 else 2.0)
+
+    def _on_clip_norm(self, args, kwargs):
+        params = _readable(args[0] if args else kwargs.get("parameters"))
+        max_norm = kwargs.get("max_norm", args[1] if len(args) > 1 else None)
+        total = kwargs.get("total_norm", args[2] if len(args) > 2 else None)
+        norm_type = getattr(self._norm_type, "value", None)
+        self._norm_type.value = None
+        value = {"max_norm": _plain(max_norm), "norm_type": _plain(norm_type), "total_norm": None,
+                 "params": self._names(params)}
+        later = [("total_norm", total.detach(), None)] if isinstance(total, torch.Tensor) else []
+        self._add("clip_grad_norm", "clip", value, later)
+
+    def _on_clip_value(self, args, kwargs):
+        params = _readable(args[0] if args else kwargs.get("parameters"))
+        clip = kwargs.get("clip_value", args[1] if len(args) > 1 else None)
+        self._add("clip_grad_value", "clip", {"clip_value": _plain(clip), "params": self._names(params)})
+
+    def _on_scheduler_step(self, args, kwargs, out):
+        sched = args[0]
+        # (nothing is set on the scheduler: its state_dict() holds every attribute it has)
+        initial = getattr(sched, "_step_count", None) == 1  # 0 before the step its constructor takes
+        last = sched.get_last_lr() if hasattr(sched, "get_last_lr") else []
+        value = {"last_lr": [_plain(x) for x in last], "class": type(sched).__name__,
+                 "optimizer": self._index(sched.optimizer) if hasattr(sched, "optimizer") else None}
+        # the scheduler's constructor steps it once: a scheduler exists, it was not stepped by the loop
+        self._add("scheduler_init" if initial else "scheduler_step", self._index(sched), value)
+
+    def _on_scale(self, args, kwargs, out):
+        if isinstance(out, torch.Tensor):
+            self._scaled = {k: v for k, v in self._scaled.items() if v[0]() is not None}
+            self._scaled[id(out)] = (weakref.ref(out), args[0])
+
+    def _on_scaler_update(self, args, kwargs, out):
+        scaler = args[0]
+        enabled = bool(getattr(scaler, "_enabled", True))
+        scale = getattr(scaler, "_scale", None)
+        later = [("scale", scale.detach().clone(), None)] if enabled and isinstance(scale, torch.Tensor) else []
+        self._add("loss_scale", self._index(scaler), {"scale": None if later else 1.0, "enabled": enabled}, later)
+
+    def _on_optimizer_step(self, optimizer, args, kwargs) -> None:
+        step = self.naming.ending_step()
+        groups = []
+        for g in optimizer.param_groups:
+            group = {k: v for k, v in ((k, _plain(v)) for k, v in g.items() if k != "params") if v is not None}
+            group["params"] = self._names(g["params"])
+            groups.append(group)
+        self._add("optimizer_step", self._index(optimizer), {"groups": groups}, step=step)
+        self._end_step(step)
+
+    # -- root modules ----------------------------------------------------------------------
+    def root_forward(self, module: torch.nn.Module, name: str) -> None:
+        """A root module's forward begins (the Collector calls this): its `modes` row, and once per
+        step its `params` row."""
+        self._guarded(self._root_forward, module, name)
+
+    def _root_forward(self, module: torch.nn.Module, name: str) -> None:
+        if next(module.parameters(), None) is None:  # a loss or a functional module called on its own: no model
+            return
+        step = self.naming.step()
+        if self._params_step.get(id(module)) != step:
+            self._params_step[id(module)] = step
+            self._params_row(module, name, step)
+        self._add("modes", name, self._modes(module, name), step=step)
+
+    def _params_row(self, module: torch.nn.Module, name: str, step: int) -> None:
+        named = [(clean_name(eager_name(n)), p) for n, p in module.named_parameters(remove_duplicate=False)]
+        unique, seen = [], {}
+        for n, p in named:
+            if id(p) not in seen:
+                seen[id(p)] = len(unique)
+                unique.append(p)
+            if self.naming.param_name(p) is None:
+                self._param_names[id(p)] = (weakref.ref(p), n)
+        digests = digest_many([p.detach() for p in unique])
+        storages: dict[int, int] = {}
+        value, later = {}, []
+        for n, p in named:
+            try:
+                key = p.untyped_storage().data_ptr()
+            except Exception:  # noqa: BLE001 - a parameter without storage (meta, a subclass)
+                key = -id(p)
+            value[n] = {"requires_grad": p.requires_grad, "dtype": str(p.dtype).removeprefix("torch."),
+                        "device": str(p.device), "xor": None, "storage": storages.setdefault(key, len(storages)),
+                        "model_param": True}
+            later.append((n, digests[seen[id(p)]], "xor"))
+        self._add("params", name, value, later, step)
+
+    def _modes(self, module: torch.nn.Module, name: str) -> dict:
+        entry = self._mode_modules.get(id(module))
+        if entry is None or entry[0]() is not module:
+            subs = [(self.naming.module_name(m) or clean_name(eager_name(n)) or name, weakref.ref(m))
+                    for n, m in module.named_modules() if m is not module and _mode_matters(type(m))]
+            entry = self._mode_modules[id(module)] = (weakref.ref(module), [(name, weakref.ref(module))] + subs)
+        modes = {"training": [], "eval": []}
+        for n, ref in entry[1]:
+            m = ref()
+            if m is not None:
+                modes["training" if m.training else "eval"].append(n)
+        return modes
+
+    # -- the end of a step -----------------------------------------------------------------
+    def _end_step(self, step: int | None) -> None:
+        """Read the step's scalars and digests, and hand its rows to the store (all pending rows
+        when `step` is None: the recording ends)."""
+        pending, self._pending = self._pending, []
+        if not pending:
+            return
+        tensors = [(r, i) for r in pending for i, item in enumerate(r.later) if isinstance(item[1], torch.Tensor)]
+        values = [t.item() for t in (r.later[i][1] for r, i in tensors)]  # at the step's end: no sync inside it
+        for (r, i), v in zip(tensors, values):
+            key, _, how = r.later[i]
+            r.later[i] = (key, v, how)
+        digests = [item for r in pending for item in r.later if item[2] == "xor"]
+        answers = iter(resolve([item[1] for item in digests]))
+        rows = []
+        for r in pending:
+            value = r.value
+            for key, v, how in r.later:
+                if how == "xor":
+                    value[key]["xor"] = f"{next(answers)[0]:016x}"
+                else:
+                    value[key] = _num(v)
+            if r.kind == "backward":
+                value["calls_in_step"] = self._backwards.get(r.step, 0)
+            elif r.kind != "params":
+                value = self._named(value)
+            row = {"step": r.step, "rank": self.rank, "ord": r.ord, "kind": r.kind, "target": r.target,
+                   "value": json.dumps(value), "t_ns": r.t_ns}
+            rows.append(row)
+        self._backwards = {s: n for s, n in self._backwards.items() if step is not None and s > step}
+        self.store.add_rows(API_EVENTS.name, rows)
+        if self.checker is not None:
+            self._kept_api.extend(rows)
+
+    def _check_through(self, upto: int | None) -> None:
+        """Check every kept step before `upto` that is not checked yet (when None, at the end: every
+        kept step that an optimizer step ended; what follows the last one is no training step)."""
+        if self.checker is None:
+            return
+        steps = {r["step"] for r in self._kept_api} | {e[3] for e in self._kept_events}
+        if upto is None:
+            steps = {r["step"] for r in self._kept_api if r["kind"] == "optimizer_step"}
+        for step in sorted(s for s in steps if s > self._checked and (upto is None or s < upto)):
+            self._check_step(step)
+            self._checked = step
+
+    def _check_step(self, step: int) -> None:
+        from bitguard.backend.invariants.facts import step_facts
+
+        api = [r for r in self._kept_api if r["step"] == step]
+        events = [e for e in self._kept_events if e[3] == step]
+        seqs = {e[0] for e in events}
+        tensors = [r for r in self._kept_tensors if r[0] in seqs]
+        self._kept_api = [r for r in self._kept_api if r["step"] > step]
+        self._kept_events = [e for e in self._kept_events if e[3] > step]
+        self._kept_tensors = [r for r in self._kept_tensors if r[0] not in seqs]
+        event_rows = [dict(zip(EVENTS.names, e)) for e in events]
+        tensor_rows = [dict(zip(TENSORS.names, r)) for r in tensors]
+        for row in tensor_rows:  # a GPU digest still pending is not known here: read as unobserved
+            if not isinstance(row["xor"], int):
+                row.update(xor=0, pos=0, unobserved=row["unobserved"] or "digest pending (GPU) at check time")
+        facts = step_facts(api, event_rows, tensor_rows)
+        found = self.checker.check_step(facts)
+        rows = []
+        for v in found:
+            rows.append({"step": v.step, "rank": v.rank, "invariant_id": v.invariant_id, "template": v.template,
+                         "message": v.message, "evidence": json.dumps(v.evidence, default=str), "t_ns": time.time_ns()})
+            if self.violations < MAX_PRINTED_VIOLATIONS:
+                print(f"bitguard: invariant violated at step {v.step} rank {v.rank}: {v.message}", file=self._out)
+            self.violations += 1
+        if rows:
+            self.store.add_rows(VIOLATIONS.name, rows)
