@@ -28,6 +28,7 @@ original record is never touched.
 
 from __future__ import annotations
 
+import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -376,6 +377,7 @@ def _replay_pass(replays: list, w: Window, fd: dict, specs: dict, dirs: dict, ti
                  max_tensor_bytes: int, windows: dict, step_s: float | None) -> tuple[dict, dict, list]:
     """Run both replays once: (checks against the records, op traces, problems of the traces)."""
     for side in ("a", "b"):
+        _clear(dirs[side])  # an earlier drill's replay there would be read as this one's
         replay.write_spec(specs[side], _spec(w, fd, dirs[side], max_tensor_bytes, windows.get(side)))
     replay.run(replays, timeout, step_s)
     checks = {}
@@ -395,6 +397,28 @@ def _replay_pass(replays: list, w: Window, fd: dict, specs: dict, dirs: dict, ti
                        f"its step {w.step} was traced (its output: {r.out.parent / (r.out.name + '.' + replay.REPLAY_LOG)}"
                        f"); give a longer --timeout")
     return checks, traces, problems
+
+
+REPLAY_PRODUCTS = ("manifest.json", "rank-", "ops-rank-")  # what a replay directory holds (and a drill-spec's bytes)
+
+
+def _clear(directory: Path) -> None:
+    """Empty a replay directory before its replay runs: what an earlier drill of the same step
+    left there (its rank file, its op trace) would otherwise be read as this replay's result when
+    this one is stopped early. Only a drill's own files are removed; anything else is refused."""
+    if not directory.exists():
+        directory.mkdir(parents=True)
+        return
+    entries = list(directory.iterdir())
+    foreign = [e.name for e in entries if not e.name.startswith(REPLAY_PRODUCTS)]
+    if foreign:
+        raise BadInput(f"{directory} holds files a drill did not write ({', '.join(sorted(foreign)[:3])}); move them "
+                       f"or give another --out")
+    for entry in entries:
+        if entry.is_dir() and not entry.is_symlink():
+            shutil.rmtree(entry)
+        else:
+            entry.unlink()
 
 
 def _not_reproduced(replays: list, checks: dict, problems: list) -> dict:

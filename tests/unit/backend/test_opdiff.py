@@ -1,5 +1,7 @@
 """The first differing op of two op traces (backend/opdiff.py), on made-up traces."""
 
+import pytest
+
 from bitguard.backend.opdiff import differences, first_difference, first_value_difference
 
 
@@ -86,3 +88,23 @@ def test_a_command_without_a_script_cannot_be_replayed_and_says_so():
         _script_and_args(["-c"])
     assert _script_and_args(["python", "-u", "train.py", "--lr", "1"]) == (["-u"], "train.py", ["--lr", "1"])
     assert _script_and_args(["train.py"]) == ([], "train.py", [])
+
+
+def test_a_replay_directory_is_emptied_of_an_earlier_drill_and_anything_else_is_refused(tmp_path):
+    """An earlier drill's replay of the same step left its rank file and op trace: a replay stopped
+    early must not be read as having written them (backend/drill.py `_clear`)."""
+    from bitguard.backend.drill import _clear
+    from bitguard.errors import BadInput
+
+    replay = tmp_path / "step-1-rank-0"
+    (replay / "ops-rank-0").mkdir(parents=True)
+    for name in ("manifest.json", "rank-0.duckdb", "ops-rank-0.json", "ops-rank-0/t0.bin"):
+        (replay / name).write_text("earlier")
+    _clear(replay)
+    assert replay.is_dir() and not list(replay.iterdir())
+    (replay / "notes.txt").write_text("mine")
+    with pytest.raises(BadInput, match="holds files a drill did not write"):
+        _clear(replay)
+    assert (replay / "notes.txt").read_text() == "mine"
+    _clear(tmp_path / "new")
+    assert (tmp_path / "new").is_dir()
