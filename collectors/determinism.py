@@ -62,6 +62,25 @@ def unpatch_dataloader() -> None:
         DataLoader.__init__ = original
 
 
+def _use_deterministic_algorithms(warn_only: bool) -> None:
+    """`torch.use_deterministic_algorithms(True, warn_only=...)` without its import of torch's
+    inductor config (1.6 s here, paid at the start of every recording and every drill replay):
+    the one thing it sets there, inductor's `deterministic`, is set directly when inductor is
+    already loaded, else through `TORCHINDUCTOR_DETERMINISTIC=1`, which that config reads when it
+    is first imported (by a `torch.compile`)."""
+    import sys
+
+    native = getattr(torch._C, "_set_deterministic_algorithms", None)
+    if native is None:  # another torch: the public call, import and all
+        torch.use_deterministic_algorithms(True, warn_only=warn_only)
+        return
+    native(True, warn_only=warn_only)
+    inductor = sys.modules.get("torch._inductor.config")
+    if inductor is not None:
+        inductor.deterministic = True
+    os.environ["TORCHINDUCTOR_DETERMINISTIC"] = "1"
+
+
 def current_settings() -> dict:
     """The settings in force now, whether or not bitguard set them."""
     return {
@@ -78,6 +97,7 @@ def current_settings() -> dict:
         "NCCL_ALGO": os.environ.get("NCCL_ALGO"),
         "NCCL_PROTO": os.environ.get("NCCL_PROTO"),
         "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS"),
+        "TORCHINDUCTOR_DETERMINISTIC": os.environ.get("TORCHINDUCTOR_DETERMINISTIC"),
     }
 
 
@@ -90,7 +110,7 @@ def apply(config: DeterminismConfig) -> dict:
     random.seed(config.seed)
     np.random.seed(config.seed % 2**32)
     torch.manual_seed(config.seed)  # seeds CUDA generators too
-    torch.use_deterministic_algorithms(True, warn_only=config.warn_only)
+    _use_deterministic_algorithms(config.warn_only)
     torch.backends.cudnn.deterministic = True
     torch.backends.cudnn.benchmark = False
     torch.backends.cuda.matmul.allow_tf32 = False

@@ -174,12 +174,15 @@ def cuda_digester() -> CudaDigester:
         return _digester
 
 
-def warmup() -> None:
-    """Compile (or load from Numba's cache) the kernels, so no training step pays for it."""
+def warmup(team: bool = True) -> None:
+    """Compile (or load from Numba's cache) the kernels, so no training step pays for it.
+    `team=False` leaves out the kernel that runs on torch's OpenMP team: running it starts the
+    team's threads, and a process forked after that hangs in its first parallel op (GNU OpenMP is
+    not fork-safe), so a fork server warms up without it."""
     digest_buffer(np.zeros(9, dtype=np.uint8))  # whole words and a tail: the one CPU signature
     digest(torch.zeros(3))
     digest_many([torch.zeros(3)])
-    if openmp_team().size:
+    if team and openmp_team().size:
         digest(torch.zeros(TEAM_MIN_BYTES // 4 + 1))
         digest_many([torch.zeros(TEAM_MIN_BYTES // 4 + 1)])
     if torch.cuda.is_available():

@@ -1,15 +1,15 @@
 """Imported once by the recording pool's fork server (see recordings.py): a warm recorder.
 
-Importing this module loads what every recording needs before its first step (torch with the
-modules `torch.use_deterministic_algorithms` pulls in, DuckDB, bitguard's collectors) and loads
-the digest kernel from Numba's cache, so that each job forked from the server starts with all
-of it in place. Importing it is its whole purpose; it defines nothing.
+Importing this module loads what every recording needs before its first step (torch, DuckDB,
+bitguard's collectors) and loads the digest kernels from Numba's cache, so that each job forked
+from the server starts with all of it in place. Nothing here runs on torch's OpenMP team: its
+threads would not survive the fork, and a job's first parallel op would hang. Importing it is
+its whole purpose; it defines nothing.
 """
 
 import duckdb  # noqa: F401
 import pyarrow  # noqa: F401
 import torch  # noqa: F401
-import torch._inductor  # noqa: F401  (torch.use_deterministic_algorithms imports it: seconds)
 
 import bitguard.collectors.determinism  # noqa: F401
 import bitguard.collectors.hooks  # noqa: F401
@@ -17,4 +17,4 @@ import bitguard.collectors.store  # noqa: F401
 import bitguard.recording  # noqa: F401
 from bitguard.cuda.fingerprint import warmup
 
-warmup()
+warmup(team=False)  # not the OpenMP team's kernel: a fork of a process whose team ran hangs

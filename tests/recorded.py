@@ -1,37 +1,27 @@
 """Real recorded run pairs: tiny GPT trained under `bitguard record`, reference and suspect.
 
-Each scenario records its two runs concurrently, through the CLI in subprocesses (as a user
-would), into `root/<scenario>/reference` and `root/<scenario>/suspect`, and returns the two
-paths. Session-scoped fixtures call these once (see tests/unit/backend/conftest.py); the
+Each scenario records its two runs concurrently, forked from a warm recorder (tests/warm.py: the
+CLI's in-process recording, without the 4-s start of a fresh Python), into
+`root/<scenario>/reference` and `root/<scenario>/suspect`, and returns the two paths. Session-scoped fixtures call these once (see tests/unit/backend/conftest.py); the
 synthetic pairs in fixtures_runs.py are the fast alternative when a test needs no real model.
 """
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
+
+import warm
 
 ROOT = Path(__file__).resolve().parents[1]
 TINYGPT = ROOT / "sample_traces" / "tinygpt.py"
 STEPS = ("--steps", "3")  # three steps: a clean step 0, the fault at step 1, its spread at step 2
 
 
-def _start(out: Path, script_args: list[str]) -> subprocess.Popen:
-    cmd = [sys.executable, "-m", "bitguard", "record", "--out", str(out), "--",
-           sys.executable, str(TINYGPT), *script_args]
-    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-
-
-def record_pair(root, name: str, suspect_args: list[str], reference_args: list[str] = (),
-                timeout: float = 300) -> tuple[Path, Path]:
+def record_pair(root, name: str, suspect_args: list[str], reference_args: list[str] = ()) -> tuple[Path, Path]:
     """Record `root/name/reference` and `root/name/suspect` at once; return their paths."""
     base = Path(root) / name
     runs = {"reference": [*STEPS, *reference_args], "suspect": [*STEPS, *suspect_args]}
-    procs = {side: _start(base / side, args) for side, args in runs.items()}
-    for side, proc in procs.items():
-        out, err = proc.communicate(timeout=timeout)
-        assert proc.returncode == 0, f"recording the {name} {side} run failed ({proc.returncode}):\n{err}{out}"
+    warm.record_all(*(dict(out=base / side, script=TINYGPT, args=args) for side, args in runs.items()))
     return base / "reference", base / "suspect"
 
 

@@ -3,14 +3,14 @@
 import json
 import subprocess
 import sys
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 
 import bitguard
+import warm
 
-pytestmark = pytest.mark.slow  # records tiny GPT runs in subprocesses
+pytestmark = pytest.mark.slow  # records tiny GPT runs (forked from a warm recorder: tests/warm.py)
 
 ROOT = Path(__file__).resolve().parents[2]
 TINYGPT = ROOT / "sample_traces" / "tinygpt.py"
@@ -28,17 +28,14 @@ FAULTS = {  # fault -> (step, phase, boundary, blame, fault_class)
 
 
 def _record(out: Path, *args: str) -> None:
-    proc = subprocess.run([*BITGUARD, "record", "--out", str(out), "--", sys.executable, str(TINYGPT), *STEPS, *args],
-                          capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr
+    warm.record(out, TINYGPT, *STEPS, *args)
 
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     base = tmp_path_factory.mktemp("pivot-runs")
     jobs = {"reference": [], "rerun": [], **{f: ["--fault", f, "--fault-step", "1"] for f in FAULTS}}
-    with ThreadPoolExecutor(2) as pool:
-        list(pool.map(lambda kv: _record(base / kv[0], *kv[1]), jobs.items()))
+    warm.record_all(*(dict(out=base / name, script=TINYGPT, args=(*STEPS, *args)) for name, args in jobs.items()))
     return base
 
 
@@ -187,10 +184,8 @@ def test_manifest_differences_are_reported_before_the_verdict(runs, tmp_path):
 
 def test_a_retyped_module_is_paired_and_compared_not_left_as_two_gaps(tmp_path):
     script = ROOT / "tests" / "scripts" / "retype.py"
-    for name, extra in (("plain", []), ("retyped", ["swap"])):
-        proc = subprocess.run([*BITGUARD, "record", "--out", str(tmp_path / name), "--", sys.executable, str(script),
-                               *extra], capture_output=True, text=True, timeout=300)
-        assert proc.returncode == 0, proc.stderr
+    warm.record_all(*(dict(out=tmp_path / name, script=script, args=extra)
+                      for name, extra in (("plain", []), ("retyped", ["swap"]))))
     d = bitguard.compare(tmp_path / "plain", tmp_path / "retyped").to_dict()
     fd = d["first_divergence"]
     assert (fd["step"], fd["phase"], fd["boundary"], fd["blame"]) == (0, "forward", "blocks.0.ln_1", "source")

@@ -26,6 +26,7 @@ from pathlib import Path
 import pytest
 
 import bitguard
+import warm
 from bitguard.backend.drill import drill
 from bitguard.sample_traces.recordings import HERE, Job, run_jobs
 from bitguard.sample_traces.scenarios import SCENARIOS, TINY
@@ -68,15 +69,9 @@ def bitguard_drill(a, b) -> dict:
 
 
 def record_all(jobs: dict, script: Path, cwd=None) -> dict[str, Path]:
-    """Record {out: (args, env)} of `script` at once (two cores: half the wall time of one by one)."""
-    procs = {out: subprocess.Popen([sys.executable, "-m", "bitguard", "record", "--out", str(out), "--", sys.executable,
-                                    str(script), *args], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, cwd=cwd,
-                                   env={**os.environ, **env})
-             for out, (args, env) in jobs.items()}
-    for out, proc in procs.items():
-        _, err = proc.communicate(timeout=300)
-        assert proc.returncode == 0, f"recording {out} failed: {err.decode()[-2000:]}"
-    return {Path(out).name: Path(out) for out in procs}
+    """Record {out: (args, env)} of `script`, two at a time, forked from a warm recorder (tests/warm.py)."""
+    warm.record_all(*(dict(out=out, script=script, args=args, env=env, cwd=cwd) for out, (args, env) in jobs.items()))
+    return {Path(out).name: Path(out) for out in jobs}
 
 
 def _assert_reproduced(doc: dict) -> None:

@@ -5,6 +5,8 @@ from pathlib import Path
 
 import pytest
 
+import warm
+
 ROOT = Path(__file__).resolve().parents[2]
 TINYGPT = ROOT / "sample_traces" / "tinygpt.py"
 SCRIPTS = ROOT / "tests" / "scripts"
@@ -18,8 +20,12 @@ def run(cmd, **kw):
     return subprocess.run([str(c) for c in cmd], **kw)
 
 
-def record(out, *script_args, options=(), script=TINYGPT, check=True):
-    """`bitguard record --out OUT OPTIONS -- python SCRIPT ARGS` in a subprocess."""
+def record(out, *script_args, options=(), script=TINYGPT, check=True, cli=False):
+    """`bitguard record --out OUT OPTIONS -- python SCRIPT ARGS`: through the CLI in a subprocess
+    (`cli=True`: the launcher, its interpreter check and the manifest fields it writes are under
+    test), else the recording alone, forked from a warm recorder (tests/warm.py: no 4-s start)."""
+    if not cli:
+        return warm.record(out, script, *script_args, options=options, check=check)
     proc = run([*BITGUARD, "record", "--out", out, *options, "--", sys.executable, script, *script_args])
     if check:
         assert proc.returncode == 0, proc.stderr
@@ -28,6 +34,10 @@ def record(out, *script_args, options=(), script=TINYGPT, check=True):
 
 def record_together(*calls: dict) -> list:
     """Several `record(**call)`s two at a time (the machine's two cores: about half the wall time)."""
+    if not any(call.get("cli") for call in calls):
+        return warm.record_all(*(dict(out=c["out"], script=c.get("script", TINYGPT), args=c.get("script_args", ()),
+                                      options=c.get("options", ())) for c in calls),
+                               check=all(c.get("check", True) for c in calls))
     from concurrent.futures import ThreadPoolExecutor
 
     with ThreadPoolExecutor(2) as pool:

@@ -47,7 +47,7 @@ def digests_by_event(run_dir):
 @pytest.mark.slow
 def test_run_directory_layout_and_event_fields(tmp_path):
     out = tmp_path / "run"
-    record(out, "--steps", "2")
+    record(out, "--steps", "2", cli=True)
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["status"] == "complete" and manifest["complete"] and manifest["exit_status"] == 0
     for key in ("tool_version", "schema_version", "command", "versions", "devices", "world_size", "determinism",
@@ -174,7 +174,7 @@ def test_killed_run_leaves_a_readable_directory_with_completed_steps(tmp_path):
 def test_failing_script_leaves_a_run_marked_failed_with_its_exit_code(tmp_path):
     script = tmp_path / "fails.py"
     script.write_text("import torch\nm = torch.nn.Linear(2, 2)\nm(torch.ones(1, 2))\nraise SystemExit(3)\n")
-    proc = record(tmp_path / "run", script=script, check=False)
+    proc = record(tmp_path / "run", script=script, check=False, cli=True)
     assert proc.returncode == 3
     manifest = json.loads((tmp_path / "run" / "manifest.json").read_text())
     assert manifest["status"] == "failed" and manifest["exit_status"] == 3
@@ -228,7 +228,7 @@ def test_bad_input_gets_one_line_and_exit_2(tmp_path, case):
 @pytest.mark.slow
 def test_force_replaces_an_earlier_recording(tmp_path):
     record(tmp_path / "run", "--steps", "1")
-    record(tmp_path / "run", "--steps", "2", options=["--force"])
+    record(tmp_path / "run", "--steps", "2", options=["--force"], cli=True)
     assert {dict(zip(EVENTS.names, e))["step"] for e in events(tmp_path / "run")[0]} == {0, 1}
 
 
