@@ -25,6 +25,7 @@ from fastapi.staticfiles import StaticFiles
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from bitguard.backend import api_alerts, api_comparisons, api_drills, api_panels, api_rule_sets, api_runs, api_search
+from bitguard.backend import api_violations
 from bitguard.backend.drills import Drills
 from bitguard.backend.workspace import Workspace
 from bitguard.errors import BadInput, BitguardError
@@ -139,6 +140,7 @@ def create_app(workspace_dir: str | os.PathLike | None = None, config: ServerCon
 
     app.include_router(api_runs.routes(ws, config))
     app.include_router(api_alerts.routes(ws))
+    app.include_router(api_violations.routes(ws))
     app.include_router(api_rule_sets.routes(ws))
     app.include_router(api_comparisons.routes(ws, config))
     app.include_router(api_search.routes(ws, config))

@@ -1,6 +1,7 @@
 """A training loop simulated as the rows bitguard's tables would hold (api_events, events,
-tensors), with knobs for the bug classes of issue 17: the unit tests' clean and buggy runs,
-built in microseconds and fed through `facts.step_facts` exactly as recorded rows are."""
+tensors), with knobs for the bug classes of issue 17: the invariants tests' clean and buggy runs
+(unit, API, browser), built in microseconds and fed through `facts.step_facts` exactly as
+recorded rows are, or written into a real run directory (`write_run`)."""
 
 from __future__ import annotations
 
@@ -142,13 +143,14 @@ class Loop:
         return {r: self.facts(r) for r in range(self.world_size)}
 
 
-def write_run(root, loop: Loop, name: str = "run", api_events: bool = True):
+def write_run(root, loop: Loop, name: str = "run", api_events: bool = True, violations=(), meta=None):
     """`root/name`: the loop's rows in a real run directory, written through the RankStore (its
-    events, tensors and, unless `api_events` is False, api_events rows)."""
+    events, tensors and, unless `api_events` is False, api_events rows; `violations`: rows of the
+    violations table, dicts by column; `meta`: more meta facts of every rank)."""
     from pathlib import Path
 
     from bitguard.collectors import store
-    from bitguard.schema import API_EVENTS, EVENTS, RANK_FILE, TENSORS
+    from bitguard.schema import API_EVENTS, EVENTS, RANK_FILE, TENSORS, VIOLATIONS
     from fixtures_runs import write_manifest
 
     run = Path(root) / name
@@ -156,7 +158,8 @@ def write_run(root, loop: Loop, name: str = "run", api_events: bool = True):
     write_manifest(str(run), loop.world_size)
     for rank in range(loop.world_size):
         s = store.RankStore(str(run / RANK_FILE.format(rank=rank)), {"rank": rank, "world_size": loop.world_size,
-                                                                    "mode": "full"})
+                                                                    "mode": "full", **(meta or {})})
+        s.add_rows(VIOLATIONS.name, [v for v in violations if v["rank"] == rank])
         for api, ev, te in loop.rows(rank):
             by_seq = {}
             for t in te:

@@ -21,7 +21,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from bitguard.backend.invariants.facts import StepFacts
-from bitguard.backend.invariants.infer import SCHEMA, Invariant, invariant_id, met
+from bitguard.backend.invariants.infer import SCHEMA, Invariant, holds, invariant_id, met
 from bitguard.backend.invariants.templates import BY_NAME, Observer
 from bitguard.errors import BadInput
 
@@ -66,7 +66,7 @@ def parse_invariants(doc, where: str = "the invariants document") -> list[Invari
     for i, d in enumerate(doc.get("invariants") or []):
         try:
             inv = Invariant.from_dict(d)
-            if inv.template not in BY_NAME or inv.params["kind"] not in ("holds", "constant") or "key" not in inv.params:
+            if inv.template not in BY_NAME or inv.params["kind"] not in ("holds", "constant", "max") or "key" not in inv.params:
                 raise ValueError(f"unknown template {inv.template!r} or kind")
             if inv.id != invariant_id(inv.template, inv.params["key"]):
                 raise ValueError(f"id {inv.id!r} does not match its template and key")
@@ -111,13 +111,16 @@ class Checker:
                 held.update(i for i, c in enumerate(inv.precondition) if met([c], o.ctx))
                 continue
             self.applied[inv.id] = self.applied.get(inv.id, 0) + 1
-            expected = True if inv.params["kind"] == "holds" else inv.params["expected"]
-            if o.value == expected:
+            kind = inv.params["kind"]
+            expected = True if kind == "holds" else inv.params["expected"]
+            if holds(kind, expected, o.value):
                 continue
             self.violated[inv.id] = self.violated.get(inv.id, 0) + 1
             evidence = dict(o.evidence)
-            if inv.params["kind"] == "constant":
+            if kind == "constant":
                 evidence = {"expected": expected, "observed": o.value, **evidence}
+            elif kind == "max":
+                evidence = {"at_most": expected, "observed": o.value, **evidence}
             message = f"{inv.relation} [{inv.id}]: {_brief(evidence)}"
             out.append(Violation(step=step, rank=rank, invariant_id=inv.id, template=inv.template,
                                  evidence=evidence, message=message))

@@ -42,11 +42,17 @@ def verdict(report: dict) -> str:
 
 
 def check(run, invariants_path) -> dict:
+    """The check document of `run` against the invariants file at `invariants_path`."""
+    from bitguard.backend.invariants.check import load_invariants
+
+    return check_doc(run, load_invariants(invariants_path))
+
+
+def check_doc(run, invariants) -> dict:
     """The check document of `run`, with its verdict and what keeps it from being complete."""
     from bitguard.backend.ingest import open_run
-    from bitguard.backend.invariants.check import check_run, load_invariants
+    from bitguard.backend.invariants.check import check_run
 
-    invariants = load_invariants(invariants_path)
     info = open_run(run)
     report = check_run(info, invariants)
     report["run"] = str(run)

@@ -20,7 +20,7 @@ import json
 from collections import Counter
 from dataclasses import dataclass, field
 
-from bitguard.backend.invariants.templates import BY_NAME, FEATURE_TEXT, FEATURES, TEMPLATES, observe_run
+from bitguard.backend.invariants.templates import BY_NAME, FEATURE_TEXT, FEATURES, MAX_MARGIN, TEMPLATES, observe_run
 
 SCHEMA = "bitguard.invariants/1"
 MIN_SUPPORT = 3  # observations an invariant needs in the clean runs
@@ -34,7 +34,7 @@ class Invariant:
     relation: str
     precondition: list[dict]  # [{"feature", "op": "==" | "!=", "value", "text"}]; [] = always
     support: int
-    params: dict  # {"key", "kind": holds | constant, "expected"}
+    params: dict  # {"key", "kind": holds | constant | max, "expected"}
     runs: int = 0  # clean runs it was observed in
 
     def to_dict(self) -> dict:
@@ -80,9 +80,23 @@ class _Candidate:
     obs: list = field(default_factory=list)  # (value, ctx, where)
 
 
+def holds(kind: str, expected, value) -> bool:
+    """Whether an observed value keeps an invariant of `kind` with the clean runs' `expected`."""
+    if kind == "holds":
+        return value is True
+    if kind == "max":
+        return isinstance(value, (int, float)) and value <= expected
+    return value == expected
+
+
 def _expected(c: _Candidate):
     if c.kind == "holds":
         return True, None
+    if c.kind == "max":
+        top = max(v for v, _, _ in c.obs)
+        if not top > 0:
+            return None, f"largest value {top} is not positive: no bound"
+        return float(f"{top * MAX_MARGIN:.6g}"), None
     counts = Counter(json.dumps(v, sort_keys=True) for v, _, _ in c.obs)
     ranked = sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))
     if len(ranked) > 1 and ranked[0][1] == ranked[1][1]:
@@ -116,8 +130,8 @@ def decide(c: _Candidate) -> tuple[Invariant | None, str | None]:
     expected, why = _expected(c)
     if why:
         return None, why
-    passing = [ctx for v, ctx, _ in c.obs if v == expected]
-    failing = [(ctx, where) for v, ctx, where in c.obs if v != expected]
+    passing = [ctx for v, ctx, _ in c.obs if holds(c.kind, expected, v)]
+    failing = [(ctx, where) for v, ctx, where in c.obs if not holds(c.kind, expected, v)]
     pre: list[dict] = []
     if failing:
         sep = _separating(passing, [ctx for ctx, _ in failing])
@@ -135,7 +149,7 @@ def decide(c: _Candidate) -> tuple[Invariant | None, str | None]:
         same, value = _common(f, passing)
         if same and not any(p["feature"] == f for p in pre):
             pre.append(condition(f, "==", value))
-    runs = len({where[0] for v, _, where in c.obs if v == expected})
+    runs = len({where[0] for v, _, where in c.obs if holds(c.kind, expected, v)})
     return Invariant(id=invariant_id(c.template, c.key), template=c.template, names=list(c.names),
                      relation=template.relation(c.key, expected), precondition=pre, support=len(passing),
                      params={"key": c.key, "kind": c.kind, "expected": expected}, runs=runs), None

@@ -36,6 +36,7 @@ FEATURE_TEXT = {
     "first_step": "first training step of the run", "set_to_none": "zero_grad's set_to_none (last seen)",
     "dtype": "the parameter's dtype", "requires_grad": "the parameter requires grad",
 }
+MAX_MARGIN = 1.5  # a `max` invariant's bound: this times the largest value the clean runs showed
 SEQ_KINDS = ("zero_grad", "backward", "clip_grad_norm", "clip_grad_value", "optimizer_step", "scheduler_step",
              "loss_scale")
 
@@ -47,7 +48,7 @@ class Obs:
     value: object  # holds: True/False; constant: a JSON value
     ctx: dict = field(hash=False, compare=False)  # feature -> value in this step (and for this name)
     evidence: dict = field(hash=False, compare=False, default_factory=dict)
-    kind: str = "holds"  # holds | constant
+    kind: str = "holds"  # holds | constant | max (at most MAX_MARGIN x the clean runs' largest)
 
 
 def context(facts: StepFacts, state: dict) -> dict:
@@ -324,6 +325,7 @@ class Bound(Template):
                 out.append(Obs("clip_total_norm", ("clip_grad_norm",), ok, ctx,
                                {"total_norm": n, "max_norm": a["value"].get("max_norm"), "ord": a["ord"]}))
         if facts.training_step:
+            out += self._loss_bound(facts, ctx)
             roots = [b["value"].get("value") for b in facts.of("backward")]
             if roots and len(roots) == len(facts.losses) and all(isinstance(r, (int, float)) for r in roots):
                 n = len(roots)
@@ -336,7 +338,29 @@ class Bound(Template):
                                    "constant"))
         return out
 
+    @staticmethod
+    def _loss_bound(facts, ctx) -> list[Obs]:
+        """The backward root (unscaled) times the step's backward calls: the loss the step trained
+        on as if it were one call. Keyed by the root module, whose loss scale it is."""
+        backward = facts.of("backward")
+        root = next((a["target"] for a in facts.of("params")), None)
+        values = []
+        for b in backward:
+            v, scale = b["value"].get("value"), b["value"].get("scaled_by")
+            if not isinstance(v, (int, float)) or not math.isfinite(v):
+                return []
+            values.append(v / scale if isinstance(scale, (int, float)) and scale else v)
+        if not values or root is None:
+            return []
+        worst = max(values) * len(values)
+        return [Obs(f"loss_bound:{root}", ("backward", root), worst, ctx,
+                    {"backward_roots": values[:4], "backward_calls": len(values), "root_x_calls": worst}, "max")]
+
     def relation(self, key, expected):
+        if key.startswith("loss_bound:"):
+            return (f"the backward root of {key.partition(':')[2]} times the backward calls per step is at most "
+                    f"{expected:g} ({MAX_MARGIN}x the largest in the clean runs: the loss divided by the accumulation "
+                    f"count)")
         return {
             "clip_total_norm": "clip_grad_norm_ returns a finite, positive total norm (gradients exist when clipped)",
             "lr_is_scheduled": "each param group's lr at optimizer step is the scheduler's last_lr",

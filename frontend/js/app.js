@@ -19,6 +19,7 @@ import * as rules from "./rules.js";
 import * as search from "./search.js";
 import * as timeline from "./timeline.js";
 import * as upload from "./upload.js";
+import * as violations from "./violations.js";
 import * as viewstate from "./viewstate.js";
 
 const st = { id: null, loaded: null, poll: null, firstDraw: false, vocabulary: null };
@@ -26,11 +27,23 @@ const st = { id: null, loaded: null, poll: null, firstDraw: false, vocabulary: n
 function route() {
   clearTimeout(st.poll);
   show(SEL.viewAlerts, false);
+  show(SEL.viewViolations, false);
   const r = location.hash.match(/^#\/r\/([\w-]+)\/alerts/);
   if (r) return openAlerts(r[1]);
+  const v = location.hash.match(/^#\/r\/([\w-]+)\/violations/);
+  if (v) return openRunView(SEL.viewViolations, () => violations.open(v[1]));
   const m = location.hash.match(/^#\/c\/([\w-]+)/);
   if (m) openComparison(m[1]);
   else openHome();
+}
+
+// a run's own view (violations.js): the home and comparison views hidden
+function openRunView(view, open) {
+  show(SEL.viewHome, false);
+  show(SEL.viewComparison, false);
+  show(SEL.perfetto, false);
+  show(view, true);
+  open();
 }
 
 // an online-mode run's alerts (alerts.js)

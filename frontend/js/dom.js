@@ -10,6 +10,8 @@ export const SEL = {
   viewComparison: "#view-comparison",
   viewAlerts: "#view-alerts",
   alertsBody: "#alerts-body",
+  viewViolations: "#view-violations",
+  violationsBody: "#violations-body",
   // upload (home)
   pickA: "#pick-a",
   pickB: "#pick-b",

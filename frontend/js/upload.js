@@ -126,6 +126,7 @@ async function refreshLists() {
       el("td", {}, r.ranks.join(", ")), el("td", {}, bytes(r.bytes)), el("td", {}, when(r.created)),
       el("td", { style: "text-align:right;white-space:nowrap" },
         r.mode === "online" ? el("a", { class: "btn small", href: `#/r/${r.id}/alerts`, title: "This run was recorded with --mode online: its alerts" }, "Alerts") : null, r.mode === "online" ? " " : null,
+        r.mode !== "online" && !r.problem ? el("a", { class: "btn small", href: `#/r/${r.id}/violations`, title: "Training-invariant violations: recorded with --check, or check against an invariants file" }, "Invariants") : null, r.mode !== "online" && !r.problem ? " " : null,
         el("button", { class: "btn small", disabled: !!r.problem, onclick: () => choose("a", r) }, "Use as A"), " ",
         el("button", { class: "btn small", disabled: !!r.problem, onclick: () => choose("b", r) }, "Use as B"), " ",
         el("button", { class: "btn small danger", title: "Delete this run and its comparisons", onclick: () => remove(`/api/runs/${r.id}`, `Delete ${r.name} and every comparison that uses it?`) }, "Delete"))));

@@ -66,6 +66,7 @@ def test_openapi_documents_every_route(client):
         ("post", "/api/rulesets/{rule_set_id}/copy"),
         ("get", "/api/comparisons/{cid}/divergences"), ("get", "/api/comparisons/{cid}/loss"),
         ("get", "/api/comparisons/{cid}/search"),
+        ("get", "/api/runs/{run_id}/violations"), ("post", "/api/runs/{run_id}/violations"),
     }
     have = {(method, path) for path, ops in doc["paths"].items() for method in ops}
     assert want <= have, want - have

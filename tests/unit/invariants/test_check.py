@@ -9,7 +9,7 @@ from bitguard.backend.invariants.check import Checker, load_invariants, parse_in
 from bitguard.backend.invariants.infer import infer
 from bitguard.cli import main
 from bitguard.errors import BadInput
-from fakeloop import Loop, write_run
+from invariant_loops import Loop, write_run
 
 
 @pytest.fixture(scope="module")

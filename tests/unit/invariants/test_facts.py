@@ -6,7 +6,7 @@ import pytest
 
 from bitguard.backend.invariants.facts import NO_API_EVENTS, facts_from_run, step_facts
 from bitguard.errors import BadInput
-from fakeloop import Loop, f32_bits, write_run
+from invariant_loops import Loop, f32_bits, write_run
 
 
 def test_one_step_rows_become_grads_updates_batch_and_loss():

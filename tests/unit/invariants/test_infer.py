@@ -4,7 +4,7 @@ import json
 
 from bitguard.backend.invariants.check import check_facts, parse_invariants
 from bitguard.backend.invariants.infer import MIN_SUPPORT, SCHEMA, infer
-from fakeloop import Loop
+from invariant_loops import Loop
 
 
 def by_id(doc):

@@ -5,7 +5,7 @@ import pytest
 
 from bitguard.backend.invariants.check import check_facts, parse_invariants
 from bitguard.backend.invariants.infer import infer
-from fakeloop import Loop
+from invariant_loops import Loop
 
 SHAPE = dict(frozen=("h.0.bias",), tied=("wte.weight", "head.weight"), world_size=2)
 
@@ -86,3 +86,18 @@ def test_lr_overwritten_by_hand_breaks_the_schedule(invariants):
             return out
     found = check_facts(HandLr(seed="s", **SHAPE).run(), invariants)["violations"]
     assert [(v["invariant_id"], v["step"]) for v in found if v["rank"] == 0] == [("Bound/lr_is_scheduled", 2)]
+
+
+def test_an_unscaled_accumulated_loss_is_over_its_bound_without_a_root_loss(invariants):
+    """Where no root module returns the loss (nothing to divide by), the backward root times the
+    calls per step is bounded by the clean runs' largest."""
+    class NoRootLoss(Loop):
+        def rows(self, rank=0):
+            out = super().rows(rank)
+            for _, ev, _ in out:
+                ev[:] = [e for e in ev if e["kind"] != "module"]
+            return out
+    found = check_facts(NoRootLoss(seed="s", accum=2, bugs={"accum_scale"}, **SHAPE).run(), invariants)["violations"]
+    hits = [v for v in found if v["invariant_id"] == "Bound/loss_bound:Model"]
+    assert hits and hits[0]["step"] == 0 and hits[0]["evidence"]["observed"] > hits[0]["evidence"]["at_most"]
+    assert check_facts(NoRootLoss(seed="t", accum=2, **SHAPE).run(), invariants)["violations"] == []
