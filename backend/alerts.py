@@ -272,6 +272,8 @@ def _notes(run: ingest.RunInfo, stats: pl.DataFrame, without: list[int]) -> list
 def _brief(evidence) -> str:
     if not isinstance(evidence, dict):
         return "" if evidence is None else str(evidence)[:120]
+    if isinstance(evidence.get("summary"), str):
+        return evidence["summary"][:300]
     parts = []
     for k, v in evidence.items():
         if isinstance(v, float):

@@ -15,9 +15,10 @@ inputs differ while the module calls before it agreed means something between mo
 what backward needs, so the calls after that point (often the region's last ones) are not
 compared. The first step's recomputes have no reference (their roots were not known yet).
 
-A mismatch raises one alert per region run, naming the module, and keeps the minimal evidence:
+A mismatch makes one alert per region run, naming the module, and keeps the minimal evidence:
 a deep copy of the root module, its arguments, the RNG state and autocast settings the recompute
-ran with. At the step's end, on the training thread, the root is re-run on it twice (the global
+ran with. At the step's end, on the training thread, the root is re-run on it twice, then the
+alert is raised (so its verification never waits) (the global
 RNG saved, set and restored: never from another thread, where it would change what the training
 draws). The verifier classifies: *confirmed* when the two re-runs agree with each other (the
 evidence says which run they reproduce: the forward, so the recompute was wrong, or not the
@@ -133,7 +134,7 @@ class RecomputeSensor(Sensor):
         self._root_names: set[str] = set()  # every root seen (for coverage(), after the model is gone)
         self._regions: dict[tuple, _Region] = {}  # (id(root), its arguments' digests) -> the step's forward runs
         self._handles: list = []
-        self._reruns: list[dict] = []  # mismatches whose evidence is re-run at the step's end
+        self._pending: list[tuple] = []  # (alert, payload) of the step's mismatches: re-run, then raised, at its end
         self._calls = self._checked = self._unmatched = self._mismatches = self._rng_not_restored = 0
         self._seconds = 0.0
         self._disabled: set[int] = set()  # id() of roots found not bitwise deterministic here
@@ -152,7 +153,7 @@ class RecomputeSensor(Sensor):
         for h in self._handles:
             h.remove()
         self._handles.clear()
-        self._run_reruns()  # a mismatch in the last, unfinished step: its verification waits for them
+        self._raise_pending()  # a mismatch in the last, unfinished step
         self._regions.clear()
 
     def _stack(self) -> list:
@@ -185,8 +186,8 @@ class RecomputeSensor(Sensor):
             self._roots[module] = self._names[module] = self.monitor.module_name(module)  # its real path
             self._root_names.add(self._roots[module])
         name = self._roots[module]
-        self._calls += 1
         if not self.monitor.budget.allow(NAME, name):
+            self._calls += 1  # a region run not checked (its module calls inside are not counted)
             return None
         t0 = self.monitor.budget.clock()
         arg_tensors = _tensors(args)
@@ -238,6 +239,7 @@ class RecomputeSensor(Sensor):
                 region.drew = not _same_rng(region.rng, _rng_state(inputs))
         if region.kind == ORIGINAL:
             region.calls[key] = seen
+            self._calls += 1
         else:
             reference = region.reference.calls.get(key)
             if reference is None:
@@ -275,7 +277,7 @@ class RecomputeSensor(Sensor):
             evidence["not_rerun"] = "the region's root takes keyword arguments, which its hooks do not see"
         elif size > MAX_EVIDENCE_BYTES:
             evidence["not_rerun"] = f"the evidence ({size:,} bytes) is over the {MAX_EVIDENCE_BYTES:,}-byte cap"
-        elif len(self._reruns) >= MAX_RERUNS_PER_STEP:
+        elif len(self._pending) >= MAX_RERUNS_PER_STEP:
             evidence["not_rerun"] = f"more than {MAX_RERUNS_PER_STEP} mismatches in one step"
         else:
             try:
@@ -286,32 +288,31 @@ class RecomputeSensor(Sensor):
             except Exception as exc:  # noqa: BLE001 - a module that cannot be copied is verified on digests
                 evidence["not_rerun"] = f"the region's root could not be copied ({type(exc).__name__}: {exc})"
         payload = {"forward": region.reference.output, "rerun": rerun, "reruns": None, "root": id(root),
-                   "name": region.name, "ready": threading.Event()}
-        if rerun is not None:
-            self._reruns.append(payload)
-        else:
-            payload["ready"].set()
-        self.monitor.raise_alert(Alert(NAME, name, "recompute", "alert", evidence), payload=payload)
+                   "name": region.name}
+        # raised at the step's end, once its region was re-run: the verifier never waits for the step
+        self._pending.append((Alert(NAME, name, "recompute", "alert", evidence), payload))
 
     def on_step_end(self, step: int) -> None:
         """Re-run the step's mismatched regions on their evidence (on the training thread: the global
-        RNG is set for them and restored) and drop the step's unmatched forward runs."""
+        RNG is set for them and restored), raise their alerts, drop the step's unmatched forward runs."""
         t0 = self.monitor.budget.clock()
-        if self._run_reruns():
+        if self._raise_pending():
             self.monitor.budget.charge_fixed(self.monitor.budget.clock() - t0)
         self._regions.clear()
 
-    def _run_reruns(self) -> int:
-        reruns, self._reruns = self._reruns, []
-        for payload in reruns:
-            try:
-                payload["reruns"] = [self._rerun(payload["rerun"]) for _ in range(2)]
-            except Exception as exc:  # noqa: BLE001 - the verdict says so; the training goes on
-                payload["rerun_error"] = f"{type(exc).__name__}: {exc}"
-            finally:
-                payload["rerun"] = None  # the copies go
-                payload["ready"].set()
-        return len(reruns)
+    def _raise_pending(self) -> int:
+        pending, self._pending = self._pending, []
+        for alert, payload in pending:
+            if payload["rerun"] is not None and len([p for _, p in pending if p["reruns"]]) < MAX_RERUNS_PER_STEP:
+                try:
+                    payload["reruns"] = [self._rerun(payload["rerun"]) for _ in range(2)]
+                except Exception as exc:  # noqa: BLE001 - the verdict says so; the training goes on
+                    payload["rerun_error"] = f"{type(exc).__name__}: {exc}"
+            elif payload["rerun"] is not None:
+                alert.evidence["not_rerun"] = f"more than {MAX_RERUNS_PER_STEP} mismatches in one step"
+            payload["rerun"] = None  # the copies go
+            self.monitor.raise_alert(alert, payload=payload)
+        return len(pending)
 
     def _rerun(self, rerun: dict) -> tuple:
         self._tls.rerunning = True
@@ -330,8 +331,6 @@ class RecomputeSensor(Sensor):
     def verify(self, task) -> tuple[str, dict]:
         """Two re-runs of the region on its saved evidence against the forward's output."""
         p = task.payload
-        if not p["ready"].wait(RERUN_WAIT_S):
-            return "transient", {"summary": f"the step did not end within {RERUN_WAIT_S:.0f} s to re-run the region"}
         if p["reruns"] is None:
             why = p.get("rerun_error") or "the alert's evidence says why"
             return "transient", {"summary": f"not re-run ({why}): the forward and its recompute differ bitwise; "

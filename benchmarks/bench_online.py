@@ -1,0 +1,280 @@
+"""Online mode on the bench-size GPT (bench_recording.build(): 6 layers, width 256, sequence 128,
+batch 8, vocabulary 512): the figures of docs/ONLINE.md.
+
+    python benchmarks/bench_online.py clean --steps 500            # clean run: alerts and warnings
+    python benchmarks/bench_online.py faults --warmup 8 --steps 6  # injected faults: detection, latency, loss watcher
+    python benchmarks/bench_online.py overhead --rounds 8 --steps 6  # plain against online, alternated
+    python benchmarks/bench_online.py coverage                     # what share of a step's FLOPs each sensor sees
+
+Every subcommand trains in this process, each online run under `bitguard.record(DIR,
+mode="online")`, on fresh random batches (a generator of its own, seed 0). Faults come from the SDC
+simulator (collectors/online/simulator.py, BITGUARD_SDC_SIMULATE, set for that run only) on one
+Linear, `blocks.2.mlp.fc`: bit flips at chosen positions, or perturbations of r × the operator's
+median clean checksum gap. An injection is detected when the checksum sensor raises an alert on
+that module at that step whose rows include the injected row; the loss-spike watcher (guards.py's
+SpikeWatcher over the step losses) detects it when it flags that step or the next. `--json` prints
+the document; the text is what docs/ONLINE.md shows. The machine is shared: timings are noisy.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+sys.path.insert(0, str(ROOT / "sample_traces"))
+
+MODULE = "blocks.2.mlp.fc"
+BITS = {"sign": [31], "exponent": [30, 27, 23], "high mantissa": [22, 20], "low mantissa": [8, 0]}
+SCALES = [1.0, 10.0, 100.0, 1e4]
+
+
+def batches(seed: int = 0):
+    import torch
+
+    gen = torch.Generator().manual_seed(seed)
+    while True:
+        yield torch.randint(0, 512, (8, 129), generator=gen)
+
+
+def one_step(model, opt, data) -> float:
+    import torch.nn.functional as F
+
+    opt.zero_grad(set_to_none=True)
+    logits = model(data[:, :-1])
+    loss = F.cross_entropy(logits.view(-1, logits.size(-1)), data[:, 1:].reshape(-1))
+    loss.backward()
+    opt.step()
+    return float(loss)
+
+
+def online_run(out: Path, steps: int, budget: float, simulate: dict | None = None) -> dict:
+    """One online recording of the bench GPT: its losses, step times and alerts document."""
+    import bitguard
+    from bench_recording import build
+
+    from bitguard.backend.alerts import read_alerts
+
+    model, opt, _ = build()
+    data = batches()
+    if simulate is not None:
+        os.environ["BITGUARD_SDC_SIMULATE"] = json.dumps(simulate)
+    losses, times = [], []
+    try:
+        with bitguard.record(out, mode="online", budget=budget):
+            for _ in range(steps):
+                t = time.perf_counter()
+                losses.append(one_step(model, opt, next(data)))
+                times.append(time.perf_counter() - t)
+    finally:
+        os.environ.pop("BITGUARD_SDC_SIMULATE", None)
+    injections = []
+    log = out / "sdc-injections-rank-0.jsonl"
+    if log.exists():
+        injections = [json.loads(line) for line in log.read_text().splitlines() if line.strip()]
+    return {"losses": losses, "times": times, "alerts": read_alerts(out).to_dict(), "injections": injections}
+
+
+# -- clean ---------------------------------------------------------------------------------------
+
+def clean(args) -> dict:
+    if args.out:  # kept: `bitguard alerts OUT` reads it, also while it runs or after it was stopped
+        got = online_run(Path(args.out), args.steps, args.budget)
+    else:
+        with tempfile.TemporaryDirectory() as tmp:
+            got = online_run(Path(tmp) / "clean", args.steps, args.budget)
+    doc = got["alerts"]
+    by = {}
+    for a in doc["alerts"]:
+        by.setdefault(f"{a['sensor']}:{a['state']}", 0)
+        by[f"{a['sensor']}:{a['state']}"] += 1
+    return {"steps": args.steps, "budget": args.budget, "counts": doc["counts"], "by_sensor_state": by,
+            "coverage": [{k: s[k] for k in ("sensor", "steps", "calls", "checked", "flops_seen", "flops_checked",
+                                              "seconds")} for s in doc["coverage"]],
+            "verifier": doc["verifier"], "median_step_s": statistics.median(got["times"][1:]),
+            "loss_first_last": [got["losses"][0], got["losses"][-1]],
+            "alerts": [{k: a[k] for k in ("alert_id", "step", "sensor", "boundary", "op", "state")}
+                       | {"summary": (a["evidence"] or {}).get("summary")} for a in doc["alerts"]][:50]}
+
+
+# -- faults --------------------------------------------------------------------------------------
+
+def score(got: dict, first: int) -> dict:
+    """Detection of each injection by the checksum sensor (alert on the module at that step whose
+    rows hold the injected row) and by the loss-spike watcher (a flagged step: it or the next)."""
+    from bitguard.collectors.online.guards import SpikeWatcher
+
+    alerts = [a for a in got["alerts"]["alerts"] if a["sensor"] == "checksum" and a["boundary"] == MODULE
+              and a["op"] == "linear"]
+    by_step = {}
+    for a in alerts:
+        by_step.setdefault(a["step"], []).append(a)
+    watcher = SpikeWatcher(min_history=5)
+    flagged = {s for s, v in enumerate(got["losses"]) if watcher.observe(v) is not None}
+    detected, loss_detected, alert_lat, confirm_lat, states = 0, 0, [], [], {}
+    injections = [i for i in got["injections"] if i["step"] >= first]
+    for inj in injections:
+        hit = next((a for a in by_step.get(inj["step"], []) if inj["row"] in (a["evidence"] or {}).get("rows", [])),
+                   None)
+        if hit is not None:
+            detected += 1
+            alert_lat.append(hit["step"] - inj["step"])
+            states[hit["state"]] = states.get(hit["state"], 0) + 1
+            if hit["state"] == "confirmed" and hit["verdict"] and hit["verdict"]["latency_steps"] is not None:
+                confirm_lat.append(hit["step"] - inj["step"] + hit["verdict"]["latency_steps"])
+        if inj["step"] in flagged or inj["step"] + 1 in flagged:
+            loss_detected += 1
+    n = len(injections)
+    checksum = next((c for c in got["alerts"]["coverage"] if c["sensor"] == "checksum"), {"ops": []})
+    op = next((o for o in checksum["ops"] if o["op"] == f"linear:{MODULE}"), {})
+    clean_steps = set(range(len(got["losses"]))) - {i["step"] for i in got["injections"]}
+    false_alerts = [a for a in got["alerts"]["alerts"] if a["sensor"] == "checksum" and a["step"] in clean_steps
+                    and a["state"] == "confirmed"]
+    return {"injections": n, "detected": detected, "rate": detected / n if n else None,
+            "sampling_rate": op.get("rate"),  # the module's mean rate in force over the run (rows checked)
+            "verdicts": states, "alert_latency_steps": _spread(alert_lat),
+            "confirm_latency_steps": _spread(confirm_lat),
+            "loss_watcher_detected": loss_detected, "loss_watcher_rate": loss_detected / n if n else None,
+            "confirmed_on_clean_steps": len(false_alerts),
+            "nonfinite_loss": any(not math.isfinite(v) for v in got["losses"])}
+
+
+def _spread(values: list[int]) -> dict | None:
+    if not values:
+        return None
+    return {"median": statistics.median(values), "max": max(values), "n": len(values)}
+
+
+def faults(args) -> dict:
+    settings = [(f"bit {b} ({field})", {"bit": b}) for field, bits in BITS.items() for b in bits]
+    settings += [(f"r = {r:g}", {"scale": r}) for r in SCALES]
+    if args.only:
+        settings = [s for s in settings if any(o in s[0] for o in args.only)]
+    out = {"module": MODULE, "warmup": args.warmup, "steps": args.steps, "rows_per_step": args.rows,
+           "budget": args.budget, "settings": {}}
+    with tempfile.TemporaryDirectory() as tmp:
+        for i, (label, fault) in enumerate(settings):
+            spec = {"module": MODULE, "from_step": args.warmup, "rows": args.rows, "seed": i, **fault}
+            got = online_run(Path(tmp) / f"fault-{i}", args.warmup + args.steps, args.budget, spec)
+            out["settings"][label] = score(got, args.warmup)
+            print(f"{label}: {json.dumps(out['settings'][label])}", file=sys.stderr, flush=True)
+    return out
+
+
+# -- overhead ------------------------------------------------------------------------------------
+
+def overhead(args) -> dict:
+    """Plain and online rounds alternated in one process (the order turns each round); each round's
+    median step time against the same round's plain one; the median of those ratios."""
+    import bitguard
+    from bench_recording import build
+
+    model, opt, _ = build()
+    data = batches()
+    for _ in range(2):
+        one_step(model, opt, next(data))
+    times = {"plain": [], "online": []}
+    ratios = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for r in range(args.rounds):
+            medians = {}
+            for mode in (("plain", "online") if r % 2 == 0 else ("online", "plain")):
+                got = []
+                if mode == "plain":
+                    for _ in range(args.steps):
+                        t = time.perf_counter()
+                        one_step(model, opt, next(data))
+                        got.append(time.perf_counter() - t)
+                else:
+                    with bitguard.record(Path(tmp) / f"online-{r}", mode="online", budget=args.budget):
+                        for _ in range(args.steps):
+                            t = time.perf_counter()
+                            one_step(model, opt, next(data))
+                            got.append(time.perf_counter() - t)
+                got = got[1:]  # the first step of a round pays the round's start
+                medians[mode] = statistics.median(got)
+                times[mode] += got
+            ratios.append(medians["online"] / medians["plain"])
+    return {"rounds": args.rounds, "steps": args.steps, "budget": args.budget,
+            "median_step_s": {k: statistics.median(v) for k, v in times.items()},
+            "ratio": statistics.median(ratios), "round_ratios": ratios,
+            "pooled_ratio": statistics.median(times["online"]) / statistics.median(times["plain"])}
+
+
+# -- coverage ------------------------------------------------------------------------------------
+
+def coverage(args) -> dict:
+    """FLOPs of one training step (torch's FlopCounterMode: forward and backward) and what each
+    sensor sees of them: the checksum sensor its Linear GEMMs (forward, dgrad, wgrad; from its own
+    sensor_stats), the recompute sensor the forward of checkpointed regions (the bench GPT has none;
+    the same model with every block checkpointed shows what it would see), the cross-rank sensor
+    and the guards bytes, not FLOPs."""
+    import torch
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from bench_recording import build
+
+    model, opt, _ = build()
+    data = next(batches())
+    with FlopCounterMode(display=False) as counter:
+        one_step(model, opt, data)
+    total = counter.get_total_flops()
+    per_op = {str(k): v for k, v in counter.get_flop_counts().get("Global", {}).items()}
+    with FlopCounterMode(display=False) as fwd:
+        with torch.no_grad():
+            for block in model.blocks:
+                block(torch.randn(8, 128, 256))
+    blocks_forward = fwd.get_total_flops()
+    with tempfile.TemporaryDirectory() as tmp:
+        got = online_run(Path(tmp) / "cov", args.steps, 1.0)
+    checksum = next((c for c in got["alerts"]["coverage"] if c["sensor"] == "checksum"), None)
+    steps = checksum["steps"] if checksum else 1
+    params = sum(p.numel() for p in model.parameters())
+    return {"step_flops": total, "flops_by_op": per_op,
+            "checksum": {"flops_seen_per_step": checksum["flops_seen"] / steps if checksum else 0,
+                         "share_seen": (checksum["flops_seen"] / steps / total) if checksum else 0,
+                         "share_checked_at_budget_1": (checksum["flops_checked"] / steps / total) if checksum else 0,
+                         "ops": len(checksum["ops"]) if checksum else 0},
+            "recompute": {"share_if_every_block_checkpointed": blocks_forward / total, "share_bench_gpt": 0.0},
+            "crossrank": {"bytes_per_step": 2 * 4 * params, "share": 0.0},
+            "guard": {"share": 0.0}}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    p = sub.add_parser("clean")
+    p.add_argument("--steps", type=int, default=500)
+    p.add_argument("--budget", type=float, default=0.02)
+    p.add_argument("--out", default=None, help="keep the online run here (default: a temporary folder)")
+    p = sub.add_parser("faults")
+    p.add_argument("--warmup", type=int, default=8, help="clean steps first (the checksum learns its thresholds)")
+    p.add_argument("--steps", type=int, default=6, help="steps with injections after the warm-up")
+    p.add_argument("--rows", type=int, default=4, help="rows corrupted per call (one element each)")
+    p.add_argument("--budget", type=float, default=1.0)
+    p.add_argument("--only", nargs="*", default=None, help="settings whose label contains one of these")
+    p = sub.add_parser("overhead")
+    p.add_argument("--rounds", type=int, default=8)
+    p.add_argument("--steps", type=int, default=6)
+    p.add_argument("--budget", type=float, default=0.02)
+    p = sub.add_parser("coverage")
+    p.add_argument("--steps", type=int, default=3)
+    for p in sub.choices.values():
+        p.add_argument("--json", action="store_true")
+    args = ap.parse_args()
+    doc = {"clean": clean, "faults": faults, "overhead": overhead, "coverage": coverage}[args.cmd](args)
+    doc = {"schema": "bitguard.bench_online/1", "command": args.cmd, **doc}
+    print(json.dumps(doc, indent=2, default=str))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
