@@ -36,7 +36,8 @@ def _record_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--mode", default="full", help="full: every module; trusted: heavy modules only (cheaper); "
                    "online: no boundary events, sensors watch for silent data corruption while training runs (alerts)")
     p.add_argument("--budget", type=float, default=None,
-                   help="online mode: the fraction of step time the sensors may cost (default 0.02)")
+                   help="online mode: the fraction of step time the sensors may cost (default 0.02; 1: no limit, "
+                        "every call checked whole)")
     p.add_argument("--sensors", default=None, help="online mode: comma-separated sensors to run (default: all)")
     p.add_argument("--seed", type=int, default=0, help="seed for Python, NumPy and torch RNGs (default 0)")
     p.add_argument("--steps", default=None, help="record only steps A:B (B exclusive, 'A:' open-ended)")

@@ -5,7 +5,7 @@ Sensors ask `allow(sensor, op)` before checking a call and report what a check c
 `charge(sensor, op, seconds, flops)`. At each step's end `step_end()` compares the seconds
 charged with the training's own time in that step (the step's wall time minus what the sensors
 charged) and sets every operator's rate for the next step: a water-filling of the step's allowance
-(budget × training time) over the operators seen, cheapest first, each getting an equal share of
+(HEADROOM × budget × training time) over the operators seen, cheapest first, each getting an equal share of
 what is left, capped at rate 1. An operator's cost per unit of rate is learned from what it
 charged (an exponential average), so the controller needs no model of the hardware.
 
@@ -13,7 +13,8 @@ A rate r is the expected fraction of an operator's work that is checked. Down to
 the fraction of rows checked in every call (`row_fraction`); below that, calls are checked with
 probability r / ROW_FLOOR, each at ROW_FLOOR of its rows, so the cost of a check's fixed part
 (a weight's column sums, Python) also scales with r. No rate goes below `MIN_RATE`: a budget too
-small for even that is exceeded, and the sensor_stats rows show by how much.
+small for even that is exceeded, and the sensor_stats rows show by how much. A budget of 1 means no
+limit: every rate stays 1 (every row of every call checked; tests and evaluations).
 
 The random draws use a generator of their own, never torch's or Python's global one (the training
 must draw exactly what it draws unwatched). The clock is injectable: tests drive the controller
@@ -31,11 +32,14 @@ ROW_FLOOR = 1 / 16  # below this rate, whole calls are skipped instead of rows
 MIN_RATE = 1 / 1024
 EMA = 0.3  # weight of the latest step in an operator's cost estimate
 MAX_RAISE = 2.0  # a rate at most doubles from one step to the next (decreases take effect at once)
+START_RATE = ROW_FLOOR  # an operator's first rate: cheap before anything is measured, raised when there is room
+HEADROOM = 0.8  # the rates aim at this share of the budget: what no check charges (the hooks' calls, the
+# step's end, the journal writer's thread) takes the rest
 
 
 @dataclass
 class OpBudget:
-    rate: float = 1.0  # in force for the current step
+    rate: float = START_RATE  # in force for the current step
     unit: float | None = None  # learned seconds per step at rate 1
     calls: int = 0  # this step
     checked: int = 0
@@ -65,7 +69,7 @@ class Budget:
     def op(self, sensor: str, op: str) -> OpBudget:
         entry = self.ops.get((sensor, op))
         if entry is None:
-            entry = self.ops[(sensor, op)] = OpBudget()
+            entry = self.ops[(sensor, op)] = OpBudget(1.0 if self.fraction >= 1 else START_RATE)
         return entry
 
     def allow(self, sensor: str, op: str, flops: float = 0.0) -> bool:
@@ -105,15 +109,16 @@ class Budget:
             self.last_step_s, self.last_sensor_s = step, charged
             own = step - charged
             self.overhead = charged / own if own > 0 else None
-            if own > 0:
-                self._allocate(max(0.0, self.fraction * own - self.fixed_s))
+            if own > 0 and self.fraction < 1:  # budget 1: no limit, everything checked
+                self._allocate(max(0.0, HEADROOM * self.fraction * own - self.fixed_s))
         self._step_start = now
 
     def _allocate(self, allowance: float) -> None:
         active = []
         for entry in self.ops.values():
-            if entry.checked and entry.seconds > 0:
-                observed = entry.seconds / entry.rate
+            if entry.checked and entry.seconds > 0 and entry.calls:
+                # the share of the operator's work checked: of its calls, each at its row fraction
+                observed = entry.seconds / (entry.checked / entry.calls * max(entry.rate, ROW_FLOOR))
                 entry.unit = observed if entry.unit is None else (1 - EMA) * entry.unit + EMA * observed
             if entry.calls and entry.unit:
                 active.append(entry)

@@ -4,7 +4,7 @@ ROW_FLOOR whole calls are skipped."""
 
 import pytest
 
-from bitguard.collectors.online.budget import MIN_RATE, ROW_FLOOR, Budget
+from bitguard.collectors.online.budget import HEADROOM, MIN_RATE, ROW_FLOOR, Budget
 
 
 class Clock:
@@ -37,10 +37,10 @@ def test_the_measured_cost_converges_within_the_budget_cheap_ops_checked_more():
     budget = Budget(0.02, clock)
     budget.start()
     unit = {"cheap": 0.004, "dear": 0.1, "mid": 0.02}
-    overheads = _steps(budget, clock, unit, 60)
-    assert overheads[0] > 0.1, "the first step checks everything at rate 1"
-    late = overheads[-20:]
-    assert sum(late) / len(late) <= 0.02 * 1.25, late
+    overheads = _steps(budget, clock, unit, 100)
+    assert overheads[0] < 0.02, "the first step checks at START_RATE"
+    late = overheads[-60:]  # (an operator below ROW_FLOOR is checked in some steps only: the mean is what holds)
+    assert 0.02 * HEADROOM * 0.8 <= sum(late) / len(late) <= 0.02, sum(late) / len(late)
     rates = {op: budget.op("checksum", op).rate for op in unit}
     assert rates["cheap"] == 1.0, "a cheap operator's share is more than it needs"
     assert rates["dear"] < rates["mid"] < 1.0
@@ -51,13 +51,13 @@ def test_a_generous_budget_checks_everything():
     clock = Clock()
     budget = Budget(0.5, clock)
     budget.start()
-    _steps(budget, clock, {"a": 0.01, "b": 0.02}, 5)
+    _steps(budget, clock, {"a": 0.01, "b": 0.02}, 8)
     assert budget.op("checksum", "a").rate == budget.op("checksum", "b").rate == 1.0
 
 
 def test_below_the_row_floor_whole_calls_are_sampled():
     budget = Budget(0.02, Clock())
-    budget.op("checksum", "x").rate = ROW_FLOOR / 4
+    budget.op("checksum", "x").rate = ROW_FLOOR / 4  # (new operators start at ROW_FLOOR)
     allowed = sum(budget.allow("checksum", "x") for _ in range(4000))
     assert budget.row_fraction("checksum", "x") == ROW_FLOOR
     assert 800 < allowed < 1200, allowed  # a quarter of the calls, each at ROW_FLOOR of its rows
@@ -69,7 +69,7 @@ def test_fixed_costs_come_off_the_allowance():
     clock = Clock()
     budget = Budget(0.02, clock)
     budget.start()
-    _steps(budget, clock, {"a": 0.1}, 3)
+    _steps(budget, clock, {"a": 0.1}, 8)
     free = budget.op("checksum", "a").rate
     budget.charge_fixed(0.015)  # most of the next step's 2%
     _steps(budget, clock, {"a": 0.1}, 1)
@@ -80,3 +80,11 @@ def test_a_budget_out_of_range_is_refused():
     for bad in (0, -0.1, 1.5):
         with pytest.raises(ValueError):
             Budget(bad)
+
+
+def test_a_budget_of_one_is_no_limit():
+    clock = Clock()
+    budget = Budget(1.0, clock)
+    budget.start()
+    _steps(budget, clock, {"a": 5.0}, 3)  # five times the step: still everything
+    assert budget.op("checksum", "a").rate == 1.0 and budget.row_fraction("checksum", "a") == 1.0
