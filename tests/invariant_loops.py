@@ -41,6 +41,7 @@ class Loop:
     seed: str = "a"
     # bugs
     bugs: set = field(default_factory=set)
+    bug_step: int = 0  # dtype, left_frozen, untie: from this step on (0: a configuration from the start)
 
     def rows(self, rank: int = 0):
         """Per step: (api_rows, event_rows, tensor_rows) of `rank`."""
@@ -84,13 +85,14 @@ class Loop:
             storage = {p: i for i, p in enumerate(self.params)}
             for p in self.tied:
                 storage[p] = storage[self.tied[0]]
-            if "untie" in self.bugs and self.tied:
+            late = k >= self.bug_step
+            if "untie" in self.bugs and self.tied and late:
                 storage[self.tied[1]] = 99
             frozen = set(self.frozen)
-            if "left_frozen" in self.bugs:
+            if "left_frozen" in self.bugs and late:
                 frozen.add("h.0.weight")
             a("params", "Model", {p: {"requires_grad": p not in frozen,
-                                      "dtype": "float64" if ("dtype" in self.bugs and p == "h.0.bias") else "float32",
+                                      "dtype": "float64" if ("dtype" in self.bugs and p == "h.0.bias" and late) else "float32",
                                       "device": "cpu", "xor": f"{values[p]:016x}", "storage": storage[p],
                                       "model_param": True} for p in self.params})
             modes = {"training": ["Model", *self.dropout], "eval": []}
@@ -121,7 +123,7 @@ class Loop:
                 clipped = list(self.params[:2]) if "clip_wrong_params" in self.bugs else list(self.params)
                 a("clip_grad_norm", "clip", {"max_norm": 1.0, "norm_type": 2.0, "total_norm": 3.0 + k,
                                              "params": clipped})
-            in_groups = [p for p in self.params if not ("missing_group" in self.bugs and p == "head.weight")]
+            in_groups = [p for p in self.params if not ("missing_group" in self.bugs and p == "h.0.weight")]
             a("optimizer_step", "AdamW#0", {"groups": [{"lr": lr, "weight_decay": 0.0, "params": in_groups,
                                                         **({"initial_lr": 0.1} if self.scheduler else {})}]})
             for p in in_groups:

@@ -49,6 +49,7 @@ class StepFacts:
     batches: list[Digest] = field(default_factory=list)  # every data event of the step, in order
     losses: list[float] = field(default_factory=list)  # one-element float outputs of root forwards, in order
     grad_zero: dict[str, bool] = field(default_factory=dict)  # param -> the gradient step() used was all zero bits
+    stepped: dict[str, Digest] = field(default_factory=dict)  # param -> (xor, pos) after the optimizer step
 
     def of(self, kind: str) -> list[dict]:
         """The step's API events of `kind`, in order."""
@@ -131,6 +132,7 @@ def step_facts(api_rows, event_rows, tensor_rows, world_size: int | None = None)
                                               for r in ("grad_input", "grad")}
         elif kind == "step" and ("param", 0) in rows:
             facts.updates[e["boundary"]] = (before.get(e["boundary"]), _u64(rows[("param", 0)]["xor"]))
+            facts.stepped[e["boundary"]] = (_u64(rows[("param", 0)]["xor"]), _u64(rows[("param", 0)]["pos"]))
             facts.training_step = True
             if ("grad", 0) in rows:
                 g = rows[("grad", 0)]

@@ -20,6 +20,7 @@ starts empty for each rank of each run). This module knows StepFacts; nothing of
 
 from __future__ import annotations
 
+import hashlib
 import math
 from collections import Counter
 from dataclasses import dataclass, field
@@ -28,14 +29,24 @@ from bitguard.backend.invariants.facts import StepFacts
 
 # The step features a precondition may name, in the order the inference tries them.
 FEATURES = ("world_size", "accum", "scheduler", "clip", "amp", "optimizer", "model_dtype", "first_step",
-            "set_to_none", "dtype", "requires_grad")
+            "set_to_none", "frozen_at_start", "tied_at_start", "dtypes_at_start", "eval_at_start", "dtype",
+            "requires_grad")
 FEATURE_TEXT = {
     "world_size": "world size", "accum": "backward calls per optimizer step", "scheduler": "an LR scheduler is attached",
     "clip": "gradients are clipped in the step", "amp": "a GradScaler scales the loss",
     "optimizer": "optimizer class", "model_dtype": "the parameters' most common dtype",
     "first_step": "first training step of the run", "set_to_none": "zero_grad's set_to_none (last seen)",
     "dtype": "the parameter's dtype", "requires_grad": "the parameter requires grad",
+    # the model's configuration as its first training step showed it (count:digest of the names):
+    # a per-name relation learned on one configuration is not carried to another
+    "frozen_at_start": "the parameters frozen at the first training step",
+    "tied_at_start": "the parameters sharing storage at the first training step",
+    "dtypes_at_start": "the parameters' dtypes at the first training step",
+    "eval_at_start": "the modules in eval mode at the first training step",
 }
+# per-name relations: the configuration features that must match the clean runs' (the first
+# training step's), so that a model frozen, tied or cast by design is not read as a bug
+CONFIG = ("frozen_at_start", "tied_at_start", "dtypes_at_start", "eval_at_start")
 MAX_MARGIN = 1.5  # a `max` invariant's bound: this times the largest value the clean runs showed
 SEQ_KINDS = ("zero_grad", "backward", "clip_grad_norm", "clip_grad_value", "optimizer_step", "scheduler_step",
              "loss_scale")
@@ -67,14 +78,33 @@ def context(facts: StepFacts, state: dict) -> dict:
     dtypes = Counter(p.get("dtype") for p in facts.params.values() if isinstance(p, dict))
     if dtypes:
         run["model_dtype"] = sorted(dtypes.items(), key=lambda kv: (-kv[1], str(kv[0])))[0][0]
+    if facts.training_step and "frozen_at_start" not in run and facts.params:
+        run.update(_configuration(facts))
     optimizers = sorted({str(a["target"]).split("#")[0] for a in facts.of("optimizer_step")})
     ctx = {"world_size": facts.world_size, "accum": len(facts.of("backward")), "scheduler": run["scheduler"],
            "clip": bool(facts.of("clip_grad_norm") or facts.of("clip_grad_value")), "amp": run["amp"],
            "optimizer": "+".join(optimizers) or None, "model_dtype": run.get("model_dtype"),
-           "first_step": facts.training_step and run["training_steps"] == 0, "set_to_none": run["set_to_none"]}
+           "first_step": facts.training_step and run["training_steps"] == 0, "set_to_none": run["set_to_none"],
+           **{k: run[k] for k in CONFIG if k in run}}
     if facts.training_step:
         run["training_steps"] += 1
     return ctx
+
+
+def _signature(names) -> str:
+    names = sorted(names)
+    return f"{len(names)}:{hashlib.sha256(chr(0).join(names).encode()).hexdigest()[:8]}"
+
+
+def _configuration(facts: StepFacts) -> dict:
+    params = {n: p for n, p in facts.params.items() if isinstance(p, dict)}
+    tied = _tied(params)
+    backward = _ords(facts, "backward")
+    modes = [a for a in facts.of("modes") if not backward or a["ord"] < backward[0]]
+    return {"frozen_at_start": _signature(n for n, p in params.items() if p.get("requires_grad") is False),
+            "tied_at_start": _signature(f"{n}={t}" for n, t in tied.items() if n != t),
+            "dtypes_at_start": _signature(f"{n}:{p.get('dtype')}" for n, p in params.items()),
+            "eval_at_start": _signature(modes[-1]["value"].get("eval") or [] if modes else [])}
 
 
 def _ords(facts: StepFacts, kind: str) -> list[int]:
@@ -99,6 +129,10 @@ class Template:
         return self.relevant.get(key.split(":")[0], ())
 
 
+def _word(v) -> int:
+    return int(v, 16) if isinstance(v, str) else int(v)
+
+
 def _tied(params: dict) -> dict[str, str]:
     """name -> the first name (sorted) sharing its storage: itself when untied."""
     by_storage: dict = {}
@@ -111,7 +145,8 @@ def _tied(params: dict) -> dict[str, str]:
 
 class Consistent(Template):
     name = "Consistent"
-    relevant = {"clip_covers": ("clip",), "clip_max_norm": ("clip",), "replicated": ("world_size",)}
+    relevant = {"clip_covers": ("clip",), "clip_max_norm": ("clip",), "replicated": ("world_size",),
+                "dtype": CONFIG, "requires_grad": CONFIG, "storage": CONFIG}
 
     def observe(self, facts, ctx, state):
         if not facts.training_step:
@@ -120,9 +155,16 @@ class Consistent(Template):
         params = {n: p for n, p in facts.params.items() if isinstance(p, dict)}
         tied = _tied(params)
         in_opt = facts.optimizer_params()
+        in_opt |= {n for n in params if tied[n] in {tied.get(m, m) for m in in_opt}}  # a tied alias is in too
+        first = state.setdefault("first", {})  # name -> (requires_grad, dtype, storage) at its first step
         for n in sorted(params):
             p = params[n]
             feat = {**ctx, "dtype": p.get("dtype"), "requires_grad": p.get("requires_grad")}
+            now = {"requires_grad": p.get("requires_grad"), "dtype": p.get("dtype"), "shares_storage_with": tied[n]}
+            was = first.setdefault(n, (facts.step, now))
+            for what, value in now.items():
+                out.append(Obs(f"stable_{what}", ("*",), value == was[1][what], feat,
+                               {"param": n, what: value, "at_step": was[0], "was": was[1][what]}))
             out.append(Obs(f"dtype:{n}", (n,), p.get("dtype"), feat, {"param": n, "dtype": p.get("dtype")}, "constant"))
             out.append(Obs(f"requires_grad:{n}", (n,), p.get("requires_grad"), feat,
                            {"param": n, "requires_grad": p.get("requires_grad")}, "constant"))
@@ -176,6 +218,9 @@ class Consistent(Template):
             "storage": (f"{name} shares its storage with {expected} (tied)" if expected != name
                         else f"{name} shares its storage with no other parameter"),
             "in_optimizer": "every parameter that requires grad is in some param group of the optimizer",
+            "stable_requires_grad": "a parameter's requires_grad stays what it was at its first training step",
+            "stable_dtype": "a parameter's dtype stays what it was at its first training step",
+            "stable_shares_storage_with": "the parameters sharing storage (tied) stay those of the first training step",
             "clip_covers": "gradient clipping covers every parameter the optimizer steps",
             "clip_max_norm": f"clip_grad_norm_ is called with max_norm={expected}",
             "replicated": f"{name} is equal on every rank at each step's forward and after its optimizer step "
@@ -241,7 +286,7 @@ class Sequence(Template):
 
 class Update(Template):
     name = "Update"
-    relevant = {"changes_at_step": ("amp",)}
+    relevant = {"changes_at_step": ("amp",), "gets_grad": CONFIG}
 
     def observe(self, facts, ctx, state):
         out = []
@@ -272,12 +317,18 @@ class Update(Template):
                     out.append(Obs("frozen_unchanged", ("*",), before is None or before == after,
                                    {**ctx, "dtype": params[n].get("dtype"), "requires_grad": False},
                                    {"param": n, "stepped": n in facts.updates}))
-            for n, (before, after) in sorted(facts.updates.items()):
+            prev = state.setdefault("after", {})  # name -> (xor, pos) after its last optimizer step
+            for n, after in sorted(facts.stepped.items()):
+                # before: the digest after its previous step, or at this step's forward when the params
+                # row has both words (an xor alone cancels on a tensor of equal values: no "unchanged")
+                p = params.get(n, {})
+                before = prev.get(n) or ((_word(p["xor"]), _word(p["pos"])) if p.get("pos") and p.get("xor") else None)
+                prev[n] = after
                 if before is None or facts.grad_zero.get(n) or not lrs.get(n):
                     continue
-                feat = {**ctx, "dtype": params.get(n, {}).get("dtype"), "requires_grad": True}
+                feat = {**ctx, "dtype": p.get("dtype"), "requires_grad": True}
                 out.append(Obs("changes_at_step", ("*",), before != after, feat,
-                               {"param": n, "lr": lrs.get(n), "xor": f"{after:016x}"}))
+                               {"param": n, "lr": lrs.get(n), "xor": f"{after[0]:016x}", "pos": f"{after[1]:016x}"}))
         # what the next step's first forward must find
         new = {}
         for n in params:
@@ -304,7 +355,8 @@ class Update(Template):
 
 class Bound(Template):
     name = "Bound"
-    relevant = {"clip_total_norm": ("clip",), "lr_is_scheduled": ("scheduler",), "loss_over_accum": ("amp",)}
+    relevant = {"clip_total_norm": ("clip",), "lr_is_scheduled": ("scheduler",), "loss_over_accum": ("amp",),
+                "loss_bound": ("amp", "model_dtype", *CONFIG)}
 
     def observe(self, facts, ctx, state):
         out = []
@@ -371,6 +423,7 @@ class Bound(Template):
 
 class Mode(Template):
     name = "Mode"
+    relevant = {"mode": CONFIG}
 
     def observe(self, facts, ctx, state):
         if not facts.training_step:

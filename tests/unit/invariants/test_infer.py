@@ -32,14 +32,22 @@ def test_a_failure_at_the_first_step_becomes_the_precondition():
 
 
 def test_a_candidate_failing_in_a_clean_run_without_a_separating_feature_is_dropped():
-    class EvalDropout(Loop):  # a clean pipeline that keeps its dropout in eval mode on purpose, in one run
-        pass
-    runs = {"a": Loop(seed="a").run(), "b": EvalDropout(seed="b", bugs={"dropout_eval"}).run()}
+    class EvalOnce(Loop):  # a clean pipeline that puts its dropout in eval mode for one training step
+        def rows(self, rank=0):
+            out = super().rows(rank)
+            for a in out[3][0]:
+                if a["kind"] == "modes":
+                    a["value"] = '{"training": ["Model"], "eval": ["h.0.drop"]}'
+            return out
+    runs = {"a": Loop(seed="a").run(), "b": EvalOnce(seed="b").run()}
     doc = infer(runs)
     assert "Mode/all_training" not in by_id(doc)
     dropped = {d["id"]: d["why"] for d in doc["dropped"]}
     assert "no precondition separates" in dropped["Mode/all_training"]
-    assert "no majority value" in dropped["Mode/mode:h.0.drop"]
+    eval_first = infer({"a": Loop(seed="a").run(), "b": Loop(seed="b", bugs={"dropout_eval"}).run()})
+    assert "no majority value" in {d["id"]: d["why"] for d in eval_first["dropped"]}["Mode/mode:h.0.drop"]
+    kept = by_id(eval_first)["Mode/all_training"]  # eval by design from the first step: a configuration
+    assert [c["feature"] for c in kept["precondition"]] == ["eval_at_start"]
 
 
 def test_relevant_features_keep_an_invariant_from_runs_unlike_its_clean_ones():
