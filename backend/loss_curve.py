@@ -8,7 +8,10 @@ float output of a root module's forward (depth 0): a model whose forward returns
 (nanoGPT's `(logits, loss)`, a transformers `ModelOutput.loss`) or an `nn.Module` loss such as
 `nn.CrossEntropyLoss` called at the top level. A loss computed by a function outside every module
 (`F.cross_entropy(model(x), y)`) is never observed, and bitguard does not see what a script logs:
-then the document says "no scalar loss recorded" and why, never a curve made up.
+then, when the run recorded API events (collectors/api_events.py), the loss is the one-element
+tensor `backward()` was called on, its value read by the recorder at the step's end (divided by
+GradScaler's scale when it was a scaled loss: source `{"boundary": "backward", "api": true}`);
+otherwise the document says "no scalar loss recorded" and why, never a curve made up.
 
 Where a step holds several calls (gradient accumulation, an evaluation pass), its value is their
 mean and the calls are compared bit for bit one by one. This module knows the engine's loaded
@@ -83,34 +86,73 @@ def _json(x):
     return float(x) if math.isfinite(x) else ("nan" if math.isnan(x) else ("inf" if x > 0 else "-inf"))
 
 
+def backward_losses(run, rank: int) -> pl.DataFrame | None:
+    """step, call, xor (the value's text: bitwise equality of two values), value: the one-element
+    roots of backward() in a run's API events (unscaled), None when there are none."""
+    import json
+
+    from bitguard import schema
+    from bitguard.backend.alerts import _rank_table
+
+    if run is None or rank not in run.ranks:
+        return None
+    api = _rank_table(run, rank, schema.API_EVENTS)
+    if api is None:
+        return None
+    rows = []
+    for step, value in api.filter(pl.col("kind") == "backward").select("step", "value").iter_rows():
+        v = json.loads(value)
+        loss = v.get("value")
+        if loss is None:
+            continue
+        loss = float(loss)  # (non-finite values are written as the strings "nan", "inf", "-inf")
+        scale = v.get("scaled_by")
+        if scale not in (None, 0):
+            loss = loss / float(scale)
+        rows.append({"step": step, "call": v.get("call", 0), "xor": repr(loss), "value": loss})
+    if not rows:
+        return None
+    return pl.DataFrame(rows, schema={"step": pl.Int64, "call": pl.Int64, "xor": pl.String, "value": pl.Float64})
+
+
 def _unknown(events_a: pl.DataFrame) -> str:
     roots = events_a.filter((pl.col("depth") == 0) & (pl.col("phase") == "forward") & (pl.col("kind") == "module"))
     if not roots.height:
         return "no scalar loss recorded: run A recorded no forward of a root module"
     names = ", ".join(sorted(set(roots["boundary"].to_list()))[:4])
-    return (f"no scalar loss recorded: no root module ({names}) returns a one-element float tensor, and bitguard does "
-            "not see a loss computed by a function outside every module (F.cross_entropy on the logits) or what "
-            "the script logs; return the loss from the model's forward, or compute it with an nn.Module loss "
+    return (f"no scalar loss recorded: no root module ({names}) returns a one-element float tensor, and run A's API "
+            "events hold no one-element tensor that backward() was called on (recorded before bitguard recorded API "
+            "events, or backward() of a tensor of several elements); bitguard does not see what the script logs; "
+            "re-record it, return the loss from the model's forward, or compute it with an nn.Module loss "
             "(nn.CrossEntropyLoss) to see it here")
 
 
-def curve(rc, pivot: dict | None = None, threshold: float = THRESHOLD) -> dict:
+def curve(rc, pivot: dict | None = None, threshold: float = THRESHOLD, runs: tuple | None = None) -> dict:
     """The loss curve of one rank's comparison (`compare.RankComparison`): the document
     {"schema", "rank", "source" ({boundary, module_type, idx, path, dtype} or None), "unknown"
     (why there is no curve, or None), "steps": [{step, a, b, calls_a, calls_b, equal}] (a, b: the
     step's mean loss; equal: every call bitwise the same), "first_differs", "first_over",
-    "threshold", "pivot_step", "lead_differs", "lead_over" (steps from the pivot to each)}."""
+    "threshold", "pivot_step", "lead_differs", "lead_over" (steps from the pivot to each)}. `runs`: the
+    comparison's (run A, run B) RunInfos, for the loss of backward() in their API events when no root
+    module returns a scalar."""
     pivot_step = pivot.get("step") if pivot and pivot.get("rank") == rc.rank else None
     doc = {"schema": SCHEMA, "rank": rc.rank, "source": None, "unknown": None, "steps": [], "threshold": threshold,
            "first_differs": None, "first_over": None, "pivot_step": pivot_step, "lead_differs": None,
            "lead_over": None}
     cands_a = _scalars(rc.events_a, rc.tensors_a)
-    if not cands_a.height:
-        doc["unknown"] = _unknown(rc.events_a)
-        return doc
-    src = doc["source"] = _source(cands_a)
-    a = _values(cands_a, src)
-    b = _values(_scalars(rc.events_b, rc.tensors_b), src)
+    if cands_a.height:
+        src = doc["source"] = _source(cands_a)
+        a = _values(cands_a, src)
+        b = _values(_scalars(rc.events_b, rc.tensors_b), src)
+    else:
+        a = backward_losses(runs[0], rc.rank) if runs else None
+        if a is None:
+            doc["unknown"] = _unknown(rc.events_a)
+            return doc
+        doc["source"] = {"boundary": "backward", "module_type": None, "idx": 0, "path": None, "dtype": None,
+                         "api": True}
+        b = backward_losses(runs[1], rc.rank)
+        b = a.clear() if b is None else b
     calls = a.join(b, on=["step", "call"], how="full", coalesce=True, suffix="_b")
     per_step = (calls.group_by("step").agg(
         pl.col("value").mean().alias("a"), pl.col("value_b").mean().alias("b"),
@@ -146,7 +188,8 @@ def curve_of(result, rank: int | None = None) -> dict:
         if rank in per:
             return per[rank]
     with result.lock:
-        doc = curve(result.engine.ranks[rank], fd)
+        engine = result.engine
+        doc = curve(engine.ranks[rank], fd, runs=(getattr(engine, "run_a", None), getattr(engine, "run_b", None)))
     with _lock:
         per[rank] = doc
     return doc

@@ -51,3 +51,38 @@ def test_no_scalar_output_says_so_and_names_the_root(gap_then_divergence):
     doc = loss_curve.curve(gap_then_divergence.ranks[1], gap_then_divergence.to_dict()["first_divergence"])
     assert doc["source"] is None and doc["steps"] == [] and doc["first_over"] is None
     assert doc["unknown"].startswith("no scalar loss recorded: ") and "(Net)" in doc["unknown"]
+
+
+def _functional_loss_run(out, bump_at: int | None, scaled: bool):
+    """A loop whose loss is F.mse_loss outside every module (no root module returns it): its curve
+    comes from the value backward() was called on, in the run's API events."""
+    torch.manual_seed(0)
+    model = torch.nn.Linear(3, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    scaler = torch.amp.GradScaler("cpu", init_scale=1024.0, enabled=scaled)
+    losses = []
+    with bitguard.record(out):
+        for step in range(4):
+            opt.zero_grad()
+            x = torch.randn(4, 3) + (1.0 if step == bump_at else 0.0)
+            loss = torch.nn.functional.mse_loss(model(x), torch.ones(4, 1))
+            scaler.scale(loss).backward()
+            scaler.step(opt)
+            scaler.update()
+            losses.append(loss.item())
+    return losses
+
+
+@pytest.mark.parametrize("scaled", [False, True])
+def test_without_a_scalar_output_the_loss_is_what_backward_was_called_on(tmp_path, scaled):
+    la = _functional_loss_run(tmp_path / "a", None, scaled)
+    lb = _functional_loss_run(tmp_path / "b", 2, scaled)
+    cmp = bitguard.compare(tmp_path / "a", tmp_path / "b")
+    doc = loss_curve.curve(cmp.ranks[0], cmp.to_dict()["first_divergence"], runs=(cmp.run_a, cmp.run_b))
+    assert doc["unknown"] is None and doc["source"]["boundary"] == "backward" and doc["source"]["api"] is True
+    assert [s["a"] for s in doc["steps"]] == la  # unscaled: GradScaler's power-of-two scale divides exactly
+    assert [s["b"] for s in doc["steps"]] == lb
+    assert [s["equal"] for s in doc["steps"]] == [True, True, False, False]
+    assert doc["first_differs"] == 2
+    # without the runs (or with runs recorded before API events) it still says why there is no curve
+    assert loss_curve.curve(cmp.ranks[0])["unknown"].startswith("no scalar loss recorded: ")
