@@ -119,6 +119,7 @@ class Loop:
                     got[p] = acc
                     e("backward", "grad", p, [("grad_input", 0, g, mix(g, 1), "float32", [4]),
                                               ("grad", 0, acc, mix(acc, 1), "float32", [4])])
+            clipped = []
             if self.clip and "clip_before_backward" not in self.bugs:
                 clipped = list(self.params[:2]) if "clip_wrong_params" in self.bugs else list(self.params)
                 a("clip_grad_norm", "clip", {"max_norm": 1.0, "norm_type": 2.0, "total_norm": 3.0 + k,
@@ -132,8 +133,11 @@ class Loop:
                 if got.get(p) is None and not ("frozen_updated" in self.bugs and p in frozen):
                     continue
                 values[p] = mix(values[p], "step", k)
+                used = got.get(p) or 5  # the gradient step() used: scaled by clipping (over max_norm) unless lost
+                if p in clipped and "clip_lost" not in self.bugs:
+                    used = mix(used, "clipped")
                 e("optimizer", "step", p, [("param", 0, values[p], mix(values[p], 2), "float32", [4]),
-                                           ("grad", 0, got.get(p) or 5, 6, "float32", [4])])
+                                           ("grad", 0, used, mix(used, 1), "float32", [4])])
             out.append((api, ev, te))
         return out
 

@@ -50,6 +50,8 @@ class StepFacts:
     losses: list[float] = field(default_factory=list)  # one-element float outputs of root forwards, in order
     grad_zero: dict[str, bool] = field(default_factory=dict)  # param -> the gradient step() used was all zero bits
     stepped: dict[str, Digest] = field(default_factory=dict)  # param -> (xor, pos) after the optimizer step
+    grad_used: dict[str, Digest] = field(default_factory=dict)  # param -> the gradient step() used
+    grad_last: dict[str, Digest] = field(default_factory=dict)  # param -> .grad after its last gradient event
 
     def of(self, kind: str) -> list[dict]:
         """The step's API events of `kind`, in order."""
@@ -127,9 +129,10 @@ def step_facts(api_rows, event_rows, tensor_rows, world_size: int | None = None)
         rows = {(t["role"], t["idx"]): t for t in by_seq.get(e["seq"], []) if t.get("unobserved") is None}
         kind, phase = e["kind"], e["phase"]
         if kind == "grad":
-            if e["boundary"] not in facts.grads and ("grad_input", 0) in rows and ("grad", 0) in rows:
-                facts.grads[e["boundary"]] = {r: (_u64(rows[(r, 0)]["xor"]), _u64(rows[(r, 0)]["pos"]))
-                                              for r in ("grad_input", "grad")}
+            if ("grad_input", 0) in rows and ("grad", 0) in rows:
+                digests = {r: (_u64(rows[(r, 0)]["xor"]), _u64(rows[(r, 0)]["pos"])) for r in ("grad_input", "grad")}
+                facts.grads.setdefault(e["boundary"], digests)
+                facts.grad_last[e["boundary"]] = digests["grad"]
         elif kind == "step" and ("param", 0) in rows:
             facts.updates[e["boundary"]] = (before.get(e["boundary"]), _u64(rows[("param", 0)]["xor"]))
             facts.stepped[e["boundary"]] = (_u64(rows[("param", 0)]["xor"]), _u64(rows[("param", 0)]["pos"]))
@@ -137,6 +140,7 @@ def step_facts(api_rows, event_rows, tensor_rows, world_size: int | None = None)
             if ("grad", 0) in rows:
                 g = rows[("grad", 0)]
                 facts.grad_zero[e["boundary"]] = _u64(g["xor"]) == 0 and _u64(g["pos"]) == 0
+                facts.grad_used[e["boundary"]] = (_u64(g["xor"]), _u64(g["pos"]))
         elif kind == "batch":
             inputs = sorted((t for (role, _), t in rows.items() if role == "input"), key=lambda t: t["idx"])
             x = p = 0

@@ -355,7 +355,7 @@ class Update(Template):
 
 class Bound(Template):
     name = "Bound"
-    relevant = {"clip_total_norm": ("clip",), "lr_is_scheduled": ("scheduler",), "loss_over_accum": ("amp",),
+    relevant = {"clip_total_norm": ("clip",), "clip_scales_grads": ("clip", "world_size"), "lr_is_scheduled": ("scheduler",), "loss_over_accum": ("amp",),
                 "loss_bound": ("amp", "model_dtype", *CONFIG)}
 
     def observe(self, facts, ctx, state):
@@ -376,6 +376,7 @@ class Bound(Template):
                 ok = isinstance(n, (int, float)) and math.isfinite(n) and n > 0
                 out.append(Obs("clip_total_norm", ("clip_grad_norm",), ok, ctx,
                                {"total_norm": n, "max_norm": a["value"].get("max_norm"), "ord": a["ord"]}))
+                out += self._clip_applied(facts, a, ctx)
         if facts.training_step:
             out += self._loss_bound(facts, ctx)
             roots = [b["value"].get("value") for b in facts.of("backward")]
@@ -389,6 +390,22 @@ class Bound(Template):
                                    {"backward_roots": roots[:4], "losses": facts.losses[:4], "backward_calls": n},
                                    "constant"))
         return out
+
+    @staticmethod
+    def _clip_applied(facts, clip: dict, ctx) -> list[Obs]:
+        """Over its max norm, clipping scales the gradients: those step() used differ from those
+        backward left (a digest cannot give a norm, but it tells scaled from untouched)."""
+        total, top = clip["value"].get("total_norm"), clip["value"].get("max_norm")
+        backward = _ords(facts, "backward")
+        if not (isinstance(total, (int, float)) and isinstance(top, (int, float)) and math.isfinite(total)
+                and total > top * (1 + 1e-6)) or not backward or clip["ord"] < backward[-1]:
+            return []
+        names = [n for n in clip["value"].get("params") or [] if n in facts.grad_used and n in facts.grad_last]
+        if not names:
+            return []
+        untouched = sorted(n for n in names if facts.grad_used[n] == facts.grad_last[n])
+        return [Obs("clip_scales_grads", ("clip_grad_norm", "*"), not untouched, ctx,
+                    {"total_norm": total, "max_norm": top, "unscaled": untouched[:10], "count": len(untouched)})]
 
     @staticmethod
     def _loss_bound(facts, ctx) -> list[Obs]:
@@ -415,6 +432,8 @@ class Bound(Template):
                     f"count)")
         return {
             "clip_total_norm": "clip_grad_norm_ returns a finite, positive total norm (gradients exist when clipped)",
+            "clip_scales_grads": "over max_norm, clipping scales every gradient it covers before the optimizer "
+                                 "uses it (the post-clip norm is brought to max_norm)",
             "lr_is_scheduled": "each param group's lr at optimizer step is the scheduler's last_lr",
             "loss_over_accum": (f"backward root x backward calls per step / root module loss = {expected} "
                                 f"(the loss divided by the accumulation count)"),

@@ -45,6 +45,7 @@ CASES = {
     "untie": ("Consistent/stable_shares_storage_with", 2),
     "replica": ("Consistent/replicated:h.0.bias", 2),
     "accum_scale": ("Bound/loss_over_accum", 0),
+    "clip_lost": ("Bound/clip_scales_grads", 0),
 }
 
 
