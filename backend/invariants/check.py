@@ -71,7 +71,8 @@ def parse_invariants(doc, where: str = "the invariants document") -> list[Invari
             if inv.id != invariant_id(inv.template, inv.params["key"]):
                 raise ValueError(f"id {inv.id!r} does not match its template and key")
             for c in inv.precondition:
-                if c.get("op") not in ("==", "!=") or "feature" not in c:
+                if c.get("op") not in ("==", "!=", "in") or "feature" not in c or (
+                        c["op"] == "in" and not isinstance(c.get("value"), list)):
                     raise ValueError(f"bad precondition {c!r}")
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise BadInput(f"{where}: invariant {i} is malformed ({exc}); re-infer the file") from None

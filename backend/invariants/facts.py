@@ -143,6 +143,8 @@ def step_facts(api_rows, event_rows, tensor_rows, world_size: int | None = None)
                 facts.grad_used[e["boundary"]] = (_u64(g["xor"]), _u64(g["pos"]))
         elif kind == "batch":
             inputs = sorted((t for (role, _), t in rows.items() if role == "input"), key=lambda t: t["idx"])
+            if not inputs:  # a model called with keyword arguments only: its batch event holds no input rows
+                continue
             x = p = 0
             for t in inputs:
                 x ^= _u64(t["xor"])

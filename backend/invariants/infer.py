@@ -20,7 +20,8 @@ import json
 from collections import Counter
 from dataclasses import dataclass, field
 
-from bitguard.backend.invariants.templates import BY_NAME, FEATURE_TEXT, FEATURES, MAX_MARGIN, TEMPLATES, observe_run
+from bitguard.backend.invariants.templates import (BY_NAME, CONFIG, FEATURE_TEXT, FEATURES, MAX_MARGIN, TEMPLATES,
+                                                   observe_run)
 
 SCHEMA = "bitguard.invariants/1"
 MIN_SUPPORT = 3  # observations an invariant needs in the clean runs
@@ -32,7 +33,7 @@ class Invariant:
     template: str
     names: list[str]
     relation: str
-    precondition: list[dict]  # [{"feature", "op": "==" | "!=", "value", "text"}]; [] = always
+    precondition: list[dict]  # [{"feature", "op": "==" | "!=" | "in", "value", "text"}]; [] = always
     support: int
     params: dict  # {"key", "kind": holds | constant | max, "expected"}
     runs: int = 0  # clean runs it was observed in
@@ -49,6 +50,9 @@ class Invariant:
 
 
 def condition(feature: str, op: str, value) -> dict:
+    if op == "in":
+        return {"feature": feature, "op": op, "value": value,
+                "text": f"{FEATURE_TEXT[feature]} is one of {', '.join(json.dumps(v) for v in value)}"}
     if isinstance(value, bool):
         text = FEATURE_TEXT[feature] if value == (op == "==") else f"not: {FEATURE_TEXT[feature]}"
     else:
@@ -61,6 +65,10 @@ def met(precondition: list[dict], ctx: dict) -> bool:
     for c in precondition:
         if c["feature"] not in ctx:
             return False
+        if c["op"] == "in":
+            if ctx[c["feature"]] not in c["value"]:
+                return False
+            continue
         same = ctx[c["feature"]] == c["value"]
         if same != (c["op"] == "=="):
             return False
@@ -146,9 +154,15 @@ def decide(c: _Candidate) -> tuple[Invariant | None, str | None]:
         return None, f"{len(passing)} supporting observation(s), fewer than {MIN_SUPPORT}"
     template = BY_NAME[c.template]
     for f in template.relevant_features(c.key):
+        if any(p["feature"] == f for p in pre):
+            continue
         same, value = _common(f, passing)
-        if same and not any(p["feature"] == f for p in pre):
+        if same:
             pre.append(condition(f, "==", value))
+        elif f in CONFIG and all(f in ctx for ctx in passing):
+            # a per-name relation seen on several configurations: only those (never another one)
+            values = sorted({json.dumps(ctx[f], sort_keys=True) for ctx in passing})
+            pre.append(condition(f, "in", [json.loads(v) for v in values]))
     runs = len({where[0] for v, _, where in c.obs if holds(c.kind, expected, v)})
     return Invariant(id=invariant_id(c.template, c.key), template=c.template, names=list(c.names),
                      relation=template.relation(c.key, expected), precondition=pre, support=len(passing),

@@ -65,3 +65,30 @@ def test_too_little_support_is_dropped():
     doc = infer({"a": Loop(seed="a", steps=1).run()})
     dropped = {d["id"]: d["why"] for d in doc["dropped"]}
     assert "fewer than" in dropped["EventContain/zero_grad_before_backward"]
+
+
+def test_a_per_name_relation_seen_on_two_configurations_applies_to_those_only():
+    doc = infer({"untied": Loop(seed="a").run(), "tied": Loop(seed="b", tied=("wte.weight", "head.weight")).run()})
+    inv = by_id(doc)["Consistent/dtype:h.0.weight"]
+    tied = next(c for c in inv["precondition"] if c["feature"] == "tied_at_start")
+    assert tied["op"] == "in" and len(tied["value"]) == 2 and "is one of" in tied["text"]
+    invariants = parse_invariants(doc)
+    assert "Consistent/dtype:h.0.weight" in check_facts(Loop(seed="c").run(), invariants)["applied"]
+    frozen = check_facts(Loop(seed="d", frozen=("h.0.bias",)).run(), invariants)
+    assert {s["id"]: s["why"] for s in frozen["skipped"]}["Consistent/dtype:h.0.weight"].startswith(
+        "precondition absent: the parameters frozen at the first training step")
+
+
+def test_a_batch_event_without_inputs_is_no_repeated_batch():
+    """A model called with keyword arguments only: its batch events hold no input rows (the
+    collector reads positional ones), which must not read as the same batch every step."""
+    class KwargsOnly(Loop):
+        def rows(self, rank=0):
+            out = super().rows(rank)
+            for _, ev, te in out:
+                batch = {e["seq"] for e in ev if e["kind"] == "batch"}
+                te[:] = [t for t in te if t["seq"] not in batch]
+            return out
+    report = check_facts(KwargsOnly(seed="k").run(), parse_invariants(infer({"a": Loop(seed="a").run()})))
+    assert report["violations"] == []
+    assert {s["id"]: s["why"] for s in report["skipped"]}["Distinct/batch_changes"].startswith("names absent")
