@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import hashlib
 import math
-from collections import Counter
+from collections import ChainMap, Counter
 from dataclasses import dataclass, field
 
 from bitguard.backend.invariants.facts import StepFacts
@@ -129,6 +129,11 @@ class Template:
         return self.relevant.get(key.split(":")[0], ())
 
 
+def _of_param(ctx: dict, p: dict) -> ChainMap:
+    """The step's features and a parameter's own (a view, not a copy: one per parameter per step)."""
+    return ChainMap({"dtype": p.get("dtype"), "requires_grad": p.get("requires_grad")}, ctx)
+
+
 def _word(v) -> int:
     return int(v, 16) if isinstance(v, str) else int(v)
 
@@ -155,11 +160,12 @@ class Consistent(Template):
         params = {n: p for n, p in facts.params.items() if isinstance(p, dict)}
         tied = _tied(params)
         in_opt = facts.optimizer_params()
-        in_opt |= {n for n in params if tied[n] in {tied.get(m, m) for m in in_opt}}  # a tied alias is in too
+        groups = {tied.get(m, m) for m in in_opt}
+        in_opt |= {n for n in params if tied[n] in groups}  # a tied alias is in too
         first = state.setdefault("first", {})  # name -> (requires_grad, dtype, storage) at its first step
         for n in sorted(params):
             p = params[n]
-            feat = {**ctx, "dtype": p.get("dtype"), "requires_grad": p.get("requires_grad")}
+            feat = _of_param(ctx, p)
             now = {"requires_grad": p.get("requires_grad"), "dtype": p.get("dtype"), "shares_storage_with": tied[n]}
             was = first.setdefault(n, (facts.step, now))
             for what, value in now.items():
@@ -297,7 +303,7 @@ class Update(Template):
             now = int(now, 16) if isinstance(now, str) else now
             if n in expect and now is not None:
                 xor, why, step = expect[n]
-                feat = {**ctx, "dtype": params[n].get("dtype"), "requires_grad": params[n].get("requires_grad")}
+                feat = _of_param(ctx, params[n])
                 out.append(Obs(why, ("*",), now == xor, feat,
                                {"param": n, "since_step": step, "expected_xor": f"{xor:016x}", "xor": f"{now:016x}"}))
         lrs = {}
@@ -308,14 +314,13 @@ class Update(Template):
         if facts.training_step:
             got = set(facts.grads) | set(facts.updates)
             for n in sorted(params):
-                out.append(Obs(f"gets_grad:{n}", (n,), n in got, {**ctx, "dtype": params[n].get("dtype"),
-                                                                 "requires_grad": params[n].get("requires_grad")},
+                out.append(Obs(f"gets_grad:{n}", (n,), n in got, _of_param(ctx, params[n]),
                                {"param": n, "received_gradient": n in got}, "constant"))
             for n in sorted(params):
                 if params[n].get("requires_grad") is False:
                     before, after = facts.updates.get(n, (None, None))
                     out.append(Obs("frozen_unchanged", ("*",), before is None or before == after,
-                                   {**ctx, "dtype": params[n].get("dtype"), "requires_grad": False},
+                                   _of_param(ctx, params[n]),
                                    {"param": n, "stepped": n in facts.updates}))
             prev = state.setdefault("after", {})  # name -> (xor, pos) after its last optimizer step
             for n, after in sorted(facts.stepped.items()):
@@ -326,7 +331,7 @@ class Update(Template):
                 prev[n] = after
                 if before is None or facts.grad_zero.get(n) or not lrs.get(n):
                     continue
-                feat = {**ctx, "dtype": p.get("dtype"), "requires_grad": True}
+                feat = ChainMap({"dtype": p.get("dtype"), "requires_grad": True}, ctx)
                 out.append(Obs("changes_at_step", ("*",), before != after, feat,
                                {"param": n, "lr": lrs.get(n), "xor": f"{after[0]:016x}", "pos": f"{after[1]:016x}"}))
         # what the next step's first forward must find
