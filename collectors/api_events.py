@@ -51,6 +51,8 @@ from bitguard.schema import API_EVENTS, EVENTS, TENSORS, VIOLATIONS
 
 _MODE_CLASSES = re.compile(r"Dropout|BatchNorm")  # modules whose mode matters even if forward hides it
 MAX_PRINTED_VIOLATIONS = 200  # stderr lines; every violation is in the table whatever the count
+MAX_KEPT_EVENTS = 200_000  # with --check: events kept for the steps not checked yet (a loop that never steps)
+_FACT_KINDS = ("grad", "step", "batch")  # event kinds step facts read (and root module forwards)
 
 
 class CollectorNaming:
@@ -76,6 +78,47 @@ class CollectorNaming:
     def module_name(self, m) -> str | None:
         entry = self.collector._names.get(id(m))
         return entry[1] if entry is not None and entry[0]() is m else None
+
+
+class OnlineNaming:
+    """Names and steps as online mode's monitor (collectors/online/monitor.py) gives them: modules by
+    its ModuleNames (the roots a sensor met), parameters by those roots' named_parameters(), steps
+    by its counter. Online mode wraps no module call: its recordings hold no params or modes rows."""
+
+    def __init__(self, monitor):
+        self.monitor = monitor
+        self._params: dict[int, tuple[weakref.ref, str]] = {}
+        self._roots_seen = 0
+
+    def step(self) -> int:
+        return self.monitor.steps_seen()
+
+    def ending_step(self) -> int:
+        """The step an optimizer step post hook ends (the monitor's own hook, before ours, advanced it)."""
+        return self.monitor._step
+
+    def param_name(self, p) -> str | None:
+        entry = self._params.get(id(p))
+        if entry is None or entry[0]() is not p:
+            self._learn()
+            entry = self._params.get(id(p))
+        return entry[1] if entry is not None and entry[0]() is p else None
+
+    def module_name(self, m) -> str | None:
+        entry = self.monitor.module_name._names.get(id(m))
+        return entry[1] if entry is not None and entry[0]() is m else None
+
+    def _learn(self) -> None:
+        """Name the parameters of every root the monitor has met since the last look."""
+        names = self.monitor.module_name
+        if len(names._roots) == self._roots_seen:
+            return
+        self._roots_seen = len(names._roots)
+        for ref, name in list(names._names.values()):
+            root = ref()
+            if root is not None and name in names._roots:
+                for n, p in root.named_parameters(remove_duplicate=False):
+                    self._params.setdefault(id(p), (weakref.ref(p), clean_name(eager_name(n))))
 
 
 class _Pending:
@@ -159,6 +202,7 @@ class ApiRecorder:
         self._kept_tensors: list[list] = []
         self._checked = -1
         self._store_add = None
+        self._overflow = False
 
     # -- installation ----------------------------------------------------------------------
     def install(self) -> ApiRecorder:
@@ -214,9 +258,17 @@ class ApiRecorder:
         add = self._store_add = self.store.add
 
         def teed(event, tensors, stacks, dumps=()):
-            if self.enabled:
-                self._kept_events.append(event)
-                self._kept_tensors.extend(list(r) for r in tensors)
+            # only what step facts read: gradients, optimizer steps, batches and root forwards
+            if self.enabled and (event[7] in _FACT_KINDS or (event[7] == "module" and event[4] == "forward"
+                                                             and event[9] == 0)):
+                if len(self._kept_events) < MAX_KEPT_EVENTS:
+                    self._kept_events.append(event)
+                    self._kept_tensors.extend(list(r) for r in tensors)
+                elif not self._overflow:
+                    self._overflow = True
+                    self._fail("invariant check", OverflowError(
+                        f"more than {MAX_KEPT_EVENTS} events without a step's end: the steps from {event[3]} on "
+                        f"are checked without them"))
             return add(event, tensors, stacks, dumps)
 
         self.store.add = teed
@@ -507,6 +559,7 @@ class ApiRecorder:
         self._kept_api = [r for r in self._kept_api if r["step"] > step]
         self._kept_events = [e for e in self._kept_events if e[3] > step]
         self._kept_tensors = [r for r in self._kept_tensors if r[0] not in seqs]
+        self._overflow = False
         event_rows = [dict(zip(EVENTS.names, e)) for e in events]
         tensor_rows = [dict(zip(TENSORS.names, r)) for r in tensors]
         for row in tensor_rows:  # a GPU digest still pending is not known here: read as unobserved

@@ -24,6 +24,7 @@ from functools import partial
 
 import torch
 
+from bitguard.collectors.api_events import ApiRecorder, OnlineNaming
 from bitguard.collectors.online.budget import DEFAULT_BUDGET, Budget
 from bitguard.collectors.online.sensor import Alert, Task
 from bitguard.collectors.online.verifier import Verifier, Verdict
@@ -114,6 +115,8 @@ class OnlineMonitor:
         from torch.optim import optimizer as optim
 
         self._handles.append(optim.register_optimizer_step_post_hook(self.guard(self._on_optimizer_step)))
+        if self.store is not None:  # API-level events (collectors/api_events.py); its step hook after ours
+            self._handles.append(ApiRecorder(self.store, OnlineNaming(self), self._fail, self.rank).install())
         if self.simulator is not None:  # first: the sensors see its corrupted outputs, as they would a device's
             self.guard(self.simulator.install)(self)
         for sensor in self.sensors:

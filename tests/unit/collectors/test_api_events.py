@@ -16,6 +16,7 @@ import torch
 from torch.nn.utils import clip_grad_norm_  # imported by name before any recording: still seen
 
 import bitguard
+from bitguard.backend.invariants.check import check_run, load_invariants
 from bitguard.backend.invariants.infer import infer_runs
 from bitguard.collectors.api_events import ApiRecorder
 from bitguard.cuda.fingerprint import digest
@@ -267,6 +268,9 @@ def test_record_check_reports_a_missing_zero_grad_in_its_step(tmp_path):
     assert any("zero_grad" in i and t == "EventContain" for _, _, i, t, _ in found), found
     assert all(isinstance(json.loads(e), dict) for *_, e in found)
     assert len(found) == len(lines)
+    # the online check found what the offline one finds in the same run
+    offline = check_run(tmp_path / "checked_buggy", load_invariants(inv))
+    assert sorted((v["step"], v["invariant_id"]) for v in offline["violations"]) == sorted((s, i) for s, _, i, *_ in found)
 
 
 def subprocess_free_run(script: Path, args: list[str]) -> None:
@@ -279,3 +283,17 @@ def subprocess_free_run(script: Path, args: list[str]) -> None:
         runpy.run_path(str(script), run_name="__main__")
     finally:
         sys.argv = argv
+
+
+def test_online_mode_records_the_calls_with_the_collectors_names(tmp_path):
+    plain = train()
+    with bitguard.record(tmp_path / "run", mode="online"):
+        recorded = train()
+    for name, p in plain.items():
+        assert torch.equal(p, recorded[name]), name
+    rows = api_rows(tmp_path / "run")
+    kinds = [r["kind"] for r in rows if r["step"] == 1]
+    assert kinds == ["loss_scale", "scheduler_step", "zero_grad", "backward", "clip_grad_norm", "clip_grad_value",
+                     "optimizer_step"]  # no params or modes rows: online mode wraps no module call
+    zero = next(r for r in rows if r["kind"] == "zero_grad" and r["step"] == 1)
+    assert zero["value"]["params"] == ["emb.weight", "mid.weight", "mid.bias"]
