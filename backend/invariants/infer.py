@@ -25,6 +25,9 @@ from bitguard.backend.invariants.templates import (BY_NAME, CONFIG, FEATURE_TEXT
 
 SCHEMA = "bitguard.invariants/1"
 MIN_SUPPORT = 3  # observations an invariant needs in the clean runs
+# the features a failure may be separated by: not the optimizer class, which tells the clean runs
+# apart by accident (a hyperparameter that differs between two pipelines is no precondition)
+SEPARATING = tuple(f for f in FEATURES if f != "optimizer")
 
 
 @dataclass
@@ -112,19 +115,29 @@ def _expected(c: _Candidate):
     return json.loads(ranked[0][0]), None
 
 
-def _separating(passing: list[dict], failing: list[dict]) -> dict | None:
-    """One feature condition true in every passing observation and false in every failing one:
-    first the passes' common value (==), then the failures' common value (!=)."""
+def _separating(passing: list[dict], failing: list[dict]) -> list[dict] | None:
+    """The precondition that holds in every passing observation and in no failing one: one
+    feature condition (first the passes' common value ==, then the failures' common value !=),
+    else two of the passes' common values together (a scheduler attached AND not the first step).
+    None when no such condition exists: the candidate is dropped."""
+    common = []
     for op in ("==", "!="):
-        for f in FEATURES:
+        for f in SEPARATING:
             side = passing if op == "==" else failing
             values = {json.dumps(ctx.get(f), sort_keys=True) for ctx in side if f in ctx}
             if len(values) != 1 or any(f not in ctx for ctx in side):
                 continue
-            value = json.loads(values.pop())
-            cond = condition(f, op, value)
-            if all(met([cond], ctx) for ctx in passing) and not any(met([cond], ctx) for ctx in failing):
-                return cond
+            cond = condition(f, op, json.loads(values.pop()))
+            if not all(met([cond], ctx) for ctx in passing):
+                continue
+            if not any(met([cond], ctx) for ctx in failing):
+                return [cond]
+            if op == "==":
+                common.append(cond)
+    for i, a in enumerate(common):
+        for b in common[i + 1:]:
+            if not any(met([a, b], ctx) for ctx in failing):
+                return [a, b]
     return None
 
 
@@ -147,7 +160,7 @@ def decide(c: _Candidate) -> tuple[Invariant | None, str | None]:
             run, rank, step = failing[0][1]
             return None, (f"failed in {len(failing)} of {len(c.obs)} clean observations (first: {run} step {step}"
                           f"{'' if rank is None else f' rank {rank}'}) and no precondition separates them")
-        pre.append(sep)
+        pre += sep
     if not passing:
         return None, f"never held in the clean runs ({len(c.obs)} observations)"
     if len(passing) < MIN_SUPPORT:

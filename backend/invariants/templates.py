@@ -150,7 +150,7 @@ def _tied(params: dict) -> dict[str, str]:
 
 class Consistent(Template):
     name = "Consistent"
-    relevant = {"clip_covers": ("clip",), "clip_max_norm": ("clip",), "replicated": ("world_size",),
+    relevant = {"clip_covers": ("clip",), "stable_max_norm": ("clip",), "replicated": ("world_size",),
                 "dtype": CONFIG, "requires_grad": CONFIG, "storage": CONFIG}
 
     def observe(self, facts, ctx, state):
@@ -184,10 +184,11 @@ class Consistent(Template):
             missing = sorted(stepped - clipped)
             out.append(Obs("clip_covers", ("*",), not missing, ctx,
                            {"not_clipped": missing[:10], "not_clipped_count": len(missing), "ord": a["ord"]}))
-            if a["kind"] == "clip_grad_norm":
+            if a["kind"] == "clip_grad_norm":  # a hyperparameter: constant within a run, not across runs
                 m = a["value"].get("max_norm")
-                out.append(Obs("clip_max_norm", ("clip_grad_norm",), m, ctx, {"max_norm": m, "ord": a["ord"]},
-                               "constant"))
+                was = state.setdefault("max_norm", (facts.step, m))
+                out.append(Obs("stable_max_norm", ("clip_grad_norm",), m == was[1], ctx,
+                               {"max_norm": m, "was": was[1], "at_step": was[0], "ord": a["ord"]}))
         return out
 
     cross_rank = True
@@ -228,7 +229,7 @@ class Consistent(Template):
             "stable_dtype": "a parameter's dtype stays what it was at its first training step",
             "stable_shares_storage_with": "the parameters sharing storage (tied) stay those of the first training step",
             "clip_covers": "gradient clipping covers every parameter the optimizer steps",
-            "clip_max_norm": f"clip_grad_norm_ is called with max_norm={expected}",
+            "stable_max_norm": "clip_grad_norm_'s max_norm stays what it was at the run's first clipping",
             "replicated": f"{name} is equal on every rank at each step's forward and after its optimizer step "
                           f"(replicated)",
         }[what]

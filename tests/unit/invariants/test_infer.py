@@ -92,3 +92,15 @@ def test_a_batch_event_without_inputs_is_no_repeated_batch():
     report = check_facts(KwargsOnly(seed="k").run(), parse_invariants(infer({"a": Loop(seed="a").run()})))
     assert report["violations"] == []
     assert {s["id"]: s["why"] for s in report["skipped"]}["Distinct/batch_changes"].startswith("names absent")
+
+
+def test_two_features_together_separate_when_one_does_not():
+    """Inferred on a scheduled and an unscheduled pipeline, 'each step steps the scheduler' fails at
+    the first step of the one and everywhere in the other: only 'a scheduler is attached and this is
+    not the first step' separates, and the scheduler bug is still caught."""
+    doc = infer({"sched": Loop(seed="a").run(), "plain": Loop(seed="b", scheduler=False).run()})
+    inv = by_id(doc)["EventContain/scheduler_stepped"]
+    assert {(c["feature"], c["value"]) for c in inv["precondition"]} == {("scheduler", True), ("first_step", False)}
+    found = check_facts(Loop(seed="c", bugs={"no_scheduler_step"}).run(), parse_invariants(doc))["violations"]
+    assert [v["step"] for v in found if v["invariant_id"] == "EventContain/scheduler_stepped"] == [1, 2, 3, 4]
+    assert check_facts(Loop(seed="d", scheduler=False).run(), parse_invariants(doc))["violations"] == []
