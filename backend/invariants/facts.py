@@ -14,7 +14,8 @@ What a step's facts hold (docs: /work/notes/INVARIANTS_CONTRACT.md, section 2):
 - `updates`: per parameter the optimizer stepped, (xor at the step's first forward from the
   `params` event or None, xor after step() from the optimizer step event);
 - `batch`/`batches`: digests of the step's data events (the root forward's inputs, RNG rows left
-  out), `losses`: one-element float outputs of root forwards, decoded from their xor (their bits).
+  out; a root called with keyword arguments only has none recorded: then the integer inputs of
+  the first forward after it, the token ids an embedding reads), `losses`: one-element float outputs of root forwards, decoded from their xor (their bits).
 
 Digests compare equal or not; they say nothing of magnitudes (a gradient norm cannot be
 recomputed from them). This module knows the tables' columns; it knows nothing of templates.
@@ -95,6 +96,19 @@ def _hex(v) -> int | None:
     return int(v, 16) if isinstance(v, str) else _u64(v)
 
 
+def _inputs(rows: dict) -> list[dict]:
+    return sorted((t for (role, _), t in rows.items() if role == "input"), key=lambda t: t["idx"])
+
+
+def _combined(tensors: list[dict]) -> Digest:
+    """One digest for a batch's tensors, in order."""
+    x = p = 0
+    for t in tensors:
+        x ^= _u64(t["xor"])
+        p = (p * 1_000_003 + _u64(t["pos"])) & (2**64 - 1)
+    return x, p
+
+
 def _decode_scalar(xor: int, dtype: str) -> float | None:
     from bitguard.backend.loss_curve import _FLOATS, decode
 
@@ -125,6 +139,7 @@ def step_facts(api_rows, event_rows, tensor_rows, world_size: int | None = None)
     facts = StepFacts(step=step, rank=rank, world_size=int(world_size), api=api,
                       training_step=any(a["kind"] == "optimizer_step" for a in api))
     before = {name: _hex(p.get("xor")) for name, p in facts.params.items() if isinstance(p, dict)}
+    keyword_batch = False
     for e in sorted(event_rows, key=lambda e: e["seq"]):
         rows = {(t["role"], t["idx"]): t for t in by_seq.get(e["seq"], []) if t.get("unobserved") is None}
         kind, phase = e["kind"], e["phase"]
@@ -142,15 +157,17 @@ def step_facts(api_rows, event_rows, tensor_rows, world_size: int | None = None)
                 facts.grad_zero[e["boundary"]] = _u64(g["xor"]) == 0 and _u64(g["pos"]) == 0
                 facts.grad_used[e["boundary"]] = (_u64(g["xor"]), _u64(g["pos"]))
         elif kind == "batch":
-            inputs = sorted((t for (role, _), t in rows.items() if role == "input"), key=lambda t: t["idx"])
-            if not inputs:  # a model called with keyword arguments only: its batch event holds no input rows
-                continue
-            x = p = 0
-            for t in inputs:
-                x ^= _u64(t["xor"])
-                p = (p * 1_000_003 + _u64(t["pos"])) & (2**64 - 1)
-            facts.batches.append((x, p))
-        elif kind == "module" and phase == "forward" and e.get("depth") == 0:
+            inputs = _inputs(rows)
+            if inputs:
+                facts.batches.append(_combined(inputs))
+            else:  # a model called with keyword arguments only: the collector digests positional ones
+                keyword_batch = True  # the token ids its first embedding-like call reads stand for the batch
+        elif kind == "module" and phase == "forward" and keyword_batch:
+            ids = [t for t in _inputs(rows) if str(t.get("dtype", "")).startswith(("int", "uint"))]
+            if ids:
+                facts.batches.append(_combined(ids))
+                keyword_batch = False
+        if kind == "module" and phase == "forward" and e.get("depth") == 0:
             for (role, _), t in sorted(rows.items(), key=lambda kv: kv[0][1]):
                 if role == "output" and list(t.get("shape") or []) in ([], [1]) and t.get("shard") is None:
                     value = _decode_scalar(_u64(t["xor"]), t["dtype"])
@@ -191,8 +208,9 @@ def facts_from_run(run) -> dict[int, list[StepFacts]]:
         keep = [c for c in ("seq", "rank", "world_size", "step", "phase", "kind", "boundary", "depth")
                 if c in events.columns]
         ev = events.filter(events["kind"].is_in(["grad", "step", "batch", "module"])).select(keep)
-        ev = ev.filter((ev["kind"] != "module") | ((ev["phase"] == "forward") & (ev["depth"] == 0)))
-        te = tensors.filter(tensors["seq"].is_in(ev["seq"].to_list()))
+        ev = ev.filter((ev["kind"] != "module") | (ev["phase"] == "forward"))
+        te = tensors.filter(tensors["seq"].is_in(ev["seq"].to_list())
+                            & tensors["role"].is_in(["input", "output", "grad", "grad_input", "param"]))
         ev_by_step: dict[int, list[dict]] = {}
         for r in ev.to_dicts():
             ev_by_step.setdefault(r["step"], []).append(r)

@@ -104,3 +104,21 @@ def test_two_features_together_separate_when_one_does_not():
     found = check_facts(Loop(seed="c", bugs={"no_scheduler_step"}).run(), parse_invariants(doc))["violations"]
     assert [v["step"] for v in found if v["invariant_id"] == "EventContain/scheduler_stepped"] == [1, 2, 3, 4]
     assert check_facts(Loop(seed="d", scheduler=False).run(), parse_invariants(doc))["violations"] == []
+
+
+def test_a_keyword_called_model_reads_its_batch_from_the_token_ids_of_its_first_embedding():
+    class KwargsEmbedding(Loop):
+        def rows(self, rank=0):
+            out = super().rows(rank)
+            for _, ev, te in out:
+                for e in [e for e in ev if e["kind"] == "batch"]:
+                    ids = next(t for t in te if t["seq"] == e["seq"] and t["role"] == "input")
+                    te.remove(ids)
+                    seq = e["seq"] + 0.5  # completes after the batch event, before the root's forward
+                    ev.append({**e, "seq": seq, "phase": "forward", "kind": "module", "boundary": "wte", "depth": 2})
+                    te.append({**ids, "seq": seq})
+            return out
+    invariants = parse_invariants(infer({"a": KwargsEmbedding(seed="a").run(), "b": KwargsEmbedding(seed="b").run()}))
+    assert any(i.id == "Distinct/batch_changes" for i in invariants)
+    found = check_facts(KwargsEmbedding(seed="c", bugs={"repeat_batch"}).run(), invariants)["violations"]
+    assert [v["step"] for v in found if v["invariant_id"] == "Distinct/batch_changes"] == [1, 2, 3, 4]
