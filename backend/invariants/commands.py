@@ -51,12 +51,16 @@ def check(run, invariants_path) -> dict:
 def check_doc(run, invariants) -> dict:
     """The check document of `run`, with its verdict and what keeps it from being complete."""
     from bitguard.backend.ingest import open_run
-    from bitguard.backend.invariants.check import check_run
+    from bitguard.backend.invariants.check import check_facts
+    from bitguard.backend.invariants.facts import facts_from_run
 
     info = open_run(run)
-    report = check_run(info, invariants)
-    report["run"] = str(run)
+    facts = facts_from_run(info)
+    report = check_facts(facts, invariants, str(run))
     notes = []
+    silent = sorted(set(info.ranks) - set(facts))
+    if silent:
+        notes.append(f"rank(s) {', '.join(map(str, silent))} recorded no API events: not checked")
     why = info.incomplete_reason()
     if why:
         notes.append(f"the run is incomplete ({why}): steps it did not record were not checked")
