@@ -21,6 +21,8 @@ from dataclasses import dataclass
 
 import polars as pl
 
+from bitguard.backend.ingest import with_keys
+
 # What trusted mode observes of module calls (collectors/hooks.py records with the same pattern):
 # when the two runs were recorded in different modes, the other module calls are on one side only
 # by construction, not a divergence.
@@ -134,18 +136,8 @@ def mode_filter(run_a, run_b, ea: pl.DataFrame, eb: pl.DataFrame, ta: pl.DataFra
 
 
 def _rekey(events: pl.DataFrame, tensors: pl.DataFrame) -> pl.DataFrame:
-    """`key` and `loose_key` (as ingest makes them, from the tensors kept), hashed here: both sides
-    of a comparison are rekeyed together, so only their equality matters."""
-    shape = pl.col("shape").cast(pl.List(pl.String)).list.join(",")
-    sig = (tensors.sort("seq", "role", "idx").group_by("seq", maintain_order=True).agg(
-        pl.concat_str([pl.col("role"), shape, pl.col("dtype")], separator=":").str.join(";").alias("_sig"),
-        pl.concat_str([pl.col("role"), shape], separator=":").str.join(";").alias("_shapes")))
-    keyed = events.drop("key", "loose_key").join(sig, on="seq", how="left").with_columns(
-        pl.col("_sig").fill_null(""), pl.col("_shapes").fill_null(""))
-    return keyed.with_columns(
-        pl.struct("step", "phase", "kind", "boundary", "module_type", "_sig").hash().alias("key"),
-        pl.struct("step", "phase", "kind", "boundary", "_shapes").hash().alias("loose_key"),
-    ).drop("_sig", "_shapes").select(events.columns)
+    """`key`, `loose_key` and `place_key` made again as ingest makes them, from the tensors kept."""
+    return with_keys(events.drop("key", "loose_key", "place_key"), tensors).select(events.columns)
 
 
 def run_reasons(run_a, run_b, ranks: list[int], rank_selected: bool) -> list[dict]:

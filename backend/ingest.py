@@ -386,10 +386,10 @@ def load_rank(run: RunInfo, rank: int) -> tuple[pl.DataFrame, pl.DataFrame, dict
     finally:
         con.close()
     _check_values(events, tensors, path)
-    return _with_keys(events, tensors), tensors, _stacks(frames, path)
+    return with_keys(events, tensors), tensors, _stacks(frames, path)
 
 
-def _with_keys(events: pl.DataFrame, tensors: pl.DataFrame) -> pl.DataFrame:
+def with_keys(events: pl.DataFrame, tensors: pl.DataFrame) -> pl.DataFrame:
     """events with their `key`, `loose_key` and `place_key` (load_rank says what each holds): a
     hash of each tensor row, the event's rows' hashes as one list in (role, idx) order, hashed with
     the event's place. Columnar (polars), no per-event Python: 0.25 s for 200,000 events here where
