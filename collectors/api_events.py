@@ -562,9 +562,10 @@ class ApiRecorder:
         self._overflow = False
         event_rows = [dict(zip(EVENTS.names, e)) for e in events]
         tensor_rows = [dict(zip(TENSORS.names, r)) for r in tensors]
-        for row in tensor_rows:  # a GPU digest still pending is not known here: read as unobserved
-            if not isinstance(row["xor"], int):
-                row.update(xor=0, pos=0, unobserved=row["unobserved"] or "digest pending (GPU) at check time")
+        pending = [row for row in tensor_rows if not isinstance(row["xor"], int)]
+        if pending:  # GPU digests: read back now (the writer thread reads the same batches: either is first)
+            for row, (x, p) in zip(pending, resolve([row["xor"] for row in pending])):
+                row["xor"], row["pos"] = x, p
         facts = step_facts(api, event_rows, tensor_rows)
         found = self.checker.check_step(facts)
         rows = []
