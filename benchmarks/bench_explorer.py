@@ -358,6 +358,11 @@ Where the time goes:
   50 ms of style, layout and paint; the remainder is waiting between frames. Hover texts are built
   per bin (`format.js count` made a new number formatter per call: 120 ms of a 450 ms zoom before
   it kept one). Drawing once per zoom (the new window only) is where the next saving is.
+- **First view in the open app**: every answer it needs takes milliseconds (the endpoints below);
+  the rest is drawing: the timelines, the overview strip, the propagation columns and the panels.
+  A Chromium profile of one open at 100k events (244 ms): mostly native style, layout and paint
+  of plotly's SVG, and a forced layout of 40 ms where timeline.js reads the plot's width right
+  after the panels changed the page.
 - **Search, next divergence**: the answer is on screen in tens of milliseconds; the rest is the
   timeline's redraw at the match, as for a zoom.
 
