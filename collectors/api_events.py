@@ -51,6 +51,7 @@ from bitguard.schema import API_EVENTS, EVENTS, TENSORS, VIOLATIONS
 
 _MODE_CLASSES = re.compile(r"Dropout|BatchNorm")  # modules whose mode matters even if forward hides it
 MAX_PRINTED_VIOLATIONS = 200  # stderr lines; every violation is in the table whatever the count
+MAX_PENDING_ROWS = 4096  # rows held for their step's end before they are written regardless
 MAX_KEPT_EVENTS = 200_000  # with --check: events kept for the steps not checked yet (a loop that never steps)
 _FACT_KINDS = ("grad", "step", "batch")  # event kinds step facts read (and root module forwards)
 
@@ -324,6 +325,8 @@ class ApiRecorder:
             self._check_through(step)
         self._pending.append(_Pending(step, self._ord, kind, target, value, time.time_ns(), list(later)))
         self._ord += 1
+        if len(self._pending) >= MAX_PENDING_ROWS:  # a loop that never steps (evaluation): rows go out anyway
+            self._end_step(None)
 
     def _index(self, obj) -> str:
         """`Class#i`: i counts the objects of that class in the order they were first seen."""

@@ -297,3 +297,19 @@ def test_online_mode_records_the_calls_with_the_collectors_names(tmp_path):
                      "optimizer_step"]  # no params or modes rows: online mode wraps no module call
     zero = next(r for r in rows if r["kind"] == "zero_grad" and r["step"] == 1)
     assert zero["value"]["params"] == ["emb.weight", "mid.weight", "mid.bias"]
+
+
+def test_a_loop_that_never_steps_writes_its_rows_as_they_pile_up(tmp_path):
+    from bitguard.collectors.api_events import MAX_PENDING_ROWS
+
+    model = torch.nn.Linear(2, 2)
+    with bitguard.record(tmp_path / "run", mode="trusted") as recording:
+        held = []
+        with torch.no_grad():
+            for _ in range(MAX_PENDING_ROWS + 10):
+                model(torch.ones(1, 2))
+                held.append(len(recording.collector.api._pending))
+    assert max(held) == MAX_PENDING_ROWS - 1 and held[-1] == 11  # held rows stay bounded
+    rows = api_rows(tmp_path / "run")
+    assert [r["kind"] for r in rows].count("modes") == MAX_PENDING_ROWS + 10
+    assert [r["kind"] for r in rows].count("params") == 1 and {r["step"] for r in rows} == {0}
