@@ -122,6 +122,21 @@ class OnlineNaming:
                     self._params.setdefault(id(p), (weakref.ref(p), clean_name(eager_name(n))))
 
 
+def _digests(params: list) -> list:
+    """The parameters' digests (`digest_many`); in the place of one that cannot be digested (the
+    meta device before a model is materialised, a subclass without values), why, as a string."""
+    try:
+        return digest_many([p.detach() for p in params])
+    except Exception:  # noqa: BLE001 - one parameter spoils the batch: digest each alone
+        out = []
+        for p in params:
+            try:
+                out.append(digest_many([p.detach()])[0])
+            except Exception as exc:  # noqa: BLE001
+                out.append(f"{type(exc).__name__}: {exc}")
+        return out
+
+
 class _Pending:
     """A row whose value still holds tensors (scalars to read when the step ends)."""
 
@@ -479,7 +494,7 @@ class ApiRecorder:
                 unique.append(p)
             if self.naming.param_name(p) is None:
                 self._param_names[id(p)] = (weakref.ref(p), n)
-        digests = digest_many([p.detach() for p in unique])
+        digests = _digests(unique)
         storages: dict[int, int] = {}
         value, later = {}, []
         for n, p in named:
@@ -490,7 +505,11 @@ class ApiRecorder:
             value[n] = {"requires_grad": p.requires_grad, "dtype": str(p.dtype).removeprefix("torch."),
                         "device": str(p.device), "xor": None, "storage": storages.setdefault(key, len(storages)),
                         "model_param": True}
-            later.append((n, digests[seen[id(p)]], "xor"))
+            got = digests[seen[id(p)]]
+            if isinstance(got, str):  # not digested: xor stays None (unknown, never a value)
+                value[n]["unobserved"] = got
+            else:
+                later.append((n, got, "xor"))
         self._add("params", name, value, later, step)
 
     def _modes(self, module: torch.nn.Module, name: str) -> dict:
