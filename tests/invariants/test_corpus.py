@@ -13,7 +13,9 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.slow
+# extended: the engine's end-to-end tests (test_engine_end_to_end.py) check offline against online and a
+# clean run by default; these are the corpus's further variants (tests/README.md)
+pytestmark = [pytest.mark.slow, pytest.mark.extended]
 
 ROOT = Path(__file__).resolve().parents[2]
 FLAGS = ["--model", "tinygpt", "--optimizer", "adamw", "--schedule", "cosine", "--clip", "1.0", "--steps", "5"]

@@ -165,6 +165,7 @@ def test_inplace_edit_of_a_leaf_parameter():
 
 
 @pytest.mark.slow
+@pytest.mark.extended  # a replica diverging on 2 ranks is caught by test_engine_end_to_end.py
 def test_one_replica_diverges_under_two_ranks(tmp_path):
     script = ip.__file__
     for name, bug in (("clean", []), ("bug", ["--bug", "replica-diverge"])):

@@ -39,8 +39,12 @@ def test_records_unedited_and_numbers_unchanged(runs):
 
 def test_compiles_the_graphs_a_plain_run_compiles(runs):
     plain, recorded = runs["counters"]["plain"], runs["counters"]["a"]
+    # inductor's on-disk caches (FX graph, AOT autograd) are shared by the runs: which of two runs
+    # started together misses and which hits is timing, not recording (an empty group is never created)
+    uncached = lambda group: {k: v for k, v in group.items() if "cache" not in k}  # noqa: E731
     for group in ("stats", "frames", "graph_break", "recompiles", "aot_autograd"):
-        assert recorded.get(group) == plain.get(group), (group, recorded.get(group), plain.get(group))
+        got, want = uncached(recorded.get(group) or {}), uncached(plain.get(group) or {})
+        assert got == want, (group, recorded.get(group), plain.get(group))
     assert not recorded.get("graph_break") and recorded["stats"]["unique_graphs"] == 1
 
 

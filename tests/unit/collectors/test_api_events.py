@@ -238,6 +238,7 @@ BUGGY = textwrap.dedent("""
 
 
 @pytest.mark.slow
+@pytest.mark.extended  # record --check end to end is also tests/invariants/test_engine_end_to_end.py's
 def test_record_check_reports_a_missing_zero_grad_in_its_step(tmp_path):
     script = tmp_path / "train.py"
     script.write_text(BUGGY)
