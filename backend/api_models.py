@@ -239,6 +239,7 @@ class SearchHit(BaseModel):
 
 
 class SearchPage(BaseModel):
+    schema_: Literal["bitguard.search/1"] = Field(alias="schema", serialization_alias="schema")
     rank: int
     query: dict[str, Any] = Field(description="the filters given")
     total: int = Field(description="how many events match")

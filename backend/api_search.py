@@ -15,6 +15,8 @@ from bitguard.backend import api_models as m
 from bitguard.backend.search import STATUS_FILTERS, finder
 from bitguard.backend.search import Query as Find
 
+SCHEMA = "bitguard.search/1"  # the answer of GET /api/comparisons/{id}/search
+
 
 def routes(ws, config) -> APIRouter:
     router = APIRouter()
@@ -44,6 +46,6 @@ def routes(ws, config) -> APIRouter:
         tl = ws.result(cid).timeline(rank)
         q = Find(boundary=boundary or None, module_type=module_type or None, phase=phase or None,
                  step_min=step_min, step_max=step_max, status=status or None)
-        return {"rank": rank, **finder(tl).search(q, offset, min(limit, config.max_page), at, direction)}
+        return {"schema": SCHEMA, "rank": rank, **finder(tl).search(q, offset, min(limit, config.max_page), at, direction)}
 
     return router

@@ -19,6 +19,7 @@ def gap_pair(server, scenarios):
 def test_next_divergence_and_gap_from_a_position(client, gap_pair):
     path = f"/api/comparisons/{gap_pair['id']}/search"
     first = client.get(path, params={"rank": 1, "status": "diverged", "limit": 0}).json()
+    assert first["schema"] == "bitguard.search/1"
     hit = first["hit"]["event"]
     assert first["total"] > 1 and first["matches"] == [] and first["hit"]["index"] == 0
     assert (hit["boundary"], hit["step"], hit["phase"]) == ("model.layers.1", 1, "forward")
