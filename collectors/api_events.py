@@ -45,6 +45,7 @@ import weakref
 import torch
 
 from bitguard.collectors.compiled import eager_name, is_compiling
+from bitguard.collectors.guarded import Guarded
 from bitguard.collectors.sharded import clean_name
 from bitguard.cuda.fingerprint import digest_many, resolve
 from bitguard.schema import API_EVENTS, EVENTS, TENSORS, VIOLATIONS
@@ -190,7 +191,7 @@ def _mode_matters(cls: type) -> bool:
     return code is not None and "training" in code.co_names
 
 
-class ApiRecorder:
+class ApiRecorder(Guarded):
     def __init__(self, store, naming, fail, rank: int = 0, out=sys.stderr):
         self.store = store
         self.naming = naming
@@ -250,12 +251,12 @@ class ApiRecorder:
                 self._wrap(cls, "step", self._on_scheduler_step, outermost="scheduler")
         self._wrap(torch.amp.GradScaler, "scale", self._on_scale)
         self._wrap(torch.amp.GradScaler, "update", self._on_scaler_update)
-        self._handles.append(optim.register_optimizer_step_post_hook(self._guard(self._on_optimizer_step)))
+        self._handles.append(optim.register_optimizer_step_post_hook(self.guard(self._on_optimizer_step)))
 
     def remove(self) -> None:
         """Write what the last step left, check it, and put every wrapped function back."""
-        self._guard(self._end_step)(None)
-        self._guard(self._check_through)(None)
+        self.guard(self._end_step)(None)
+        self.guard(self._check_through)(None)
         for handle in self._handles:
             handle.remove()
         self._handles.clear()
@@ -320,18 +321,9 @@ class ApiRecorder:
         setattr(owner, attr, wrapper)
         self._restore.append((owner, attr, original, wrapper))
 
-    # -- failure containment ---------------------------------------------------------------
-    def _guard(self, fn):
-        return functools.partial(self._guarded, fn)
-
-    def _guarded(self, fn, *args, **kwargs):
-        if not self.enabled:
-            return None
-        try:
-            return fn(*args, **kwargs)
-        except Exception as exc:  # noqa: BLE001 - the training must go on
-            self._fail(f"api events {getattr(fn, '__name__', 'hook')}", exc)
-            return None
+    # -- failure containment (collectors/guarded.py) ---------------------------------------
+    def _where(self, fn) -> str:
+        return f"api events {getattr(fn, '__name__', 'hook')}"
 
     # -- rows ------------------------------------------------------------------------------
     def _add(self, kind: str, target: str, value: dict, later=(), step: int | None = None) -> None:

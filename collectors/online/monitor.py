@@ -20,11 +20,11 @@ import sys
 import threading
 import time
 import weakref
-from functools import partial
 
 import torch
 
 from bitguard.collectors.api_events import ApiRecorder, OnlineNaming
+from bitguard.collectors.guarded import Guarded
 from bitguard.collectors.online.budget import DEFAULT_BUDGET, Budget
 from bitguard.collectors.online.sensor import Alert, Task
 from bitguard.collectors.online.verifier import Verifier, Verdict
@@ -77,7 +77,7 @@ class ModuleNames:
                 self._names[id(sub)] = (weakref.ref(sub), clean_name(eager_name(sub_name)) or name)
 
 
-class OnlineMonitor:
+class OnlineMonitor(Guarded):
     def __init__(self, store, rank: int = 0, world_size: int = 1, budget: float = DEFAULT_BUDGET,
                  sensors: list | None = None, simulator=None, clock=time.perf_counter, verifier_thread: bool = True,
                  out=sys.stderr):
@@ -241,20 +241,7 @@ class OnlineMonitor:
         self._record(task.alert_id, task.step, task.alert, verdict.state, verdict.evidence,
                      latency=now - task.step, seconds=verdict.seconds)
 
-    # -- failure containment -------------------------------------------------------------------
-    def guard(self, fn):
-        """`fn` as a hook that never raises into training: a failure is recorded and reported once."""
-        return partial(self._guarded, fn)
-
-    def _guarded(self, fn, *args, **kwargs):
-        if not self.enabled:
-            return None
-        try:
-            return fn(*args, **kwargs)
-        except Exception as exc:  # noqa: BLE001 - the training must go on
-            self._fail(getattr(fn, "__qualname__", getattr(fn, "__name__", "hook")), exc)
-            return None
-
+    # -- failure containment: guard() (collectors/guarded.py) ----------------------------------
     def _fail(self, where: str, exc: BaseException) -> None:
         message = f"online {where}: {type(exc).__name__}: {exc}"
         if message not in self.errors and len(self.errors) < MAX_REPORTED_ERRORS:
