@@ -79,11 +79,42 @@ export const EV = {
   restoreView: "bitguard:restore-view", // detail: {rank, axis, window} (a link's timeline window)
 };
 
-// resolves with window.Plotly once plotly.js (loaded async by index.html) has run
-export const plotly = new Promise((resolve) => {
-  if (window.Plotly) resolve(window.Plotly);
-  else window.addEventListener("plotly-ready", () => resolve(window.Plotly), { once: true });
-});
+// plotly.js (the installed plotly package's bundle, 4.8 MB) draws the loss curve and the drill's
+// figures, never the timelines. Compiling it takes the main thread for a second or more, so it is
+// loaded only when one of those figures asks, and not before the comparison's timelines are drawn
+// (or 3 s have passed): a first view never waits for it. Resolves with window.Plotly.
+let plotlyLoad = null;
+let drawnOnce = false;
+document.addEventListener(EV.timelineDrawn, () => (drawnOnce = true), { once: true });
+export function plotly() {
+  if (window.Plotly) return Promise.resolve(window.Plotly);
+  if (!plotlyLoad) {
+    plotlyLoad = new Promise((resolve) => {
+      let started = false;
+      const go = () => {
+        if (started) return;
+        started = true;
+        const s = document.createElement("script");
+        s.src = "/static/vendor/plotly.min.js";
+        s.async = true;
+        s.onload = () => {
+          window.dispatchEvent(new Event("plotly-ready"));
+          resolve(window.Plotly);
+        };
+        document.head.append(s);
+      };
+      if (drawnOnce) go();
+      else {
+        const timer = setTimeout(go, 3000);
+        document.addEventListener(EV.timelineDrawn, () => {
+          clearTimeout(timer);
+          requestAnimationFrame(() => setTimeout(go, 0)); // after the drawn frame is painted
+        }, { once: true });
+      }
+    });
+  }
+  return plotlyLoad;
+}
 
 export const $ = (sel, root = document) => root.querySelector(sel);
 export const $$ = (sel, root = document) => Array.from(root.querySelectorAll(sel));

@@ -295,7 +295,7 @@ function wordBits(sig, dtype) {
 }
 
 async function draw(sig, width, id) {
-  const Plotly = await plotly;
+  const Plotly = await plotly();
   const bits = bitCounts(sig);
   const bitsNode = $(`#${id}-bits`);
   if (bitsNode && bits.length) {

@@ -68,7 +68,7 @@ async function render(panel, doc) {
       el("span", { class: "version", title: "a root module's one-element float output: its digest is its value" }, `from ${where}${doc.rank ? ` · rank ${doc.rank}` : ""}${several ? " · mean of the step's calls" : ""}`)),
     el("p", { id: "loss-lead", class: "loss-lead" }, leadText(doc)),
     plot);
-  panel.dataset.state = "curve";
+  panel.dataset.state = "drawing"; // "curve" once plotly (loaded after the timelines, dom.js) has drawn it
   const x = doc.steps.map((s) => s.step);
   const line = (side, color, dash) => ({
     type: "scatter", mode: "lines+markers", name: `run ${side.toUpperCase()}`, x, y: doc.steps.map((s) => num(s[side])),
@@ -90,6 +90,8 @@ async function render(panel, doc) {
     shapes: marks.map(([, s, color]) => ({ type: "line", xref: "x", yref: "paper", x0: s, x1: s, y0: 0, y1: 1, line: { color, width: 1.5, dash: "dot" } })),
     annotations: marks.map(([name, s, color], i) => ({ x: s, y: 1 - i * 0.14, xref: "x", yref: "paper", text: name, showarrow: false, xanchor: "left", font: { size: 11, color } })),
   };
-  const Plotly = await plotly;
+  const Plotly = await plotly();
+  if (!plot.isConnected) return; // another comparison (or revision) has filled the panel meanwhile
   Plotly.react(plot, [line("a", "#2f5fd0", "solid"), line("b", "#d6453d", "dot"), gapTrace], layout, { displayModeBar: false, responsive: true });
+  panel.dataset.state = "curve";
 }

@@ -14,16 +14,10 @@ import pytest
 
 import fixtures_runs as runs
 from api.conftest import compare as api_compare
-from browser.pages import SEL, click_point, wait_drawn
+from browser.pages import SEL, click_point, lane_y, layer, plot_box, wait_drawn
 
 pytestmark = pytest.mark.browser
 
-PLOT_BOX = """(sel) => { const gd = document.querySelector(sel), L = gd._fullLayout, b = gd.getBoundingClientRect();
-  return {l: b.left + L._size.l, t: b.top + L._size.t, w: L._size.w, h: L._size.h,
-          r0: L.xaxis.range[0], r1: L.xaxis.range[1]}; }"""
-# a y between the first two lanes' centres would hit the gap between them: lane 0's centre
-LANE0_Y = """(sel) => { const gd = document.querySelector(sel), L = gd._fullLayout, b = gd.getBoundingClientRect();
-  return b.top + L._size.t + L.yaxis.l2p(0); }"""
 
 
 @pytest.fixture(scope="module")
@@ -54,8 +48,8 @@ def _x_pixel(page, box: dict, x: float) -> float:
 
 def _drag(page, x0: float, x1: float) -> None:
     """Drag-zoom the detail plot from data x0 to data x1 (in the axis's units)."""
-    box = page.evaluate(PLOT_BOX, SEL["timeline"])
-    y = page.evaluate(LANE0_Y, SEL["timeline"])
+    box = plot_box(page)
+    y = lane_y(page, 0)  # a y between the first two lanes' centres would hit the gap between them
     page.mouse.move(_x_pixel(page, box, x0), y)
     page.mouse.down()
     page.mouse.move(_x_pixel(page, box, x1), y, steps=6)
@@ -85,17 +79,17 @@ def test_double_click_shows_the_whole_rank_from_any_window_in_both_axes(page, ex
     # drag to a window away from the pivot, then double-click: the whole rank, not the pivot window
     _drag(page, pivot_window[0] + 10, pivot_window[0] + 60)
     _wait_window(page, f"s > {pivot_window[0] + 5} && e < {pivot_window[0] + 65}")
-    box = page.evaluate(PLOT_BOX, SEL["timeline"])
-    y = page.evaluate(LANE0_Y, SEL["timeline"])
+    box = plot_box(page)
+    y = lane_y(page, 0)
     page.mouse.dblclick(box["l"] + box["w"] / 2, y)
     _wait_window(page, "whole && mode === 'bins'")
     assert _window(page) == (0.0, float(c["summary"]["alignment"]["events_a"]))
     page.screenshot(path=str(artifacts / "timeline-whole-rank.png"))
     # step boundaries numbered along the top (120 steps: every 5th), each bin's tooltip with its steps
-    steps = page.evaluate("""(sel) => document.querySelector(sel).layout.annotations
+    steps = page.evaluate("""(sel) => document.querySelector(sel).chart.labels
                              .filter((a) => a.name === "step").map((a) => a.text)""", SEL["timeline"])
     assert steps[0] == "step 0" and len(steps) >= 5 and all(int(t) % 5 == 0 for t in steps[1:]), steps
-    tips = page.evaluate("(sel) => document.querySelector(sel).data[0].text.flat().filter(Boolean)", SEL["timeline"])
+    tips = [" · ".join(lines) for lines in layer(page, "bins")["hover"]]
     assert all("step" in t for t in tips) and any("steps " in t for t in tips), tips[:3]
 
     # a double-click on a bin: the whole rank stays, its first click zooms nowhere
@@ -122,7 +116,7 @@ def test_double_click_shows_the_whole_rank_from_any_window_in_both_axes(page, ex
     assert 0 < t_end < 60, t_end  # seconds, not positions read as seconds
     _drag(page, t_end * 0.2, t_end * 0.4)
     _wait_window(page, f"axis === 'time' && !whole && s > {t_end * 0.15}")
-    box = page.evaluate(PLOT_BOX, SEL["timeline"])
+    box = plot_box(page)
     page.mouse.dblclick(box["l"] + box["w"] / 2, y)
     _wait_window(page, "axis === 'time' && whole")
     assert _window(page)[1] == pytest.approx(t_end)
@@ -143,8 +137,8 @@ def test_a_drag_asks_for_the_events_it_covers(page, explorer, long_comparison, a
     _wait_window(page, f"axis === '{axis}' && whole")
     end = _window(page)[1]
     # a click on a bin and, before its zoom, a drag: the drag is over the whole rank, as seen
-    box = page.evaluate(PLOT_BOX, SEL["timeline"])
-    y = page.evaluate(LANE0_Y, SEL["timeline"])
+    box = plot_box(page)
+    y = lane_y(page, 0)
     page.mouse.move(box["l"] + box["w"] / 2, y)
     page.wait_for_timeout(150)
     page.mouse.click(box["l"] + box["w"] / 2, y)
@@ -168,13 +162,14 @@ def test_a_click_between_squares_selects_the_nearest_event_of_that_lane(page, ex
     _drag(page, start + 20, start + 30)  # 10 positions: the squares far apart
     _wait_window(page, "e - s < 14")
     page.wait_for_timeout(200)
-    xy = page.evaluate("""(sel) => { const gd = document.querySelector(sel), L = gd._fullLayout, b = gd.getBoundingClientRect();
-        const t = gd.data.find((t) => t.name === "run A");
+    xy = page.evaluate("""(sel) => { const c = document.querySelector(sel).chart, b = c.canvas.getBoundingClientRect();
+        const t = c.layers.find((t) => t.name === "run A");
         const lane = t.y[0], i = t.y.findIndex((y, k) => k > 0 && y === lane && t.y[k - 1] === lane);
-        const px = (k) => b.left + L._size.l + L.xaxis.l2p(t.x[k]);
-        return {x: px(i - 1) + 0.45 * (px(i) - px(i - 1)), y: b.top + L._size.t + L.yaxis.l2p(lane),
-                gap: px(i) - px(i - 1), seq: t.customdata[i - 1][1]}; }""", SEL["timeline"])
-    assert xy["gap"] > 70, xy  # room for a click further from both squares than plotly picks a point
+        const px = (k) => b.left + c.size.l + c.x2p(t.x[k]);
+        const reach = Math.max(t.size / 2 + 3, 8);  // how far from a square the chart picks it
+        return {x: px(i - 1) + 0.45 * (px(i) - px(i - 1)), y: b.top + c.size.t + c.y2p(lane),
+                gap: px(i) - px(i - 1), reach, seq: t.custom[i - 1][1]}; }""", SEL["timeline"])
+    assert xy["gap"] > 70 and 0.45 * xy["gap"] > 2 * xy["reach"], xy  # a click further from both squares than a pick
     page.mouse.move(xy["x"], xy["y"])
     page.wait_for_timeout(150)
     page.mouse.click(xy["x"], xy["y"])
@@ -191,8 +186,7 @@ def test_the_selected_event_is_beside_the_timeline_and_read_again_when_the_compa
     page.set_viewport_size({"width": 1480, "height": 800})
     page.goto(f"{explorer.url}/#/c/{c['id']}")
     wait_drawn(page, 1)
-    index = page.evaluate("""(sel) => document.querySelector(sel).data.find((t) => t.name === "run A")
-                             .customdata.findIndex((d) => d[1] === 1)""", SEL["timeline"])
+    index = [c[1] for c in layer(page, "run A")["custom"]].index(1)
     click_point(page, "run A", index)
     panel = f"{SEL['detailPanel']}[data-boundary='model.probe']"
     page.wait_for_selector(f"{panel} .digests")

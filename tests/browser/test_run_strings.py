@@ -1,7 +1,8 @@
 """Strings from an uploaded run are drawn as text: a boundary and a module type holding HTML create
-no link and no styled element in the timelines (plotly renders a subset of HTML in ticks and hover
-text), in the pivot panel or in the selected-event panel. (A phase is one of four words: a run with
-any other is refused at upload, tested below.)"""
+no link and no styled element in the timelines (canvas, with DOM text and a tooltip made with
+textContent; the loss curve and the drill's figures are plotly's, which renders a subset of HTML in
+ticks and hover text), in the pivot panel or in the selected-event panel. (A phase is one of four
+words: a run with any other is refused at upload, tested below.)"""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import httpx
 import pytest
 
 from api.conftest import compare as api_compare
-from browser.pages import SEL, wait_drawn
+from browser.pages import SEL, mark_xy, wait_drawn
 
 pytestmark = pytest.mark.browser
 
@@ -57,7 +58,7 @@ def hostile_pair(scenario_dirs, tmp_path_factory):
 def test_a_plotly_label_with_html_would_make_a_link(page, explorer):
     """The check below can fail: the same string, unescaped, does become a link in plotly."""
     page.goto(explorer.url + "/")
-    page.wait_for_function("() => window.Plotly")
+    page.evaluate("async () => (await import('/static/js/dom.js')).plotly()")  # loaded on demand
     page.evaluate("""(text) => {
       const div = document.createElement("div");
       div.id = "scratch";
@@ -104,16 +105,12 @@ def test_boundary_and_module_type_with_html_are_drawn_as_text(page, explorer, ho
 
     # hover the pivot: its label holds the boundary as text
     pos = c["pivot_position"]["pos"]
-    point = page.evaluate("""([sel, pos]) => {
-      const gd = document.querySelector(sel);
-      const trace = gd.data.find((t) => t.name === "run A");
-      const i = trace.customdata.findIndex((d) => d[2] === pos);
-      const L = gd._fullLayout, box = gd.getBoundingClientRect();
-      return {x: box.left + L._size.l + L.xaxis.l2p(trace.x[i]), y: box.top + L._size.t + L.yaxis.l2p(trace.y[i])};
-    }""", [SEL["timeline"], pos])
+    index = page.evaluate("""([sel, pos]) => document.querySelector(sel).chart.layers.find((t) => t.name === "run A")
+      .custom.findIndex((d) => d[2] === pos)""", [SEL["timeline"], pos])
+    point = mark_xy(page, "run A", index)
     page.mouse.move(point["x"], point["y"])
-    page.wait_for_selector(f"{SEL['timeline']} .hoverlayer .hovertext")
-    hover = page.eval_on_selector(f"{SEL['timeline']} .hoverlayer", "n => n.textContent")
+    page.wait_for_selector(f"{SEL['timeline']} .chart-tip:not(.hidden)")
+    hover = page.eval_on_selector(f"{SEL['timeline']} .chart-tip", "n => n.textContent")
     assert BOUNDARY in hover, hover
     page.screenshot(path=str(artifacts / "comparison-html-in-run-strings.png"), full_page=True)
     assert page.evaluate(MADE, roots) == {"links": 0, "styled": 0}

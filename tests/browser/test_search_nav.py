@@ -16,7 +16,7 @@ import pytest
 
 import fixtures_runs as runs
 from api.conftest import compare as api_compare
-from browser.pages import SEL, wait_drawn
+from browser.pages import SEL, layer, wait_drawn
 
 pytestmark = pytest.mark.browser
 ROOT = Path(__file__).resolve().parents[2]
@@ -85,7 +85,7 @@ def test_next_and_previous_divergence_and_gap(page, explorer, comparisons):
     page.click(SEL["prevGap"])  # back over the divergences to the skipped probe
     _selected(page, "model.probe", "0 · forward")
     # the timeline shows what was selected: its square is marked
-    assert page.evaluate("(sel) => document.querySelector(sel).data.some((t) => t.name === 'selected')",
+    assert page.evaluate("(sel) => document.querySelector(sel).chart.layers.some((t) => t.name === 'selected')",
                          SEL["timeline"])
 
 
@@ -260,9 +260,9 @@ def test_slices_nested_by_depth_and_the_merged_view(page, explorer, comparisons,
     _open(page, explorer, c, "?w=0,16")  # step 0 and a little of step 1: each event drawn
     page.click(f"{SEL['drawToggle']} button[data-draw=slices]")
     page.wait_for_function("(sel) => document.querySelector(sel).dataset.draw === 'slices'", arg=SEL["timeline"])
-    bars = page.evaluate(r"""(sel) => { const t = document.querySelector(sel).data.find((t) => t.name === "slices");
-        return t.customdata.map((c, i) => ({side: c[0], pos: c[2], base: t.base[i], width: t.x[i], y: t.y[i],
-                                            text: t.hovertext[i].match(/<b>([^<]+)<\/b> \(/)[1]})); }""",
+    bars = page.evaluate(r"""(sel) => { const t = document.querySelector(sel).chart.layers.find((t) => t.name === "slices");
+        return t.custom.map((c, i) => ({side: c[0], pos: c[2], base: t.x0[i], width: t.x1[i] - t.x0[i], y: t.y[i],
+                                        text: t.hover[i][1].match(/^\S+ (.+) \(/)[1]})); }""",
                          SEL["timeline"])
     net = next(b for b in bars if b["side"] == "a" and b["text"] == "Net")
     blocks = [b for b in bars if b["side"] == "a" and "layers." in b["text"] and b["pos"] < net["pos"]]
@@ -270,13 +270,12 @@ def test_slices_nested_by_depth_and_the_merged_view(page, explorer, comparisons,
     # the root spans its children, one row above them in the lane
     assert net["base"] == min(b["pos"] for b in blocks) and net["base"] + net["width"] == net["pos"] + 1, net
     assert all(net["y"] < b["y"] for b in blocks)
-    names = page.evaluate("(sel) => document.querySelector(sel).data.find((t) => t.name === 'slice names').text",
-                          SEL["timeline"])
+    names = layer(page, "slice names")["text"]
     assert "Net" in names and "probe" in names, names  # named where they fit, by the last parts that fit
     page.screenshot(path=str(artifacts / "comparison-slices.png"), full_page=True)
     # a click on a slice selects its event
-    box = page.evaluate("""([sel, pos]) => { const gd = document.querySelector(sel), L = gd._fullLayout, b = gd.getBoundingClientRect();
-        return {x: b.left + L._size.l + L.xaxis.l2p(pos + 0.5), y: b.top + L._size.t + L.yaxis.l2p(%s)}; }""" % net["y"],
+    box = page.evaluate("""([sel, pos]) => { const c = document.querySelector(sel).chart, b = c.canvas.getBoundingClientRect();
+        return {x: b.left + c.size.l + c.x2p(pos + 0.5), y: b.top + c.size.t + c.y2p(%s)}; }""" % net["y"],
                         [SEL["timeline"], net["pos"] - 1])
     page.mouse.move(box["x"], box["y"])
     page.wait_for_timeout(150)
@@ -287,9 +286,9 @@ def test_slices_nested_by_depth_and_the_merged_view(page, explorer, comparisons,
     page.keyboard.press("d")
     page.wait_for_function("(sel) => document.querySelector(sel).dataset.draw === 'merged'", arg=SEL["timeline"])
     _wait_hash(page, "draw", "merged")
-    drawn = page.evaluate("""(sel) => { const gd = document.querySelector(sel);
-        const n = (name) => gd.data.find((t) => t.name === name).x.length;
-        return {same: n("A = B"), differs: n("A ≠ B"), ticks: gd.layout.yaxis.ticktext}; }""", SEL["timeline"])
+    drawn = page.evaluate("""(sel) => { const c = document.querySelector(sel).chart;
+        const n = (name) => c.layers.find((t) => t.name === name).x.length;
+        return {same: n("A = B"), differs: n("A ≠ B"), ticks: c.ticks.y.map((t) => t.text)}; }""", SEL["timeline"])
     with httpx.Client(base_url=explorer.url, timeout=30) as client:
         truth = client.get(f"/api/comparisons/{c['id']}/timeline", params={"rank": 0, "start": 0, "end": 16}).json()
     statuses = [e["status"] for e in truth["events"]]

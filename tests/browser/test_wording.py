@@ -10,7 +10,7 @@ import pytest
 
 import fixtures_runs as runs
 from api.conftest import compare as api_compare
-from browser.pages import SEL, wait_drawn
+from browser.pages import SEL, layer, wait_drawn
 
 pytestmark = pytest.mark.browser
 
@@ -37,10 +37,9 @@ def test_the_pivot_one_rank_and_a_one_bit_difference_in_words(page, explorer, on
     assert page.inner_text("#summary-pivot .v") == "model.layers.1 (Linear) · step 1 · forward"
     assert page.inner_text("#summary-ranks .v") == "1 rank"
     # 18 events in view: each named on the timeline, hover text apart
-    trace = page.evaluate("""(sel) => { const t = document.querySelector(sel).data.find((t) => t.name === "run A");
-                             return {mode: t.mode, text: t.text, hover: t.hovertext[0]}; }""", SEL["timeline"])
-    assert trace["mode"] == "markers+text" and {"model.layers.1", "Net", "layers.2.weight"} <= set(trace["text"]), trace
-    assert "seq 0" in trace["hover"]
+    trace = layer(page, "run A")
+    assert trace["text"] and {"model.layers.1", "Net", "layers.2.weight"} <= set(trace["text"]), trace
+    assert "seq 0" in " ".join(trace["hover"][0])
     table = f"{SEL['pivotPanel']} .digests"
     assert "xor: every 64-bit word XORed" in page.get_attribute(f"{table} th.help", "title")
     hints = page.eval_on_selector_all(f"{table} tr.bit-hint", "rs => rs.map((r) => [r.dataset.bit, r.innerText])")
