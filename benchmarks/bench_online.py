@@ -2,7 +2,8 @@
 batch 8, vocabulary 512): the figures of docs/ONLINE.md.
 
     python benchmarks/bench_online.py clean --steps 500            # clean run: alerts and warnings
-    python benchmarks/bench_online.py faults --warmup 8 --steps 6  # injected faults: detection, latency, loss watcher
+    python benchmarks/bench_online.py faults --warmup 30 --steps 16  # injected faults at the default budget
+    python benchmarks/bench_online.py faults --budget 1 --warmup 8 --steps 8  # the check's own sensitivity
     python benchmarks/bench_online.py overhead --rounds 8 --steps 6  # plain against online, alternated
     python benchmarks/bench_online.py coverage                     # what share of a step's FLOPs each sensor sees
 
@@ -10,9 +11,10 @@ Every subcommand trains in this process, each online run under `bitguard.record(
 mode="online")`, on fresh random batches (a generator of its own, seed 0). Faults come from the SDC
 simulator (collectors/online/simulator.py, BITGUARD_SDC_SIMULATE, set for that run only) on one
 Linear, `blocks.2.mlp.fc`: bit flips at chosen positions, or perturbations of r × the operator's
-median clean checksum gap. An injection is detected when the checksum sensor raises an alert on
-that module at that step whose rows include the injected row; the loss-spike watcher (guards.py's
-SpikeWatcher over the step losses) detects it when it flags that step or the next. `--json` prints
+median clean checksum gap, one element per call by default (a fault event: one line of the
+simulator's log). An event is detected when the checksum sensor raises an alert on that module at
+that step and call whose evidence names the event's element (row, column); the loss-spike watcher
+(guards.py's SpikeWatcher over the step losses) detects it when it flags that step or the next. `--json` prints
 the document; the text is what docs/ONLINE.md shows. The machine is shared: timings are noisy.
 """
 
@@ -108,8 +110,12 @@ def clean(args) -> dict:
 # -- faults --------------------------------------------------------------------------------------
 
 def score(got: dict, first: int) -> dict:
-    """Detection of each injection by the checksum sensor (alert on the module at that step whose
-    rows hold the injected row) and by the loss-spike watcher (a flagged step: it or the next)."""
+    """Detection of each injected fault event (one corrupted element of one call: the simulator's
+    log line) by the checksum sensor and by the loss-spike watcher. The checksum detects an event
+    when an alert on the module's forward (op linear), at the event's step and call, names the
+    event's element (row, column) in its evidence; it confirms it when that alert's verdict is
+    confirmed. The watcher detects it when it flags that step or the next. Events after the loss
+    went non-finite are not scored (every activation is NaN from there on: counted apart)."""
     from bitguard.collectors.online.guards import SpikeWatcher
 
     alerts = [a for a in got["alerts"]["alerts"] if a["sensor"] == "checksum" and a["boundary"] == MODULE
@@ -119,32 +125,43 @@ def score(got: dict, first: int) -> dict:
         by_step.setdefault(a["step"], []).append(a)
     watcher = SpikeWatcher(min_history=5)
     flagged = {s for s, v in enumerate(got["losses"]) if watcher.observe(v) is not None}
-    detected, loss_detected, alert_lat, confirm_lat, states = 0, 0, [], [], {}
+    nonfinite = next((s for s, v in enumerate(got["losses"]) if not math.isfinite(v)), None)
     injections = [i for i in got["injections"] if i["step"] >= first]
-    for inj in injections:
-        hit = next((a for a in by_step.get(inj["step"], []) if inj["row"] in (a["evidence"] or {}).get("rows", [])),
-                   None)
+    scored = [i for i in injections if nonfinite is None or i["step"] <= nonfinite]
+    detected, confirmed, loss_detected, alert_lat, confirm_lat, states, hit_steps = 0, 0, 0, [], [], {}, []
+    for inj in scored:
+        hit = next((a for a in by_step.get(inj["step"], []) if (a["evidence"] or {}).get("call") == inj["call"]
+                    and [inj["row"], inj["col"]] in (a["evidence"] or {}).get("elements", [])), None)
         if hit is not None:
             detected += 1
+            hit_steps.append(inj["step"])
             alert_lat.append(hit["step"] - inj["step"])
             states[hit["state"]] = states.get(hit["state"], 0) + 1
-            if hit["state"] == "confirmed" and hit["verdict"] and hit["verdict"]["latency_steps"] is not None:
-                confirm_lat.append(hit["step"] - inj["step"] + hit["verdict"]["latency_steps"])
+            if hit["state"] == "confirmed":
+                confirmed += 1
+                if hit["verdict"] and hit["verdict"]["latency_steps"] is not None:
+                    confirm_lat.append(hit["step"] - inj["step"] + hit["verdict"]["latency_steps"])
         if inj["step"] in flagged or inj["step"] + 1 in flagged:
             loss_detected += 1
-    n = len(injections)
+    n = len(scored)
     checksum = next((c for c in got["alerts"]["coverage"] if c["sensor"] == "checksum"), {"ops": []})
     op = next((o for o in checksum["ops"] if o["op"] == f"linear:{MODULE}"), {})
     clean_steps = set(range(len(got["losses"]))) - {i["step"] for i in got["injections"]}
     false_alerts = [a for a in got["alerts"]["alerts"] if a["sensor"] == "checksum" and a["step"] in clean_steps
                     and a["state"] == "confirmed"]
-    return {"injections": n, "detected": detected, "rate": detected / n if n else None,
-            "sampling_rate": op.get("rate"),  # the module's mean rate in force over the run (rows checked)
+    faulty_steps = sorted({i["step"] for i in injections})
+    return {"injections": n, "not_scored_after_nan": len(injections) - n, "detected": detected,
+            "rate": detected / n if n else None, "confirmed": confirmed,
+            "sampling_rate": op.get("rate"),  # the module's mean call-sampling rate over the run
             "verdicts": states, "alert_latency_steps": _spread(alert_lat),
             "confirm_latency_steps": _spread(confirm_lat),
+            # steps from the fault's first faulty step to the first detected event (an intermittent fault on a device)
+            "steps_to_first_alert": (min(hit_steps) - faulty_steps[0]) if hit_steps and faulty_steps else None,
             "loss_watcher_detected": loss_detected, "loss_watcher_rate": loss_detected / n if n else None,
+            "loss_watcher_steps_to_first": next((s - faulty_steps[0] for s in sorted(flagged)
+                                                 if faulty_steps and s >= faulty_steps[0]), None),
             "confirmed_on_clean_steps": len(false_alerts),
-            "nonfinite_loss": any(not math.isfinite(v) for v in got["losses"])}
+            "nonfinite_loss_from_step": nonfinite}
 
 
 def _spread(values: list[int]) -> dict | None:
@@ -162,7 +179,9 @@ def faults(args) -> dict:
            "budget": args.budget, "settings": {}}
     with tempfile.TemporaryDirectory() as tmp:
         for i, (label, fault) in enumerate(settings):
-            spec = {"module": MODULE, "from_step": args.warmup, "rows": args.rows, "seed": i, **fault}
+            # (hash_range: the corrupted row is the first whose input hash falls in it, a different row each call)
+            spec = {"module": MODULE, "from_step": args.warmup, "rows": args.rows, "seed": i,
+                    "hash_range": [0.5, 0.6], **fault}
             got = online_run(Path(tmp) / f"fault-{i}", args.warmup + args.steps, args.budget, spec)
             out["settings"][label] = score(got, args.warmup)
             print(f"{label}: {json.dumps(out['settings'][label])}", file=sys.stderr, flush=True)
@@ -256,10 +275,10 @@ def main() -> int:
     p.add_argument("--budget", type=float, default=0.02)
     p.add_argument("--out", default=None, help="keep the online run here (default: a temporary folder)")
     p = sub.add_parser("faults")
-    p.add_argument("--warmup", type=int, default=8, help="clean steps first (the checksum learns its thresholds)")
-    p.add_argument("--steps", type=int, default=6, help="steps with injections after the warm-up")
-    p.add_argument("--rows", type=int, default=4, help="rows corrupted per call (one element each)")
-    p.add_argument("--budget", type=float, default=1.0)
+    p.add_argument("--warmup", type=int, default=30, help="clean steps first (the checksum learns its thresholds)")
+    p.add_argument("--steps", type=int, default=16, help="steps with injections after the warm-up")
+    p.add_argument("--rows", type=int, default=1, help="elements corrupted per call (one per row): fault events")
+    p.add_argument("--budget", type=float, default=0.02)
     p.add_argument("--only", nargs="*", default=None, help="settings whose label contains one of these")
     p = sub.add_parser("overhead")
     p.add_argument("--rounds", type=int, default=8)
@@ -269,7 +288,12 @@ def main() -> int:
     p.add_argument("--steps", type=int, default=3)
     for p in sub.choices.values():
         p.add_argument("--json", action="store_true")
+        p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (a shared machine: 1)")
     args = ap.parse_args()
+    if args.threads:
+        import torch
+
+        torch.set_num_threads(args.threads)
     doc = {"clean": clean, "faults": faults, "overhead": overhead, "coverage": coverage}[args.cmd](args)
     doc = {"schema": "bitguard.bench_online/1", "command": args.cmd, **doc}
     print(json.dumps(doc, indent=2, default=str))

@@ -9,12 +9,11 @@ charged) and sets every operator's rate for the next step: a water-filling of th
 what is left, capped at rate 1. An operator's cost per unit of rate is learned from what it
 charged (an exponential average), so the controller needs no model of the hardware.
 
-A rate r is the expected fraction of an operator's work that is checked. Down to `ROW_FLOOR` it is
-the fraction of rows checked in every call (`row_fraction`); below that, calls are checked with
-probability r / ROW_FLOOR, each at ROW_FLOOR of its rows, so the cost of a check's fixed part
-(a weight's column sums, Python) also scales with r. No rate goes below `MIN_RATE`: a budget too
+A rate r is the probability that a call of the operator is checked; a checked call is checked
+whole (the checksum sensor covers every element of it), so the cost of a check's fixed part
+(Python, a weight's float64 copy) scales with r too. No rate goes below `MIN_RATE`: a budget too
 small for even that is exceeded, and the sensor_stats rows show by how much. A budget of 1 means no
-limit: every rate stays 1 (every row of every call checked; tests and evaluations).
+limit: every rate stays 1 (every call checked; tests and evaluations).
 
 The random draws use a generator of their own, never torch's or Python's global one (the training
 must draw exactly what it draws unwatched). The clock is injectable: tests drive the controller
@@ -28,11 +27,10 @@ import time
 from dataclasses import dataclass
 
 DEFAULT_BUDGET = 0.02
-ROW_FLOOR = 1 / 16  # below this rate, whole calls are skipped instead of rows
 MIN_RATE = 1 / 1024
 EMA = 0.3  # weight of the latest step in an operator's cost estimate
 MAX_RAISE = 2.0  # a rate at most doubles from one step to the next (decreases take effect at once)
-START_RATE = ROW_FLOOR  # an operator's first rate: cheap before anything is measured, raised when there is room
+START_RATE = 1 / 16  # an operator's first rate: cheap before anything is measured, raised when there is room
 HEADROOM = 0.8  # the rates aim at this share of the budget: what no check charges (the hooks' calls, the
 # step's end, the journal writer's thread) takes the rest
 
@@ -77,17 +75,13 @@ class Budget:
         entry = self.op(sensor, op)
         entry.calls += 1
         entry.flops_seen += flops
-        if entry.rate >= ROW_FLOOR or self._random() < entry.rate / ROW_FLOOR:
+        if entry.rate >= 1 or self._random() < entry.rate:
             entry.checked += 1
             return True
         return False
 
-    def row_fraction(self, sensor: str, op: str) -> float:
-        """The fraction of a checked call's rows (or columns) to check."""
-        return max(self.op(sensor, op).rate, ROW_FLOOR)
-
     def random(self) -> float:
-        """A draw from the budget's own generator (sensors' row offsets)."""
+        """A draw from the budget's own generator."""
         return self._random()
 
     def charge(self, sensor: str, op: str, seconds: float, flops: float = 0.0) -> None:
@@ -117,11 +111,13 @@ class Budget:
         active = []
         for entry in self.ops.values():
             if entry.checked and entry.seconds > 0 and entry.calls:
-                # the share of the operator's work checked: of its calls, each at its row fraction
-                observed = entry.seconds / (entry.checked / entry.calls * max(entry.rate, ROW_FLOOR))
+                # seconds at rate 1: what its checked calls cost, scaled to all its calls
+                observed = entry.seconds * entry.calls / entry.checked
                 entry.unit = observed if entry.unit is None else (1 - EMA) * entry.unit + EMA * observed
             if entry.calls and entry.unit:
                 active.append(entry)
+            elif entry.calls and entry.unit is None and allowance > 0:
+                entry.rate = min(1.0, entry.rate * MAX_RAISE)  # never checked yet (sampled out): its cost is unknown
         left = allowance
         for n, entry in enumerate(sorted(active, key=lambda e: e.unit)):
             share = left / (len(active) - n)

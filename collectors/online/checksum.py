@@ -1,52 +1,69 @@
-"""The algorithmic checksum sensor: Linear layers' GEMMs checked as (A·B)·1 against A·(B·1).
+"""The algorithmic checksum sensor: every element of a sampled GEMM call checked as 1ᵀ(A·B) against (1ᵀA)·B.
 
-Forward (op `linear`): for an nn.Linear call y = x·Wᵀ + b (x as N×K rows), sampled rows i give
-    lhs_i = Σ_j y_ij            (the output row's sum, in float64)
-    rhs_i = x_i · c + Σ_j b_j   (c = Wᵀ·1, W's column sums in float64, cached per weight version)
-and the normalised gap |lhs_i − rhs_i| / (|x_i| · |W|ᵀ·1 + Σ|b|), a dimensionless number that the
-output's rounding keeps below about (K+1)·u (u: the unit roundoff of the accumulation; the
-deterministic bound `hard_bound`). The clean signal comes from the float64 side, never from the
-low-precision output's own checksum (AEGIS §5.1.1: a bf16 output checksum drowns faults 10⁴× larger).
+For a product C = A·B (+ a bias added to every row), A m×p, B p×q, a checked call compares, for
+every column j of C,
+    lhs_j = Σ_i C_ij                        (the output's column sums, accumulated in float32)
+    rhs_j = (1ᵀA)·B_j + m·bias_j           (A's column sums, then a float64 product with B)
+and normalises the gap by the column's noise scale ‖A‖_F·‖B_j‖ + √m·|bias_j|. A single wrong
+element anywhere in C moves its column's sum by its error, so every element of a checked call is
+covered, at the cost of reading C, A and B once (O(mq + mp + pq), against the GEMM's 2mpq): the
+operand converted to float64 for the product is the smaller one (a product without a bias can be
+checked as Cᵀ = Bᵀ·Aᵀ). Rounding keeps the normalised gap below √m·(γ_{p+1} + u_out + 2γ_m)
+(`column_bound`: the accumulation's γ, the output's rounding, the float32 sums), a deterministic
+bound; a clean gap is typically 10³ times below it. The clean signal comes from the float64 side,
+never from a low-precision checksum of the output (AEGIS §5.1.1): for bfloat16 outputs the
+output's own rounding (u = 2⁻⁹ per element) is the noise floor, so only faults of about the
+element's own size (sign, exponent, top mantissa bits) stand out.
 
-Backward, where it can be seen without changing autograd: on a checked call the output's existing
-AddmmBackward0 / MmBackward0 node gets a post hook (no node is added; the gradients are only read):
-`linear.dgrad` checks rows of dx = g·W against g·(W·1), `linear.wgrad` rows of dWᵀ = xᵀ·g against
-xᵀ·(g·1). A call whose output has another autograd node (a non-contiguous input that linear turns
+The ops: `linear` (y = x·Wᵀ + b of every nn.Linear call; A = x, B = Wᵀ), and, through a post hook
+on the output's existing AddmmBackward0 / MmBackward0 node (no node is added; the gradients are
+only read), `linear.dgrad` (dx = g·W) and `linear.wgrad` (dW = gᵀ·x, reported in the weight's
+layout). A call whose output has another autograd node (a non-contiguous input that linear turns
 into matmul + add) is counted as not observed in backward.
 
-Each operator keeps its own threshold, learned from its clean normalised gaps (the largest of the
-last WINDOW, times MARGIN, never above the hard bound): during the first WARMUP checks only the
-hard bound alerts. A gap over the threshold raises an alert and doubles the threshold; it halves
-back step by step (AEGIS §5.1.3). A false alarm (the verifier clears it) doubles it too, and its gap
-joins the clean ones. At most one alert per operator per step.
+The budget samples CALLS (collectors/online/budget.py): each operator has a probability of
+checking a call, and a checked call is checked whole. A fault on a call is caught with
+probability (the operator's rate) × (the check's sensitivity), so an intermittent fault that
+keeps recurring is caught within a few faulty calls even at a low rate.
 
-The evidence is copied when the alert is raised: the offending input rows, the weight and bias,
-the output rows (backward: the gradient rows and what they multiply). The verifier recomputes them
-twice on the same device and dtype and once in float64 on the CPU (`verify`).
+Each operator keeps its threshold, learned from its clean checks' statistic (the largest
+normalised column gap of a call): MARGIN × the largest of the last WINDOW, never above the hard
+bound; during the first WARMUP checks the hard bound alone. A gap over it raises an alert and
+doubles the threshold, which halves back step by step (AEGIS §5.1.3); a false alarm (the
+verifier clears it) doubles it too, and its gap joins the clean ones. At most one alert per
+operator per step.
+
+The evidence, copied when the alert is raised (bounded: at most EVIDENCE_ELEMENTS rows and as many
+columns): the flagged columns are recomputed in float64 (on the alert only, off the checks'
+budget) to find the rows whose elements are furthest off, and the alert keeps those rows of A,
+those columns of B and of the bias, and the output's elements at their crossings; its JSON evidence
+names them (`elements`, `rows`, `columns`). The verifier recomputes that block twice on the same
+device and dtype and once in float64 on the CPU (`verify`).
 
 Not seen: Linear subclasses with their own forward (their output is not x·Wᵀ + b), functional
-F.linear / matmul / bmm outside an nn.Linear (attention's score and value products), calls inside
-a torch.compile'd region (traced: the sensor steps aside), and the rows a sampled call leaves out.
-Columns are not sampled: a fault confined to an unsampled row is missed.
+F.linear / matmul / bmm / @ outside an nn.Linear (attention's score and value products), calls
+inside a torch.compile'd region (traced: the sensor steps aside), the calls the sampling skips,
+and faults below the noise floor (a low mantissa bit: harmless and indistinguishable from rounding).
+On CUDA each checked call reads its statistic back once (a synchronisation).
 """
 
 from __future__ import annotations
 
 import math
 import statistics
-import weakref
 from collections import deque
 
 import torch
-import torch.nn.functional as F
 
 from bitguard.collectors.online.sensor import Alert, LinearPatch, Sensor
 
 WARMUP = 8  # checks before the learned threshold replaces the hard bound
-WINDOW = 64  # clean normalised gaps kept per operator
-MARGIN = 16.0  # learned threshold = MARGIN × the largest clean gap in the window
-EVIDENCE_ROWS = 4  # rows copied into an alert's evidence
+WINDOW = 64  # clean check statistics kept per operator
+MARGIN = 4.0  # learned threshold = MARGIN × the largest clean statistic in the window
+EVIDENCE_ELEMENTS = 4  # elements (so at most as many rows and columns) localised into an alert's evidence
+CHUNK = 1 << 22  # elements of an operand converted to float64 at a time (the checks' memory stays bounded)
 _VIEWS = ("ViewBackward0", "UnsafeViewBackward0", "ReshapeAliasBackward0", "AliasBackward0")
+_TINY = 1e-300
 
 
 def unit_roundoff(dtype: torch.dtype) -> float:
@@ -68,21 +85,86 @@ def accumulation_roundoff(dtype: torch.dtype, device: torch.device) -> float:
     return unit_roundoff(torch.float32)
 
 
+def _gamma(n: int, u: float) -> float:
+    return n * u / (1 - n * u) if n * u < 1 else math.inf
+
+
 def hard_bound(k: int, dtype: torch.dtype, device: torch.device) -> float:
-    """The normalised gap rounding alone can reach for a dot product of length k (plus the bias)
-    rounded to `dtype`: γ_{k+1} of the accumulation plus one rounding of the output."""
-    u = accumulation_roundoff(dtype, device)
-    return (k + 1) * u / (1 - (k + 1) * u) + unit_roundoff(dtype)
+    """The relative error rounding alone can give one element of a dot product of length k (plus
+    the bias) rounded to `dtype`: γ_{k+1} of the accumulation plus one rounding of the output
+    (the verifier's per-element bound, against |A|·|B| + |bias|)."""
+    return _gamma(k + 1, accumulation_roundoff(dtype, device)) + unit_roundoff(dtype)
+
+
+def check_dtype(dtype: torch.dtype) -> torch.dtype:
+    """What the checksums of a `dtype` product accumulate in: float64 for float64, else float32."""
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def column_bound(m: int, p: int, dtype: torch.dtype, device: torch.device) -> float:
+    """The normalised column gap rounding alone can reach for C = A·B (+ bias) with A m×p:
+    Σ_i (|A_i|·|B_j| + |bias_j|) <= √m·(‖A‖_F·‖B_j‖ + √m·|bias_j|), each element off by at most
+    hard_bound of that, and the two float32 sums over m rows (of C, of A) by γ_m of it each."""
+    ua = unit_roundoff(check_dtype(dtype))
+    return 1.01 * math.sqrt(m) * (hard_bound(p, dtype, device) + 2 * _gamma(m, ua) + _gamma(p, 2.0 ** -53))
+
+
+def column_gaps(c: torch.Tensor, a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None):
+    """(normalised gaps, raw gaps, reference) per column of c = a·b (+ bias), all float64 vectors of
+    length q: |1ᵀc − (1ᵀa)·b − m·bias|, over ‖a‖_F·‖b_j‖ + √m·|bias_j|. b is converted to float64
+    CHUNK elements at a time (its column norms come from the same copy)."""
+    acc = check_dtype(c.dtype)
+    m, q = a.shape[0], b.shape[1]
+    lhs = c.sum(0, dtype=acc).double()
+    s = a.sum(0, dtype=acc).double()
+    width = max(1, CHUNK // max(b.shape[0], 1))
+    rhs, norms = [], []
+    for j in range(0, q, width):
+        bd = b[:, j:j + width].double()
+        rhs.append(s @ bd)
+        norms.append(torch.linalg.vector_norm(bd, dim=0))
+    rhs, norms = (torch.cat(rhs), torch.cat(norms)) if len(rhs) > 1 else (rhs[0], norms[0])
+    scale = torch.linalg.vector_norm(a, dtype=acc).double() * norms
+    if bias is not None:
+        bd = bias.double()
+        rhs = rhs + m * bd
+        scale = scale + math.sqrt(m) * bd.abs()
+    raw = (lhs - rhs).abs()
+    return raw / scale.clamp_min(_TINY), raw, rhs
+
+
+def localise(c: torch.Tensor, a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None, cols: list[int],
+             n: int = EVIDENCE_ELEMENTS) -> list[tuple[int, int]]:
+    """The (row, column) elements of c's columns `cols` off their float64 values beyond the rounding
+    bound (relative to |a_i|·|b_j| + |bias_j|), at most n, worst first (a non-finite element first
+    of all), or the one furthest off when none is beyond it (a false alarm, for the verifier to
+    clear): the columns recomputed in float64, CHUNK elements of a at a time."""
+    bc = b[:, cols].double()
+    bias_c = None if bias is None else bias[cols].double()
+    rows_at = max(1, CHUNK // max(a.shape[1], 1))
+    errs = []
+    for i in range(0, a.shape[0], rows_at):
+        ad = a[i:i + rows_at].double()
+        ref, mag = ad @ bc, ad.abs_() @ bc.abs()
+        if bias_c is not None:
+            ref, mag = ref + bias_c, mag + bias_c.abs()
+        err = (c[i:i + rows_at][:, cols].double() - ref).abs() / mag.clamp_min(_TINY)
+        errs.append(err.nan_to_num(nan=math.inf))
+    err = torch.cat(errs) if len(errs) > 1 else errs[0]
+    values, top = err.flatten().topk(min(n, err.numel()))
+    bound = hard_bound(a.shape[1], c.dtype, c.device)
+    top = [i for v, i in zip(values.tolist(), top.tolist()) if v > bound] or top.tolist()[:1]
+    return [(i // len(cols), cols[i % len(cols)]) for i in top]
 
 
 class OpState:
-    """One operator's threshold, clean-gap history and counters."""
+    """One operator's threshold, clean-check history and counters."""
 
     def __init__(self, boundary: str, op: str):
         self.boundary = boundary
         self.op = op
-        self.clean: deque[float] = deque(maxlen=WINDOW)  # normalised gaps
-        self.raw: deque[float] = deque(maxlen=WINDOW)  # gaps in output units (the simulator's scale)
+        self.clean: deque[float] = deque(maxlen=WINDOW)  # a clean check's largest normalised column gap
+        self.raw: deque[float] = deque(maxlen=WINDOW)  # the same check's largest raw gap (output units)
         self.checks = 0
         self.mult = 1.0  # doubled by a spike or a false alarm, halved back each step
         self.bound = math.inf  # the hard bound at the last check
@@ -109,7 +191,6 @@ class ChecksumSensor(Sensor):
 
     def __init__(self):
         self.ops: dict[str, OpState] = {}
-        self._colsums: dict[int, tuple] = {}  # id(weight) -> (ref, version, ptr, W·1 pair, Wᵀ·1 pair)
         self._calls: dict[str, int] = {}  # op key -> calls in this step
         self._patch = None
         self.backward_unobserved = 0  # checked calls whose backward GEMMs could not be hooked (this step)
@@ -142,65 +223,41 @@ class ChecksumSensor(Sensor):
         key = f"linear:{name}"
         call = self._calls.get(key, 0)
         self._calls[key] = call + 1
-        if not self.monitor.budget.allow(self.name, key, 2.0 * n * k * o):
-            return
+        budget, flops = self.monitor.budget, 2.0 * n * k * o
         x2, y2 = x.detach().reshape(n, k), y.detach().reshape(n, o)
-        self._check(key, name, "linear", y2, x2, lambda: (*self._sums(weight, 0), *self._bias(bias)), k, call,
-                    lambda idx: {"input": x2[idx].clone(), "weight": weight.detach().clone(),
-                                 "bias": None if bias is None else bias.detach().clone(), "output": y2[idx].clone()})
-        if y.requires_grad and torch.is_grad_enabled():
-            self._hook_backward(name, y, x2, weight, call)
+        if budget.allow(self.name, key, flops):
+            self._check(key, name, "linear", y2, x2, weight.detach().T, None if bias is None else bias.detach(), call)
+        if y.requires_grad and torch.is_grad_enabled():  # the backward GEMMs' calls are drawn here, each on its own
+            dgrad = budget.allow(self.name, f"linear.dgrad:{name}", flops)
+            wgrad = budget.allow(self.name, f"linear.wgrad:{name}", flops)
+            if dgrad or wgrad:
+                self._hook_backward(name, y, x2, weight, call, dgrad, wgrad)
 
-    def _check(self, key: str, name: str, op: str, c: torch.Tensor, left: torch.Tensor, sums, inner: int, call: int,
-               evidence) -> None:
-        """Check sampled rows of a GEMM's result c = left·R (+ bias): each row's sum against
-        left_i·(R·1) + Σbias in float64, normalised by |left_i|·(|R|·1) + Σ|bias|. `sums()` gives
-        (R·1, |R|·1, Σbias, Σ|bias|); `evidence(rows)` copies what the verifier needs."""
+    def _check(self, key: str, name: str, op: str, c: torch.Tensor, a: torch.Tensor, b: torch.Tensor, bias,
+               call: int, transposed: bool = False) -> None:
+        """Check every element of c = a·b (+ bias) by its column sums (a product without a bias as
+        cᵀ = bᵀ·aᵀ when a is the smaller operand: the one converted to float64 is b). `transposed`:
+        the elements are reported as (column, row) of what was checked (the op's own layout)."""
+        if bias is None and a.numel() < b.numel():
+            c, a, b, transposed = c.T, b.T, a.T, not transposed
         budget = self.monitor.budget
         t0 = budget.clock()
         state = self._state(key, name, op)
         with torch.no_grad():
-            stride, offset = self._rows(key, c.shape[0])
-            r, rabs, bsum, babs = sums()
-            ls = left[offset::stride].double()
-            # (a copy to float64 then a sum: torch's sum(dtype=float64) of a float32 tensor is 5x slower)
-            raw = (c[offset::stride].double().sum(1) - (ls @ r + bsum)).abs()
-            gaps = raw / (ls.abs() @ rabs + babs).clamp_min(1e-300)
-            state.bound = hard_bound(inner, c.dtype, c.device)
-            worst = int(gaps.argmax())
+            gaps, raw, rhs = column_gaps(c, a, b, bias)
+            state.bound = column_bound(a.shape[0], a.shape[1], c.dtype, c.device)
+            worst = int(gaps.nan_to_num(nan=math.inf).argmax())
             gap = float(gaps[worst])
-            if math.isfinite(gap) or bool(ls.isfinite().all()) and bool(r.isfinite().all()):
-                self._judge(state, key, gap, float(raw[worst]), gaps, offset, stride, call, evidence)
+            if math.isfinite(gap) or bool(rhs.isfinite().all()):
+                self._judge(state, key, gap, float(raw[worst]), gaps, call, (c, a, b, bias, transposed))
             else:  # non-finite inputs (an overflow the loss scaler will skip): no checksum to judge
                 state.nonfinite += 1
-        budget.charge(self.name, key, budget.clock() - t0, 2.0 * gaps.numel() * inner * c.shape[1])
+        budget.charge(self.name, key, budget.clock() - t0, 2.0 * a.shape[0] * a.shape[1] * b.shape[1])
 
-    def _rows(self, key: str, n: int) -> tuple[int, int]:
-        """(stride, offset) of the rows to check: a fraction of n as the budget allows, at a random offset."""
-        fraction = self.monitor.budget.row_fraction(self.name, key)
-        stride = max(1, min(n, round(1 / fraction)))
-        return stride, int(self.monitor.budget.random() * stride) % max(n, 1)
-
-    def _sums(self, weight: torch.Tensor, dim: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """W's sums along `dim` and of |W|, in float64, cached while the weight's version holds."""
-        entry = self._colsums.get(id(weight))
-        version, ptr = weight._version, weight.data_ptr()
-        if entry is None or entry[0]() is not weight or entry[1] != version or entry[2] != ptr:
-            entry = [weakref.ref(weight), version, ptr, {}]
-            self._colsums[id(weight)] = entry
-        sums = entry[3].get(dim)
-        if sums is None:
-            sums = entry[3][dim] = _sum_abs(weight.detach().double(), dim)
-        return sums
-
-    def _bias(self, bias) -> tuple[float | torch.Tensor, float | torch.Tensor]:
-        if bias is None:
-            return 0.0, 0.0
-        return self._sums(bias, 0)
-
-    def _judge(self, state: OpState, key: str, gap: float, raw_gap: float, gaps: torch.Tensor, offset: int,
-               stride: int, call: int, evidence) -> None:
-        """Learn a clean gap, or raise an alert with the evidence of the rows over the threshold."""
+    def _judge(self, state: OpState, key: str, gap: float, raw_gap: float, gaps: torch.Tensor, call: int,
+               operands) -> None:
+        """Learn a clean check, or raise an alert with the evidence of the elements furthest off in
+        the columns over the threshold. `operands`: (c, a, b, bias, transposed) of the check."""
         state.checks += 1
         threshold = state.threshold()
         if gap <= threshold:  # (a NaN gap is over any threshold)
@@ -210,20 +267,30 @@ class ChecksumSensor(Sensor):
         if state.alert_step == step:
             return
         state.alert_step = step
-        over = (gaps > threshold) | gaps.isnan()
-        local = over.nonzero().flatten()[:EVIDENCE_ROWS].tolist()
-        rows = [offset + i * stride for i in local]
-        payload = {"kind": state.op, **evidence(rows), "rows": rows}
+        c, a, b, bias, transposed = operands
+        ranked = gaps.nan_to_num(nan=math.inf)
+        over = int(((ranked > threshold)).sum())
+        cols = ranked.topk(min(max(over, 1), EVIDENCE_ELEMENTS, ranked.numel())).indices.tolist()
+        elements = localise(c, a, b, bias, cols)
+        rows = sorted({i for i, _ in elements})
+        used = sorted({j for _, j in elements})
+        payload = {"kind": state.op, "left": a[rows].clone(), "right": b[:, used].clone(),
+                   "bias": None if bias is None else bias[used].clone(), "output": c[rows][:, used].clone(),
+                   "rows": rows, "columns": used, "transposed": transposed}
+        named = [[j, i] if transposed else [i, j] for i, j in elements]
         alert = Alert(self.name, state.boundary, state.op, "alert",
-                      {"gap": gap, "raw_gap": raw_gap, "rows": rows, "row_gaps": [float(gaps[i]) for i in local],
-                       "call": call, "rows_checked": int(gaps.numel()), "stride": stride, "offset": offset,
+                      {"gap": gap, "raw_gap": raw_gap, "columns_over": over,
+                       "column_gaps": [float(gaps[j]) for j in cols], "elements": named,
+                       "rows": sorted({e[0] for e in named}), "columns": sorted({e[1] for e in named}),
+                       "call": call, "shape": list(c.T.shape if transposed else c.shape),
                        "hard_bound": state.bound, "clean_max": max(state.clean) if state.clean else None,
                        "checks": state.checks}, threshold)
         state.mult *= 2
         self.monitor.raise_alert(alert, payload)
 
     # -- backward ---------------------------------------------------------------------------------
-    def _hook_backward(self, name: str, y: torch.Tensor, x2: torch.Tensor, weight: torch.Tensor, call: int) -> None:
+    def _hook_backward(self, name: str, y: torch.Tensor, x2: torch.Tensor, weight: torch.Tensor, call: int,
+                       dgrad: bool, wgrad: bool) -> None:
         node = y.grad_fn
         while node is not None and type(node).__name__ in _VIEWS:
             nxt = node.next_functions
@@ -241,30 +308,23 @@ class ChecksumSensor(Sensor):
 
         def post(grad_inputs, grad_outputs):
             handle.remove()
-            monitor.guard(sensor._on_backward)(name, grad_inputs[offset], grad_inputs[offset + 1], grad_outputs[0],
+            monitor.guard(sensor._on_backward)(name, grad_inputs[offset] if dgrad else None,
+                                               grad_inputs[offset + 1] if wgrad else None, grad_outputs[0],
                                                x2, w, call)
 
         handle = node.register_hook(post)
 
     def _on_backward(self, name: str, dx, dwt, g, x2, w, call: int) -> None:
-        """dx = g·W (N×K) and dWᵀ = xᵀ·g (K×O), each checked on sampled rows against the float64 side."""
+        """dx = g·W (N×K) and dW = gᵀ·x (O×K; autograd hands dWᵀ), each checked whole."""
         if g is None:
             return
-        budget = self.monitor.budget
         n, o = g.shape[0], g.shape[-1]
         k = w.shape[1]
         g2 = g.reshape(n, o)
-        key = f"linear.dgrad:{name}"
-        if dx is not None and budget.allow(self.name, key, 2.0 * n * k * o):
-            d2 = dx.reshape(n, k)
-            self._check(key, name, "linear.dgrad", d2, g2, lambda: (*self._sums(w, 1), 0.0, 0.0), o, call,
-                        lambda idx: {"grad_output": g2[idx].clone(), "weight": w.clone(), "output": d2[idx].clone()})
-        key = f"linear.wgrad:{name}"
-        if dwt is not None and budget.allow(self.name, key, 2.0 * n * k * o):
-            self._check(key, name, "linear.wgrad", dwt, x2.T,
-                        lambda: (*_sum_abs(g2.double(), 1), 0.0, 0.0), n,
-                        call, lambda idx: {"input_columns": x2[:, idx].clone(), "grad_output": g2.clone(),
-                                           "output": dwt[idx].clone()})
+        if dx is not None:
+            self._check(f"linear.dgrad:{name}", name, "linear.dgrad", dx.reshape(n, k), g2, w, None, call)
+        if dwt is not None:
+            self._check(f"linear.wgrad:{name}", name, "linear.wgrad", dwt.T, g2.T, x2, None, call)
 
     # -- verification (verifier thread) -----------------------------------------------------------
     def verify(self, task) -> tuple[str, dict]:
@@ -286,8 +346,6 @@ class ChecksumSensor(Sensor):
         for state in self.ops.values():
             state.mult = max(1.0, state.mult / 2)
         self._calls.clear()
-        if len(self._colsums) > 4 * max(len(self.ops), 16):
-            self._colsums = {k: e for k, e in self._colsums.items() if e[0]() is not None}
 
     def stats(self) -> list[dict]:
         rows = []
@@ -310,21 +368,18 @@ class ChecksumSensor(Sensor):
         return rows
 
     def median_gap(self, boundary: str, op: str = "linear") -> float | None:
-        """The operator's median clean gap in output units (a row sum's), None before any check."""
+        """The operator's median clean gap in output units (a check's largest column-sum gap), None
+        before any check."""
         state = self.ops.get(f"{op}:{boundary}")
         return None if state is None else state.median_raw()
 
     def coverage(self) -> dict:
         return {"observed": ["nn.Linear forward (linear)", "its input gradient GEMM (linear.dgrad)",
-                             "its weight gradient GEMM (linear.wgrad)"],
-                "not_observed": ["functional F.linear / matmul / bmm outside nn.Linear (attention's products)",
+                             "its weight gradient GEMM (linear.wgrad)",
+                             "every element of a checked call (column sums); calls sampled at the budget's rate"],
+                "not_observed": ["functional F.linear / matmul / bmm / @ outside nn.Linear (attention's products)",
                                  "Linear subclasses with their own forward", "torch.compile'd regions",
-                                 "rows a sampled call leaves out (columns are not sampled)"]}
-
-
-def _sum_abs(t: torch.Tensor, dim: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(t summed along dim, |t| summed along dim) of a float64 tensor the caller owns (|t| in place)."""
-    return t.sum(dim), t.abs_().sum(dim)
+                                 "the calls the sampling skips"]}
 
 
 def _key(alert) -> str:
@@ -332,12 +387,18 @@ def _key(alert) -> str:
 
 
 def _operands(payload: dict) -> tuple:
-    """(recompute(device, dtype), left, right, bias) of a checked GEMM's evidence: the same operator
-    as in training (linear: F.linear), its operands as left @ right (+ bias) for the bound."""
+    """(recompute(device, dtype), args, left, right, bias) of a checked GEMM's evidence: the same
+    operator as in training (addmm with a bias, else mm), its operands as left @ right (+ bias).
+    Also the older whole-operand forms (kinds linear, linear.dgrad, linear.wgrad without `left`)."""
+    if "left" in payload:
+        a, b, bias = payload["left"], payload["right"], payload["bias"]
+        if bias is None:
+            return torch.mm, (a, b), a, b, None
+        return (lambda a, b, bias: torch.addmm(bias, a, b)), (a, b, bias), a, b, bias
     kind = payload["kind"]
     if kind == "linear":
         a, w, b = payload["input"], payload["weight"], payload["bias"]
-        return (lambda a, w, b: F.linear(a, w, b)), (a, w, b), a, w.T, b
+        return (lambda a, w, b: torch.nn.functional.linear(a, w, b)), (a, w, b), a, w.T, b
     if kind == "linear.dgrad":
         g, w = payload["grad_output"], payload["weight"]
         return (lambda g, w: g @ w), (g, w), g, w, None
@@ -352,8 +413,9 @@ def verify_gemm(payload: dict) -> tuple[str, dict]:
     device when one exists, and once in float64 on the CPU as the reference, then classify:
     cleared (a false alarm) when the original output is within the operator's rounding bound of the
     reference; else confirmed when the two recomputations agree bitwise (the corruption is real;
-    `reproduced` says whether the device gave the wrong value again: a persistent fault), transient
-    when they do not (the fault cannot be reproduced to one answer)."""
+    `reproduced` says whether the device gave the worst element's wrong value again: a persistent
+    fault), transient when they do not (the fault cannot be reproduced to one answer). The
+    elements are named in the op's own layout (`worst`, `elements_off`: row, column)."""
     op, args, left, right, bias = _operands(payload)
     original = payload["output"]
     with torch.no_grad():
@@ -368,14 +430,15 @@ def verify_gemm(payload: dict) -> tuple[str, dict]:
         overflow = original.detach().cpu().isinf() & (ref.abs() > torch.finfo(original.dtype).max) & (
             original.detach().cpu().double().sign() == ref.sign())
         err = torch.where(overflow, torch.zeros_like(err), err)
-        excess = err - bound
+        excess = (err - bound).nan_to_num(nan=math.inf)
         worst = int(excess.flatten().argmax())
-        idx = list(divmod(worst, err.shape[-1])) if err.dim() == 2 else [worst]
-        over = int((excess > 0).sum()) + int(err.isnan().sum())
+        off = (excess > 0).flatten().nonzero().flatten()[:16].tolist()
+        over = int((excess > 0).sum())
         agree = torch.equal(first, second) and bool((first.isnan() == second.isnan()).all())
-        reproduced = torch.equal(first, original)
+        reproduced = _same_bits(first.flatten()[worst:worst + 1], original.flatten()[worst:worst + 1])
         evidence = {"max_error": float(err.flatten()[worst]), "bound": float(bound.flatten()[worst]),
-                    "elements_over_bound": over, "worst": idx,
+                    "elements_over_bound": over, "worst": _element(payload, worst, err.shape),
+                    "elements_off": [_element(payload, i, err.shape) for i in off],
                     "original": float(original.flatten()[worst]), "reference": float(ref.flatten()[worst]),
                     "recomputed": float(first.flatten()[worst]), "recomputations_agree": agree,
                     "reproduced": reproduced, "device": str(original.device), "dtype": str(original.dtype)}
@@ -400,6 +463,23 @@ def verify_gemm(payload: dict) -> tuple[str, dict]:
         state = "transient"
         evidence["summary"] = "the two recomputations disagree: the fault does not reproduce to one answer"
     return state, evidence
+
+
+def _element(payload: dict, flat: int, shape) -> list[int]:
+    """The element at `flat` of the evidence block, as (row, column) of the whole output in the op's
+    layout (the block's own indices for the older whole-operand evidence)."""
+    i, j = divmod(flat, shape[-1]) if len(shape) == 2 else (flat, 0)
+    if "rows" in payload and "columns" in payload:
+        i, j = payload["rows"][i], payload["columns"][j]
+        if payload.get("transposed"):
+            i, j = j, i
+    return [i, j] if len(shape) == 2 else [flat]
+
+
+def _same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
+    if a.dtype in _INT_VIEWS and a.dtype == b.dtype:
+        return torch.equal(a.contiguous().view(_INT_VIEWS[a.dtype]), b.contiguous().view(_INT_VIEWS[b.dtype]))
+    return torch.equal(a, b)
 
 
 _INT_VIEWS = {torch.float32: torch.int32, torch.float64: torch.int64, torch.float16: torch.int16,

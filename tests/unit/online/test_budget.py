@@ -1,10 +1,10 @@
 """The budget controller, driven by a fake clock: the sensors' charged time converges within the
-budget, cheap operators get higher rates than dear ones, rates stay in [MIN_RATE, 1], and below
-ROW_FLOOR whole calls are skipped."""
+budget, cheap operators get higher rates than dear ones, rates stay in [MIN_RATE, 1], and a rate
+is the probability of checking a call (checked whole)."""
 
 import pytest
 
-from bitguard.collectors.online.budget import HEADROOM, MIN_RATE, ROW_FLOOR, Budget
+from bitguard.collectors.online.budget import HEADROOM, MIN_RATE, START_RATE, Budget
 
 
 class Clock:
@@ -21,10 +21,11 @@ def _steps(budget, clock, unit: dict, n: int, train_s: float = 1.0) -> list[floa
     seen = []
     for _ in range(n):
         for op, cost in unit.items():
-            if budget.allow("checksum", op):
-                seconds = cost * budget.row_fraction("checksum", op)
-                budget.charge("checksum", op, seconds)
-                clock.t += seconds
+            for _ in range(4):  # four calls a step, each check a quarter of the unit
+                if budget.allow("checksum", op):
+                    seconds = cost / 4
+                    budget.charge("checksum", op, seconds)
+                    clock.t += seconds
         clock.t += train_s
         budget.step_end()
         budget.reset()
@@ -39,7 +40,7 @@ def test_the_measured_cost_converges_within_the_budget_cheap_ops_checked_more():
     unit = {"cheap": 0.004, "dear": 0.1, "mid": 0.02}
     overheads = _steps(budget, clock, unit, 100)
     assert overheads[0] < 0.02, "the first step checks at START_RATE"
-    late = overheads[-60:]  # (an operator below ROW_FLOOR is checked in some steps only: the mean is what holds)
+    late = overheads[-60:]  # (calls are sampled: the mean is what holds)
     assert 0.02 * HEADROOM * 0.8 <= sum(late) / len(late) <= 0.02, sum(late) / len(late)
     rates = {op: budget.op("checksum", op).rate for op in unit}
     assert rates["cheap"] == 1.0, "a cheap operator's share is more than it needs"
@@ -55,14 +56,27 @@ def test_a_generous_budget_checks_everything():
     assert budget.op("checksum", "a").rate == budget.op("checksum", "b").rate == 1.0
 
 
-def test_below_the_row_floor_whole_calls_are_sampled():
+def test_a_rate_is_the_probability_of_checking_a_call():
     budget = Budget(0.02, Clock())
-    budget.op("checksum", "x").rate = ROW_FLOOR / 4  # (new operators start at ROW_FLOOR)
+    assert budget.op("checksum", "x").rate == START_RATE
+    budget.op("checksum", "x").rate = 0.25
     allowed = sum(budget.allow("checksum", "x") for _ in range(4000))
-    assert budget.row_fraction("checksum", "x") == ROW_FLOOR
-    assert 800 < allowed < 1200, allowed  # a quarter of the calls, each at ROW_FLOOR of its rows
+    assert 900 < allowed < 1100, allowed  # a quarter of the calls (each checked whole)
     entry = budget.op("checksum", "x")
     assert entry.calls == 4000 and entry.checked == allowed
+
+
+def test_the_unit_cost_counts_the_calls_left_out():
+    """Half the calls checked at 1 s each: the operator's cost at rate 1 is 2 s per call pair."""
+    clock = Clock()
+    budget = Budget(0.02, clock)
+    budget.start()
+    entry = budget.op("checksum", "x")
+    entry.calls, entry.checked, entry.seconds, entry.rate = 100, 50, 50.0, 0.5
+    clock.t += 1000.0
+    budget.step_end()
+    assert entry.unit == pytest.approx(100.0)
+    assert entry.rate == pytest.approx(HEADROOM * 0.02 * (1000.0 - 50.0) / 100.0)
 
 
 def test_fixed_costs_come_off_the_allowance():
@@ -87,4 +101,5 @@ def test_a_budget_of_one_is_no_limit():
     budget = Budget(1.0, clock)
     budget.start()
     _steps(budget, clock, {"a": 5.0}, 3)  # five times the step: still everything
-    assert budget.op("checksum", "a").rate == 1.0 and budget.row_fraction("checksum", "a") == 1.0
+    assert budget.op("checksum", "a").rate == 1.0
+    assert all(budget.allow("checksum", "a") for _ in range(100))

@@ -1,12 +1,19 @@
 """The checksum sensor: quiet on clean training, catches a corrupted Linear output (the SDC
-simulator's bit flip) in the step it happens, names its rows, and its threshold adapts as AEGIS
-§5.1.3 says (learned from clean gaps, doubled on a spike or a false alarm, halved back per step)."""
+simulator's bit flip) in the step it happens, names its element, and its threshold adapts as AEGIS
+§5.1.3 says (learned from clean gaps, doubled on a spike or a false alarm, halved back per step).
+A checked call covers every element of its output (column sums): a single wrong element anywhere,
+forward or backward, is caught; clean calls of float32, bfloat16 and float16 stay under the
+threshold."""
+
+import math
 
 import duckdb
 import pytest
 import torch
 
-from bitguard.collectors.online.checksum import MARGIN, WARMUP, ChecksumSensor, hard_bound
+from bitguard.collectors.online.budget import Budget
+from bitguard.collectors.online.checksum import (MARGIN, WARMUP, ChecksumSensor, column_bound, column_gaps, hard_bound,
+                                                 verify_gemm)
 from bitguard.collectors.online.monitor import OnlineMonitor
 from bitguard.collectors.online.sensor import Task
 from bitguard.collectors.online.simulator import Simulator, Spec
@@ -53,17 +60,27 @@ class _FakeMonitor:
     step = 0
     enabled = True
 
-    def __init__(self):
+    def __init__(self, budget=1.0):
         self.raised = []
+        self.budget = Budget(budget)
 
     def raise_alert(self, alert, payload=None):
         self.raised.append((alert, payload))
         return len(self.raised) - 1
 
+    def module_name(self, module):
+        return "m"
+
+    def guard(self, fn):
+        return fn
+
+
+_ONE = torch.ones(1, 1, dtype=torch.float64)
+
 
 def _judge(sensor, state, gap):
     gaps = torch.tensor([gap], dtype=torch.float64)
-    sensor._judge(state, "linear:m", gap, gap, gaps, 0, 1, 0, lambda rows: {"rows_copied": rows})
+    sensor._judge(state, "linear:m", gap, gap, gaps, 0, (_ONE, _ONE, _ONE, None, False))
 
 
 def test_the_threshold_is_learned_doubles_on_a_spike_and_halves_back():
@@ -77,7 +94,9 @@ def test_the_threshold_is_learned_doubles_on_a_spike_and_halves_back():
     assert state.threshold() == pytest.approx(MARGIN * 1e-9)
     _judge(sensor, state, 1e-7)  # a spike: alert, threshold doubled
     assert len(monitor.raised) == 1 and monitor.raised[0][0].threshold == pytest.approx(MARGIN * 1e-9)
-    assert monitor.raised[0][1] == {"kind": "linear", "rows_copied": [0], "rows": [0]}
+    payload = monitor.raised[0][1]
+    assert payload["kind"] == "linear" and payload["rows"] == payload["columns"] == [0]
+    assert monitor.raised[0][0].evidence["elements"] == [[0, 0]]
     assert state.threshold() == pytest.approx(2 * MARGIN * 1e-9)
     _judge(sensor, state, 1e-7)  # once per operator per step
     assert len(monitor.raised) == 1
@@ -96,17 +115,112 @@ def test_the_threshold_is_learned_doubles_on_a_spike_and_halves_back():
 
 
 def test_clean_gaps_stay_far_below_the_rounding_bound_and_scale_free():
-    """The normalised gap of a clean float32 Linear is rounding-sized, whatever the scale of its inputs."""
+    """The normalised column gap of a clean Linear is rounding-sized, whatever the scale of its inputs."""
     torch.manual_seed(0)
-    for scale in (1e-3, 1.0, 1e3):
-        lin = torch.nn.Linear(256, 512)
-        x = torch.randn(64, 256) * scale
-        y = lin(x).detach()
-        c = lin.weight.detach().double().sum(0)
-        gap = (y.double().sum(1) - (x.double() @ c + lin.bias.double().sum())).abs() / (
-            x.double().abs() @ lin.weight.detach().double().abs().sum(0) + lin.bias.double().abs().sum())
-        assert gap.max() < hard_bound(256, torch.float32, torch.device("cpu")) / 10, (scale, float(gap.max()))
-        assert gap.max() > 0
+    for dtype in (torch.float32, torch.bfloat16, torch.float16):
+        for scale in (1e-2, 1.0, 1e2):
+            lin = torch.nn.Linear(256, 512).to(dtype)
+            x = (torch.randn(64, 256) * scale).to(dtype)
+            y = lin(x).detach()
+            gaps, raw, _ = column_gaps(y, x, lin.weight.detach().T, lin.bias.detach())
+            bound = column_bound(64, 256, dtype, torch.device("cpu"))
+            assert 0 < gaps.max() < bound / 10, (dtype, scale, float(gaps.max()), bound)
+
+
+def _linear_calls(sensor, lin, shape, dtype, n, corrupt=None, seed=0):
+    """n calls of lin on fresh inputs through the sensor's forward check; corrupt(y) on the last."""
+    gen = torch.Generator().manual_seed(seed)
+    for i in range(n):
+        x = torch.randn(*shape, lin.in_features, generator=gen).to(dtype)
+        with torch.no_grad():
+            y = lin(x)
+        if corrupt is not None and i == n - 1:
+            corrupt(y.view(-1, lin.out_features))
+        sensor._on_linear(lin, x, y)
+
+
+_SHAPES = [((64,), 32, 48), ((4, 16), 128, 96), ((3, 5, 7), 200, 24), ((256,), 16, 300)]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_clean_calls_across_shapes_stay_under_the_threshold(dtype):
+    for shape, k, o in _SHAPES:
+        sensor, monitor = ChecksumSensor(), _FakeMonitor()
+        sensor.monitor = monitor
+        torch.manual_seed(1)
+        lin = torch.nn.Linear(k, o).to(dtype)
+        _linear_calls(sensor, lin, shape, dtype, 60)
+        state = sensor.ops["linear:m"]
+        assert state.checks == 60 and not monitor.raised, (shape, dtype, [a.evidence for a, _ in monitor.raised])
+        assert state.threshold() < state.bound / 4, "the learned threshold is well below the hard bound"
+
+
+@pytest.mark.parametrize("dtype,bits", [(torch.float32, (31, 30, 22, 20)), (torch.bfloat16, (15, 14)),
+                                        (torch.float16, (15, 14, 9))])
+def test_a_single_wrong_element_anywhere_is_caught_and_named(dtype, bits):
+    ints = {torch.float32: torch.int32, torch.bfloat16: torch.int16, torch.float16: torch.int16}[dtype]
+    gen = torch.Generator().manual_seed(7)
+    for shape, k, o in _SHAPES:
+        torch.manual_seed(2)
+        lin = torch.nn.Linear(k, o).to(dtype)
+        n = math.prod(shape)
+        for bit in bits:
+            sensor, monitor = ChecksumSensor(), _FakeMonitor()
+            sensor.monitor = monitor
+            _linear_calls(sensor, lin, shape, dtype, WARMUP + 4)  # learn
+            i, j = int(torch.randint(n, (), generator=gen)), int(torch.randint(o, (), generator=gen))
+            hit = []
+
+            def corrupt(y2):
+                if bit == 14 or bit == 30:  # an exponent bit that makes the element larger (or inf/NaN)
+                    y2.view(ints)[i, j] |= 1 << bit
+                else:
+                    y2.view(ints)[i, j] ^= (1 << bit) - (1 << (bit + 1) if bit in (15, 31) else 0)
+                hit.append(float(y2[i, j]))
+
+            while True:  # a sign flip of an element that rounds to zero changes nothing: take the next call
+                _linear_calls(sensor, lin, shape, dtype, 1, corrupt, seed=len(hit) + 100)
+                if monitor.raised or len(hit) > 3:
+                    break
+            assert monitor.raised, (shape, dtype, bit, hit)
+            alert, payload = monitor.raised[0]
+            assert [i, j] in alert.evidence["elements"], (alert.evidence, i, j)
+            state, evidence = verify_gemm(payload)
+            assert state == "confirmed" and evidence["worst"] == [i, j], evidence
+
+
+def test_the_backward_gemms_are_checked_whole_and_name_the_element_in_the_ops_layout():
+    sensor, monitor = ChecksumSensor(), _FakeMonitor()
+    sensor.monitor = monitor
+    torch.manual_seed(3)
+    n, k, o = 40, 24, 56
+    w = torch.randn(o, k)
+    for step in range(WARMUP + 3):
+        x, g = torch.randn(n, k), torch.randn(n, o)
+        dx, dwt = g @ w, x.T @ g
+        if step == WARMUP + 2:
+            dx[17, 5] *= -1
+            dwt[3, 50] *= 1.5  # dW[50, 3]
+        monitor.step = step
+        sensor._on_backward("m", dx, dwt, g, x, w, 0)
+    assert [a.op for a, _ in monitor.raised] == ["linear.dgrad", "linear.wgrad"]
+    (dgrad, p1), (wgrad, p2) = monitor.raised
+    assert dgrad.evidence["elements"] == [[17, 5]] and wgrad.evidence["elements"] == [[50, 3]]
+    assert wgrad.evidence["shape"] == [o, k], "dW in the weight's layout"
+    assert verify_gemm(p1)[1]["worst"] == [17, 5] and verify_gemm(p2)[1]["worst"] == [50, 3]
+    assert verify_gemm(p1)[0] == verify_gemm(p2)[0] == "confirmed"
+
+
+def test_call_sampling_checks_the_budgets_share_of_calls_each_whole():
+    sensor, monitor = ChecksumSensor(), _FakeMonitor(budget=0.02)
+    sensor.monitor = monitor
+    monitor.budget.op("checksum", "linear:m").rate = 0.25
+    lin = torch.nn.Linear(16, 8)
+    _linear_calls(sensor, lin, (10,), torch.float32, 800)
+    entry = monitor.budget.op("checksum", "linear:m")
+    assert entry.calls == 800 and 150 < entry.checked < 250
+    assert sensor.ops["linear:m"].checks == entry.checked
+    assert entry.flops_checked == pytest.approx(entry.checked * 2 * 10 * 16 * 8), "a checked call is checked whole"
 
 
 def test_a_linear_subclass_with_its_own_forward_is_not_checked(tmp_path):
