@@ -168,18 +168,19 @@ def _run_team(typingctx, parallel, member, block):
 
 
 _HEAD = 5  # int64 slots before the ranges' counters in a team block
+_CHUNK = 4  # int64 slots per chunk: address, bytes, number of its first word, the buffer it belongs to
 
 
 @njit(cache=True, nogil=True)
 def _take_chunks(block):
     """Digest chunks until none is left: those of this thread's own range first, then the others'.
     `block` is the address of int64 slots: the number of ranges R, of chunks, the addresses of the
-    chunks (address, bytes, number of its first word; 3 int64 each), of their results (xor, pos;
-    2 uint64 each) and of `omp_get_thread_num`; then each range's next chunk (R counters) and its
-    end (R more)."""
+    chunks (address, bytes, number of its first word, its buffer; `_CHUNK` int64 each), of their
+    results (xor, pos; 2 uint64 each) and of `omp_get_thread_num`; then each range's next chunk
+    (R counters) and its end (R more)."""
     head = carray(_words_at(block), _HEAD)
     ranges, n = np.int64(head[0]), np.int64(head[1])
-    chunks = carray(_words_at(np.int64(head[2])), 3 * n)
+    chunks = carray(_words_at(np.int64(head[2])), _CHUNK * n)
     results = carray(_words_at(np.int64(head[3])), 2 * n)
     ends = carray(_words_at(block + 8 * (_HEAD + ranges)), ranges)
     me = _call_int(np.int64(head[4]))
@@ -189,7 +190,8 @@ def _take_chunks(block):
             i = _claim(block + 8 * (_HEAD + r))
             if i >= np.int64(ends[r]):
                 break
-            address, size, first = np.int64(chunks[3 * i]), np.int64(chunks[3 * i + 1]), np.int64(chunks[3 * i + 2])
+            c = _CHUNK * i
+            address, size, first = np.int64(chunks[c]), np.int64(chunks[c + 1]), np.int64(chunks[c + 2])
             x, p = digest_bytes(carray(_bytes_at(address), size), first)
             results[2 * i] = x
             results[2 * i + 1] = p
@@ -206,20 +208,25 @@ def digest_team(addresses, sizes, out, team, chunk_bytes):
     """`digest_addresses` on the calling thread's OpenMP team: buffer i (sizes[i] bytes at
     addresses[i]) is cut into chunks of `chunk_bytes` (a multiple of 8) and the chunks' digests are
     combined into out[i]. `team`: the addresses of the runtime's `GOMP_parallel`,
-    `omp_get_max_threads` and `omp_get_thread_num`, and of `team_member` (int64[4])."""
+    `omp_get_max_threads` and `omp_get_thread_num`, and of `team_member` (int64[4]).
+
+    The team reads `chunks` and `block` by address only: Numba frees an array after its last use
+    as an array, so both are read again below, after the parallel region (the chunks' buffers in
+    the combining loop, the ranges' counters in the check), which keeps them alive through it.
+    Freed before it (as `chunks` once was), another thread's allocation could overwrite the chunk
+    table while the team read it: digests of the wrong bytes, or of none (xor 0)."""
     n = 0
     for b in range(addresses.size):
         n += max(1, (sizes[b] + chunk_bytes - 1) // chunk_bytes)
-    chunks = np.empty(3 * n, dtype=np.int64)
-    owner = np.empty(n, dtype=np.int64)
+    chunks = np.empty(_CHUNK * n, dtype=np.int64)
     i = 0
     for b in range(addresses.size):
         lo = 0
         while True:
-            chunks[3 * i] = addresses[b] + lo
-            chunks[3 * i + 1] = min(chunk_bytes, sizes[b] - lo)
-            chunks[3 * i + 2] = lo // 8
-            owner[i] = b
+            chunks[_CHUNK * i] = addresses[b] + lo
+            chunks[_CHUNK * i + 1] = min(chunk_bytes, sizes[b] - lo)
+            chunks[_CHUNK * i + 2] = lo // 8
+            chunks[_CHUNK * i + 3] = b
             i += 1
             lo += chunk_bytes
             if lo >= sizes[b]:
@@ -235,10 +242,14 @@ def digest_team(addresses, sizes, out, team, chunk_bytes):
         _run_team(team[0], team[3], block.ctypes.data)
     else:  # a team of one (torch set to one thread): no parallel region at all, as torch does then
         _take_chunks(block.ctypes.data)
+    for r in range(ranges):
+        if block[_HEAD + r] < block[_HEAD + ranges + r]:
+            raise RuntimeError("a range of the team digest's chunks was left undone")
     out[:] = 0
     for i in range(n):
-        out[owner[i], 0] ^= results[2 * i]
-        out[owner[i], 1] += results[2 * i + 1]
+        b = chunks[_CHUNK * i + 3]
+        out[b, 0] ^= results[2 * i]
+        out[b, 1] += results[2 * i + 1]
 
 
 @njit(cache=True, nogil=True)
