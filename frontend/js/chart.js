@@ -28,6 +28,8 @@ export function niceTicks(lo, hi, want, least = 0) {
 }
 
 const at = (v, i) => (Array.isArray(v) ? v[i] : v);
+// a layer's hover text: an array (one entry of lines per mark) or a function of the mark's index
+export const hoverOf = (L, i) => (typeof L.hover === "function" ? L.hover(i) : L.hover ? L.hover[i] : null);
 
 export class Chart {
   // opts: {height, margin: {l, r, t, b}, zoom: bool, onZoom(x0, x1), onClick(click), onPress(), onResize()}
@@ -72,10 +74,11 @@ export class Chart {
     }).observe(node);
   }
 
-  // the plot area inside the element, in CSS pixels
+  // the plot area inside the element, in CSS pixels (kept from the last draw, or for this width)
   get size() {
+    if (this.area && this.area.width === this.width) return this.area;
     const { l, r, t, b } = this.margin;
-    return { l, t, w: Math.max(this.width - l - r, 10), h: Math.max(this.height - t - b, 10) };
+    return { l, t, w: Math.max(this.width - l - r, 10), h: Math.max(this.height - t - b, 10), width: this.width };
   }
 
   plotWidth() {
@@ -84,28 +87,28 @@ export class Chart {
   }
 
   // data to plot-area pixels and back (as plotly's l2p / p2l: relative to the plot area)
+  // (the scales are set by draw: x2p and y2p run for every mark)
   x2p(x) {
-    const [a, b] = this.spec.x;
-    return ((x - a) / (b - a)) * this.size.w;
+    return (x - this.kx[0]) * this.kx[1];
   }
 
   p2x(px) {
-    const [a, b] = this.spec.x;
-    return a + (px / this.size.w) * (b - a);
+    return this.kx[0] + px / this.kx[1];
   }
 
   y2p(y) {
-    const [top, bottom] = this.spec.y;
-    return ((y - top) / (bottom - top)) * this.size.h;
+    return (y - this.ky[0]) * this.ky[1];
   }
 
   p2y(py) {
-    const [top, bottom] = this.spec.y;
-    return top + (py / this.size.h) * (bottom - top);
+    return this.ky[0] + py / this.ky[1];
   }
 
   // spec: {x: [lo, hi], y: [top, bottom], xTicks: {format(v, step), least}, yTicks: [{v, text}],
   //        xTitle, layers: [...], labels: [{text, x, y: data y | "top" | "bottom", anchor, color, size, bold, name}]}
+  // a layer: {kind: "rects" | "points" | "segments" | "texts", name, and its marks' arrays (see draw_*)};
+  // one that can be picked has custom (one per mark) and/or hover (lines per mark, or a function of
+  // the mark's index that makes them when the mark is hovered)
   draw(spec) {
     this.spec = spec;
     if (!this.width) this.width = this.node.clientWidth;
@@ -122,7 +125,10 @@ export class Chart {
     g.setTransform(dpr, 0, 0, dpr, 0, 0);
     g.fillStyle = "#fff";
     g.fillRect(0, 0, W, H);
-    const s = this.size;
+    this.area = null;
+    const s = (this.area = this.size);
+    this.kx = [spec.x[0], s.w / (spec.x[1] - spec.x[0])];
+    this.ky = [spec.y[0], s.h / (spec.y[1] - spec.y[0])];
     const xt = spec.xTicks || {};
     const { step, values } = niceTicks(spec.x[0], spec.x[1], Math.max(2, Math.floor(s.w / 90)), xt.least || 0);
     this.ticks = {
@@ -298,7 +304,7 @@ export class Chart {
       const L = this.layers[k];
       if (!L.hover && !L.custom) continue;
       const i = L.kind === "points" ? this.pickPoint(L, px, py) : L.kind === "rects" ? this.pickRect(L, px, py) : -1;
-      if (i >= 0) return { layer: L.name, index: i, custom: L.custom ? L.custom[i] : null, hover: L.hover ? L.hover[i] : null };
+      if (i >= 0) return { layer: L.name, index: i, custom: L.custom ? L.custom[i] : null, hover: hoverOf(L, i) };
     }
     return null;
   }

@@ -49,7 +49,9 @@ function stepRange(lo, hi) {
 // -- the detail chart -------------------------------------------------------------------------
 function binLayer(d, geo, codes) {
   const b = d.bins;
-  const L = { kind: "rects", name: "bins", x0: [], x1: [], y0: [], y1: [], fill: [], hover: [], ypad: 1.5, least: 1 };
+  // a bin's hover text is made when it is hovered: thousands of bins, each drawn far more often
+  const at = []; // [lane, bin] of each cell
+  const L = { kind: "rects", name: "bins", x0: [], x1: [], y0: [], y1: [], fill: [], ypad: 1.5, least: 1 };
   const rowOf = {};
   for (const ln of b.lanes) rowOf[`${ln.side}:${ln.phase}`] = ln;
   const steps = (i) => (b.step_lo ? stepRange(b.step_lo[i], b.step_hi[i]) : "");
@@ -66,11 +68,15 @@ function binLayer(d, geo, codes) {
         L.y0.push(y - 0.5);
         L.y1.push(y + 0.5);
         L.fill.push(look(codes[ln.status[i]]).color);
-        const dv = ln.diverged[i];
-        L.hover.push([`${side.toUpperCase()} · ${p} · ${steps(i)}`, `${count(n)} events${dv ? `, ${count(dv)} diverged` : ""}`, look(codes[ln.status[i]]).label]);
+        at.push([ln, i]);
       }
     }
   }
+  L.hover = (k) => {
+    const [ln, i] = at[k];
+    const dv = ln.diverged[i];
+    return [`${ln.side.toUpperCase()} · ${ln.phase} · ${steps(i)}`, `${count(ln.n[i])} events${dv ? `, ${count(dv)} diverged` : ""}`, look(codes[ln.status[i]]).label];
+  };
   return [L];
 }
 
@@ -247,14 +253,15 @@ function edges(xs) {
 
 export function overviewSpec(o, d, ctx) {
   const { axis, codes } = ctx;
-  const L = { kind: "rects", name: "overview", x0: [], x1: [], y0: [], y1: [], fill: [], hover: [], ypad: 1, least: 1 };
+  const tips = []; // a function of nothing per cell: its hover text, made when hovered
+  const L = { kind: "rects", name: "overview", x0: [], x1: [], y0: [], y1: [], fill: [], hover: (k) => tips[k](), ypad: 1, least: 1 };
   const cell = (x0, x1, row, code, hover) => {
     L.x0.push(x0);
     L.x1.push(x1);
     L.y0.push(row - 0.5);
     L.y1.push(row + 0.5);
     L.fill.push(look(code).color);
-    L.hover.push(hover);
+    tips.push(hover);
   };
   if (o.mode === "bins") {
     const b = o.bins;
@@ -271,7 +278,7 @@ export function overviewSpec(o, d, ctx) {
         }
         if (!n) continue;
         const x0 = b.start + i * b.width;
-        cell(x0, x0 + b.width, row, codes[worst], [`${side.toUpperCase()}: ${count(n)} events${dv ? `, ${count(dv)} diverged` : ""}`]);
+        cell(x0, x0 + b.width, row, codes[worst], () => [`${side.toUpperCase()}: ${count(n)} events${dv ? `, ${count(dv)} diverged` : ""}`]);
       }
     });
   } else {
@@ -280,7 +287,7 @@ export function overviewSpec(o, d, ctx) {
     ["a", "b"].forEach((side, row) => {
       xs.forEach(({ e }, i) => {
         if (e[`${side}_seq`] == null) return;
-        cell(span[i][0], span[i][1], row, STATUS_OF_ROW[e.status], [`${side.toUpperCase()}: ${e.phase} ${e.boundary} (${rowStatus(e)})`]);
+        cell(span[i][0], span[i][1], row, STATUS_OF_ROW[e.status], () => [`${side.toUpperCase()}: ${e.phase} ${e.boundary} (${rowStatus(e)})`]);
       });
     });
   }

@@ -93,10 +93,31 @@ export function pending(c) {
   return { rank: v.rank, axis: v.axis, window: v.w, draw: v.draw, selected };
 }
 
+// a replaced entry is written once the events of the moment are handled (history.replaceState costs
+// a few ms, and a zoom or a selection would wait for it before its frame); a pushed one at once,
+// after the replaced one still waiting (Back returns to the entry as it was before the step)
+const later = { timer: null, url: null, cid: null };
 function write(push = false) {
+  const url = st.cid ? format(st.cid, st.view) : null;
+  if (!push) {
+    Object.assign(later, { url, cid: st.cid });
+    if (later.timer === null) later.timer = setTimeout(flush, 0);
+    return;
+  }
+  flush();
+  put(st.cid, url, true);
+}
+
+function flush() {
+  clearTimeout(later.timer);
+  const { cid, url } = later;
+  Object.assign(later, { timer: null, url: null, cid: null });
+  if (url) put(cid, url, false);
+}
+
+function put(cid, url, push) {
   const here = parse();
-  if (!st.cid || !here || here.cid !== st.cid) return; // the page is elsewhere now
-  const url = format(st.cid, st.view);
+  if (!cid || !here || here.cid !== cid || cid !== st.cid) return; // the page is elsewhere now
   if (url === location.hash) return;
   history[push ? "pushState" : "replaceState"]({ bitguard: 1 }, "", url);
 }
@@ -133,6 +154,8 @@ async function reopen(c, want) {
 
 // Back or Forward (or an edited hash) within the same comparison: show that entry's view
 function onPop() {
+  clearTimeout(later.timer); // a replace still waiting was for the entry left: it must not overwrite this one
+  Object.assign(later, { timer: null, url: null, cid: null });
   const v = parse();
   if (!v || v.cid !== st.cid) {
     st.cid = null; // another comparison or the home view: app.js opens it, and enter() reads its link

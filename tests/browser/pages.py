@@ -36,8 +36,11 @@ PLOT_BOX = """(sel) => { const c = document.querySelector(sel).chart, b = c.canv
 LANE_Y = """([sel, y]) => { const c = document.querySelector(sel).chart, b = c.canvas.getBoundingClientRect();
   return b.top + c.size.t + c.y2p(y); }"""
 
+# a layer's hover texts made for every mark when the layer makes them on hover (a function)
 LAYER = """([sel, name]) => { const L = document.querySelector(sel).chart.layers.find((l) => l.name === name);
-  return L ? JSON.parse(JSON.stringify(L)) : null; }"""
+  if (!L) return null;
+  const hover = typeof L.hover === "function" ? (L.x || L.x0).map((_, i) => L.hover(i)) : L.hover;
+  return JSON.parse(JSON.stringify({...L, hover})); }"""
 
 MARK_XY = """([sel, name, i]) => {
   const c = document.querySelector(sel).chart, b = c.canvas.getBoundingClientRect();

@@ -91,6 +91,11 @@ def test_loss_curve_marks_the_pivot_and_how_far_ahead_of_the_loss_bitguard_saw_i
     plot = page.evaluate("""() => { const gd = document.querySelector('#loss-plot');
         return {names: gd.data.map((t) => t.name), n: gd.data[0].x.length, marks: gd.layout.shapes.map((s) => s.x0)}; }""")
     assert plot == {"names": ["run A", "run B", "|A − B|"], "n": 8, "marks": [2, 2, 6]}
+    # plotly.js, which draws this curve, was asked for only once the timelines (canvas) were drawn
+    order = page.evaluate("""() => { const r = performance.getEntriesByType("resource").find((e) => e.name.includes("plotly.min.js"));
+        const m = performance.getEntriesByName("bitguard:first-draw");
+        return {plotly: r ? r.startTime : null, drawn: m.length ? m[0].startTime : null}; }""")
+    assert order["plotly"] is not None and order["drawn"] is not None and order["plotly"] > order["drawn"], order
     assert "from Net" in page.inner_text(SEL["lossPanel"])
     page.screenshot(path=str(artifacts / "comparison-panels.png"), full_page=True)
     # the same comparison's divergences table, a page at a time from the server
