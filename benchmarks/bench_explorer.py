@@ -8,8 +8,11 @@ load on this shared machine spreads over all of them; medians are reported):
 
 - the first view: from "ready" (the `bitguard:ready` mark) to the drawn timelines
   (`bitguard:first-draw`), in the open app and as a cold deep link in a fresh browser context
-  (plotly.js fetched and parsed; where that time goes is reported too);
-- a zoom to a tenth of the rank (bins) and to 300 events (drawn one by one);
+  (where that time goes is reported too);
+- a zoom: real mouse drags (Playwright's mouse, through the page's own drag handling) from the
+  whole rank to a tenth of it (bins), and from a window of 3,000 events to 300 (drawn one by
+  one), timed from the drag's mouseup to the redrawn timeline and to the next frame after it;
+  the zoom-out button;
 - a search (a new boundary pattern each round) and next divergence: until the answer is shown and
   the timeline has redrawn at the match;
 - the divergences table: a filter changed, the next page.
@@ -43,6 +46,7 @@ import httpx  # noqa: E402
 import fixtures_runs as runs  # noqa: E402
 from api.live_server import start_server  # noqa: E402
 from browser.conftest import CHROMIUM, CHROMIUM_ARGS  # noqa: E402
+from browser.pages import LANE_Y, PLOT_BOX  # noqa: E402
 
 LAYERS = 48
 PER_STEP = 2 * LAYERS + 3  # blocks, probe, root, one gradient per block, optimizer step
@@ -88,14 +92,41 @@ FIRST_DRAW = """() => new Promise((resolve) => {
   done();
 })"""
 
-ZOOM = """async ([start, end]) => {
-  const t0 = performance.now();
-  const drawn = new Promise((resolve) => document.addEventListener("bitguard:timeline-drawn", resolve, {once: true}));
-  await Plotly.relayout(document.querySelector("#timeline"), {"xaxis.range": [start, end]});
-  const d = (await drawn).detail;
-  const asked = performance.getEntriesByType("resource").filter((r) => r.name.includes("/timeline?") && r.startTime >= t0);
-  return {ms: performance.now() - t0, mode: d.mode, request_ms: asked.length ? asked[asked.length - 1].duration : null};
-}"""
+# armed before a drag: resolves when the timeline has redrawn after the drag's mouseup, with the
+# time from that mouseup (its event timestamp) to the redraw and to the frame after it
+ARM_DRAG = """() => { window.__zoom = new Promise((resolve) => {
+  let up = null;
+  window.addEventListener("mouseup", (e) => { up = e.timeStamp; }, {capture: true, once: true});
+  document.addEventListener("bitguard:timeline-drawn", (ev) => {
+    const drawn = performance.now();
+    requestAnimationFrame(() => setTimeout(() => {
+      const asked = performance.getEntriesByType("resource").filter((r) => r.name.includes("/timeline?") && r.startTime >= up);
+      resolve({ms: drawn - up, painted_ms: performance.now() - up, mode: ev.detail.mode,
+               window: ev.detail.window, request_ms: asked.length ? asked[asked.length - 1].duration : null});
+    }, 0));
+  }, {once: true});
+}); }"""
+
+
+# the canvas draw alone: the detail chart drawn again from the spec it holds (median of 5)
+REDRAW = """() => { const c = document.querySelector("#timeline").chart, ms = [];
+  for (let i = 0; i < 5; i += 1) { const t = performance.now(); c.draw(c.spec); ms.push(performance.now() - t); }
+  return ms.sort((a, b) => a - b)[2]; }"""
+
+
+def _drag(page, start: float, end: float) -> dict:
+    """Drag the detail timeline from data x `start` to `end` with the mouse; the timings of ARM_DRAG."""
+    box = page.evaluate(PLOT_BOX, "#timeline")
+    y = page.evaluate(LANE_Y, ["#timeline", 0])
+    px = lambda x: box["l"] + (x - box["r0"]) / (box["r1"] - box["r0"]) * box["w"]  # noqa: E731
+    page.evaluate(ARM_DRAG)
+    page.mouse.move(px(start), y)
+    page.mouse.down()
+    page.mouse.move(px(end), y, steps=5)
+    page.mouse.up()
+    out = page.evaluate("window.__zoom")
+    return out
+
 
 # a click on a zoom button (no drag, so no wait for the drag to settle), until the timeline is redrawn
 ZOOM_BUTTON = """async (sel) => {
@@ -103,7 +134,9 @@ ZOOM_BUTTON = """async (sel) => {
   const drawn = new Promise((resolve) => document.addEventListener("bitguard:timeline-drawn", resolve, {once: true}));
   document.querySelector(sel).click();
   const d = (await drawn).detail;
-  return {ms: performance.now() - t0, mode: d.mode};
+  const ms = performance.now() - t0;
+  await new Promise((r) => requestAnimationFrame(() => setTimeout(r, 0)));
+  return {ms, painted_ms: performance.now() - t0, mode: d.mode};
 }"""
 
 # an action in the open app, timed until its answer is on screen (the watched text changes) and the
@@ -183,17 +216,25 @@ def measure_browser(url: str, cid: str, repeat: int, extent: float) -> dict:
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
         try:
-            # the page is open on the upload view (plotly.js parsed) when the comparison becomes ready
+            # the page is open on the upload view when the comparison becomes ready
             context = browser.new_context(viewport={"width": 1480, "height": 1000})
             page = context.new_page()
             page.goto(f"{url}/#/")
-            page.wait_for_function("window.Plotly !== undefined")
+            page.wait_for_selector("#view-home:not(.hidden)")
             for r in range(repeat):
                 add("in_app", []).append(_open_in_app(page, cid))
                 page.wait_for_selector("#div-range")
                 page.wait_for_timeout(300)  # the panels drawn after the timelines settle
-                add("zoom_bins", []).append(page.evaluate(ZOOM, [extent * 0.45, extent * 0.55]))
-                add("zoom_events", []).append(page.evaluate(ZOOM, [extent * 0.5, extent * 0.5 + 300]))
+                add("whole_rank", []).append(page.evaluate(ZOOM_BUTTON, "#whole-rank"))
+                page.wait_for_timeout(200)
+                add("zoom_bins", []).append(_drag(page, extent * 0.45, extent * 0.55))
+                add("redraw_bins", []).append({"ms": page.evaluate(REDRAW)})
+                page.wait_for_timeout(200)
+                _drag(page, extent * 0.5 - 1500, extent * 0.5 + 1500)  # 3,000 events: still bins
+                page.wait_for_timeout(200)
+                add("zoom_events", []).append(_drag(page, extent * 0.5, extent * 0.5 + 300))
+                add("redraw_events", []).append({"ms": page.evaluate(REDRAW)})
+                page.wait_for_timeout(200)
                 add("zoom_button", []).append(page.evaluate(ZOOM_BUTTON, "#zoom-out"))
                 page.evaluate(ZOOM_BUTTON, "#zoom-in")
                 add("search", []).append(page.evaluate(ACT, ["search", f"model.layers.{10 + r}"]))
@@ -287,6 +328,10 @@ def main(argv=None) -> dict:
         "cold_ready_to_draw_ms": med(browser["cold"], "ready_to_draw"),
         "cold_parts_ms": parts,
         "zoom_ms": [med(browser["zoom_bins"], "ms"), med(browser["zoom_events"], "ms")],
+        "zoom_painted_ms": [med(browser["zoom_bins"], "painted_ms"), med(browser["zoom_events"], "painted_ms")],
+        "zoom_windows": [browser["zoom_bins"][0]["window"], browser["zoom_events"][0]["window"]],
+        "whole_rank_ms": med(browser["whole_rank"], "ms"), "whole_rank_painted_ms": med(browser["whole_rank"], "painted_ms"),
+        "canvas_draw_ms": [round(statistics.median(r["ms"] for r in browser[k]), 1) for k in ("redraw_bins", "redraw_events")], "zoom_button_painted_ms": med(browser["zoom_button"], "painted_ms"),
         "zoom_request_ms": [med(browser["zoom_bins"], "request_ms"), med(browser["zoom_events"], "request_ms")],
         "zoom_modes": [browser["zoom_bins"][0]["mode"], browser["zoom_events"][0]["mode"]],
         "zoom_button_ms": med(browser["zoom_button"], "ms"),
@@ -330,9 +375,10 @@ view of a cold deep link.
 | first view, page open (the upload view, as after "Compare"): ready → drawn | {r['ready_to_draw_ms']} ms (slowest {r['ready_to_draw_ms_max']} ms) | {ok(r['ready_to_draw_ms'], 300)} |
 | first view, click to open → drawn / every panel drawn (includes the wait for "ready") | {r['open_to_draw_ms']} ms / {r['open_to_all_panels_ms']} ms | (no target) |
 | cold deep link, fresh browser: navigation → drawn | {r['cold_navigation_to_draw_ms']} ms (slowest {r['cold_navigation_to_draw_ms_max']} ms) | {ok(r['cold_navigation_to_draw_ms'], 2000)} |
-| zoom to a tenth of the rank (bins) | {r['zoom_ms'][0]} ms (the request {r['zoom_request_ms'][0]} ms) | {ok(r['zoom_ms'][0], 300)} |
-| zoom to 300 events (events) | {r['zoom_ms'][1]} ms (the request {r['zoom_request_ms'][1]} ms) | {ok(r['zoom_ms'][1], 300)} |
-| zoom out ×2 with the button, from 300 events (no drag to settle) | {r['zoom_button_ms']} ms | {ok(r['zoom_button_ms'], 300)} |
+| zoom: a mouse drag from the whole rank to a tenth of it (bins): mouseup → drawn / next frame | {r['zoom_ms'][0]} ms / {r['zoom_painted_ms'][0]} ms (the request {r['zoom_request_ms'][0]} ms) | {ok(r['zoom_painted_ms'][0], 300)} |
+| zoom: a mouse drag from 3,000 events to 300 (drawn one by one): mouseup → drawn / next frame | {r['zoom_ms'][1]} ms / {r['zoom_painted_ms'][1]} ms (the request {r['zoom_request_ms'][1]} ms) | {ok(r['zoom_painted_ms'][1], 300)} |
+| zoom out ×2 with the button, from 300 events: drawn / next frame | {r['zoom_button_ms']} ms / {r['zoom_button_painted_ms']} ms | {ok(r['zoom_button_painted_ms'], 300)} |
+| "Whole rank" from the pivot's window (the detail timeline and the strip redrawn): drawn / next frame | {r['whole_rank_ms']} ms / {r['whole_rank_painted_ms']} ms | {ok(r['whole_rank_painted_ms'], 300)} |
 | search, a new pattern: answer shown / timeline redrawn at the match | {r['search_answered_ms']} ms / {r['search_ms']} ms | {ok(r['search_ms'], 300)} |
 | next divergence: answer shown / timeline redrawn at it | {r['next_divergence_answered_ms']} ms / {r['next_divergence_ms']} ms | {ok(r['next_divergence_ms'], 300)} |
 | divergences table: a filter changed / the next page | {r['table_filter_ms']} ms / {r['table_page_ms']} ms | {ok(max(r['table_filter_ms'], r['table_page_ms']), 300)} |
@@ -340,29 +386,29 @@ view of a cold deep link.
 
 Where the time goes:
 
-- **Cold deep link** (ms since navigation, medians): app.js fetched at {cold.get('app_js_fetched')},
-  plotly.js ({(cold.get('plotly_bytes') or 0) / 1e6:.1f} MB) fetched at {cold.get('plotly_fetched')}
-  and done running at {cold.get('plotly_ready')}; the page's DOM ready at
-  {cold.get('dom_content_loaded')}, the comparison seen ready at {cold.get('ready')}, the last of
-  its {cold.get('api_requests')} API answers at {cold.get('api_last_end')}; drawn at
-  {cold.get('first_draw')}. The data is there before plotly.js is: compiling and running plotly.js
-  is the critical path, then the first draw with plotly's code still cold. The API answers
-  below take milliseconds; only a first view that does not wait for plotly.js (or a smaller
-  plotly bundle than the installed package's full one) would change this.
-- **Zoom**: the request is {r['zoom_request_ms'][0]} ms / {r['zoom_request_ms'][1]} ms of it. A drag
-  (timed here as plotly's relayout to the new range) waits 120 ms for the drag to settle before
-  it asks (timeline.js), so that a drag in progress does not ask for every frame; a zoom button
-  asks at once. The rest is the browser. A Chromium trace of one zoom at 100k events (390 ms, the request 14 ms): about
-  190 ms of JavaScript in promise callbacks (plotly drawing the figure twice, its own relayout at
-  the new range and then the redraw with the new window, and the overview strip again) and about
-  50 ms of style, layout and paint; the remainder is waiting between frames. Hover texts are built
-  per bin (`format.js count` made a new number formatter per call: 120 ms of a 450 ms zoom before
-  it kept one). Drawing once per zoom (the new window only) is where the next saving is.
-- **First view in the open app**: every answer it needs takes milliseconds (the endpoints below);
-  the rest is drawing: the timelines, the overview strip, the propagation columns and the panels.
-  A Chromium profile of one open at 100k events (244 ms): mostly native style, layout and paint
-  of plotly's SVG, and a forced layout of 40 ms where timeline.js reads the plot's width right
-  after the panels changed the page.
+- **The timelines are drawn on canvas by the explorer's own code** (`frontend/js/chart.js`, with
+  the marks of `lanes.js` and `slices.js`): one synchronous draw per window, ticks and labels as
+  DOM text, the tooltip and the drag box as two small elements. plotly.js (the installed plotly
+  package's full bundle, 4.8 MB) draws only the loss curve and the drill's figures, and
+  `dom.js plotly()` loads it only after the timelines' first draw (or after 3 s). Before this,
+  the timelines were plotly figures: the cold deep link took 2.35–2.7 s (plotly.js compiled and
+  run by 2.2 s, then a first draw with it cold), and a zoom 318–568 ms (plotly drew each figure
+  twice, and a drag waited 120 ms to settle before it asked; that zoom was timed from a
+  `Plotly.relayout` call, this one from a real drag's mouseup), at load averages 5 to 16.
+- **Cold deep link** (ms since navigation, medians): app.js fetched at {cold.get('app_js_fetched')};
+  the page's modules fetched and run (DOM ready) at {cold.get('dom_content_loaded')}; the
+  comparison seen ready at {cold.get('ready')}; the last of its {cold.get('api_requests')} API
+  answers at {cold.get('api_last_end')}; drawn at {cold.get('first_draw')}. No plotly.js on that
+  path. Between "ready" and "drawn": the two timeline requests (the window and the whole rank for
+  the strip), answered while the other panels' requests and drawing share the one main thread.
+- **Zoom**: a drag asks for its window at its mouseup (no wait for it to settle: chart.js knows
+  when the drag ends) and the answer is drawn once. The request is {r['zoom_request_ms'][0]} ms /
+  {r['zoom_request_ms'][1]} ms of it, and the canvas draw of the detail chart
+  {r['canvas_draw_ms'][0]} ms (its 900 bins × 6 lanes) / {r['canvas_draw_ms'][1]} ms (300 events and
+  their names); the rest is the response's parsing, the strip's redraw, the listeners of the
+  redraw (the URL, the info line) and the frames in between.
+- **First view in the open app**: the same two timeline requests and one draw; the other
+  panels' answers take milliseconds (the endpoints below).
 - **Search, next divergence**: the answer is on screen in tens of milliseconds; the rest is the
   timeline's redraw at the match, as for a zoom.
 
@@ -374,7 +420,7 @@ The endpoints alone (no browser; medians of the same rounds):
 
 Machine: {r['machine']}, shared with other work (load average {r['load_average_start']} at the
 start of the run, {r['load_average']} at its end): timings here vary by tens of percent from run
-to run, and a cold page load most (its plotly.js compile competes with that work for two cores).
+to run, and a cold page load most (it competes with that work for two cores).
 Reproduce with:
 
     {r['command']} --write-docs
