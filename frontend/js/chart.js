@@ -152,19 +152,11 @@ export class Chart {
       g.stroke();
     }
     this.layers = spec.layers.filter(Boolean);
-    for (const layer of this.layers) {
-      if (layer.clip === false) {
-        g.restore();
-        g.save();
-        g.translate(s.l, s.t);
-      }
-      this[`draw_${layer.kind}`](g, layer);
-      if (layer.clip === false) {
-        g.beginPath();
-        g.rect(0, 0, s.w, s.h);
-        g.clip();
-      }
-    }
+    for (const layer of this.layers) this[`draw_${layer.kind}`](g, layer); // clipped to the plot area
+    g.restore();
+    g.save();
+    g.translate(s.l, s.t);
+    for (const layer of this.layers) if (layer.kind === "points" && layer.text) this.draw_point_text(g, layer);
     g.restore();
     this.drawText(spec);
     this.hideTip();
@@ -242,7 +234,12 @@ export class Chart {
         if (line.width) g.stroke();
       }
     }
-    if (!L.text) return;
+  }
+
+  // the names of a points layer, drawn after every layer and unclipped: a name near an end of the
+  // window may reach into the margin rather than be cut
+  draw_point_text(g, L) {
+    const n = L.x.length;
     g.font = `${L.textSize || 9}px ${family()}`;
     g.fillStyle = L.textColor || "#3e4c59";
     g.textAlign = "center";
