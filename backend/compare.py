@@ -24,7 +24,7 @@ import polars as pl
 from bitguard.backend import certification, check, equivalence, granularity
 from bitguard.backend import pivot as pivot_mod
 from bitguard.backend import recompute
-from bitguard.backend import propagation, retype
+from bitguard.backend import propagation, rank_pool, retype
 from bitguard.backend.ingest import RunInfo, load_rank, open_run
 from bitguard.backend.result import COMPARE_SCHEMA, EXIT_STATUS, CompareResult
 from bitguard.backend.rules import RuleSet
@@ -696,9 +696,10 @@ class Comparison:
 
 
 def compare(a, b, rules=None, rank: int | None = None, band: int = DEFAULT_BAND, fingerprint: str = "xor+pos",
-            probes: list[str] | None = None) -> Comparison:
+            probes: list[str] | None = None, jobs: int | None = None) -> Comparison:
     """Compare run A (reference) with run B (suspect). `fingerprint` and `probes` are analysis
-    options for ablations (see the module docstring); the defaults are bitguard's method."""
+    options for ablations (see the module docstring); the defaults are bitguard's method. `jobs`:
+    worker processes for the ranks (rank_pool.py; None: the cores, for a big enough comparison)."""
     equivalence.check(fingerprint)
     probes = None if probes is None else list(probes)
     run_a = a if isinstance(a, RunInfo) else open_run(a)
@@ -725,8 +726,7 @@ def compare(a, b, rules=None, rank: int | None = None, band: int = DEFAULT_BAND,
     if digests[0] != digests[1]:
         raise IncompatibleRuns(f"the runs were digested differently (A: {digests[0] or 'unnamed, older'}, B: "
                                f"{digests[1] or 'unnamed, older'}); re-record the older run with this bitguard")
-    fired: dict[str, int] = {}
-    ranks = {r: _compare_rank(r, run_a, run_b, rule_set, fired, band, fingerprint, probes) for r in selected}
+    ranks, fired = rank_pool.compare_ranks(selected, run_a, run_b, rule_set, band, fingerprint, probes, jobs)
     pivot_mod.confirm_comm(ranks, rank_selected=rank is not None)  # a collective's blame, seen from its group
     reasons = certification.run_reasons(run_a, run_b, selected, rank_selected=rank is not None)
     return Comparison(run_a, run_b, rule_set, ranks, fired, band, fingerprint, probes, reasons)

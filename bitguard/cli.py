@@ -223,7 +223,7 @@ def cmd_compare(args) -> int:
     from bitguard.backend.compare import compare
     from bitguard.backend.report import render_text
 
-    comparison = compare(args.run_a, args.run_b, rules=args.rules, rank=args.rank)
+    comparison = compare(args.run_a, args.run_b, rules=args.rules, rank=args.rank, jobs=args.jobs)
     if args.json:
         import json
 
@@ -325,6 +325,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--rules", default=None, help="benign-difference rules file (JSON, bitguard.rules/1)")
     p.add_argument("--rank", type=int, default=None, help="compare only this rank")
     p.add_argument("--json", action="store_true", help="print the bitguard.compare/1 JSON report")
+    p.add_argument("--jobs", type=int, default=None, metavar="N",
+                   help="compare ranks in N worker processes (default: the cores, when the runs hold two or more "
+                        "ranks and enough events to pay for starting workers; 1: in this process)")
     p.set_defaults(func=cmd_compare)
 
     what = ("check one run against itself, with no reference run (each activation recompute against its original "

@@ -1,0 +1,141 @@
+"""Many ranks compared on 1 and on N worker processes (backend/rank_pool.py), alternated in one run.
+
+Builds a synthetic pair of `--ranks` ranks × about `--events` events per rank per side
+(tests/fixtures_runs.py: a toy network of Linear blocks, a gap on every rank, digest changes
+planted on three ranks at known steps), then in each round compares it once per `--jobs` value,
+each in a fresh Python (so a round's time includes starting the pool's workers, as a user's
+`bitguard compare --jobs N` does), and checks every time that the planted faults are the pivots
+of their ranks and the earliest is the run's first divergence. Medians of the rounds, and the
+ratio of each round's time to the same round's one-worker time (the alternation cancels a drift
+in the machine's load; medians of those ratios are what to quote).
+
+    python benchmarks/bench_ranks.py                          # 64 ranks x 10,000 events, jobs 1 and 2
+    python benchmarks/bench_ranks.py --ranks 8 --events 2000 --rounds 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tests"))
+
+import fixtures_runs as runs  # noqa: E402
+
+LAYERS = 16
+PER_STEP = 2 * LAYERS + 3  # blocks, probe, root, one gradient per block, the optimizer step
+
+
+def planted(ranks: int, steps: int) -> dict[int, tuple[int, str]]:
+    """rank -> (step, boundary) of the digest changes planted in the suspect run."""
+    return {ranks // 4: (steps // 2, "model.layers.5"), ranks // 2: (steps // 3, "model.layers.2"),
+            ranks - 1: (steps - 1, "model.layers.0")}
+
+
+def build_pair(data: Path, ranks: int, events: int) -> tuple[str, str, dict]:
+    steps = max(4, -(-events // PER_STEP))
+    plant = planted(ranks, steps)
+    a, b = data / f"reference-{ranks}x{steps}", data / f"suspect-{ranks}x{steps}"
+    marker = data / f"pair-{ranks}x{steps}.json"
+    if not marker.exists():
+        t = time.perf_counter()
+        gap = frozenset({(steps - 1, "model.probe", "forward")})  # a late gap on every rank
+        runs.write_run(str(a), runs.RunSpec(layers=LAYERS, steps=steps, world_size=ranks))
+        runs.write_run(str(b), runs.RunSpec(layers=LAYERS, steps=steps, world_size=ranks, drop=gap, taints=tuple(
+            runs.Taint(step, boundary, rank=r) for r, (step, boundary) in plant.items())))
+        marker.write_text(json.dumps({"ranks": ranks, "steps": steps}))
+        print(f"built two runs of {ranks} ranks x {steps * PER_STEP:,} events in {time.perf_counter() - t:.0f} s",
+              file=sys.stderr)
+    return str(a), str(b), plant
+
+
+CHILD = r"""
+import json, resource, sys, time
+t = time.perf_counter()
+from bitguard.backend.compare import compare
+c = compare(sys.argv[1], sys.argv[2], jobs=int(sys.argv[3]))
+doc = c.to_dict()
+wall = time.perf_counter() - t
+pivots = {r: [rc.pivot["step"], rc.pivot["boundary"]] for r, rc in c.ranks.items() if rc.pivot is not None}
+first = c.first_divergence
+print(json.dumps({"wall_s": wall, "verdict": doc["verdict"], "pivots": pivots,
+                  "first": [first["rank"], first["step"], first["boundary"]] if first else None,
+                  "peak_mib_parent": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+                  "peak_mib_worker": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024}))
+"""
+
+
+def one(a: str, b: str, jobs: int) -> dict:
+    out = subprocess.run([sys.executable, "-c", CHILD, a, b, str(jobs)], capture_output=True, text=True,
+                         cwd=ROOT, timeout=3600)
+    if out.returncode != 0:
+        raise SystemExit(f"compare --jobs {jobs} failed:\n{out.stderr[-2000:]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def check(r: dict, plant: dict, ranks: int, steps: int) -> None:
+    """The planted faults are where they were planted; every other rank's pivot is the late gap."""
+    for rank in range(ranks):
+        want = list(plant[rank]) if rank in plant else [steps - 1, "model.probe"]
+        got = r["pivots"].get(str(rank))
+        if got != want:
+            raise SystemExit(f"rank {rank}: pivot {got}, planted {want}")
+    earliest = min(plant.items(), key=lambda kv: (kv[1][0], kv[0]))
+    if r["first"] != [earliest[0], *earliest[1]]:
+        raise SystemExit(f"first divergence {r['first']}, planted earliest {earliest}")
+
+
+def main(argv=None) -> dict:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--ranks", type=int, default=64)
+    p.add_argument("--events", type=int, default=10_000, help="events per rank per side (about)")
+    p.add_argument("--jobs", type=int, nargs="+", default=[1, 2])
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--data", default=os.path.join(tempfile.gettempdir(), "bitguard-bench-ranks"),
+                   help="where the synthetic runs are kept between invocations")
+    args = p.parse_args(argv)
+    data = Path(args.data)
+    data.mkdir(parents=True, exist_ok=True)
+    a, b, plant = build_pair(data, args.ranks, args.events)
+    steps = max(4, -(-args.events // PER_STEP))
+    times: dict[int, list[float]] = {j: [] for j in args.jobs}
+    ratios: dict[int, list[float]] = {j: [] for j in args.jobs}
+    peaks: dict[int, list[float]] = {j: [] for j in args.jobs}
+    load = [os.getloadavg()[0]]
+    for rnd in range(args.rounds):
+        row = {}
+        for j in args.jobs:
+            r = one(a, b, j)
+            check(r, plant, args.ranks, steps)
+            times[j].append(r["wall_s"])
+            peaks[j].append(max(r["peak_mib_parent"], r["peak_mib_worker"]))
+            row[j] = r["wall_s"]
+        for j in args.jobs:
+            ratios[j].append(row[j] / row[args.jobs[0]])
+        print(f"round {rnd}: " + ", ".join(f"jobs {j} {row[j]:.2f} s" for j in args.jobs), file=sys.stderr)
+    load.append(os.getloadavg()[0])
+    events = args.ranks * steps * PER_STEP
+    report = {"schema": "bitguard.bench_ranks/1", "ranks": args.ranks, "events_per_side": events,
+              "cores": os.cpu_count(), "load_average": load, "rounds": args.rounds,
+              "jobs": {str(j): {"median_s": statistics.median(times[j]), "times_s": times[j],
+                                "median_ratio_to_first": statistics.median(ratios[j]),
+                                "peak_mib_per_process": max(peaks[j])} for j in args.jobs}}
+    print(f"{args.ranks} ranks, {events:,} events per side, load average {load[0]:.1f} -> {load[1]:.1f}")
+    print("| workers | median wall | ratio to jobs %d (median of rounds) | peak RSS of one process |" % args.jobs[0])
+    print("| --- | --- | --- | --- |")
+    for j in args.jobs:
+        s = report["jobs"][str(j)]
+        print(f"| {j} | {s['median_s']:.2f} s | {s['median_ratio_to_first']:.2f}x | {s['peak_mib_per_process']:.0f} MiB |")
+    return report
+
+
+if __name__ == "__main__":
+    main()
