@@ -53,6 +53,7 @@ class StepFacts:
     stepped: dict[str, Digest] = field(default_factory=dict)  # param -> (xor, pos) after the optimizer step
     grad_used: dict[str, Digest] = field(default_factory=dict)  # param -> the gradient step() used
     grad_last: dict[str, Digest] = field(default_factory=dict)  # param -> .grad after its last gradient event
+    _params_choice: int | None = field(default=None, repr=False, compare=False)  # params_row()'s, once found
 
     def of(self, kind: str) -> list[dict]:
         """The step's API events of `kind`, in order."""
@@ -66,9 +67,23 @@ class StepFacts:
 
     @property
     def params(self) -> dict[str, dict]:
-        """The step's `params` event (name -> requires_grad, dtype, device, xor, storage), or {}."""
-        row = self.first("params")
+        """The trained root's `params` event (name -> requires_grad, dtype, device, xor, storage), or {}."""
+        row = self.params_row()
         return row["value"] if row else {}
+
+    def params_row(self) -> dict | None:
+        """The `params` event of the root module this step trains. A step may call several roots
+        (an EMA copy or a teacher evaluated before the training forward, an evaluation model):
+        the trained one is the root whose parameters the step's optimizer steps (the most of them);
+        with no optimizer step, or none in any root, the first root's."""
+        rows = self.of("params")
+        if len(rows) < 2:
+            return rows[0] if rows else None
+        if self._params_choice is None:
+            stepped = self.optimizer_params()
+            overlap = [len(stepped.intersection(r["value"])) if isinstance(r["value"], dict) else 0 for r in rows]
+            self._params_choice = max(range(len(rows)), key=lambda i: (overlap[i], -i))
+        return rows[self._params_choice]
 
     def optimizer_params(self) -> set[str]:
         """Every parameter name in some param group of the step's optimizer steps."""

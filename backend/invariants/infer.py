@@ -20,7 +20,7 @@ import json
 from collections import Counter
 from dataclasses import dataclass, field
 
-from bitguard.backend.invariants.templates import (BY_NAME, CONFIG, FEATURE_TEXT, FEATURES, MAX_MARGIN, TEMPLATES,
+from bitguard.backend.invariants.templates import (BY_NAME, FEATURE_TEXT, FEATURES, MAX_MARGIN, SEEN_VALUES, TEMPLATES,
                                                    observe_run)
 
 SCHEMA = "bitguard.invariants/1"
@@ -172,8 +172,8 @@ def decide(c: _Candidate) -> tuple[Invariant | None, str | None]:
         same, value = _common(f, passing)
         if same:
             pre.append(condition(f, "==", value))
-        elif f in CONFIG and all(f in ctx for ctx in passing):
-            # a per-name relation seen on several configurations: only those (never another one)
+        elif f in SEEN_VALUES and all(f in ctx for ctx in passing):
+            # seen on several configurations (or learning-rate magnitudes): only those, never another
             values = sorted({json.dumps(ctx[f], sort_keys=True) for ctx in passing})
             pre.append(condition(f, "in", [json.loads(v) for v in values]))
     runs = len({where[0] for v, _, where in c.obs if holds(c.kind, expected, v)})

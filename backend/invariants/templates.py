@@ -30,13 +30,14 @@ from bitguard.backend.invariants.facts import StepFacts
 # The step features a precondition may name, in the order the inference tries them.
 FEATURES = ("world_size", "accum", "scheduler", "clip", "amp", "optimizer", "model_dtype", "first_step",
             "set_to_none", "frozen_at_start", "tied_at_start", "dtypes_at_start", "eval_at_start", "dtype",
-            "requires_grad")
+            "requires_grad", "lr_decade")
 FEATURE_TEXT = {
     "world_size": "world size", "accum": "backward calls per optimizer step", "scheduler": "an LR scheduler is attached",
     "clip": "gradients are clipped in the step", "amp": "a GradScaler scales the loss",
     "optimizer": "optimizer class", "model_dtype": "the parameters' most common dtype",
     "first_step": "first training step of the run", "set_to_none": "zero_grad's set_to_none (last seen)",
     "dtype": "the parameter's dtype", "requires_grad": "the parameter requires grad",
+    "lr_decade": "the parameter's learning rate's power of ten (floor of log10)",
     # the model's configuration as its first training step showed it (count:digest of the names):
     # a per-name relation learned on one configuration is not carried to another
     "frozen_at_start": "the parameters frozen at the first training step",
@@ -47,6 +48,10 @@ FEATURE_TEXT = {
 # per-name relations: the configuration features that must match the clean runs' (the first
 # training step's), so that a model frozen, tied or cast by design is not read as a bug
 CONFIG = ("frozen_at_start", "tied_at_start", "dtypes_at_start", "eval_at_start")
+# features a precondition holds to the values the clean runs showed ("is one of") when they were
+# several: the configuration, and the learning rate's order of magnitude (an update smaller than a
+# parameter's last bit leaves it unchanged: `changes_at_step` is known only at the rates it was seen at)
+SEEN_VALUES = (*CONFIG, "lr_decade")
 MAX_MARGIN = 1.5  # a `max` invariant's bound: this times the largest value the clean runs showed
 SEQ_KINDS = ("zero_grad", "backward", "clip_grad_norm", "clip_grad_value", "optimizer_step", "scheduler_step",
              "loss_scale")
@@ -68,7 +73,7 @@ def context(facts: StepFacts, state: dict) -> dict:
     for a in facts.api:
         if a["kind"] in ("scheduler_init", "scheduler_step"):
             run["scheduler"] = True
-        elif a["kind"] == "loss_scale":
+        elif a["kind"] == "loss_scale" and a["value"].get("enabled", True):  # (a disabled GradScaler scales nothing)
             run["amp"] = True
         elif a["kind"] == "zero_grad":
             run["set_to_none"] = a["value"].get("set_to_none")
@@ -132,6 +137,11 @@ class Template:
 def _of_param(ctx: dict, p: dict) -> ChainMap:
     """The step's features and a parameter's own (a view, not a copy: one per parameter per step)."""
     return ChainMap({"dtype": p.get("dtype"), "requires_grad": p.get("requires_grad")}, ctx)
+
+
+def _decade(lr) -> int | None:
+    """floor(log10(lr)) of a positive finite learning rate, else None."""
+    return math.floor(math.log10(lr)) if isinstance(lr, (int, float)) and math.isfinite(lr) and lr > 0 else None
 
 
 def _word(v) -> int:
@@ -245,7 +255,7 @@ class EventContain(Template):
         out = []
         backward = _ords(facts, "backward")
         steps = _ords(facts, "optimizer_step")
-        if backward:
+        if backward and not ctx.get("first_step"):  # (the first has no older gradient to clear: grads_fresh checks it)
             zero = [o for o in _ords(facts, "zero_grad") if o < backward[0]]
             out.append(Obs("zero_grad_before_backward", ("zero_grad", "backward"), bool(zero), ctx,
                            {"first_backward_ord": backward[0], "zero_grad_ords": _ords(facts, "zero_grad")}))
@@ -263,7 +273,8 @@ class EventContain(Template):
 
     def relation(self, key, expected):
         return {
-            "zero_grad_before_backward": "each training step calls zero_grad before its first backward",
+            "zero_grad_before_backward": "each training step after the run's first calls zero_grad before its first "
+                                         "backward",
             "grads_fresh": "each parameter's first gradient in a step is not accumulated onto an older one "
                            "(.grad was zeroed or None before backward)",
             "step_after_backward": "each training step's optimizer step comes after its backward",
@@ -293,7 +304,7 @@ class Sequence(Template):
 
 class Update(Template):
     name = "Update"
-    relevant = {"changes_at_step": ("amp",), "gets_grad": CONFIG}
+    relevant = {"changes_at_step": ("amp", "lr_decade"), "gets_grad": CONFIG}
 
     def observe(self, facts, ctx, state):
         out = []
@@ -332,7 +343,8 @@ class Update(Template):
                 prev[n] = after
                 if before is None or facts.grad_zero.get(n) or not lrs.get(n):
                     continue
-                feat = ChainMap({"dtype": p.get("dtype"), "requires_grad": True}, ctx)
+                feat = ChainMap({"dtype": p.get("dtype"), "requires_grad": True,
+                                 "lr_decade": _decade(lrs[n])}, ctx)
                 out.append(Obs("changes_at_step", ("*",), before != after, feat,
                                {"param": n, "lr": lrs.get(n), "xor": f"{after[0]:016x}", "pos": f"{after[1]:016x}"}))
         # what the next step's first forward must find
@@ -418,7 +430,8 @@ class Bound(Template):
         """The backward root (unscaled) times the step's backward calls: the loss the step trained
         on as if it were one call. Keyed by the root module, whose loss scale it is."""
         backward = facts.of("backward")
-        root = next((a["target"] for a in facts.of("params")), None)
+        row = facts.params_row()
+        root = row["target"] if row else None
         values = []
         for b in backward:
             v, scale = b["value"].get("value"), b["value"].get("scaled_by")

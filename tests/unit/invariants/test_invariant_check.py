@@ -37,12 +37,12 @@ def test_a_clean_run_exits_0_and_a_buggy_one_1_with_each_violation_on_a_line(inv
     buggy = write_run(tmp_path, Loop(seed="d", world_size=2, bugs={"no_zero_grad"}), name="buggy")
     assert main(["invariants", "check", str(buggy), "--invariants", str(inv_file)]) == 1
     out = capsys.readouterr().out
-    assert "step 0 rank 0: each training step calls zero_grad before its first backward" in out
+    assert "step 1 rank 0: each training step after the run's first calls zero_grad before its first backward" in out
     assert main(["invariants", "check", str(buggy), "--invariants", str(inv_file), "--json"]) == 1
     report = json.loads(capsys.readouterr().out)
     assert report["schema"] == "bitguard.invariant-check/1" and report["verdict"] == "violated"
-    assert report["violations"][0]["step"] == 0 and report["applied"]
-    assert {"id": "EventContain/zero_grad_before_backward", "count": 10, "first_step": 0} in report["violated"]
+    assert report["violations"][0]["step"] == 1 and report["applied"]  # (step 0 has no older gradient to clear)
+    assert {"id": "EventContain/zero_grad_before_backward", "count": 8, "first_step": 1} in report["violated"]
 
 
 def test_transfer_to_another_model_reports_applied_and_skipped(inv_file, tmp_path, capsys):

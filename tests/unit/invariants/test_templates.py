@@ -31,7 +31,7 @@ def test_another_clean_run_violates_nothing(invariants):
 
 # bug -> (the invariant that must catch it, the first step it must be caught in)
 CASES = {
-    "no_zero_grad": ("EventContain/zero_grad_before_backward", 0),
+    "no_zero_grad": ("EventContain/zero_grad_before_backward", 1),  # (step 0 has no older gradient to clear)
     "no_scheduler_step": ("EventContain/scheduler_stepped", 1),
     "clip_before_backward": ("Sequence/order:backward<clip_grad_norm", 0),
     "clip_wrong_params": ("Consistent/clip_covers", 0),
