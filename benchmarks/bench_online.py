@@ -78,11 +78,21 @@ def online_run(out: Path, steps: int, budget: float, simulate: dict | None = Non
                 times.append(time.perf_counter() - t)
     finally:
         os.environ.pop("BITGUARD_SDC_SIMULATE", None)
+    from bitguard import db
+
+    con = db.connect(out / "rank-0.duckdb", read_only=True)
+    try:  # the injected module's forward calls seen and checked, per step (the sampling half of detection)
+        checked = {s: (c, k) for s, c, k in con.execute(
+            "SELECT step, sum(calls), sum(checked) FROM sensor_stats WHERE sensor = 'checksum' AND op = ? "
+            "GROUP BY step", [f"linear:{MODULE}"]).fetchall()}
+    finally:
+        con.close()
     injections = []
     log = out / "sdc-injections-rank-0.jsonl"
     if log.exists():
         injections = [json.loads(line) for line in log.read_text().splitlines() if line.strip()]
-    return {"losses": losses, "times": times, "alerts": read_alerts(out).to_dict(), "injections": injections}
+    return {"losses": losses, "times": times, "alerts": read_alerts(out).to_dict(), "injections": injections,
+            "checked_calls": checked}
 
 
 # -- clean ---------------------------------------------------------------------------------------
@@ -150,9 +160,16 @@ def score(got: dict, first: int) -> dict:
     false_alerts = [a for a in got["alerts"]["alerts"] if a["sensor"] == "checksum" and a["step"] in clean_steps
                     and a["state"] == "confirmed"]
     faulty_steps = sorted({i["step"] for i in injections})
+    # the faulty calls the sampling checked (per step: the module's checked calls, at most its faulty ones)
+    per_step = {}
+    for i in scored:
+        per_step[i["step"]] = per_step.get(i["step"], 0) + 1
+    checked = sum(min(n_inj, int(got.get("checked_calls", {}).get(step, (0, 0))[1])) for step, n_inj in per_step.items())
     return {"injections": n, "not_scored_after_nan": len(injections) - n, "detected": detected,
             "rate": detected / n if n else None, "confirmed": confirmed,
             "sampling_rate": op.get("rate"),  # the module's mean call-sampling rate over the run
+            "faulty_calls_checked": checked if "checked_calls" in got else None,
+            "detected_of_checked": detected / checked if checked and "checked_calls" in got else None,
             "verdicts": states, "alert_latency_steps": _spread(alert_lat),
             "confirm_latency_steps": _spread(confirm_lat),
             # steps from the fault's first faulty step to the first detected event (an intermittent fault on a device)
@@ -174,7 +191,9 @@ def faults(args) -> dict:
     settings = [(f"bit {b} ({field})", {"bit": b}) for field, bits in BITS.items() for b in bits]
     settings += [(f"r = {r:g}", {"scale": r}) for r in SCALES]
     if args.only:
-        settings = [s for s in settings if any(o in s[0] for o in args.only)]
+        # (a label matches when it contains the string, or when it is the string itself: "r = 10" is not "r = 100")
+        settings = [s for s in settings if any(o.strip() == s[0].split(" (")[0] if o.startswith("r = ") else o in s[0]
+                                               for o in args.only)]
     out = {"module": MODULE, "warmup": args.warmup, "steps": args.steps, "rows_per_step": args.rows,
            "budget": args.budget, "settings": {}}
     with tempfile.TemporaryDirectory() as tmp:
