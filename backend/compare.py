@@ -696,10 +696,11 @@ class Comparison:
 
 
 def compare(a, b, rules=None, rank: int | None = None, band: int = DEFAULT_BAND, fingerprint: str = "xor+pos",
-            probes: list[str] | None = None, jobs: int | None = None) -> Comparison:
+            probes: list[str] | None = None, jobs: int | None = None, ray: str | None = None) -> Comparison:
     """Compare run A (reference) with run B (suspect). `fingerprint` and `probes` are analysis
     options for ablations (see the module docstring); the defaults are bitguard's method. `jobs`:
-    worker processes for the ranks (rank_pool.py; None: the cores, for a big enough comparison)."""
+    worker processes for the ranks (rank_pool.py; None: the cores, for a big enough comparison);
+    `ray`: compare the ranks on a Ray cluster instead (its address, or "auto")."""
     equivalence.check(fingerprint)
     probes = None if probes is None else list(probes)
     run_a = a if isinstance(a, RunInfo) else open_run(a)
@@ -726,7 +727,7 @@ def compare(a, b, rules=None, rank: int | None = None, band: int = DEFAULT_BAND,
     if digests[0] != digests[1]:
         raise IncompatibleRuns(f"the runs were digested differently (A: {digests[0] or 'unnamed, older'}, B: "
                                f"{digests[1] or 'unnamed, older'}); re-record the older run with this bitguard")
-    ranks, fired = rank_pool.compare_ranks(selected, run_a, run_b, rule_set, band, fingerprint, probes, jobs)
+    ranks, fired = rank_pool.compare_ranks(selected, run_a, run_b, rule_set, band, fingerprint, probes, jobs, ray)
     pivot_mod.confirm_comm(ranks, rank_selected=rank is not None)  # a collective's blame, seen from its group
     reasons = certification.run_reasons(run_a, run_b, selected, rank_selected=rank is not None)
     return Comparison(run_a, run_b, rule_set, ranks, fired, band, fingerprint, probes, reasons)

@@ -9,11 +9,16 @@ the backend, about a second here): at least two ranks and `AUTO_MIN_EVENTS` even
 explicit `jobs` > 1 always uses the pool; `jobs` 1 never does. Workers are spawned, never forked:
 polars and DuckDB keep thread pools that a fork would copy mid-work.
 
+Beyond one machine the same per-rank tasks run on Ray (`ray`: a cluster's address, or "auto"
+for the one `ray start` left running; a Ray already initialised in this process is used as it
+is). The workers open the run directories by their paths, so the runs must sit on storage every
+node sees at the same path. Ray is an optional extra (`pip install bitguard[ray]`).
+
 Each worker returns the whole `RankComparison` (its frames travel back pickled, as Arrow), so a
 pooled comparison is the same object, field for field, as one made in a single process: the
-explorer and the notebook read it the same way. What it does not do: spread ranks over several
-machines (every worker reads the run directories from this machine's disk), or bound the memory
-of ranks held at once (all of them are, as in one process).
+explorer and the notebook read it the same way. What it does not do yet: send back only a small
+per-rank summary (the frames of every rank travel back and are held at once, as in one process;
+on Ray through its object store).
 """
 
 from __future__ import annotations
@@ -56,12 +61,49 @@ def _one(args):
     return rank, _compare_rank(rank, run_a, run_b, rules, fired, band, fingerprint, probes), fired
 
 
+def _reachable(address: str) -> None:
+    """A host:port that takes no connection fails here in seconds (ray.init would retry for minutes)."""
+    import socket
+
+    from bitguard.errors import BadInput
+
+    host, sep, port = address.rpartition(":")
+    if address == "auto" or "://" in address or not sep or not port.isdigit():
+        return
+    try:
+        socket.create_connection((host.strip("[]") or "127.0.0.1", int(port)), timeout=5).close()
+    except OSError as exc:
+        raise BadInput(f"--ray {address}: no Ray cluster reached ({exc.strerror or exc}); start one with "
+                       f"'ray start --head' or give its address (host:port)") from None
+
+
+def _on_ray(address: str, tasks: list) -> list:
+    from bitguard.errors import BadInput, NotSupported
+
+    try:
+        import ray
+    except ImportError:
+        raise NotSupported("--ray needs Ray, an optional extra: pip install 'bitguard[ray]' (or pip install ray)") \
+            from None
+    if not ray.is_initialized():
+        _reachable(address)
+        try:
+            ray.init(address=address, logging_level="ERROR", log_to_driver=False)
+        except (ConnectionError, RuntimeError, ValueError) as exc:
+            raise BadInput(f"--ray {address}: no Ray cluster reached ({str(exc).splitlines()[0][:200]}); start one "
+                           f"with 'ray start --head' or give its address (host:port)") from None
+    remote = ray.remote(_one)
+    return ray.get([remote.remote(t) for t in tasks])
+
+
 def compare_ranks(ranks: list[int], run_a, run_b, rules, band: int, fingerprint: str, probes,
-                  jobs: int | None = None) -> tuple[dict, dict[str, int]]:
+                  jobs: int | None = None, ray: str | None = None) -> tuple[dict, dict[str, int]]:
     """{rank: RankComparison} in rank order and the rules' fire counts summed over the ranks."""
     tasks = [(r, run_a, run_b, rules, band, fingerprint, probes) for r in ranks]
     n = workers_for(jobs, ranks, run_a, run_b)
-    if n == 1:
+    if ray is not None:
+        results = _on_ray(ray, tasks)
+    elif n == 1:
         results = map(_one, tasks)
     else:
         pool = ProcessPoolExecutor(max_workers=n, mp_context=get_context("spawn"))

@@ -223,7 +223,8 @@ def cmd_compare(args) -> int:
     from bitguard.backend.compare import compare
     from bitguard.backend.report import render_text
 
-    comparison = compare(args.run_a, args.run_b, rules=args.rules, rank=args.rank, jobs=args.jobs)
+    comparison = compare(args.run_a, args.run_b, rules=args.rules, rank=args.rank, jobs=args.jobs,
+                         ray=args.ray)
     if args.json:
         import json
 
@@ -328,6 +329,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--jobs", type=int, default=None, metavar="N",
                    help="compare ranks in N worker processes (default: the cores, when the runs hold two or more "
                         "ranks and enough events to pay for starting workers; 1: in this process)")
+    p.add_argument("--ray", default=None, metavar="ADDRESS",
+                   help="compare the ranks on a Ray cluster: its address (host:port), or 'auto' for the one "
+                        "'ray start' runs here; the run directories must be at the same path on every node "
+                        "(needs the ray extra)")
     p.set_defaults(func=cmd_compare)
 
     what = ("check one run against itself, with no reference run (each activation recompute against its original "

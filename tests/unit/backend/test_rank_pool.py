@@ -75,3 +75,29 @@ def test_the_cli_takes_jobs_and_refuses_nonsense(six_ranks, capsys):
     assert main(["compare", *six_ranks, "--jobs", "0"]) == 2
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and "--jobs 0" in err
+
+
+@pytest.mark.slow
+def test_64_ranks_on_a_local_ray_cluster_give_the_single_process_comparison(tmp_path):
+    ray = pytest.importorskip("ray")
+    plant = {7: (1, "model.layers.1"), 33: (0, "model.layers.0"), 63: (2, "model.layers.1")}
+    a, b = runs.write_pair(str(tmp_path), "r64", runs.RunSpec(layers=2, steps=3, world_size=64, taints=tuple(
+        runs.Taint(step, boundary, rank=r) for r, (step, boundary) in plant.items())))
+    serial = compare(a, b, jobs=1)
+    ray.init(num_cpus=2, object_store_memory=200 * 2**20, include_dashboard=False, logging_level="ERROR",
+             log_to_driver=False)
+    try:
+        on_ray = compare(a, b, ray="auto")
+    finally:
+        ray.shutdown()
+    assert json.dumps(on_ray.to_dict(), sort_keys=True) == json.dumps(serial.to_dict(), sort_keys=True)
+    assert {r: (rc.pivot["step"], rc.pivot["boundary"]) for r, rc in on_ray.ranks.items() if rc.pivot} == plant
+    first = on_ray.first_divergence
+    assert (first["rank"], first["step"], first["boundary"]) == (33, 0, "model.layers.0")
+
+
+def test_ray_without_a_cluster_is_a_clear_error(six_ranks, capsys):
+    pytest.importorskip("ray")
+    assert main(["compare", *six_ranks, "--ray", "127.0.0.1:1"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "--ray 127.0.0.1:1" in err and "ray start" in err
