@@ -28,7 +28,9 @@ keeps recurring is caught within a few faulty calls even at a low rate.
 
 Each operator keeps its threshold, learned from its clean checks' statistic (the largest
 normalised column gap of a call): MARGIN × the largest of the last WINDOW, never above the hard
-bound; during the first WARMUP checks the hard bound alone. A gap over it raises an alert and
+bound; during the first WARMUP checks the hard bound alone, and a gap under it is learned only when
+it is within MARGIN × the median of those learned so far (a fault present during warm-up must not
+lift the learned threshold above itself). A gap over the threshold raises an alert and
 doubles the threshold, which halves back step by step (AEGIS §5.1.3); a false alarm (the
 verifier clears it) doubles it too, and its gap joins the clean ones. At most one alert per
 operator per step.
@@ -58,6 +60,7 @@ import torch
 from bitguard.collectors.online.sensor import Alert, LinearPatch, Sensor
 
 WARMUP = 8  # checks before the learned threshold replaces the hard bound
+WARMUP_BASE = 2  # gaps learned before warm-up rejects implausible ones (OpState.plausible)
 WINDOW = 64  # clean check statistics kept per operator
 MARGIN = 4.0  # learned threshold = MARGIN × the largest clean statistic in the window
 EVIDENCE_ELEMENTS = 4  # elements (so at most as many rows and columns) localised into an alert's evidence
@@ -171,6 +174,7 @@ class OpState:
         self.alert_step = -1
         self.observed = True  # backward: False when a call's autograd node could not be hooked
         self.nonfinite = 0  # checks skipped: their inputs held inf or NaN
+        self.rejected = 0  # warm-up checks under the hard bound not learned: implausible as clean
 
     def threshold(self) -> float:
         if self.checks < WARMUP or not self.clean:
@@ -182,6 +186,15 @@ class OpState:
         self.clean.append(gap)
         self.raw.append(raw)
 
+    def plausible(self, gap: float) -> bool:
+        """Whether a gap under the hard bound may be learned as clean during warm-up: not when it is
+        more than MARGIN × the median of the WARMUP_BASE or more gaps learned so far (a fault already
+        there while the threshold is the hard bound would otherwise lift the learned threshold above
+        itself). After warm-up the threshold itself keeps outliers out."""
+        if self.checks > WARMUP or len(self.clean) < WARMUP_BASE:
+            return True
+        return gap <= MARGIN * statistics.median(self.clean)
+
     def median_raw(self) -> float | None:
         return statistics.median(self.raw) if self.raw else None
 
@@ -192,6 +205,7 @@ class ChecksumSensor(Sensor):
     def __init__(self):
         self.ops: dict[str, OpState] = {}
         self._calls: dict[str, int] = {}  # op key -> calls in this step
+        self._alert_s = 0.0  # the last check's seconds spent raising its alert
         self._patch = None
         self.backward_unobserved = 0  # checked calls whose backward GEMMs could not be hooked (this step)
 
@@ -242,6 +256,7 @@ class ChecksumSensor(Sensor):
             c, a, b, transposed = c.T, b.T, a.T, not transposed
         budget = self.monitor.budget
         t0 = budget.clock()
+        self._alert_s = 0.0
         state = self._state(key, name, op)
         with torch.no_grad():
             gaps, raw, rhs = column_gaps(c, a, b, bias)
@@ -252,7 +267,10 @@ class ChecksumSensor(Sensor):
                 self._judge(state, key, gap, float(raw[worst]), gaps, call, (c, a, b, bias, transposed))
             else:  # non-finite inputs (an overflow the loss scaler will skip): no checksum to judge
                 state.nonfinite += 1
-        budget.charge(self.name, key, budget.clock() - t0, 2.0 * a.shape[0] * a.shape[1] * b.shape[1])
+        # (an alert's localisation and evidence copies are not the operator's checking cost: charged apart, so an
+        # operator that keeps alerting is not sampled less for it)
+        budget.charge(self.name, key, budget.clock() - t0 - self._alert_s, 2.0 * a.shape[0] * a.shape[1] * b.shape[1])
+        budget.charge_fixed(self._alert_s)
 
     def _judge(self, state: OpState, key: str, gap: float, raw_gap: float, gaps: torch.Tensor, call: int,
                operands) -> None:
@@ -261,12 +279,23 @@ class ChecksumSensor(Sensor):
         state.checks += 1
         threshold = state.threshold()
         if gap <= threshold:  # (a NaN gap is over any threshold)
-            state.learn(gap, raw_gap)
+            if state.plausible(gap):
+                state.learn(gap, raw_gap)
+            else:
+                state.rejected += 1
             return
         step = self.monitor.step
         if state.alert_step == step:
             return
         state.alert_step = step
+        t0 = self.monitor.budget.clock()
+        try:
+            self._raise(state, gap, raw_gap, gaps, threshold, call, operands)
+        finally:
+            self._alert_s = self.monitor.budget.clock() - t0
+
+    def _raise(self, state: OpState, gap: float, raw_gap: float, gaps: torch.Tensor, threshold: float, call: int,
+               operands) -> None:
         c, a, b, bias, transposed = operands
         ranked = gaps.nan_to_num(nan=math.inf)
         over = int(((ranked > threshold)).sum())

@@ -241,3 +241,44 @@ def test_a_linear_subclass_with_its_own_forward_is_not_checked(tmp_path):
         store.close("complete")
     assert monitor.alerts_raised == 0
     assert {k for k in sensor.ops if k.startswith("linear:")} == {"linear:Scaled"}, "its inner Linear.forward is"
+
+
+def test_an_alerts_localisation_is_charged_apart_from_the_operators_checks():
+    """An operator that keeps alerting must not be sampled less for its alerts' cost."""
+    sensor, monitor = ChecksumSensor(), _FakeMonitor()
+    sensor.monitor = monitor
+    torch.manual_seed(4)
+    lin = torch.nn.Linear(64, 32)
+    _linear_calls(sensor, lin, (128,), torch.float32, WARMUP + 2)
+    assert monitor.budget.fixed_s == 0.0
+
+    def corrupt(y2):
+        y2[5, 7] = -y2[5, 7] + 1.0
+
+    _linear_calls(sensor, lin, (128,), torch.float32, 1, corrupt, seed=9)
+    assert monitor.raised and monitor.budget.fixed_s > 0, "the alert's time went to the fixed costs"
+
+
+def test_a_fault_present_during_warm_up_does_not_lift_the_threshold_above_itself():
+    """A wrong element below the hard bound, on every call from the third on: not learned as clean
+    during warm-up, so the learned threshold catches it once warm-up ends."""
+    sensor, monitor = ChecksumSensor(), _FakeMonitor()
+    sensor.monitor = monitor
+    torch.manual_seed(5)
+    lin = torch.nn.Linear(256, 128)
+    _linear_calls(sensor, lin, (512,), torch.float32, 2)
+    state = sensor.ops["linear:m"]
+    gaps = []
+
+    def corrupt(y2):
+        y2[100, 3] = y2[100, 3] * 1.01 + 1e-3  # (small: under the hard bound of a 512-row column sum)
+
+    for i in range(WARMUP + 2):
+        _linear_calls(sensor, lin, (512,), torch.float32, 1, corrupt, seed=50 + i)
+        gaps.append(monitor.raised[-1][0].evidence["elements"] if monitor.raised else None)
+        if monitor.raised:
+            break
+    assert state.rejected > 0, "the faulty warm-up gaps were not learned"
+    assert monitor.raised, "caught once the learned threshold replaced the hard bound"
+    assert state.checks >= WARMUP and [100, 3] in monitor.raised[0][0].evidence["elements"]
+    assert max(state.clean) < monitor.raised[0][0].evidence["gap"] / MARGIN

@@ -34,7 +34,7 @@ def _latest(path):
 def test_record_online_names_the_corrupted_layer_and_confirms_it(tmp_path):
     out = tmp_path / "run"
     env = dict(os.environ, BITGUARD_SDC_SIMULATE=SPEC)
-    # --budget 1: every row checked (at the default budget rows are sampled: a one-row fault may be missed)
+    # --budget 1: every call checked (at the default budget calls are sampled: a faulty call may be skipped)
     proc = subprocess.run([BITGUARD, "record", "--mode", "online", "--budget", "1", "--out", str(out), "--",
                            sys.executable, SCRIPT, "--steps", "4"], env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
