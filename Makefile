@@ -33,8 +33,12 @@ demo: $(STAMP)
 	$(PY) -m bitguard compare $(DEMO_A) $(DEMO_B) || test $$? -eq 1
 	$(PY) -m bitguard serve --port $(PORT) --demo $(DEMO_A) $(DEMO_B)
 
+# two pytest workers: most tests run one single-threaded process at a time, so the second core
+# would idle (TEST_WORKERS=0 runs them in the one pytest process, as before)
+TEST_WORKERS ?= 2
+
 test: $(STAMP) chromium
-	$(PY) -m pytest -q -p no:cacheprovider
+	$(PY) -m pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadgroup
 
 bench: $(STAMP)
 	$(PY) benchmarks/bench_digest.py
