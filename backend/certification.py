@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import polars as pl
 
 from bitguard.backend.ingest import with_keys
+from bitguard.schema import DIGEST_BUILD
 
 # What trusted mode observes of module calls (collectors/hooks.py records with the same pattern):
 # when the two runs were recorded in different modes, the other module calls are on one side only
@@ -140,11 +141,26 @@ def _rekey(events: pl.DataFrame, tensors: pl.DataFrame) -> pl.DataFrame:
     return with_keys(events.drop("key", "loose_key", "place_key"), tensors).select(events.columns)
 
 
+def _old_team_digests(manifest: dict) -> bool:
+    """Recorded before the host digest's team fix (schema.DIGEST_BUILD) with more than one torch
+    thread (or an unknown number): its multi-threaded host digests may be wrong."""
+    build = manifest.get("digest_build")
+    if isinstance(build, int) and build >= DIGEST_BUILD:
+        return False
+    threads = (manifest.get("determinism") or {}).get("torch_threads")
+    return not (isinstance(threads, int) and threads <= 1)
+
+
 def run_reasons(run_a, run_b, ranks: list[int], rank_selected: bool) -> list[dict]:
-    """Reasons that concern a whole run: missing ranks and collector errors."""
+    """Reasons that concern a whole run: missing ranks, collector errors, an old host digest."""
     reasons = []
     for side, run in (("a", run_a), ("b", run_b)):
         label = side.upper()
+        if _old_team_digests(run.manifest):
+            reasons.append(reason("digest_build", f"run {label} was recorded by a bitguard whose multi-threaded host "
+                                                   f"digest could give wrong digests (fixed in digest build "
+                                                   f"{DIGEST_BUILD}); re-record it with this bitguard to certify it",
+                                  side))
         missing = sorted(set(getattr(run, "missing_ranks", None) or [])
                          | set(range(run.world_size if isinstance(run.world_size, int) else 0)) - set(run.ranks))
         if missing and not rank_selected:

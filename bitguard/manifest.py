@@ -28,7 +28,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from bitguard import runfiles
 from bitguard.errors import CorruptRun, NotARun, SchemaMismatch
-from bitguard.schema import DIGEST, MANIFEST_NAME, SCHEMA_VERSION
+from bitguard.schema import DIGEST, DIGEST_BUILD, MANIFEST_NAME, SCHEMA_VERSION
 
 STATUSES = ("running", "complete", "failed", "interrupted")
 MAX_MANIFEST_BYTES = 1 << 20  # a manifest is a few kilobytes; a bigger one was not written by bitguard
@@ -51,6 +51,7 @@ class Manifest(BaseModel):
     tool_version: str | None = _field("a version string")
     schema_version: int = _field(f"an integer between 1 and {_INT32}", ..., ge=1, le=_INT32)
     digest: str | None = _field("the name of a digest definition (a string)")
+    digest_build: int | None = _field("the host digest kernel's revision (an integer)")
     command: list[str] | str | None = _field("the recorded command, a list of strings")
     cwd: str | None = _field("a folder path (a string)")
     python: str | None = _field("the interpreter's path (a string)")
@@ -374,6 +375,7 @@ def new(command: list[str], mode: str, world_size: int, determinism: dict, steps
         "tool_version": tool_version(),
         "schema_version": SCHEMA_VERSION,
         "digest": DIGEST,
+        "digest_build": DIGEST_BUILD,
         "command": command,
         "cwd": os.getcwd(),
         **replay_facts(command),

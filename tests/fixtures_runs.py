@@ -26,7 +26,8 @@ import duckdb
 import pyarrow as pa
 
 from bitguard.collectors.store import arrow_schema
-from bitguard.schema import EVENTS, MANIFEST_NAME, META, RANK_FILE, SCHEMA_VERSION, STACKS, TABLES, TENSORS
+from bitguard.schema import (DIGEST_BUILD, EVENTS, MANIFEST_NAME, META, RANK_FILE, SCHEMA_VERSION, STACKS, TABLES,
+                             TENSORS)
 
 _MASK = (1 << 64) - 1
 
@@ -163,7 +164,7 @@ def write_rank_file(path: str, chunks) -> None:
 
 
 def write_manifest(run_dir: str, world_size: int, **extra) -> None:
-    manifest = {"tool": "bitguard", "schema_version": SCHEMA_VERSION, "world_size": world_size,
+    manifest = {"tool": "bitguard", "schema_version": SCHEMA_VERSION, "digest_build": DIGEST_BUILD, "world_size": world_size,
                 "status": "complete", "complete": True, "exit_status": 0, "command": ["python", "train.py"],
                 "mode": "full", "steps": None, "start_time": "2026-11-29T10:00:00+0000", **extra}
     with open(os.path.join(run_dir, MANIFEST_NAME), "w") as f:

@@ -54,6 +54,24 @@ def test_identical_pair_is_identical_with_exit_0(tmp_path):
     assert d["schema"] == "bitguard.compare/1" and d["inconclusive"] is None and d["certification"]["reasons"] == []
 
 
+@pytest.mark.parametrize("manifest, certified", [
+    ({"digest_build": None, "determinism": {"torch_threads": 2}}, False),  # the team digest, before its fix
+    ({"digest_build": None}, False),  # how many threads is not known
+    ({"digest_build": None, "determinism": {"torch_threads": 1}}, True),  # the caller alone: never the team
+    ({"digest_build": 2, "determinism": {"torch_threads": 2}}, True),
+])
+def test_a_run_recorded_before_the_host_digest_fix_is_never_certified(tmp_path, manifest, certified):
+    a, b = write_pair(str(tmp_path), "same", RunSpec(layers=3, steps=2))
+    _manifest(b, **manifest)
+    c = bitguard.compare(a, b)
+    if certified:
+        assert c.verdict == "identical", _codes(c)
+    else:
+        assert (c.verdict, c.exit_status) == ("inconclusive", 3)
+        (r,) = c.to_dict()["inconclusive"]["reasons"]
+        assert (r["code"], r["side"]) == ("digest_build", "b") and "re-record" in r["message"]
+
+
 def test_a_side_without_events_is_inconclusive_not_identical(tmp_path):
     a = write_run(str(tmp_path / "a"), RunSpec(layers=3, steps=2))
     b = write_run(str(tmp_path / "b"), RunSpec(layers=3, steps=0))
