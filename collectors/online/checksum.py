@@ -240,7 +240,9 @@ class ChecksumSensor(Sensor):
         budget, flops = self.monitor.budget, 2.0 * n * k * o
         x2, y2 = x.detach().reshape(n, k), y.detach().reshape(n, o)
         if budget.allow(self.name, key, flops):
-            self._check(key, name, "linear", y2, x2, weight.detach().T, None if bias is None else bias.detach(), call)
+            # (under autocast the GEMM ran on x, W and b cast to the output's dtype: check that product)
+            w, b = weight.detach().to(y.dtype), None if bias is None else bias.detach().to(y.dtype)
+            self._check(key, name, "linear", y2, x2.to(y.dtype), w.T, b, call)
         if y.requires_grad and torch.is_grad_enabled():  # the backward GEMMs' calls are drawn here, each on its own
             dgrad = budget.allow(self.name, f"linear.dgrad:{name}", flops)
             wgrad = budget.allow(self.name, f"linear.wgrad:{name}", flops)
@@ -350,6 +352,7 @@ class ChecksumSensor(Sensor):
         n, o = g.shape[0], g.shape[-1]
         k = w.shape[1]
         g2 = g.reshape(n, o)
+        w, x2 = w.to(g.dtype), x2.to(g.dtype)  # (autocast: the backward GEMMs ran on the cast operands)
         if dx is not None:
             self._check(f"linear.dgrad:{name}", name, "linear.dgrad", dx.reshape(n, k), g2, w, None, call)
         if dwt is not None:

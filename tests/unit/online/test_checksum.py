@@ -282,3 +282,44 @@ def test_a_fault_present_during_warm_up_does_not_lift_the_threshold_above_itself
     assert monitor.raised, "caught once the learned threshold replaced the hard bound"
     assert state.checks >= WARMUP and [100, 3] in monitor.raised[0][0].evidence["elements"]
     assert max(state.clean) < monitor.raised[0][0].evidence["gap"] / MARGIN
+
+
+def test_under_autocast_the_cast_product_is_checked_and_clean_calls_raise_nothing(tmp_path):
+    store, sensor, monitor = _monitored(tmp_path)
+    monitor.install()
+    try:
+        torch.manual_seed(6)
+        model = torch.nn.Sequential(torch.nn.Linear(64, 96), torch.nn.GELU(), torch.nn.Linear(96, 32))
+        opt = torch.optim.SGD(model.parameters(), lr=0.01)
+        for _ in range(WARMUP + 3):
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                out = model(torch.randn(128, 64))
+            out.float().square().mean().backward()
+            opt.step()
+            opt.zero_grad()
+    finally:
+        monitor.remove()
+        store.close("complete")
+    assert monitor.alerts_raised == 0
+    assert {s.op for s in sensor.ops.values() if s.checks} == {"linear", "linear.dgrad", "linear.wgrad"}
+    assert all(s.threshold() < s.bound for s in sensor.ops.values() if s.checks >= WARMUP)
+
+
+def test_under_autocast_a_false_alarm_is_cleared_not_confirmed(monkeypatch):
+    """The evidence is the product autocast ran (the operands cast to bfloat16): a clean output
+    recomputes within the rounding bound (with the float32 operands it would look wrong)."""
+    from bitguard.collectors.online.checksum import OpState
+
+    monkeypatch.setattr(OpState, "threshold", lambda self: 0.0)  # every check alerts
+    sensor, monitor = ChecksumSensor(), _FakeMonitor()
+    sensor.monitor = monitor
+    torch.manual_seed(7)
+    lin = torch.nn.Linear(256, 64)
+    x = torch.randn(96, 256)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        y = lin(x)
+    assert y.dtype == torch.bfloat16
+    sensor._on_linear(lin, x, y.detach())
+    assert monitor.raised
+    state, evidence = verify_gemm(monitor.raised[0][1])
+    assert state == "cleared", evidence
