@@ -38,7 +38,7 @@ demo: $(STAMP)
 TEST_WORKERS ?= 2
 
 test: $(STAMP) chromium
-	$(PY) -m pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadgroup
+	$(PY) -m pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadfile
 
 bench: $(STAMP)
 	$(PY) benchmarks/bench_digest.py

@@ -2,9 +2,12 @@
 - tests marked `extended` (a further variant of something the default tiers already cover: more
   ranks, a second parameter mode, a second dtype) are skipped unless BITGUARD_EXTENDED=1, so that
   `make test` stays within its 15-minute budget; run them before a release (tests/README.md);
-- on pytest-xdist's workers (`make test` runs `-n 2 --dist loadgroup`) a test file's tests stay
-  on one worker, so that its module fixtures are made once, and a folder whose conftest makes
-  session fixtures (a server, a browser, the scenario recordings) stays on one worker whole."""
+- on pytest-xdist's workers (`make test` runs `-n 2 --dist loadfile`: a test file's tests on one
+  worker, so its module fixtures are made once) the longest folders come first, so that the last
+  file a worker takes is a short one (xdist hands out files in the order it collects them).
+  `--dist loadgroup` would keep a folder with session fixtures on one worker, but it did not group
+  here (pytest 9.2, xdist 3.8: tests marked with one `xdist_group` still went to both workers), so
+  a session fixture (a server, a browser) is made once per worker."""
 
 import os
 from pathlib import Path
@@ -12,32 +15,18 @@ from pathlib import Path
 import pytest
 
 TESTS = Path(__file__).resolve().parent
-WHOLE_FOLDERS = {"api", "browser", "fuzz", "scenarios", "unit/backend"}  # their conftests' session fixtures
-# the longest groups first, so that the last group a worker takes is a short one (xdist hands out
-# groups in the order it first meets them)
 FIRST = ("scenarios", "stacks", "record", "drill", "fuzz", "browser", "invariants")
 
 
-def _rel(item) -> Path | None:
-    path = Path(str(item.fspath)).resolve()
-    return path.relative_to(TESTS) if path.is_relative_to(TESTS) else None
-
-
 def _rank(item) -> int:
-    rel = _rel(item)
-    top = rel.parts[0] if rel is not None else ""
+    path = Path(str(item.fspath)).resolve()
+    top = path.relative_to(TESTS).parts[0] if path.is_relative_to(TESTS) else ""
     return FIRST.index(top) if top in FIRST else len(FIRST)
 
 
 def pytest_collection_modifyitems(config, items):
-    if config.pluginmanager.hasplugin("xdist") and getattr(config.option, "dist", "no") == "loadgroup":
-        items.sort(key=_rank)  # stable: the order inside a group is the collection's
-        for item in items:
-            rel = _rel(item)
-            if rel is None:
-                continue
-            folder = rel.parent.as_posix()
-            item.add_marker(pytest.mark.xdist_group(folder if folder in WHOLE_FOLDERS else rel.as_posix()))
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        items.sort(key=_rank)  # stable: the order inside a file is the collection's
     if os.environ.get("BITGUARD_EXTENDED", "") not in ("", "0"):
         return
     skip = pytest.mark.skip(reason="extended variant: BITGUARD_EXTENDED=1 runs it")
