@@ -528,26 +528,16 @@ def write_results(model: nn.Module, losses: list[float], rank: int, folder: str)
 
 
 def main(argv=None):
+    from bitguard.sample_traces.invariant_programs import on_ranks
+
     args = parse_args(argv)
-    world = int(os.environ.get("WORLD_SIZE", "1"))
-    rank = 0
-    if world > 1:
-        import torch.distributed as dist
 
-        dist.init_process_group("gloo")
-        rank = dist.get_rank()
-    model, losses = TRAIN[args.program](args, rank, world)
-    if args.results:
-        write_results(model, losses, rank, args.results)
-    if world > 1:
-        import gc
+    def body(rank, world):
+        model, losses = TRAIN[args.program](args, rank, world)
+        if args.results:
+            write_results(model, losses, rank, args.results)
 
-        import torch.distributed as dist
-
-        del model
-        gc.collect()
-        dist.barrier()
-        dist.destroy_process_group()
+    on_ranks(body)
 
 
 if __name__ == "__main__":

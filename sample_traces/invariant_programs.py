@@ -320,28 +320,34 @@ def write_results(prog: Program, folder: str) -> None:
     (out / f"rank-{prog.rank}.json").write_text(json.dumps(doc, indent=1))
 
 
+def on_ranks(body) -> None:
+    """`body(rank, world)`, in a gloo process group when torchrun started WORLD_SIZE > 1 ranks. The
+    group is destroyed after `body` returns, when what it made (DDP, whose reducer holds the group)
+    is gone with its frame (MACHINE.md: gloo teardown)."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world == 1:
+        body(0, 1)
+        return
+    import gc
+
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo")
+    body(dist.get_rank(), world)
+    gc.collect()
+    dist.barrier()
+    dist.destroy_process_group()
+
+
 def main(argv=None):
     args = parse_args(argv)
-    world = int(os.environ.get("WORLD_SIZE", "1"))
-    rank = 0
-    if world > 1:
-        import torch.distributed as dist
 
-        dist.init_process_group("gloo")
-        rank = dist.get_rank()
-    prog = train(args, rank, world)
-    if args.results:
-        write_results(prog, args.results)
-    if world > 1:
-        import gc
+    def body(rank, world):
+        prog = train(args, rank, world)
+        if args.results:
+            write_results(prog, args.results)
 
-        import torch.distributed as dist
-
-        # free DDP (its reducer holds the process group) before the group (MACHINE.md: gloo teardown)
-        del prog
-        gc.collect()
-        dist.barrier()
-        dist.destroy_process_group()
+    on_ranks(body)
 
 
 if __name__ == "__main__":
