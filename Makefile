@@ -34,11 +34,12 @@ demo: $(STAMP)
 	$(PY) -m bitguard serve --port $(PORT) --demo $(DEMO_A) $(DEMO_B)
 
 # two pytest workers: most tests run one single-threaded process at a time, so the second core
-# would idle (TEST_WORKERS=0 runs them in the one pytest process, as before)
+# would idle (TEST_WORKERS=0 runs them in the one pytest process, as before); files go out longest
+# first (tests/conftest.py), which xdist keeps only without its own reorder by number of tests
 TEST_WORKERS ?= 2
 
 test: $(STAMP) chromium
-	$(PY) -m pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadfile
+	$(PY) -m pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 
 bench: $(STAMP)
 	$(PY) benchmarks/bench_digest.py

@@ -4,7 +4,9 @@
   `make test` stays within its 15-minute budget; run them before a release (tests/README.md);
 - on pytest-xdist's workers (`make test` runs `-n 2 --dist loadfile`: a test file's tests on one
   worker, so its module fixtures are made once) the longest folders come first, so that the last
-  file a worker takes is a short one (xdist hands out files in the order it collects them).
+  file a worker takes is a short one (xdist hands out files in the order it collects them, with
+  `--no-loadscope-reorder`: by default it reorders them by their number of tests, which put the
+  files of many short unit tests first and left a long stacks file for the end).
   `--dist loadgroup` would keep a folder with session fixtures on one worker, but it did not group
   here (pytest 9.2, xdist 3.8: tests marked with one `xdist_group` still went to both workers), so
   a session fixture (a server, a browser) is made once per worker."""
@@ -15,13 +17,15 @@ from pathlib import Path
 import pytest
 
 TESTS = Path(__file__).resolve().parent
-FIRST = ("scenarios", "stacks", "record", "drill", "fuzz", "browser", "invariants")
+# folders by the time their tests took in CI, longest first; the rest (short files) fill in last
+FIRST = ("scenarios", "stacks", "record", "drill", "fuzz", "unit/collectors", "browser", "invariants",
+         "unit/online", "unit/backend")
 
 
 def _rank(item) -> int:
     path = Path(str(item.fspath)).resolve()
-    top = path.relative_to(TESTS).parts[0] if path.is_relative_to(TESTS) else ""
-    return FIRST.index(top) if top in FIRST else len(FIRST)
+    rel = path.relative_to(TESTS).as_posix() if path.is_relative_to(TESTS) else ""
+    return next((i for i, folder in enumerate(FIRST) if rel.startswith(folder + "/")), len(FIRST))
 
 
 def pytest_collection_modifyitems(config, items):

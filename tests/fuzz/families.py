@@ -381,7 +381,7 @@ def _two_readers(ctx: Context) -> Result:
     answers = []
     for proc in procs:
         try:
-            out, err = proc.communicate(timeout=ctx.timeout)
+            out, err = proc.communicate(timeout=ctx.process_timeout)
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.communicate()
@@ -414,7 +414,7 @@ def _closed_stdout(ctx: Context, args: list[str]) -> Result:
                             text=True, cwd=ctx.cwd)
     os.close(w)
     try:
-        _, err = proc.communicate(timeout=ctx.timeout)
+        _, err = proc.communicate(timeout=ctx.process_timeout)
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.communicate()
@@ -427,7 +427,7 @@ def _head(ctx: Context, args: list[str]) -> Result:
     cmd = (f"{shlex.quote(sys.executable)} -m bitguard compare {' '.join(map(shlex.quote, args))} 2>head.err "
            f"| head -1; echo ${{PIPESTATUS[0]}} > head.rc")
     try:
-        subprocess.run(["bash", "-c", cmd], capture_output=True, text=True, timeout=ctx.timeout, cwd=ctx.cwd)
+        subprocess.run(["bash", "-c", cmd], capture_output=True, text=True, timeout=ctx.process_timeout, cwd=ctx.cwd)
     except subprocess.TimeoutExpired:
         return _subprocess_result("", None)
     return _subprocess_result((ctx.cwd / "head.err").read_text(), int((ctx.cwd / "head.rc").read_text()))

@@ -11,7 +11,9 @@ whose script SIGKILLs itself after five steps (so its last events are still in r
 
 Outcomes (a case gets exactly one, the first that applies, in this order):
   hang           no answer within the timeout (20 s; `bitguard compare` runs in a worker process
-                 that is killed and restarted)
+                 that is killed and restarted; a case that starts its own fresh `bitguard`
+                 process, whose imports alone took over 20 s on this 2-core machine under a
+                 load of 13, waits 60 s)
   traceback      "Traceback" on stderr, exit status 70 (internal error), a Python exception that
                  escaped `bitguard.cli.main`, or the process died of a signal
   http_500       the upload API answered 5xx or dropped the connection, or a comparison of an
@@ -168,6 +170,7 @@ class Context:
 
     def __init__(self, root: Path | None = None, keep: bool = False, timeout: float = TIMEOUT):
         self.keep, self.timeout = keep, timeout
+        self.process_timeout = max(60.0, 3 * timeout)  # a fresh Python's start is part of it
         self.root = Path(root or tempfile.mkdtemp(prefix="bitguard-fuzz-")).resolve()
         self.cwd = self.root / "cwd"  # the worker's and the server's working directory: pwned.csv lands here
         self.cwd.mkdir(parents=True, exist_ok=True)

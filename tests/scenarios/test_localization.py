@@ -15,12 +15,15 @@ import pytest
 
 from bitguard.sample_traces.evaluation import score
 from bitguard.sample_traces.scenarios import SCENARIOS
+from scenarios.conftest import RERUN_SUSPECTS
 
 pytestmark = pytest.mark.slow
 
 NAMES = list(SCENARIOS)
 FAULTS = [n for n in NAMES if SCENARIOS[n].expected is not None]
 BENIGN = [n for n in NAMES if SCENARIOS[n].expected is None]
+# a suspect's rerun is recorded in the default tiers for conftest.RERUN_SUSPECTS only
+RERUNS = [n if n in RERUN_SUSPECTS else pytest.param(n, marks=pytest.mark.extended) for n in NAMES]
 
 
 def _expected(name: str) -> dict:
@@ -54,7 +57,7 @@ def test_benign_pair_is_flagged_without_its_rules(localisation, name):
     assert score(SCENARIOS[name], got) == "false alarm", f"{name}: without rules the difference should show ({got})"
 
 
-@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("name", RERUNS)
 def test_rerun_of_the_suspect_gives_the_same_verdict(localisation, name):
     first, again = localisation[name]["main"], localisation[name]["again"]
     assert (again["verdict"], again["pivot"]) == (first["verdict"], first["pivot"])
@@ -66,7 +69,7 @@ def test_reference_reruns_compare_identical(localisation, name):
     assert got["verdict"] == "identical" and got["unallowed_gaps"] == 0, f"{name}: reference is not reproducible: {got}"
 
 
-@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("name", RERUNS)
 def test_suspect_reruns_differ_only_when_nondeterministic(localisation, name):
     got = localisation[name]["suspects"]
     if not SCENARIOS[name].reruns_differ:
