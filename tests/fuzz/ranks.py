@@ -2,7 +2,8 @@
 or on both sides), ranks swapped, a rank taken from another run, an extra rank, an empty rank file.
 
 The runs are synthetic (tests/fixtures_runs.py writes them straight from bitguard.schema: a toy
-network, two ranks, two steps), so the family costs no recording. A case is judged as a mutated
+network, two ranks, two steps), so the family costs no recording. Four of the cases are also
+compared with `--jobs 2` (each rank on a worker process), which must answer as one process does. A case is judged as a mutated
 run is (families.judge_damage against what the ingest reads, with the ranks present counted as
 part of what is read); "identical" for a side whose ranks do not add up is a false verdict.
 """
@@ -14,7 +15,7 @@ import sys
 from pathlib import Path
 
 from .families import judge_damage, named
-from .harness import TESTS, Context, Result
+from .harness import TESTS, Context, Result, first_line
 
 if str(TESTS) not in sys.path:
     sys.path.insert(0, str(TESTS))
@@ -66,5 +67,25 @@ def ranks(ctx: Context, cases: int, seed: int, only: str | None = None) -> list[
             if isinstance(read, dict) and read.get("ok") and read["ranks"] != orig["ranks"]:
                 read = {**read, "facts": {**read["facts"], "ranks": read["ranks"]}}  # a rank less is damage
             argv = ["compare", str(b), str(a)] if i % 2 else ["compare", str(a), str(b)]
-            results.append(named(name, judge_damage(ctx.cli(argv), read, orig, False, ctx.root, count_lost=False)))
+            answer = ctx.cli(argv)
+            results.append(named(name, judge_damage(answer, read, orig, False, ctx.root, count_lost=False)))
+            if not both and case in POOLED:
+                results.append(named(f"{name}/jobs-2", _pooled(ctx, argv, answer, read, orig)))
     return results
+
+
+# the cases also compared on two worker processes (`--jobs 2`, backend/rank_pool.py): the pool must
+# give the one-process answer (a spawned pool costs seconds, so not every case)
+POOLED = ("rank-1-missing", "ranks-swapped", "rank-1-of-another-run", "extra-rank-2")
+
+
+def _pooled(ctx: Context, argv: list[str], serial, read, orig) -> Result:
+    pooled = ctx.cli([*argv, "--jobs", "2"], timeout=ctx.process_timeout)
+    judged = judge_damage(pooled, read, orig, False, ctx.root, count_lost=False)
+    if judged.outcome not in ("ok", "clean_error") or not isinstance(serial, dict):
+        return judged
+    said = [(x["rc"], first_line(x["stderr"] if x["rc"] == 2 else x["stdout"])) for x in (serial, pooled)]
+    if said[0] != said[1]:
+        return Result("", "", "wrong_answer", f"--jobs 2 answered exit {said[1][0]}: {said[1][1]}; one process "
+                                              f"exit {said[0][0]}: {said[0][1]}")
+    return judged
