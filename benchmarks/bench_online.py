@@ -220,9 +220,10 @@ def overhead(args) -> dict:
     for _ in range(2):
         one_step(model, opt, next(data))
     times = {"plain": [], "online": []}
-    ratios = []
+    ratios, loads = [], []
     with tempfile.TemporaryDirectory() as tmp:
         for r in range(args.rounds):
+            loads.append(os.getloadavg()[0])  # (the machine's 1-minute load average as the round starts)
             medians = {}
             for mode in (("plain", "online") if r % 2 == 0 else ("online", "plain")):
                 got = []
@@ -244,7 +245,8 @@ def overhead(args) -> dict:
     return {"rounds": args.rounds, "steps": args.steps, "budget": args.budget,
             "median_step_s": {k: statistics.median(v) for k, v in times.items()},
             "ratio": statistics.median(ratios), "round_ratios": ratios,
-            "pooled_ratio": statistics.median(times["online"]) / statistics.median(times["plain"])}
+            "pooled_ratio": statistics.median(times["online"]) / statistics.median(times["plain"]),
+            "load_average": {"min": min(loads), "median": statistics.median(loads), "max": max(loads)}}
 
 
 # -- coverage ------------------------------------------------------------------------------------

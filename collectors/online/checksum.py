@@ -24,7 +24,9 @@ into matmul + add) is counted as not observed in backward.
 The budget samples CALLS (collectors/online/budget.py): each operator has a probability of
 checking a call, and a checked call is checked whole. A fault on a call is caught with
 probability (the operator's rate) × (the check's sensitivity), so an intermittent fault that
-keeps recurring is caught within a few faulty calls even at a low rate.
+keeps recurring is caught within a few faulty calls even at a low rate. A call none of whose three
+operators is drawn costs the draws (about 2 µs on this CPU) and touches no operand; each hook's own
+time around its checks is charged to the budget as fixed cost.
 
 Each operator keeps its threshold, learned from its clean checks' statistic (the largest
 normalised column gap of a call): MARGIN × the largest of the last WINDOW, never above the hard
@@ -53,7 +55,9 @@ from __future__ import annotations
 
 import math
 import statistics
+import weakref
 from collections import deque
+from dataclasses import dataclass
 
 import torch
 
@@ -160,6 +164,19 @@ def localise(c: torch.Tensor, a: torch.Tensor, b: torch.Tensor, bias: torch.Tens
     return [(i // len(cols), cols[i % len(cols)]) for i in top]
 
 
+@dataclass(eq=False)
+class _LinearOps:
+    """One nn.Linear's name, its three operators' budget entries and its calls in this step."""
+
+    ref: weakref.ref
+    name: str
+    key: str  # the forward's op key
+    forward: object  # budget.OpBudget of linear, linear.dgrad, linear.wgrad
+    dgrad: object
+    wgrad: object
+    calls: int = 0
+
+
 class OpState:
     """One operator's threshold, clean-check history and counters."""
 
@@ -204,7 +221,8 @@ class ChecksumSensor(Sensor):
 
     def __init__(self):
         self.ops: dict[str, OpState] = {}
-        self._calls: dict[str, int] = {}  # op key -> calls in this step
+        self._linears: dict[int, _LinearOps] = {}  # id(module) -> its names, budget entries, calls this step
+        self._checks_s = 0.0  # seconds the checks of the current hook charged themselves
         self._alert_s = 0.0  # the last check's seconds spent raising its alert
         self._patch = None
         self.backward_unobserved = 0  # checked calls whose backward GEMMs could not be hooked (this step)
@@ -226,28 +244,47 @@ class ChecksumSensor(Sensor):
             state = self.ops[key] = OpState(boundary, op)
         return state
 
+    def _linear(self, module) -> "_LinearOps":
+        ops = self._linears.get(id(module))
+        if ops is None or ops.ref() is not module:
+            name = self.monitor.module_name(module)
+            budget = self.monitor.budget
+            ops = self._linears[id(module)] = _LinearOps(
+                weakref.ref(module), name, f"linear:{name}",
+                *(budget.op(self.name, f"{op}:{name}") for op in ("linear", "linear.dgrad", "linear.wgrad")))
+        return ops
+
     def _on_linear(self, module, x, y) -> None:
+        """Every nn.Linear call: three draws (the forward, and the two backward GEMMs it will have); the
+        operands are touched only for a drawn one. The call's own time, outside its checks, is charged
+        as fixed cost (what no rate lowers)."""
+        budget = self.monitor.budget
+        t0 = budget.clock()
         if type(x) is not torch.Tensor or type(y) is not torch.Tensor or not x.dtype.is_floating_point \
                 or x.dim() == 0 or x.numel() == 0:
             return  # (a tensor subclass, DTensor: its local values are not the whole product)
-        weight, bias = module.weight, module.bias
+        ops = self._linear(module)
+        call = ops.calls
+        ops.calls = call + 1
+        weight = module.weight
         k, o = weight.shape[1], weight.shape[0]
         n = x.numel() // k if k else 0
-        name = self.monitor.module_name(module)
-        key = f"linear:{name}"
-        call = self._calls.get(key, 0)
-        self._calls[key] = call + 1
-        budget, flops = self.monitor.budget, 2.0 * n * k * o
-        x2, y2 = x.detach().reshape(n, k), y.detach().reshape(n, o)
-        if budget.allow(self.name, key, flops):
-            # (under autocast the GEMM ran on x, W and b cast to the output's dtype: check that product)
-            w, b = weight.detach().to(y.dtype), None if bias is None else bias.detach().to(y.dtype)
-            self._check(key, name, "linear", y2, x2.to(y.dtype), w.T, b, call)
-        if y.requires_grad and torch.is_grad_enabled():  # the backward GEMMs' calls are drawn here, each on its own
-            dgrad = budget.allow(self.name, f"linear.dgrad:{name}", flops)
-            wgrad = budget.allow(self.name, f"linear.wgrad:{name}", flops)
+        flops = 2.0 * n * k * o
+        forward = budget.draw(ops.forward, flops)
+        backward = y.requires_grad and torch.is_grad_enabled()  # the backward GEMMs' calls are drawn here
+        dgrad = backward and budget.draw(ops.dgrad, flops)
+        wgrad = backward and budget.draw(ops.wgrad, flops)
+        self._checks_s = 0.0
+        if forward or dgrad or wgrad:
+            name, bias = ops.name, module.bias
+            x2 = x.detach().reshape(n, k)
+            if forward:
+                # (under autocast the GEMM ran on x, W and b cast to the output's dtype: check that product)
+                w, b = weight.detach().to(y.dtype), None if bias is None else bias.detach().to(y.dtype)
+                self._check(ops.key, name, "linear", y.detach().reshape(n, o), x2.to(y.dtype), w.T, b, call)
             if dgrad or wgrad:
                 self._hook_backward(name, y, x2, weight, call, dgrad, wgrad)
+        budget.charge_fixed(budget.clock() - t0 - self._checks_s)
 
     def _check(self, key: str, name: str, op: str, c: torch.Tensor, a: torch.Tensor, b: torch.Tensor, bias,
                call: int, transposed: bool = False) -> None:
@@ -271,8 +308,10 @@ class ChecksumSensor(Sensor):
                 state.nonfinite += 1
         # (an alert's localisation and evidence copies are not the operator's checking cost: charged apart, so an
         # operator that keeps alerting is not sampled less for it)
-        budget.charge(self.name, key, budget.clock() - t0 - self._alert_s, 2.0 * a.shape[0] * a.shape[1] * b.shape[1])
+        spent = budget.clock() - t0
+        budget.charge(self.name, key, spent - self._alert_s, 2.0 * a.shape[0] * a.shape[1] * b.shape[1])
         budget.charge_fixed(self._alert_s)
+        self._checks_s += spent  # (charged here: the hook that called it charges only the rest of its time)
 
     def _judge(self, state: OpState, key: str, gap: float, raw_gap: float, gaps: torch.Tensor, call: int,
                operands) -> None:
@@ -349,6 +388,15 @@ class ChecksumSensor(Sensor):
         """dx = g·W (N×K) and dW = gᵀ·x (O×K; autograd hands dWᵀ), each checked whole."""
         if g is None:
             return
+        budget = self.monitor.budget
+        t0 = budget.clock()
+        self._checks_s = 0.0
+        try:
+            self._check_backward(name, dx, dwt, g, x2, w, call)
+        finally:
+            budget.charge_fixed(budget.clock() - t0 - self._checks_s)
+
+    def _check_backward(self, name: str, dx, dwt, g, x2, w, call: int) -> None:
         n, o = g.shape[0], g.shape[-1]
         k = w.shape[1]
         g2 = g.reshape(n, o)
@@ -377,7 +425,8 @@ class ChecksumSensor(Sensor):
     def on_step_end(self, step: int) -> None:
         for state in self.ops.values():
             state.mult = max(1.0, state.mult / 2)
-        self._calls.clear()
+        for ops in self._linears.values():
+            ops.calls = 0
 
     def stats(self) -> list[dict]:
         rows = []

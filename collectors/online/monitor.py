@@ -77,6 +77,22 @@ class ModuleNames:
                 self._names[id(sub)] = (weakref.ref(sub), clean_name(eager_name(sub_name)) or name)
 
 
+class ChargedApiRecorder(ApiRecorder):
+    """The API-event recorder of online mode: what its hooks cost on the training thread is charged to
+    the budget as fixed cost (its rows are part of what online mode costs, and no rate lowers them)."""
+
+    def __init__(self, budget: Budget, *args, **kwargs):
+        self._budget = budget
+        super().__init__(*args, **kwargs)
+
+    def _guarded(self, fn, *args, **kwargs):
+        t0 = self._budget.clock()
+        try:
+            return super()._guarded(fn, *args, **kwargs)
+        finally:
+            self._budget.charge_fixed(self._budget.clock() - t0)
+
+
 class OnlineMonitor(Guarded):
     def __init__(self, store, rank: int = 0, world_size: int = 1, budget: float = DEFAULT_BUDGET,
                  sensors: list | None = None, simulator=None, clock=time.perf_counter, verifier_thread: bool = True,
@@ -116,7 +132,8 @@ class OnlineMonitor(Guarded):
 
         self._handles.append(optim.register_optimizer_step_post_hook(self.guard(self._on_optimizer_step)))
         if self.store is not None:  # API-level events (collectors/api_events.py); its step hook after ours
-            self._handles.append(ApiRecorder(self.store, OnlineNaming(self), self._fail, self.rank).install())
+            self._handles.append(ChargedApiRecorder(self.budget, self.store, OnlineNaming(self), self._fail,
+                                                    self.rank).install())
         if self.simulator is not None:  # first: the sensors see its corrupted outputs, as they would a device's
             self.guard(self.simulator.install)(self)
         for sensor in self.sensors:

@@ -142,14 +142,47 @@ class RecomputeSensor(Sensor):
 
     # -- hooks -------------------------------------------------------------------------------------
     def install(self, monitor) -> None:
+        """Wait for the first checkpoint: global module hooks would put every module call of a training
+        without one on torch's slow path for nothing. torch.utils.checkpoint's non-reentrant form makes
+        a `_checkpoint_hook` in each checkpointed forward, its reentrant form recomputes in
+        `CheckpointFunction.backward`: both are class attributes (seen however checkpoint was imported),
+        wrapped to install the module hooks on their first call and otherwise call torch's own."""
         self.monitor = monitor
+        from torch.utils import checkpoint as cp
+
+        sensor = self
+        hook_init, backward = cp._checkpoint_hook.__init__, cp.CheckpointFunction.backward
+
+        def __init__(self, *args, **kwargs):
+            sensor._activate()
+            hook_init(self, *args, **kwargs)
+
+        def checkpoint_backward(ctx, *args):
+            sensor._activate()
+            return backward(ctx, *args)
+
+        __init__.__wrapped__, checkpoint_backward.__wrapped__ = hook_init, backward
+        self._patched = [(cp._checkpoint_hook, "__init__", hook_init, __init__),
+                         (cp.CheckpointFunction, "backward", cp.CheckpointFunction.__dict__["backward"],
+                          staticmethod(checkpoint_backward))]
+        for owner, attr, _, new in self._patched:
+            setattr(owner, attr, new)
+
+    def _activate(self) -> None:
+        """The module hooks, from the first checkpoint on (once)."""
+        if self._handles or self.monitor is None or not self.monitor.enabled:
+            return
         from torch.nn.modules import module as nn_module
 
-        self._handles.append(nn_module.register_module_forward_pre_hook(monitor.guard(self._pre)))
-        self._handles.append(nn_module.register_module_forward_hook(monitor.guard(self._post), with_kwargs=True,
+        self._handles.append(nn_module.register_module_forward_pre_hook(self.monitor.guard(self._pre)))
+        self._handles.append(nn_module.register_module_forward_hook(self.monitor.guard(self._post), with_kwargs=True,
                                                                     always_call=True))  # the stack stays whole
 
     def remove(self) -> None:
+        for owner, attr, old, new in reversed(getattr(self, "_patched", [])):
+            if owner.__dict__.get(attr) is new:
+                setattr(owner, attr, old)
+        self._patched = []
         for h in self._handles:
             h.remove()
         self._handles.clear()

@@ -86,12 +86,13 @@ class LinearPatch:
         import torch
 
         self._original = original = torch.nn.Linear.forward
-        monitor, callback = self.monitor, self.callback
+        monitor, callback = self.monitor, self.monitor.guard(self.callback)
+        is_compiling = torch.compiler.is_compiling
 
         def forward(module, input):
             out = original(module, input)
-            if monitor.enabled and not torch.compiler.is_compiling():
-                monitor.guard(callback)(module, input, out)
+            if monitor.enabled and not is_compiling():
+                callback(module, input, out)
             return out
 
         forward.__wrapped__ = original

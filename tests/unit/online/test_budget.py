@@ -103,3 +103,33 @@ def test_a_budget_of_one_is_no_limit():
     _steps(budget, clock, {"a": 5.0}, 3)  # five times the step: still everything
     assert budget.op("checksum", "a").rate == 1.0
     assert all(budget.allow("checksum", "a") for _ in range(100))
+
+
+def test_an_operator_never_checked_is_priced_from_the_measured_ones():
+    """Twenty operators whose calls were all sampled out share the allowance at the measured one's
+    cost per FLOP; raised blindly (each rate doubled) they would have overspent it."""
+    clock = Clock()
+    budget = Budget(0.02, clock)
+    budget.start()
+    known = budget.op("checksum", "known")
+    known.calls, known.checked, known.seconds, known.flops_seen = 1, 1, 0.01, 1e9
+    unknown = [budget.op("checksum", f"u{i}") for i in range(20)]
+    for entry in unknown:
+        entry.calls, entry.flops_seen = 1, 2e9  # twice the FLOPs: priced at twice the cost
+    clock.t += 1.0
+    budget.step_end()
+    allowance = HEADROOM * 0.02 * (1.0 - 0.01)
+    assert known.rate * 0.01 + sum(e.rate * 0.02 for e in unknown) <= allowance * (1 + 1e-9)
+    assert all(0 < e.rate <= START_RATE * 2 for e in unknown)
+    assert known.rate > unknown[0].rate, "the cheaper operator gets the higher rate"
+
+
+def test_with_nothing_measured_yet_the_rates_rise():
+    clock = Clock()
+    budget = Budget(0.02, clock)
+    budget.start()
+    entry = budget.op("checksum", "x")
+    entry.calls, entry.flops_seen = 1, 1e9
+    clock.t += 1.0
+    budget.step_end()
+    assert entry.rate == START_RATE * 2

@@ -123,6 +123,45 @@ def test_a_clean_run_raises_nothing_and_trains_bitwise(reentrant):
     assert sensor.coverage()["roots"] == ["blocks.0", "blocks.1"]
 
 
+class Plain(Net):
+    def forward(self, idx):
+        x = self.emb(idx)
+        for b in self.blocks:
+            x = b(x)
+        return self.head(x)
+
+
+@pytest.mark.parametrize("reentrant", [False, True])
+def test_the_module_hooks_wait_for_the_first_checkpoint(reentrant):
+    """A training without activation checkpointing gets no global module hook (every module call would
+    take torch's slow path for nothing); the first checkpoint installs them; remove() restores torch."""
+    from torch.nn.modules import module as nn_module
+    from torch.utils import checkpoint as cp
+
+    before = (cp._checkpoint_hook.__dict__["__init__"], cp.CheckpointFunction.__dict__["backward"])
+    hooks = (len(nn_module._global_forward_pre_hooks), len(nn_module._global_forward_hooks))
+    monitor, sensor, _ = monitored()
+    monitor.install()
+    try:
+        net = Plain(reentrant)
+        opt = torch.optim.SGD(net.parameters(), lr=0.1)
+        idx = torch.randint(0, 32, (4, 8))
+        for _ in range(2):
+            F.cross_entropy(net(idx).flatten(0, 1), idx.flatten()).backward()
+            opt.step()
+        assert (len(nn_module._global_forward_pre_hooks), len(nn_module._global_forward_hooks)) == hooks
+        net.__class__ = Net
+        for _ in range(2):
+            F.cross_entropy(net(idx).flatten(0, 1), idx.flatten()).backward()
+            opt.step()
+        assert len(nn_module._global_forward_pre_hooks) == hooks[0] + 1
+        assert sensor.coverage()["roots"] == ["blocks.0", "blocks.1"], "the recompute was watched from the first"
+    finally:
+        monitor.remove()
+    assert (len(nn_module._global_forward_pre_hooks), len(nn_module._global_forward_hooks)) == hooks
+    assert (cp._checkpoint_hook.__dict__["__init__"], cp.CheckpointFunction.__dict__["backward"]) == before
+
+
 @pytest.mark.parametrize("thread", [False, True], ids=["at-the-end", "worker-thread"])
 def test_a_bit_flipped_in_a_recompute_is_confirmed_on_its_step(thread):
     """(the worker thread takes the task at once and waits for the step's end, where the region is re-run)"""
