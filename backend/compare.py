@@ -15,17 +15,19 @@ boundaries had been instrumented.
 from __future__ import annotations
 
 import fnmatch
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 import polars as pl
+from numba import njit
 
 from bitguard.backend import certification, check, equivalence, granularity
 from bitguard.backend import pivot as pivot_mod
 from bitguard.backend import recompute
 from bitguard.backend import propagation, rank_pool, retype
-from bitguard.backend.ingest import RunInfo, load_rank, open_run
+from bitguard.backend.ingest import RunInfo, in_order, load_rank, open_run
 from bitguard.backend.result import COMPARE_SCHEMA, EXIT_STATUS, CompareResult
 from bitguard.backend.rules import RuleSet
 from bitguard.errors import IncompatibleRuns, NotFound
@@ -79,25 +81,67 @@ def _occurrence(tensors: pl.DataFrame) -> pl.Expr:
 
 
 def _by_place(tensors: pl.DataFrame) -> pl.DataFrame:
-    """The rows in seq, role, idx order, rows with equal ones kept in their order (as load_rank gives them)."""
-    return tensors.sort("seq", "role", "idx", maintain_order=True)
+    """The rows in seq, role, idx order, rows with equal ones kept in their order (as load_rank
+    gives them: then nothing is sorted again)."""
+    return in_order(tensors, ("seq", "role", "idx"))
+
+
+@njit(cache=True)
+def _partners(new_event, lo, hi, a_role, a_idx, a_nth, b_role, b_idx, b_nth):  # pragma: no cover - compiled
+    """For each A tensor row (rows of a paired event together, each event's rows and B's in
+    (role, idx, nth) order): the row of B's partner event [lo, hi) with the same role, idx and
+    nth, or -1. One merge per event pair."""
+    out = np.full(len(a_role), -1, np.int64)
+    p = 0
+    for i in range(len(a_role)):
+        if new_event[i]:
+            p = lo[i]
+        while p < hi[i] and (b_role[p] < a_role[i] or (b_role[p] == a_role[i] and (
+                b_idx[p] < a_idx[i] or (b_idx[p] == a_idx[i] and b_nth[p] < a_nth[i])))):
+            p += 1
+        if p < hi[i] and b_role[p] == a_role[i] and b_idx[p] == a_idx[i] and b_nth[p] == a_nth[i]:
+            out[i] = p
+    return out
 
 
 def _pair_tensors(pairs: pl.DataFrame, ta: pl.DataFrame, tb: pl.DataFrame) -> pl.DataFrame:
+    """Every tensor of A's paired events beside its partner in B (same role, index and
+    occurrence; NULL when B has none), compared digest by digest. Both sides in place order, so
+    the partner is found by one merge per event pair (NumPy and Numba; a polars join on four
+    columns cost ten times as much at a million events)."""
     ta, tb = _by_place(ta), _by_place(tb)
-    left = ta.with_columns(_unobserved(ta).alias("unobserved"), _occurrence(ta)).join(
-        pairs.select("a_seq", "b_seq"), left_on="seq", right_on="a_seq").rename({"seq": "a_seq"})
-    right = tb.with_columns(_occurrence(tb)).select(
-        pl.col("seq").alias("b_seq"), "role", "idx", "_nth", pl.col("xor").alias("xor_b"),
-        pl.col("pos").alias("pos_b"), pl.col("dtype").alias("dtype_b"), pl.col("shape").alias("_shape_b"),
-        _unobserved(tb).alias("unobserved_b"))
-    d = left.join(right, on=["b_seq", "role", "idx", "_nth"], how="left").drop("_nth")
+    ta = ta.with_columns(_unobserved(ta).alias("unobserved"), _occurrence(ta))
+    tb = tb.with_columns(_occurrence(tb))
+    by_a = pairs.select("a_seq", "b_seq").sort("a_seq")
+    pa, pb = by_a["a_seq"].to_numpy(), by_a["b_seq"].to_numpy()
+    seq_a, seq_b = ta["seq"].to_numpy(), tb["seq"].to_numpy()
+    at = np.clip(np.searchsorted(pa, seq_a), 0, max(len(pa) - 1, 0))
+    paired = (pa[at] == seq_a) if len(pa) else np.zeros(len(seq_a), bool)
+    rows = np.flatnonzero(paired)
+    b_seq = pb[at[rows]] if len(pa) else np.empty(0, np.int64)
+    roles = pl.Enum(sorted(set(ta["role"].unique().to_list()) | set(tb["role"].unique().to_list())))
+
+    def place(t: pl.DataFrame) -> list[np.ndarray]:  # role (as its rank in byte order), idx, nth
+        return [t["role"].cast(roles).to_physical().to_numpy(), t["idx"].to_numpy(), t["_nth"].to_numpy()]
+
+    kept = seq_a[rows]
+    new_event = np.r_[True, kept[1:] != kept[:-1]] if len(kept) else np.empty(0, bool)
+    partner = _partners(new_event, np.searchsorted(seq_b, b_seq, "left"), np.searchsorted(seq_b, b_seq, "right"),
+                        *(c[rows] for c in place(ta)), *place(tb))
+    at_b = pl.Series(partner).replace(-1, None)  # NULL: B has no partner (gathered as a NULL row)
+    # shapes compared by their hashes (a list column costs ten times as much to gather): equal
+    # shapes hash alike, and two shapes apart hash alike with a chance of 2^-64, as two digests do
+    right = tb.select(pl.col("xor").alias("xor_b"), pl.col("pos").alias("pos_b"), pl.col("dtype").alias("dtype_b"),
+                      pl.col("shape").hash().alias("_shape_b"), _unobserved(tb).alias("unobserved_b"))
+    left = ta.filter(pl.Series(paired)).drop("_nth").rename({"seq": "a_seq"})
+    d = pl.concat([left.with_columns(pl.Series("b_seq", b_seq, pl.Int64)), right.select(pl.all().gather(at_b))],
+                  how="horizontal")
     return d.with_columns(
         (pl.col("xor") != pl.col("xor_b")).fill_null(True).alias("xor_differs"),
         (pl.col("pos") != pl.col("pos_b")).fill_null(True).alias("pos_differs"),
         # the same bytes as another shape or dtype are another tensor (pairs made by place or across
         # a dtype change, retype.py): the digests see only the bytes
-        ((pl.col("shape") != pl.col("_shape_b")) | (pl.col("dtype") != pl.col("dtype_b"))).fill_null(False)
+        ((pl.col("shape").hash() != pl.col("_shape_b")) | (pl.col("dtype") != pl.col("dtype_b"))).fill_null(False)
         .alias("_form_differs"),
         # a tensor either side could not read: its digests mean nothing, it can be neither equal nor not
         (pl.col("unobserved").is_not_null() | pl.col("unobserved_b").is_not_null()).alias("unknown"),
@@ -159,8 +203,11 @@ def b_gap_order(al, positions: np.ndarray) -> np.ndarray:
 
 def _compare_rank(rank: int, run_a: RunInfo, run_b: RunInfo, rules: RuleSet, fired: dict, band: int,
                   fingerprint: str = "xor+pos", probes=None) -> RankComparison:
-    ea, ta, sa = load_rank(run_a, rank)
-    eb, tb, sb = load_rank(run_b, rank)
+    # both sides at once: reading a rank file waits mostly outside the GIL (DuckDB, polars)
+    with ThreadPoolExecutor(2) as pool:
+        side_a, side_b = pool.submit(load_rank, run_a, rank), pool.submit(load_rank, run_b, rank)
+        ea, ta, sa = side_a.result()  # A's error first when both fail, as one after the other
+        eb, tb, sb = side_b.result()
     ea, eb, ta, tb, mode_reasons = certification.mode_filter(run_a, run_b, ea, eb, ta, tb)
     ea, eb, ta, tb, regions = granularity.split(ea, eb, ta, tb)
     ea, ta = _keep_probes(ea, ta, probes)
@@ -213,23 +260,26 @@ def _follows_accepted(pairs: pl.DataFrame, diffs: pl.DataFrame, ea: pl.DataFrame
     accepted = diffs.filter(pl.col("differs") & pl.col("ignored"))
     if accepted.is_empty():
         return pairs
-    kinds = dict(zip(ea["seq"].to_list(), zip(ea["phase"].to_list(), ea["kind"].to_list())))
-    input_fed = {}  # a_seq -> rule: an input differs, and that difference is accepted
-    for seq, role, rule in accepted.select("a_seq", "role", "rule_id").iter_rows():
-        if role in pivot_mod.INPUT_ROLES.get(kinds.get(seq), ()) and seq not in input_fed:
-            input_fed[seq] = rule
+    inputs = pl.DataFrame([(phase, kind, role) for (phase, kind), roles in pivot_mod.INPUT_ROLES.items()
+                           for role in roles], schema={"phase": pl.String, "kind": pl.String, "role": pl.String},
+                          orient="row")
+    # a_seq -> rule: an input differs, and that difference is accepted (the first such tensor's rule)
+    input_fed = (accepted.select("a_seq", "role", "rule_id").with_row_index("_i")
+                 .join(ea.select(pl.col("seq").alias("a_seq"), "phase", "kind"), on="a_seq", how="left")
+                 .join(inputs, on=["phase", "kind", "role"], how="semi").sort("_i")
+                 .unique("a_seq", keep="first", maintain_order=True).select("a_seq", "rule_id"))
     benign = pairs.filter(pl.col("status") == "benign")
-    rule_of = dict(zip(benign["a_seq"].to_list(), benign["rule_id"].to_list())) | input_fed
-    divergent = pairs.filter(pl.col("status").is_in(["benign", "diverged"]))
-    _, out = propagation.graph(ea, ta, set(divergent["a_seq"].to_list()), loss=True)
-    order = dict(zip(pairs["a_seq"].to_list(), pairs["a_pos"].to_list()))
-    reached = propagation.reachable(out, sorted(rule_of, key=lambda seq: order.get(seq, 0)))
-    benign_seqs = set(benign["a_seq"].to_list())
-    follows = {seq: rule_of[src] for seq, src in reached.items() if seq >= 0 and seq not in benign_seqs}
-    if not follows:
+    rule_of = pl.concat([input_fed, benign.filter(~pl.col("a_seq").is_in(input_fed["a_seq"].implode()))
+                         .select("a_seq", "rule_id")])
+    sources = rule_of.join(pairs.select("a_seq", "a_pos"), on="a_seq", how="left").sort(
+        pl.col("a_pos").fill_null(0), maintain_order=True)["a_seq"].to_numpy()
+    divergent = pairs.filter(pl.col("status").is_in(["benign", "diverged"]))["a_seq"].to_numpy()
+    reached = propagation.reachable(propagation.graph(ea, ta, divergent, loss=True), sources)
+    follows = reached.filter((pl.col("seq") >= 0) & ~pl.col("seq").is_in(benign["a_seq"].implode())).join(
+        rule_of.select(pl.col("a_seq").alias("source"), pl.col("rule_id").alias("_src_rule")), on="source")
+    if not follows.height:
         return pairs
-    hit = pl.DataFrame({"a_seq": list(follows), "_src_rule": list(follows.values())},
-                       schema={"a_seq": pl.Int64, "_src_rule": pl.String})
+    hit = follows.select(pl.col("seq").alias("a_seq"), "_src_rule")
     pairs = pairs.join(hit, on="a_seq", how="left")
     is_follow = (pl.col("status") == "diverged") & pl.col("_src_rule").is_not_null()
     return pairs.with_columns(
@@ -259,6 +309,18 @@ def _gaps(rank, ea, eb, al, rules: RuleSet, fired: dict, scope, counted: bool = 
     return gaps.with_columns((~pl.col("allowed") & scope.contains(pl.col("step")) & pl.lit(counted)).alias("counted"))
 
 
+class _StatusOf:
+    """`get(a_seq)`: a pair's status, looked up in the pairs frame when asked (blame asks about
+    a few events; a dict of every pair cost half a second at a million)."""
+
+    def __init__(self, pairs: pl.DataFrame):
+        self._pairs = pairs
+
+    def get(self, seq, default=None):
+        hit = self._pairs.filter(pl.col("a_seq") == seq)["status"]
+        return hit[0] if hit.len() else default
+
+
 def _find_pivot(rc: RankComparison) -> None:
     """The rank's first divergence in A's order: the first divergent pair, or an event on one side
     only that counts (a structural divergence), whichever comes first."""
@@ -273,8 +335,7 @@ def _find_pivot(rc: RankComparison) -> None:
         event = rc.events_a.row(first["a_pos"], named=True)
         rc.pivot = {**event, "cause": "digest", "side": None, "b_seq": first["b_seq"], "a_pos": first["a_pos"],
                     "b_pos": first["b_pos"], "order": digest_at, "retyped": first["retyped"]}
-        status = dict(zip(rc.pairs["a_seq"].to_list(), rc.pairs["status"].to_list()))
-        rc.blame = pivot_mod.blame(rc.pivot, rc.events_a, status, rc.diffs)
+        rc.blame = pivot_mod.blame(rc.pivot, rc.events_a, _StatusOf(rc.pairs), rc.diffs)
         seed = event["seq"]
     else:
         gap = counted.row(0, named=True)
@@ -294,7 +355,7 @@ def _find_pivot(rc: RankComparison) -> None:
         rc.blame = pivot_mod.structure_blame(event, side, events, twin)
         seed = event["seq"] if side == "a" else None
     if seed is not None:
-        divergent = set(diverged["a_seq"].to_list()) | {seed}
+        divergent = np.unique(np.append(diverged["a_seq"].to_numpy(), seed))
         rc.propagation = propagation.build(rc.rank, rc.events_a, rc.tensors_a, divergent, seed)
 
 

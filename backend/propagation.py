@@ -11,176 +11,206 @@ Edges run forward in time between divergent events of one rank:
   functional op between modules made it) -> from the divergent forward call completed just before.
 The graph is returned summarised: one node per (phase, kind, boundary) with the first step
 reached and the number of divergent events, one edge per (source node, target node, kind).
+
+Columnar: the edges are polars joins over the divergent events (one row per edge, duplicates
+kept: an edge's count is how many event pairs it joins), the nesting stack and the breadth-first
+search are Numba loops over arrays; nothing walks the events in Python (a million-event rank
+diverged from its middle made 13 s of Python here before, 0.3 s now: docs/PERFORMANCE.md).
 """
 
 from __future__ import annotations
 
-from collections import defaultdict, deque
+from dataclasses import dataclass
 
+import numpy as np
 import polars as pl
+from numba import njit
+
+_INFO = ("seq", "step", "phase", "kind", "boundary", "module_type", "depth", "t_start_ns", "t_end_ns")
+_EDGES = {"src": pl.Int64, "dst": pl.Int64, "kind": pl.String}
 
 
 def node_id(rank: int, phase: str, kind: str, boundary: str) -> str:
     return f"r{rank}:{phase}:{kind}:{boundary}"
 
 
-def _dataflow(tensors: pl.DataFrame, producer_role: str, consumer_role: str) -> list[tuple[int, int]]:
-    prod = tensors.filter((pl.col("role") == producer_role) & (pl.col("tid") > 0)).select(
-        pl.col("seq").alias("src"), "tid")
-    cons = tensors.filter((pl.col("role") == consumer_role) & (pl.col("tid") > 0)).select(
-        pl.col("seq").alias("dst"), "tid")
-    joined = prod.join(cons, on="tid").filter(pl.col("src") != pl.col("dst"))
-    return list(zip(joined["src"].to_list(), joined["dst"].to_list()))
+@dataclass
+class Graph:
+    """The divergent events (`info`, in seq order, the fields `_INFO`) and the edges between
+    them (`edges`: src, dst, kind, one row per edge; a negative id is a step node of `loss`)."""
+
+    info: pl.DataFrame
+    edges: pl.DataFrame
 
 
-def build(rank: int, events: pl.DataFrame, tensors: pl.DataFrame, divergent: set[int], pivot_seq: int) -> dict:
-    """Summarised propagation graph from `pivot_seq` over the divergent A-side events."""
-    info, out = graph(events, tensors, divergent)
-    reached = reachable(out, [pivot_seq])
-    return _summarise(rank, info, reached, out, pivot_seq, len(divergent))
+def _owner(boundary: pl.Expr) -> pl.Expr:
+    """`boundary.rpartition(".")[0]`: the dotted path without its last part ("" for a name with no dot)."""
+    return pl.when(boundary.str.contains(".", literal=True)).then(boundary.str.replace(r"\.[^.]*$", "")) \
+        .otherwise(pl.lit(""))
 
 
-def reachable(out: dict[int, list], sources) -> dict[int, int]:
-    """Every event reachable from `sources` over the edges `out`, with the source it was first
-    reached from (sources taken in the order given)."""
-    reached: dict[int, int] = {}
-    for source in sources:
-        if source in reached:
-            continue
-        reached[source] = source
-        queue = deque([source])
-        while queue:
-            s = queue.popleft()
-            for d, _ in out.get(s, ()):
-                if d not in reached:
-                    reached[d] = source
-                    queue.append(d)
-    return reached
+def _pairs(left: pl.DataFrame, right: pl.DataFrame, on, kind: str, right_on=None) -> pl.DataFrame:
+    """Every (left seq, right seq) joined on `on`: edges of `kind`, source on the left."""
+    joined = left.select(pl.col("seq").alias("src"), *on).join(
+        right.select(pl.col("seq").alias("dst"), *(right_on or on)), left_on=on, right_on=right_on or on)
+    return joined.select("src", "dst", pl.lit(kind).alias("kind"))
 
 
-def graph(events: pl.DataFrame, tensors: pl.DataFrame, divergent: set[int],
-          loss: bool = False) -> tuple[dict, dict[int, list]]:
-    """The divergent events' fields by seq, and the edges between them: seq -> [(seq, kind)].
-    `loss` adds what no tensor identity shows but every step obeys: the root module's forward
-    (it returns the loss) feeds every backward and optimizer event of its step, and an optimizer
-    step feeds the next step's first divergent forward (and, through it, the rest). Too coarse
-    to draw, it is what "follows from an accepted difference" must assume."""
-    ev = events.filter(pl.col("seq").is_in(list(divergent)))
-    tens = tensors.filter(pl.col("seq").is_in(list(divergent)))
-    info = {r["seq"]: r for r in ev.select("seq", "step", "phase", "kind", "boundary", "module_type", "depth",
-                                            "t_start_ns", "t_end_ns").iter_rows(named=True)}
-    edges: list[tuple[int, int, str]] = []
-    edges += [(s, d, "dataflow") for s, d in _dataflow(tens, "output", "input")]
-    edges += [(s, d, "dataflow") for s, d in _dataflow(tens, "grad_input", "grad_output")]
-    fwd = sorted((r for r in info.values() if r["phase"] == "forward"), key=lambda r: r["seq"])
-    by_module_step: dict[tuple, list] = defaultdict(list)
-    for r in info.values():
-        by_module_step[(r["boundary"], r["step"], r["phase"], r["kind"])].append(r["seq"])
-    # nesting: child forward -> the innermost enclosing forward call
-    open_calls: list[dict] = []
-    for r in sorted(fwd, key=lambda r: (r["t_start_ns"], -r["t_end_ns"])):
-        while open_calls and open_calls[-1]["t_end_ns"] < r["t_end_ns"]:
-            open_calls.pop()
-        if open_calls and open_calls[-1]["depth"] < r["depth"]:
-            edges.append((r["seq"], open_calls[-1]["seq"], "nesting"))
-        open_calls.append(r)
-    opt_by_param_step = {}
-    for r in info.values():
-        key = (r["boundary"], r["step"])
-        if r["phase"] in ("forward", "recompute"):  # a recompute's outputs are the activations backward uses
-            for b in by_module_step.get((r["boundary"], r["step"], "backward", "module"), []):
-                edges.append((r["seq"], b, "activation"))
-        elif r["phase"] == "backward" and r["kind"] == "grad":
-            owner = r["boundary"].rpartition(".")[0]
-            for b in by_module_step.get((owner, r["step"], "backward", "module"), []):
-                edges.append((b, r["seq"], "weight-grad"))
-            for o in by_module_step.get((r["boundary"], r["step"], "optimizer", "step"), []):
-                edges.append((r["seq"], o, "update"))
-        elif r["phase"] == "optimizer":
-            opt_by_param_step[key] = r["seq"]
+def _dataflow(tens: pl.DataFrame, producer_role: str, consumer_role: str) -> pl.DataFrame:
+    prod = tens.filter((pl.col("role") == producer_role) & (pl.col("tid") > 0))
+    cons = tens.filter((pl.col("role") == consumer_role) & (pl.col("tid") > 0))
+    return _pairs(prod, cons, ["tid"], "dataflow").filter(pl.col("src") != pl.col("dst"))
+
+
+@njit(cache=True)
+def _enclosing(t_end, depth):  # pragma: no cover - compiled
+    """For calls sorted by (start, -end): the index of the innermost open call enclosing each, or -1."""
+    n = len(t_end)
+    parent = np.full(n, -1, np.int64)
+    stack = np.empty(n, np.int64)
+    top = 0
+    for i in range(n):
+        while top > 0 and t_end[stack[top - 1]] < t_end[i]:
+            top -= 1
+        if top > 0 and depth[stack[top - 1]] < depth[i]:
+            parent[i] = stack[top - 1]
+        stack[top] = i
+        top += 1
+    return parent
+
+
+def _nesting(fwd: pl.DataFrame) -> pl.DataFrame:
+    """child forward -> the innermost enclosing forward call (calls in start order, longer first)."""
+    seq, start, end = (fwd[c].to_numpy() for c in ("seq", "t_start_ns", "t_end_ns"))
+    order = np.lexsort((seq, -end, start))
+    parent = _enclosing(end[order], fwd["depth"].to_numpy()[order].astype(np.int64))
+    child = parent >= 0
+    return pl.DataFrame({"src": seq[order][child], "dst": seq[order][parent[child]], "kind": "nesting"}, schema=_EDGES)
+
+
+def graph(events: pl.DataFrame, tensors: pl.DataFrame, divergent, loss: bool = False) -> Graph:
+    """The divergent events (`divergent`: their seqs) and the edges between them. `loss` adds what
+    no tensor identity shows but every step obeys: the root module's forward (it returns the
+    loss) feeds every backward and optimizer event of its step, and an optimizer step feeds the
+    next step's first divergent forward (and, through it, the rest). Too coarse to draw, it is
+    what "follows from an accepted difference" must assume."""
+    div = pl.Series("seq", np.fromiter(divergent, np.int64, len(divergent))).unique().implode()
+    info = events.filter(pl.col("seq").is_in(div)).select(_INFO)
+    tens = tensors.filter(pl.col("seq").is_in(div)).select("seq", "role", "tid")
+    phase, kind = pl.col("phase"), pl.col("kind")
+    fwd = info.filter(phase == "forward")
+    back = info.filter((phase == "backward") & (kind == "module"))
+    grads = info.filter((phase == "backward") & (kind == "grad")).with_columns(
+        _owner(pl.col("boundary")).alias("owner"))
+    opt_steps = info.filter((phase == "optimizer") & (kind == "step"))
+    parts = [_dataflow(tens, "output", "input"), _dataflow(tens, "grad_input", "grad_output"), _nesting(fwd),
+             # a recompute's outputs are the activations backward uses
+             _pairs(info.filter(phase.is_in(["forward", "recompute"])), back, ["boundary", "step"], "activation"),
+             _pairs(back, grads, ["boundary", "step"], "weight-grad", right_on=["owner", "step"]),
+             _pairs(grads, opt_steps, ["boundary", "step"], "update")]
     # inferred: a divergent call whose input no observed event produced (a functional op between
     # modules made it) hangs off the divergent forward call that completed just before it
     first_out = (tensors.filter((pl.col("role") == "output") & (pl.col("tid") > 0))
                  .group_by("tid").agg(pl.col("seq").min().alias("producer")))
     ins = tens.filter((pl.col("role") == "input") & (pl.col("tid") > 0)).join(first_out, on="tid", how="left")
-    orphan_inputs = set(ins.filter(pl.col("producer").is_null() | (pl.col("producer") >= pl.col("seq")))["seq"].to_list())
-    previous = None
-    for r in fwd:
-        if r["seq"] in orphan_inputs and previous is not None and previous["step"] == r["step"]:
-            edges.append((previous["seq"], r["seq"], "inferred"))
-        previous = r
-    next_forward: dict[str, list] = defaultdict(list)
-    for r in fwd:
-        next_forward[r["boundary"]].append((r["step"], r["seq"]))
-    for (param, step), seq in opt_by_param_step.items():
-        owner = param.rpartition(".")[0]
-        later = [s for st, s in next_forward.get(owner, []) if st > step]
-        if later:
-            edges.append((seq, min(later), "weights"))
-    # reachability from the pivot, forward in completion order (dataflow into an enclosing call
-    # that completed later is allowed: completion order is what the record certifies)
+    orphans = ins.filter(pl.col("producer").is_null() | (pl.col("producer") >= pl.col("seq")))["seq"].unique()
+    parts.append(fwd.select(pl.col("seq").shift().alias("src"), pl.col("seq").alias("dst"),
+                            pl.lit("inferred").alias("kind"), (pl.col("step").shift() == pl.col("step")).alias("_same"))
+                 .filter(pl.col("dst").is_in(orphans.implode()) & pl.col("_same").fill_null(False)).drop("_same"))
+    # weights: a parameter's (last) optimizer event of a step -> the owner's first divergent forward of a later step
+    params = (info.filter(phase == "optimizer").group_by("boundary", "step").agg(pl.col("seq").max())
+              .select("seq", _owner(pl.col("boundary")).alias("owner"), (pl.col("step") + 1).alias("_after")))
+    later = (fwd.group_by("boundary", "step").agg(pl.col("seq").min())
+             .sort("boundary", "step", descending=[False, True])  # _first: the first seq of this step or a later one
+             .with_columns(pl.col("seq").cum_min().over("boundary").alias("_first")).sort("step"))
+    if params.height and later.height:
+        first = later.select(pl.col("boundary").alias("owner"), pl.col("step").alias("_after"), "_first")
+        hit = params.sort("_after").join_asof(first, on="_after", by="owner", strategy="forward",
+                                              check_sortedness=False)
+        parts.append(hit.filter(pl.col("_first").is_not_null()).select(
+            pl.col("seq").alias("src"), pl.col("_first").alias("dst"), pl.lit("weights").alias("kind")))
     if loss:
-        after_loss: dict[int, list[int]] = defaultdict(list)  # step -> its backward and optimizer events
-        for r in info.values():
-            if r["phase"] in ("backward", "optimizer"):
-                after_loss[r["step"]].append(r["seq"])
-        for r in fwd:
-            if r["depth"] == 0:
-                edges += [(r["seq"], o, "loss") for o in after_loss.get(r["step"], ())]
-    out: dict[int, list] = defaultdict(list)
-    for s, d, k in edges:
-        if s in info and d in info:
-            out[s].append((d, k))
+        parts.append(_pairs(fwd.filter(pl.col("depth") == 0), info.filter(phase.is_in(["backward", "optimizer"])),
+                            ["step"], "loss"))
+    seqs = info["seq"].implode()
+    edges = pl.concat([p.cast(_EDGES) for p in parts]).filter(pl.col("src").is_in(seqs) & pl.col("dst").is_in(seqs))
     if loss:
         # updated weights feed every later forward, whichever parameters the hooks saw change:
         # one node per step (a negative id, never an event's seq) keeps this linear in the events
-        forwards: dict[int, list[int]] = defaultdict(list)
-        for r in fwd:
-            forwards[r["step"]].append(r["seq"])
-        steps = sorted(forwards)
-        for r in info.values():
-            if r["phase"] == "optimizer":
-                later = [st for st in steps if st > r["step"]]
-                if later:
-                    out[r["seq"]].append((-1 - later[0], "loss"))
-        for st in steps:
-            out[-1 - st] = [(f, "loss") for f in forwards[st]]
-    return info, out
+        steps = np.unique(fwd["step"].to_numpy())
+        opt = info.filter(phase == "optimizer")
+        nxt = np.searchsorted(steps, opt["step"].to_numpy(), side="right")
+        has = nxt < len(steps)
+        edges = pl.concat([edges, pl.DataFrame(
+            {"src": opt["seq"].to_numpy()[has], "dst": -1 - steps[nxt[has]], "kind": "loss"}, schema=_EDGES),
+            fwd.select((-1 - pl.col("step")).alias("src"), pl.col("seq").alias("dst"), pl.lit("loss").alias("kind"))
+            .cast(_EDGES)])
+    return Graph(info, edges)
 
 
-def _summarise(rank, info, reached, out, pivot_seq, n_divergent) -> dict:
-    nodes: dict[str, dict] = {}
-    for seq in sorted(reached):
-        r = info.get(seq)
-        if r is None:
+@njit(cache=True)
+def _search(indptr, indices, sources):  # pragma: no cover - compiled
+    """Breadth-first from each source in turn: the index (into `sources`) of the first source
+    that reaches each node, -1 for none."""
+    label = np.full(len(indptr) - 1, -1, np.int64)
+    queue = np.empty(len(indptr) - 1, np.int64)
+    for k in range(len(sources)):
+        s = sources[k]
+        if label[s] >= 0:
             continue
-        nid = node_id(rank, r["phase"], r["kind"], r["boundary"])
-        node = nodes.get(nid)
-        if node is None:
-            nodes[nid] = node = {"id": nid, "rank": rank, "phase": r["phase"], "kind": r["kind"],
-                                 "boundary": r["boundary"], "module_type": r["module_type"],
-                                 "step": r["step"], "first_step": r["step"], "count": 0, "a_seq": seq,
-                                 "is_pivot": False}
-        node["count"] += 1
-        node["first_step"] = min(node["first_step"], r["step"])
-        if seq == pivot_seq:
-            node["is_pivot"] = True
-    edges: dict[tuple, dict] = {}
-    for s in reached:
-        if s not in info:
-            continue
-        for d, kind in out.get(s, ()):
-            if d not in reached:
-                continue
-            a, b = info[s], info[d]
-            src = node_id(rank, a["phase"], a["kind"], a["boundary"])
-            dst = node_id(rank, b["phase"], b["kind"], b["boundary"])
-            if src == dst:
-                continue
-            e = edges.setdefault((src, dst, kind), {"source": src, "target": dst, "kind": kind, "count": 0,
-                                                    "first_step": b["step"]})
-            e["count"] += 1
-            e["first_step"] = min(e["first_step"], b["step"])
-    ordered = sorted(nodes.values(), key=lambda n: n["a_seq"])
-    return {"nodes": ordered, "edges": sorted(edges.values(), key=lambda e: (e["first_step"], e["source"])),
-            "reached_events": len(reached), "divergent_events": n_divergent}
+        label[s] = k
+        head, tail = 0, 1
+        queue[0] = s
+        while head < tail:
+            u = queue[head]
+            head += 1
+            for e in range(indptr[u], indptr[u + 1]):
+                v = indices[e]
+                if label[v] < 0:
+                    label[v] = k
+                    queue[tail] = v
+                    tail += 1
+    return label
+
+
+def reachable(g: Graph, sources) -> pl.DataFrame:
+    """Every event (or step node) reachable from `sources` over the edges of `g`: seq and the
+    source it was first reached from (sources taken in the order given; a source reaches itself)."""
+    sources = np.asarray(list(sources), np.int64)
+    src, dst = g.edges["src"].to_numpy(), g.edges["dst"].to_numpy()
+    ids = np.unique(np.concatenate([src, dst, sources]))
+    s, d = np.searchsorted(ids, src), np.searchsorted(ids, dst)
+    order = np.argsort(s, kind="stable")
+    indptr = np.zeros(len(ids) + 1, np.int64)
+    np.cumsum(np.bincount(s, minlength=len(ids)), out=indptr[1:])
+    label = _search(indptr, d[order], np.searchsorted(ids, sources))
+    hit = label >= 0
+    return pl.DataFrame({"seq": ids[hit], "source": sources[label[hit]]}, schema={"seq": pl.Int64, "source": pl.Int64})
+
+
+def build(rank: int, events: pl.DataFrame, tensors: pl.DataFrame, divergent, pivot_seq: int) -> dict:
+    """Summarised propagation graph from `pivot_seq` over the divergent A-side events."""
+    g = graph(events, tensors, divergent)
+    reached = reachable(g, [pivot_seq])
+    return _summarise(rank, g, reached["seq"], pivot_seq, len(divergent))
+
+
+def _summarise(rank: int, g: Graph, reached: pl.Series, pivot_seq: int, n_divergent: int) -> dict:
+    hit = g.info.filter(pl.col("seq").is_in(reached.implode()))
+    nid = pl.concat_str(pl.lit(f"r{rank}:"), "phase", pl.lit(":"), "kind", pl.lit(":"), "boundary").alias("id")
+    nodes = (hit.with_columns(nid).group_by("id", maintain_order=True).agg(
+        pl.col("phase").first(), pl.col("kind").first(), pl.col("boundary").first(), pl.col("module_type").first(),
+        pl.col("step").first(), pl.col("step").min().alias("first_step"), pl.len().cast(pl.Int64).alias("count"),
+        pl.col("seq").first().alias("a_seq"), (pl.col("seq") == pivot_seq).any().alias("is_pivot"))
+        .sort("a_seq").select("id", pl.lit(rank, pl.Int64).alias("rank"), "phase", "kind", "boundary", "module_type",
+                              "step", "first_step", "count", "a_seq", "is_pivot"))
+    ends = hit.select("seq", "step", nid)
+    edges = (g.edges.join(ends.select(pl.col("seq").alias("src"), pl.col("id").alias("source")), on="src")
+             .join(ends.select(pl.col("seq").alias("dst"), pl.col("id").alias("target"), "step"), on="dst")
+             .filter(pl.col("source") != pl.col("target"))
+             .group_by("source", "target", "kind")
+             .agg(pl.len().cast(pl.Int64).alias("count"), pl.col("step").min().alias("first_step"))
+             .sort("first_step", "source", "target", "kind"))
+    return {"nodes": nodes.to_dicts(),
+            "edges": edges.select("source", "target", "kind", "count", "first_step").to_dicts(),
+            "reached_events": reached.len(), "divergent_events": n_divergent}
