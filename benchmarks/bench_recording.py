@@ -1,13 +1,27 @@
-"""Recording overhead per training step and collector memory, on a CPU GPT training loop.
+"""Recording overhead per training step and per recorded event, and collector memory, on CPU GPTs.
 
-Steady-state step time of the same loop (6 layers, width 256, sequence 128, batch 8) run plainly,
-recorded in full mode and recorded in trusted mode, alternated round by round so that machine
-noise hits all three alike; medians and ratios are from this one run. Start-up cost (imports,
-kernel compilation) is measured separately in fresh processes. Memory: RSS growth of a long
-recorded run (small model, many steps) between an early and a late step, and the peak size of the
-writer queue.
+Steady-state step time of the same loop (6 layers, width 256, sequence 128, batch 8, vocabulary
+512) run plainly, recorded in full mode and recorded in trusted mode, alternated round by round so
+that machine noise hits all three alike; medians and ratios are from this one run. Two bench
+models (`--model`): `gpt`, the project's tiny GPT (sample_traces/tinygpt.py, no dropout), and
+`modules`, the same sizes built from more and smaller modules (attention's core, softmax, GELU and
+four dropouts a block as modules, dropout 0.1), where the cost per event weighs more. The
+recorded rounds run with bitguard's determinism controls at their defaults (what `bitguard
+record` applies: seed, deterministic algorithms, threads pinned), the plain rounds with the
+settings as the user had them (restored after every recorded round); `--no-determinism` turns the
+controls off in the recorded rounds too.
 
-    python benchmarks/bench_recording.py [--rounds 20] [--steps 20] [--json] [--breakdown] [--team-pairs N]
+Each recorded round also counts the events it recorded: the overhead per event is the round's
+median step overhead over the plain steps of the same round, divided by the events per step.
+`--hook-time` measures instead, in-process, the time spent inside the collector's hooks (every
+entry from torch into bitguard, outermost only), per step and per event.
+
+Start-up cost (imports, kernel compilation) is measured separately in fresh processes. Memory:
+RSS growth of a long recorded run (small model, many steps) between an early and a late step, and
+the peak size of the writer queue.
+
+    python benchmarks/bench_recording.py [--model gpt|modules] [--rounds 20] [--steps 20] [--json]
+                                         [--no-determinism] [--breakdown] [--team-pairs N] [--hook-time N]
 """
 
 from __future__ import annotations
@@ -32,16 +46,152 @@ def rss_mib() -> float:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
 
 
-def build(layers=6, width=256, seq=128, batch=8, vocab=512):
+MODELS = ("gpt", "modules")
+
+
+def many_modules_gpt(vocab: int, seq: int, width: int, layers: int, heads: int, dropout: float):
+    """A GPT of the same sizes as tinygpt's, built from more and smaller modules: per block two
+    LayerNorms, the attention (its input and output projections, its core as a module of its own
+    with an `nn.Softmax` and an attention dropout, a residual dropout) and the MLP (two Linears, an
+    `nn.GELU`, a dropout); token and position embeddings and their dropout. 16 module calls a block
+    against tinygpt's 11, and every dropout draws random numbers."""
+    import math
+
+    import torch
+    import torch.nn as nn
+
+    class AttentionCore(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.softmax = nn.Softmax(dim=-1)
+            self.drop = nn.Dropout(dropout)
+
+        def forward(self, q, k, v):
+            t = q.size(-2)
+            att = (q @ k.transpose(-2, -1)) / math.sqrt(k.size(-1))
+            mask = torch.ones(t, t, dtype=torch.bool, device=q.device).tril()
+            return self.drop(self.softmax(att.masked_fill(~mask, float("-inf")))) @ v
+
+    class CausalSelfAttention(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.c_attn = nn.Linear(width, 3 * width)
+            self.core = AttentionCore()
+            self.c_proj = nn.Linear(width, width)
+            self.resid_drop = nn.Dropout(dropout)
+
+        def forward(self, x):
+            b, t, c = x.shape
+            q, k, v = (z.view(b, t, heads, c // heads).transpose(1, 2) for z in self.c_attn(x).split(c, dim=2))
+            return self.resid_drop(self.c_proj(self.core(q, k, v).transpose(1, 2).reshape(b, t, c)))
+
+    class MLP(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.c_fc = nn.Linear(width, 4 * width)
+            self.gelu = nn.GELU()
+            self.c_proj = nn.Linear(4 * width, width)
+            self.drop = nn.Dropout(dropout)
+
+        def forward(self, x):
+            return self.drop(self.c_proj(self.gelu(self.c_fc(x))))
+
+    class Block(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.ln_1, self.attn = nn.LayerNorm(width), CausalSelfAttention()
+            self.ln_2, self.mlp = nn.LayerNorm(width), MLP()
+
+        def forward(self, x):
+            x = x + self.attn(self.ln_1(x))
+            return x + self.mlp(self.ln_2(x))
+
+    class GPT(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.wte, self.wpe = nn.Embedding(vocab, width), nn.Embedding(seq, width)
+            self.drop = nn.Dropout(dropout)
+            self.blocks = nn.ModuleList(Block() for _ in range(layers))
+            self.ln_f = nn.LayerNorm(width)
+            self.lm_head = nn.Linear(width, vocab, bias=False)
+
+        def forward(self, idx):
+            x = self.drop(self.wte(idx) + self.wpe(torch.arange(idx.size(1), device=idx.device)))
+            for block in self.blocks:
+                x = block(x)
+            return self.lm_head(self.ln_f(x))
+
+    return GPT()
+
+
+def build(layers=6, width=256, seq=128, batch=8, vocab=512, model="gpt"):
     import torch
 
     import tinygpt
 
     torch.manual_seed(0)
-    model = tinygpt.GPT(vocab, seq, width, layers, 4, torch.nn.LayerNorm, 0.0)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    if model == "modules":
+        net = many_modules_gpt(vocab, seq, width, layers, 4, 0.1)
+    else:
+        net = tinygpt.GPT(vocab, seq, width, layers, 4, torch.nn.LayerNorm, 0.0)
+    opt = torch.optim.AdamW(net.parameters(), lr=1e-3)
     data = torch.randint(0, vocab, (batch, seq + 1))
-    return model, opt, data
+    return net, opt, data
+
+
+class user_settings:
+    """`with user_settings():` gives back, on leaving, the settings a recording's determinism
+    controls change and leave changed (deterministic algorithms, cuDNN and TF32 flags, matmul
+    precision, thread count, the environment variables they set), so that the plain rounds after a
+    recorded one run as the user's own script would."""
+
+    ENV = ("CUBLAS_WORKSPACE_CONFIG", "NCCL_ALGO", "NCCL_PROTO", "TORCHINDUCTOR_DETERMINISTIC")
+
+    def __enter__(self):
+        import torch
+
+        self.saved = (torch.are_deterministic_algorithms_enabled(),
+                      torch.is_deterministic_algorithms_warn_only_enabled(),
+                      torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark,
+                      torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32,
+                      torch.get_float32_matmul_precision(), torch.get_num_threads(),
+                      {k: os.environ.get(k) for k in self.ENV})
+        return self
+
+    def __exit__(self, *exc):
+        import torch
+
+        det, warn, cudnn_det, bench, tf32, tf32_cudnn, precision, threads, env = self.saved
+        torch.use_deterministic_algorithms(det, warn_only=warn)
+        torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = cudnn_det, bench
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = tf32, tf32_cudnn
+        torch.set_float32_matmul_precision(precision)
+        torch.set_num_threads(threads)
+        for k, v in env.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+        return False
+
+
+def recorded(out: Path, mode: str, determinism: bool):
+    """`bitguard.record(out, mode)` as a user's script gets it (determinism controls at bitguard's
+    defaults unless `determinism` is False), the user's settings given back afterwards."""
+    import contextlib
+
+    import bitguard
+
+    stack = contextlib.ExitStack()
+    stack.enter_context(user_settings())
+    rec = stack.enter_context(bitguard.record(out, mode=mode, **({} if determinism else {"determinism": False})))
+    stack.rec = rec
+    return stack
+
+
+def events_so_far(rec) -> int:
+    """Events the recording has numbered (each step's are numbered at its optimizer step)."""
+    return rec.collector._seq if rec.collector is not None else 0
 
 
 def step(model, opt, data):
@@ -63,41 +213,117 @@ def timed_steps(model, opt, data, n: int) -> list[float]:
     return out
 
 
-def overhead(rounds: int, steps: int) -> dict:
+def overhead(rounds: int, steps: int, model: str = "gpt", determinism: bool = True) -> dict:
     """Step times of the three modes, alternated round by round. The order of the modes turns each
     round (plain, full, trusted; then full, trusted, plain; ...) so that none always runs after
     another's close. Each round's ratio pairs a mode with the plain steps of the same round: on a
     shared machine whose speed drifts over minutes, that pairing is what the drift cancels out of,
-    and the median over rounds is the headline figure (the ratio of all-steps medians is given too)."""
-    import bitguard
-
-    model, opt, data = build()
-    timed_steps(model, opt, data, 2)  # warm the allocator and kernels
+    and the median over rounds is the headline figure (the ratio of all-steps medians is given too).
+    A recorded round also counts its events (those of its timed steps, the first one's excluded):
+    its overhead per event is (its median step - the round's plain median) / events per step."""
+    net, opt, data = build(model=model)
+    timed_steps(net, opt, data, 2)  # warm the allocator and kernels
     modes = ("plain", "full", "trusted")
     times = {m: [] for m in modes}
     per_round = {"full": [], "trusted": []}  # each round's median against the same round's plain one
+    per_event = {"full": [], "trusted": []}  # each round's overhead per recorded event, seconds
+    events = {"full": [], "trusted": []}  # events per step, each round
     with tempfile.TemporaryDirectory() as tmp:
         # one throw-away recording pays the one-off costs (kernel compile, DuckDB load)
-        with bitguard.record(Path(tmp) / "warm", mode="trusted", determinism=False):
-            timed_steps(model, opt, data, 1)
+        with recorded(Path(tmp) / "warm", "trusted", determinism):
+            timed_steps(net, opt, data, 1)
         for r in range(rounds):
-            medians = {}
+            medians, counts = {}, {}
             for mode in modes[r % 3:] + modes[: r % 3]:
                 if mode == "plain":
-                    got = timed_steps(model, opt, data, steps)[1:]
+                    got = timed_steps(net, opt, data, steps)[1:]
                 else:
-                    with bitguard.record(Path(tmp) / f"{mode}-{r}", mode=mode, determinism=False):
-                        got = timed_steps(model, opt, data, steps)[1:]
+                    with recorded(Path(tmp) / f"{mode}-{r}", mode, determinism) as rec:
+                        got = timed_steps(net, opt, data, 1)
+                        first = events_so_far(rec.rec)
+                        got = timed_steps(net, opt, data, steps - 1)
+                        counts[mode] = (events_so_far(rec.rec) - first) / (steps - 1)
                 medians[mode] = statistics.median(got)
                 times[mode] += got
             for mode in per_round:
                 per_round[mode].append(medians[mode] / medians["plain"])
+                events[mode].append(counts[mode])
+                per_event[mode].append((medians[mode] - medians["plain"]) / counts[mode])
     med = {k: statistics.median(v) for k, v in times.items()}
     spread = {k: {"median": statistics.median(v), "min": min(v), "max": max(v)} for k, v in per_round.items()}
-    return {"median_step_s": med, "samples": {k: len(v) for k, v in times.items()},
+    return {"model": model, "determinism": determinism, "median_step_s": med,
+            "samples": {k: len(v) for k, v in times.items()},
             "ratio_full": spread["full"]["median"], "ratio_trusted": spread["trusted"]["median"],
             "pooled_ratio_full": med["full"] / med["plain"], "pooled_ratio_trusted": med["trusted"] / med["plain"],
-            "round_ratios": spread}
+            "round_ratios": spread, "events_per_step": {k: statistics.median(v) for k, v in events.items()},
+            "overhead_per_event_s": {k: statistics.median(v) for k, v in per_event.items()}}
+
+
+def hook_time(steps: int, model: str = "gpt", determinism: bool = True) -> dict:
+    """Time spent inside the collector's hooks, in-process: every entry from torch into bitguard
+    (the module-call wrapper's enter and leave, the guarded tensor, parameter and optimizer hooks,
+    the API recorder's) is timed with `perf_counter_ns`, outermost entries only (an entry made from
+    inside another is in that one's time). Per step and per recorded event, medians over `steps`
+    steps of one recording per mode and variant (the first step of each left out): with the
+    digests, and with every digest the collectors take replaced by a constant, which leaves the
+    Python (the cost per event the issue's target is about). The timer adds about 0.1 µs an entry.
+    What it leaves out: the writer thread (it runs beside training, holding the GIL at times) and
+    torch's own cost of calling a hook."""
+    from bitguard.collectors import api_events, guarded, hooks, observation
+
+    net, opt, data = build(model=model)
+    timed_steps(net, opt, data, 2)
+    clock = time.perf_counter_ns
+    spent = [0, 0]  # nanoseconds inside, nesting depth
+
+    def timed(fn):
+        def inside(*args, **kwargs):
+            if spent[1]:
+                return fn(*args, **kwargs)
+            spent[1] = 1
+            t = clock()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                spent[0] += clock() - t
+                spent[1] = 0
+        inside.__name__ = getattr(fn, "__name__", "hook")
+        return inside
+
+    patched = {(hooks.Collector, "_enter"): hooks.Collector._enter,
+               (hooks.Collector, "_guarded"): hooks.Collector._guarded,
+               (guarded.Guarded, "_guarded"): guarded.Guarded._guarded}
+    digests = {(hooks, "digest_async"): hooks.digest_async, (hooks, "digest_many"): hooks.digest_many,
+               (hooks, "digest_host_at"): hooks.digest_host_at, (api_events, "digest_many"): api_events.digest_many,
+               (observation, "digest_async"): observation.digest_async}
+    out = {}
+    try:
+        for (owner, attr), fn in patched.items():
+            setattr(owner, attr, timed(fn))
+        with tempfile.TemporaryDirectory() as tmp:
+            for variant in ("digests", "python"):
+                if variant == "python":
+                    hooks.digest_async = observation.digest_async = lambda t: (0, 0)
+                    hooks.digest_host_at = lambda address, nbytes: (0, 0)
+                    hooks.digest_many = api_events.digest_many = lambda ts: [(0, 0)] * len(ts)
+                for mode in ("trusted", "full"):
+                    per_step, per_event, counts, step_s = [], [], [], []
+                    with recorded(Path(tmp) / f"{mode}-{variant}", mode, determinism) as rec:
+                        timed_steps(net, opt, data, 1)
+                        for _ in range(steps):
+                            spent[0], before = 0, events_so_far(rec.rec)
+                            step_s += timed_steps(net, opt, data, 1)
+                            n = events_so_far(rec.rec) - before
+                            per_step.append(spent[0] / 1e9)
+                            per_event.append(spent[0] / 1e9 / n)
+                            counts.append(n)
+                    out.setdefault(variant, {})[mode] = {
+                        "hook_s_per_step": statistics.median(per_step), "hook_s_per_event": statistics.median(per_event),
+                        "events_per_step": statistics.median(counts), "step_s": statistics.median(step_s)}
+    finally:
+        for (owner, attr), fn in {**patched, **digests}.items():
+            setattr(owner, attr, fn)
+    return {"model": model, "determinism": determinism, "steps": steps, **out}
 
 
 def breakdown(rounds: int, steps: int) -> dict:
@@ -109,13 +335,15 @@ def breakdown(rounds: int, steps: int) -> dict:
     from bitguard.collectors import hooks
 
     original = {"digest_async": hooks.digest_async, "digest_many": hooks.digest_many,
-                "_row": hooks.Collector._row, "_emit": hooks.Collector._emit}
+                "digest_host_at": hooks.digest_host_at, "_row": hooks.Collector._row, "_emit": hooks.Collector._emit}
 
     def variant(name: str) -> None:
         hooks.digest_async, hooks.digest_many = original["digest_async"], original["digest_many"]
+        hooks.digest_host_at = original["digest_host_at"]
         hooks.Collector._row, hooks.Collector._emit = original["_row"], original["_emit"]
         if name in ("no digests", "hooks only"):
             hooks.digest_async = lambda t: (0, 0)
+            hooks.digest_host_at = lambda address, nbytes: (0, 0)
             hooks.digest_many = lambda ts: [(0, 0)] * len(ts)
         if name == "hooks only":
             hooks.Collector._row = lambda self, t, role, idx, path, digest=None: [0, role, idx, path]
@@ -253,6 +481,12 @@ def main() -> None:
                    help="only split trusted mode's overhead into digests, rows and events, hooks firing")
     p.add_argument("--team-pairs", type=int, default=0, metavar="N",
                    help="only compare trusted steps with digests on torch's OpenMP team and without, in N pairs")
+    p.add_argument("--model", choices=MODELS, default="gpt",
+                   help="gpt: the project's tiny GPT; modules: the same sizes in more and smaller modules, dropout 0.1")
+    p.add_argument("--no-determinism", dest="determinism", action="store_false",
+                   help="record with the determinism controls off (default: bitguard record's defaults)")
+    p.add_argument("--hook-time", type=int, default=0, metavar="N",
+                   help="only time the inside of the collector's hooks over N steps of each recorded mode")
     p.add_argument("--memory-only", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args()
     import torch
@@ -270,6 +504,18 @@ def main() -> None:
               f"on the calling thread alone {t['median_alone_s'] * 1000:.1f} ms (medians); median difference "
               f"{t['median_difference_s'] * 1000:+.2f} ms (quartiles {low * 1000:+.2f} to {high * 1000:+.2f} ms)")
         return
+    if args.hook_time:
+        h = hook_time(args.hook_time, args.model, args.determinism)
+        if args.json:
+            print(json.dumps(h, indent=2))
+            return
+        for variant, what in (("digests", "with digests"), ("python", "digests stubbed")):
+            for mode in ("trusted", "full"):
+                m = h[variant][mode]
+                print(f"{args.model} {mode:8s} {what:16s} step {m['step_s'] * 1000:6.1f} ms, inside the hooks "
+                      f"{m['hook_s_per_step'] * 1000:6.2f} ms a step, {m['events_per_step']:.0f} events a step: "
+                      f"{m['hook_s_per_event'] * 1e6:5.2f} us an event (medians of {h['steps']} steps)")
+        return
     if args.breakdown:
         b = breakdown(args.rounds, args.steps)
         if args.json:
@@ -286,18 +532,21 @@ def main() -> None:
     if args.memory_steps > 0:
         mem = subprocess.run([sys.executable, __file__, "--memory-only", "--memory-steps", str(args.memory_steps)],
                              capture_output=True, text=True, check=True)
-    result = {"torch_threads": torch.get_num_threads(), "overhead": overhead(args.rounds, args.steps),
+    result = {"torch_threads": torch.get_num_threads(), "overhead": overhead(args.rounds, args.steps, args.model, args.determinism),
               "startup": startup(), "memory": json.loads(mem.stdout.strip().splitlines()[-1]) if mem else None}
     if args.json:
         print(json.dumps(result, indent=2))
         return
     o, s, m = result["overhead"], result["startup"], result["memory"]
-    print(f"GPT 6x256, seq 128, batch 8, {result['torch_threads']} threads; {o['samples']['plain']} steps a mode")
+    print(f"{o['model']} GPT 6x256, seq 128, batch 8, {result['torch_threads']} threads; "
+          f"{o['samples']['plain']} steps a mode; determinism controls "
+          f"{'at bitguard defaults' if o['determinism'] else 'off'} when recorded")
     for mode in ("plain", "full", "trusted"):
         ratio = o["median_step_s"][mode] / o["median_step_s"]["plain"]
         spread = o["round_ratios"].get(mode)
-        rounds = (f"   round by round: median {spread['median']:.3f}x ({spread['min']:.3f}-{spread['max']:.3f}x)"
-                  if spread else "")
+        rounds = (f"   round by round: median {spread['median']:.3f}x ({spread['min']:.3f}-{spread['max']:.3f}x); "
+                  f"{o['events_per_step'][mode]:.0f} events a step, "
+                  f"{o['overhead_per_event_s'][mode] * 1e6:.1f} us an event" if spread else "")
         print(f"  {mode:8s} median step {o['median_step_s'][mode] * 1000:6.1f} ms ({ratio:5.3f}x){rounds}")
     print(f"start-up: import torch {s['python_import_torch_s']:.2f} s; + bitguard and a recording "
           f"{s['import_bitguard_and_open_recording_s']:.2f} s (one-off cost {s['startup_cost_s']:.2f} s)")

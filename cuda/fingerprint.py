@@ -143,17 +143,31 @@ def digest_async(t: torch.Tensor) -> Union[Digest, "Pending"]:
     if _plain_host(t):
         # The common case: its own memory, `nbytes` from the first element's address, digested in
         # place (a microsecond a tensor, most of it the checks above).
-        nbytes = t.nbytes
-        if nbytes < TEAM_MIN_BYTES:
-            return digest_at(t.data_ptr(), nbytes) if nbytes else (0, 0)
-        team = openmp_team()
-        if team.size:
-            return digest_team_at(t.data_ptr(), nbytes, team, TEAM_CHUNK_BYTES)
-        return digest_at(t.data_ptr(), nbytes)
+        return digest_host_at(t.data_ptr(), t.nbytes)
     b = tensor_bytes(t)
     if b.device.type != "cpu":
         b = b.cpu()
     return digest_buffer(b.numpy()) if b.numel() else (0, 0)
+
+
+def in_place_on_host(t: torch.Tensor) -> bool:
+    """Can `digest_host_at(t.data_ptr(), t.nbytes)` digest `t`, known to be a plain dense strided
+    torch.Tensor or nn.Parameter (the check `digest_async` makes of every tensor, less the parts
+    such a caller has made already)?"""
+    return t.is_cpu and t.is_contiguous() and not t.is_quantized and not t.is_conj() and not t.is_neg()
+
+
+def digest_host_at(address: int, nbytes: int) -> Digest:
+    """(xor, pos) of the `nbytes` bytes at `address`, host memory the caller keeps alive and
+    unwritten for the call: a plain host tensor's own memory (`digest_async`'s common case, and
+    `Collector._row`'s, which has read the address and size already); on torch's OpenMP team from
+    TEAM_MIN_BYTES on."""
+    if nbytes < TEAM_MIN_BYTES:
+        return digest_at(address, nbytes) if nbytes else (0, 0)
+    team = openmp_team()
+    if team.size:
+        return digest_team_at(address, nbytes, team, TEAM_CHUNK_BYTES)
+    return digest_at(address, nbytes)
 
 
 def resolve(items: list[Union[Digest, "Pending"]]) -> list[Digest]:
