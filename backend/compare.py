@@ -23,7 +23,7 @@ import numpy as np
 import polars as pl
 from numba import njit
 
-from bitguard.backend import certification, check, equivalence, granularity
+from bitguard.backend import api_diff, certification, check, equivalence, granularity
 from bitguard.backend import pivot as pivot_mod
 from bitguard.backend import recompute
 from bitguard.backend import propagation, rank_pool, retype
@@ -499,6 +499,7 @@ class Comparison:
             # paired although the module type or a dtype differs (e.g. a norm swapped for a subclass)
             "retyped": p.get("retyped", False), "module_type_b": module_type_b,
             "tensors": tensors, "notes": notes,
+            "api_differences": api_diff.differences(self.run_a, self.run_b, rc.rank, p["step"]),
         }
 
     def _tensor_pairs(self, rc: RankComparison, a_seq: int) -> list[dict]:

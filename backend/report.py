@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from bitguard.backend import api_diff
 from bitguard.backend.check import CheckResult, Finding
 from bitguard.backend.result import CompareResult, FirstDivergence
 
@@ -118,6 +119,8 @@ def _divergence(fd: FirstDivergence) -> list[str]:
     if fd.retyped:
         out.append(f"  note: {_retyped(fd)}")
     out += [f"  note: {n}" for n in fd.notes]
+    if fd.api_differences is not None:
+        out += api_diff.lines(fd.api_differences.model_dump())
     w = fd.blame_window
     if w:
         if w.module:

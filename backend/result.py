@@ -66,6 +66,23 @@ class BlameWindow(_Model):
     before: str | None = None
 
 
+class ApiDifference(_Model):
+    step: int
+    kind: str = Field(description="the api_events kind: zero_grad, clip_grad_norm, optimizer_step, modes, ...")
+    target: str | None = Field(description="optimizer or scheduler `Class#i`, a module name, `loss` or `clip`")
+    call: int = Field(description="the kind and target's n-th call in the step, from 0")
+    field: str | None = Field(description="the value's field that differs (e.g. groups[0].lr); None: called in one run only")
+    a: Any = Field(description="run A's value (or 'called' / 'not called')")
+    b: Any = Field(description="run B's value (or 'called' / 'not called')")
+
+
+class ApiDifferences(_Model):
+    available: bool = Field(description="both runs recorded API events on this rank (else nothing was compared)")
+    differences: list[ApiDifference] = Field(description="at or before the pivot's step, earliest first")
+    more: int = Field(description="differences left out of the list")
+    missing: list[Literal["a", "b"]] = Field(default_factory=list, description="the runs without API events")
+
+
 class FirstDivergence(_Model):
     cause: Literal["digest", "structure"] = Field(
         "digest", description="digest: paired tensors differ; structure: an event is on one side only")
@@ -88,6 +105,9 @@ class FirstDivergence(_Model):
     module_type_b: str | None
     tensors: list[TensorPair]
     notes: list[str] = Field(default_factory=list, description="what qualifies this pivot (e.g. unobserved events before it)")
+    api_differences: ApiDifferences | None = Field(
+        None, description="how the runs called the training API differently up to this step (backend/api_diff.py): "
+                          "the clipping threshold, learning rates, zero_grad, modes, flags; the likely cause")
 
 
 class RankPivot(_Model):

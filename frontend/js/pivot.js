@@ -89,6 +89,7 @@ function render(c) {
       el("span", { class: "k" }, "differs in"), el("span", { class: "v" }, (fd.differing_roles || []).join(", ") || "—"),
       el("span", { class: "k" }, "seq A · B"), el("span", { class: "v mono" }, `${fd.a_seq ?? "—"} · ${fd.b_seq ?? "—"}`),
     ),
+    apiDifferences(fd.api_differences),
     el("h3", {}, "Input and output digests"),
     digestTable(rows),
     el("h3", {}, "Call stack"),
@@ -100,6 +101,28 @@ function render(c) {
       el("button", { id: "drill-down", class: "btn small primary", onclick: () => emit(EV.drillRequested), title: "Replay both runs' pivot step and name the first operation that differs, with its source line" }, "Drill down"),
     ),
   );
+}
+
+// how the two scripts called the training API differently up to the pivot's step (backend/api_diff.py):
+// the likely cause (a clipping threshold, a learning rate, a zero_grad made in one run only)
+function apiValue(v) {
+  if (Array.isArray(v)) return v.length > 6 ? `[${v.slice(0, 6).join(", ")}, … (${v.length})]` : `[${v.join(", ")}]`;
+  return v === null || v === undefined ? "absent" : String(v);
+}
+
+function apiDifferences(d) {
+  if (!d || !d.differences || !d.differences.length) return null;
+  const rows = d.differences.map((x) => el("tr", {},
+    el("td", {}, `step ${x.step}`),
+    el("td", { class: "mono" }, `${x.kind} (${x.target})${x.call ? ` call ${x.call}` : ""}`, x.field ? el("br") : null, x.field ? x.field : null),
+    el("td", { class: "mono" }, apiValue(x.a)), el("td", { class: "mono" }, apiValue(x.b))));
+  return el("div", { id: "pivot-api" },
+    el("h3", {}, "Training API calls that differ"),
+    el("p", { class: "note" }, "At or before this step, from the API events both runs recorded: the likely cause."),
+    el("table", { class: "digests" },
+      el("thead", {}, el("tr", {}, el("th", {}, "when"), el("th", {}, "call · field"), el("th", {}, "A"), el("th", {}, "B"))),
+      el("tbody", {}, rows)),
+    d.more ? el("p", { class: "note" }, `… and ${d.more} more.`) : null);
 }
 
 // the side that has the pivot event: A, unless A is the side lacking it (a structure divergence)

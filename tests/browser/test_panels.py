@@ -168,3 +168,21 @@ def test_the_drawer_stays_beside_the_timeline_at_1600x1000(page, explorer, compa
     drawer = page.locator(SEL["detailPanel"]).bounding_box()
     assert 0 <= timeline["y"] and timeline["y"] + timeline["height"] <= 1000, timeline
     assert 0 <= drawer["y"] < 1000, drawer
+
+
+def test_the_pivot_names_the_training_api_calls_that_differ_drawn_as_text(page, explorer, tmp_path_factory):
+    """A clipping call on the wrong parameters: the pivot panel lists the clip call's parameters
+    that differ (backend/api_diff.py); a parameter name holding HTML is drawn as text."""
+    from invariant_loops import Loop, write_run
+
+    root = tmp_path_factory.mktemp("api-pivot")
+    params = ("wte.weight", "<b id=api-made>x</b>", "h.0.bias", "head.weight")
+    pair = (write_run(root, Loop(params=params), name="a"),
+            write_run(root, Loop(params=params, bugs={"clip_wrong_params"}), name="b"))
+    with httpx.Client(base_url=explorer.url, timeout=60) as client:
+        c = api_compare(client, pair)
+    _open(page, explorer, c)
+    page.wait_for_selector("#pivot-api")
+    text = page.inner_text("#pivot-api")
+    assert "TRAINING API CALLS THAT DIFFER" in text.upper() and "clip_grad_norm (clip)" in text and "params" in text, text
+    assert "<b id=api-made>x</b>" in text and page.locator("#api-made").count() == 0

@@ -1,0 +1,139 @@
+"""How the two runs called the training API differently, up to the pivot's step: the likely cause
+of a divergence the digests can only place.
+
+A digest says *where* the runs part (an optimizer step, a module's forward); the recorded API
+events (`api_events`, collectors/api_events.py, every mode) say what the script *asked for*: the
+clipping threshold, each param group's learning rate and hyperparameters, `zero_grad`'s
+`set_to_none`, the modules in training or eval mode, `requires_grad`, dtypes and devices, the loss
+scale, calls made in one run only. `differences()` lines up one rank's API events of both runs
+step by step (a kind and target's n-th call in the step with the other run's n-th) and lists the
+fields that differ, earliest step first. Values the training computes rather than configures (the
+loss, the clipped norm, a parameter's digest) are left out: they differ after any divergence and
+explain nothing. A run recorded before API events existed gives no differences, not "no
+difference": `available` says which.
+
+This module knows the API events' JSON, not the comparison (compare.py attaches the result to the
+first divergence; report.py prints it).
+"""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+
+# what the training computes (a consequence of a divergence, never its cause), per kind
+COMPUTED = {"backward": {"value"}, "clip_grad_norm": {"total_norm"}, "params": {"xor"}}
+SHOWN = 12  # differences kept in the document; `more` counts the rest
+
+
+def _api_rows(info, rank: int):
+    from bitguard import schema
+    from bitguard.backend.alerts import _rank_table
+
+    table = getattr(schema, "API_EVENTS", None)
+    if table is None or rank not in info.ranks:
+        return None
+    frame = _rank_table(info, rank, table)
+    return None if frame is None else frame.sort("ord").to_dicts()
+
+
+def _decode(text):
+    try:
+        return json.loads(text) if text is not None else None
+    except ValueError:
+        return text  # shown as recorded; the invariants' reader is the one that refuses damage
+
+
+def _flat(value, kind: str, path: str = "", out: dict | None = None) -> dict:
+    """{field path: scalar} of one event's value, computed fields left out."""
+    out = {} if out is None else out
+    if isinstance(value, dict):
+        for k, v in value.items():
+            leaf = k if not path else f"{path}.{k}"
+            if k in COMPUTED.get(kind, ()):
+                continue
+            _flat(v, kind, leaf, out)
+    elif isinstance(value, list) and any(isinstance(v, (dict, list)) for v in value):
+        for i, v in enumerate(value):
+            _flat(v, kind, f"{path}[{i}]", out)
+    else:
+        out[path] = value
+    return out
+
+
+def _by_step(rows: list[dict], last_step: int) -> dict[int, dict[tuple, dict]]:
+    """{step: {(kind, target, n-th in the step): flat value}} up to last_step."""
+    out: dict[int, dict[tuple, dict]] = defaultdict(dict)
+    seen: dict[tuple, int] = defaultdict(int)
+    for r in rows:
+        step = r["step"]
+        if step is None or step > last_step:
+            continue
+        key = (step, r["kind"], r["target"])
+        n = seen[key]
+        seen[key] = n + 1
+        out[step][(r["kind"], r["target"], n)] = _flat(_decode(r["value"]), r["kind"])
+    return out
+
+
+def _show(value) -> str:
+    if isinstance(value, list):
+        text = ", ".join(map(str, value[:6])) + (f", … ({len(value)} in all)" if len(value) > 6 else "")
+        return f"[{text}]"
+    return "absent" if value is None else json.dumps(value) if isinstance(value, str) else str(value)
+
+
+def _pair(a, b) -> tuple[str, str]:
+    """Two floats short where six digits tell them apart (0.0002 vs 0.0001), exact where not."""
+    if isinstance(a, float) and isinstance(b, float) and f"{a:.6g}" != f"{b:.6g}":
+        return f"{a:.6g}", f"{b:.6g}"
+    return _show(a), _show(b)
+
+
+def differences(run_a, run_b, rank: int, step: int) -> dict:
+    """`{available, differences: [{step, kind, target, call, field, a, b}], more}`: rank `rank`'s
+    API events of runs A and B (ingest.RunInfo) that differ at steps ≤ `step`, earliest first. A
+    call made in one run only has field None and a/b "called" / "not called"."""
+    rows_a, rows_b = _api_rows(run_a, rank), _api_rows(run_b, rank)
+    if not rows_a or not rows_b:
+        missing = [side for side, rows in (("a", rows_a), ("b", rows_b)) if not rows]
+        return {"available": False, "differences": [], "more": 0, "missing": missing}
+    a, b = _by_step(rows_a, step), _by_step(rows_b, step)
+    found: list[dict] = []
+    for s in sorted(set(a) | set(b)):
+        calls_a, calls_b = a.get(s, {}), b.get(s, {})
+        for key in sorted(set(calls_a) | set(calls_b), key=lambda k: (k[0], str(k[1]), k[2])):
+            kind, target, n = key
+            where = {"step": s, "kind": kind, "target": target, "call": n}
+            if key not in calls_a or key not in calls_b:
+                found.append({**where, "field": None, "a": "called" if key in calls_a else "not called",
+                              "b": "called" if key in calls_b else "not called"})
+                continue
+            fa, fb = calls_a[key], calls_b[key]
+            for f in sorted(set(fa) | set(fb)):
+                if fa.get(f) != fb.get(f):
+                    found.append({**where, "field": f, "a": fa.get(f), "b": fb.get(f)})
+    return {"available": True, "differences": found[:SHOWN], "more": max(0, len(found) - SHOWN), "missing": []}
+
+
+def lines(diff: dict, indent: str = "  ") -> list[str]:
+    """The terminal report's lines for a `differences()` result (none when nothing differs)."""
+    if not diff or not diff.get("differences"):
+        return []
+    out = [f"{indent}training API calls that differ (at or before this step; the likely cause):"]
+    for d in diff["differences"]:
+        what = f"{d['kind']} ({d['target']})" + (f" call {d['call']}" if d["call"] else "")
+        if d["field"] is None:
+            out.append(f"{indent}  step {d['step']}: {what}: {d['a']} in A, {d['b']} in B")
+        elif isinstance(d["a"], list) and isinstance(d["b"], list):
+            only_a = [x for x in d["a"] if x not in d["b"]]
+            only_b = [x for x in d["b"] if x not in d["a"]]
+            change = "; ".join(part for part in (f"only in A {_show(only_a)}" if only_a else "",
+                                                  f"only in B {_show(only_b)}" if only_b else "") if part)
+            out.append(f"{indent}  step {d['step']}: {what}: {d['field']}: {change or 'the same items, in another order'}")
+        else:
+            a, b = _pair(d["a"], d["b"])
+            out.append(f"{indent}  step {d['step']}: {what}: {d['field']} {a} (A) vs {b} (B)")
+    if diff.get("more"):
+        out.append(f"{indent}  … and {diff['more']} more (--json lists the first {SHOWN})")
+    return out

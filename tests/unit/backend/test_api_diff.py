@@ -1,0 +1,79 @@
+"""The training API calls that differ between two runs up to the pivot's step (backend/api_diff.py):
+configured values found, computed ones left out, calls made in one run only, runs without API events."""
+
+import json
+
+from bitguard.backend import api_diff
+from bitguard.backend.ingest import open_run
+from invariant_loops import Loop, write_run
+
+
+def _diff(tmp_path, a: Loop, b: Loop, step: int, **kw):
+    ra = open_run(write_run(tmp_path, a, name="a", **kw))
+    rb = open_run(write_run(tmp_path, b, name="b"))
+    return api_diff.differences(ra, rb, 0, step)
+
+
+def test_identical_loops_have_no_difference(tmp_path):
+    got = _diff(tmp_path, Loop(seed="a"), Loop(seed="a"), step=5)
+    assert got == {"available": True, "differences": [], "more": 0, "missing": []}
+
+
+def test_computed_values_are_not_differences(tmp_path):
+    # another seed: other batches, gradients, losses and parameter digests, the same configuration
+    got = _diff(tmp_path, Loop(seed="a"), Loop(seed="b"), step=5)
+    assert got["differences"] == []
+
+
+def test_clipping_on_the_wrong_parameters_is_named_at_its_first_step(tmp_path):
+    got = _diff(tmp_path, Loop(), Loop(bugs={"clip_wrong_params"}), step=3)
+    first = got["differences"][0]
+    assert (first["step"], first["kind"], first["field"]) == (0, "clip_grad_norm", "params")
+    assert first["a"] == list(Loop().params) and first["b"] == list(Loop().params[:2])
+    text = "\n".join(api_diff.lines(got))
+    assert "clip_grad_norm (clip): params: only in A [h.0.bias, head.weight]" in text
+
+
+def test_a_call_made_in_one_run_only_and_a_learning_rate(tmp_path):
+    got = _diff(tmp_path, Loop(), Loop(bugs={"no_zero_grad", "no_scheduler_step"}), step=1)
+    rows = {(d["step"], d["kind"], d["field"]): (d["a"], d["b"]) for d in got["differences"]}
+    assert rows[(0, "zero_grad", None)] == ("called", "not called")
+    assert rows[(1, "scheduler_step", None)] == ("called", "not called")
+    lr_a, lr_b = rows[(1, "optimizer_step", "groups[0].lr")]
+    assert abs(lr_a - 0.09) < 1e-12 and lr_b == 0.1
+    assert all(step <= 1 for step, _, _ in rows)  # nothing after the pivot's step
+
+
+def test_eval_mode_lists_what_moved(tmp_path):
+    got = _diff(tmp_path, Loop(), Loop(bugs={"dropout_eval"}), step=0)
+    text = "\n".join(api_diff.lines(got))
+    assert "modes (Model): training: only in A [h.0.drop]" in text and "modes (Model): eval: only in B [h.0.drop]" in text
+
+
+def test_a_run_without_api_events_is_unavailable_not_equal(tmp_path):
+    got = _diff(tmp_path, Loop(), Loop(), step=5, api_events=False)
+    assert got["available"] is False and got["missing"] == ["a"] and api_diff.lines(got) == []
+
+
+def test_many_differences_are_capped_and_counted(tmp_path):
+    got = _diff(tmp_path, Loop(steps=14), Loop(steps=14, bugs={"no_zero_grad"}), step=14)  # steps 0-13 lack it
+    assert len(got["differences"]) == api_diff.SHOWN and got["more"] == 14 - api_diff.SHOWN
+    assert api_diff.lines(got)[-1].endswith(f"(--json lists the first {api_diff.SHOWN})")
+
+
+def test_compare_puts_them_under_the_pivot_in_the_json_and_the_report(tmp_path, capsys):
+    from bitguard.cli import main
+
+    a = write_run(tmp_path, Loop(), name="a")
+    b = write_run(tmp_path, Loop(bugs={"clip_wrong_params"}), name="b")
+    assert main(["compare", str(a), str(b), "--json"]) == 1
+    fd = json.loads(capsys.readouterr().out)["first_divergence"]
+    got = fd["api_differences"]
+    assert got["available"] and got["differences"][0]["field"] == "params"
+    assert all(d["step"] <= fd["step"] for d in got["differences"])
+    assert main(["compare", str(a), str(b)]) == 1
+    assert "training API calls that differ" in capsys.readouterr().out
+    # the same script twice: a pivot elsewhere names no API difference
+    c = write_run(tmp_path, Loop(bugs={"in_place_edit"}), name="c")
+    assert main(["compare", str(a), str(c), "--json"]) == 1
+    assert json.loads(capsys.readouterr().out)["first_divergence"]["api_differences"]["differences"] == []
