@@ -574,8 +574,9 @@ class ApiRecorder(Guarded):
         self._kept_events = [e for e in self._kept_events if e[3] > step]
         self._kept_tensors = [r for r in self._kept_tensors if r[0] not in seqs]
         self._overflow = False
-        event_rows = [dict(zip(EVENTS.names, e)) for e in events]
-        tensor_rows = [dict(zip(TENSORS.names, r)) for r in tensors]
+        event_names, tensor_names = EVENTS.names, TENSORS.names  # (a property: a new list each read)
+        event_rows = [dict(zip(event_names, e)) for e in events]
+        tensor_rows = [dict(zip(tensor_names, r)) for r in tensors]
         pending = [row for row in tensor_rows if not isinstance(row["xor"], int)]
         if pending:  # GPU digests: read back now (the writer thread reads the same batches: either is first)
             for row, (x, p) in zip(pending, resolve([row["xor"] for row in pending])):

@@ -120,7 +120,7 @@ class Loop:
                     e("backward", "grad", p, [("grad_input", 0, g, mix(g, 1), "float32", [4]),
                                               ("grad", 0, acc, mix(acc, 1), "float32", [4])])
             clipped = []
-            if self.clip and "clip_before_backward" not in self.bugs:
+            if self.clip and "clip_before_backward" not in self.bugs and not ("clip_skipped" in self.bugs and late):
                 clipped = list(self.params[:2]) if "clip_wrong_params" in self.bugs else list(self.params)
                 a("clip_grad_norm", "clip", {"max_norm": 1.0, "norm_type": 2.0, "total_norm": 3.0 + k,
                                              "params": clipped})
@@ -132,7 +132,8 @@ class Loop:
                 # zero_grad(set_to_none=False) that AdamW's momentum still moves it by)
                 if got.get(p) is None and not ("frozen_updated" in self.bugs and p in frozen):
                     continue
-                values[p] = mix(values[p], "step", k)
+                # replica_step: rank 1's optimizer step differs (BLOOM's per-rank clipping)
+                values[p] = mix(values[p], "step", k, rank if "replica_step" in self.bugs and late else 0)
                 used = got.get(p) or 5  # the gradient step() used: scaled by clipping (over max_norm) unless lost
                 if p in clipped and "clip_lost" not in self.bugs:
                     used = mix(used, "clipped")

@@ -21,7 +21,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from bitguard.backend.invariants.facts import StepFacts
-from bitguard.backend.invariants.infer import SCHEMA, Invariant, holds, invariant_id, met
+from bitguard.backend.invariants.infer import SCHEMA, Invariant, compiled, holds, invariant_id, met, met_compiled
 from bitguard.backend.invariants.templates import BY_NAME, Observer
 from bitguard.errors import BadInput
 
@@ -94,6 +94,7 @@ class Checker:
 
     def __init__(self, invariants: list[Invariant]):
         self.invariants = {(i.template, i.params["key"]): i for i in invariants}
+        self._conditions = {i.id: compiled(i.precondition) for i in invariants}
         self.observer = Observer()
         self.applied: dict[str, int] = {}  # id -> observations checked
         self.seen: set[str] = set()  # ids observed at all (names present)
@@ -107,9 +108,10 @@ class Checker:
             if inv is None:
                 continue
             self.seen.add(inv.id)
-            if not met(inv.precondition, o.ctx):
+            if not met_compiled(self._conditions[inv.id], o.ctx):
                 held = self.conditions_held.setdefault(inv.id, set())
-                held.update(i for i, c in enumerate(inv.precondition) if met([c], o.ctx))
+                if len(held) < len(inv.precondition):  # (which conditions ever held: for `skipped`)
+                    held.update(i for i, c in enumerate(inv.precondition) if met([c], o.ctx))
                 continue
             self.applied[inv.id] = self.applied.get(inv.id, 0) + 1
             kind = inv.params["kind"]
@@ -144,7 +146,7 @@ class Checker:
             if inv.id not in self.seen:
                 why = (f"names absent: this run has no observation of {', '.join(inv.names)}"
                        if inv.names != ["*"] else "names absent: nothing in this run that it covers")
-                if BY_NAME[inv.template].cross_rank and inv.params["key"].startswith("replicated:"):
+                if BY_NAME[inv.template].cross_rank and inv.params["key"].startswith(("replicated:", "stable_replicated")):
                     why += " (a cross-rank invariant: needs two or more ranks, checked offline)"
             else:
                 held = self.conditions_held.get(inv.id, set())

@@ -65,15 +65,28 @@ def condition(feature: str, op: str, value) -> dict:
 
 def met(precondition: list[dict], ctx: dict) -> bool:
     """Whether a step's (or a name's) features satisfy every condition."""
-    for c in precondition:
-        if c["feature"] not in ctx:
+    return met_compiled(compiled(precondition), ctx)
+
+
+_ABSENT = object()
+
+
+def compiled(precondition: list[dict]) -> tuple:
+    """A precondition as (feature, op, value) triples, for `met_compiled` (a checker reads each
+    invariant's many times a step)."""
+    return tuple((c["feature"], c["op"], c["value"]) for c in precondition)
+
+
+def met_compiled(conditions: tuple, ctx) -> bool:
+    """`met` of a `compiled` precondition: a feature absent from ctx meets no condition."""
+    for feature, op, value in conditions:
+        x = ctx.get(feature, _ABSENT)
+        if x is _ABSENT:
             return False
-        if c["op"] == "in":
-            if ctx[c["feature"]] not in c["value"]:
+        if op == "in":
+            if x not in value:
                 return False
-            continue
-        same = ctx[c["feature"]] == c["value"]
-        if same != (c["op"] == "=="):
+        elif (x == value) != (op == "=="):
             return False
     return True
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import hashlib
 import math
-from collections import ChainMap, Counter
+from collections import Counter
 from dataclasses import dataclass, field
 
 from bitguard.backend.invariants.facts import StepFacts
@@ -124,7 +124,7 @@ class Template:
     def observe(self, facts: StepFacts, ctx: dict, state: dict) -> list[Obs]:
         return []
 
-    def observe_ranks(self, facts_by_rank: dict[int, StepFacts], ctx: dict) -> list[Obs]:
+    def observe_ranks(self, facts_by_rank: dict[int, StepFacts], ctx: dict, state: dict | None = None) -> list[Obs]:
         return []
 
     def relation(self, key: str, expected) -> str:
@@ -134,9 +134,32 @@ class Template:
         return self.relevant.get(key.split(":")[0], ())
 
 
-def _of_param(ctx: dict, p: dict) -> ChainMap:
-    """The step's features and a parameter's own (a view, not a copy: one per parameter per step)."""
-    return ChainMap({"dtype": p.get("dtype"), "requires_grad": p.get("requires_grad")}, ctx)
+class Features:
+    """A parameter's own features over the step's (a view, not a copy: one per parameter per step).
+    Read-only, with the three reads preconditions use (`in`, `[]`, `get`); a plain class rather
+    than a ChainMap, whose every lookup walks its maps in Python (the online check makes hundreds a
+    step)."""
+
+    __slots__ = ("own", "step")
+
+    def __init__(self, own: dict, step: dict):
+        self.own, self.step = own, step
+
+    def __contains__(self, key) -> bool:
+        return key in self.own or key in self.step
+
+    def __getitem__(self, key):
+        own = self.own
+        return own[key] if key in own else self.step[key]
+
+    def get(self, key, default=None):
+        own = self.own
+        return own[key] if key in own else self.step.get(key, default)
+
+
+def _of_param(ctx: dict, p: dict) -> Features:
+    """The step's features and a parameter's own."""
+    return Features({"dtype": p.get("dtype"), "requires_grad": p.get("requires_grad")}, ctx)
 
 
 def _decade(lr) -> int | None:
@@ -161,6 +184,7 @@ def _tied(params: dict) -> dict[str, str]:
 class Consistent(Template):
     name = "Consistent"
     relevant = {"clip_covers": ("clip",), "stable_max_norm": ("clip",), "replicated": ("world_size",),
+                "stable_replicated": ("world_size",),
                 "dtype": CONFIG, "requires_grad": CONFIG, "storage": CONFIG}
 
     def observe(self, facts, ctx, state):
@@ -203,8 +227,13 @@ class Consistent(Template):
 
     cross_rank = True
 
-    def observe_ranks(self, facts_by_rank, ctx):
-        """Parameters replicated across ranks (data parallel): equal after each step on every rank."""
+    def observe_ranks(self, facts_by_rank, ctx, state=None):
+        """Parameters replicated across ranks (data parallel): equal after each step on every rank.
+        Per name (`replicated:NAME`, the clean runs' names) and name-free (`stable_replicated`: a
+        parameter equal on every rank at its first cross-rank observation stays equal; it transfers
+        to any model, and one sharded or different per rank from the start is never asked)."""
+        state = {} if state is None else state
+        equal_at_start = state.setdefault("equal_at_start", {})  # name -> (step, equal on every rank then)
         ranks = sorted(facts_by_rank)
         if len(ranks) < 2 or not all(facts_by_rank[r].training_step for r in ranks):
             return []
@@ -225,6 +254,10 @@ class Consistent(Template):
                 evidence[what] = {str(r): f"{v:016x}" for r, v in values.items()}
             if len(evidence) > 1:
                 out.append(Obs(f"replicated:{n}", (n,), same, ctx, evidence))
+                start = equal_at_start.setdefault(n, (facts_by_rank[ranks[0]].step, same))
+                if start[1] and start[0] != facts_by_rank[ranks[0]].step:
+                    out.append(Obs("stable_replicated", ("*",), same, ctx,
+                                   {**evidence, "equal_since_step": start[0]}))
         return out
 
     def relation(self, key, expected):
@@ -240,6 +273,8 @@ class Consistent(Template):
             "stable_shares_storage_with": "the parameters sharing storage (tied) stay those of the first training step",
             "clip_covers": "gradient clipping covers every parameter the optimizer steps",
             "stable_max_norm": "clip_grad_norm_'s max_norm stays what it was at the run's first clipping",
+            "stable_replicated": "a parameter equal on every rank at its first training step stays equal on every "
+                                 "rank at each step's forward and after its optimizer step (replicated)",
             "replicated": f"{name} is equal on every rank at each step's forward and after its optimizer step "
                           f"(replicated)",
         }[what]
@@ -269,6 +304,16 @@ class EventContain(Template):
                            {"backward_ords": backward[-3:], "optimizer_step_ord": steps[0]}))
         out.append(Obs("scheduler_stepped", ("scheduler_step",), bool(facts.of("scheduler_step")), ctx,
                        {"scheduler_steps": len(facts.of("scheduler_step"))}))
+        # a run that clipped in every training step so far keeps clipping (a run's own habit: not
+        # carried from the clean runs' configuration, so a run that never clips is not asked)
+        clipped = ctx.get("clip", False)
+        kept = state.setdefault("clip_history", [0, 0])  # [training steps so far, of them clipped]
+        if kept[0] and kept[1] == kept[0]:
+            out.append(Obs("clip_kept", ("clip",), clipped, ctx,
+                           {"clipped_steps_before": kept[1], "clip_calls": len(facts.of("clip_grad_norm")
+                                                                               + facts.of("clip_grad_value"))}))
+        kept[0] += 1
+        kept[1] += bool(clipped)
         return out
 
     def relation(self, key, expected):
@@ -279,6 +324,7 @@ class EventContain(Template):
                            "(.grad was zeroed or None before backward)",
             "step_after_backward": "each training step's optimizer step comes after its backward",
             "scheduler_stepped": "each training step steps the LR scheduler",
+            "clip_kept": "a run that clipped gradients in every training step so far clips them in this one too",
         }[key]
 
 
@@ -343,7 +389,7 @@ class Update(Template):
                 prev[n] = after
                 if before is None or facts.grad_zero.get(n) or not lrs.get(n):
                     continue
-                feat = ChainMap({"dtype": p.get("dtype"), "requires_grad": True,
+                feat = Features({"dtype": p.get("dtype"), "requires_grad": True,
                                  "lr_decade": _decade(lrs[n])}, ctx)
                 out.append(Obs("changes_at_step", ("*",), before != after, feat,
                                {"param": n, "lr": lrs.get(n), "xor": f"{after[0]:016x}", "pos": f"{after[1]:016x}"}))
@@ -520,6 +566,7 @@ class Observer:
     def __init__(self, templates: tuple[Template, ...] = TEMPLATES):
         self.templates = templates
         self.states: dict[int, dict] = {}
+        self.cross_states: dict[str, dict] = {}  # template -> its cross-rank state (one per run)
         self.contexts: dict[tuple[int, int], dict] = {}  # (rank, step) -> ctx, for the cross-rank pass
 
     def step(self, facts: StepFacts) -> list[tuple[Template, Obs]]:
@@ -535,7 +582,8 @@ class Observer:
             return []
         first = min(facts_by_rank)
         ctx = self.contexts.get((first, facts_by_rank[first].step), {})
-        return [(t, o) for t in self.templates if t.cross_rank for o in t.observe_ranks(facts_by_rank, ctx)]
+        return [(t, o) for t in self.templates if t.cross_rank
+                for o in t.observe_ranks(facts_by_rank, ctx, self.cross_states.setdefault(t.name, {}))]
 
 
 def observe_run(facts_by_rank: dict[int, list[StepFacts]]):

@@ -46,6 +46,8 @@ CASES = {
     "replica": ("Consistent/replicated:h.0.bias", 2),
     "accum_scale": ("Bound/loss_over_accum", 0),
     "clip_lost": ("Bound/clip_scales_grads", 0),
+    "clip_skipped": ("EventContain/clip_kept", 2),
+    "replica_step": ("Consistent/stable_replicated", 2),
 }
 
 
@@ -143,3 +145,29 @@ def test_a_tensor_whose_xor_cancels_is_not_read_as_unchanged(invariants):
     assert violations(invariants) == []
     found = check_facts(Cancelling(seed="x", **SHAPE).run(), invariants)["violations"]
     assert not [v for v in found if v["invariant_id"] == "Update/changes_at_step"]
+
+
+def test_a_replica_diverging_in_its_step_is_caught_on_a_model_of_other_names(invariants):
+    """`stable_replicated` is name-free: inferred on one model, it applies to another whose
+    parameters the clean runs never had (the per-name `replicated:` ones are skipped there)."""
+    names = dict(params=("enc.weight", "enc.bias", "cls.weight"), frozen=(), tied=(), world_size=2)
+    clean = check_facts(Loop(seed="other", **names).run(), invariants)
+    assert clean["violations"] == [] and "Consistent/stable_replicated" in clean["applied"]
+    assert not [i for i in clean["applied"] if i.startswith("Consistent/replicated:")]
+    found = check_facts(Loop(seed="other", bugs={"replica_step"}, bug_step=3, **names).run(), invariants)["violations"]
+    assert {(v["invariant_id"], v["rank"]) for v in found} == {("Consistent/stable_replicated", None)}
+    assert min(v["step"] for v in found) == 3  # (and every step after: the replicas stay apart)
+
+
+def test_a_parameter_different_per_rank_from_the_start_is_never_asked_to_be_replicated(invariants):
+    """A shard, or a parameter each rank keeps its own, differs at its first cross-rank observation:
+    `stable_replicated` does not cover it (no violation, however it changes later)."""
+    names = dict(params=("enc.weight", "enc.bias"), frozen=(), tied=(), world_size=2)
+    report = check_facts(Loop(seed="own", bugs={"replica_step"}, bug_step=0, **names).run(), invariants)
+    assert not [v for v in report["violations"] if v["invariant_id"] == "Consistent/stable_replicated"]
+
+
+def test_a_run_that_never_clipped_is_not_asked_to_clip(invariants):
+    report = check_facts(Loop(seed="noclip", clip=False, **SHAPE).run(), invariants)
+    assert report["violations"] == []
+    assert "EventContain/clip_kept" not in report["applied"]
