@@ -355,7 +355,7 @@ def _find_pivot(rc: RankComparison) -> None:
         rc.blame = pivot_mod.structure_blame(event, side, events, twin)
         seed = event["seq"] if side == "a" else None
     if seed is not None:
-        divergent = np.unique(np.append(diverged["a_seq"].to_numpy(), seed))
+        divergent = pl.concat([diverged["a_seq"], pl.Series([seed], dtype=pl.Int64)]).unique().to_numpy()
         rc.propagation = propagation.build(rc.rank, rc.events_a, rc.tensors_a, divergent, seed)
 
 

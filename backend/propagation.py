@@ -137,7 +137,7 @@ def graph(events: pl.DataFrame, tensors: pl.DataFrame, divergent, loss: bool = F
     if loss:
         # updated weights feed every later forward, whichever parameters the hooks saw change:
         # one node per step (a negative id, never an event's seq) keeps this linear in the events
-        steps = np.unique(fwd["step"].to_numpy())
+        steps = fwd["step"].unique().sort().to_numpy()
         opt = info.filter(phase == "optimizer")
         nxt = np.searchsorted(steps, opt["step"].to_numpy(), side="right")
         has = nxt < len(steps)
@@ -173,12 +173,24 @@ def _search(indptr, indices, sources):  # pragma: no cover - compiled
     return label
 
 
+def _nodes(seqs: np.ndarray, extra: np.ndarray) -> np.ndarray:
+    """Every node id once, sorted: the events' seqs (unique, nearly always in order already: one
+    merge, where np.unique over every edge end took seconds) and the few others (step nodes,
+    sources)."""
+    extra = np.unique(extra)
+    if len(seqs) > 1 and not (seqs[1:] > seqs[:-1]).all():
+        return np.unique(np.concatenate([seqs, extra]))
+    at = np.minimum(np.searchsorted(seqs, extra), max(len(seqs) - 1, 0))
+    known = (seqs[at] == extra) if len(seqs) else np.zeros(len(extra), bool)
+    return np.sort(np.concatenate([seqs, extra[~known]]), kind="stable")
+
+
 def reachable(g: Graph, sources) -> pl.DataFrame:
     """Every event (or step node) reachable from `sources` over the edges of `g`: seq and the
     source it was first reached from (sources taken in the order given; a source reaches itself)."""
     sources = np.asarray(list(sources), np.int64)
     src, dst = g.edges["src"].to_numpy(), g.edges["dst"].to_numpy()
-    ids = np.unique(np.concatenate([src, dst, sources]))
+    ids = _nodes(g.info["seq"].to_numpy(), np.concatenate([src[src < 0], dst[dst < 0], sources]))
     s, d = np.searchsorted(ids, src), np.searchsorted(ids, dst)
     order = np.argsort(s, kind="stable")
     indptr = np.zeros(len(ids) + 1, np.int64)
