@@ -151,6 +151,10 @@ class RecomputeSensor(Sensor):
         from torch.utils import checkpoint as cp
 
         sensor = self
+        if not (hasattr(cp, "_checkpoint_hook") and "backward" in vars(getattr(cp, "CheckpointFunction", object))):
+            self._patched = []  # a torch without these two: the module hooks from the start, as before
+            self._activate()
+            return
         hook_init, backward = cp._checkpoint_hook.__init__, cp.CheckpointFunction.backward
 
         def __init__(self, *args, **kwargs):
