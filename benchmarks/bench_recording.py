@@ -22,6 +22,7 @@ the peak size of the writer queue.
 
     python benchmarks/bench_recording.py [--model gpt|modules] [--rounds 20] [--steps 20] [--json]
                                          [--no-determinism] [--breakdown] [--team-pairs N] [--hook-time N]
+                                         [--determinism-cost]
 """
 
 from __future__ import annotations
@@ -249,6 +250,10 @@ def overhead(rounds: int, steps: int, model: str = "gpt", determinism: bool = Tr
                 per_round[mode].append(medians[mode] / medians["plain"])
                 events[mode].append(counts[mode])
                 per_event[mode].append((medians[mode] - medians["plain"]) / counts[mode])
+            # each round as it ends, on stderr: a run cut short still shows what it measured
+            print(f"round {r + 1}/{rounds}: plain {medians['plain'] * 1000:.1f} ms, "
+                  + ", ".join(f"{m} {per_round[m][-1]:.3f}x ({per_event[m][-1] * 1e6:.1f} us an event)"
+                              for m in per_round), file=sys.stderr, flush=True)
     med = {k: statistics.median(v) for k, v in times.items()}
     spread = {k: {"median": statistics.median(v), "min": min(v), "max": max(v)} for k, v in per_round.items()}
     return {"model": model, "determinism": determinism, "median_step_s": med,
@@ -257,6 +262,46 @@ def overhead(rounds: int, steps: int, model: str = "gpt", determinism: bool = Tr
             "pooled_ratio_full": med["full"] / med["plain"], "pooled_ratio_trusted": med["trusted"] / med["plain"],
             "round_ratios": spread, "events_per_step": {k: statistics.median(v) for k, v in events.items()},
             "overhead_per_event_s": {k: statistics.median(v) for k, v in per_event.items()}}
+
+
+def determinism_cost(rounds: int, steps: int, model: str = "gpt") -> dict:
+    """What bitguard's determinism controls alone cost a plain step (no recording): plain steps with
+    the user's settings, with the controls `bitguard record` applies by default
+    (`determinism.apply`), and with those controls but torch's filling of uninitialised memory off
+    (`torch.utils.deterministic.fill_uninitialized_memory`: with deterministic algorithms on,
+    every tensor torch allocates uninitialised is first filled with NaN), alternated round by
+    round (the order turning), medians of the round ratios against the same round's plain steps."""
+    import torch
+
+    from bitguard.collectors import determinism as det
+
+    net, opt, data = build(model=model)
+    timed_steps(net, opt, data, 2)
+    variants = ("plain", "controls", "controls, no fill")
+    ratios = {v: [] for v in variants[1:]}
+    medians_all = {v: [] for v in variants}
+    fill = torch.utils.deterministic.fill_uninitialized_memory
+    for r in range(rounds):
+        medians = {}
+        for v in variants[r % 3:] + variants[: r % 3]:
+            with user_settings():
+                if v != "plain":
+                    det.apply(det.DeterminismConfig())
+                    det.unpatch_dataloader()
+                    torch.utils.deterministic.fill_uninitialized_memory = v == "controls"
+                try:
+                    medians[v] = statistics.median(timed_steps(net, opt, data, steps)[1:])
+                finally:
+                    torch.utils.deterministic.fill_uninitialized_memory = fill
+            medians_all[v].append(medians[v])
+        for v in ratios:
+            ratios[v].append(medians[v] / medians["plain"])
+        print(f"round {r + 1}/{rounds}: " + ", ".join(f"{v} {medians[v] * 1000:.1f} ms" for v in variants),
+              file=sys.stderr, flush=True)
+    return {"model": model, "rounds": rounds, "steps": steps,
+            "median_step_s": {v: statistics.median(x) for v, x in medians_all.items()},
+            "ratio": {v: statistics.median(x) for v, x in ratios.items()},
+            "round_ratios": {v: [min(x), max(x)] for v, x in ratios.items()}}
 
 
 def hook_time(steps: int, model: str = "gpt", determinism: bool = True) -> dict:
@@ -487,6 +532,8 @@ def main() -> None:
                    help="record with the determinism controls off (default: bitguard record's defaults)")
     p.add_argument("--hook-time", type=int, default=0, metavar="N",
                    help="only time the inside of the collector's hooks over N steps of each recorded mode")
+    p.add_argument("--determinism-cost", action="store_true",
+                   help="only time plain steps with and without bitguard's determinism controls (no recording)")
     p.add_argument("--memory-only", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args()
     import torch
@@ -503,6 +550,17 @@ def main() -> None:
         print(f"trusted step, {t['pairs']} pairs: digests on torch's OpenMP team {t['median_team_s'] * 1000:.1f} ms, "
               f"on the calling thread alone {t['median_alone_s'] * 1000:.1f} ms (medians); median difference "
               f"{t['median_difference_s'] * 1000:+.2f} ms (quartiles {low * 1000:+.2f} to {high * 1000:+.2f} ms)")
+        return
+    if args.determinism_cost:
+        d = determinism_cost(args.rounds, args.steps, args.model)
+        if args.json:
+            print(json.dumps(d, indent=2))
+            return
+        for v, sec in d["median_step_s"].items():
+            ratio = d["ratio"].get(v)
+            print(f"{args.model} {v:18s} median step {sec * 1000:6.1f} ms"
+                  + (f"   round by round: median {ratio:.3f}x ({d['round_ratios'][v][0]:.3f}-"
+                     f"{d['round_ratios'][v][1]:.3f}x)" if ratio else ""))
         return
     if args.hook_time:
         h = hook_time(args.hook_time, args.model, args.determinism)
