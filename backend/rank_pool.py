@@ -5,8 +5,11 @@ and the run-level reasons in compare.py, after every rank is back).
 
 `jobs` is how many worker processes: `None` means the machine's cores, but only for a
 comparison big enough to pay for starting them (each spawned worker imports polars, DuckDB and
-the backend, about a second here): at least two ranks and `AUTO_MIN_EVENTS` events in all. An
-explicit `jobs` > 1 always uses the pool; `jobs` 1 never does. Workers are spawned, never forked:
+the backend, about a second here): at least two ranks and `AUTO_MIN_EVENTS` events in all, on a
+machine of at least `AUTO_MIN_CORES` cores (one process already reads a rank's two files on two
+threads and polars spreads its work: on 2 cores the pool measured 1.40x slower than one process,
+docs/PERFORMANCE.md "Ranks in parallel"). An explicit `jobs` > 1 always uses the pool; `jobs` 1
+never does. Workers are spawned, never forked:
 polars and DuckDB keep thread pools that a fork would copy mid-work.
 
 Beyond one machine the same per-rank tasks run on Ray (`ray`: a cluster's address, or "auto"
@@ -28,6 +31,7 @@ from concurrent.futures import ProcessPoolExecutor
 from multiprocessing import get_context
 
 AUTO_MIN_EVENTS = 400_000  # below this a spawned pool costs more than it saves (docs/PERFORMANCE.md)
+AUTO_MIN_CORES = 4  # below this one process keeps the cores busy itself (measured on 2; 4 not measured)
 
 
 def cores() -> int:
@@ -47,7 +51,7 @@ def workers_for(jobs: int | None, ranks: list[int], run_a, run_b) -> int:
         return 1
     if jobs is None:
         events = sum(run_a.event_counts.get(r, 0) + run_b.event_counts.get(r, 0) for r in ranks)
-        if events < AUTO_MIN_EVENTS:
+        if events < AUTO_MIN_EVENTS or cores() < AUTO_MIN_CORES:
             return 1
         jobs = cores()
     return max(1, min(jobs, len(ranks)))
