@@ -130,7 +130,8 @@ def lines(diff: dict, indent: str = "  ") -> list[str]:
             only_b = [x for x in d["b"] if x not in d["a"]]
             change = "; ".join(part for part in (f"only in A {_show(only_a)}" if only_a else "",
                                                   f"only in B {_show(only_b)}" if only_b else "") if part)
-            out.append(f"{indent}  step {d['step']}: {what}: {d['field']}: {change or 'the same items, in another order'}")
+            change = change or "the same items, in another order"
+            out.append(f"{indent}  step {d['step']}: {what}: {d['field']}: {change}")
         else:
             a, b = _pair(d["a"], d["b"])
             out.append(f"{indent}  step {d['step']}: {what}: {d['field']} {a} (A) vs {b} (B)")

@@ -327,8 +327,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--rank", type=int, default=None, help="compare only this rank")
     p.add_argument("--json", action="store_true", help="print the bitguard.compare/1 JSON report")
     p.add_argument("--jobs", type=int, default=None, metavar="N",
-                   help="compare ranks in N worker processes (default: the cores, on a machine of 4 or more, when the runs hold two or more "
-                        "ranks and enough events to pay for starting workers; 1: in this process)")
+                   help="compare ranks in N worker processes (default: the cores, on a machine of 4 or more, when "
+                        "the runs hold two or more ranks and enough events to pay for starting workers; 1: in this "
+                        "process)")
     p.add_argument("--ray", default=None, metavar="ADDRESS",
                    help="compare the ranks on a Ray cluster: its address (host:port), or 'auto' for the one "
                         "'ray start' runs here; the run directories must be at the same path on every node "
