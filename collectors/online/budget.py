@@ -32,8 +32,9 @@ MIN_RATE = 1 / 1024
 EMA = 0.3  # weight of the latest step in an operator's cost estimate
 MAX_RAISE = 2.0  # a rate at most doubles from one step to the next (decreases take effect at once)
 START_RATE = 1 / 16  # an operator's first rate: cheap before anything is measured, raised when there is room
-HEADROOM = 0.8  # the rates aim at this share of the budget: what is not measured on the training thread (the
-# hooks' own frames, the journal writer's thread competing for the interpreter, caches the checks evict) takes the rest
+HEADROOM = 0.8  # the rates aim at this share of the budget: what is not measured (the
+# hooks' own frames, the training thread's waits for the interpreter lock, caches the checks evict) takes the rest; the
+# journal writer thread's CPU time is charged as fixed cost (monitor.py)
 
 
 @dataclass

@@ -5,7 +5,10 @@ It counts steps with a global optimizer step post hook (step 0 until the first o
 ends, as events count them), installs the chosen sensors, gives them the budget
 (`monitor.budget`) and `raise_alert`, runs the verifier, and at every step's end writes each
 sensor's `sensor_stats` rows and the alert rows of the step (raised ones, and the verifier's
-verdicts) to the rank's store through its journal, so a killed run keeps them. Every alert state
+verdicts) to the rank's store through its journal, so a killed run keeps them. What the store's
+writer thread spends on them (its CPU time, folds included, as a mean per step so far: a fold every
+FOLD_SECONDS would otherwise empty one step's allowance) is charged to the budget as fixed cost:
+that thread competes with training for the interpreter and the cores, and no sampling rate lowers it. Every alert state
 change is also one line on stderr. It records no boundary event and changes nothing the training
 computes: its hooks read tensors, copy evidence, and never raise (`guard`).
 
@@ -33,6 +36,8 @@ from bitguard.schema import ALERTS, SENSOR_STATS
 MAX_REPORTED_ERRORS = 20
 DRAIN_SECONDS = 30.0  # at the recording's end, how long the verifier may still run
 MAX_PRINTED_ALERTS = 200  # stderr lines; every state change is in the alerts table whatever the count
+FOLD_SECONDS = 30.0  # the rank store folds its journal into DuckDB this often (a fold's ~30 ms of CPU every 5 s
+# was about 0.6 ms a step; the journal is durable and readers read it, so folding later loses nothing)
 
 
 class ModuleNames:
@@ -108,6 +113,7 @@ class OnlineMonitor(Guarded):
         self.module_name = ModuleNames()
         self.verifier = Verifier(self._on_verdict, thread=verifier_thread)
         self.alerts_raised = 0
+        self.writer_charge_s = 0.0  # the writer CPU charged at the last step's end
         self.states: dict[int, str] = {}  # alert_id -> latest state
         self._out = out
         self._step = 0
@@ -117,6 +123,7 @@ class OnlineMonitor(Guarded):
         self._handles: list = []
         self._printed = 0
         self._stepped: set[int] = set()  # optimizers that stepped since the last step's end
+        self._writer_start = getattr(store, "writer_cpu_s", 0.0)  # the store's writer CPU before this recording
 
     # -- steps ---------------------------------------------------------------------------------
     @property
@@ -195,6 +202,7 @@ class OnlineMonitor(Guarded):
         queue = len(self.verifier)
         for row in rows:
             row.update(step=step, rank=self.rank, queue=queue)
+        self._charge_writer(step)
         self.budget.step_end()
         self.budget.reset()
         if self.store is not None and rows:
@@ -203,6 +211,14 @@ class OnlineMonitor(Guarded):
             self.guard(self.simulator.on_step_end)(step)
         self._flush()
         self.budget.charge_fixed(self.budget.clock() - t0)
+
+    def _charge_writer(self, step: int) -> None:
+        """Charge the store's writer thread's CPU time as fixed cost: its mean per step so far (steps
+        0 to `step`), so a fold's burst is spread over the steps that made its rows."""
+        spent = getattr(self.store, "writer_cpu_s", None)
+        if spent is not None:
+            self.writer_charge_s = (spent - self._writer_start) / (step + 1)
+            self.budget.charge_fixed(self.writer_charge_s)
 
     def _flush(self) -> None:
         with self._lock:
@@ -294,7 +310,7 @@ def start(recording, rank: int, world: int, rank_path, settings: dict):
         manifest.write(recording.out, data)
     store = RankStore(str(rank_path), {
         "rank": rank, "world_size": world, "mode": recording.mode, "determinism": settings, "steps": recording.steps,
-        "start_time_ns": time.time_ns(), "pid": os.getpid(), "online": options})
+        "start_time_ns": time.time_ns(), "pid": os.getpid(), "online": options}, fold_seconds=FOLD_SECONDS)
     monitor = OnlineMonitor(store, rank, world, recording.budget, build(recording.sensors), simulator)
     monitor.install()
     if simulator is not None:

@@ -107,3 +107,42 @@ def test_a_second_optimizer_in_the_same_step_does_not_count_a_step(tmp_path):
         assert monitor.steps_seen() == 2 and monitor.step == 2
     finally:
         monitor.remove()
+
+
+class _WriterStore:
+    """A store whose writer thread spent a given CPU time (what RankStore.writer_cpu_s counts)."""
+
+    def __init__(self):
+        self.errors, self.writer_cpu_s, self.rows = [], 0.5, []  # 0.5 s before the recording: not its cost
+
+    def add_rows(self, table, rows):
+        self.rows += rows
+
+    def step_barrier(self):
+        return True
+
+
+def test_the_writer_threads_cpu_is_charged_as_fixed_cost_per_step():
+    store = _WriterStore()
+    monitor = OnlineMonitor(store, budget=0.02, sensors=[])
+    charged = []
+    monitor.budget.charge_fixed = charged.append
+    store.writer_cpu_s += 0.004  # step 0's rows
+    monitor._end_step()
+    store.writer_cpu_s += 0.020  # a fold in step 1: spread over the steps so far
+    monitor._step = 1
+    monitor._end_step()
+    # each step end charges the writer's mean, then its own time (the rows, the barrier)
+    assert len(charged) == 4 and abs(charged[0] - 0.004) < 1e-12 and abs(charged[2] - 0.012) < 1e-12, charged
+    assert abs(monitor.writer_charge_s - 0.012) < 1e-12
+
+
+def test_a_rank_store_counts_its_writer_threads_cpu(tmp_path):
+    store = RankStore(str(tmp_path / "rank-0.duckdb"), {"rank": 0, "world_size": 1, "mode": "online"})
+    try:
+        assert store.writer_cpu_s == 0.0
+        store.add_rows("sensor_stats", [{"step": s, "rank": 0, "sensor": "checksum", "calls": 1} for s in range(50)])
+        assert store.step_barrier() and store.step_barrier()  # the second waits for the first batch's write
+        assert store.writer_cpu_s > 0.0
+    finally:
+        store.close("complete")
