@@ -21,7 +21,11 @@ REGION = "TinyLM"  # the compiled model's root, named as the eager model's
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("compiled")
-    got = h.together({"plain": lambda: h.plain("compiled.py", tmp, "--counters", str(tmp / "plain.counters")),
+    # the plain run under the determinism controls `record` applies by default: with deterministic algorithms
+    # inductor compiles another embedding backward than without (other float sums: emb.weight's bits differ
+    # after one step), so a plain run without them is not the reference of a default recording (docs/STACKS.md)
+    got = h.together({"plain": lambda: h.plain("compiled.py", tmp, "--deterministic", "--counters",
+                                               str(tmp / "plain.counters")),
                       "a": lambda: h.recorded("compiled.py", tmp / "a", "--counters", str(tmp / "a.counters")),
                       "b": lambda: h.recorded("compiled.py", tmp / "b"),
                       "fault": lambda: h.recorded("compiled.py", tmp / "fault", env=FAULT),

@@ -74,7 +74,12 @@ def main():
     ap.add_argument("--compile", choices=["model", "blocks", "inplace", "none"], default="model")
     ap.add_argument("--backend", default="inductor")
     ap.add_argument("--counters", help="write dynamo's counters here as JSON")
+    ap.add_argument("--deterministic", action="store_true",
+                    help="torch.use_deterministic_algorithms(True), as bitguard record's determinism controls set it "
+                         "(inductor then generates another embedding backward: other float sums than the default's)")
     args = ap.parse_args()
+    if args.deterministic:
+        torch.use_deterministic_algorithms(True)
     kind, fault = spec()
     fault_step = fault.get("step", -1) if kind == "module" else -1
     torch.manual_seed(0)
