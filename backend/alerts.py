@@ -42,36 +42,6 @@ MAX_EVIDENCE_BYTES = 1 << 20  # one evidence value, as JSON text
 
 # -- reading the tables ----------------------------------------------------------------------------
 
-def _rank_table(run: ingest.RunInfo, rank: int, table) -> pl.DataFrame | None:
-    """`table`'s rows of one rank, rank file and journal together, with the schema's columns; None
-    when neither holds the table (a rank file written before schema version 4, or another mode)."""
-    path = run.ranks[rank]
-    decoded = ingest._read_journal(run.path, path)
-    con = ingest._connect(run.path, path)
-    try:
-        with ingest._reading(path):
-            found = ingest._tables(con, path)
-            meta = ingest._meta(con, path)
-            leftover = ingest._leftover(decoded, ingest._folded(meta), con, path)
-            rows = ingest._journal_rows(leftover, table)
-            if table.name not in found and not leftover.tables.get(table.name):
-                return None
-            parts = []
-            if table.name in found:
-                have = found[table.name]
-                for c in table.columns:
-                    if c.name in have and have[c.name] != c.sql:
-                        raise CorruptRun(f"{path}: column {table.name}.{c.name} is {have[c.name]}, not {c.sql} as "
-                                         f"bitguard writes it; the rank file is damaged: re-record the run")
-                parts.append(ingest._select(table, set(have)))
-            if rows.num_rows:
-                con.register(f"_journal_{table.name}", rows)
-                parts.append(ingest._select(table, set(table.names), f"_journal_{table.name}"))
-            return con.sql(" UNION ALL ".join(parts)).pl() if parts else None
-    finally:
-        con.close()
-
-
 def _json(text, path: Path, what: str):
     if text is None:
         return None
@@ -224,8 +194,8 @@ def read_alerts(path: str | Path) -> AlertsReport:
                            f"for alerts")
     alert_frames, stat_frames, without = [], [], []
     for rank in run.ranks:
-        alerts = _rank_table(run, rank, ALERTS)
-        stats = _rank_table(run, rank, SENSOR_STATS)
+        alerts = ingest.rank_table(run, rank, ALERTS)
+        stats = ingest.rank_table(run, rank, SENSOR_STATS)
         if alerts is None:
             without.append(rank)
             continue

@@ -27,13 +27,12 @@ SHOWN = 12  # differences kept in the document; `more` counts the rest
 
 
 def _api_rows(info, rank: int):
-    from bitguard import schema
-    from bitguard.backend.alerts import _rank_table
+    from bitguard.backend.ingest import rank_table
+    from bitguard.schema import API_EVENTS
 
-    table = getattr(schema, "API_EVENTS", None)
-    if table is None or rank not in info.ranks:
+    if rank not in info.ranks:
         return None
-    frame = _rank_table(info, rank, table)
+    frame = rank_table(info, rank, API_EVENTS)
     return None if frame is None else frame.sort("ord").to_dicts()
 
 

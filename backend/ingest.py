@@ -392,6 +392,36 @@ def load_rank(run: RunInfo, rank: int) -> tuple[pl.DataFrame, pl.DataFrame, dict
     return with_keys(events, tensors), tensors, _stacks(frames, path)
 
 
+def rank_table(run: RunInfo, rank: int, table) -> pl.DataFrame | None:
+    """`table`'s rows of one rank, rank file and journal together, with the schema's columns; None
+    when neither holds the table (a rank file written before schema version 4, or another mode)."""
+    path = run.ranks[rank]
+    decoded = _read_journal(run.path, path)
+    con = _connect(run.path, path)
+    try:
+        with _reading(path):
+            found = _tables(con, path)
+            meta = _meta(con, path)
+            leftover = _leftover(decoded, _folded(meta), con, path)
+            rows = _journal_rows(leftover, table)
+            if table.name not in found and not leftover.tables.get(table.name):
+                return None
+            parts = []
+            if table.name in found:
+                have = found[table.name]
+                for c in table.columns:
+                    if c.name in have and have[c.name] != c.sql:
+                        raise CorruptRun(f"{path}: column {table.name}.{c.name} is {have[c.name]}, not {c.sql} as "
+                                         f"bitguard writes it; the rank file is damaged: re-record the run")
+                parts.append(_select(table, set(have)))
+            if rows.num_rows:
+                con.register(f"_journal_{table.name}", rows)
+                parts.append(_select(table, set(table.names), f"_journal_{table.name}"))
+            return con.sql(" UNION ALL ".join(parts)).pl() if parts else None
+    finally:
+        con.close()
+
+
 def in_order(frame: pl.DataFrame, columns: tuple[str, ...]) -> pl.DataFrame:
     """`frame` sorted by `columns` (rows equal in all of them kept in their order): checked
     first, sorted only when it is not (strings compare bytewise, as DuckDB's ORDER BY does)."""
@@ -400,7 +430,7 @@ def in_order(frame: pl.DataFrame, columns: tuple[str, ...]) -> pl.DataFrame:
     ordered = pl.lit(True)
     for c in reversed(columns):  # lexicographic: c is greater, or equal and the rest in order
         ordered = (pl.col(c) > pl.col(c).shift()) | ((pl.col(c) == pl.col(c).shift()) & ordered)
-    if frame.select(ordered.slice(1).all()).item():
+    if frame.select(ordered.slice(1).all(ignore_nulls=False)).item():  # (a NULL: not known in order)
         return frame
     return frame.sort(list(columns), maintain_order=True)
 

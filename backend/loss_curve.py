@@ -92,11 +92,11 @@ def backward_losses(run, rank: int) -> pl.DataFrame | None:
     import json
 
     from bitguard import schema
-    from bitguard.backend.alerts import _rank_table
+    from bitguard.backend.ingest import rank_table
 
     if run is None or rank not in run.ranks:
         return None
-    api = _rank_table(run, rank, schema.API_EVENTS)
+    api = rank_table(run, rank, schema.API_EVENTS)
     if api is None:
         return None
     rows = []

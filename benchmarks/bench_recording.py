@@ -36,6 +36,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from functools import partial
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -515,6 +516,42 @@ def memory(steps: int) -> dict:
             "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
 
 
+def _team_text(t: dict) -> list[str]:
+    low, high = t["difference_quartiles_s"]
+    return [f"trusted step, {t['pairs']} pairs: digests on torch's OpenMP team {t['median_team_s'] * 1000:.1f} ms, "
+            f"on the calling thread alone {t['median_alone_s'] * 1000:.1f} ms (medians); median difference "
+            f"{t['median_difference_s'] * 1000:+.2f} ms (quartiles {low * 1000:+.2f} to {high * 1000:+.2f} ms)"]
+
+
+def _determinism_text(model: str, d: dict) -> list[str]:
+    out = []
+    for v, sec in d["median_step_s"].items():
+        ratio = d["ratio"].get(v)
+        out.append(f"{model} {v:18s} median step {sec * 1000:6.1f} ms"
+                   + (f"   round by round: median {ratio:.3f}x ({d['round_ratios'][v][0]:.3f}-"
+                      f"{d['round_ratios'][v][1]:.3f}x)" if ratio else ""))
+    return out
+
+
+def _hook_text(model: str, h: dict) -> list[str]:
+    out = []
+    for variant, what in (("digests", "with digests"), ("python", "digests stubbed")):
+        for mode in ("trusted", "full"):
+            m = h[variant][mode]
+            out.append(f"{model} {mode:8s} {what:16s} step {m['step_s'] * 1000:6.1f} ms, inside the hooks "
+                       f"{m['hook_s_per_step'] * 1000:6.2f} ms a step, {m['events_per_step']:.0f} events a step: "
+                       f"{m['hook_s_per_event'] * 1e6:5.2f} us an event (medians of {h['steps']} steps)")
+    return out
+
+
+def _breakdown_text(b: dict) -> list[str]:
+    plain = b["median_step_s"]["plain"]
+    steps = b["median_step_s"].items()
+    return [*(f"  {name:12s} {sec * 1000:8.1f} ms/step   {sec / plain:5.3f}x" for name, sec in steps),
+            f"trusted overhead: digests {b['digests_s'] * 1000:.1f} ms, rows and events "
+            f"{b['rows_and_events_s'] * 1000:.1f} ms, hooks firing {b['hooks_firing_s'] * 1000:.1f} ms"]
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--rounds", type=int, default=20)
@@ -541,50 +578,16 @@ def main() -> None:
     if args.memory_only:
         print(json.dumps(memory(args.memory_steps)))
         return
-    if args.team_pairs:
-        t = team_pairs(args.team_pairs)
-        if args.json:
-            print(json.dumps(t, indent=2))
+    for wanted, run, text in ((args.team_pairs, lambda: team_pairs(args.team_pairs), _team_text),
+                              (args.determinism_cost, lambda: determinism_cost(args.rounds, args.steps, args.model),
+                               partial(_determinism_text, args.model)),
+                              (args.hook_time, lambda: hook_time(args.hook_time, args.model, args.determinism),
+                               partial(_hook_text, args.model)),
+                              (args.breakdown, lambda: breakdown(args.rounds, args.steps), _breakdown_text)):
+        if wanted:  # one of the separate measurements instead of the overhead run
+            doc = run()
+            print(json.dumps(doc, indent=2) if args.json else "\n".join(text(doc)))
             return
-        low, high = t["difference_quartiles_s"]
-        print(f"trusted step, {t['pairs']} pairs: digests on torch's OpenMP team {t['median_team_s'] * 1000:.1f} ms, "
-              f"on the calling thread alone {t['median_alone_s'] * 1000:.1f} ms (medians); median difference "
-              f"{t['median_difference_s'] * 1000:+.2f} ms (quartiles {low * 1000:+.2f} to {high * 1000:+.2f} ms)")
-        return
-    if args.determinism_cost:
-        d = determinism_cost(args.rounds, args.steps, args.model)
-        if args.json:
-            print(json.dumps(d, indent=2))
-            return
-        for v, sec in d["median_step_s"].items():
-            ratio = d["ratio"].get(v)
-            print(f"{args.model} {v:18s} median step {sec * 1000:6.1f} ms"
-                  + (f"   round by round: median {ratio:.3f}x ({d['round_ratios'][v][0]:.3f}-"
-                     f"{d['round_ratios'][v][1]:.3f}x)" if ratio else ""))
-        return
-    if args.hook_time:
-        h = hook_time(args.hook_time, args.model, args.determinism)
-        if args.json:
-            print(json.dumps(h, indent=2))
-            return
-        for variant, what in (("digests", "with digests"), ("python", "digests stubbed")):
-            for mode in ("trusted", "full"):
-                m = h[variant][mode]
-                print(f"{args.model} {mode:8s} {what:16s} step {m['step_s'] * 1000:6.1f} ms, inside the hooks "
-                      f"{m['hook_s_per_step'] * 1000:6.2f} ms a step, {m['events_per_step']:.0f} events a step: "
-                      f"{m['hook_s_per_event'] * 1e6:5.2f} us an event (medians of {h['steps']} steps)")
-        return
-    if args.breakdown:
-        b = breakdown(args.rounds, args.steps)
-        if args.json:
-            print(json.dumps(b, indent=2))
-            return
-        plain = b["median_step_s"]["plain"]
-        for name, sec in b["median_step_s"].items():
-            print(f"  {name:12s} {sec * 1000:8.1f} ms/step   {sec / plain:5.3f}x")
-        print(f"trusted overhead: digests {b['digests_s'] * 1000:.1f} ms, rows and events "
-              f"{b['rows_and_events_s'] * 1000:.1f} ms, hooks firing {b['hooks_firing_s'] * 1000:.1f} ms")
-        return
     # memory in a fresh process, so that nothing the overhead runs allocated or freed blurs it
     mem = None
     if args.memory_steps > 0:

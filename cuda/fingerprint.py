@@ -95,8 +95,7 @@ def openmp_team() -> np.ndarray:
 
 def _plain_host(t: torch.Tensor) -> bool:
     """Is `t` a host tensor whose own memory holds its logical bytes in order?"""
-    return t.is_cpu and type(t) in _PLAIN and t.is_contiguous() and not t.is_quantized \
-        and t.layout == torch.strided and not t.is_conj() and not t.is_neg()
+    return type(t) in _PLAIN and t.layout == torch.strided and in_place_on_host(t)
 
 
 def digest_many(tensors: list[torch.Tensor]) -> list[Union[Digest, "Pending"]]:
@@ -152,8 +151,7 @@ def digest_async(t: torch.Tensor) -> Union[Digest, "Pending"]:
 
 def in_place_on_host(t: torch.Tensor) -> bool:
     """Can `digest_host_at(t.data_ptr(), t.nbytes)` digest `t`, known to be a plain dense strided
-    torch.Tensor or nn.Parameter (the check `digest_async` makes of every tensor, less the parts
-    such a caller has made already)?"""
+    torch.Tensor or nn.Parameter (`_plain_host`, less the parts such a caller has checked already)?"""
     return t.is_cpu and t.is_contiguous() and not t.is_quantized and not t.is_conj() and not t.is_neg()
 
 

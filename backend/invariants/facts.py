@@ -198,12 +198,12 @@ def step_facts(api_rows, event_rows, tensor_rows, world_size: int | None = None)
 def _api_table(info, rank: int):
     """The api_events rows of one rank (rank file and journal), or None when the file has no such table."""
     from bitguard import schema
-    from bitguard.backend.alerts import _rank_table
+    from bitguard.backend.ingest import rank_table
 
     table = getattr(schema, "API_EVENTS", None)
     if table is None:
         return None
-    return _rank_table(info, rank, table)
+    return rank_table(info, rank, table)
 
 
 def facts_from_run(run) -> dict[int, list[StepFacts]]:

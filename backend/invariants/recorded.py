@@ -37,14 +37,13 @@ def _evidence(text, path) -> dict:
 def read_violations(run) -> dict:
     """The `bitguard.violations/1` document of run directory `run` (or an ingest.RunInfo)."""
     from bitguard import schema
-    from bitguard.backend.alerts import _rank_table
-    from bitguard.backend.ingest import RunInfo, open_run
+    from bitguard.backend.ingest import RunInfo, open_run, rank_table
 
     info = run if isinstance(run, RunInfo) else open_run(Path(run))
     table = getattr(schema, "VIOLATIONS", None)
     rows, without, checked, unchecked = [], [], [], []
     for rank in sorted(info.ranks):
-        frame = _rank_table(info, rank, table) if table is not None else None
+        frame = rank_table(info, rank, table) if table is not None else None
         if frame is None:
             without.append(rank)
             continue
