@@ -53,14 +53,17 @@ On CUDA each checked call reads its statistic back once (a synchronisation).
 
 from __future__ import annotations
 
+import functools
 import math
 import statistics
 import weakref
 from collections import deque
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
+from bitguard.collectors.online import cpu_checksum
 from bitguard.collectors.online.sensor import Alert, LinearPatch, Sensor
 
 WARMUP = 8  # checks before the learned threshold replaces the hard bound
@@ -111,15 +114,35 @@ def check_dtype(dtype: torch.dtype) -> torch.dtype:
 def column_bound(m: int, p: int, dtype: torch.dtype, device: torch.device) -> float:
     """The normalised column gap rounding alone can reach for C = A·B (+ bias) with A m×p:
     Σ_i (|A_i|·|B_j| + |bias_j|) <= √m·(‖A‖_F·‖B_j‖ + √m·|bias_j|), each element off by at most
-    hard_bound of that, and the two float32 sums over m rows (of C, of A) by γ_m of it each."""
-    ua = unit_roundoff(check_dtype(dtype))
-    return 1.01 * math.sqrt(m) * (hard_bound(p, dtype, device) + 2 * _gamma(m, ua) + _gamma(p, 2.0 ** -53))
+    hard_bound of that, and the two sums over m rows (of C, of A; float32 at worst) by γ_m of it each."""
+    return _column_bound(m, p, dtype, accumulation_roundoff(dtype, device))
+
+
+@functools.lru_cache(maxsize=4096)
+def _column_bound(m: int, p: int, dtype: torch.dtype, accumulation: float) -> float:
+    """column_bound for an accumulation's unit roundoff (a check's shapes repeat every step)."""
+    element = _gamma(p + 1, accumulation) + unit_roundoff(dtype)
+    return 1.01 * math.sqrt(m) * (element + 2 * _gamma(m, unit_roundoff(check_dtype(dtype))) + _gamma(p, 2.0 ** -53))
 
 
 def column_gaps(c: torch.Tensor, a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None):
-    """(normalised gaps, raw gaps, reference) per column of c = a·b (+ bias), all float64 vectors of
-    length q: |1ᵀc − (1ᵀa)·b − m·bias|, over ‖a‖_F·‖b_j‖ + √m·|bias_j|. b is converted to float64
-    CHUNK elements at a time (its column norms come from the same copy)."""
+    """(normalised gaps, raw gaps, reference) per column of c = a·b (+ bias), all float64 NumPy
+    vectors of length q: |1ᵀc − (1ᵀa)·b − m·bias|, over ‖a‖_F·‖b_j‖ + √m·|bias_j|. On the host (float32
+    and float64 operands row-major or transposed) one fused Numba pass per operand does it
+    (cpu_checksum.py); elsewhere torch, b converted to float64 CHUNK elements at a time (its column
+    norms from the same copy)."""
+    views = cpu_checksum.host_operands(c, a, b, bias)
+    if views is not None:
+        lhs, rhs, scale = cpu_checksum.column_sums(views, bias)
+    else:
+        lhs, rhs, scale = (t.cpu().numpy() for t in _torch_sums(c, a, b, bias))
+    with np.errstate(all="ignore"):  # (inf and NaN inputs give inf and NaN gaps, never a warning in training)
+        raw = np.abs(lhs - rhs)
+        return raw / np.maximum(scale, _TINY), raw, rhs
+
+
+def _torch_sums(c: torch.Tensor, a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None):
+    """column_gaps' (lhs, rhs, scale) by torch ops, float64 tensors on c's device."""
     acc = check_dtype(c.dtype)
     m, q = a.shape[0], b.shape[1]
     lhs = c.sum(0, dtype=acc).double()
@@ -136,8 +159,7 @@ def column_gaps(c: torch.Tensor, a: torch.Tensor, b: torch.Tensor, bias: torch.T
         bd = bias.double()
         rhs = rhs + m * bd
         scale = scale + math.sqrt(m) * bd.abs()
-    raw = (lhs - rhs).abs()
-    return raw / scale.clamp_min(_TINY), raw, rhs
+    return lhs, rhs, scale
 
 
 def localise(c: torch.Tensor, a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None, cols: list[int],
@@ -184,7 +206,6 @@ class OpState:
         self.boundary = boundary
         self.op = op
         self.clean: deque[float] = deque(maxlen=WINDOW)  # a clean check's largest normalised column gap
-        self.raw: deque[float] = deque(maxlen=WINDOW)  # the same check's largest raw gap (output units)
         self.checks = 0
         self.mult = 1.0  # doubled by a spike or a false alarm, halved back each step
         self.bound = math.inf  # the hard bound at the last check
@@ -199,9 +220,8 @@ class OpState:
         base = MARGIN * max(max(self.clean), 2.0 ** -52)
         return min(self.bound, base * self.mult)
 
-    def learn(self, gap: float, raw: float) -> None:
+    def learn(self, gap: float) -> None:
         self.clean.append(gap)
-        self.raw.append(raw)
 
     def plausible(self, gap: float) -> bool:
         """Whether a gap under the hard bound may be learned as clean during warm-up: not when it is
@@ -211,9 +231,6 @@ class OpState:
         if self.checks > WARMUP or len(self.clean) < WARMUP_BASE:
             return True
         return gap <= MARGIN * statistics.median(self.clean)
-
-    def median_raw(self) -> float | None:
-        return statistics.median(self.raw) if self.raw else None
 
 
 class ChecksumSensor(Sensor):
@@ -230,6 +247,7 @@ class ChecksumSensor(Sensor):
     # -- installation -----------------------------------------------------------------------------
     def install(self, monitor) -> None:
         self.monitor = monitor
+        monitor.guard(cpu_checksum.warm)()  # (the kernels compiled or loaded now, not inside a training step)
         self._patch = LinearPatch(monitor, self._on_linear)
         self._patch.install()
 
@@ -266,8 +284,7 @@ class ChecksumSensor(Sensor):
         ops = self._linear(module)
         call = ops.calls
         ops.calls = call + 1
-        weight = module.weight
-        k, o = weight.shape[1], weight.shape[0]
+        k, o = x.shape[-1], y.shape[-1]  # (the weight's shape, without nn.Module's attribute lookup)
         n = x.numel() // k if k else 0
         flops = 2.0 * n * k * o
         forward = budget.draw(ops.forward, flops)
@@ -276,7 +293,7 @@ class ChecksumSensor(Sensor):
         wgrad = backward and budget.draw(ops.wgrad, flops)
         self._checks_s = 0.0
         if forward or dgrad or wgrad:
-            name, bias = ops.name, module.bias
+            name, weight, bias = ops.name, module.weight, module.bias
             x2 = x.detach().reshape(n, k)
             if forward:
                 # (under autocast the GEMM ran on x, W and b cast to the output's dtype: check that product)
@@ -300,9 +317,9 @@ class ChecksumSensor(Sensor):
         with torch.no_grad():
             gaps, raw, rhs = column_gaps(c, a, b, bias)
             state.bound = column_bound(a.shape[0], a.shape[1], c.dtype, c.device)
-            worst = int(gaps.nan_to_num(nan=math.inf).argmax())
+            worst = int(np.nan_to_num(gaps, nan=math.inf).argmax())
             gap = float(gaps[worst])
-            if math.isfinite(gap) or bool(rhs.isfinite().all()):
+            if math.isfinite(gap) or bool(np.isfinite(rhs).all()):
                 self._judge(state, key, gap, float(raw[worst]), gaps, call, (c, a, b, bias, transposed))
             else:  # non-finite inputs (an overflow the loss scaler will skip): no checksum to judge
                 state.nonfinite += 1
@@ -313,7 +330,7 @@ class ChecksumSensor(Sensor):
         budget.charge_fixed(self._alert_s)
         self._checks_s += spent  # (charged here: the hook that called it charges only the rest of its time)
 
-    def _judge(self, state: OpState, key: str, gap: float, raw_gap: float, gaps: torch.Tensor, call: int,
+    def _judge(self, state: OpState, key: str, gap: float, raw_gap: float, gaps: np.ndarray, call: int,
                operands) -> None:
         """Learn a clean check, or raise an alert with the evidence of the elements furthest off in
         the columns over the threshold. `operands`: (c, a, b, bias, transposed) of the check."""
@@ -321,7 +338,7 @@ class ChecksumSensor(Sensor):
         threshold = state.threshold()
         if gap <= threshold:  # (a NaN gap is over any threshold)
             if state.plausible(gap):
-                state.learn(gap, raw_gap)
+                state.learn(gap)
             else:
                 state.rejected += 1
             return
@@ -335,12 +352,12 @@ class ChecksumSensor(Sensor):
         finally:
             self._alert_s = self.monitor.budget.clock() - t0
 
-    def _raise(self, state: OpState, gap: float, raw_gap: float, gaps: torch.Tensor, threshold: float, call: int,
+    def _raise(self, state: OpState, gap: float, raw_gap: float, gaps: np.ndarray, threshold: float, call: int,
                operands) -> None:
         c, a, b, bias, transposed = operands
-        ranked = gaps.nan_to_num(nan=math.inf)
-        over = int(((ranked > threshold)).sum())
-        cols = ranked.topk(min(max(over, 1), EVIDENCE_ELEMENTS, ranked.numel())).indices.tolist()
+        ranked = np.nan_to_num(gaps, nan=math.inf)
+        over = int((ranked > threshold).sum())
+        cols = np.argsort(-ranked, kind="stable")[:min(max(over, 1), EVIDENCE_ELEMENTS)].tolist()
         elements = localise(c, a, b, bias, cols)
         rows = sorted({i for i, _ in elements})
         used = sorted({j for _, j in elements})
@@ -417,9 +434,8 @@ class ChecksumSensor(Sensor):
         if verdict == "cleared":  # a false alarm: the threshold was too tight
             state.mult *= 2
             gap = task.alert.evidence.get("gap")
-            raw = task.alert.evidence.get("raw_gap")
             if isinstance(gap, float) and gap == gap:
-                state.learn(gap, raw)
+                state.learn(gap)
 
     # -- per step ---------------------------------------------------------------------------------
     def on_step_end(self, step: int) -> None:
@@ -447,12 +463,6 @@ class ChecksumSensor(Sensor):
                          "threshold": None})
         self.backward_unobserved = 0
         return rows
-
-    def median_gap(self, boundary: str, op: str = "linear") -> float | None:
-        """The operator's median clean gap in output units (a check's largest column-sum gap), None
-        before any check."""
-        state = self.ops.get(f"{op}:{boundary}")
-        return None if state is None else state.median_raw()
 
     def coverage(self) -> dict:
         return {"observed": ["nn.Linear forward (linear)", "its input gradient GEMM (linear.dgrad)",

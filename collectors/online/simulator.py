@@ -12,9 +12,11 @@ Spec (JSON object; only `module` and one of `bit` / `scale` are required):
     module      dotted path of the nn.Linear to corrupt, as events name it ("blocks.2.mlp.fc")
     bit         flip this bit of the element (float32: 31 sign, 23-30 exponent, 0-22 mantissa;
                 16-bit types: 15 sign, ...), or
-    scale       add r × the operator's median clean checksum gap (the checksum sensor's, in output
-                units: AEGIS Fig. 16's calibrated perturbation); calls before the sensor knows a
-                median are left alone (counted as `skipped`)
+    scale       add r × the operator's median clean checksum gap (in output units: AEGIS Fig. 16's
+                calibrated perturbation): the checksum sensor's statistic (a call's largest
+                column-sum gap), measured by the simulator itself on the clean output of every call
+                of the module it corrupts, this one included, so that what is injected does not
+                depend on which calls the sensor's sampling happened to check
     from_step   first step that may be corrupted (default 0); to_step: end, exclusive (default none)
     rate        probability that an eligible call is corrupted (default 1.0)
     hash_range  [lo, hi): only input rows whose hash (a fraction in [0, 1) of the row's bits) falls
@@ -31,8 +33,11 @@ before and after), written at each step's end: the ground truth detection is sco
 from __future__ import annotations
 
 import json
+import math
 import os
 import random
+import statistics
+from collections import deque
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -121,6 +126,7 @@ class Simulator:
         self.total = 0
         self.skipped = 0
         self._calls = 0
+        self._gaps: deque[float] = deque(maxlen=64)  # the corrupted module's clean calls' largest column-sum gaps
         self._patch = None
         self.monitor = None
 
@@ -162,8 +168,7 @@ class Simulator:
                 return
             delta = None
             if spec.scale is not None:
-                sensor = self.monitor.sensor("checksum")
-                median = None if sensor is None else sensor.median_gap(spec.module)
+                median = self._median_gap(module, x2, y2)
                 if not median:
                     self.skipped += 1
                     return
@@ -182,6 +187,18 @@ class Simulator:
                                       "bit": spec.bit, "scale": spec.scale, "delta": delta, "before": before,
                                       "after": float(y2[row, col]), "hash": float(h[row])})
         self.total += len(hit)
+
+    def _median_gap(self, module, x2: torch.Tensor, y2: torch.Tensor) -> float | None:
+        """The median of the module's clean calls' largest raw column-sum gaps so far (this call's,
+        before it is corrupted, included); None while every one was zero or not finite."""
+        from bitguard.collectors.online.checksum import column_gaps
+
+        bias = None if module.bias is None else module.bias.detach().to(y2.dtype)
+        _, raw, _ = column_gaps(y2, x2.to(y2.dtype), module.weight.detach().to(y2.dtype).T, bias)
+        worst = float(raw.max()) if raw.size else 0.0
+        if math.isfinite(worst) and worst > 0:
+            self._gaps.append(worst)
+        return statistics.median(self._gaps) if self._gaps else None
 
     def on_step_end(self, step) -> None:
         self._calls = 0

@@ -7,6 +7,7 @@ threshold."""
 
 import math
 
+import numpy as np
 import duckdb
 import pytest
 import torch
@@ -79,7 +80,7 @@ _ONE = torch.ones(1, 1, dtype=torch.float64)
 
 
 def _judge(sensor, state, gap):
-    gaps = torch.tensor([gap], dtype=torch.float64)
+    gaps = np.array([gap])
     sensor._judge(state, "linear:m", gap, gap, gaps, 0, (_ONE, _ONE, _ONE, None, False))
 
 
@@ -108,7 +109,7 @@ def test_the_threshold_is_learned_doubles_on_a_spike_and_halves_back():
     assert state.threshold() == pytest.approx(2 * MARGIN * 1e-7)
     sensor.on_step_end(1)
     assert state.threshold() == pytest.approx(MARGIN * 1e-7)
-    state.learn(1e-3, 1e-3)
+    state.learn(1e-3)
     assert state.threshold() == state.bound, "never above what rounding alone can reach"
     _judge(sensor, state, float("nan"))  # a NaN is over any threshold
     assert len(monitor.raised) == 2
@@ -126,6 +127,31 @@ def test_clean_gaps_stay_far_below_the_rounding_bound_and_scale_free():
             bound = column_bound(64, 256, dtype, torch.device("cpu"))
             assert 0 < gaps.max() < bound / 10, (dtype, scale, float(gaps.max()), bound)
 
+
+
+def test_the_fused_host_pass_gives_torchs_sums_for_every_layout_and_falls_back_elsewhere():
+    """cpu_checksum's one pass per operand gives the torch ops' lhs, rhs and scale (to float32
+    rounding of torch's own sums) for the three GEMMs' layouts, float32 and float64; a strided or
+    16-bit operand is left to torch."""
+    from bitguard.collectors.online import checksum, cpu_checksum
+
+    gen = torch.Generator().manual_seed(1)
+    for dtype in (torch.float32, torch.float64):
+        x, w, g = (torch.randn(*s, generator=gen, dtype=dtype) for s in ((48, 32), (24, 32), (48, 24)))
+        bias = torch.randn(24, generator=gen, dtype=dtype)
+        cases = [(x @ w.T + bias, x, w.T, bias), ((g @ w), g, w, None), ((x.T @ g).T, g.T, x, None)]
+        for c, a, b, bias_ in cases:
+            views = cpu_checksum.host_operands(c, a, b, bias_)
+            assert views is not None
+            got = cpu_checksum.column_sums(views, bias_)
+            want = [t.numpy() for t in checksum._torch_sums(c, a, b, bias_)]
+            for mine, theirs in zip(got, want):
+                assert np.allclose(mine, theirs, rtol=1e-5, atol=1e-5 * float(np.abs(theirs).max())), (dtype, mine, theirs)
+    y = torch.randn(8, 6)
+    assert cpu_checksum.host_operands(y[:, ::2], torch.randn(8, 4), torch.randn(4, 3), None) is None
+    assert cpu_checksum.host_operands(y.bfloat16(), torch.randn(8, 4).bfloat16(), torch.randn(4, 6).bfloat16(), None) is None
+    gaps, _, _ = column_gaps(y[:, ::2], y[:, :4], torch.eye(4)[:, :3], None)  # (the torch path: not a product)
+    assert gaps.shape == (3,)
 
 def _linear_calls(sensor, lin, shape, dtype, n, corrupt=None, seed=0):
     """n calls of lin on fresh inputs through the sensor's forward check; corrupt(y) on the last."""

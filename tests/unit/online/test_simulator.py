@@ -8,6 +8,7 @@ import pytest
 import torch
 
 import bitguard
+from bitguard.collectors.online.checksum import column_gaps
 from bitguard.collectors.online.simulator import ENV, Simulator, Spec, parse, row_hashes
 from bitguard.errors import BadInput
 from online_tiny import build, train
@@ -17,22 +18,11 @@ class _Monitor:
     enabled = True
     step = 0
 
-    def __init__(self, median=None):
-        self.median = median
-
     def module_name(self, module):
         return "m"
 
     def guard(self, fn):
         return fn
-
-    def sensor(self, name):
-        median = self.median
-
-        class S:
-            def median_gap(self, boundary):
-                return median
-        return S() if median is not None else None
 
 
 def _call(sim, x, monitor):
@@ -62,22 +52,41 @@ def test_a_bit_flip_hits_only_rows_whose_hash_is_in_range(bit):
             & 0xFFFFFFFF == 1 << bit
 
 
+def _largest_gap(lin, x, y):
+    _, raw, _ = column_gaps(y, x, lin.weight.detach().T, lin.bias.detach())
+    return float(raw.max())
+
+
 def test_rate_steps_and_scale():
-    x = torch.randn(4, 8)
+    torch.manual_seed(0)
+    x = torch.randn(64, 8)
     sim = Simulator(Spec(module="m", scale=100.0, from_step=2, to_step=3), None)
-    m = _Monitor(median=1e-6)
+    m = _Monitor()
     clean, y = _call(sim, x, m)
     assert torch.equal(clean, y), "before from_step nothing changes"
     m.step = 2
-    clean, y = _call(sim, x, m)
-    assert sim.injected[0]["delta"] == pytest.approx(1e-4)
-    assert (y - clean).abs().max().item() == pytest.approx(1e-4, rel=1e-2)
+    lin = torch.nn.Linear(8, 6)
+    with torch.no_grad():
+        clean = torch.nn.functional.linear(x, lin.weight, lin.bias)
+    y = clean.clone()
+    sim.corrupt(lin, x, y)
+    gap = _largest_gap(lin, x, clean)
+    assert gap > 0 and sim.injected[0]["delta"] == pytest.approx(100 * gap), \
+        "r x the median of the clean calls' largest column-sum gaps, this call's included"
+    assert (y - clean).abs().max().item() == pytest.approx(100 * gap, rel=1e-2)
     m.step = 3
     clean, y = _call(sim, x, m)
     assert torch.equal(clean, y), "to_step is exclusive"
     sim = Simulator(Spec(module="m", scale=10.0), None)
-    clean, y = _call(sim, x, _Monitor(median=None))
-    assert torch.equal(clean, y) and sim.skipped == 1, "no median yet: nothing to scale by"
+    exact = torch.nn.Linear(8, 6)
+    with torch.no_grad():
+        exact.weight.copy_(torch.randint(-3, 4, (6, 8)).float())
+        exact.bias.zero_()
+        xi = torch.randint(-3, 4, (4, 8)).float()
+        y = torch.nn.functional.linear(xi, exact.weight, exact.bias)
+    sim.monitor = _Monitor()
+    sim.corrupt(exact, xi, y)
+    assert not sim.injected and sim.skipped == 1, "an exact product has no clean gap to scale by"
     sim = Simulator(Spec(module="m", bit=30, rate=0.0), None)
     clean, y = _call(sim, x, _Monitor())
     assert torch.equal(clean, y)
