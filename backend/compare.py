@@ -104,6 +104,9 @@ def _partners(new_event, lo, hi, a_role, a_idx, a_nth, b_role, b_idx, b_nth):  #
     return out
 
 
+_PAIRED_A = ("seq", "role", "idx", "path", "shape", "dtype", "xor", "pos", "unobserved")  # A's columns in `diffs`
+
+
 def _pair_tensors(pairs: pl.DataFrame, ta: pl.DataFrame, tb: pl.DataFrame) -> pl.DataFrame:
     """Every tensor of A's paired events beside its partner in B (same role, index and
     occurrence; NULL when B has none), compared digest by digest. Both sides in place order, so
@@ -133,7 +136,9 @@ def _pair_tensors(pairs: pl.DataFrame, ta: pl.DataFrame, tb: pl.DataFrame) -> pl
     # shapes hash alike, and two shapes apart hash alike with a chance of 2^-64, as two digests do
     right = tb.select(pl.col("xor").alias("xor_b"), pl.col("pos").alias("pos_b"), pl.col("dtype").alias("dtype_b"),
                       pl.col("shape").hash().alias("_shape_b"), _unobserved(tb).alias("unobserved_b"))
-    left = ta.filter(pl.Series(paired)).drop("_nth").rename({"seq": "a_seq"})
+    # only what the verdict and the pivot's tensors read travels into the pairs (strides, sizes,
+    # storages, identities and shards stay in `ta`: a million-event run's copy of them was ~100 MB)
+    left = ta.select(*_PAIRED_A).filter(pl.Series(paired)).rename({"seq": "a_seq"})
     d = pl.concat([left.with_columns(pl.Series("b_seq", b_seq, pl.Int64)), right.select(pl.all().gather(at_b))],
                   how="horizontal")
     return d.with_columns(
@@ -187,6 +192,13 @@ def _keep_probes(events: pl.DataFrame, tensors: pl.DataFrame, probes) -> tuple[p
     return events, tensors.filter(pl.col("seq").is_in(events["seq"].implode()))
 
 
+def _of_events(tensors: pl.DataFrame, events: pl.DataFrame) -> pl.DataFrame:
+    """The tensors of `events`; `tensors` itself when it holds no others (nearly always: a filter
+    that keeps every row still copies the frame, hundreds of MB at a million events)."""
+    kept = tensors.select(pl.col("seq").is_in(events["seq"].implode())).to_series()
+    return tensors if kept.all() else tensors.filter(kept)
+
+
 def b_gap_order(al, positions: np.ndarray) -> np.ndarray:
     """Where events only in B sit in run A's order: just after the A event paired with their
     nearest preceding paired B event (before everything when there is none), in B's order."""
@@ -212,8 +224,7 @@ def _compare_rank(rank: int, run_a: RunInfo, run_b: RunInfo, rules: RuleSet, fir
     ea, eb, ta, tb, regions = granularity.split(ea, eb, ta, tb)
     ea, ta = _keep_probes(ea, ta, probes)
     eb, tb = _keep_probes(eb, tb, probes)
-    ta = ta.filter(pl.col("seq").is_in(ea["seq"].implode()))
-    tb = tb.filter(pl.col("seq").is_in(eb["seq"].implode()))
+    ta, tb = _of_events(ta, ea), _of_events(tb, eb)
     al, retyped, resigned = retype.align_retyped(ea, eb, band)
     seq_a, seq_b = ea["seq"].to_numpy(), eb["seq"].to_numpy()
     pairs = pl.DataFrame({

@@ -75,7 +75,8 @@ def _place(step, phase, kind, boundary, module_type, sig, shapes, shards, key, l
 
 
 def _hash(frame: pl.DataFrame, name: str) -> np.ndarray:
-    return frame[name].hash().to_numpy()
+    return frame.select(pl.col(name).hash()).to_series().to_numpy()  # (an expression: a column held as
+    # one value, ingest.compact, stays one value in the frame)
 
 
 def with_keys(events: pl.DataFrame, tensors: pl.DataFrame) -> pl.DataFrame:
@@ -89,7 +90,7 @@ def with_keys(events: pl.DataFrame, tensors: pl.DataFrame) -> pl.DataFrame:
     sig, shapes, shards = (np.zeros(events.height, np.uint64) for _ in range(3))
     if tensors.height:
         _fold_rows(tensors["seq"].to_numpy(), *(_hash(tensors, c) for c in ("role", "shape", "shard", "dtype")),
-                   tensors["shard"].is_not_null().to_numpy(), event_seq.astype(np.int64), sig, shapes, shards)
+                   tensors.select(pl.col("shard").is_not_null()).to_series().to_numpy(), event_seq.astype(np.int64), sig, shapes, shards)
     if order is not None:  # back to the events' own order
         for values in (sig, shapes, shards):
             values[order] = values.copy()

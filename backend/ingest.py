@@ -383,8 +383,9 @@ def load_rank(run: RunInfo, rank: int) -> tuple[pl.DataFrame, pl.DataFrame, dict
                     union[t.name] += f" UNION ALL {_select(t, present[t.name], f'_journal_{t.name}')}"
             # no ORDER BY: the rows come in the order they were written, nearly always already in
             # order (DuckDB's sort cost more than reading); in_order sorts only what is not
-            events = in_order(con.sql(union[EVENTS.name]).pl(), ("seq",))
-            tensors = in_order(con.sql(union[TENSORS.name]).pl(), ("seq", "role", "idx"))
+            events = compact(in_order(con.sql(union[EVENTS.name]).pl(), ("seq",)), _ONE_VALUE[EVENTS.name])
+            tensors = compact(in_order(con.sql(union[TENSORS.name]).pl(), ("seq", "role", "idx")),
+                              _ONE_VALUE[TENSORS.name])
             frames = con.sql(f"SELECT stack_id, frames FROM ({union[STACKS.name]})").fetchall()
     finally:
         con.close()
@@ -422,6 +423,29 @@ def rank_table(run: RunInfo, rank: int, table) -> pl.DataFrame | None:
         con.close()
 
 
+# Columns that hold one value in every row of most rank files (one rank, one thread and device, no
+# stream on CPU, one dtype, every tensor observed, nothing sharded): `compact` keeps those as that value.
+_ONE_VALUE = {EVENTS.name: ("rank", "world_size", "thread", "device", "stream"),
+              TENSORS.name: ("dtype", "unobserved", "shard")}
+
+
+def compact(frame: pl.DataFrame, columns: tuple[str, ...]) -> pl.DataFrame:
+    """`frame` with each of `columns` that holds the same value in every row (NULL counted as a
+    value) held as that one value: polars keeps such a column as a scalar instead of a slot a row
+    (16 bytes a row for a string: ~100 MB of a million-event rank), and every expression, filter,
+    join and row reads it as before. (A column taken out as a Series, `frame[name]`, is made whole
+    and kept so: read these through expressions.)"""
+    present = [c for c in columns if c in frame.columns]
+    if frame.height < 2 or not present:
+        return frame
+    same = frame.select(pl.col(c).eq_missing(pl.col(c).first()).all() for c in present).row(0)
+    one = [c for c, s in zip(present, same) if s]
+    if not one:
+        return frame
+    first = frame.select(pl.col(c).first() for c in one).row(0)
+    return frame.with_columns(pl.lit(v, dtype=frame.schema[c]).alias(c) for c, v in zip(one, first))
+
+
 def in_order(frame: pl.DataFrame, columns: tuple[str, ...]) -> pl.DataFrame:
     """`frame` sorted by `columns` (rows equal in all of them kept in their order): checked
     first, sorted only when it is not (strings compare bytewise, as DuckDB's ORDER BY does)."""
@@ -440,7 +464,7 @@ def _check_values(events: pl.DataFrame, tensors: pl.DataFrame, path: Path) -> No
     never writes, or an event number repeats: a damaged (or hand-made) rank file, not a run to judge."""
     for frame, table in ((events, "events"), (tensors, "tensors")):
         for column in REQUIRED[table]:
-            nulls = frame[column].null_count()
+            nulls = frame.select(pl.col(column).null_count()).item()
             if nulls:
                 raise CorruptRun(f"{path}: column {table}.{column} is NULL in {nulls} row(s); the rank file is "
                                  f"damaged: re-record the run")

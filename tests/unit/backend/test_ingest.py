@@ -19,7 +19,7 @@ import pytest
 
 import bitguard
 from bitguard import db
-from bitguard.backend.ingest import load_rank, open_run
+from bitguard.backend.ingest import compact, load_rank, open_run
 from bitguard.collectors import store
 from bitguard.errors import BadInput, BitguardError, CorruptRun, NotARun
 from bitguard.schema import EVENTS, SCHEMA_VERSION
@@ -383,3 +383,16 @@ def test_the_journal_is_read_in_the_events_the_counts_and_the_keys(tmp_path):
     by_step = events.group_by("step").agg(pl.col("key").n_unique()).sort("step")["key"].to_list()
     assert by_step == [3, 3, 3, 3]  # journal rows get the same alignment keys as rank-file rows
     assert set(EVENTS.names) <= set(events.columns) and tensors.columns[-2:] == ["unobserved", "shard"]
+
+
+def test_a_column_of_one_value_is_held_once_and_reads_as_before():
+    n = 10_000
+    frame = pl.DataFrame({"seq": range(n), "thread": ["MainThread-of-a-long-name"] * n,
+                          "device": ["cpu"] * (n - 1) + ["cuda:0"], "shard": [None] * n},
+                         schema={"seq": pl.Int64, "thread": pl.String, "device": pl.String, "shard": pl.String})
+    out = compact(frame, ("thread", "device", "shard", "absent"))
+    assert out.estimated_size() < frame.estimated_size() - n * 16, (out.estimated_size(), frame.estimated_size())
+    assert out.equals(frame) and out.schema == frame.schema
+    assert out.filter(pl.col("seq") >= n - 2).equals(frame.filter(pl.col("seq") >= n - 2))
+    mixed = pl.DataFrame({"seq": [0, 1, 2], "thread": ["a", None, "a"]})  # a NULL is another value
+    assert compact(mixed, ("thread",)).equals(mixed)
