@@ -220,32 +220,41 @@ def overhead(args) -> dict:
     for _ in range(2):
         one_step(model, opt, next(data))
     times = {"plain": [], "online": []}
-    ratios, loads = [], []
+    cpu = {"plain": [], "online": []}  # the process's CPU time a step (every thread: the writer's and the verifier's too)
+    ratios, cpu_ratios, loads = [], [], []
+
+    def steps() -> tuple[list, list]:
+        wall, used = [], []
+        for _ in range(args.steps):
+            t, c = time.perf_counter(), time.process_time()
+            one_step(model, opt, next(data))
+            wall.append(time.perf_counter() - t)
+            used.append(time.process_time() - c)
+        return wall[1:], used[1:]  # the first step of a round pays the round's start
+
     with tempfile.TemporaryDirectory() as tmp:
         for r in range(args.rounds):
             loads.append(os.getloadavg()[0])  # (the machine's 1-minute load average as the round starts)
-            medians = {}
+            medians, cpu_medians = {}, {}
             for mode in (("plain", "online") if r % 2 == 0 else ("online", "plain")):
-                got = []
                 if mode == "plain":
-                    for _ in range(args.steps):
-                        t = time.perf_counter()
-                        one_step(model, opt, next(data))
-                        got.append(time.perf_counter() - t)
+                    got, used = steps()
                 else:
                     with bitguard.record(Path(tmp) / f"online-{r}", mode="online", budget=args.budget):
-                        for _ in range(args.steps):
-                            t = time.perf_counter()
-                            one_step(model, opt, next(data))
-                            got.append(time.perf_counter() - t)
-                got = got[1:]  # the first step of a round pays the round's start
-                medians[mode] = statistics.median(got)
+                        got, used = steps()
+                medians[mode], cpu_medians[mode] = statistics.median(got), statistics.median(used)
                 times[mode] += got
+                cpu[mode] += used
             ratios.append(medians["online"] / medians["plain"])
+            cpu_ratios.append(cpu_medians["online"] / cpu_medians["plain"])
     return {"rounds": args.rounds, "steps": args.steps, "budget": args.budget,
             "median_step_s": {k: statistics.median(v) for k, v in times.items()},
             "ratio": statistics.median(ratios), "round_ratios": ratios,
             "pooled_ratio": statistics.median(times["online"]) / statistics.median(times["plain"]),
+            # CPU time is steadier than wall time on a loaded machine (it leaves out the waits for a core), and counts
+            # the store's writer and the verifier threads in full (on spare cores they would not lengthen a step)
+            "median_step_cpu_s": {k: statistics.median(v) for k, v in cpu.items()},
+            "cpu_ratio": statistics.median(cpu_ratios), "cpu_round_ratios": cpu_ratios,
             "load_average": {"min": min(loads), "median": statistics.median(loads), "max": max(loads)}}
 
 

@@ -2,13 +2,14 @@
 
 For a product C = A·B (+ a bias added to every row), A m×p, B p×q, a checked call compares, for
 every column j of C,
-    lhs_j = Σ_i C_ij                        (the output's column sums, accumulated in float32)
+    lhs_j = Σ_i C_ij                        (the output's column sums)
     rhs_j = (1ᵀA)·B_j + m·bias_j           (A's column sums, then a float64 product with B)
 and normalises the gap by the column's noise scale ‖A‖_F·‖B_j‖ + √m·|bias_j|. A single wrong
 element anywhere in C moves its column's sum by its error, so every element of a checked call is
-covered, at the cost of reading C, A and B once (O(mq + mp + pq), against the GEMM's 2mpq): the
-operand converted to float64 for the product is the smaller one (a product without a bias can be
-checked as Cᵀ = Bᵀ·Aᵀ). Rounding keeps the normalised gap below √m·(γ_{p+1} + u_out + 2γ_m)
+covered, at the cost of reading C, A and B once (O(mq + mp + pq), against the GEMM's 2mpq): on the
+host one fused pass per operand, every sum in float64 (cpu_checksum.py); elsewhere torch ops, the
+operand converted to float64 for the product being the smaller one (a product without a bias can
+be checked as Cᵀ = Bᵀ·Aᵀ). Rounding keeps the normalised gap below √m·(γ_{p+1} + u_out + 2γ_m)
 (`column_bound`: the accumulation's γ, the output's rounding, the float32 sums), a deterministic
 bound; a clean gap is typically 10³ times below it. The clean signal comes from the float64 side,
 never from a low-precision checksum of the output (AEGIS §5.1.1): for bfloat16 outputs the
