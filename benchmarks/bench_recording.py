@@ -15,6 +15,8 @@ Each recorded round also counts the events it recorded: the overhead per event i
 median step overhead over the plain steps of the same round, divided by the events per step.
 `--hook-time` measures instead, in-process, the time spent inside the collector's hooks (every
 entry from torch into bitguard, outermost only), per step and per event.
+`--digest-bytes` counts what each recorded mode digests a step, by source, with the bytes read
+twice; `--breakdown` splits a recorded step's overhead by switching one part off at a time.
 
 Start-up cost (imports, kernel compilation) is measured separately in fresh processes. Memory:
 RSS growth of a long recorded run (small model, many steps) between an early and a late step, and
@@ -22,7 +24,7 @@ the peak size of the writer queue.
 
     python benchmarks/bench_recording.py [--model gpt|modules] [--rounds 20] [--steps 20] [--json]
                                          [--no-determinism] [--breakdown] [--team-pairs N] [--hook-time N]
-                                         [--determinism-cost]
+                                         [--digest-bytes N] [--determinism-cost]
 """
 
 from __future__ import annotations
@@ -372,49 +374,173 @@ def hook_time(steps: int, model: str = "gpt", determinism: bool = True) -> dict:
     return {"model": model, "determinism": determinism, "steps": steps, **out}
 
 
-def breakdown(rounds: int, steps: int) -> dict:
-    """Where trusted mode's overhead goes: the same alternation as `overhead`, with trusted mode also
-    run with its digest kernels replaced by a constant (what is left is Python and hooks), and with
-    rows and events stubbed too (what is left is the hooks firing: dispatch, frames, registering
-    gradient hooks, RNG checks). Differences of medians, one run."""
-    import bitguard
-    from bitguard.collectors import hooks
+def digest_bytes(steps: int, model: str = "gpt", determinism: bool = True) -> dict:
+    """What a recorded step digests: every digest call the collectors make (the collector's tensor
+    rows, the optimizer step's batch, the API recorder's params row) counted with its bytes and
+    timed with `perf_counter_ns`, per source, and the bytes digested twice in a step (the same
+    address, size and digest seen again: unchanged bytes read a second time). Medians over `steps`
+    steps of one recording a mode. A row's digest served from the collector's version cache makes
+    no call and is not counted."""
+    from bitguard.collectors import api_events, hooks
+
+    clock = time.perf_counter_ns
+    calls: list[tuple] = []  # (source, address, nbytes, digest, ns)
+
+    def counted_at(fn):
+        def at(address, nbytes):
+            t = clock()
+            d = fn(address, nbytes)
+            calls.append(("rows", address, nbytes, d, clock() - t))
+            return d
+        return at
+
+    def counted_async(fn):
+        def one(t_):
+            t = clock()
+            d = fn(t_)
+            calls.append(("rows (copied first)", 0, t_.nbytes, d, clock() - t))
+            return d
+        return one
+
+    def counted_many(fn, source):
+        def many(ts):
+            t = clock()
+            ds = fn(ts)
+            share = (clock() - t) / max(1, len(ts))
+            for x, d in zip(ts, ds):
+                try:
+                    address = x.data_ptr()
+                except Exception:  # noqa: BLE001 - no storage: counted, never matched
+                    address = 0
+                calls.append((source, address, x.nbytes, d, share))
+            return ds
+        return many
+
+    saved = {(hooks, "digest_host_at"): hooks.digest_host_at, (hooks, "digest_async"): hooks.digest_async,
+             (hooks, "digest_many"): hooks.digest_many, (api_events, "digest_many"): api_events.digest_many}
+    net, opt, data = build(model=model)
+    timed_steps(net, opt, data, 2)
+    out = {}
+    try:
+        hooks.digest_host_at = counted_at(saved[(hooks, "digest_host_at")])
+        hooks.digest_async = counted_async(saved[(hooks, "digest_async")])
+        hooks.digest_many = counted_many(saved[(hooks, "digest_many")], "optimizer step")
+        api_events.digest_many = counted_many(saved[(api_events, "digest_many")], "params row")
+        with tempfile.TemporaryDirectory() as tmp:
+            for mode in ("trusted", "full"):
+                per: dict[str, list] = {}
+                with recorded(Path(tmp) / mode, mode, determinism):
+                    timed_steps(net, opt, data, 1)
+                    for _ in range(steps):
+                        calls.clear()
+                        timed_steps(net, opt, data, 1)
+                        step: dict[str, list] = {}
+                        first: dict[tuple, str] = {}  # (address, size, digest) -> where it was read first
+                        for source, address, nbytes, d, ns in calls:
+                            s = step.setdefault(source, [0, 0, 0])
+                            s[0], s[1], s[2] = s[0] + 1, s[1] + nbytes, s[2] + ns
+                            key = (address, nbytes, d)
+                            if address and key in first:  # the same bytes, unchanged, read again
+                                s = step.setdefault(f"read again: {first[key]}, then {source}", [0, 0, 0])
+                                s[0], s[1] = s[0] + 1, s[1] + nbytes
+                            elif address:
+                                first[key] = source
+                        for k, v in step.items():
+                            per.setdefault(k, []).append(v)
+                out[mode] = {k: {"calls": statistics.median(x[0] for x in v), "bytes": statistics.median(x[1] for x in v),
+                                 "s": statistics.median(x[2] for x in v) / 1e9} for k, v in per.items()}
+    finally:
+        for (owner, attr), fn in saved.items():
+            setattr(owner, attr, fn)
+    return {"model": model, "steps": steps, **out}
+
+
+def breakdown(rounds: int, steps: int, model: str = "gpt", determinism: bool = True, mode: str = "trusted") -> dict:
+    """Where a recorded mode's overhead goes: the same alternation as `overhead` (the order of the
+    variants turning each round), with the recording also run with one part switched off at a time:
+    the API recorder (collectors/api_events.py: its wrappers, step hook and per-step params row),
+    the writer thread's work (every batch dropped instead of journaled), every digest the
+    collectors take (replaced by a constant: what is left is Python and hooks), and rows and events
+    too (what is left is the hooks firing: dispatch, frames, registering gradient hooks, RNG
+    checks); and the plain step with the determinism controls alone. Each variant's cost is its
+    round's median step less the same round's plain median; medians over rounds. A part's share is
+    the recorded mode's cost less the variant's."""
+    from bitguard.collectors import api_events, hooks, observation, store
 
     original = {"digest_async": hooks.digest_async, "digest_many": hooks.digest_many,
-                "digest_host_at": hooks.digest_host_at, "_row": hooks.Collector._row, "_emit": hooks.Collector._emit}
+                "digest_host_at": hooks.digest_host_at, "api_digest_many": api_events.digest_many,
+                "obs_digest_async": observation.digest_async, "_row": hooks.Collector._row,
+                "_emit": hooks.Collector._emit, "ApiRecorder": hooks.ApiRecorder, "_write": store.RankStore._write}
+
+    class NoApi:
+        """What the Collector installs in place of the API recorder: nothing."""
+
+        def __init__(self, *args):
+            pass
+
+        def install(self):
+            return self
+
+        def remove(self):
+            pass
+
+        def root_forward(self, module, name):
+            pass
 
     def variant(name: str) -> None:
         hooks.digest_async, hooks.digest_many = original["digest_async"], original["digest_many"]
-        hooks.digest_host_at = original["digest_host_at"]
+        hooks.digest_host_at, api_events.digest_many = original["digest_host_at"], original["api_digest_many"]
+        observation.digest_async = original["obs_digest_async"]
         hooks.Collector._row, hooks.Collector._emit = original["_row"], original["_emit"]
+        hooks.ApiRecorder, store.RankStore._write = original["ApiRecorder"], original["_write"]
         if name in ("no digests", "hooks only"):
-            hooks.digest_async = lambda t: (0, 0)
+            hooks.digest_async = observation.digest_async = lambda t: (0, 0)
             hooks.digest_host_at = lambda address, nbytes: (0, 0)
-            hooks.digest_many = lambda ts: [(0, 0)] * len(ts)
+            hooks.digest_many = api_events.digest_many = lambda ts: [(0, 0)] * len(ts)
         if name == "hooks only":
             hooks.Collector._row = lambda self, t, role, idx, path, digest=None: [0, role, idx, path]
             hooks.Collector._emit = lambda self, *args, **kwargs: None
+        if name == "no API recorder":
+            hooks.ApiRecorder = NoApi
+        if name == "no writer":
+            store.RankStore._write = lambda self, *args, **kwargs: None
 
-    model, opt, data = build()
-    timed_steps(model, opt, data, 2)
-    names = ("plain", "trusted", "no digests", "hooks only")
-    times = {name: [] for name in names}
+    net, opt, data = build(model=model)
+    timed_steps(net, opt, data, 2)
+    names = ("plain", mode, "no API recorder", "no writer", "no digests", "hooks only", "controls only")
+    cost = {name: [] for name in names[1:]}
+    medians_all = {name: [] for name in names}
     with tempfile.TemporaryDirectory() as tmp:
+        with recorded(Path(tmp) / "warm", mode, determinism):
+            timed_steps(net, opt, data, 1)
         for r in range(rounds):
-            for name in names:
-                if name == "plain":
-                    times[name] += timed_steps(model, opt, data, steps)[1:]
+            medians = {}
+            for name in names[r % len(names):] + names[: r % len(names)]:
+                if name in ("plain", "controls only"):
+                    with user_settings():
+                        if name == "controls only":
+                            from bitguard.collectors import determinism as det
+
+                            det.apply(det.DeterminismConfig())
+                            det.unpatch_dataloader()
+                        medians[name] = statistics.median(timed_steps(net, opt, data, steps)[1:])
                     continue
                 variant(name)
                 try:
-                    with bitguard.record(Path(tmp) / f"{name}-{r}", mode="trusted", determinism=False):
-                        times[name] += timed_steps(model, opt, data, steps)[1:]
+                    with recorded(Path(tmp) / f"{name}-{r}", mode, determinism):
+                        medians[name] = statistics.median(timed_steps(net, opt, data, steps)[1:])
                 finally:
-                    variant("trusted")
-    med = {k: statistics.median(v) for k, v in times.items()}
-    return {"median_step_s": med, "digests_s": med["trusted"] - med["no digests"],
-            "rows_and_events_s": med["no digests"] - med["hooks only"],
-            "hooks_firing_s": med["hooks only"] - med["plain"]}
+                    variant(mode)
+            for name in names:
+                medians_all[name].append(medians[name])
+                if name != "plain":
+                    cost[name].append(medians[name] - medians["plain"])
+            print(f"round {r + 1}/{rounds}: plain {medians['plain'] * 1000:.1f} ms, "
+                  + ", ".join(f"{n} {cost[n][-1] * 1000:+.1f}" for n in names[1:]), file=sys.stderr, flush=True)
+    return {"model": model, "mode": mode, "determinism": determinism, "rounds": rounds, "steps": steps,
+            "median_step_s": {k: statistics.median(v) for k, v in medians_all.items()},
+            "cost_s": {k: statistics.median(v) for k, v in cost.items()},
+            "cost_range_s": {k: [min(v), max(v)] for k, v in cost.items()}}
 
 
 def team_pairs(pairs: int) -> dict:
@@ -544,12 +670,28 @@ def _hook_text(model: str, h: dict) -> list[str]:
     return out
 
 
+def _bytes_text(b: dict) -> list[str]:
+    out = []
+    for mode in ("trusted", "full"):
+        parts = b[mode]
+        read = {k: v for k, v in parts.items() if not k.startswith("read again")}
+        total, spent = sum(v["bytes"] for v in read.values()), sum(v["s"] for v in read.values())
+        out.append(f"{b['model']} {mode}: {total / 1e6:.1f} MB digested a step in {spent * 1000:.2f} ms "
+                   f"({total / spent / 1e9 if spent else 0:.1f} GB/s; medians of {b['steps']} steps)")
+        for k, v in parts.items():
+            rate = f", {v['s'] * 1000:6.2f} ms, {v['bytes'] / v['s'] / 1e9:5.1f} GB/s" if v["s"] else ""
+            out.append(f"  {k:44s} {v['calls']:5.0f} tensors {v['bytes'] / 1e6:7.1f} MB{rate}")
+    return out
+
+
 def _breakdown_text(b: dict) -> list[str]:
     plain = b["median_step_s"]["plain"]
-    steps = b["median_step_s"].items()
-    return [*(f"  {name:12s} {sec * 1000:8.1f} ms/step   {sec / plain:5.3f}x" for name, sec in steps),
-            f"trusted overhead: digests {b['digests_s'] * 1000:.1f} ms, rows and events "
-            f"{b['rows_and_events_s'] * 1000:.1f} ms, hooks firing {b['hooks_firing_s'] * 1000:.1f} ms"]
+    out = [f"{b['model']} {b['mode']}, {b['rounds']} rounds of {b['steps']} steps; plain step {plain * 1000:.1f} ms; "
+           f"each variant's cost over the plain step of its round (median, min-max over rounds):"]
+    for name, sec in b["cost_s"].items():
+        low, high = b["cost_range_s"][name]
+        out.append(f"  {name:16s} {sec * 1000:+7.1f} ms ({low * 1000:+.1f} to {high * 1000:+.1f})")
+    return out
 
 
 def main() -> None:
@@ -560,7 +702,8 @@ def main() -> None:
     p.add_argument("--memory-steps", type=int, default=600)
     p.add_argument("--json", action="store_true")
     p.add_argument("--breakdown", action="store_true",
-                   help="only split trusted mode's overhead into digests, rows and events, hooks firing")
+                   help="only split trusted mode's overhead by switching parts off: the API recorder, the writer, digests, "
+                        "rows and events; and the determinism controls alone")
     p.add_argument("--team-pairs", type=int, default=0, metavar="N",
                    help="only compare trusted steps with digests on torch's OpenMP team and without, in N pairs")
     p.add_argument("--model", choices=MODELS, default="gpt",
@@ -569,6 +712,8 @@ def main() -> None:
                    help="record with the determinism controls off (default: bitguard record's defaults)")
     p.add_argument("--hook-time", type=int, default=0, metavar="N",
                    help="only time the inside of the collector's hooks over N steps of each recorded mode")
+    p.add_argument("--digest-bytes", type=int, default=0, metavar="N",
+                   help="only count the bytes each recorded mode digests a step, by source, over N steps")
     p.add_argument("--determinism-cost", action="store_true",
                    help="only time plain steps with and without bitguard's determinism controls (no recording)")
     p.add_argument("--memory-only", action="store_true", help=argparse.SUPPRESS)
@@ -583,7 +728,10 @@ def main() -> None:
                                partial(_determinism_text, args.model)),
                               (args.hook_time, lambda: hook_time(args.hook_time, args.model, args.determinism),
                                partial(_hook_text, args.model)),
-                              (args.breakdown, lambda: breakdown(args.rounds, args.steps), _breakdown_text)):
+                              (args.digest_bytes, lambda: digest_bytes(args.digest_bytes, args.model, args.determinism),
+                               _bytes_text),
+                              (args.breakdown, lambda: breakdown(args.rounds, args.steps, args.model, args.determinism),
+                               _breakdown_text)):
         if wanted:  # one of the separate measurements instead of the overhead run
             doc = run()
             print(json.dumps(doc, indent=2) if args.json else "\n".join(text(doc)))

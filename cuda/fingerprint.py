@@ -7,10 +7,13 @@ reading back each batch of GPU results once. The definition of the two digests i
 docs/DIGESTS.md; `bitguard.cuda.reference` is its plain NumPy transcription.
 
 Host tensors of 128 KiB or more are digested on torch's own OpenMP team (`openmp_team`), the
-others on the calling thread. Tensors on other devices (mps, xpu, ...) are copied to the host
-first. A DTensor is digested as its local shard (`local_values`). This module holds two pieces
-of state: the process's `CudaDigester`, created on the first CUDA tensor, and what it found of
-torch's OpenMP runtime, looked up on the first big host tensor.
+others on the calling thread; a team digest that ran slower than the calling thread alone would
+(a member of the team was not running: the cores are shared) sends the next big digests to the
+calling thread for a while (`_TeamWatch`). Tensors on other devices (mps, xpu, ...) are copied to
+the host first. A DTensor is digested as its local shard (`local_values`). This module holds
+three pieces of state: the process's `CudaDigester`, created on the first CUDA tensor, what it
+found of torch's OpenMP runtime, looked up on the first big host tensor, and the team's watch.
+Which thread digests never changes a digest: the team's chunks combine into the one-thread value.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import ctypes
 import os
 import sys
 import threading
+import time
 from typing import TYPE_CHECKING, Union
 
 import numpy as np
@@ -50,6 +54,45 @@ TEAM_MIN_BYTES = 1 << 17
 TEAM_CHUNK_BYTES = 1 << 16
 NO_TEAM = np.zeros(0, dtype=np.int64)  # what `openmp_team` answers when there is none
 _team: np.ndarray | None = None  # what `digest_team` needs (`openmp_team`); None: not looked up yet
+
+
+class _TeamWatch:
+    """When to digest a big host tensor on the team. A team digest waits, at its end, for every
+    member to finish its chunks; a member that is not running (another process holds its core)
+    makes it wait for a scheduler slice, milliseconds, where the calling thread alone reads a
+    megabyte in about 50 µs: on this project's shared 2-core machine, under a load of 4, a trusted
+    step's 304 MB took 423 ms on the team and 16 ms on the calling thread (docs/PERFORMANCE.md).
+    So each team digest is timed; one slower than `SLOW_BYTES_PER_NS` (the calling thread is
+    several times faster than that even on cold memory) sends the next `backoff` big digests to
+    the calling thread, `backoff` doubling (up to `MAX_BACKOFF`) while the team stays slow and
+    back to `MIN_BACKOFF` after a team digest that was not. Races between threads only blur when
+    the team is tried again, never a digest."""
+
+    SLOW_BYTES_PER_NS = 5.0  # 5 GB/s
+    MIN_BACKOFF = 64
+    MAX_BACKOFF = 4096
+
+    def __init__(self) -> None:
+        self.skip = 0  # big digests still to take on the calling thread
+        self.backoff = self.MIN_BACKOFF
+        self.slow = 0  # team digests found slow so far (for benchmarks and tests)
+
+    def use(self) -> bool:
+        if self.skip:
+            self.skip -= 1
+            return False
+        return True
+
+    def took(self, nbytes: int, ns: int) -> None:
+        if ns * self.SLOW_BYTES_PER_NS > nbytes:
+            self.slow += 1
+            self.skip = self.backoff
+            self.backoff = min(2 * self.backoff, self.MAX_BACKOFF)
+        else:
+            self.backoff = self.MIN_BACKOFF
+
+
+team_watch = _TeamWatch()
 
 
 def _no_team_after_fork() -> None:
@@ -113,8 +156,11 @@ def digest_many(tensors: list[torch.Tensor]) -> list[Union[Digest, "Pending"]]:
         sizes = np.array([tensors[i].nbytes for i in batch], dtype=np.int64)
         out = np.empty((len(batch), 2), dtype=np.uint64)
         team = openmp_team()
-        if team.size and sizes.sum() >= TEAM_MIN_BYTES:
+        total = int(sizes.sum())
+        if team.size and total >= TEAM_MIN_BYTES and team_watch.use():
+            started = time.perf_counter_ns()
             digest_team(addresses, sizes, out, team, TEAM_CHUNK_BYTES)
+            team_watch.took(total, time.perf_counter_ns() - started)
         else:
             digest_addresses(addresses, sizes, out)
         for i, (x, p) in zip(batch, out.tolist()):
@@ -146,7 +192,8 @@ def digest_async(t: torch.Tensor) -> Union[Digest, "Pending"]:
     b = tensor_bytes(t)
     if b.device.type != "cpu":
         b = b.cpu()
-    return digest_buffer(b.numpy()) if b.numel() else (0, 0)
+    # b: a contiguous uint8 host tensor (a copy, or a view of t's own memory), alive for the call
+    return digest_host_at(b.data_ptr(), b.numel())
 
 
 def in_place_on_host(t: torch.Tensor) -> bool:
@@ -163,8 +210,11 @@ def digest_host_at(address: int, nbytes: int) -> Digest:
     if nbytes < TEAM_MIN_BYTES:
         return digest_at(address, nbytes) if nbytes else (0, 0)
     team = openmp_team()
-    if team.size:
-        return digest_team_at(address, nbytes, team, TEAM_CHUNK_BYTES)
+    if team.size and team_watch.use():
+        started = time.perf_counter_ns()
+        got = digest_team_at(address, nbytes, team, TEAM_CHUNK_BYTES)
+        team_watch.took(nbytes, time.perf_counter_ns() - started)
+        return got
     return digest_at(address, nbytes)
 
 

@@ -235,6 +235,8 @@ def small_team(monkeypatch):
         pytest.skip("no OpenMP team to digest on")
     monkeypatch.setattr(fingerprint, "TEAM_MIN_BYTES", 64)
     monkeypatch.setattr(fingerprint, "TEAM_CHUNK_BYTES", 16)
+    monkeypatch.setattr(fingerprint, "team_watch", fingerprint._TeamWatch())
+    monkeypatch.setattr(fingerprint.team_watch, "SLOW_BYTES_PER_NS", 0.0)  # never found slow: the team is used
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.uint8, torch.float8_e5m2, torch.complex64], ids=str)
@@ -249,6 +251,36 @@ def test_team_digest_many_equals_reference(small_team, same_digest):
     ts.append(random_tensor((13,), torch.bfloat16).t())  # not plain: digested apart
     for t, got in zip(ts, digest_many(ts)):
         same_digest(got, digest_tensor_reference(t), f"{t.numel()} {t.dtype} among many on the team")
+
+
+def test_a_slow_team_digest_sends_the_next_big_ones_to_the_calling_thread(monkeypatch, same_digest):
+    """A team digest slower than the calling thread would be (a member not running) sends the next
+    `backoff` big digests to the calling thread, the backoff doubling while the team stays slow and
+    reset by a team digest that is not; the digests are the same whichever thread took them."""
+    watch = fingerprint._TeamWatch()
+    watch.took(1 << 20, 10_000_000)  # 1 MiB in 10 ms: slow
+    assert [watch.use() for _ in range(watch.MIN_BACKOFF + 1)] == [False] * watch.MIN_BACKOFF + [True]
+    assert watch.backoff == 2 * watch.MIN_BACKOFF and watch.slow == 1
+    watch.took(1 << 20, 20_000)  # 1 MiB in 20 µs: the team is back
+    assert watch.backoff == watch.MIN_BACKOFF and watch.skip == 0
+    for _ in range(20):
+        watch.took(1 << 20, 10_000_000)
+    assert watch.backoff == watch.MAX_BACKOFF
+    monkeypatch.setattr(fingerprint, "team_watch", watch)  # backing off: big tensors on the calling thread
+    t = random_tensor((fingerprint.TEAM_MIN_BYTES // 4 + 3,), torch.float32, seed=5)
+    skip = watch.skip
+    same_digest(digest(t), digest_tensor_reference(t), "a big tensor while the team is backed off")
+    same_digest(digest_many([t, t[:7]])[0], digest_tensor_reference(t), "digest_many while backed off")
+    assert watch.skip == skip - 2
+
+
+def test_a_copied_tensor_is_digested_at_its_copy(same_digest):
+    """A tensor whose bytes need a copy (not contiguous, lazy conjugate) is digested at the copy's
+    address, on the team when the copy is big enough: the same digest as the reference."""
+    big = random_tensor((256, 300), torch.float32, seed=3).t()  # 300 KB, transposed
+    small = random_tensor((5, 7), torch.complex64, seed=4).conj()
+    for t in (big, small, big[:0]):
+        same_digest(digest(t), digest_tensor_reference(t), f"{tuple(t.shape)} {t.dtype} copied")
 
 
 @pytest.mark.parametrize("threads", [1, 2, 3])
