@@ -95,8 +95,9 @@ def graph(events: pl.DataFrame, tensors: pl.DataFrame, divergent, loss: bool = F
     next step's first divergent forward (and, through it, the rest). Too coarse to draw, it is
     what "follows from an accepted difference" must assume."""
     div = pl.Series("seq", np.fromiter(divergent, np.int64, len(divergent))).unique().implode()
-    info = events.filter(pl.col("seq").is_in(div)).select(_INFO)
-    tens = tensors.filter(pl.col("seq").is_in(div)).select("seq", "role", "tid")
+    # (columns chosen before rows: a filter copies every column it keeps, half a run's events here)
+    info = events.select(_INFO).filter(pl.col("seq").is_in(div))
+    tens = tensors.select("seq", "role", "tid").filter(pl.col("seq").is_in(div))
     phase, kind = pl.col("phase"), pl.col("kind")
     fwd = info.filter(phase == "forward")
     back = info.filter((phase == "backward") & (kind == "module"))
@@ -110,7 +111,7 @@ def graph(events: pl.DataFrame, tensors: pl.DataFrame, divergent, loss: bool = F
              _pairs(grads, opt_steps, ["boundary", "step"], "update")]
     # inferred: a divergent call whose input no observed event produced (a functional op between
     # modules made it) hangs off the divergent forward call that completed just before it
-    first_out = (tensors.filter((pl.col("role") == "output") & (pl.col("tid") > 0))
+    first_out = (tensors.select("seq", "role", "tid").filter((pl.col("role") == "output") & (pl.col("tid") > 0))
                  .group_by("tid").agg(pl.col("seq").min().alias("producer")))
     ins = tens.filter((pl.col("role") == "input") & (pl.col("tid") > 0)).join(first_out, on="tid", how="left")
     orphans = ins.filter(pl.col("producer").is_null() | (pl.col("producer") >= pl.col("seq")))["seq"].unique()
