@@ -10,7 +10,7 @@ covered, at the cost of reading C, A and B once (O(mq + mp + pq), against the GE
 host one fused pass per operand, every sum in float64 (cpu_checksum.py); elsewhere torch ops, the
 operand converted to float64 for the product being the smaller one (a product without a bias can
 be checked as Cᵀ = Bᵀ·Aᵀ). Rounding keeps the normalised gap below √m·(γ_{p+1} + u_out + 2γ_m)
-(`column_bound`: the accumulation's γ, the output's rounding, the float32 sums), a deterministic
+(`column_bound`: the accumulation's γ, the output's rounding, the column sums'), a deterministic
 bound; a clean gap is typically 10³ times below it. The clean signal comes from the float64 side,
 never from a low-precision checksum of the output (AEGIS §5.1.1): for bfloat16 outputs the
 output's own rounding (u = 2⁻⁹ per element) is the noise floor, so only faults of about the
@@ -112,18 +112,20 @@ def check_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float64 if dtype == torch.float64 else torch.float32
 
 
-def column_bound(m: int, p: int, dtype: torch.dtype, device: torch.device) -> float:
+def column_bound(m: int, p: int, dtype: torch.dtype, device: torch.device, sums: torch.dtype | None = None) -> float:
     """The normalised column gap rounding alone can reach for C = A·B (+ bias) with A m×p:
     Σ_i (|A_i|·|B_j| + |bias_j|) <= √m·(‖A‖_F·‖B_j‖ + √m·|bias_j|), each element off by at most
-    hard_bound of that, and the two sums over m rows (of C, of A; float32 at worst) by γ_m of it each."""
-    return _column_bound(m, p, dtype, accumulation_roundoff(dtype, device))
+    hard_bound of that, and the two sums over m rows (of C, of A) by γ_m of it each in `sums`, the
+    dtype they were accumulated in (default check_dtype(dtype): torch's; the host pass sums in float64,
+    which leaves the GEMM's own rounding as the bound: about 9 times tighter for float32 at m = 1024)."""
+    return _column_bound(m, p, dtype, accumulation_roundoff(dtype, device), sums or check_dtype(dtype))
 
 
 @functools.lru_cache(maxsize=4096)
-def _column_bound(m: int, p: int, dtype: torch.dtype, accumulation: float) -> float:
+def _column_bound(m: int, p: int, dtype: torch.dtype, accumulation: float, sums: torch.dtype) -> float:
     """column_bound for an accumulation's unit roundoff (a check's shapes repeat every step)."""
     element = _gamma(p + 1, accumulation) + unit_roundoff(dtype)
-    return 1.01 * math.sqrt(m) * (element + 2 * _gamma(m, unit_roundoff(check_dtype(dtype))) + _gamma(p, 2.0 ** -53))
+    return 1.01 * math.sqrt(m) * (element + 2 * _gamma(m, unit_roundoff(sums)) + _gamma(p, 2.0 ** -53))
 
 
 def column_gaps(c: torch.Tensor, a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None):
@@ -132,14 +134,20 @@ def column_gaps(c: torch.Tensor, a: torch.Tensor, b: torch.Tensor, bias: torch.T
     and float64 operands row-major or transposed) one fused Numba pass per operand does it
     (cpu_checksum.py); elsewhere torch, b converted to float64 CHUNK elements at a time (its column
     norms from the same copy)."""
+    return column_gaps_summed(c, a, b, bias)[:3]
+
+
+def column_gaps_summed(c: torch.Tensor, a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None):
+    """column_gaps and the dtype its column sums were accumulated in (column_bound's `sums`)."""
     views = cpu_checksum.host_operands(c, a, b, bias)
     if views is not None:
-        lhs, rhs, scale = cpu_checksum.column_sums(views, bias)
+        (lhs, rhs, scale), sums = cpu_checksum.column_sums(views, bias), torch.float64
     else:
         lhs, rhs, scale = (t.cpu().numpy() for t in _torch_sums(c, a, b, bias))
+        sums = check_dtype(c.dtype)
     with np.errstate(all="ignore"):  # (inf and NaN inputs give inf and NaN gaps, never a warning in training)
         raw = np.abs(lhs - rhs)
-        return raw / np.maximum(scale, _TINY), raw, rhs
+        return raw / np.maximum(scale, _TINY), raw, rhs, sums
 
 
 def _torch_sums(c: torch.Tensor, a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None):
@@ -316,8 +324,8 @@ class ChecksumSensor(Sensor):
         self._alert_s = 0.0
         state = self._state(key, name, op)
         with torch.no_grad():
-            gaps, raw, rhs = column_gaps(c, a, b, bias)
-            state.bound = column_bound(a.shape[0], a.shape[1], c.dtype, c.device)
+            gaps, raw, rhs, sums = column_gaps_summed(c, a, b, bias)
+            state.bound = column_bound(a.shape[0], a.shape[1], c.dtype, c.device, sums)
             worst = int(np.nan_to_num(gaps, nan=math.inf).argmax())
             gap = float(gaps[worst])
             if math.isfinite(gap) or bool(np.isfinite(rhs).all()):
