@@ -2,7 +2,8 @@
 
 `open_run` validates a run directory (manifest, schema version, every rank file and journal) and
 says in one line what is wrong when it is not usable. `load_rank` reads one rank's events and
-tensor digests into polars frames, with the alignment key of each event.
+tensor digests into polars frames, with the alignment key of each event; a column that holds one
+value in every row (one thread, one device, nothing unobserved) is held as that value (`compact`).
 
 Reading never writes and never needs a write lock: a rank file is opened read-only (any number
 of readers at once), and what a killed recording left in `rank-N.journal` is read beside it, in
