@@ -87,7 +87,8 @@ def main(argv=None) -> None:
     data.mkdir(parents=True, exist_ok=True)
     out.mkdir(parents=True, exist_ok=True)
     pairs = scenario_pairs(data)
-    pairs["demo"] = (str(ROOT / "sample_traces" / "demo" / "reference"), str(ROOT / "sample_traces" / "demo" / "suspect"))
+    demo = ROOT / "sample_traces" / "demo"
+    pairs["demo"] = (str(demo / "reference"), str(demo / "suspect"))
     for name, steps in BENCH_STEPS.items():
         a, b = bench / f"reference-{steps}", bench / f"suspect-{steps}"
         if a.is_dir() and b.is_dir() and (args.big or name != "bench1m"):
