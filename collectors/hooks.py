@@ -254,7 +254,7 @@ class Collector:
         self._params: dict[int, tuple[weakref.ref, str, str, int]] = {}  # id -> (ref, name, owner type, tid)
         self._param_in: dict[int, tuple] = {}  # pid -> (t0, grad_input row) while .grad accumulates
         self._accumulating: set[int] = set()  # parameters with a hook after accumulation
-        self._tids: dict[int, list] = {}  # id -> [weakref, tid, version digested, digest]
+        self._tids: dict[int, list] = {}  # id -> [weakref, tid, (version, address, shape, strides) digested, digest]
         self._tids_limit = 4096
         self._grad_watch: dict[int, tuple] = {}  # id -> (weakref, listeners of its gradient)
         self._next_tid = 1
@@ -353,7 +353,7 @@ class Collector:
         """One tensor row (`digest`: already taken, by `digest_many`, of a plain dense tensor). This
         runs for every tensor of every event, so it is written for speed."""
         key = id(t)
-        entry = self._tids.get(key)  # [ref, tid, version digested, digest] of a non-parameter tensor
+        entry = self._tids.get(key)  # [ref, tid, (version, ...) digested, digest] of a non-parameter tensor
         if entry is None or entry[0]() is not t:
             param = self._params.get(key) if type(t) is not torch.Tensor else None
             if param is not None and param[0]() is t:
@@ -378,14 +378,25 @@ class Collector:
                     version = t._version
                 except Exception:  # noqa: BLE001 - inference tensors have no version counter
                     pass
-            if digest is None and version is not None and entry[2] == version:
-                digest = entry[3]  # the same tensor, not written since it was digested
         try:
             address = t.data_ptr()
             offset = t.storage_offset()  # the storage's address: the tensor's own less its offset
             storage = address - offset * t.element_size() if offset else address
         except Exception:  # noqa: BLE001 - tensors without storage (meta, some subclasses)
             address = storage = 0
+        if version is not None:
+            # The cache key is the version with the memory and layout read: `t.data = other` gives a
+            # tensor new memory without bumping its version, and the digest of the old memory would
+            # be a stale one (a false "identical"). Shape and strides as torch gives them (tuples:
+            # no copies, fewer objects for the cyclic GC), also the row's.
+            try:
+                shape, strides = t.shape, t.stride()
+            except Exception:  # noqa: BLE001 - no strides (sparse, nested): not cached, observed apart
+                version = None
+            else:
+                version = (version, address, shape, strides)
+                if digest is None and entry[2] == version:
+                    digest = entry[3]  # the same tensor, not written since it was digested
         dtype = _DTYPE_NAMES.get(t.dtype) or _dtype_name(t.dtype)
         unobserved = None  # the row's last column: why the tensor could not be digested
         if digest is None:  # (a digest taken already, or kept, is a plain dense tensor's: no checks)
@@ -401,9 +412,10 @@ class Collector:
             nbytes = t.nbytes
         if version is not None and entry[2] != version and unobserved is None:
             entry[2], entry[3] = version, digest
+        if version is None:
+            shape, strides = t.shape, t.stride()
         xor, pos = digest if type(digest) is tuple else (digest, digest)
-        # shape and strides as torch gives them (tuples): no copies, fewer objects for the cyclic GC
-        row = [0, role, idx, path, t.shape, dtype, t.stride(), nbytes, xor, pos, tid, storage, unobserved, None]
+        row = [0, role, idx, path, shape, dtype, strides, nbytes, xor, pos, tid, storage, unobserved, None]
         if self.dump:  # the bytes ride along as a last item until _drain moves them to the dumps table
             row.append(tensor_bytes(t).cpu().numpy().tobytes() if t.numel() and unobserved is None else b"")
         return row

@@ -366,6 +366,34 @@ def test_digest_reuse_never_hides_an_in_place_write(tmp_path):
     assert a_out["tid"] == b_in["tid"] and a_out["xor"] != b_in["xor"]
 
 
+def test_digest_reuse_never_serves_a_tensor_given_new_memory(tmp_path):
+    """`t.data = other` gives a module's output new bytes without bumping its version counter: the
+    next module's input row (the same tensor object) is digested afresh, not served the cached
+    digest of the old memory."""
+    from bitguard.cuda.fingerprint import digest
+
+    class Swap(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.b = torch.nn.Linear(4, 4), torch.nn.Linear(4, 4)
+
+        def forward(self, x):
+            h = self.a(x)
+            h.data = torch.arange(8.0).view(2, 4) + 0.5  # new memory, same version
+            return self.b(h)
+
+    model = Swap()
+    with bitguard.record(tmp_path / "run", determinism=False), torch.no_grad():
+        model(torch.randn(2, 4))
+    ev, tensors = events(tmp_path / "run")
+    seq = {e[EVENTS.names.index("boundary")]: e[0] for e in ev if e[EVENTS.names.index("phase")] == "forward"}
+    rows = {(t[0], t[1]): dict(zip(TENSORS.names, t)) for t in tensors}
+    a_out, b_in = rows[(seq["a"], "output")], rows[(seq["b"], "input")]
+    assert a_out["tid"] == b_in["tid"]
+    want = digest(torch.arange(8.0).view(2, 4) + 0.5)
+    assert (b_in["xor"], b_in["pos"]) == want, (hex(b_in["xor"]), hex(want[0]))
+
+
 @pytest.mark.slow
 def test_each_backward_pass_keeps_its_own_call_stack(tmp_path):
     script = tmp_path / "two_passes.py"
