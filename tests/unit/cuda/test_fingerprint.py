@@ -271,7 +271,8 @@ def test_a_slow_team_digest_sends_the_next_big_ones_to_the_calling_thread(monkey
     skip = watch.skip
     same_digest(digest(t), digest_tensor_reference(t), "a big tensor while the team is backed off")
     same_digest(digest_many([t, t[:7]])[0], digest_tensor_reference(t), "digest_many while backed off")
-    assert watch.skip == skip - 2
+    if fingerprint.openmp_team().size:  # (without a team nothing is counted down)
+        assert watch.skip == skip - 2
 
 
 def test_a_copied_tensor_is_digested_at_its_copy(same_digest):
