@@ -39,7 +39,7 @@ demo: $(STAMP)
 TEST_WORKERS ?= 2
 
 test: $(STAMP) chromium
-	$(PY) -m pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
+	$(PY) -m pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=30
 
 bench: $(STAMP)
 	$(PY) benchmarks/bench_digest.py
