@@ -33,10 +33,10 @@ demo: $(STAMP)
 	$(PY) -m bitguard compare $(DEMO_A) $(DEMO_B) || test $$? -eq 1
 	$(PY) -m bitguard serve --port $(PORT) --demo $(DEMO_A) $(DEMO_B)
 
-# two pytest workers: most tests run one single-threaded process at a time, so the second core
-# would idle (TEST_WORKERS=0 runs them in the one pytest process, as before); files go out longest
+# three pytest workers on two cores: most tests run one single-threaded process at a time and many
+# wait (servers, subprocesses); with two the cores were 30% idle (TEST_WORKERS=0 runs them in the one pytest process, as before); files go out longest
 # first (tests/conftest.py), which xdist keeps only without its own reorder by number of tests
-TEST_WORKERS ?= 2
+TEST_WORKERS ?= 3
 
 test: $(STAMP) chromium
 	$(PY) -m pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=30

@@ -174,6 +174,7 @@ def test_a_write_no_op_trace_sees_and_the_recorded_environment(tmp_path, monkeyp
     assert "run B" in doc["replay"]["detail"] and doc["replay"]["a"]["reproduced"], doc["replay"]["detail"]
 
 
+@pytest.mark.extended  # (34 s of replays: paths, a timeout and an edited script, beside the drills above)
 def test_relative_paths_a_timeout_and_an_edited_script(tmp_path):
     """Run paths relative to a folder that is not the one recorded in (the replays run in the
     recorded one); a replay past --timeout is stopped with every process it started, and said so;

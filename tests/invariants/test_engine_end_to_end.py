@@ -37,6 +37,7 @@ def infer(out: Path, *runs: Path) -> Path:
     return out
 
 
+@pytest.mark.extended  # (53 s: the two-rank program; the held-out and corpus tiers check one rank in make test)
 def test_one_replica_diverging_is_caught_at_the_next_forward(tmp_path):
     record_ddp(tmp_path / "clean", "--seed", "0")
     invariants = load_invariants(infer(tmp_path / "inv.json", tmp_path / "clean"))

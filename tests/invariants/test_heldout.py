@@ -79,6 +79,7 @@ def test_the_ema_bug_moves_only_the_ema():
 
 
 @pytest.mark.slow
+@pytest.mark.extended  # (a two-rank program, 18 s)
 def test_rank0_only_clipping_makes_the_replicas_differ(tmp_path):
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     env = {**os.environ, "OMP_NUM_THREADS": "1"}

@@ -6,8 +6,8 @@ temporary folder, then every comparison the tests need runs on two processes too
 the summaries; none records or compares on its own.
 
 A rerun of the suspect is recorded for RERUN_SUSPECTS only (the nondeterministic scenario, whose
-two suspect runs must differ, and one of each kind of fault: a bit flip, a race, an RNG shift, a
-Hugging Face model); the other twelve suspects' reruns are the `extended` tier's
+two suspect runs must differ, a bit flip, and a Hugging Face model); the other fourteen suspects'
+reruns are the `extended` tier's
 (BITGUARD_EXTENDED=1 records all seventeen), which keeps `make test` in its budget. Every
 reference is rerun in both tiers (five distinct recordings).
 """
@@ -24,7 +24,7 @@ from bitguard.sample_traces.recordings import run_jobs
 from bitguard.sample_traces.scenarios import SCENARIOS
 
 WORKERS = 2
-RERUN_SUSPECTS = ("nondeterministic", "forward-bitflip", "embedding-race", "rng-shift", "hf-gpt2-bitflip")
+RERUN_SUSPECTS = ("nondeterministic", "forward-bitflip", "hf-gpt2-bitflip")
 
 
 def suspect_rerun_recorded(name: str) -> bool:
