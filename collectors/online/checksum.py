@@ -45,8 +45,12 @@ those columns of B and of the bias, and the output's elements at their crossings
 names them (`elements`, `rows`, `columns`). The verifier recomputes that block twice on the same
 device and dtype and once in float64 on the CPU (`verify`).
 
+The functional GEMMs (torch.matmul / mm / bmm / addmm and Tensor's @ / .matmul / .mm / .bmm,
+called from Python: attention's score and value products, transformers' Conv1D) are checked the
+same way, per call site (gemm_calls.py).
+
 Not seen: Linear subclasses with their own forward (their output is not x·Wᵀ + b), functional
-F.linear / matmul / bmm / @ outside an nn.Linear (attention's score and value products), calls
+F.linear outside an nn.Linear, GEMMs called from C++ (scaled_dot_product_attention), calls
 inside a torch.compile'd region (traced: the sensor steps aside), the calls the sampling skips,
 and faults below the noise floor (a low mantissa bit: harmless and indistinguishable from rounding).
 On CUDA each checked call reads its statistic back once (a synchronisation).
@@ -65,6 +69,7 @@ import numpy as np
 import torch
 
 from bitguard.collectors.online import cpu_checksum
+from bitguard.collectors.online.gemm_calls import GemmChecks
 from bitguard.collectors.online.sensor import Alert, LinearPatch, Sensor
 
 WARMUP = 8  # checks before the learned threshold replaces the hard bound
@@ -242,7 +247,7 @@ class OpState:
         return gap <= MARGIN * statistics.median(self.clean)
 
 
-class ChecksumSensor(Sensor):
+class ChecksumSensor(GemmChecks, Sensor):
     name = "checksum"
 
     def __init__(self):
@@ -259,8 +264,10 @@ class ChecksumSensor(Sensor):
         monitor.guard(cpu_checksum.warm)()  # (the kernels compiled or loaded now, not inside a training step)
         self._patch = LinearPatch(monitor, self._on_linear)
         self._patch.install()
+        self.install_gemms(monitor)
 
     def remove(self) -> None:
+        self.remove_gemms()
         if self._patch is not None:
             self._patch.remove()
 
@@ -340,9 +347,10 @@ class ChecksumSensor(Sensor):
         self._checks_s += spent  # (charged here: the hook that called it charges only the rest of its time)
 
     def _judge(self, state: OpState, key: str, gap: float, raw_gap: float, gaps: np.ndarray, call: int,
-               operands) -> None:
+               operands, extra: dict | None = None) -> None:
         """Learn a clean check, or raise an alert with the evidence of the elements furthest off in
-        the columns over the threshold. `operands`: (c, a, b, bias, transposed) of the check."""
+        the columns over the threshold. `operands`: (c, a, b, bias, transposed) of the check;
+        `extra`: more evidence (a batched product's batch index)."""
         state.checks += 1
         threshold = state.threshold()
         if gap <= threshold:  # (a NaN gap is over any threshold)
@@ -357,12 +365,12 @@ class ChecksumSensor(Sensor):
         state.alert_step = step
         t0 = self.monitor.budget.clock()
         try:
-            self._raise(state, gap, raw_gap, gaps, threshold, call, operands)
+            self._raise(state, gap, raw_gap, gaps, threshold, call, operands, extra)
         finally:
             self._alert_s = self.monitor.budget.clock() - t0
 
     def _raise(self, state: OpState, gap: float, raw_gap: float, gaps: np.ndarray, threshold: float, call: int,
-               operands) -> None:
+               operands, extra: dict | None = None) -> None:
         c, a, b, bias, transposed = operands
         ranked = np.nan_to_num(gaps, nan=math.inf)
         over = int((ranked > threshold).sum())
@@ -380,13 +388,15 @@ class ChecksumSensor(Sensor):
                        "rows": sorted({e[0] for e in named}), "columns": sorted({e[1] for e in named}),
                        "call": call, "shape": list(c.T.shape if transposed else c.shape),
                        "hard_bound": state.bound, "clean_max": max(state.clean) if state.clean else None,
-                       "checks": state.checks}, threshold)
+                       "checks": state.checks, **(extra or {})}, threshold)
         state.mult *= 2
         self.monitor.raise_alert(alert, payload)
 
     # -- backward ---------------------------------------------------------------------------------
     def _hook_backward(self, name: str, y: torch.Tensor, x2: torch.Tensor, weight: torch.Tensor, call: int,
-                       dgrad: bool, wgrad: bool) -> None:
+                       dgrad: bool, wgrad: bool, prefix: str = "linear") -> None:
+        """dx = g·W and dW = gᵀ·x of y = x·Wᵀ (+ b), through a post hook on y's AddmmBackward0 /
+        MmBackward0 node; `prefix` names the operators (linear, matmul)."""
         node = y.grad_fn
         while node is not None and type(node).__name__ in _VIEWS:
             nxt = node.next_functions
@@ -394,7 +404,7 @@ class ChecksumSensor(Sensor):
         kind = type(node).__name__ if node is not None else None
         if kind not in ("AddmmBackward0", "MmBackward0"):
             self.backward_unobserved += 1
-            for op in ("linear.dgrad", "linear.wgrad"):
+            for op in (f"{prefix}.dgrad", f"{prefix}.wgrad"):
                 self._state(f"{op}:{name}", name, op).observed = False
             return
         monitor, sensor = self.monitor, self
@@ -406,31 +416,35 @@ class ChecksumSensor(Sensor):
             handle.remove()
             monitor.guard(sensor._on_backward)(name, grad_inputs[offset] if dgrad else None,
                                                grad_inputs[offset + 1] if wgrad else None, grad_outputs[0],
-                                               x2, w, call)
+                                               x2, w, call, prefix)
 
         handle = node.register_hook(post)
 
-    def _on_backward(self, name: str, dx, dwt, g, x2, w, call: int) -> None:
+    def _on_backward(self, name: str, dx, dwt, g, x2, w, call: int, prefix: str = "linear") -> None:
         """dx = g·W (N×K) and dW = gᵀ·x (O×K; autograd hands dWᵀ), each checked whole."""
-        if g is None:
-            return
+        if g is not None:
+            self._charged(self._check_backward, name, dx, dwt, g, x2, w, call, prefix)
+
+    def _charged(self, fn, *args) -> None:
+        """fn(*args), its time outside the checks it makes (they charge themselves) charged as fixed cost."""
         budget = self.monitor.budget
         t0 = budget.clock()
         self._checks_s = 0.0
         try:
-            self._check_backward(name, dx, dwt, g, x2, w, call)
+            fn(*args)
         finally:
             budget.charge_fixed(budget.clock() - t0 - self._checks_s)
 
-    def _check_backward(self, name: str, dx, dwt, g, x2, w, call: int) -> None:
+    def _check_backward(self, name: str, dx, dwt, g, x2, w, call: int, prefix: str = "linear") -> None:
         n, o = g.shape[0], g.shape[-1]
         k = w.shape[1]
         g2 = g.reshape(n, o)
         w, x2 = w.to(g.dtype), x2.to(g.dtype)  # (autocast: the backward GEMMs ran on the cast operands)
         if dx is not None:
-            self._check(f"linear.dgrad:{name}", name, "linear.dgrad", dx.reshape(n, k), g2, w, None, call)
-        if dwt is not None:
-            self._check(f"linear.wgrad:{name}", name, "linear.wgrad", dwt.T, g2.T, x2, None, call)
+            self._check(f"{prefix}.dgrad:{name}", name, f"{prefix}.dgrad", dx.reshape(n, k), g2, w, None, call)
+        if dwt is not None:  # (named in the layout of what it is the gradient of: nn.Linear's W, a product's right operand)
+            c, a, b = (dwt.T, g2.T, x2) if prefix == "linear" else (dwt, x2.T, g2)
+            self._check(f"{prefix}.wgrad:{name}", name, f"{prefix}.wgrad", c, a, b, None, call)
 
     # -- verification (verifier thread) -----------------------------------------------------------
     def verify(self, task) -> tuple[str, dict]:
@@ -452,6 +466,7 @@ class ChecksumSensor(Sensor):
             state.mult = max(1.0, state.mult / 2)
         for ops in self._linears.values():
             ops.calls = 0
+        self.reset_sites()
 
     def stats(self) -> list[dict]:
         rows = []
@@ -476,9 +491,15 @@ class ChecksumSensor(Sensor):
     def coverage(self) -> dict:
         return {"observed": ["nn.Linear forward (linear)", "its input gradient GEMM (linear.dgrad)",
                              "its weight gradient GEMM (linear.wgrad)",
+                             "torch.matmul / mm / bmm / addmm and Tensor @ / .matmul / .mm / .bmm called from Python "
+                             "(matmul, per call site), batched included, and their operands' gradient GEMMs "
+                             "(matmul.dgrad, matmul.wgrad)",
                              "every element of a checked call (column sums); calls sampled at the budget's rate"],
-                "not_observed": ["functional F.linear / matmul / bmm / @ outside nn.Linear (attention's products)",
+                "not_observed": ["functional F.linear outside nn.Linear", "GEMMs called from C++ "
+                                 "(scaled_dot_product_attention's kernels, einsum)", "vector (1-D) products, out= calls, "
+                                 "addmm with a full-matrix input or alpha / beta other than 1",
                                  "Linear subclasses with their own forward", "torch.compile'd regions",
+                                 "tensor subclasses (DTensor) and functorch-wrapped tensors",
                                  "the calls the sampling skips"]}
 
 
