@@ -191,10 +191,12 @@ def operands(kind: str, args: tuple, kwargs: dict, out):
     return a, b, bias
 
 
+_IS_WRAPPED = getattr(getattr(torch._C, "_functorch", None), "is_functorch_wrapped_tensor", None)
+
+
 def _wrapped(t: torch.Tensor) -> bool:
     """A functorch wrapper (vmap's batched tensor, grad's tracked one): its values are not the call's."""
-    check = getattr(torch._C._functorch, "is_functorch_wrapped_tensor", None)
-    return bool(check(t)) if check is not None else False
+    return _IS_WRAPPED is not None and bool(_IS_WRAPPED(t))
 
 
 def as_batches(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor):
