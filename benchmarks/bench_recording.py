@@ -309,9 +309,11 @@ def determinism_cost(rounds: int, steps: int, model: str = "gpt") -> dict:
 
 def hook_time(steps: int, model: str = "gpt", determinism: bool = True) -> dict:
     """Time spent inside the collector's hooks, in-process: every entry from torch into bitguard
-    (the module-call wrapper's enter and leave, the guarded tensor, parameter and optimizer hooks,
-    the API recorder's) is timed with `perf_counter_ns`, outermost entries only (an entry made from
-    inside another is in that one's time). Per step and per recorded event, medians over `steps`
+    (`hooks.ENTRIES`: the module-call wrapper's enter and leave, the tensor and parameter gradient
+    hooks, the guarded optimizer and other hooks; and the API recorder's guarded ones) is timed with
+    `perf_counter_ns` and with the thread's CPU time (`thread_time_ns`: what another process's use of
+    the cores does not add), outermost entries only (an entry made from inside another is in that
+    one's time). Per step and per recorded event, medians over `steps`
     steps of one recording per mode and variant (the first step of each left out): with the
     digests, and with every digest the collectors take replaced by a constant, which leaves the
     Python (the cost per event the issue's target is about). The timer adds about 0.1 µs an entry.
@@ -321,25 +323,27 @@ def hook_time(steps: int, model: str = "gpt", determinism: bool = True) -> dict:
 
     net, opt, data = build(model=model)
     timed_steps(net, opt, data, 2)
-    clock = time.perf_counter_ns
-    spent = [0, 0]  # nanoseconds inside, nesting depth
+    clock, cpu = time.perf_counter_ns, time.thread_time_ns
+    spent = [0, 0, 0]  # nanoseconds inside, nesting depth, thread CPU nanoseconds inside
 
     def timed(fn):
         def inside(*args, **kwargs):
             if spent[1]:
                 return fn(*args, **kwargs)
             spent[1] = 1
-            t = clock()
+            t, c = clock(), cpu()
             try:
                 return fn(*args, **kwargs)
             finally:
                 spent[0] += clock() - t
+                spent[2] += cpu() - c
                 spent[1] = 0
         inside.__name__ = getattr(fn, "__name__", "hook")
         return inside
 
-    patched = {(hooks.Collector, "_enter"): hooks.Collector._enter,
-               (hooks.Collector, "_guarded"): hooks.Collector._guarded,
+    # (code from before hooks.ENTRIES, run for a comparison, had these two entries and `_guarded` for the rest)
+    entries = getattr(hooks, "ENTRIES", (hooks.Collector._enter, hooks.Collector._guarded))
+    patched = {**{(hooks.Collector, f.__name__): getattr(hooks.Collector, f.__name__) for f in entries},
                (guarded.Guarded, "_guarded"): guarded.Guarded._guarded}
     digests = {(hooks, "digest_async"): hooks.digest_async, (hooks, "digest_many"): hooks.digest_many,
                (hooks, "digest_host_at"): hooks.digest_host_at, (api_events, "digest_many"): api_events.digest_many,
@@ -355,18 +359,22 @@ def hook_time(steps: int, model: str = "gpt", determinism: bool = True) -> dict:
                     hooks.digest_host_at = lambda address, nbytes: (0, 0)
                     hooks.digest_many = api_events.digest_many = lambda ts: [(0, 0)] * len(ts)
                 for mode in ("trusted", "full"):
-                    per_step, per_event, counts, step_s = [], [], [], []
+                    per_step, per_event, counts, step_s, cpu_step, cpu_event = [], [], [], [], [], []
                     with recorded(Path(tmp) / f"{mode}-{variant}", mode, determinism) as rec:
                         timed_steps(net, opt, data, 1)
                         for _ in range(steps):
-                            spent[0], before = 0, events_so_far(rec.rec)
+                            spent[0], spent[2], before = 0, 0, events_so_far(rec.rec)
                             step_s += timed_steps(net, opt, data, 1)
                             n = events_so_far(rec.rec) - before
                             per_step.append(spent[0] / 1e9)
                             per_event.append(spent[0] / 1e9 / n)
+                            cpu_step.append(spent[2] / 1e9)
+                            cpu_event.append(spent[2] / 1e9 / n)
                             counts.append(n)
                     out.setdefault(variant, {})[mode] = {
                         "hook_s_per_step": statistics.median(per_step), "hook_s_per_event": statistics.median(per_event),
+                        "hook_cpu_s_per_step": statistics.median(cpu_step),
+                        "hook_cpu_s_per_event": statistics.median(cpu_event),
                         "events_per_step": statistics.median(counts), "step_s": statistics.median(step_s)}
     finally:
         for (owner, attr), fn in {**patched, **digests}.items():
@@ -666,7 +674,8 @@ def _hook_text(model: str, h: dict) -> list[str]:
             m = h[variant][mode]
             out.append(f"{model} {mode:8s} {what:16s} step {m['step_s'] * 1000:6.1f} ms, inside the hooks "
                        f"{m['hook_s_per_step'] * 1000:6.2f} ms a step, {m['events_per_step']:.0f} events a step: "
-                       f"{m['hook_s_per_event'] * 1e6:5.2f} us an event (medians of {h['steps']} steps)")
+                       f"{m['hook_s_per_event'] * 1e6:5.2f} us an event; thread CPU {m['hook_cpu_s_per_step'] * 1000:6.2f} ms, "
+                       f"{m['hook_cpu_s_per_event'] * 1e6:5.2f} us an event (medians of {h['steps']} steps)")
     return out
 
 

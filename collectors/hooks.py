@@ -181,6 +181,11 @@ _PLAIN = (torch.Tensor, torch.nn.Parameter)  # the tensor types `_row` digests i
 _STRIDED = torch.strided
 
 
+def _grad_order(row: list) -> tuple:
+    """A module backward event's rows in order: outputs' gradients first, then by index."""
+    return row[1] != "grad_output", row[2]
+
+
 def _dtype_name(dtype: torch.dtype) -> str:
     name = _DTYPE_NAMES[dtype] = str(dtype).removeprefix("torch.")
     return name
@@ -351,33 +356,35 @@ class Collector:
 
     def _row(self, t: torch.Tensor, role: str, idx: int, path: str, digest=None) -> list:
         """One tensor row (`digest`: already taken, by `digest_many`, of a plain dense tensor). This
-        runs for every tensor of every event, so it is written for speed."""
+        runs for every tensor of every event, so it is written for speed: each of the tensor's
+        properties is read once (a torch property read is about 0.1 µs, more with cold caches)."""
         key = id(t)
         entry = self._tids.get(key)  # [ref, tid, (version, ...) digested, digest] of a non-parameter tensor
         if entry is None or entry[0]() is not t:
             param = self._params.get(key) if type(t) is not torch.Tensor else None
             if param is not None and param[0]() is t:
                 entry = None  # a parameter: its tid is in `_params`
+                tid = param[3]
             else:  # a tensor seen for the first time (or a dead one's id, reused)
                 if len(self._tids) >= self._tids_limit:
                     self._purge_dead()
-                entry = [weakref.ref(t), self._next_tid, None, None]  # dead entries go at the step's end
-                self._next_tid += 1
+                tid = self._next_tid
+                entry = [weakref.ref(t), tid, None, None]  # dead entries go at the step's end
+                self._next_tid = tid + 1
                 self._tids[key] = entry
-        version = None
-        if entry is None:
-            tid = self._params[key][3]
         else:
             tid = entry[1]
-            # A digest is reused while the version counter is unchanged only on the CPU, where ops run
-            # to completion on the calling thread, so the same version means the same bytes (but for
-            # writes through `.data`); on a GPU an asynchronous kernel could still write the tensor,
-            # so every observation of a CUDA tensor is digested. digest_cache=False digests all.
-            if self.digest_cache and t.is_cpu:
-                try:
-                    version = t._version
-                except Exception:  # noqa: BLE001 - inference tensors have no version counter
-                    pass
+        # A digest is reused while the version counter is unchanged only on the CPU, where ops run to
+        # completion on the calling thread, so the same version means the same bytes (but for writes
+        # through `.data`); on a GPU an asynchronous kernel could still write the tensor, so every
+        # observation of a CUDA tensor is digested. digest_cache=False digests all. (Parameters are
+        # not cached: their tid is in `_params`.)
+        version = None
+        if entry is not None and self.digest_cache and t.is_cpu:
+            try:
+                version = t._version
+            except Exception:  # noqa: BLE001 - inference tensors have no version counter
+                pass
         try:
             address = t.data_ptr()
             offset = t.storage_offset()  # the storage's address: the tensor's own less its offset
@@ -551,7 +558,7 @@ class Collector:
         self._params[id(p)] = (weakref.ref(p), name, owner, self._next_param_tid)
         self._accumulating.discard(id(p))
         self._param_in.pop(id(p), None)
-        self._handles.append(p.register_hook(partial(self._guarded, self._on_param_grad, id(p))))
+        self._handles.append(p.register_hook(partial(self._on_param_grad, id(p))))
 
     def _name_of(self, module: torch.nn.Module, parent: _Frame | None) -> str:
         entry = self._names.get(id(module))
@@ -591,7 +598,7 @@ class Collector:
         """`inner(module, *args, **kwargs)` observed. While dynamo traces (a compiled region's
         inside), calls pass straight through: `is_compiling()` is a constant to dynamo, so nothing
         of ours enters its graphs (collectors/compiled.py)."""
-        enter, leave = self._enter, self._guard(self._leave)
+        enter, leave = self._enter, self._leave  # (each contains its own failures: one call less a module call)
 
         def _call_impl(module, *args, **kwargs):
             if is_compiling() or not self.enabled:
@@ -614,45 +621,64 @@ class Collector:
         self._fail("torch.compile", NotSupported(why))
 
     def _keep_out_of_dynamo(self) -> None:
-        keep_out_of_dynamo(self._wrapper, (Collector._enter, Collector._guarded))  # see collectors/compiled.py
+        keep_out_of_dynamo(self._wrapper, ENTRIES)  # see collectors/compiled.py
 
     def _enter(self, module, args) -> _Frame | None:
         """A module call begins: its frame, pushed last (None, and nothing pushed, on failure: the
-        wrapper needs the frame back, so this contains its failures itself instead of `_guarded`)."""
+        wrapper needs the frame back, so this contains its failures itself instead of `_guarded`).
+        This runs for every module call, between kernels that left the caches cold: the common
+        case (a call inside a model, recorded or not) reads what it needs once and calls few helpers."""
         try:
             try:
                 frames = self._local.frames
             except AttributeError:
                 frames = self._local.frames = []
-            self._maybe_advance()
-            parent = frames[-1] if frames else None
-            if parent is not None and parent.region is not None and inner_call(parent.module, module):
-                return None  # torch.compile's own call of the module it compiles: the region's event is its
-            # a checkpoint's recompute during backward is no new root: no flush, no batch event
-            recompute = parent.recompute if parent is not None else recompute_kind()
-            if parent is None and recompute is None:
-                self._flush_backward()
-            name = self._name_of(module, parent)
+            if self._advance:  # (_maybe_advance)
+                self._advance = False
+                self.step += 1
+            if frames:
+                parent = frames[-1]
+                if parent.region is not None and inner_call(parent.module, module):
+                    return None  # torch.compile's own call of the module it compiles: the region's event is its
+                recompute = parent.recompute
+            else:
+                parent = None
+                recompute = recompute_kind()  # a checkpoint's recompute during backward is no new root: no flush,
+                if recompute is None:  # no batch event
+                    self._flush_backward()
+            entry = self._names.get(id(module))
+            name = entry[1] if entry is not None and entry[0]() is module else self._name_of(module, parent)
             t0 = time.time_ns()
-            in_window = self._in_window()
+            steps = self.steps  # (_in_window)
+            in_window = steps is None or (self.step >= steps[0] and (steps[1] is None or self.step < steps[1]))
             region = region_of(module)  # a compiled region: its only observable boundary, in every mode
             if region is not None:
                 self._keep_out_of_dynamo()
-            depth = len(frames) if recompute is None else (  # a recompute: at its original forward's depth
-                parent.depth + 1 if parent is not None else self._depths.get(name, 0))
-            frame = _Frame(module, name, depth, t0, in_window and (region is not None or self._wanted(module)),
-                           frames)
+            if recompute is None:
+                depth = len(frames)
+            else:  # a recompute: at its original forward's depth
+                depth = parent.depth + 1 if parent is not None else self._depths.get(name, 0)
+            record = in_window and (region is not None or self.mode == "full" or self._wanted(module))
+            frame = _Frame(module, name, depth, t0, record, frames)
             frame.recompute = recompute
             frame.region = region
-            if frame.record and recompute is None:
+            if record and recompute is None:
                 self._depths[name] = depth
-            is_model_root = parent is None and recompute is None and in_window and any(True for _ in module.parameters())
-            if frame.record or is_model_root:
+            if parent is not None:  # the common case: a call inside a model
+                if record:
+                    flat = frame.args = _flatten(args)
+                    frame.inputs = self._rows(flat, "input")
+                    if self._may_draw(module):
+                        frame.rng = torch.get_rng_state()
+                frames.append(frame)
+                return frame
+            is_model_root = recompute is None and in_window and any(True for _ in module.parameters())
+            if record or is_model_root:
                 frame.args = _flatten(args)
                 frame.inputs = self._rows(frame.args, "input")
                 if is_model_root or self._may_draw(module):
                     frame.rng = torch.get_rng_state()
-            if parent is None and recompute is None and self.api is not None:  # its params and modes rows
+            if recompute is None and self.api is not None:  # its params and modes rows
                 self.api.root_forward(module, name)
             if is_model_root:
                 rows = [list(r) for r in frame.inputs] + self._rng_rows(frame.rng)
@@ -664,27 +690,40 @@ class Collector:
             return None
 
     def _leave(self, frame: _Frame, kwargs, output) -> None:
-        """A recorded module call returned `output` (its frame already popped): its forward event."""
-        rows = frame.inputs + self._rows(_flatten(kwargs), "input", len(frame.inputs)) if kwargs else frame.inputs
-        if frame.rng is not None and _rng_drawn(frame.rng):
-            # the call drew random numbers: the RNG state it started from is one of its inputs
-            rows = rows + [self._rng_row(frame.rng, digest_async(frame.rng), "cpu", 0)]
-        outputs = _flatten(output) if output is not None else []
-        out_rows = self._rows(outputs, "output")
-        region = frame.region
-        buffers = (region or frame.module)._buffers
-        if buffers:  # a module's own buffers as the call left them (running statistics, caches)
-            out_rows += self._rows([(f".{n}", b) for n, b in buffers.items() if b is not None], "state")
-        if region is not None:  # an unobserved row saying that the boundaries inside were not observed
-            marker = _NotFlattened([], REGION_PATH, REGION_REASON)
-            out_rows += self._rows(marker, "state", sum(r[1] == "state" for r in out_rows))
-        mtype = type(region or frame.module).__name__
-        frames = frame.calls
-        stack = self._call_key(sys._getframe(1), frames, len(frames) - 1)  # interned by _drain
-        self._emit("forward" if frame.recompute is None else "recompute", "module", frame.name, mtype, frame.depth,
-                   frame.t0, rows + out_rows, stack)
-        if torch.is_grad_enabled() and frame.recompute is not NON_REENTRANT:  # see collectors/recompute.py
-            self._watch_backward(frame, mtype, kwargs, outputs)
+        """A recorded module call returned `output` (its frame already popped): its forward event.
+        Called by the module-call wrapper directly; a failure is recorded, never raised."""
+        try:
+            inputs = frame.inputs
+            rows = inputs + self._rows(_flatten(kwargs), "input", len(inputs)) if kwargs else inputs
+            rng = frame.rng
+            if rng is not None and _rng_drawn(rng):
+                # the call drew random numbers: the RNG state it started from is one of its inputs
+                rows = rows + [self._rng_row(rng, digest_async(rng), "cpu", 0)]
+            if output is None:
+                outputs, out_rows = [], []
+            elif isinstance(output, torch.Tensor):  # the common case (what `_flatten` and `_rows` give)
+                outputs = [("", output)]
+                out_rows = [self._row(output, "output", 0, "")]
+            else:
+                outputs = _flatten(output)
+                out_rows = self._rows(outputs, "output")
+            region = frame.region
+            module = region or frame.module
+            buffers = module._buffers
+            if buffers:  # a module's own buffers as the call left them (running statistics, caches)
+                out_rows += self._rows([(f".{n}", b) for n, b in buffers.items() if b is not None], "state")
+            if region is not None:  # an unobserved row saying that the boundaries inside were not observed
+                marker = _NotFlattened([], REGION_PATH, REGION_REASON)
+                out_rows += self._rows(marker, "state", sum(r[1] == "state" for r in out_rows))
+            mtype = type(module).__name__
+            frames = frame.calls
+            stack = self._call_key(sys._getframe(1), frames, len(frames) - 1)  # interned by _drain
+            self._emit("forward" if frame.recompute is None else "recompute", "module", frame.name, mtype, frame.depth,
+                       frame.t0, rows + out_rows, stack)
+            if torch.is_grad_enabled() and frame.recompute is not NON_REENTRANT:  # see collectors/recompute.py
+                self._watch_backward(frame, mtype, kwargs, outputs)
+        except Exception as exc:  # noqa: BLE001 - the training must go on
+            self._fail("_leave", exc)
 
     def _call_key(self, f, frames: list[_Frame], level: int) -> tuple:
         """The user-stack key of code running at frame `f` inside the module call frames[level]
@@ -722,6 +761,9 @@ class Collector:
 
     # -- backward --------------------------------------------------------------------------
     def _watch_backward(self, frame: _Frame, mtype: str, kwargs, outputs: list) -> None:
+        """Watch the gradients of a recorded call's outputs and inputs: its backward event. One
+        tensor hook per tensor, however many calls watch it: a module's output is usually the next
+        one's input (this runs for every recorded call with gradients on: written for speed)."""
         outs = [(p, t) for p, t in outputs if t.requires_grad]
         if not outs:
             return
@@ -730,44 +772,46 @@ class Collector:
         if kwargs:
             ins += [(p, t) for p, t in _flatten(kwargs, "[1]") if t.requires_grad]
         state = _Backward(frame.name, mtype, frame.depth, time.time_ns(), len(outs) + len(ins))
-        for i, (path, t) in enumerate(outs):
-            self._watch_grad(t, (state, "grad_output", i, path))
-        for i, (path, t) in enumerate(ins):
-            self._watch_grad(t, (state, "grad_input", i, path))
+        watched, on_grad = self._grad_watch, self._on_grad
+        for role, pairs in (("grad_output", outs), ("grad_input", ins)):
+            for i, (path, t) in enumerate(pairs):
+                listener = (state, role, i, path)
+                entry = watched.get(id(t))
+                if entry is not None and entry[0]() is t:
+                    listeners = entry[1]
+                    if listeners[0][0].done:  # a tensor watched again in a later step: forget the finished calls
+                        listeners[:] = [x for x in listeners if not x[0].done]
+                    listeners.append(listener)
+                    continue
+                listeners = [listener]
+                _add_grad_hook(t, partial(on_grad, listeners))
+                watched[id(t)] = (weakref.ref(t), listeners)
         with self._lock:
             self._pending.append(state)
 
-    def _watch_grad(self, t: torch.Tensor, listener: tuple) -> None:
-        """Deliver `t`'s gradient to `listener` (state, role, idx, path). One tensor hook per
-        tensor, however many calls watch it: a module's output is usually the next one's input."""
-        entry = self._grad_watch.get(id(t))
-        if entry is not None and entry[0]() is t:
-            listeners = entry[1]
-            if listeners[0][0].done:  # a tensor watched again in a later step: forget the finished calls
-                listeners[:] = [x for x in listeners if not x[0].done]
-            listeners.append(listener)
-            return
-        listeners = [listener]
-        _add_grad_hook(t, partial(self._guarded, self._on_grad, listeners))
-        self._grad_watch[id(t)] = (weakref.ref(t), listeners)
-
     def _on_grad(self, listeners: list, grad) -> None:
-        """A watched tensor's gradient arrives: a row for each module call waiting for it."""
-        if grad is None:
+        """A watched tensor's gradient arrives: a row for each module call waiting for it. A tensor
+        hook torch calls directly (it contains its own failures, as `_guarded` would)."""
+        if grad is None or not self.enabled or is_compiling():  # a hook dynamo traces: ours stay out
             return
-        for state, role, idx, path in listeners:
-            if state.done:
-                continue
-            if state.arrived == 0:
-                state.t0 = time.time_ns()
-            state.rows.append(self._row(grad, role, idx, path))
-            state.arrived += 1
-            if state.arrived >= state.expected:
-                self._finish_backward(state)
+        try:
+            for state, role, idx, path in listeners:
+                if state.done:
+                    continue
+                if state.arrived == 0:
+                    state.t0 = time.time_ns()
+                state.rows.append(self._row(grad, role, idx, path))
+                state.arrived += 1
+                if state.arrived >= state.expected:
+                    self._finish_backward(state)
+        except Exception as exc:  # noqa: BLE001 - the training must go on
+            self._fail("_on_grad", exc)
 
     def _finish_backward(self, state: _Backward) -> None:
         state.done = True
-        rows = sorted(state.rows, key=lambda r: (r[1] != "grad_output", r[2]))  # outputs' gradients first
+        rows = state.rows
+        if len(rows) > 1:
+            rows = sorted(rows, key=_grad_order)  # outputs' gradients first
         self._emit("backward", "module", state.name, state.module_type, state.depth, state.t0, rows,
                    self._backward_stack())
 
@@ -827,24 +871,32 @@ class Collector:
         is empty, autograd makes this gradient its value as it is (taken over or copied), so the
         event is complete now; otherwise `.grad` is known only after the accumulation, and a hook
         for that is added to the parameter the first time it is needed. Training loops that empty
-        `.grad` every step (zero_grad's default) so cost one hook call a parameter, not two."""
-        if grad is None or not self._in_window():
+        `.grad` every step (zero_grad's default) so cost one hook call a parameter, not two. A tensor
+        hook torch calls directly (it contains its own failures, as `_guarded` would)."""
+        if grad is None or not self.enabled or is_compiling():  # a hook dynamo traces: ours stay out
             return
-        param = self._params[pid][0]()
-        if param is None:
-            return
-        t0 = time.time_ns()
-        row_in = self._row(grad, "grad_input", 0, "")
-        if param.grad is None:
-            row = list(row_in)
-            row[1] = "grad"
-            self._emit_grad(pid, t0, row_in, row)
-            return
-        self._param_in[pid] = (t0, row_in)
-        if pid not in self._accumulating:
-            self._accumulating.add(pid)
-            self._handles.append(param.register_post_accumulate_grad_hook(
-                partial(self._guarded, self._on_param_accumulated, pid)))
+        try:
+            steps = self.steps  # (_in_window)
+            if steps is not None and not (self.step >= steps[0] and (steps[1] is None or self.step < steps[1])):
+                return
+            entry = self._params[pid]
+            param = entry[0]()
+            if param is None:
+                return
+            t0 = time.time_ns()
+            row_in = self._row(grad, "grad_input", 0, "")
+            if param.grad is None:
+                row = list(row_in)
+                row[1] = "grad"
+                self._emit("backward", "grad", entry[1], entry[2], 0, t0, [row_in, row], self._backward_stack())
+                return
+            self._param_in[pid] = (t0, row_in)
+            if pid not in self._accumulating:
+                self._accumulating.add(pid)
+                self._handles.append(param.register_post_accumulate_grad_hook(
+                    partial(self._guarded, self._on_param_accumulated, pid)))
+        except Exception as exc:  # noqa: BLE001 - the training must go on
+            self._fail("_on_param_grad", exc)
 
     def _on_param_accumulated(self, pid: int, param) -> None:
         pending = self._param_in.pop(pid, None)
@@ -916,3 +968,8 @@ class Collector:
         if marks is not None:
             mark(rows, marks)
         self._emit("optimizer", "step", name, opt_type, 0, t0, rows, stack)
+
+
+# What torch calls into directly (each contains its own failures): dynamo runs them as plain Python
+# (collectors/compiled.py, keep_out_of_dynamo), and benchmarks/bench_recording.py --hook-time times them.
+ENTRIES = (Collector._enter, Collector._leave, Collector._guarded, Collector._on_grad, Collector._on_param_grad)
