@@ -208,3 +208,13 @@ def test_a_wrong_element_of_a_folded_product_is_caught_in_the_callers_layout(tmp
     evidence = json.loads(raised[0][5])
     assert evidence["elements"] == [[16, 7]] and evidence["shape"] == [18, 9], evidence
     assert [a[4] for a in alerts if a[4] != "pending"] == ["confirmed"]
+
+
+def test_a_call_site_reads_as_the_user_wrote_it():
+    from bitguard.collectors.online.gemm_calls import _shown, _unravel
+
+    cwd = "/home/me/project"
+    assert _shown("/usr/lib/python3/site-packages/transformers/pytorch_utils.py", cwd) == "transformers/pytorch_utils.py"
+    assert _shown("/home/me/project/model.py", cwd) == "model.py"
+    assert _shown("/elsewhere/train.py", cwd) == "train.py"
+    assert _unravel(6, (4, 4)) == [1, 2] and _unravel(23, (2, 3, 4)) == [1, 2, 3] and _unravel(5, ()) == [5]
