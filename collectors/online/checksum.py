@@ -82,6 +82,15 @@ _VIEWS = ("ViewBackward0", "UnsafeViewBackward0", "ReshapeAliasBackward0", "Alia
 _TINY = 1e-300
 
 
+def gemm_node(y: torch.Tensor):
+    """The autograd node that made y, past the view nodes in front of it (None without one)."""
+    node = y.grad_fn
+    while node is not None and type(node).__name__ in _VIEWS:
+        nxt = node.next_functions
+        node = nxt[0][0] if nxt else None
+    return node
+
+
 def unit_roundoff(dtype: torch.dtype) -> float:
     return torch.finfo(dtype).eps / 2 if dtype.is_floating_point else 0.0
 
@@ -396,16 +405,12 @@ class ChecksumSensor(GemmChecks, Sensor):
     def _hook_backward(self, name: str, y: torch.Tensor, x2: torch.Tensor, weight: torch.Tensor, call: int,
                        dgrad: bool, wgrad: bool, prefix: str = "linear") -> None:
         """dx = g·W and dW = gᵀ·x of y = x·Wᵀ (+ b), through a post hook on y's AddmmBackward0 /
-        MmBackward0 node; `prefix` names the operators (linear, matmul)."""
-        node = y.grad_fn
-        while node is not None and type(node).__name__ in _VIEWS:
-            nxt = node.next_functions
-            node = nxt[0][0] if nxt else None
+        MmBackward0 node; `prefix` names the operators: `linear` (dW in W's layout) or `matmul`
+        (y = x·B: the gradient in B's layout, Wᵀ's)."""
+        node = gemm_node(y)
         kind = type(node).__name__ if node is not None else None
         if kind not in ("AddmmBackward0", "MmBackward0"):
-            self.backward_unobserved += 1
-            for op in (f"{prefix}.dgrad", f"{prefix}.wgrad"):
-                self._state(f"{op}:{name}", name, op).observed = False
+            self._unobserved(name, prefix)
             return
         monitor, sensor = self.monitor, self
         offset = 1 if kind == "AddmmBackward0" else 0  # addmm(bias, mat1, mat2): grads of (self, mat1, mat2)
@@ -419,6 +424,12 @@ class ChecksumSensor(GemmChecks, Sensor):
                                                x2, w, call, prefix)
 
         handle = node.register_hook(post)
+
+    def _unobserved(self, name: str, prefix: str) -> None:
+        """A checked call whose backward GEMMs cannot be hooked (its output has another autograd node)."""
+        self.backward_unobserved += 1
+        for op in (f"{prefix}.dgrad", f"{prefix}.wgrad"):
+            self._state(f"{op}:{name}", name, op).observed = False
 
     def _on_backward(self, name: str, dx, dwt, g, x2, w, call: int, prefix: str = "linear") -> None:
         """dx = g·W (N×K) and dW = gᵀ·x (O×K; autograd hands dWᵀ), each checked whole."""
@@ -442,7 +453,7 @@ class ChecksumSensor(GemmChecks, Sensor):
         w, x2 = w.to(g.dtype), x2.to(g.dtype)  # (autocast: the backward GEMMs ran on the cast operands)
         if dx is not None:
             self._check(f"{prefix}.dgrad:{name}", name, f"{prefix}.dgrad", dx.reshape(n, k), g2, w, None, call)
-        if dwt is not None:  # (named in the layout of what it is the gradient of: nn.Linear's W, a product's right operand)
+        if dwt is not None:  # (named in the layout of what it is the gradient of: nn.Linear's W, a product's B = Wᵀ)
             c, a, b = (dwt.T, g2.T, x2) if prefix == "linear" else (dwt, x2.T, g2)
             self._check(f"{prefix}.wgrad:{name}", name, f"{prefix}.wgrad", c, a, b, None, call)
 
