@@ -9,9 +9,14 @@
   files of many short unit tests first and left a long stacks file for the end).
   `--dist loadgroup` would keep a folder with session fixtures on one worker, but it did not group
   here (pytest 9.2, xdist 3.8: tests marked with one `xdist_group` still went to both workers), so
-  a session fixture (a server, a browser) is made once per worker."""
+  a session fixture (a server, a browser) is made once per worker;
+- torch.compile's inductor caches (FX graphs, AOT autograd) go to a folder made fresh for the
+  session and shared by its workers (TORCHINDUCTOR_CACHE_DIR, unless set): a compiled test run
+  compiles from scratch once, and never reads a cache an earlier session left in /tmp."""
 
 import os
+import shutil
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -20,6 +25,20 @@ TESTS = Path(__file__).resolve().parent
 # folders by the time their tests took in CI, longest first; the rest (short files) fill in last
 FIRST = ("scenarios", "stacks", "record", "drill", "fuzz", "unit/collectors", "browser", "invariants",
          "unit/online", "unit/backend")
+
+
+def pytest_configure(config):
+    if os.environ.get("PYTEST_XDIST_WORKER") or os.environ.get("TORCHINDUCTOR_CACHE_DIR"):
+        return  # a worker inherits the controller's folder; a folder the caller set is theirs
+    config._bitguard_inductor_cache = tempfile.mkdtemp(prefix="bitguard-inductor-")
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = config._bitguard_inductor_cache
+
+
+def pytest_unconfigure(config):
+    folder = getattr(config, "_bitguard_inductor_cache", None)
+    if folder:
+        os.environ.pop("TORCHINDUCTOR_CACHE_DIR", None)
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def _rank(item) -> int:

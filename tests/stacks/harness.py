@@ -4,21 +4,25 @@ The stacks tier holds every real training stack (eager, torch.compile, DDP, FSDP
 checkpointing, autocast, the HF Trainer) to the same four claims: it records unedited, recording
 leaves its numbers bitwise (plain result == recorded result, tests/stacks/scripts/_result.py), a
 rerun compares identical, and an injected fault (env `STACK_FAULT`, script-specific) is
-localized to its step, rank, boundary and blame. Everything runs through the documented CLI in
-subprocesses, as a user would: `bitguard record`, `torchrun -m bitguard record`, `bitguard
-compare --json`.
+localized to its step, rank, boundary and blame. Everything runs through the documented CLI, as a
+user would: the recordings in subprocesses (`bitguard record`, `torchrun -m bitguard record`),
+`bitguard compare --json` and `bitguard check --json` through the CLI's own `main` in the test's
+process (the same parser, exit code and printed document, without a second of interpreter and
+imports per call; tests/compare and tests/record run them as subprocesses).
 
 A result is {rank: {"losses": [...], "params": {name: sha256}}}, one entry per rank.
 """
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import subprocess
 import sys
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import redirect_stderr, redirect_stdout
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -105,15 +109,28 @@ def stderr_of(out) -> Path:
     return out.parent / f"{out.name}.stderr"
 
 
-def compare(a, b, *args) -> tuple[int, dict]:
-    """`bitguard compare A B --json`: its exit code and document ({"error": stderr} when it printed
-    no JSON, e.g. exit 2)."""
-    proc = subprocess.run([sys.executable, "-m", "bitguard", "compare", str(a), str(b), "--json", *args],
-                          capture_output=True, text=True, timeout=TIMEOUT, env=_env(None), cwd=str(ROOT))
+def cli_json(*argv) -> tuple[int, dict]:
+    """`bitguard ARGV` (ending in --json) through the CLI's main in this process: its exit code and
+    printed document ({"error": stderr} when it printed no JSON, e.g. exit 2)."""
+    from bitguard.cli import main
+
+    out, err = io.StringIO(), io.StringIO()
+    with redirect_stdout(out), redirect_stderr(err):
+        code = main([str(a) for a in argv])
     try:
-        return proc.returncode, json.loads(proc.stdout)
+        return code, json.loads(out.getvalue())
     except json.JSONDecodeError:
-        return proc.returncode, {"error": proc.stderr[-4000:]}
+        return code, {"error": err.getvalue()[-4000:]}
+
+
+def compare(a, b, *args) -> tuple[int, dict]:
+    """`bitguard compare A B --json`: its exit code and document (see `cli_json`)."""
+    return cli_json("compare", a, b, "--json", *args)
+
+
+def check(run) -> tuple[int, dict]:
+    """`bitguard check RUN --json`: its exit code and document (see `cli_json`)."""
+    return cli_json("check", run, "--json")
 
 
 def manifest(run) -> dict:

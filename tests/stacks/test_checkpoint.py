@@ -4,10 +4,6 @@ check: every recompute is recorded as a `recompute` event of its module, paired 
 original forward, and a fault in the recompute alone is found by `bitguard check` with no
 reference run and localized by compare."""
 
-import json
-import subprocess
-import sys
-
 import polars as pl
 import pytest
 
@@ -18,16 +14,6 @@ from . import harness as h
 FAULT = {"STACK_FAULT": "recompute:step=2"}
 FAULTY = "blocks.1.mlp.0"  # the module whose output the fault flips when it is recomputed
 STEPS = 4
-
-
-def check(run) -> tuple[int, dict]:
-    """`bitguard check RUN --json`: its exit code and document."""
-    proc = subprocess.run([sys.executable, "-m", "bitguard", "check", str(run), "--json"], capture_output=True,
-                          text=True, timeout=h.TIMEOUT, env=h._env(None), cwd=str(h.ROOT))
-    try:
-        return proc.returncode, json.loads(proc.stdout)
-    except json.JSONDecodeError:
-        return proc.returncode, {"error": proc.stderr[-4000:]}
 
 
 def events(run) -> pl.DataFrame:
@@ -81,14 +67,14 @@ def test_rerun_identical_with_recompute_events_paired(runs):
     code, doc = h.compare(runs["a"], runs["b"])
     assert (code, doc["verdict"]) == (0, "identical"), doc.get("inconclusive") or doc.get("first_divergence")
     assert doc["run_checks"] == {"a": [], "b": []}
-    code, doc = check(runs["a"])
+    code, doc = h.check(runs["a"])
     recomputes = events(runs["a"]).filter(pl.col("phase") == "recompute").height
     assert (code, doc["verdict"], doc["findings"]) == (0, "clean", []), doc
     assert doc["checks"][0]["name"] == "recompute" and doc["checks"][0]["compared"] == recomputes, doc["checks"]
 
 
 def test_check_finds_the_recompute_fault_without_a_reference(runs):
-    code, doc = check(runs["fault"])
+    code, doc = h.check(runs["fault"])
     assert (code, doc["verdict"]) == (1, "findings"), doc
     first = doc["findings"][0]
     assert (first["check"], first["step"], first["boundary"], first["phase"], first["blame"]) == \
@@ -117,7 +103,7 @@ def test_hf_gradient_checkpointing_records_recomputes_not_roots(args, tmp_path):
     assert e.filter(pl.col("phase") == "data")["boundary"].to_list() == ["LlamaForCausalLM"] * 3
     rec = e.filter(pl.col("phase") == "recompute")
     assert {"model.layers.0.mlp.up_proj", "model.layers.1.self_attn"} <= set(rec["boundary"].to_list())
-    code, doc = check(run)
+    code, doc = h.check(run)
     assert (code, doc["verdict"]) == (0, "clean") and doc["checks"][0]["compared"] == rec.height, doc
 
 
@@ -146,7 +132,7 @@ def test_check_finds_a_recompute_that_draws_other_random_numbers(tmp_path):
                                                 "--no-preserve-rng")})
     plain, (run, result) = got["plain"], got["run"]
     h.assert_unchanged(plain, result)
-    code, doc = check(run)
+    code, doc = h.check(run)
     assert (code, doc["verdict"]) == (1, "findings"), doc
     drops = [f for f in doc["findings"] if f["boundary"].endswith(".drop")]
     assert drops and all("rng" in f["differing_roles"] and "RNG state" in f["detail"] for f in drops), doc["findings"]

@@ -2,10 +2,6 @@
 DDP's bucketed all-reduce observed as `comm` events (collectors/comm.py), both through DDP's own
 reduction and through a user's comm hook."""
 
-import json
-import subprocess
-import sys
-
 import polars as pl
 import pytest
 
@@ -77,11 +73,9 @@ def test_buckets_and_collectives_are_comm_events(runs):
 def test_rerun_identical_and_in_run_check_clean(runs):
     code, doc = h.compare(runs["a"], runs["b"])
     assert (code, doc["verdict"]) == (0, "identical"), doc.get("inconclusive") or doc.get("first_divergence")
-    proc = subprocess.run([sys.executable, "-m", "bitguard", "check", str(runs["a"]), "--json"],
-                          capture_output=True, text=True, timeout=300)
-    check = json.loads(proc.stdout)
+    returncode, check = h.check(runs["a"])
     crossrank = next(c for c in check["checks"] if c["name"] == "crossrank")
-    assert (proc.returncode, check["verdict"]) == (0, "clean") and crossrank["compared"] >= 7, check
+    assert (returncode, check["verdict"]) == (0, "clean") and crossrank["compared"] >= 7, check
 
 
 def test_module_fault_on_rank_1_is_localized(runs):
@@ -112,10 +106,8 @@ def test_corrupted_allreduce_is_localized_to_the_comm_event(runs):
 
 
 def test_cross_rank_check_names_rank_0(runs):
-    proc = subprocess.run([sys.executable, "-m", "bitguard", "check", str(runs["allreduce"]), "--json"],
-                          capture_output=True, text=True, timeout=300)
-    doc = json.loads(proc.stdout)
-    assert (proc.returncode, doc["verdict"]) == (1, "findings"), doc
+    returncode, doc = h.check(runs["allreduce"])
+    assert (returncode, doc["verdict"]) == (1, "findings"), doc
     first = doc["findings"][0]
     assert (first["check"], first["rank"], first["step"], first["boundary"]) == \
         ("crossrank", 0, 2, "comm.ddp_bucket0#0-1"), first
