@@ -33,7 +33,12 @@ Each operator keeps its threshold, learned from its clean checks' statistic (the
 normalised column gap of a call): MARGIN × the largest of the last WINDOW, never above the hard
 bound; during the first WARMUP checks the hard bound alone, and a gap under it is learned only when
 it is within MARGIN × the median of those learned so far (a fault present during warm-up must not
-lift the learned threshold above itself). A gap over the threshold raises an alert and
+lift the learned threshold above itself). An operator checked rarely (a low rate on one call a
+step: hundreds of steps to its WARMUP checks) is not judged by the hard bound alone meanwhile: once
+its `Pool` (every operator of the same output dtype, device type and sums' dtype) holds POOL_MIN
+clean statistics from two operators or more, MARGIN × the pool's largest judges it until its own
+warm-up ends (the normalised gap is scale-free: its clean values over the bench GPT's 75 Linear
+operators of float32 lie within a factor of 10 of each other, 10³ under their hard bounds). A gap over the threshold raises an alert and
 doubles the threshold, which halves back step by step (AEGIS §5.1.3); a false alarm (the
 verifier clears it) doubles it too, and its gap joins the clean ones. At most one alert per
 operator per step.
@@ -75,6 +80,8 @@ from bitguard.collectors.online.sensor import Alert, LinearPatch, Sensor
 WARMUP = 8  # checks before the learned threshold replaces the hard bound
 WARMUP_BASE = 2  # gaps learned before warm-up rejects implausible ones (OpState.plausible)
 WINDOW = 64  # clean check statistics kept per operator
+POOL_WINDOW = 256  # clean check statistics kept per pool (the latest, of all its operators)
+POOL_MIN = 8  # clean statistics a pool holds, from two operators or more, before it judges operators in warm-up
 MARGIN = 4.0  # learned threshold = MARGIN × the largest clean statistic in the window
 EVIDENCE_ELEMENTS = 4  # elements (so at most as many rows and columns) localised into an alert's evidence
 CHUNK = 1 << 22  # elements of an operand converted to float64 at a time (the checks' memory stays bounded)
@@ -222,12 +229,28 @@ class _LinearOps:
     calls: int = 0
 
 
+class Pool:
+    """The clean check statistics of every operator of one kind (output dtype, device type, the dtype
+    the sums were accumulated in): what judges an operator still in its warm-up."""
+
+    def __init__(self):
+        self.clean: deque[float] = deque(maxlen=POOL_WINDOW)
+        self.ops: set[int] = set()  # id() of the OpStates that contributed
+
+    def threshold(self) -> float | None:
+        """MARGIN × the largest clean statistic held, or None before POOL_MIN from two operators."""
+        if len(self.clean) < POOL_MIN or len(self.ops) < 2:
+            return None
+        return MARGIN * max(max(self.clean), 2.0 ** -52)
+
+
 class OpState:
     """One operator's threshold, clean-check history and counters."""
 
     def __init__(self, boundary: str, op: str):
         self.boundary = boundary
         self.op = op
+        self.pool: Pool | None = None  # its kind's pool (set at each check, with the hard bound)
         self.clean: deque[float] = deque(maxlen=WINDOW)  # a clean check's largest normalised column gap
         self.checks = 0
         self.mult = 1.0  # doubled by a spike or a false alarm, halved back each step
@@ -239,12 +262,26 @@ class OpState:
 
     def threshold(self) -> float:
         if self.checks < WARMUP or not self.clean:
-            return self.bound
+            pooled = self.pool.threshold() if self.pool is not None else None
+            return self.bound if pooled is None else min(self.bound, pooled * self.mult)
         base = MARGIN * max(max(self.clean), 2.0 ** -52)
         return min(self.bound, base * self.mult)
 
+    def source(self) -> str:
+        """What threshold() is now: the operator's own learned one, its pool's, or the hard bound."""
+        if self.checks >= WARMUP and self.clean:
+            return "learned"
+        return "pool" if self.pool is not None and self.pool.threshold() is not None else "hard bound"
+
+    def judged_by(self, bound: float, pool: Pool) -> None:
+        """The hard bound of the check being judged and the pool of its kind."""
+        self.bound, self.pool = bound, pool
+
     def learn(self, gap: float) -> None:
         self.clean.append(gap)
+        if self.pool is not None:
+            self.pool.clean.append(gap)
+            self.pool.ops.add(id(self))
 
     def plausible(self, gap: float) -> bool:
         """Whether a gap under the hard bound may be learned as clean during warm-up: not when it is
@@ -261,6 +298,7 @@ class ChecksumSensor(GemmChecks, Sensor):
 
     def __init__(self):
         self.ops: dict[str, OpState] = {}
+        self._pools: dict[tuple, Pool] = {}  # (dtype, device type, sums' dtype) -> its operators' pool
         self._linears: dict[int, _LinearOps] = {}  # id(module) -> its names, budget entries, calls this step
         self._checks_s = 0.0  # seconds the checks of the current hook charged themselves
         self._alert_s = 0.0  # the last check's seconds spent raising its alert
@@ -281,6 +319,14 @@ class ChecksumSensor(GemmChecks, Sensor):
             self._patch.remove()
 
     # -- the forward check ------------------------------------------------------------------------
+    def _judged_by(self, state: OpState, m: int, p: int, c: torch.Tensor, sums: torch.dtype) -> None:
+        """Set the check's hard bound (c = A·B, A m×p) and its kind's pool on the operator's state."""
+        kind = (c.dtype, c.device.type, sums)
+        pool = self._pools.get(kind)
+        if pool is None:
+            pool = self._pools[kind] = Pool()
+        state.judged_by(column_bound(m, p, c.dtype, c.device, sums), pool)
+
     def _state(self, key: str, boundary: str, op: str) -> OpState:
         state = self.ops.get(key)
         if state is None:
@@ -341,7 +387,7 @@ class ChecksumSensor(GemmChecks, Sensor):
         state = self._state(key, name, op)
         with torch.no_grad():
             gaps, raw, rhs, sums = column_gaps_summed(c, a, b, bias)
-            state.bound = column_bound(a.shape[0], a.shape[1], c.dtype, c.device, sums)
+            self._judged_by(state, a.shape[0], a.shape[1], c, sums)
             worst = int(np.nan_to_num(gaps, nan=math.inf).argmax())
             gap = float(gaps[worst])
             if math.isfinite(gap) or bool(np.isfinite(rhs).all()):
@@ -397,7 +443,7 @@ class ChecksumSensor(GemmChecks, Sensor):
                        "rows": sorted({e[0] for e in named}), "columns": sorted({e[1] for e in named}),
                        "call": call, "shape": list(c.T.shape if transposed else c.shape),
                        "hard_bound": state.bound, "clean_max": max(state.clean) if state.clean else None,
-                       "checks": state.checks, **(extra or {})}, threshold)
+                       "checks": state.checks, "threshold_source": state.source(), **(extra or {})}, threshold)
         state.mult *= 2
         self.monitor.raise_alert(alert, payload)
 

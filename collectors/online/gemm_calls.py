@@ -230,7 +230,7 @@ def batched_gaps(c: torch.Tensor, a: torch.Tensor, b: torch.Tensor):
 
 class GemmChecks:
     """The checksum sensor's part for functional GEMMs (mixed into ChecksumSensor: it uses its
-    `_check`, `_judge`, `_hook_backward`, `_unobserved`, `_charged`, `_state` and budget). install_gemms() after the Linear patch."""
+    `_check`, `_judged_by`, `_judge`, `_hook_backward`, `_unobserved`, `_charged`, `_state` and budget). install_gemms() after the Linear patch."""
 
     def install_gemms(self, monitor) -> None:
         self._sites: list[CallSite] = []
@@ -305,15 +305,13 @@ class GemmChecks:
         """Every element of each batch's c[i] = a[i]·b[i] by its column sums; the worst batch judged
         (its evidence: `batch`, its index among `batches`, and `batch_index`, that index in the
         output's batch dimensions `batch_shape`)."""
-        from bitguard.collectors.online.checksum import column_bound  # (checksum.py imports this module)
-
         budget = self.monitor.budget
         t0 = budget.clock()
         self._alert_s = 0.0
         state = self._state(key, name, op)
         with torch.no_grad():
             gaps, raw, rhs = batched_gaps(c, a, b)
-            state.bound = column_bound(a.shape[1], a.shape[2], c.dtype, c.device, torch.float64)
+            self._judged_by(state, a.shape[1], a.shape[2], c, torch.float64)
             worst = int(gaps.nan_to_num(nan=math.inf).flatten().argmax())
             i, j = divmod(worst, gaps.shape[1])
             gap = float(gaps[i, j])

@@ -352,3 +352,71 @@ def test_under_autocast_a_false_alarm_is_cleared_not_confirmed(monkeypatch):
     assert monitor.raised
     state, evidence = verify_gemm(monitor.raised[0][1])
     assert state == "cleared", evidence
+
+
+class _NamedMonitor(_FakeMonitor):
+    """A fake monitor naming each module apart (the pool needs two operators)."""
+
+    def __init__(self, budget=1.0):
+        super().__init__(budget)
+        self.names = {}
+
+    def module_name(self, module):
+        return self.names.setdefault(id(module), f"m{len(self.names)}")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_operators_of_many_shapes_in_warm_up_judged_by_their_pool_raise_nothing_on_clean_calls(dtype):
+    """The pool's threshold is shared by operators of any shape: one call each in turn, the way a model's
+    Linears are checked at a low rate, and none is over it while each is still in its warm-up."""
+    sensor, monitor = ChecksumSensor(), _NamedMonitor()
+    sensor.monitor = monitor
+    torch.manual_seed(3)
+    lins = [(torch.nn.Linear(k, o).to(dtype), shape) for shape, k, o in _SHAPES]
+    for round_ in range(WARMUP - 1):
+        for n, (lin, shape) in enumerate(lins):
+            _linear_calls(sensor, lin, shape, dtype, 1, seed=100 * round_ + n)
+    states = [sensor.ops[f"linear:m{n}"] for n in range(len(lins))]
+    assert all(s.checks < WARMUP for s in states) and {s.source() for s in states} == {"pool"}
+    assert monitor.raised == []
+
+
+def test_an_operator_in_warm_up_is_judged_by_its_pool_so_a_fault_under_the_hard_bound_on_its_first_check_is_caught():
+    """Without the pool, a rarely checked operator is judged by the hard bound alone for its first WARMUP
+    checks (hundreds of steps at a low rate): a wrong element under it went through."""
+    sensor, monitor = ChecksumSensor(), _NamedMonitor()
+    sensor.monitor = monitor
+    torch.manual_seed(5)
+    others = [torch.nn.Linear(256, 128) for _ in range(3)]
+    for i in range(3):
+        for lin in others:
+            _linear_calls(sensor, lin, (512,), torch.float32, 1, seed=10 * i + len(monitor.names))
+    assert sensor.ops["linear:m0"].pool.threshold() is not None and monitor.raised == []
+    fresh = torch.nn.Linear(256, 128)
+
+    def corrupt(y2):
+        y2[100, 3] = y2[100, 3] * 1.01 + 1e-3  # under the hard bound of a 512-row column sum
+
+    _linear_calls(sensor, fresh, (512,), torch.float32, 1, corrupt, seed=99)
+    state = sensor.ops["linear:m3"]
+    assert state.checks == 1 and 1e-3 / 512 < state.bound, "the fault is under the hard bound"
+    assert len(monitor.raised) == 1, "caught on the operator's first check"
+    alert = monitor.raised[0][0]
+    assert alert.evidence["threshold_source"] == "pool" and [100, 3] in alert.evidence["elements"]
+    assert alert.threshold < state.bound / 100
+
+
+def test_a_pool_judges_only_once_it_holds_enough_from_two_operators_and_dtypes_have_their_own():
+    sensor, monitor = ChecksumSensor(), _NamedMonitor()
+    sensor.monitor = monitor
+    torch.manual_seed(7)
+    one = torch.nn.Linear(64, 32)
+    _linear_calls(sensor, one, (128,), torch.float32, 2 * WARMUP)
+    assert sensor.ops["linear:m0"].pool.threshold() is None, "one operator alone makes no pool threshold"
+    two = torch.nn.Linear(64, 32)
+    _linear_calls(sensor, two, (128,), torch.float32, 1)
+    assert sensor.ops["linear:m1"].source() == "pool"
+    half = torch.nn.Linear(64, 32).to(torch.bfloat16)
+    _linear_calls(sensor, half, (128,), torch.bfloat16, 1)
+    state = sensor.ops["linear:m2"]
+    assert state.pool is not sensor.ops["linear:m0"].pool and state.source() == "hard bound"
