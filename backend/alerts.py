@@ -3,8 +3,8 @@
 `read_alerts(DIR)` opens a run directory as ingest does (manifest, meta, every rank file and
 what a killed run left in its journal, read in memory, never folded) and reads two tables of
 each rank: `alerts`, one row per state change of an alert (the latest row of an alert id is its
-state: pending, confirmed, transient, cleared or warning), and `sensor_stats`, one row per sensor
-and operator per step. The document it returns (`bitguard.alerts/1`) holds every alert once, in
+state: pending, confirmed, transient, cleared or warning), and `sensor_stats`, each sensor's totals per
+step and its operators' rows (one may sum several steps: `steps`). The document it returns (`bitguard.alerts/1`) holds every alert once, in
 its latest state with the row that raised it and the verifier's verdict, the counts by state, a
 coverage summary per sensor (what it saw and checked, at what cost) and the verifier's figures
 (queue length, latency in steps, seconds). For each confirmed alert it carries the advice of

@@ -10,13 +10,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-SCHEMA_VERSION = 4  # bump on any change to a table below; readers refuse newer versions
+SCHEMA_VERSION = 5  # bump on any change to a table below; readers refuse newer versions
 # 2: tensors.unobserved (version 1 files have no such column: read as NULL, every tensor digested)
 # 3: tensors.shard (older files have no such column: read as NULL, every digest covers its whole tensor)
 #    and phase comm (kind collective); optimizer step events hold a `grad` row (the gradient step() used)
 # 4: tables alerts and sensor_stats (online mode, collectors/online/; older files have neither: read as empty)
 #    and tables api_events and violations (training invariants, collectors/api_events.py; older files have
 #    neither: read as empty, and an invariant check says no API events were recorded)
+# 5: sensor_stats.steps (an operator's row may sum several steps; older files have no such column: read as
+#    NULL, every row one step)
 DIGEST = "xor64+pos-fmix64"  # names the digest definition (docs/DIGESTS.md); runs compare only under the same one
 # the host digest kernel's revision: 2 keeps the OpenMP team's chunk table alive while the team reads it
 # (2abed93); a run recorded before it (no `digest_build`) with more than one torch thread may hold wrong
@@ -172,13 +174,15 @@ ALERTS = Table(
 
 SENSOR_STATS = Table(
     "sensor_stats",
-    "Online mode: one row per sensor (and operator) per step, written at the step's end.",
+    "Online mode: per sensor, one row of its totals (op NULL) per step, written at the step's end, and its "
+    "operators' rows: the checksum sensor writes an operator's row, summing the steps since its previous one, on a "
+    "step the operator was checked in, every 32 steps and at the end; the other sensors one per step.",
     (
         Column("step", "INTEGER", "training step"),
         Column("rank", "INTEGER", "rank"),
         Column("sensor", "VARCHAR", "sensor name"),
         Column("op", "VARCHAR", "operator key (`linear:blocks.0.mlp.fc`, ...); NULL: the sensor as a whole"),
-        Column("calls", "INTEGER", "protected operator calls seen in the step"),
+        Column("calls", "INTEGER", "protected operator calls seen in the step (in the steps the row covers)"),
         Column("checked", "INTEGER", "calls checked"),
         Column("rate", "DOUBLE", "sampling rate in force (fraction of the operator's work checked)"),
         Column("seconds", "DOUBLE", "seconds the sensor spent on the training's critical path"),
@@ -186,6 +190,8 @@ SENSOR_STATS = Table(
         Column("flops_checked", "DOUBLE", "FLOPs of the work checked (rows checked of the calls checked)"),
         Column("threshold", "DOUBLE", "threshold in force at the step's end (NULL: none)"),
         Column("queue", "INTEGER", "verifier queue length at the step's end"),
+        Column("steps", "INTEGER", "steps the row covers, the last being `step` (NULL in files before schema version "
+               "5: one)"),
     ),
 )
 

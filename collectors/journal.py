@@ -54,7 +54,7 @@ def arrow_schema(table) -> pa.Schema:
 ROW_TABLES = (EVENTS, TENSORS, STACKS, DUMPS, ALERTS, SENSOR_STATS, API_EVENTS, VIOLATIONS)
 SCHEMAS = {t.name: arrow_schema(t) for t in ROW_TABLES}
 # Columns a table gained after schema 1: a journal written before them lacks them (read as NULL).
-LATER_COLUMNS = {TENSORS.name: {"unobserved", "shard"}}
+LATER_COLUMNS = {TENSORS.name: {"unobserved", "shard"}, SENSOR_STATS.name: {"steps"}}
 
 MAGIC, END_MAGIC, MAGIC_V1 = b"BGJ2", b"BGJE", b"BGJ1"
 _HEAD = struct.Struct("<4sQIQqqBI")  # magic, number, parts, payload length, first step, last step, flags, CRC

@@ -124,6 +124,7 @@ class OnlineMonitor(Guarded):
         self._printed = 0
         self._stepped: set[int] = set()  # optimizers that stepped since the last step's end
         self._writer_start = getattr(store, "writer_cpu_s", 0.0)  # the store's writer CPU before this recording
+        self.final = False  # the recording is ending: the sensors' stats() write what they still hold
 
     # -- steps ---------------------------------------------------------------------------------
     @property
@@ -164,6 +165,7 @@ class OnlineMonitor(Guarded):
         if self._active():
             self.guard(self._end_step)(final=True)  # the last, partial step's counters
         else:
+            self.guard(self._pending_stats)()
             self.guard(self._flush)()
         self.enabled = False
 
@@ -192,7 +194,8 @@ class OnlineMonitor(Guarded):
     def _end_step(self, final: bool = False) -> None:
         """`final`: the recording ends inside a step (no sensor's on_step_end: a cross-rank exchange
         there could wait for a rank that has gone)."""
-        step = self._step
+        step = self.step  # (a partial last step's calls, after an optimizer.step() ended, are the next step's)
+        self.final = final
         for sensor in self.sensors if not final else ():
             self.guard(sensor.on_step_end)(step)
         t0 = self.budget.clock()
@@ -202,6 +205,7 @@ class OnlineMonitor(Guarded):
         queue = len(self.verifier)
         for row in rows:
             row.update(step=step, rank=self.rank, queue=queue)
+            row.setdefault("steps", 1)
         self._charge_writer(step)
         self.budget.step_end()
         self.budget.reset()
@@ -211,6 +215,17 @@ class OnlineMonitor(Guarded):
             self.guard(self.simulator.on_step_end)(step)
         self._flush()
         self.budget.charge_fixed(self.budget.clock() - t0)
+
+    def _pending_stats(self) -> None:
+        """The sensors' rows still held when the recording ends after a step's end (no partial step)."""
+        step = self.steps_seen() - 1
+        rows = []
+        for sensor in self.sensors:
+            rows += self.guard(sensor.pending_stats)(step) or []
+        for row in rows:
+            row.update(rank=self.rank, queue=len(self.verifier))
+        if self.store is not None and rows:
+            self.store.add_rows(SENSOR_STATS.name, rows)
 
     def _charge_writer(self, step: int) -> None:
         """Charge the store's writer thread's CPU time as fixed cost: its mean per step so far (steps

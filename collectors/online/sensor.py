@@ -66,6 +66,11 @@ class Sensor:
         flops_checked, threshold), then reset the per-step counters."""
         return []
 
+    def pending_stats(self, step: int) -> list[dict]:
+        """sensor_stats rows stats() still holds (a row summing several steps), to step `step`: called
+        once when the recording ends after a step's end."""
+        return []
+
     def coverage(self) -> dict:
         """What the sensor sees and what it cannot (for the manifest and `bitguard alerts`)."""
         return {}

@@ -129,3 +129,19 @@ def test_the_cli_prints_the_alerts(tmp_path):
                           cwd=str(ROOT), env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert "#0 step 4 rank 0 checksum blocks.0.mlp.fc (linear): transient" in proc.stdout
+
+
+def test_a_schema_4_rank_file_without_sensor_stats_steps_still_reads(tmp_path):
+    """sensor_stats gained `steps` in schema version 5: a rank file written before reads it as NULL."""
+    from bitguard import db
+
+    run = online_run(tmp_path, [alert(0, "confirmed")], [stats(0), stats(1), stats(1, op="linear:m", calls=4)])
+    con = db.connect(run / "rank-0.duckdb")
+    try:
+        con.execute("ALTER TABLE sensor_stats DROP COLUMN steps")
+        con.execute("UPDATE meta SET value = '4' WHERE key = 'schema_version'")
+    finally:
+        con.close()
+    report = read_alerts(run).to_dict()
+    checksum = next(c for c in report["coverage"] if c["sensor"] == "checksum")
+    assert checksum["calls"] == 20 and checksum["steps"] == 2 and checksum["ops"][0]["calls"] == 4

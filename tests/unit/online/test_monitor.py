@@ -146,3 +146,33 @@ def test_a_rank_store_counts_its_writer_threads_cpu(tmp_path):
         assert store.writer_cpu_s > 0.0
     finally:
         store.close("complete")
+
+
+def test_at_a_low_rate_an_operators_stats_row_sums_its_steps_and_loses_no_call(tmp_path):
+    """The checksum sensor's operator rows are written on a step the operator was checked in, every
+    STATS_STEPS steps and at the end, each summing the steps since the previous one (`steps`); its totals
+    row is written every step. Summed, they are every call seen."""
+    from bitguard.collectors.online.checksum import STATS_STEPS
+
+    model, opt, data = build()
+    steps = STATS_STEPS + 8
+    with bitguard.record(tmp_path / "run", mode="online", budget=0.001):
+        train(model, opt, data, steps)
+    path = tmp_path / "run" / "rank-0.duckdb"
+    totals = _rows(path, "SELECT step, calls, steps FROM sensor_stats WHERE sensor = 'checksum' AND op IS NULL "
+                         "ORDER BY step")
+    assert [s for s, _, _ in totals] == list(range(steps)) and {n for *_, n in totals} == {1}
+    per_op = _rows(path, "SELECT op, step, steps, calls, checked FROM sensor_stats WHERE sensor = 'checksum' "
+                         "AND op IS NOT NULL ORDER BY op, step")
+    assert sum(r[3] for r in per_op) == sum(c for _, c, _ in totals), "every call is in some operator's row"
+    assert len(per_op) < len(totals) * 9 / 2, "fewer rows than one per operator per step"
+    by_op = {}
+    for op, step, covered, calls, checked in per_op:
+        by_op.setdefault(op, []).append((step, covered, checked))
+    for op, rows in by_op.items():
+        first = 0
+        for step, covered, checked in rows:
+            assert step - covered + 1 == first, (op, rows)  # the rows tile the steps, none twice, none left out
+            assert covered <= STATS_STEPS and (checked or covered == STATS_STEPS or step == steps - 1), (op, rows)
+            first = step + 1
+        assert first == steps, (op, rows)
