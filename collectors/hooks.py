@@ -666,9 +666,15 @@ class Collector:
                 self._depths[name] = depth
             if parent is not None:  # the common case: a call inside a model
                 if record:
-                    flat = frame.args = _flatten(args)
-                    frame.inputs = self._rows(flat, "input")
-                    if self._may_draw(module):
+                    if len(args) == 1 and isinstance(args[0], torch.Tensor):  # (what _flatten and _rows give)
+                        frame.args = [("[0]", args[0])]
+                        frame.inputs = [self._row(args[0], "input", 0, "[0]")]
+                    else:
+                        flat = frame.args = _flatten(args)
+                        frame.inputs = self._rows(flat, "input")
+                    free = self._rng_free.get(type(module))  # (_may_draw, once the class is known)
+                    if (self._may_draw(module) if free is None else
+                            not free or module._forward_pre_hooks or module._forward_hooks):
                         frame.rng = torch.get_rng_state()
                 frames.append(frame)
                 return frame
