@@ -7,8 +7,12 @@ charged with the training's own time in that step (the step's wall time minus wh
 charged) and sets every operator's rate for the next step: a water-filling of the step's allowance
 (HEADROOM × budget × training time) over the operators seen, cheapest first, each getting an equal share of
 what is left, capped at rate 1. An operator's cost per unit of rate is learned from what it
-charged (an exponential average), so the controller needs no model of the hardware; one not checked
-yet is priced from the others' (per FLOP) until its first check.
+charged (an exponential average of what its checks cost, each observation at most OUTLIER times the
+estimate: one check slowed by a context switch must not starve an operator checked once in a hundred
+steps), so the controller needs no model of the hardware; one not checked yet is priced from the
+others' until its first check: per element its checks would read (what a checksum's cost follows: it
+reads each operand once, whatever the product's FLOPs), among the operators of its kind (the part of
+the op key before its first colon: `linear`, `matmul.dgrad`, ...) when any is measured, else per FLOP.
 
 A rate r is the probability that a call of the operator is checked; a checked call is checked
 whole (the checksum sensor covers every element of it), so the cost of a check's fixed part
@@ -32,6 +36,7 @@ MIN_RATE = 1 / 1024
 EMA = 0.3  # weight of the latest step in an operator's cost estimate
 MAX_RAISE = 2.0  # a rate at most doubles from one step to the next (decreases take effect at once)
 START_RATE = 1 / 16  # an operator's first rate: cheap before anything is measured, raised when there is room
+OUTLIER = 4.0  # one observation of an operator's cost raises its estimate at most to this multiple
 HEADROOM = 0.8  # the rates aim at this share of the budget: what is not measured (the
 # hooks' own frames, the training thread's waits for the interpreter lock, caches the checks evict) takes the rest; the
 # journal writer thread's CPU time is charged as fixed cost (monitor.py)
@@ -47,6 +52,8 @@ class OpBudget:
     flops_seen: float = 0.0
     flops_checked: float = 0.0
     flops_step: float = 0.0  # FLOPs seen in the last step it had calls (what prices it before its first check)
+    size_seen: float = 0.0  # elements its checks would read, over this step's calls
+    size_step: float = 0.0  # the same, in the last step it had calls
 
 
 class Budget:
@@ -74,14 +81,15 @@ class Budget:
             entry = self.ops[(sensor, op)] = OpBudget(1.0 if self.fraction >= 1 else START_RATE)
         return entry
 
-    def allow(self, sensor: str, op: str, flops: float = 0.0) -> bool:
-        """Whether to check this call of `op` (counting it as seen)."""
-        return self.draw(self.op(sensor, op), flops)
+    def allow(self, sensor: str, op: str, flops: float = 0.0, size: float = 0.0) -> bool:
+        """Whether to check this call of `op` (counting it as seen); `size`: the elements its check would read."""
+        return self.draw(self.op(sensor, op), flops, size)
 
-    def draw(self, entry: OpBudget, flops: float = 0.0) -> bool:
+    def draw(self, entry: OpBudget, flops: float = 0.0, size: float = 0.0) -> bool:
         """allow() on an entry the caller kept from op() (a hook called on every call skips the lookup)."""
         entry.calls += 1
         entry.flops_seen += flops
+        entry.size_seen += size
         if entry.rate >= 1 or self._random() < entry.rate:
             entry.checked += 1
             return True
@@ -116,23 +124,24 @@ class Budget:
 
     def _allocate(self, allowance: float) -> None:
         active, unknown = [], []
-        for entry in self.ops.values():
+        for key, entry in self.ops.items():
             if entry.calls:
-                entry.flops_step = entry.flops_seen
+                entry.flops_step, entry.size_step = entry.flops_seen, entry.size_seen
             if entry.checked and entry.seconds > 0 and entry.calls:
                 # seconds at rate 1: what its checked calls cost, scaled to all its calls
                 observed = entry.seconds * entry.calls / entry.checked
-                entry.unit = observed if entry.unit is None else (1 - EMA) * entry.unit + EMA * observed
+                entry.unit = observed if entry.unit is None else \
+                    (1 - EMA) * entry.unit + EMA * min(observed, OUTLIER * entry.unit)
             if entry.calls and entry.unit:
-                active.append(entry)
+                active.append((key, entry))
             elif entry.calls:
-                unknown.append(entry)
+                unknown.append((key, entry))
         # an operator never checked yet (all its calls sampled out) is priced like the known ones, by its FLOPs
         # (else at their median cost), and shares the allowance: raising unknown rates blindly overspent the
         # first steps of a recording several times over (up to 36 of 75 calls checked, 16% of a step)
         priced = self._priced(active, unknown)
         if not active and allowance > 0:  # nothing measured yet to price by: the unknown rates rise until one is
-            for entry in unknown:
+            for _, entry in unknown:
                 entry.rate = min(1.0, entry.rate * MAX_RAISE)
         left = allowance
         for n, (entry, unit) in enumerate(sorted(priced, key=lambda pair: pair[1])):
@@ -143,16 +152,26 @@ class Budget:
 
     @staticmethod
     def _priced(active: list, unknown: list) -> list:
-        """(entry, its seconds per step at rate 1) of every operator with calls: the learned cost, or
-        for one never checked an estimate from the known ones' (per FLOP when both have FLOPs, else
-        their median); with nothing known yet, none (the caller raises their rates until one is checked)."""
-        priced = [(e, e.unit) for e in active]
+        """(entry, its seconds per step at rate 1) of every operator with calls (`active`, `unknown`:
+        (key, entry) pairs): the learned cost, or for one never checked an estimate from the known
+        ones' (per element read, among its kind's when any is known, else among all; else per FLOP;
+        else their median); with nothing known yet, none (the caller raises their rates until one is
+        checked)."""
+        priced = [(e, e.unit) for _, e in active]
         if not unknown or not active:
             return priced
-        per_flop = sorted(e.unit / e.flops_step for e in active if e.flops_step > 0)
-        median_unit = sorted(e.unit for e in active)[len(active) // 2]
-        for entry in unknown:
-            if per_flop and entry.flops_step > 0:
+        per_size: dict[str, list[float]] = {}
+        for (_, op), e in active:
+            if e.size_step > 0:
+                per_size.setdefault(_kind(op), []).append(e.unit / e.size_step)
+        every = sorted(v for values in per_size.values() for v in values)
+        per_flop = sorted(e.unit / e.flops_step for _, e in active if e.flops_step > 0)
+        median_unit = sorted(e.unit for _, e in active)[len(active) // 2]
+        for (_, op), entry in unknown:
+            peers = sorted(per_size.get(_kind(op), ())) or every
+            if peers and entry.size_step > 0:
+                priced.append((entry, peers[len(peers) // 2] * entry.size_step))
+            elif per_flop and entry.flops_step > 0:
                 priced.append((entry, per_flop[len(per_flop) // 2] * entry.flops_step))
             else:
                 priced.append((entry, median_unit))
@@ -163,4 +182,9 @@ class Budget:
         self.fixed_s = 0.0
         for entry in self.ops.values():
             entry.calls = entry.checked = 0
-            entry.seconds = entry.flops_seen = entry.flops_checked = 0.0
+            entry.seconds = entry.flops_seen = entry.flops_checked = entry.size_seen = 0.0
+
+
+def _kind(op: str) -> str:
+    """An op key's kind: the part before its first colon (`linear:blocks.0.fc` -> `linear`)."""
+    return op.partition(":")[0]

@@ -359,11 +359,11 @@ class ChecksumSensor(GemmChecks, Sensor):
         ops.calls = call + 1
         k, o = x.shape[-1], y.shape[-1]  # (the weight's shape, without nn.Module's attribute lookup)
         n = x.numel() // k if k else 0
-        flops = 2.0 * n * k * o
-        forward = budget.draw(ops.forward, flops)
+        flops, size = 2.0 * n * k * o, float(n * k + k * o + n * o)
+        forward = budget.draw(ops.forward, flops, size)
         backward = y.requires_grad and torch.is_grad_enabled()  # the backward GEMMs' calls are drawn here
-        dgrad = backward and budget.draw(ops.dgrad, flops)
-        wgrad = backward and budget.draw(ops.wgrad, flops)
+        dgrad = backward and budget.draw(ops.dgrad, flops, size)
+        wgrad = backward and budget.draw(ops.wgrad, flops, size)
         self._checks_s = 0.0
         if forward or dgrad or wgrad:
             name, weight, bias = ops.name, module.weight, module.bias

@@ -266,11 +266,11 @@ class GemmChecks:
         a, b, bias = got
         call = site.calls
         site.calls = call + 1
-        flops = 2.0 * out.numel() * a.shape[-1]
-        forward = budget.draw(site.forward, flops)
+        flops, size = 2.0 * out.numel() * a.shape[-1], float(out.numel() + a.numel() + b.numel())
+        forward = budget.draw(site.forward, flops, size)
         backward = out.requires_grad and torch.is_grad_enabled()
-        dgrad = backward and a.requires_grad and budget.draw(site.dgrad, flops)
-        wgrad = backward and b.requires_grad and budget.draw(site.wgrad, flops)
+        dgrad = backward and a.requires_grad and budget.draw(site.dgrad, flops, size)
+        wgrad = backward and b.requires_grad and budget.draw(site.wgrad, flops, size)
         self._checks_s = 0.0
         if forward or dgrad or wgrad:
             self._gemm.busy = True

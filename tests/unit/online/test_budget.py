@@ -133,3 +133,39 @@ def test_with_nothing_measured_yet_the_rates_rise():
     clock.t += 1.0
     budget.step_end()
     assert entry.rate == START_RATE * 2
+
+
+def test_an_operator_never_checked_is_priced_per_element_among_its_kind_not_per_flop():
+    """A checksum reads each operand once: its cost follows the elements, not the product's FLOPs. A Linear
+    never checked, of many FLOPs but few elements, is priced from the measured Linears per element; the
+    batched products measured too (dearer per element) do not price it. Priced per FLOP it got a rate
+    under 0.002 on the bench GPT, and was not checked once in 200 steps."""
+    clock = Clock()
+    budget = Budget(0.02, clock)
+    budget.start()
+    for name, kind, seconds, size, flops in [("a", "linear", 0.001, 1e6, 1e8), ("b", "linear", 0.002, 2e6, 2e8),
+                                             ("c", "matmul", 0.01, 1e6, 1e6), ("d", "matmul", 0.02, 2e6, 2e6)]:
+        entry = budget.op("checksum", f"{kind}:{name}")
+        entry.calls, entry.checked, entry.seconds, entry.flops_seen, entry.size_seen = 1, 1, seconds, flops, size
+    fresh = budget.op("checksum", "linear:fresh")
+    fresh.calls, fresh.flops_seen, fresh.size_seen = 1, 5e9, 1e6
+    clock.t += 1.0
+    budget.step_end()
+    priced = dict((id(e), unit) for e, unit in budget._priced(
+        [(k, e) for k, e in budget.ops.items() if e.unit], [(("checksum", "linear:fresh"), fresh)]))
+    assert priced[id(fresh)] == pytest.approx(0.001), "the Linears' cost per element times its elements"
+
+
+def test_one_slow_check_raises_an_operators_cost_estimate_at_most_outlier_times():
+    from bitguard.collectors.online.budget import EMA, OUTLIER
+
+    clock = Clock()
+    budget = Budget(0.02, clock)
+    budget.start()
+    entry = budget.op("checksum", "linear:x")
+    for seconds in (0.001, 1.0):  # a check slowed a thousandfold (a context switch, a page fault)
+        entry.calls, entry.checked, entry.seconds = 1, 1, seconds
+        clock.t += 10.0
+        budget.step_end()
+        budget.reset()
+    assert entry.unit == pytest.approx((1 - EMA) * 0.001 + EMA * OUTLIER * 0.001)
