@@ -36,7 +36,7 @@ it is within MARGIN × the median of those learned so far (a fault present durin
 lift the learned threshold above itself). An operator checked rarely (a low rate on one call a
 step: hundreds of steps to its WARMUP checks) is not judged by the hard bound alone meanwhile: once
 its `Pool` (every operator of the same output dtype, device type and sums' dtype) holds POOL_MIN
-clean statistics from two operators or more, MARGIN × the pool's largest judges it until its own
+clean statistics from two operators or more, POOL_MARGIN × the pool's largest judges it until its own
 warm-up ends (the normalised gap is scale-free: its clean values over the bench GPT's 75 Linear
 operators of float32 lie within a factor of 10 of each other, 10³ under their hard bounds). A gap over the threshold raises an alert and
 doubles the threshold, which halves back step by step (AEGIS §5.1.3); a false alarm (the
@@ -81,8 +81,10 @@ WARMUP = 8  # checks before the learned threshold replaces the hard bound
 WARMUP_BASE = 2  # gaps learned before warm-up rejects implausible ones (OpState.plausible)
 WINDOW = 64  # clean check statistics kept per operator
 POOL_WINDOW = 256  # clean check statistics kept per pool (the latest, of all its operators)
-POOL_MIN = 8  # clean statistics a pool holds, from two operators or more, before it judges operators in warm-up
 MARGIN = 4.0  # learned threshold = MARGIN × the largest clean statistic in the window
+POOL_MIN = 16  # clean statistics a pool holds, from two operators or more, before it judges operators in warm-up
+POOL_MARGIN = 2 * MARGIN  # pool threshold = POOL_MARGIN × its largest clean statistic (its operators differ: with
+# MARGIN and 8 statistics, one of the bench GPT's operators was over it on a clean call at step 3, cleared)
 STATS_STEPS = 32  # an operator checked in none of this many steps writes one sensor_stats row for them (summed)
 EVIDENCE_ELEMENTS = 4  # elements (so at most as many rows and columns) localised into an alert's evidence
 CHUNK = 1 << 22  # elements of an operand converted to float64 at a time (the checks' memory stays bounded)
@@ -239,10 +241,10 @@ class Pool:
         self.ops: set[int] = set()  # id() of the OpStates that contributed
 
     def threshold(self) -> float | None:
-        """MARGIN × the largest clean statistic held, or None before POOL_MIN from two operators."""
+        """POOL_MARGIN × the largest clean statistic held, or None before POOL_MIN from two operators."""
         if len(self.clean) < POOL_MIN or len(self.ops) < 2:
             return None
-        return MARGIN * max(max(self.clean), 2.0 ** -52)
+        return POOL_MARGIN * max(max(self.clean), 2.0 ** -52)
 
 
 class OpState:

@@ -388,7 +388,7 @@ def test_an_operator_in_warm_up_is_judged_by_its_pool_so_a_fault_under_the_hard_
     sensor.monitor = monitor
     torch.manual_seed(5)
     others = [torch.nn.Linear(256, 128) for _ in range(3)]
-    for i in range(3):
+    for i in range(6):
         for lin in others:
             _linear_calls(sensor, lin, (512,), torch.float32, 1, seed=10 * i + len(monitor.names))
     assert sensor.ops["linear:m0"].pool.threshold() is not None and monitor.raised == []
