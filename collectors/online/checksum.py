@@ -74,7 +74,7 @@ import numpy as np
 import torch
 
 from bitguard.collectors.online import cpu_checksum
-from bitguard.collectors.online.gemm_calls import GemmChecks
+from bitguard.collectors.online.gemm_calls import LINEAR, Family, GemmChecks
 from bitguard.collectors.online.sensor import Alert, LinearPatch, Sensor
 
 WARMUP = 8  # checks before the learned threshold replaces the hard bound
@@ -453,14 +453,14 @@ class ChecksumSensor(GemmChecks, Sensor):
 
     # -- backward ---------------------------------------------------------------------------------
     def _hook_backward(self, name: str, y: torch.Tensor, x2: torch.Tensor, weight: torch.Tensor, call: int,
-                       dgrad: bool, wgrad: bool, prefix: str = "linear") -> None:
+                       dgrad: bool, wgrad: bool, family: Family = LINEAR) -> None:
         """dx = g·W and dW = gᵀ·x of y = x·Wᵀ (+ b), through a post hook on y's AddmmBackward0 /
-        MmBackward0 node; `prefix` names the operators: `linear` (dW in W's layout) or `matmul`
-        (y = x·B: the gradient in B's layout, Wᵀ's)."""
+        MmBackward0 node; `family` names the operators and the weight gradient's layout (LINEAR,
+        the default, or MATMUL)."""
         node = gemm_node(y)
         kind = type(node).__name__ if node is not None else None
         if kind not in ("AddmmBackward0", "MmBackward0"):
-            self._unobserved(name, prefix)
+            self._unobserved(name, family.prefix)
             return
         monitor, sensor = self.monitor, self
         offset = 1 if kind == "AddmmBackward0" else 0  # addmm(bias, mat1, mat2): grads of (self, mat1, mat2)
@@ -471,7 +471,7 @@ class ChecksumSensor(GemmChecks, Sensor):
             handle.remove()
             monitor.guard(sensor._on_backward)(name, grad_inputs[offset] if dgrad else None,
                                                grad_inputs[offset + 1] if wgrad else None, grad_outputs[0],
-                                               x2, w, call, prefix)
+                                               x2, w, call, family)
 
         handle = node.register_hook(post)
 
@@ -481,10 +481,10 @@ class ChecksumSensor(GemmChecks, Sensor):
         for op in (f"{prefix}.dgrad", f"{prefix}.wgrad"):
             self._state(f"{op}:{name}", name, op).observed = False
 
-    def _on_backward(self, name: str, dx, dwt, g, x2, w, call: int, prefix: str = "linear") -> None:
+    def _on_backward(self, name: str, dx, dwt, g, x2, w, call: int, family: Family = LINEAR) -> None:
         """dx = g·W (N×K) and dW = gᵀ·x (O×K; autograd hands dWᵀ), each checked whole."""
         if g is not None:
-            self._charged(self._check_backward, name, dx, dwt, g, x2, w, call, prefix)
+            self._charged(self._check_backward, name, dx, dwt, g, x2, w, call, family)
 
     def _charged(self, fn, *args) -> None:
         """fn(*args), its time outside the checks it makes (they charge themselves) charged as fixed cost."""
@@ -496,7 +496,8 @@ class ChecksumSensor(GemmChecks, Sensor):
         finally:
             budget.charge_fixed(budget.clock() - t0 - self._checks_s)
 
-    def _check_backward(self, name: str, dx, dwt, g, x2, w, call: int, prefix: str = "linear") -> None:
+    def _check_backward(self, name: str, dx, dwt, g, x2, w, call: int, family: Family = LINEAR) -> None:
+        prefix = family.prefix
         n, o = g.shape[0], g.shape[-1]
         k = w.shape[1]
         g2 = g.reshape(n, o)
@@ -504,7 +505,7 @@ class ChecksumSensor(GemmChecks, Sensor):
         if dx is not None:
             self._check(f"{prefix}.dgrad:{name}", name, f"{prefix}.dgrad", dx.reshape(n, k), g2, w, None, call)
         if dwt is not None:  # (named in the layout of what it is the gradient of: nn.Linear's W, a product's B = Wᵀ)
-            c, a, b = (dwt.T, g2.T, x2) if prefix == "linear" else (dwt, x2.T, g2)
+            c, a, b = (dwt.T, g2.T, x2) if family.weight_layout else (dwt, x2.T, g2)
             self._check(f"{prefix}.wgrad:{name}", name, f"{prefix}.wgrad", c, a, b, None, call)
 
     # -- verification (verifier thread) -----------------------------------------------------------

@@ -109,6 +109,20 @@ class GemmPatch:
         self._saved.clear()
 
 
+@dataclass(frozen=True)
+class Family:
+    """How a GEMM's backward operators are named and laid out: `prefix` of their op names, and
+    whether the weight gradient is reported in nn.Linear's weight layout (W, with y = x·Wᵀ) or in
+    the product's right operand's own (B, with y = x·B)."""
+
+    prefix: str
+    weight_layout: bool
+
+
+LINEAR = Family("linear", True)  # nn.Linear: linear.dgrad, linear.wgrad in W's layout
+MATMUL = Family("matmul", False)  # torch.matmul and the like: matmul.dgrad, matmul.wgrad in B's layout
+
+
 def site_finder(make, module_name):
     """A function from a caller's frame to its CallSite, `make(name)` making one the first time, or
     _SKIP for bitguard's own frames; memoised per (code object, line, the caller's module). A call
@@ -294,7 +308,7 @@ class GemmChecks:
             if forward:
                 self._check(site.key, site.name, "matmul", c, a2, b2, bias, call)
             if dgrad or wgrad:
-                self._hook_backward(site.name, out, a2, b2.T, call, dgrad, wgrad, prefix="matmul")
+                self._hook_backward(site.name, out, a2, b2.T, call, dgrad, wgrad, MATMUL)
             return
         if forward:
             self._check_batched(site.key, site.name, "matmul", c, a2, b2, call, tuple(out.shape[:-2]))
