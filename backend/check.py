@@ -6,7 +6,7 @@ every rank of a group (backend/crossrank.py). Each such check is a function regi
 
     from bitguard.backend.check import Finding, Outcome, register
 
-    @register("recompute")
+    @register("recompute", reads=READS)  # READS: a polars filter of the events (and their tensors) it reads
     def check_recompute(run: LoadedRun) -> Outcome:
         ...
         return Outcome(compared=n, findings=[Finding(...)], notes=[...])
@@ -14,7 +14,8 @@ every rank of a group (backend/crossrank.py). Each such check is a function regi
 A check reads the run through `LoadedRun` (ingest.py's frames, loaded once per rank and shared by
 every check) and answers an `Outcome`: how many comparisons it made (0: nothing in this run it
 applies to), what differed (`Finding`s), and what it could not check, in sentences. The modules
-holding checks are listed in `CHECK_MODULES`; adding a check is one line there.
+holding checks are listed in `CHECK_MODULES`; adding a check is one line there. `reads` names the
+events the check reads (with their tensors): a comparison hands the checks only those rows.
 
 `run_checks` gives the `bitguard.check/1` document (`CheckResult`). Verdicts and exit statuses:
 - `clean` (0): the run is complete and whole, at least one comparison was made, nothing differed;
@@ -117,14 +118,18 @@ class LoadedRun:
 
 CheckFn = Callable[[LoadedRun], Outcome]
 _CHECKS: dict[str, CheckFn] = {}
+_READS: dict[str, pl.Expr] = {}
 
 
-def register(name: str) -> Callable[[CheckFn], CheckFn]:
-    """Decorator: register `fn` as the in-run check `name` (names are unique)."""
+def register(name: str, reads: pl.Expr) -> Callable[[CheckFn], CheckFn]:
+    """Decorator: register `fn` as the in-run check `name` (names are unique). `reads` is the
+    filter of a rank's events whose rows (and their tensors' rows) the check reads: a
+    comparison keeps only those for `run_checks` (`rows_read`), so a check given a whole run and
+    one given these rows must find the same."""
     def add(fn: CheckFn) -> CheckFn:
         if name in _CHECKS and _CHECKS[name] is not fn:
             raise ValueError(f"an in-run check named {name!r} is already registered")
-        _CHECKS[name] = fn
+        _CHECKS[name], _READS[name] = fn, reads
         return fn
     return add
 
@@ -194,13 +199,21 @@ def run_checks(run, rank: int | None = None, frames: dict | None = None) -> Chec
                        reasons=reasons)
 
 
+def rows_read(events: pl.DataFrame, tensors: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """The rows of one rank's events and tensors that the registered checks read (their `reads`),
+    in their order: what a comparison keeps of a rank for `run_checks` (rank_summary.py)."""
+    checks()
+    kept = events.filter(pl.any_horizontal(list(_READS.values()))) if _READS else events[:0]
+    return kept, tensors.filter(pl.col("seq").is_in(kept["seq"].implode()))
+
+
 def for_comparison(comparison) -> dict[str, list[Finding]]:
     """The findings of each run of a comparison (compare.py's `Comparison`), on the ranks it
-    compared, from the frames it already holds: `run_checks` in `bitguard.compare/1`."""
+    compared, from the rows of its frames the checks read (each rank's summary): `run_checks` in
+    `bitguard.compare/1`."""
     out = {}
     for side, info in (("a", comparison.run_a), ("b", comparison.run_b)):
-        frames = {r: ((rc.events_a, rc.tensors_a) if side == "a" else (rc.events_b, rc.tensors_b))
-                  for r, rc in comparison.ranks.items()}
+        frames = {r: rc.summary.checks[side] for r, rc in comparison.ranks.items()}
         loaded = LoadedRun(info, sorted(comparison.ranks), frames)
         findings = [f for fn in checks().values() for f in fn(loaded).findings]
         out[side] = sorted(findings, key=lambda f: (f.step, f.rank, f.seq))

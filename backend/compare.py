@@ -15,6 +15,7 @@ boundaries had been instrumented.
 from __future__ import annotations
 
 import fnmatch
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,23 +27,32 @@ from numba import njit
 from bitguard.backend import api_diff, certification, check, equivalence, granularity
 from bitguard.backend import pivot as pivot_mod
 from bitguard.backend import recompute
-from bitguard.backend import propagation, rank_pool, retype
+from bitguard.backend import propagation, rank_pool, rank_summary, retype
 from bitguard.backend.ingest import RunInfo, in_order, load_rank, open_run
+from bitguard.backend.rank_summary import RankSummary, hex16 as _hex, unobserved as _unobserved
 from bitguard.backend.result import COMPARE_SCHEMA, EXIT_STATUS, CompareResult
 from bitguard.backend.rules import RuleSet
-from bitguard.errors import IncompatibleRuns, NotFound
+from bitguard.errors import BitguardError, IncompatibleRuns, NotFound
 
 __all__ = ["COMPARE_SCHEMA", "Comparison", "compare"]
 DEFAULT_BAND = 64
 
 
-def _hex(v) -> str | None:
-    return None if v is None else f"{int(v):016x}"
+# A rank's frames: what a pool worker does not send back (rank_pool.py); the rest is small.
+FRAMES = ("events_a", "events_b", "tensors_a", "tensors_b", "stacks_a", "stacks_b", "alignment", "pairs", "diffs",
+          "gaps")
+_again = threading.Lock()  # one rank compared again at a time (the server's threads may ask at once)
 
 
-@dataclass
+@dataclass(repr=False)
 class RankComparison:
-    """One rank's aligned events, digests compared, rules applied."""
+    """One rank's aligned events, digests compared, rules applied.
+
+    A rank compared in a pool worker comes back `compact()`: its pivot, blame, propagation,
+    reasons, scope, regions and `summary` (what the document is made of), without the frames
+    (`FRAMES`). The first read of a frame compares the rank again in this process, from the same
+    rank files with the same options, and keeps every frame: the same frames, field for field,
+    as had the rank been compared here (a rank file changed since is refused, never mixed in)."""
 
     rank: int
     events_a: pl.DataFrame
@@ -62,11 +72,45 @@ class RankComparison:
     reasons: list = field(default_factory=list)  # what of this rank cannot be certified (certification.py)
     scope: certification.Scope = field(default_factory=certification.Scope)
     regions: granularity.Regions = field(default_factory=granularity.Regions)  # compiled regions (torch.compile)
+    summary: RankSummary | None = None  # what the document reads of this rank (rank_summary.py)
+    again: tuple | None = None  # compact: (run_a, run_b, rules, band, fingerprint, probes) to compare it again
+
+    def compact(self) -> RankComparison:
+        """This rank without its frames (what a pool worker sends back); set `again` to read them."""
+        out = object.__new__(RankComparison)
+        out.__dict__.update({k: v for k, v in self.__dict__.items() if k not in FRAMES and k != "again"})
+        return out
+
+    @property
+    def frames_held(self) -> bool:
+        """Every frame is here (compared in this process, or read once since)."""
+        return all(k in self.__dict__ for k in FRAMES)
+
+    def __getattr__(self, name: str):  # only called for an attribute not set: a compact rank's frame
+        if name not in FRAMES or self.__dict__.get("again") is None:
+            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+        with _again:
+            if name not in self.__dict__:
+                self._compare_again()
+        return self.__dict__[name]
+
+    def _compare_again(self) -> None:
+        run_a, run_b, rules, band, fingerprint, probes = self.again
+        full = _compare_rank(self.rank, run_a, run_b, rules, {}, band, fingerprint, probes)
+        if full.summary.alignment != self.summary.alignment or _where(full.pivot) != _where(self.pivot):
+            raise BitguardError(f"rank {self.rank}'s files changed since the comparison (compared again, they give "
+                                f"another alignment or pivot): compare the runs again")
+        self.__dict__.update({k: full.__dict__[k] for k in FRAMES})
+
+    def __repr__(self) -> str:
+        where = "no divergence" if self.pivot is None else \
+            f"pivot {self.pivot['phase']} {self.pivot['boundary']} step {self.pivot['step']}"
+        held = "frames held" if self.frames_held else "frames on first read"
+        return f"<RankComparison rank {self.rank}: {where}, {held}>"
 
 
-def _unobserved(tensors: pl.DataFrame) -> pl.Expr:
-    """A tensor's `unobserved` reason (older rank files have no such column: every tensor observed)."""
-    return pl.col("unobserved") if "unobserved" in tensors.columns else pl.lit(None, dtype=pl.String)
+def _where(pivot: dict | None) -> tuple | None:
+    return None if pivot is None else (pivot["cause"], pivot["seq"], pivot["b_seq"], pivot["order"])
 
 
 def _occurrence(tensors: pl.DataFrame) -> pl.Expr:
@@ -259,6 +303,7 @@ def _compare_rank(rank: int, run_a: RunInfo, run_b: RunInfo, rules: RuleSet, fir
     rc = RankComparison(rank, ea, eb, ta, tb, sa, sb, al, pairs, diffs, gaps, reasons=reasons + region_reasons,
                         scope=scope, regions=regions)
     _find_pivot(rc)
+    rc.summary = rank_summary.summarize(rc)  # before confirm_comm: its blame's fields are read after
     return rc
 
 
@@ -435,26 +480,7 @@ class Comparison:
         return self._reasons
 
     def _collect_reasons(self) -> list[dict]:
-        out = list(self.reasons)
-        for rc in self.ranks.values():
-            out += rc.reasons
-            unobserved = rc.pairs.filter(pl.col("status") == "unobserved")
-            if unobserved.height:
-                first = rc.events_a.row(int(unobserved["a_pos"][0]), named=True)
-                why = rc.diffs.filter((pl.col("a_seq") == first["seq"]) & pl.col("unknown")).select(
-                    pl.coalesce("unobserved", "unobserved_b")).to_series().drop_nulls()
-                out.append(certification.reason("unobserved", rank=rc.rank, message=
-                            f"{unobserved.height} paired event(s) on rank {rc.rank} hold a tensor that could not be "
-                            f"observed, first the {first['phase']} of {first['boundary']} at step {first['step']}"
-                            + (f" ({why[0]})" if why.len() else "")))
-            follows = rc.pairs.filter(pl.col("status") == "follows")
-            if follows.height:
-                rules = sorted(set(follows["rule_id"].drop_nulls().to_list()))
-                out.append(certification.reason("follows_accepted", rank=rc.rank, message=
-                            f"{follows.height} divergent event(s) on rank {rc.rank} follow from differences accepted "
-                            f"by rule(s) {', '.join(rules)}: events downstream of an accepted difference cannot "
-                            f"be certified"))
-        return out
+        return list(self.reasons) + [r for rc in self.ranks.values() for r in rc.summary.reasons]
 
     def blocking_reasons(self) -> list[dict]:
         return [r for r in self.certification_reasons() if r["code"] not in _INFORMATIONAL]
@@ -476,102 +502,19 @@ class Comparison:
         rc = self._first
         if rc is None:
             return None
-        p, blame = rc.pivot, rc.blame
-        structure = p["cause"] == "structure"
-        stacks = rc.stacks_b if p["side"] == "b" else rc.stacks_a
-        if structure:
-            tensors = self._one_side_tensors(rc, p["side"], p["seq"] if p["side"] == "a" else p["b_seq"])
-            module_type_b = p["module_type"] if p["side"] == "b" else None
-        else:
-            tensors = self._tensor_pairs(rc, p["seq"])
-            module_type_b = rc.events_b.row(p["b_pos"], named=True)["module_type"]
-        notes = []
-        if p["side"] is None or p["side"] == "a":
-            earlier = rc.pairs.filter((pl.col("status") == "unobserved") & (pl.col("a_pos") < p["order"]))
-            if earlier.height:
-                alone = " or that one run alone records" if earlier["resigned"].any() else ""  # retype.py
-                notes.append(f"{earlier.height} event(s) before this one hold tensors that could not be observed"
-                             f"{alone}: the runs may have parted earlier")
-        # most events unpaired: often names that differ by a prefix (torch.compile's _orig_mod.)
-        mostly_unpaired = 2 * rc.pairs.height < max(rc.events_a.height, rc.events_b.height)
-        hint = certification.name_hint(rc.events_a["boundary"].to_list(), rc.events_b["boundary"].to_list()) \
-            if structure and mostly_unpaired else None
-        if hint:
-            notes.append(hint)
-        notes += retype.note(rc.pairs, None if structure else p["seq"], rc.diffs)
-        notes += granularity.note(rc.regions, p)
-        return {
-            "cause": p["cause"], "missing_side": None if not structure else ("b" if p["side"] == "a" else "a"),
-            "rank": rc.rank, "step": p["step"], "phase": p["phase"], "kind": p["kind"],
-            "boundary": p["boundary"], "module_type": p["module_type"], "call": p["call"],
-            "blame": blame["blame"], "fault_class": blame["fault_class"], "blame_window": blame["blame_window"],
-            "differing_roles": blame["differing_roles"], "stack": stacks.get(p["stack_id"], []),
-            "a_seq": p["seq"], "b_seq": p["b_seq"],
-            # paired although the module type or a dtype differs (e.g. a norm swapped for a subclass)
-            "retyped": p.get("retyped", False), "module_type_b": module_type_b,
-            "tensors": tensors, "notes": notes,
-            "api_differences": api_diff.differences(self.run_a, self.run_b, rc.rank, p["step"]),
-        }
-
-    def _tensor_pairs(self, rc: RankComparison, a_seq: int) -> list[dict]:
-        rows = rc.diffs.filter(pl.col("a_seq") == a_seq).sort("role", "idx")
-        return [{"role": r["role"], "index": r["idx"], "path": r["path"], "shape": r["shape"], "dtype": r["dtype"],
-                 "dtype_b": r["dtype_b"], "a": {"xor": _hex(r["xor"]), "pos": _hex(r["pos"])},
-                 "b": {"xor": _hex(r["xor_b"]), "pos": _hex(r["pos_b"])},
-                 "differs": r["differs"], "ignored": r["ignored"], "rule_id": r["rule_id"],
-                 "unobserved": r["unobserved"] or r["unobserved_b"]}
-                for r in rows.iter_rows(named=True)]
-
-    @staticmethod
-    def _one_side_tensors(rc: RankComparison, side: str, seq: int) -> list[dict]:
-        tensors = rc.tensors_a if side == "a" else rc.tensors_b
-        rows = tensors.filter(pl.col("seq") == seq).sort("role", "idx")
-        unobserved = _unobserved(rows)
-        out = []
-        for r, why in zip(rows.iter_rows(named=True), rows.select(unobserved).to_series().to_list()):
-            digest = {"xor": _hex(r["xor"]), "pos": _hex(r["pos"])}
-            none = {"xor": None, "pos": None}
-            out.append({"role": r["role"], "index": r["idx"], "path": r["path"], "shape": r["shape"],
-                        "dtype": r["dtype"] if side == "a" else None, "dtype_b": r["dtype"] if side == "b" else None,
-                        "a": digest if side == "a" else none, "b": digest if side == "b" else none,
-                        "differs": True, "ignored": False, "rule_id": None, "unobserved": why})
-        return out
+        blame = rc.blame  # after confirm_comm
+        return {**rc.summary.divergence, "blame": blame["blame"], "fault_class": blame["fault_class"],
+                "blame_window": blame["blame_window"], "differing_roles": blame["differing_roles"],
+                "api_differences": api_diff.differences(self.run_a, self.run_b, rc.rank, rc.pivot["step"])}
 
     def alignment_summary(self) -> dict:
         tot = {"events_a": 0, "events_b": 0, "matched": 0, "reordered": 0, "gaps_a": 0, "gaps_b": 0,
                "allowed_gaps": 0, "identical_prefix": 0, "band": self.band, "max_window": 0, "anchors": 0,
                "gaps_before_pivot": [], "unobserved": 0, "follows_accepted": 0, "not_compared": 0}
         for rc in self.ranks.values():
-            al = rc.alignment
-            tot["events_a"] += rc.events_a.height
-            tot["events_b"] += rc.events_b.height
-            tot["matched"] += len(al.a_idx)
-            tot["reordered"] += int(al.reordered.sum())
-            tot["gaps_a"] += len(al.gaps_a)
-            tot["gaps_b"] += len(al.gaps_b)
-            tot["allowed_gaps"] += int(rc.gaps["allowed"].sum()) if rc.gaps.height else 0
-            tot["max_window"] = max(tot["max_window"], int(al.max_window))
-            tot["anchors"] += int(al.anchors)
-            tot["unobserved"] += rc.pairs.filter(pl.col("status") == "unobserved").height
-            tot["follows_accepted"] += rc.pairs.filter(pl.col("status") == "follows").height
-            tot["not_compared"] += rc.gaps.filter(~pl.col("allowed") & ~pl.col("counted")).height if rc.gaps.height else 0
-            prefix, before = self._prefix(rc)
-            tot["identical_prefix"] += prefix
-            tot["gaps_before_pivot"] += before
+            for k, v in rc.summary.alignment.items():
+                tot[k] = max(tot[k], v) if k == "max_window" else tot[k] + v
         return tot
-
-    def _prefix(self, rc: RankComparison) -> tuple[int, list[dict]]:
-        """Paired events before the rank's pivot, and the events on one side only there that no rule
-        allows (outside the certified scope: a counted one would be the pivot itself)."""
-        at = float("inf") if rc.pivot is None else rc.pivot["order"]
-        prefix = rc.pairs.filter(pl.col("a_pos") < at).height
-        before = rc.gaps.filter(~pl.col("allowed") & (pl.col("order") < at)) if rc.gaps.height else rc.gaps
-        out = []
-        for g in before.head(50).iter_rows(named=True):
-            ev = (rc.events_a if g["side"] == "a" else rc.events_b).row(g["pos"], named=True)
-            out.append({"rank": rc.rank, "side": g["side"], "seq": g["seq"], "step": ev["step"], "phase": ev["phase"],
-                        "boundary": ev["boundary"], "module_type": ev["module_type"]})
-        return prefix, out
 
     def propagation_graph(self) -> dict:
         nodes, edges = [], []

@@ -135,7 +135,7 @@ def _ranks(ranks) -> str:
     return ", ".join(map(str, sorted(ranks)))
 
 
-@register("crossrank")
+@register("crossrank", reads=pl.col("phase") == "comm")  # the events `_instances` reads
 def check_crossrank(run: LoadedRun) -> Outcome:
     """Outputs that must agree on every rank of a collective's group, compared across the ranks."""
     views, ordered = {}, {}

@@ -119,11 +119,34 @@ def _comm_detail(pivot: dict, inputs_differ: bool) -> str:
             "hook around it) delivered different bytes on this rank, unless another rank's input differed")
 
 
+def collective_rows(events_a: pl.DataFrame, tensors_a: pl.DataFrame, pairs: pl.DataFrame,
+                    diffs: pl.DataFrame) -> pl.DataFrame:
+    """Run A's collectives as `confirm_comm` reads them, in A's order: seq, step, boundary, issue
+    (the `@N` their rows end in, their issue order on the group; None without), paired, and
+    whether a paired one's inputs differ (no rule accepting it) or could not be observed. A few
+    rows a step: what a rank's pool worker sends back of its collectives (rank_summary.py)."""
+    comm = events_a.filter(pl.col("phase") == "comm").select("seq", "step", "boundary")
+    seqs = comm["seq"].implode()
+    issues: dict[int, str] = {}
+    for seq, path in tensors_a.filter(pl.col("seq").is_in(seqs)).select("seq", "path").iter_rows():
+        if seq not in issues and collectives.issue_of(path) is not None:
+            issues[seq] = collectives.issue_of(path)
+    inputs = diffs.filter(pl.col("a_seq").is_in(seqs) & (pl.col("role") == "input")).group_by("a_seq").agg(
+        (pl.col("differs") & ~pl.col("ignored")).any().alias("input_differs"),
+        pl.col("unknown").any().alias("input_unknown")).rename({"a_seq": "seq"})
+    return comm.with_columns(
+        pl.Series("issue", [issues.get(s) for s in comm["seq"].to_list()], pl.String),
+        pl.col("seq").is_in(pairs["a_seq"].implode()).alias("paired"),
+    ).join(inputs, on="seq", how="left", maintain_order="left").with_columns(
+        pl.col("input_differs").fill_null(False), pl.col("input_unknown").fill_null(False))
+
+
 def confirm_comm(ranks: dict, rank_selected: bool) -> None:
     """A collective blamed on one rank (`fault_class` comm, inputs matched there) checked against
     the same collective on the other compared ranks of its group (same step, boundary and issue
     order `@N`): an input that differed on another rank makes this rank a consumer of it; inputs
-    that matched on every rank of the group confirm the blame; ranks not compared are named."""
+    that matched on every rank of the group confirm the blame; ranks not compared are named.
+    Reads each rank's collectives (`collective_rows`, in its summary), never its frames."""
     for rc in ranks.values():
         b = rc.blame
         if rc.pivot is None or b is None or b["fault_class"] != "comm" or b["blame"] != "source":
@@ -131,20 +154,19 @@ def confirm_comm(ranks: dict, rank_selected: bool) -> None:
         members = collectives.group_of(rc.pivot["boundary"])
         if members is None:
             continue
-        issue = _issue_of(rc.tensors_a, rc.pivot["seq"])
+        own = rc.summary.comm.filter(pl.col("seq") == rc.pivot["seq"])["issue"]
+        issue = own[0] if own.len() else None
         differ, matched, absent = [], [], []
         for r in members:
             if r == rc.rank:
                 continue
             other = ranks.get(r)
-            seq = None if other is None else _same_collective(other, rc.pivot, issue)
-            if seq is None:
+            same = None if other is None else _same_collective(other.summary.comm, rc.pivot, issue)
+            if same is None:
                 absent.append(r)
-                continue
-            d = other.diffs.filter((pl.col("a_seq") == seq) & (pl.col("role") == "input"))
-            if (d["differs"] & ~d["ignored"]).any():
+            elif same["input_differs"]:
                 differ.append(r)
-            elif d["unknown"].any():
+            elif same["input_unknown"]:
                 absent.append(r)
             else:
                 matched.append(r)
@@ -166,19 +188,12 @@ def _ranks(ranks: list[int]) -> str:
     return ", ".join(map(str, sorted(ranks)))
 
 
-def _issue_of(tensors: pl.DataFrame, seq: int) -> str | None:
-    """The `@N` a collective's rows end in (its issue order on its group), None without."""
-    paths = tensors.filter(pl.col("seq") == seq)["path"].drop_nulls().to_list()
-    return next((collectives.issue_of(p) for p in paths if collectives.issue_of(p) is not None), None)
-
-
-def _same_collective(rc, pivot: dict, issue: str | None) -> int | None:
-    """A-side seq of the collective on `rc`'s rank that is `pivot`'s on another rank, if paired."""
-    same = rc.events_a.filter((pl.col("phase") == "comm") & (pl.col("step") == pivot["step"])
-                              & (pl.col("boundary") == pivot["boundary"]))
-    for seq in same["seq"].to_list():
-        if issue is None or _issue_of(rc.tensors_a, seq) == issue:
-            return seq if rc.pairs.filter(pl.col("a_seq") == seq).height else None
+def _same_collective(comm: pl.DataFrame, pivot: dict, issue: str | None) -> dict | None:
+    """The row of another rank's collectives (`collective_rows`) that is `pivot`'s collective, if paired."""
+    same = comm.filter((pl.col("step") == pivot["step"]) & (pl.col("boundary") == pivot["boundary"]))
+    for row in same.iter_rows(named=True):
+        if issue is None or row["issue"] == issue:
+            return row if row["paired"] else None
     return None
 
 

@@ -17,11 +17,19 @@ for the one `ray start` left running; a Ray already initialised in this process 
 is). The workers open the run directories by their paths, so the runs must sit on storage every
 node sees at the same path. Ray is an optional extra (`pip install bitguard[ray]`).
 
-Each worker returns the whole `RankComparison` (its frames travel back pickled, as Arrow), so a
-pooled comparison is the same object, field for field, as one made in a single process: the
-explorer and the notebook read it the same way. What it does not do yet: send back only a small
-per-rank summary (the frames of every rank travel back and are held at once, as in one process;
-on Ray through its object store).
+Each worker returns its rank compact (`RankComparison.compact()`): the pivot, blame,
+propagation, reasons, scope, regions and `summary` (rank_summary.py: what the document and the
+cross-rank merge read of a rank), not the frames: a few kB a rank instead of the whole
+comparison (docs/PERFORMANCE.md "Ranks in parallel"). The document is made of the same summary
+in one process and in the pool, so it is the same, field for field. A frame of a pooled rank
+(events, tensors, pairs, diffs, gaps, alignment, stacks: what the explorer and the notebook read)
+is made on first read by comparing that rank again in the parent, from the same rank files: the
+same frames as one process gives (checked against the summary; a rank file changed since is an
+error). Why not have workers write their frames to files the parent maps: on Ray the worker's
+disk is another machine's, the files would outlive or vanish under a long-lived Comparison (the
+server keeps them), and the CLI reads no frame at all. The price: the first read of a pooled
+rank's frames costs that rank's comparison again, in the parent (`Comparison.events()` of every
+rank: all of them, one after another).
 """
 
 from __future__ import annotations
@@ -57,12 +65,14 @@ def workers_for(jobs: int | None, ranks: list[int], run_a, run_b) -> int:
     return max(1, min(jobs, len(ranks)))
 
 
-def _one(args):
+def _one(args, compact: bool = True):
+    """One rank compared: in a worker, compact (its summary and small fields, no frames)."""
     from bitguard.backend.compare import _compare_rank
 
     rank, run_a, run_b, rules, band, fingerprint, probes = args
     fired: dict[str, int] = {}
-    return rank, _compare_rank(rank, run_a, run_b, rules, fired, band, fingerprint, probes), fired
+    rc = _compare_rank(rank, run_a, run_b, rules, fired, band, fingerprint, probes)
+    return rank, rc.compact() if compact else rc, fired
 
 
 def _reachable(address: str) -> None:
@@ -108,7 +118,7 @@ def compare_ranks(ranks: list[int], run_a, run_b, rules, band: int, fingerprint:
     if ray is not None:
         results = _on_ray(ray, tasks)
     elif n == 1:
-        results = map(_one, tasks)
+        results = (_one(t, compact=False) for t in tasks)
     else:
         pool = ProcessPoolExecutor(max_workers=n, mp_context=get_context("spawn"))
         try:
@@ -116,7 +126,10 @@ def compare_ranks(ranks: list[int], run_a, run_b, rules, band: int, fingerprint:
         finally:
             pool.shutdown(cancel_futures=True)
     out, fired = {}, {}
+    again = (run_a, run_b, rules, band, fingerprint, probes)  # a compact rank's frames: compared again here
     for rank, rc, f in results:
+        if not rc.frames_held:
+            rc.again = again
         out[rank] = rc
         for rid, count in f.items():
             fired[rid] = fired.get(rid, 0) + count

@@ -182,7 +182,13 @@ def one_sided(gaps: pl.DataFrame, ea: pl.DataFrame, eb: pl.DataFrame, rank: int)
                          f"(run_checks)")]
 
 
-@register("recompute")
+_RECOMPUTES = (pl.col("phase") == "recompute") & (pl.col("kind") == "module")
+# the events `_check_rank` reads: the module recomputes and the forwards of the same modules
+_READS = _RECOMPUTES | ((pl.col("phase") == "forward") & (pl.col("kind") == "module")
+                        & pl.col("boundary").is_in(pl.col("boundary").filter(_RECOMPUTES).implode()))
+
+
+@register("recompute", reads=_READS)
 def check_recompute(run: LoadedRun) -> Outcome:
     """Every recompute against its original forward, on every rank of `run`."""
     outcome = Outcome(compared=0)

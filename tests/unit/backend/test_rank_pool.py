@@ -1,18 +1,24 @@
 """Ranks compared on a process pool give the comparison one process gives, field for field, and
-find the faults planted on each rank where they were planted."""
+find the faults planted on each rank where they were planted; a worker sends back a small
+summary of its rank, and the frames it keeps are compared again in the parent when read."""
 
 from __future__ import annotations
 
 import json
+import pickle
+import shutil
 
+import numpy as np
+import polars as pl
 import pytest
 
 import fixtures_runs as runs
 from bitguard.backend import rank_pool
-from bitguard.backend.compare import compare
+from bitguard.backend.compare import DEFAULT_BAND, FRAMES, compare
 from bitguard.backend.ingest import open_run
+from bitguard.backend.rules import RuleSet
 from bitguard.cli import main
-from bitguard.errors import BadInput
+from bitguard.errors import BadInput, BitguardError
 
 PLANTED = {1: (2, "model.layers.3"), 4: (1, "model.layers.0"), 5: (2, "model.layers.1")}  # rank: (step, boundary)
 
@@ -30,14 +36,66 @@ def pooled(six_ranks):
     return compare(*six_ranks, jobs=2)  # two spawned workers: seconds
 
 
+def _same_frames(got, want) -> None:
+    """Every frame of rank comparison `got` (read, so compared again where it was compact) is `want`'s."""
+    for name in FRAMES:
+        g, w = getattr(got, name), getattr(want, name)
+        if isinstance(w, pl.DataFrame):
+            assert g.equals(w), (got.rank, name)
+        elif name == "alignment":
+            for field in ("a_idx", "b_idx", "gaps_a", "gaps_b", "reordered"):
+                assert np.array_equal(getattr(g, field), getattr(w, field)), (got.rank, field)
+            assert (g.anchors, g.max_window) == (w.anchors, w.max_window), got.rank
+        else:
+            assert g == w, (got.rank, name)
+
+
 @pytest.mark.slow
-def test_the_pool_gives_the_single_process_comparison_field_for_field(six_ranks, pooled):
+def test_the_pool_gives_the_single_process_comparison_field_for_field(six_ranks, pooled, capsys):
     serial = compare(*six_ranks, jobs=1)
     assert json.dumps(pooled.to_dict(), sort_keys=True) == json.dumps(serial.to_dict(), sort_keys=True)
-    for r in serial.ranks:  # the frames the explorer reads, too
-        assert pooled.ranks[r].pairs.equals(serial.ranks[r].pairs)
-        assert pooled.ranks[r].diffs.equals(serial.ranks[r].diffs)
-        assert pooled.ranks[r].gaps.equals(serial.ranks[r].gaps)
+    assert not any(rc.frames_held for rc in pooled.ranks.values())  # the document read no frame
+    for r in serial.ranks:  # the frames the explorer reads, compared again on first read
+        _same_frames(pooled.ranks[r], serial.ranks[r])
+        assert pooled.ranks[r].frames_held
+    assert pooled.events().equals(serial.events())
+    pivot = serial.ranks[4].pivot
+    assert pooled.event_detail(4, "a", pivot["seq"]) == serial.event_detail(4, "a", pivot["seq"])
+    documents = []
+    for jobs in ("1", "2"):  # the command's document, too
+        assert main(["compare", *six_ranks, "--jobs", jobs, "--json"]) == 1
+        documents.append(capsys.readouterr().out)
+    assert documents[0] == documents[1]
+
+
+def test_a_worker_sends_back_a_small_summary_without_the_frames(tmp_path):
+    a, b = runs.write_pair(str(tmp_path), "long", runs.RunSpec(layers=8, steps=60, taints=(
+        runs.Taint(30, "model.layers.2"),), drop=frozenset({(50, "model.probe", "forward")})))
+    task = (0, open_run(a), open_run(b), RuleSet.load(None), DEFAULT_BAND, "xor+pos", None)
+    _, sent, _ = rank_pool._one(task)  # as a worker returns it
+    _, whole, _ = rank_pool._one(task, compact=False)  # as one process keeps it
+    assert not sent.frames_held and whole.frames_held
+    assert not set(FRAMES) & set(sent.__dict__)
+    frames = [f for f in (sent.summary.comm, *sent.summary.checks["a"], *sent.summary.checks["b"])]
+    assert max(f.height for f in frames) == 0  # no collective, no recompute: nothing the checks read
+    assert (sent.pivot, sent.summary.alignment) == (whole.pivot, whole.summary.alignment)
+    small, big = len(pickle.dumps(sent)), len(pickle.dumps(whole))
+    assert small < 40_000 and 20 * small < big, (small, big)
+    with pytest.raises(AttributeError, match="events_a"):  # no way to compare it again: not made up
+        sent.events_a
+
+
+@pytest.mark.slow
+def test_a_rank_file_changed_before_its_frames_are_read_is_refused(tmp_path):
+    spec = runs.RunSpec(layers=2, steps=3, world_size=2, taints=(runs.Taint(1, "model.layers.1", rank=1),))
+    a, b = runs.write_pair(str(tmp_path), "changed", spec)
+    pooled = compare(a, b, jobs=2)
+    assert pooled.verdict == "diverged"
+    shutil.rmtree(b)  # re-recorded in place: another fault on rank 1
+    runs.write_run(b, runs.RunSpec(layers=2, steps=3, world_size=2, taints=(runs.Taint(0, "model.layers.0", rank=1),)))
+    with pytest.raises(BitguardError, match="rank 1's files changed since the comparison"):
+        pooled.ranks[1].pairs
+    assert pooled.ranks[0].pairs.height  # rank 0 still reads the same
 
 
 @pytest.mark.slow
@@ -93,6 +151,9 @@ def test_64_ranks_on_a_local_ray_cluster_give_the_single_process_comparison(tmp_
     finally:
         ray.shutdown()
     assert json.dumps(on_ray.to_dict(), sort_keys=True) == json.dumps(serial.to_dict(), sort_keys=True)
+    assert not any(rc.frames_held for rc in on_ray.ranks.values())
+    for r in (7, 33, 40):  # frames read: the rank compared again here
+        _same_frames(on_ray.ranks[r], serial.ranks[r])
     assert {r: (rc.pivot["step"], rc.pivot["boundary"]) for r, rc in on_ray.ranks.items() if rc.pivot} == plant
     first = on_ray.first_divergence
     assert (first["rank"], first["step"], first["boundary"]) == (33, 0, "model.layers.0")

@@ -1,0 +1,166 @@
+"""What a comparison's merge reads of each rank, taken from the rank's frames once: small enough
+for a pool worker to send back instead of the frames (rank_pool.py).
+
+compare.py's `Comparison` builds the `bitguard.compare/1` document from every rank's pivot,
+blame, propagation, scope and regions (fields of `RankComparison`) and from this summary: the
+rank's share of the alignment summary, its certification reasons, the body of the first
+divergence it would give (all but the blame's fields, which `pivot.confirm_comm` may still change
+in the parent, and the API differences, read from the runs), run A's collectives as
+`confirm_comm` reads them, and the rows the in-run checks read (check.py `rows_read`). Nothing
+else of a rank's frames is read to make the document; the explorer and the notebook read the
+frames themselves (a pooled rank compares itself again in the parent on first access, compare.py).
+
+This module knows what the merge needs from a rank; it knows nothing of how the rank was
+compared.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import polars as pl
+
+from bitguard.backend import certification, check, granularity, retype
+from bitguard.backend import pivot as pivot_mod
+
+GAPS_LISTED = 50  # unallowed gaps before the pivot listed per rank (AlignmentSummary.gaps_before_pivot)
+
+
+def hex16(v) -> str | None:
+    return None if v is None else f"{int(v):016x}"
+
+
+def unobserved(tensors: pl.DataFrame) -> pl.Expr:
+    """A tensor's `unobserved` reason (older rank files have no such column: every tensor observed)."""
+    return pl.col("unobserved") if "unobserved" in tensors.columns else pl.lit(None, dtype=pl.String)
+
+
+@dataclass
+class RankSummary:
+    """One rank's part of the document, before the cross-rank merge."""
+
+    alignment: dict  # the rank's counts of result.py `AlignmentSummary` (band aside), its gaps before the pivot
+    reasons: list  # the rank's certification reasons (result.py `Reason`), in the document's order
+    divergence: dict | None  # `FirstDivergence` fields of its pivot but the blame's and api_differences
+    comm: pl.DataFrame  # run A's collectives (pivot.collective_rows)
+    checks: dict  # "a" / "b" -> (events, tensors): the rows the in-run checks read (check.rows_read)
+
+
+def summarize(rc) -> RankSummary:
+    """The summary of a compared rank (compare.py `RankComparison`, pivot found)."""
+    return RankSummary(
+        alignment=_alignment(rc), reasons=rc.reasons + _reasons(rc), divergence=_divergence(rc),
+        comm=pivot_mod.collective_rows(rc.events_a, rc.tensors_a, rc.pairs, rc.diffs),
+        checks={"a": check.rows_read(rc.events_a, rc.tensors_a), "b": check.rows_read(rc.events_b, rc.tensors_b)})
+
+
+def _alignment(rc) -> dict:
+    al = rc.alignment
+    counted = rc.gaps.height > 0
+    prefix, before = _prefix(rc)
+    return {"events_a": rc.events_a.height, "events_b": rc.events_b.height, "matched": len(al.a_idx),
+            "reordered": int(al.reordered.sum()), "gaps_a": len(al.gaps_a), "gaps_b": len(al.gaps_b),
+            "allowed_gaps": int(rc.gaps["allowed"].sum()) if counted else 0,
+            "max_window": int(al.max_window), "anchors": int(al.anchors),
+            "unobserved": rc.pairs.filter(pl.col("status") == "unobserved").height,
+            "follows_accepted": rc.pairs.filter(pl.col("status") == "follows").height,
+            "not_compared": rc.gaps.filter(~pl.col("allowed") & ~pl.col("counted")).height if counted else 0,
+            "identical_prefix": prefix, "gaps_before_pivot": before}
+
+
+def _prefix(rc) -> tuple[int, list[dict]]:
+    """Paired events before the rank's pivot, and the events on one side only there that no rule
+    allows (outside the certified scope: a counted one would be the pivot itself)."""
+    at = float("inf") if rc.pivot is None else rc.pivot["order"]
+    prefix = rc.pairs.filter(pl.col("a_pos") < at).height
+    before = rc.gaps.filter(~pl.col("allowed") & (pl.col("order") < at)) if rc.gaps.height else rc.gaps
+    out = []
+    for g in before.head(GAPS_LISTED).iter_rows(named=True):
+        ev = (rc.events_a if g["side"] == "a" else rc.events_b).row(g["pos"], named=True)
+        out.append({"rank": rc.rank, "side": g["side"], "seq": g["seq"], "step": ev["step"], "phase": ev["phase"],
+                    "boundary": ev["boundary"], "module_type": ev["module_type"]})
+    return prefix, out
+
+
+def _reasons(rc) -> list[dict]:
+    """The reasons the rank's statuses give: unobserved tensors, divergences that follow from accepted ones."""
+    out = []
+    unobserved_pairs = rc.pairs.filter(pl.col("status") == "unobserved")
+    if unobserved_pairs.height:
+        first = rc.events_a.row(int(unobserved_pairs["a_pos"][0]), named=True)
+        why = rc.diffs.filter((pl.col("a_seq") == first["seq"]) & pl.col("unknown")).select(
+            pl.coalesce("unobserved", "unobserved_b")).to_series().drop_nulls()
+        out.append(certification.reason("unobserved", rank=rc.rank, message=
+                   f"{unobserved_pairs.height} paired event(s) on rank {rc.rank} hold a tensor that could not be "
+                   f"observed, first the {first['phase']} of {first['boundary']} at step {first['step']}"
+                   + (f" ({why[0]})" if why.len() else "")))
+    follows = rc.pairs.filter(pl.col("status") == "follows")
+    if follows.height:
+        rules = sorted(set(follows["rule_id"].drop_nulls().to_list()))
+        out.append(certification.reason("follows_accepted", rank=rc.rank, message=
+                   f"{follows.height} divergent event(s) on rank {rc.rank} follow from differences accepted "
+                   f"by rule(s) {', '.join(rules)}: events downstream of an accepted difference cannot "
+                   f"be certified"))
+    return out
+
+
+def _divergence(rc) -> dict | None:
+    p = rc.pivot
+    if p is None:
+        return None
+    structure = p["cause"] == "structure"
+    stacks = rc.stacks_b if p["side"] == "b" else rc.stacks_a
+    if structure:
+        tensors = _one_side_tensors(rc, p["side"], p["seq"] if p["side"] == "a" else p["b_seq"])
+        module_type_b = p["module_type"] if p["side"] == "b" else None
+    else:
+        tensors = _tensor_pairs(rc, p["seq"])
+        module_type_b = rc.events_b.row(p["b_pos"], named=True)["module_type"]
+    notes = []
+    if p["side"] is None or p["side"] == "a":
+        earlier = rc.pairs.filter((pl.col("status") == "unobserved") & (pl.col("a_pos") < p["order"]))
+        if earlier.height:
+            alone = " or that one run alone records" if earlier["resigned"].any() else ""  # retype.py
+            notes.append(f"{earlier.height} event(s) before this one hold tensors that could not be observed"
+                         f"{alone}: the runs may have parted earlier")
+    # most events unpaired: often names that differ by a prefix (torch.compile's _orig_mod.)
+    mostly_unpaired = 2 * rc.pairs.height < max(rc.events_a.height, rc.events_b.height)
+    hint = certification.name_hint(rc.events_a["boundary"].to_list(), rc.events_b["boundary"].to_list()) \
+        if structure and mostly_unpaired else None
+    if hint:
+        notes.append(hint)
+    notes += retype.note(rc.pairs, None if structure else p["seq"], rc.diffs)
+    notes += granularity.note(rc.regions, p)
+    return {
+        "cause": p["cause"], "missing_side": None if not structure else ("b" if p["side"] == "a" else "a"),
+        "rank": rc.rank, "step": p["step"], "phase": p["phase"], "kind": p["kind"],
+        "boundary": p["boundary"], "module_type": p["module_type"], "call": p["call"],
+        "stack": stacks.get(p["stack_id"], []), "a_seq": p["seq"], "b_seq": p["b_seq"],
+        # paired although the module type or a dtype differs (e.g. a norm swapped for a subclass)
+        "retyped": p.get("retyped", False), "module_type_b": module_type_b,
+        "tensors": tensors, "notes": notes,
+    }
+
+
+def _tensor_pairs(rc, a_seq: int) -> list[dict]:
+    rows = rc.diffs.filter(pl.col("a_seq") == a_seq).sort("role", "idx")
+    return [{"role": r["role"], "index": r["idx"], "path": r["path"], "shape": r["shape"], "dtype": r["dtype"],
+             "dtype_b": r["dtype_b"], "a": {"xor": hex16(r["xor"]), "pos": hex16(r["pos"])},
+             "b": {"xor": hex16(r["xor_b"]), "pos": hex16(r["pos_b"])},
+             "differs": r["differs"], "ignored": r["ignored"], "rule_id": r["rule_id"],
+             "unobserved": r["unobserved"] or r["unobserved_b"]}
+            for r in rows.iter_rows(named=True)]
+
+
+def _one_side_tensors(rc, side: str, seq: int) -> list[dict]:
+    tensors = rc.tensors_a if side == "a" else rc.tensors_b
+    rows = tensors.filter(pl.col("seq") == seq).sort("role", "idx")
+    out = []
+    for r, why in zip(rows.iter_rows(named=True), rows.select(unobserved(rows)).to_series().to_list()):
+        digest = {"xor": hex16(r["xor"]), "pos": hex16(r["pos"])}
+        none = {"xor": None, "pos": None}
+        out.append({"role": r["role"], "index": r["idx"], "path": r["path"], "shape": r["shape"],
+                    "dtype": r["dtype"] if side == "a" else None, "dtype_b": r["dtype"] if side == "b" else None,
+                    "a": digest if side == "a" else none, "b": digest if side == "b" else none,
+                    "differs": True, "ignored": False, "rule_id": None, "unobserved": why})
+    return out
