@@ -15,6 +15,7 @@ import threading
 import duckdb
 import fixtures_runs
 import polars as pl
+import pyarrow as pa
 import pytest
 
 import bitguard
@@ -396,3 +397,25 @@ def test_a_column_of_one_value_is_held_once_and_reads_as_before():
     assert out.filter(pl.col("seq") >= n - 2).equals(frame.filter(pl.col("seq") >= n - 2))
     mixed = pl.DataFrame({"seq": [0, 1, 2], "thread": ["a", None, "a"]})  # a NULL is another value
     assert compact(mixed, ("thread",)).equals(mixed)
+
+
+def test_a_readers_strings_come_as_views_and_read_as_duckdb_writes_them(pristine):
+    """A reader's results hold Arrow string views (polars' own layout, taken without a copy:
+    bitguard/db.py READ_CONFIG); every column of a rank read is what DuckDB's plain output gives."""
+    info = open_run(pristine)
+    events, tensors, _ = load_rank(info, 0)
+    con = db.connect(info.ranks[0], read_only=True)
+    try:
+        types = con.sql("SELECT boundary, role FROM events JOIN tensors USING (seq) LIMIT 1").to_arrow_table().schema.types
+    finally:
+        con.close()
+    assert all(pa.types.is_string_view(t) for t in types), types
+    plain = duckdb.connect(str(info.ranks[0]), read_only=True)  # DuckDB's defaults: strings as offsets and bytes
+    try:
+        assert plain.sql("SELECT boundary FROM events LIMIT 1").to_arrow_table().schema.types == [pa.string()]
+        for frame, table in ((events, "events"), (tensors, "tensors")):
+            columns = [c for c in frame.columns if c not in ("key", "loose_key", "place_key")]
+            want = plain.sql(f"SELECT {', '.join(columns)} FROM {table}").pl()
+            assert frame.select(columns).equals(want, null_equal=True) and frame.select(columns).schema == want.schema
+    finally:
+        plain.close()
