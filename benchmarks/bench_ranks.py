@@ -12,11 +12,20 @@ in the machine's load; medians of those ratios are what to quote).
     python benchmarks/bench_ranks.py                          # 64 ranks x 10,000 events, jobs 1 and 2
     python benchmarks/bench_ranks.py --ranks 8 --events 2000 --rounds 2
     python benchmarks/bench_ranks.py --jobs 1 2 ray            # and on a local Ray cluster
+    python benchmarks/bench_ranks.py --jobs 1 2 ray --before OLD   # and an older bitguard, alternated
 
 `ray` compares on a Ray cluster of this machine's cores that the fresh Python starts itself
 (`ray.init(num_cpus=cores)`, then `compare(..., ray="auto")`, as the Ray test does): its wall
 time is the comparison's, from the first task to the merged result; the cluster's start is
 reported beside it (`ray_init_s`), since a user's `--ray ADDRESS` finds a cluster running.
+
+`--before OLD` times the bitguard package in OLD (an export of an older commit, put first on
+PYTHONPATH as bench_compare.py's --before does) in the same rounds, after this one, for every
+`--jobs` value. Each child also reports what a worker sends back per rank: the pickled size of
+each rank's result as a worker returns it (the whole `RankComparison` before compact results,
+its compact form since), measured outside the timed wall; and the parent's peak RSS apart from
+the workers' (the largest finished child's, as getrusage gives it: the pool's workers; Ray's are
+not the driver's children and are not seen).
 """
 
 from __future__ import annotations
@@ -64,7 +73,7 @@ def build_pair(data: Path, ranks: int, events: int) -> tuple[str, str, dict]:
 
 
 CHILD = r"""
-import json, os, resource, sys, time
+import json, os, pickle, resource, statistics, sys, time
 t = time.perf_counter()
 ray_init = None
 if sys.argv[3] == "ray":
@@ -83,16 +92,25 @@ if ray_init is not None:
     ray.shutdown()
 pivots = {r: [rc.pivot["step"], rc.pivot["boundary"]] for r, rc in c.ranks.items() if rc.pivot is not None}
 first = c.first_divergence
+peak_parent = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+# what a worker sends back of a rank: its compact form where there is one, else the whole comparison
+sent = [len(pickle.dumps(rc.compact() if hasattr(rc, "compact") else rc, protocol=pickle.HIGHEST_PROTOCOL))
+        for rc in c.ranks.values()] if sys.argv[4] == "1" else []
 print(json.dumps({"wall_s": wall, "ray_init_s": ray_init, "verdict": doc["verdict"], "pivots": pivots,
                   "first": [first["rank"], first["step"], first["boundary"]] if first else None,
-                  "peak_mib_parent": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+                  "sent_bytes_median": statistics.median(sent) if sent else None, "sent_bytes_max": max(sent or [0]),
+                  "document": json.dumps(doc, sort_keys=True),
+                  "peak_mib_parent": peak_parent,
                   "peak_mib_worker": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024}))
 """
 
 
-def one(a: str, b: str, jobs) -> dict:
-    out = subprocess.run([sys.executable, "-c", CHILD, a, b, str(jobs)], capture_output=True, text=True,
-                         cwd=ROOT, timeout=3600)
+def one(a: str, b: str, jobs, pythonpath: str | None = None, sizes: bool = False) -> dict:
+    """One compare in a fresh Python, outside the checkout (so that `pythonpath` can put another
+    bitguard first: the "before" of --before)."""
+    env = dict(os.environ, **({"PYTHONPATH": pythonpath} if pythonpath else {}))
+    out = subprocess.run([sys.executable, "-c", CHILD, a, b, str(jobs), "1" if sizes else "0"], capture_output=True,
+                         text=True, cwd=tempfile.gettempdir(), timeout=3600, env=env)
     if out.returncode != 0:
         raise SystemExit(f"compare --jobs {jobs} failed:\n{out.stderr[-2000:]}")
     return json.loads(out.stdout.strip().splitlines()[-1])
@@ -116,6 +134,8 @@ def main(argv=None) -> dict:
     p.add_argument("--events", type=int, default=10_000, help="events per rank per side (about)")
     p.add_argument("--jobs", type=_jobs, nargs="+", default=[1, 2], help="worker counts, or 'ray'")
     p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--before", metavar="PYTHONPATH", help="a folder whose bitguard package (an export of an older "
+                   "commit) is timed too, alternated with this one in every round")
     p.add_argument("--data", default=os.path.join(tempfile.gettempdir(), "bitguard-bench-ranks"),
                    help="where the synthetic runs are kept between invocations")
     args = p.parse_args(argv)
@@ -123,41 +143,67 @@ def main(argv=None) -> dict:
     data.mkdir(parents=True, exist_ok=True)
     a, b, plant = build_pair(data, args.ranks, args.events)
     steps = max(4, -(-args.events // PER_STEP))
-    times: dict = {j: [] for j in args.jobs}
+    engines = [("now", None)] + ([("before", args.before)] if args.before else [])
+    contenders = [(e, j) for e, _ in engines for j in args.jobs]
+    paths = dict(engines)
+    times: dict = {c: [] for c in contenders}
+    ratios: dict = {c: [] for c in contenders}
+    peaks: dict = {c: {"parent": [], "worker": []} for c in contenders}
+    sent: dict = {c: None for c in contenders}
     inits: list[float] = []
-    ratios: dict = {j: [] for j in args.jobs}
-    peaks: dict = {j: [] for j in args.jobs}
+    documents: dict = {}
     load = [os.getloadavg()[0]]
     for rnd in range(args.rounds):
         row = {}
-        for j in args.jobs:
-            r = one(a, b, j)
+        for c in contenders:
+            r = one(a, b, c[1], paths[c[0]], sizes=rnd == 0)
             check(r, plant, args.ranks, steps)
-            times[j].append(r["wall_s"])
-            peaks[j].append(max(r["peak_mib_parent"], r["peak_mib_worker"]))
-            row[j] = r["wall_s"]
+            documents.setdefault(c[0], set()).add(r["document"])
+            times[c].append(r["wall_s"])
+            peaks[c]["parent"].append(r["peak_mib_parent"])
+            peaks[c]["worker"].append(r["peak_mib_worker"])
+            if rnd == 0:
+                sent[c] = {"median": r["sent_bytes_median"], "max": r["sent_bytes_max"]}
+            row[c] = r["wall_s"]
             if r.get("ray_init_s") is not None:
                 inits.append(r["ray_init_s"])
-        for j in args.jobs:
-            ratios[j].append(row[j] / row[args.jobs[0]])
-        print(f"round {rnd}: " + ", ".join(f"jobs {j} {row[j]:.2f} s" for j in args.jobs), file=sys.stderr)
+        for c in contenders:
+            ratios[c].append(row[c] / row[contenders[0]])
+        print(f"round {rnd}: " + ", ".join(f"{_name(c)} {row[c]:.2f} s" for c in contenders), file=sys.stderr)
     load.append(os.getloadavg()[0])
+    same = {e: len(docs) == 1 for e, docs in documents.items()}  # one document for every --jobs value and round
+    if not all(same.values()):
+        raise SystemExit(f"the compare documents differ between worker counts: {same}")
+    if args.before:
+        same["before = now"] = documents["before"] == documents["now"]
     events = args.ranks * steps * PER_STEP
     report = {"schema": "bitguard.bench_ranks/1", "ranks": args.ranks, "events_per_side": events,
               "cores": os.cpu_count(), "load_average": load, "rounds": args.rounds,
-              "jobs": {str(j): {"median_s": statistics.median(times[j]), "times_s": times[j],
-                                "median_ratio_to_first": statistics.median(ratios[j]),
-                                "peak_mib_per_process": max(peaks[j])} for j in args.jobs},
-              "ray_init_s": statistics.median(inits) if inits else None}
-    print(f"{args.ranks} ranks, {events:,} events per side, load average {load[0]:.1f} -> {load[1]:.1f}")
-    print("| workers | median wall | ratio to jobs %d (median of rounds) | peak RSS of one process |" % args.jobs[0])
-    print("| --- | --- | --- | --- |")
-    for j in args.jobs:
-        s = report["jobs"][str(j)]
-        print(f"| {j} | {s['median_s']:.2f} s | {s['median_ratio_to_first']:.2f}x | {s['peak_mib_per_process']:.0f} MiB |")
+              "jobs": {_name(c): {"median_s": statistics.median(times[c]), "times_s": times[c],
+                                  "median_ratio_to_first": statistics.median(ratios[c]),
+                                  "peak_mib_parent": max(peaks[c]["parent"]),
+                                  "peak_mib_worker": max(peaks[c]["worker"]),
+                                  "sent_bytes_per_rank": sent[c]} for c in contenders},
+              "ray_init_s": statistics.median(inits) if inits else None, "same_documents": same}
+    print(f"{args.ranks} ranks, {events:,} events per side, load average {load[0]:.1f} -> {load[1]:.1f}; "
+          f"one document for every worker count: {same}")
+    print(f"| code | workers | median wall | ratio to {_name(contenders[0])} (median of rounds) | peak RSS parent | "
+          f"peak RSS worker | sent back a rank (median) |")
+    print("| --- | --- | --- | --- | --- | --- | --- |")
+    for c in contenders:
+        s = report["jobs"][_name(c)]
+        bytes_ = s["sent_bytes_per_rank"]["median"]
+        print(f"| {c[0]} | {c[1]} | {s['median_s']:.2f} s | {s['median_ratio_to_first']:.2f}x | "
+              f"{s['peak_mib_parent']:,.0f} MiB | {s['peak_mib_worker']:,.0f} MiB | {bytes_ / 1e3:,.1f} kB |")
     if inits:
         print(f"(ray: the local cluster's start, not in the wall time: median {report['ray_init_s']:.2f} s)")
+    print(json.dumps(report), file=sys.stderr)
     return report
+
+
+def _name(contender) -> str:
+    engine, jobs = contender
+    return str(jobs) if engine == "now" else f"{engine} {jobs}"
 
 
 def _jobs(text: str):
