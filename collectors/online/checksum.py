@@ -232,6 +232,30 @@ class _LinearOps:
     calls: int = 0
 
 
+@dataclass
+class _Tally:
+    """An operator's budget counters summed over steps, from step `first` (a sensor_stats row's sums)."""
+
+    first: int
+    calls: int = 0
+    checked: int = 0
+    seconds: float = 0.0
+    flops_seen: float = 0.0
+    flops_checked: float = 0.0
+
+    def add(self, entry) -> None:
+        """Add one step's counters of a budget.OpBudget."""
+        self.calls += entry.calls
+        self.checked += entry.checked
+        self.seconds += entry.seconds
+        self.flops_seen += entry.flops_seen
+        self.flops_checked += entry.flops_checked
+
+    def sums(self) -> dict:
+        return {"calls": self.calls, "checked": self.checked, "seconds": self.seconds,
+                "flops_seen": self.flops_seen, "flops_checked": self.flops_checked}
+
+
 class Pool:
     """The clean check statistics of every operator of one kind (output dtype, device type, the dtype
     the sums were accumulated in): what judges an operator still in its warm-up."""
@@ -301,7 +325,7 @@ class ChecksumSensor(GemmChecks, Sensor):
 
     def __init__(self):
         self.ops: dict[str, OpState] = {}
-        self._pending: dict[str, list] = {}  # op key -> [first step, calls, checked, seconds, flops seen, checked]
+        self._pending: dict[str, _Tally] = {}  # op key -> its counts since its last sensor_stats row
         self._pools: dict[tuple, Pool] = {}  # (dtype, device type, sums' dtype) -> its operators' pool
         self._linears: dict[int, _LinearOps] = {}  # id(module) -> its names, budget entries, calls this step
         self._checks_s = 0.0  # seconds the checks of the current hook charged themselves
@@ -532,56 +556,43 @@ class ChecksumSensor(GemmChecks, Sensor):
 
     def stats(self) -> list[dict]:
         """The step's rows: the sensor's totals (op NULL) every step, and an operator's row, summing
-        its steps since its previous row (`steps`), on a step it was checked in, once STATS_STEPS
-        steps have gone by, and when the recording ends: at a low rate most operators are checked in
-        few steps, and a row for each of them each step cost the training thread and the journal
-        writer about 1 ms a step (113 operators of the bench GPT)."""
+        its steps since its previous row (`steps`), on a step it was checked in and once STATS_STEPS
+        steps have gone by (pending_stats() writes the rest when the recording ends): at a low rate most
+        operators are checked in few steps, and a row for each of them each step cost the training
+        thread and the journal writer about 1 ms a step (113 operators of the bench GPT)."""
         rows = []
-        total = {"op": None, "calls": 0, "checked": 0, "seconds": 0.0, "flops_seen": 0.0, "flops_checked": 0.0}
-        step, final = self.monitor.step, getattr(self.monitor, "final", False)
-        pending = self._pending
+        step, total = self.monitor.step, _Tally(0)
         for (sensor, key), entry in self.monitor.budget.ops.items():
             if sensor != self.name:
                 continue
-            acc = pending.get(key)
+            tally = self._pending.get(key)
             if entry.calls:
-                if acc is None:
-                    acc = pending[key] = [step, 0, 0, 0.0, 0.0, 0.0]
-                acc[1] += entry.calls
-                acc[2] += entry.checked
-                acc[3] += entry.seconds
-                acc[4] += entry.flops_seen
-                acc[5] += entry.flops_checked
-                total["calls"] += entry.calls
-                total["checked"] += entry.checked
-                total["seconds"] += entry.seconds
-                total["flops_seen"] += entry.flops_seen
-                total["flops_checked"] += entry.flops_checked
-            if acc is None or not (entry.checked or final or step - acc[0] + 1 >= STATS_STEPS):
-                continue
-            rows.append(self._op_row(key, step))
-        if total["calls"]:
-            seen = total["flops_seen"]
-            rows.append({"sensor": self.name, **total, "rate": total["flops_checked"] / seen if seen else None,
+                if tally is None:
+                    tally = self._pending[key] = _Tally(step)
+                tally.add(entry)
+                total.add(entry)
+            if tally is not None and (entry.checked or step - tally.first + 1 >= STATS_STEPS):
+                rows.append(self._op_row(key, step))
+        if total.calls:
+            rows.append({"sensor": self.name, "op": None, **total.sums(),
+                         "rate": total.flops_checked / total.flops_seen if total.flops_seen else None,
                          "threshold": None, "steps": 1})
         self.backward_unobserved = 0
         return rows
 
     def pending_stats(self, step: int) -> list[dict]:
-        """The operators' rows not written yet, up to step `step` (the last that ended: the recording
-        ends between steps)."""
+        """The operators' rows not written yet, up to step `step` (the recording ends)."""
         return [self._op_row(key, step) | {"step": step} for key in list(self._pending)]
 
     def _op_row(self, key: str, step: int) -> dict:
         """The sensor_stats row of operator `key`'s steps since its previous row, to `step` (it leaves _pending)."""
-        first, calls, checked, seconds, flops_seen, flops_checked = self._pending.pop(key)
+        tally = self._pending.pop(key)
         state = self.ops.get(key)
         threshold = None if state is None else state.threshold()
         entry = self.monitor.budget.ops.get((self.name, key))
-        return {"sensor": self.name, "op": key, "calls": calls, "checked": checked,
-                "rate": None if entry is None else entry.rate, "seconds": seconds, "flops_seen": flops_seen,
-                "flops_checked": flops_checked, "threshold": None if threshold is None or math.isinf(threshold)
-                else threshold, "steps": step - first + 1}
+        return {"sensor": self.name, "op": key, **tally.sums(), "rate": None if entry is None else entry.rate,
+                "threshold": None if threshold is None or math.isinf(threshold) else threshold,
+                "steps": step - tally.first + 1}
 
     def coverage(self) -> dict:
         return {"observed": ["nn.Linear forward (linear)", "its input gradient GEMM (linear.dgrad)",

@@ -124,7 +124,6 @@ class OnlineMonitor(Guarded):
         self._printed = 0
         self._stepped: set[int] = set()  # optimizers that stepped since the last step's end
         self._writer_start = getattr(store, "writer_cpu_s", 0.0)  # the store's writer CPU before this recording
-        self.final = False  # the recording is ending: the sensors' stats() write what they still hold
 
     # -- steps ---------------------------------------------------------------------------------
     @property
@@ -164,9 +163,8 @@ class OnlineMonitor(Guarded):
                   file=self._out)
         if self._active():
             self.guard(self._end_step)(final=True)  # the last, partial step's counters
-        else:
-            self.guard(self._pending_stats)()
-            self.guard(self._flush)()
+        self.guard(self._pending_stats)()  # (the rows sensors hold to sum several steps)
+        self.guard(self._flush)()
         self.enabled = False
 
     def steps_seen(self) -> int:
@@ -195,7 +193,6 @@ class OnlineMonitor(Guarded):
         """`final`: the recording ends inside a step (no sensor's on_step_end: a cross-rank exchange
         there could wait for a rank that has gone)."""
         step = self.step  # (a partial last step's calls, after an optimizer.step() ended, are the next step's)
-        self.final = final
         for sensor in self.sensors if not final else ():
             self.guard(sensor.on_step_end)(step)
         t0 = self.budget.clock()
@@ -217,8 +214,9 @@ class OnlineMonitor(Guarded):
         self.budget.charge_fixed(self.budget.clock() - t0)
 
     def _pending_stats(self) -> None:
-        """The sensors' rows still held when the recording ends after a step's end (no partial step)."""
-        step = self.steps_seen() - 1
+        """The sensors' rows still held when the recording ends, to its last step (the last that ended,
+        or the partial one _end_step(final=True) just wrote)."""
+        step = self._step
         rows = []
         for sensor in self.sensors:
             rows += self.guard(sensor.pending_stats)(step) or []
