@@ -185,6 +185,10 @@ def test_a_link_made_under_another_rule_set_version_says_so_and_reopens_it(page,
         c2 = api_compare(client, scenario_dirs["probe"], rule_set_id=rs["id"])
     assert c2["rule_set"]["version"] == 2
     _open(page, explorer, c2, f"?rules={rs['id']}@1")
+    # (only the hash changes: the page is not reloaded, and the note of the link before stays up until this one's
+    # comparison is drawn; its revision may equal the one before, so wait for the note to change)
+    page.wait_for_function("([sel, text]) => !document.querySelector(sel).innerText.includes(text)",
+                           arg=[SEL["linkNote"], "now uses no rules"], timeout=15_000)
     page.wait_for_selector(f"{SEL['linkNote']}:not(.hidden)")
     note = page.inner_text(SEL["linkNote"])
     assert "with version 1 of rule set link versions" in note and "now uses version 2" in note, note
