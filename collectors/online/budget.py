@@ -6,8 +6,9 @@ Sensors ask `allow(sensor, op)` before checking a call and report what a check c
 charged with the training's own time in that step (the step's wall time minus what the sensors
 charged) and sets every operator's rate for the next step: a water-filling of the step's allowance
 (HEADROOM × budget × training time) over the operators seen, cheapest first, each getting an equal share of
-what is left, capped at rate 1. An operator's cost per unit of rate is learned from what it
-charged (an exponential average of what its checks cost, each observation at most OUTLIER times the
+what is left, capped at rate 1. What the steps so far charged beyond their allowance (or left
+unspent) is carried as a balance and repaid over the next DEBT_STEPS steps. An operator's cost per
+unit of rate is learned from what it charged (an exponential average of what its checks cost, each observation at most OUTLIER times the
 estimate: one check slowed by a context switch must not starve an operator checked once in a hundred
 steps), so the controller needs no model of the hardware; one not checked yet is priced from the
 others' until its first check: per element its checks would read (what a checksum's cost follows: it
@@ -37,6 +38,7 @@ EMA = 0.3  # weight of the latest step in an operator's cost estimate
 MAX_RAISE = 2.0  # a rate at most doubles from one step to the next (decreases take effect at once)
 START_RATE = 1 / 16  # an operator's first rate: cheap before anything is measured, raised when there is room
 OUTLIER = 4.0  # one observation of an operator's cost raises its estimate at most to this multiple
+DEBT_STEPS = 4  # what the steps overspent (or left unspent) is paid back over this many steps
 HEADROOM = 0.8  # the rates aim at this share of the budget: what is not measured (the
 # hooks' own frames, the training thread's waits for the interpreter lock, caches the checks evict) takes the rest; the
 # journal writer thread's CPU time is charged as fixed cost (monitor.py)
@@ -69,6 +71,7 @@ class Budget:
         self.last_sensor_s = 0.0  # what the sensors charged in it
         self.overhead: float | None = None  # last_sensor_s / (last_step_s - last_sensor_s)
         self.fixed_s = 0.0  # this step's critical-path seconds no rate can lower (the monitor's step end)
+        self.balance = 0.0  # what the steps so far were allowed less what they charged (negative: a debt)
 
     def start(self) -> None:
         """The clock starts the first step (the recording began; what installing cost is not the step's)."""
@@ -119,7 +122,14 @@ class Budget:
             own = step - charged
             self.overhead = charged / own if own > 0 else None
             if own > 0 and self.fraction < 1:  # budget 1: no limit, everything checked
-                self._allocate(max(0.0, HEADROOM * self.fraction * own - self.fixed_s))
+                earned = HEADROOM * self.fraction * own
+                # a rate is a probability and a cost estimate learned from few checks: a step can
+                # charge more than it earned (a recording's first steps charged about 1.25x), and
+                # without a memory nothing paid it back. The balance carries it (at most
+                # DEBT_STEPS steps of debt, one step of credit) and the next steps repay a
+                # DEBT_STEPS-th of it each.
+                self.balance = min(earned, max(-DEBT_STEPS * earned, self.balance + earned - charged))
+                self._allocate(max(0.0, earned - self.fixed_s + self.balance / DEBT_STEPS))
         self._step_start = now
 
     def _allocate(self, allowance: float) -> None:

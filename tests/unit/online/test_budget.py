@@ -4,7 +4,7 @@ is the probability of checking a call (checked whole)."""
 
 import pytest
 
-from bitguard.collectors.online.budget import HEADROOM, MIN_RATE, START_RATE, Budget
+from bitguard.collectors.online.budget import DEBT_STEPS, HEADROOM, MIN_RATE, START_RATE, Budget
 
 
 class Clock:
@@ -38,14 +38,18 @@ def test_the_measured_cost_converges_within_the_budget_cheap_ops_checked_more():
     budget = Budget(0.02, clock)
     budget.start()
     unit = {"cheap": 0.004, "dear": 0.1, "mid": 0.02}
-    overheads = _steps(budget, clock, unit, 100)
+    overheads, rates = [], {op: [] for op in unit}
+    for _ in range(100):
+        overheads += _steps(budget, clock, unit, 1)
+        for op in unit:
+            rates[op].append(budget.op("checksum", op).rate)
     assert overheads[0] < 0.02, "the first step checks at START_RATE"
-    late = overheads[-60:]  # (calls are sampled: the mean is what holds)
+    late = overheads[-60:]  # (calls are sampled, and a debt lowers the next steps' rates: the mean is what holds)
     assert 0.02 * HEADROOM * 0.8 <= sum(late) / len(late) <= 0.02, sum(late) / len(late)
-    rates = {op: budget.op("checksum", op).rate for op in unit}
-    assert rates["cheap"] == 1.0, "a cheap operator's share is more than it needs"
-    assert rates["dear"] < rates["mid"] < 1.0
-    assert all(MIN_RATE <= r <= 1 for r in rates.values())
+    mean = {op: sum(r[-60:]) / 60 for op, r in rates.items()}
+    assert sum(r == 1.0 for r in rates["cheap"][-60:]) > 30, "a cheap operator's share is more than it needs"
+    assert mean["dear"] < mean["mid"] < mean["cheap"]
+    assert all(MIN_RATE <= r <= 1 for r in rates.values() for r in r)
 
 
 def test_a_generous_budget_checks_everything():
@@ -76,7 +80,52 @@ def test_the_unit_cost_counts_the_calls_left_out():
     clock.t += 1000.0
     budget.step_end()
     assert entry.unit == pytest.approx(100.0)
-    assert entry.rate == pytest.approx(HEADROOM * 0.02 * (1000.0 - 50.0) / 100.0)
+    earned = HEADROOM * 0.02 * (1000.0 - 50.0)  # the step charged 50 s of it: a debt, repaid in quarters
+    assert budget.balance == pytest.approx(earned - 50.0)
+    assert entry.rate == pytest.approx((earned + (earned - 50.0) / DEBT_STEPS) / 100.0)
+
+
+def test_an_overspent_step_is_paid_back_by_the_next_ones():
+    """A step that charged three times its allowance lowers the next steps' allowance until the
+    debt is repaid; over the steps the charges meet the allowance, not 1.25x it as before."""
+    clock = Clock()
+    budget = Budget(0.02, clock)
+    budget.start()
+    entry = budget.op("checksum", "x")  # 1000 calls a step, 0.064 s at rate 1
+    entry.calls, entry.checked, entry.seconds = 1000, 750, 0.048  # three times 0.8 x 2% of 1 s
+    clock.t += 1.048
+    budget.step_end()
+    assert budget.balance == pytest.approx(-0.032)
+    balance, charged = [], []
+    for _ in range(16):
+        budget.reset()
+        entry.calls, entry.checked = 1000, entry.rate * 1000  # the expected number, not a draw
+        entry.seconds = entry.rate * 0.064
+        charged.append(entry.seconds)
+        clock.t += 1.0 + entry.seconds
+        budget.step_end()
+        balance.append(budget.balance)
+    assert charged[0] == pytest.approx(0.016 - 0.032 / DEBT_STEPS), "the next step repays a quarter of the debt"
+    assert balance[0] == pytest.approx(-0.024)
+    assert balance[-1] == pytest.approx(0.0, abs=1e-3), balance
+
+
+def test_a_debt_is_capped_and_a_credit_is_one_step():
+    """One step slowed a hundredfold by a check (a page fault, a context switch) leaves at most
+    DEBT_STEPS steps of debt; steps that charged nothing save at most one step's allowance."""
+    clock = Clock()
+    budget = Budget(0.02, clock)
+    budget.start()
+    entry = budget.op("checksum", "x")
+    entry.calls, entry.checked, entry.seconds = 1, 1, 2.0
+    clock.t += 3.0
+    budget.step_end()
+    assert budget.balance == pytest.approx(-DEBT_STEPS * HEADROOM * 0.02 * 1.0)
+    for _ in range(20):
+        budget.reset()
+        clock.t += 1.0
+        budget.step_end()
+    assert budget.balance == pytest.approx(HEADROOM * 0.02 * 1.0)
 
 
 def test_fixed_costs_come_off_the_allowance():
@@ -118,7 +167,8 @@ def test_an_operator_never_checked_is_priced_from_the_measured_ones():
         entry.calls, entry.flops_seen = 1, 2e9  # twice the FLOPs: priced at twice the cost
     clock.t += 1.0
     budget.step_end()
-    allowance = HEADROOM * 0.02 * (1.0 - 0.01)
+    earned = HEADROOM * 0.02 * (1.0 - 0.01)
+    allowance = earned + (earned - 0.01) / DEBT_STEPS  # the step left some of it unspent
     assert known.rate * 0.01 + sum(e.rate * 0.02 for e in unknown) <= allowance * (1 + 1e-9)
     assert all(0 < e.rate <= START_RATE * 2 for e in unknown)
     assert known.rate > unknown[0].rate, "the cheaper operator gets the higher rate"
