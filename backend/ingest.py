@@ -107,7 +107,7 @@ def _optional(table, column: str, rank_version: int) -> bool:
 
 def _in_use(path: Path) -> CorruptRun:
     return CorruptRun(f"{path} is open in another process (is that recording still running?); "
-                      f"wait for it to finish or stop it, then compare again")
+                      f"wait for it to finish or stop it, then run this command again")
 
 
 def _first_line(exc: BaseException, path: Path) -> str:
