@@ -151,14 +151,44 @@ def _partners(new_event, lo, hi, a_role, a_idx, a_nth, b_role, b_idx, b_nth):  #
 _PAIRED_A = ("seq", "role", "idx", "path", "shape", "dtype", "xor", "pos", "unobserved")  # A's columns in `diffs`
 
 
+def _gathered(frame: pl.DataFrame, column: pl.Expr, at: pl.Series, name: str) -> pl.Expr | pl.Series:
+    """`column` of `frame` gathered at the rows `at` (NULL: a NULL row). A column of one value
+    (ingest.compact) stays that one value when every row has a partner, not 16 bytes a row."""
+    if frame.height and not at.has_nulls() and frame.select(column.eq_missing(column.first()).all()).item():
+        return pl.lit(frame.select(column.first()).item(), dtype=frame.select(column).dtypes[0]).alias(name)
+    return frame.select(column.gather(at).alias(name)).to_series()
+
+
+_PIECES = 64  # at most this many slices are joined (more: one filter copies the rows)
+
+
+def _kept_rows(left: pl.DataFrame, kept: np.ndarray, right: pl.DataFrame) -> pl.DataFrame:
+    """`left`'s rows where `kept`, beside `right` (one row for each kept one). Few rows are dropped
+    (A's events without a partner: its gaps), so the kept ones are taken as slices of `left`, whose
+    columns they share, instead of a filter's copy (~100 MB of a million-event run's tensors);
+    `right` is cut at the same rows, so that every column has chunks of the same lengths (polars
+    copies a frame into one chunk when they differ). The same rows, in the same order."""
+    bounds = np.cumsum(left.get_column("a_seq").chunk_lengths())[:-1]  # (a_seq: never one value)
+    runs = np.flatnonzero(np.diff(np.r_[0, kept.view(np.int8), 0]))  # starts and ends of the kept stretches
+    cuts = np.union1d(runs, bounds[kept[bounds]] if len(bounds) else bounds)  # a chunk's start inside a stretch
+    pieces, at = [], 0
+    for lo, hi in zip(cuts[:-1].tolist(), cuts[1:].tolist()):
+        if kept[lo] and len(pieces) <= _PIECES:
+            pieces.append(pl.concat([left.slice(lo, hi - lo), right.slice(at, hi - lo)], how="horizontal"))
+            at += hi - lo
+    if not pieces or len(pieces) > _PIECES or at != right.height or any(max(p.n_chunks("all")) > 1 for p in pieces):
+        return pl.concat([left.filter(pl.Series(kept)), right], how="horizontal")
+    return pl.concat(pieces, rechunk=False) if len(pieces) != 1 else pieces[0]
+
+
 def _pair_tensors(pairs: pl.DataFrame, ta: pl.DataFrame, tb: pl.DataFrame) -> pl.DataFrame:
     """Every tensor of A's paired events beside its partner in B (same role, index and
     occurrence; NULL when B has none), compared digest by digest. Both sides in place order, so
     the partner is found by one merge per event pair (NumPy and Numba; a polars join on four
     columns cost ten times as much at a million events)."""
     ta, tb = _by_place(ta), _by_place(tb)
-    ta = ta.with_columns(_unobserved(ta).alias("unobserved"), _occurrence(ta))
-    tb = tb.with_columns(_occurrence(tb))
+    # (the occurrence apart: a column added to a frame read in chunks makes polars copy it into one)
+    nth_a, nth_b = (t.select(_occurrence(t)).to_series().to_numpy() for t in (ta, tb))
     by_a = pairs.select("a_seq", "b_seq").sort("a_seq")
     pa, pb = by_a["a_seq"].to_numpy(), by_a["b_seq"].to_numpy()
     seq_a, seq_b = ta["seq"].to_numpy(), tb["seq"].to_numpy()
@@ -168,23 +198,25 @@ def _pair_tensors(pairs: pl.DataFrame, ta: pl.DataFrame, tb: pl.DataFrame) -> pl
     b_seq = pb[at[rows]] if len(pa) else np.empty(0, np.int64)
     roles = pl.Enum(sorted(set(ta["role"].unique().to_list()) | set(tb["role"].unique().to_list())))
 
-    def place(t: pl.DataFrame) -> list[np.ndarray]:  # role (as its rank in byte order), idx, nth
-        return [t["role"].cast(roles).to_physical().to_numpy(), t["idx"].to_numpy(), t["_nth"].to_numpy()]
+    def place(t: pl.DataFrame, nth: np.ndarray) -> list[np.ndarray]:  # role (as its rank in byte order), idx, nth
+        return [t["role"].cast(roles).to_physical().to_numpy(), t["idx"].to_numpy(), nth]
 
     kept = seq_a[rows]
     new_event = np.r_[True, kept[1:] != kept[:-1]] if len(kept) else np.empty(0, bool)
     partner = _partners(new_event, np.searchsorted(seq_b, b_seq, "left"), np.searchsorted(seq_b, b_seq, "right"),
-                        *(c[rows] for c in place(ta)), *place(tb))
+                        *(c[rows] for c in place(ta, nth_a)), *place(tb, nth_b))
     at_b = pl.Series(partner).replace(-1, None)  # NULL: B has no partner (gathered as a NULL row)
     # shapes compared by their hashes (a list column costs ten times as much to gather): equal
     # shapes hash alike, and two shapes apart hash alike with a chance of 2^-64, as two digests do
-    right = tb.select(pl.col("xor").alias("xor_b"), pl.col("pos").alias("pos_b"), pl.col("dtype").alias("dtype_b"),
-                      pl.col("shape").hash().alias("_shape_b"), _unobserved(tb).alias("unobserved_b"))
+    right = tb.select(pl.col("xor").alias("xor_b"), pl.col("pos").alias("pos_b"),
+                      pl.col("shape").hash().alias("_shape_b")).select(pl.all().gather(at_b))
+    right = right.with_columns(_gathered(tb, pl.col("dtype"), at_b, "dtype_b"),
+                               _gathered(tb, _unobserved(tb), at_b, "unobserved_b"))
     # only what the verdict and the pivot's tensors read travels into the pairs (strides, sizes,
     # storages, identities and shards stay in `ta`: a million-event run's copy of them was ~100 MB)
-    left = ta.select(*_PAIRED_A).filter(pl.Series(paired)).rename({"seq": "a_seq"})
-    d = pl.concat([left.with_columns(pl.Series("b_seq", b_seq, pl.Int64)), right.select(pl.all().gather(at_b))],
-                  how="horizontal")
+    left = ta.select(_unobserved(ta).alias(c) if c == "unobserved" else c for c in _PAIRED_A).rename({"seq": "a_seq"})
+    d = _kept_rows(left, paired, pl.concat([pl.Series("b_seq", b_seq, pl.Int64).to_frame(), right],
+                                           how="horizontal"))
     return d.with_columns(
         (pl.col("xor") != pl.col("xor_b")).fill_null(True).alias("xor_differs"),
         (pl.col("pos") != pl.col("pos_b")).fill_null(True).alias("pos_differs"),
