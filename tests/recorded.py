@@ -2,12 +2,18 @@
 
 Each scenario records its two runs concurrently, forked from a warm recorder (tests/warm.py: the
 CLI's in-process recording, without the 4-s start of a fresh Python), into
-`root/<scenario>/reference` and `root/<scenario>/suspect`, and returns the two paths. Session-scoped fixtures call these once (see tests/unit/backend/conftest.py); the
+`root/<scenario>/reference` and `root/<scenario>/suspect`, and returns the two paths. `shared`
+records a scenario once for the whole pytest session, its xdist workers included (the pair is
+only read: the readers open rank files read-only, an upload copies them); session fixtures
+(tests/unit/backend/conftest.py) and tests of other folders that need the same pair call it. The
 synthetic pairs in fixtures_runs.py are the fast alternative when a test needs no real model.
 """
 
 from __future__ import annotations
 
+import fcntl
+import os
+import shutil
 from pathlib import Path
 
 import warm
@@ -33,3 +39,21 @@ def forward_bitflip(root) -> tuple[Path, Path]:
 def identical(root) -> tuple[Path, Path]:
     """The same training twice: no pivot."""
     return record_pair(root, "identical", [])
+
+
+def shared(tmp_path_factory, scenario) -> tuple[Path, Path]:
+    """`scenario(root)` (forward_bitflip, identical) recorded once per pytest session: the first
+    worker to ask records it under a lock, in a folder its sibling workers share (the parent of each
+    worker's basetemp, which is the session's), the others wait for it and read the same pair."""
+    basetemp = tmp_path_factory.getbasetemp()
+    root = (basetemp.parent if os.environ.get("PYTEST_XDIST_WORKER") else basetemp) / "bitguard-shared-pairs"
+    root.mkdir(exist_ok=True)
+    name = scenario.__name__
+    done = root / f"{name}.done"
+    with open(root / f"{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        if not done.exists():
+            shutil.rmtree(root / name, ignore_errors=True)  # a recording that failed on another worker
+            scenario(root)
+            done.touch()
+    return root / name / "reference", root / name / "suspect"

@@ -12,7 +12,7 @@ pytestmark = pytest.mark.slow
 
 @pytest.mark.timeout(600)
 def test_a_recorded_bitflip_is_found_through_the_api(client, tmp_path_factory):
-    pair = recorded.forward_bitflip(tmp_path_factory.mktemp("recorded"))
+    pair = recorded.shared(tmp_path_factory, recorded.forward_bitflip)  # the pair tests/unit/backend reads
     c = compare(client, tuple(str(p) for p in pair))
     fd = c["summary"]["first_divergence"]
     assert (fd["boundary"], fd["phase"], fd["step"], fd["blame"]) == ("blocks.0.mlp.fc", "forward", 1, "source")

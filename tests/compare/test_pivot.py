@@ -1,6 +1,7 @@
 """Compare on recorded runs: the pivot lands where the fault was injected, with the right blame."""
 
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -8,6 +9,7 @@ from pathlib import Path
 import pytest
 
 import bitguard
+import recorded
 import warm
 
 pytestmark = pytest.mark.slow  # records tiny GPT runs (forked from a warm recorder: tests/warm.py)
@@ -34,7 +36,12 @@ def _record(out: Path, *args: str) -> None:
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     base = tmp_path_factory.mktemp("pivot-runs")
-    jobs = {"reference": [], "rerun": [], **{f: ["--fault", f, "--fault-step", "1"] for f in FAULTS}}
+    # the reference and the forward bit flip are recorded.forward_bitflip's pair (the same arguments),
+    # recorded once for the session's workers (tests/unit/backend and tests/api read it too): copied in
+    reference, bitflip = recorded.shared(tmp_path_factory, recorded.forward_bitflip)
+    shutil.copytree(reference, base / "reference")
+    shutil.copytree(bitflip, base / "forward-bitflip")
+    jobs = {"rerun": [], **{f: ["--fault", f, "--fault-step", "1"] for f in FAULTS if f != "forward-bitflip"}}
     warm.record_all(*(dict(out=base / name, script=TINYGPT, args=(*STEPS, *args)) for name, args in jobs.items()))
     return base
 

@@ -22,7 +22,7 @@ import bitguard  # noqa: E402
 @pytest.fixture(scope="session")
 def forward_bitflip(tmp_path_factory):
     """Comparison of a real pair: one bit of blocks.0.mlp.fc's output flips at step 1."""
-    a, b = recorded.forward_bitflip(tmp_path_factory.mktemp("recorded"))
+    a, b = recorded.shared(tmp_path_factory, recorded.forward_bitflip)  # recorded once for all workers
     return bitguard.compare(a, b)
 
 
