@@ -15,8 +15,9 @@ others' until its first check: per element its checks would read (what a checksu
 reads each operand once, whatever the product's FLOPs), among the operators of its kind (the part of
 the op key before its first colon: `linear`, `matmul.dgrad`, ...) when any is measured, else per FLOP.
 
-A rate r is the probability that a call of the operator is checked; a checked call is checked
-whole (the checksum sensor covers every element of it), so the cost of a check's fixed part
+A rate r is the probability that a call of the operator is checked (a hook draws each call,
+`draw`, or counts down to the next checked one, `countdown`: the same chance per call, and a call
+passed reads nothing; `seen` counts the calls passed); a checked call is checked whole (the checksum sensor covers every element of it), so the cost of a check's fixed part
 (Python, a weight's float64 copy) scales with r too. No rate goes below `MIN_RATE`: a budget too
 small for even that is exceeded, and the sensor_stats rows show by how much. A budget of 1 means no
 limit: every rate stays 1 (every call checked; tests and evaluations).
@@ -28,6 +29,7 @@ with a fake one. This module knows nothing about tensors or hooks.
 
 from __future__ import annotations
 
+import math
 import random
 import time
 from dataclasses import dataclass
@@ -72,6 +74,7 @@ class Budget:
         self.overhead: float | None = None  # last_sensor_s / (last_step_s - last_sensor_s)
         self.fixed_s = 0.0  # this step's critical-path seconds no rate can lower (the monitor's step end)
         self.balance = 0.0  # what the steps so far were allowed less what they charged (negative: a debt)
+        self.epoch = 0  # counts the steps whose end set the rates (a countdown drawn under older rates is redrawn)
 
     def start(self) -> None:
         """The clock starts the first step (the recording began; what installing cost is not the step's)."""
@@ -97,6 +100,23 @@ class Budget:
             entry.checked += 1
             return True
         return False
+
+    def countdown(self, entry: OpBudget) -> int:
+        """How many of the operator's next calls pass unchecked before one is checked, drawn at its
+        rate: a geometric draw, the same chance per call as draw() gives, for a hook that counts
+        calls down instead of drawing each (a call that draws nothing then reads nothing)."""
+        if entry.rate >= 1:
+            return 0
+        if entry.rate <= 0:
+            return 1 << 62
+        return int(math.log(1.0 - self._random()) / math.log1p(-entry.rate))
+
+    def seen(self, entry: OpBudget, calls: int, flops: float, size: float, checked: int = 0) -> None:
+        """Count `calls` calls of `flops` and `size` each (`checked` of them checked) that a countdown passed."""
+        entry.calls += calls
+        entry.checked += checked
+        entry.flops_seen += calls * flops
+        entry.size_seen += calls * size
 
     def random(self) -> float:
         """A draw from the budget's own generator."""
@@ -130,6 +150,7 @@ class Budget:
                 # DEBT_STEPS-th of it each.
                 self.balance = min(earned, max(-DEBT_STEPS * earned, self.balance + earned - charged))
                 self._allocate(max(0.0, earned - self.fixed_s + self.balance / DEBT_STEPS))
+                self.epoch += 1
         self._step_start = now
 
     def _allocate(self, allowance: float) -> None:

@@ -25,9 +25,12 @@ into matmul + add) is counted as not observed in backward.
 The budget samples CALLS (collectors/online/budget.py): each operator has a probability of
 checking a call, and a checked call is checked whole. A fault on a call is caught with
 probability (the operator's rate) × (the check's sensitivity), so an intermittent fault that
-keeps recurring is caught within a few faulty calls even at a low rate. A call none of whose three
-operators is drawn costs the draws (about 2 µs on this CPU) and touches no operand; each hook's own
-time around its checks is charged to the budget as fixed cost.
+keeps recurring is caught within a few faulty calls even at a low rate. An nn.Linear's three
+operators each count down to their next checked call (a geometric draw at the rate, Budget.countdown,
+stretched when the rates change at a step's end): a call none of them is due on does one lookup and
+one decrement and touches neither its operands nor their shapes (the first Python after a large GEMM
+pays for every cache line it touches). Each hook's own time around its checks is charged to the
+budget as fixed cost.
 
 Each operator keeps its threshold, learned from its clean checks' statistic (the largest
 normalised column gap of a call): MARGIN × the largest of the last WINDOW, never above the hard
@@ -68,7 +71,7 @@ import math
 import statistics
 import weakref
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -230,6 +233,19 @@ class _LinearOps:
     dgrad: object
     wgrad: object
     calls: int = 0
+    # the countdowns (Budget.countdown) of the three operators at its last drawn call, the rates they
+    # were drawn at, and the calls passed since: a call passes while `skip` (the least countdown) is left
+    left: list = field(default_factory=lambda: [0, 0, 0])
+    rates: list = field(default_factory=lambda: [1.0, 1.0, 1.0])
+    skip: int = 0
+    passed: int = 0
+    pending: int = 0  # calls passed since the budget last counted them (stats())
+    flops: float = 0.0  # a call's, and the elements its check reads, as at its last drawn call
+    size: float = 0.0
+    grad: bool = False  # whether that call had a backward
+
+    def entries(self) -> tuple:
+        return self.forward, self.dgrad, self.wgrad
 
 
 @dataclass
@@ -328,6 +344,7 @@ class ChecksumSensor(GemmChecks, Sensor):
         self._pending: dict[str, _Tally] = {}  # op key -> its counts since its last sensor_stats row
         self._pools: dict[tuple, Pool] = {}  # (dtype, device type, sums' dtype) -> its operators' pool
         self._linears: dict[int, _LinearOps] = {}  # id(module) -> its names, budget entries, calls this step
+        self._epoch = -1  # the budget's epoch the countdowns were last rescaled to
         self._checks_s = 0.0  # seconds the checks of the current hook charged themselves
         self._alert_s = 0.0  # the last check's seconds spent raising its alert
         self._patch = None
@@ -369,14 +386,31 @@ class ChecksumSensor(GemmChecks, Sensor):
             ops = self._linears[id(module)] = _LinearOps(
                 weakref.ref(module), name, f"linear:{name}",
                 *(budget.op(self.name, f"{op}:{name}") for op in ("linear", "linear.dgrad", "linear.wgrad")))
+            ops.left = [budget.countdown(entry) for entry in ops.entries()]  # (its first call: a draw at its rates)
+            ops.rates = [entry.rate for entry in ops.entries()]
         return ops
 
     def _on_linear(self, module, x, y) -> None:
-        """Every nn.Linear call: three draws (the forward, and the two backward GEMMs it will have); the
-        operands are touched only for a drawn one. The call's own time, outside its checks, is charged
-        as fixed cost (what no rate lowers)."""
+        """Every nn.Linear call: the forward and the two backward GEMMs it will have are each checked
+        at their rate. Each operator counts down to its next checked call (Budget.countdown): a call
+        before any is due reads nothing but its module's entry (the first Python after a large GEMM
+        pays for every cache line it touches: bench_hook_cost.py measured about 100 µs a call for
+        the shapes, dtypes and three draws), and is counted as the last drawn call's shapes. The
+        operands are touched only for a checked call. The call's own time, outside its checks, is
+        charged as fixed cost (what no rate lowers)."""
         budget = self.monitor.budget
         t0 = budget.clock()
+        ops = self._linears.get(id(module))
+        if ops is not None and ops.ref() is module:
+            if self._epoch != budget.epoch:
+                self._rescale(budget)  # (once a step: the rates changed)
+            if ops.skip:
+                ops.skip -= 1
+                ops.passed += 1
+                ops.pending += 1
+                ops.calls += 1
+                budget.charge_fixed(budget.clock() - t0)
+                return
         if type(x) is not torch.Tensor or type(y) is not torch.Tensor or not x.dtype.is_floating_point \
                 or x.dim() == 0 or x.numel() == 0:
             return  # (a tensor subclass, DTensor: its local values are not the whole product)
@@ -385,11 +419,15 @@ class ChecksumSensor(GemmChecks, Sensor):
         ops.calls = call + 1
         k, o = x.shape[-1], y.shape[-1]  # (the weight's shape, without nn.Module's attribute lookup)
         n = x.numel() // k if k else 0
-        flops, size = 2.0 * n * k * o, float(n * k + k * o + n * o)
-        forward = budget.draw(ops.forward, flops, size)
+        ops.flops, ops.size = flops, size = 2.0 * n * k * o, float(n * k + k * o + n * o)
         backward = y.requires_grad and torch.is_grad_enabled()  # the backward GEMMs' calls are drawn here
-        dgrad = backward and budget.draw(ops.dgrad, flops, size)
-        wgrad = backward and budget.draw(ops.wgrad, flops, size)
+        ops.grad = backward
+        forward, dgrad, wgrad = self._due(budget, ops)
+        budget.seen(ops.forward, 1, flops, size, forward)
+        if backward:
+            budget.seen(ops.dgrad, 1, flops, size, dgrad)
+            budget.seen(ops.wgrad, 1, flops, size, wgrad)
+        dgrad, wgrad = backward and dgrad, backward and wgrad
         self._checks_s = 0.0
         if forward or dgrad or wgrad:
             name, weight, bias = ops.name, module.weight, module.bias
@@ -401,6 +439,53 @@ class ChecksumSensor(GemmChecks, Sensor):
             if dgrad or wgrad:
                 self._hook_backward(name, y, x2, weight, call, dgrad, wgrad)
         budget.charge_fixed(budget.clock() - t0 - self._checks_s)
+
+    @staticmethod
+    def _due(budget, ops: _LinearOps) -> list[bool]:
+        """Which of the three operators this call (one not passed) checks; their next countdowns."""
+        left, due = ops.left, []
+        for i, entry in enumerate(ops.entries()):
+            countdown = left[i] - ops.passed
+            if countdown <= 0:
+                due.append(True)
+                left[i], ops.rates[i] = budget.countdown(entry), entry.rate
+            else:
+                due.append(False)
+                left[i] = countdown - 1
+        ops.passed, ops.skip = 0, min(left)
+        return due
+
+    def _rescale(self, budget) -> None:
+        """The rates changed: every countdown left is stretched or shrunk to its operator's new
+        rate (the calls still to pass scaled by log(1 - old) / log(1 - new), what a geometric
+        countdown drawn at the new rate would have left), so a rate raised from MIN_RATE takes effect
+        at once and not after the calls its old countdown had to pass."""
+        self._epoch = budget.epoch
+        for ops in self._linears.values():
+            left = ops.left
+            for i, entry in enumerate(ops.entries()):
+                old, new, countdown = ops.rates[i], entry.rate, left[i] - ops.passed
+                if new == old or countdown <= 0:
+                    left[i] = max(countdown, 0)
+                elif new >= 1:
+                    left[i] = 0
+                elif old >= 1:
+                    left[i] = budget.countdown(entry)
+                else:
+                    left[i] = int(countdown * math.log1p(-old) / math.log1p(-new)) if new > 0 else 1 << 62
+                ops.rates[i] = new
+            ops.passed, ops.skip = 0, min(left)
+
+    def _count_passed(self) -> None:
+        """The calls a countdown passed since the last count, into the budget's counters (before it reads them)."""
+        budget = self.monitor.budget
+        for ops in self._linears.values():
+            if ops.pending:
+                budget.seen(ops.forward, ops.pending, ops.flops, ops.size)
+                if ops.grad:
+                    budget.seen(ops.dgrad, ops.pending, ops.flops, ops.size)
+                    budget.seen(ops.wgrad, ops.pending, ops.flops, ops.size)
+                ops.pending = 0
 
     def _check(self, key: str, name: str, op: str, c: torch.Tensor, a: torch.Tensor, b: torch.Tensor, bias,
                call: int, transposed: bool = False) -> None:
@@ -560,6 +645,7 @@ class ChecksumSensor(GemmChecks, Sensor):
         steps have gone by (pending_stats() writes the rest when the recording ends): at a low rate most
         operators are checked in few steps, and a row for each of them each step cost the training
         thread and the journal writer about 1 ms a step (113 operators of the bench GPT)."""
+        self._count_passed()
         rows = []
         step, total = self.monitor.step, _Tally(0)
         for (sensor, key), entry in self.monitor.budget.ops.items():

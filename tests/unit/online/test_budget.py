@@ -70,6 +70,21 @@ def test_a_rate_is_the_probability_of_checking_a_call():
     assert entry.calls == 4000 and entry.checked == allowed
 
 
+def test_a_countdown_gives_each_call_the_rates_chance():
+    """Budget.countdown: the calls to pass before the next checked one, geometric at the rate (so
+    a hook counting down checks each call with the same chance as draw())."""
+    budget = Budget(0.02, Clock())
+    entry = budget.op("checksum", "x")
+    entry.rate = 0.25
+    draws = [budget.countdown(entry) for _ in range(8000)]
+    assert 0.22 < sum(d == 0 for d in draws) / len(draws) < 0.28, "the next call itself, at the rate"
+    assert 2.7 < sum(draws) / len(draws) < 3.3, "(1 - r) / r calls passed on average"
+    entry.rate = 1.0
+    assert budget.countdown(entry) == 0
+    entry.rate = 0.0
+    assert budget.countdown(entry) > 10 ** 15
+
+
 def test_the_unit_cost_counts_the_calls_left_out():
     """Half the calls checked at 1 s each: the operator's cost at rate 1 is 2 s per call pair."""
     clock = Clock()

@@ -245,10 +245,34 @@ def test_call_sampling_checks_the_budgets_share_of_calls_each_whole():
     monitor.budget.op("checksum", "linear:m").rate = 0.25
     lin = torch.nn.Linear(16, 8)
     _linear_calls(sensor, lin, (10,), torch.float32, 800)
+    sensor.stats()  # (the calls a countdown passed are counted when the step's rows are made, before the budget reads them)
     entry = monitor.budget.op("checksum", "linear:m")
     assert entry.calls == 800 and 150 < entry.checked < 250
     assert sensor.ops["linear:m"].checks == entry.checked
     assert entry.flops_checked == pytest.approx(entry.checked * 2 * 10 * 16 * 8), "a checked call is checked whole"
+
+
+def test_a_rate_raised_takes_effect_at_once_not_after_the_old_countdown():
+    """A call that no countdown has due reads nothing; when the rates change at a step's end the
+    countdowns left are rescaled: an operator raised from MIN_RATE to 0.5 is checked on about half
+    its next calls, not after the ~1,000 calls its old countdown had to pass."""
+    from bitguard.collectors.online.budget import MIN_RATE
+
+    sensor, monitor = ChecksumSensor(), _FakeMonitor(budget=0.02)
+    sensor.monitor = monitor
+    entry = monitor.budget.op("checksum", "linear:m")
+    entry.rate = MIN_RATE
+    lin = torch.nn.Linear(16, 8)
+    _linear_calls(sensor, lin, (10,), torch.float32, 40)
+    sensor.stats()
+    before = entry.checked
+    entry.rate = 0.5
+    monitor.budget.epoch += 1  # (what Budget.step_end does when it sets the rates)
+    _linear_calls(sensor, lin, (10,), torch.float32, 400, seed=1)
+    sensor.stats()
+    assert entry.calls == 440
+    assert 160 < entry.checked - before < 240, entry.checked - before
+    assert sensor.ops["linear:m"].checks == entry.checked
 
 
 def test_a_linear_subclass_with_its_own_forward_is_not_checked(tmp_path):
