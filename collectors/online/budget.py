@@ -16,8 +16,8 @@ reads each operand once, whatever the product's FLOPs), among the operators of i
 the op key before its first colon: `linear`, `matmul.dgrad`, ...) when any is measured, else per FLOP.
 
 A rate r is the probability that a call of the operator is checked (a hook draws each call,
-`draw`, or counts down to the next checked one, `countdown`: the same chance per call, and a call
-passed reads nothing; `seen` counts the calls passed); a checked call is checked whole (the checksum sensor covers every element of it), so the cost of a check's fixed part
+`draw`, or counts down to the next checked one, `Countdown`: the same chance per call, and a call
+passed reads nothing); a checked call is checked whole (the checksum sensor covers every element of it), so the cost of a check's fixed part
 (Python, a weight's float64 copy) scales with r too. No rate goes below `MIN_RATE`: a budget too
 small for even that is exceeded, and the sensor_stats rows show by how much. A budget of 1 means no
 limit: every rate stays 1 (every call checked; tests and evaluations).
@@ -214,6 +214,82 @@ class Budget:
         for entry in self.ops.values():
             entry.calls = entry.checked = 0
             entry.seconds = entry.flops_seen = entry.flops_checked = entry.size_seen = 0.0
+
+
+
+class Countdown:
+    """The countdowns of one call's operators (an nn.Linear's forward, dgrad and wgrad; a GEMM call
+    site's three) to their next checked call, each drawn at its rate (Budget.countdown). A hook asks
+    `passes()` first: while no operator is due the call only decrements, and is counted as seen at
+    the shapes of the last call that was not passed (`due` took them; `count_passed` adds the passed
+    calls to the budget's counters before they are read). The first call is never passed: it gives
+    the shapes."""
+
+    __slots__ = ("entries", "left", "rates", "skip", "passed", "pending", "flops", "size", "counted")
+
+    def __init__(self, budget: Budget, entries: tuple):
+        self.entries = entries
+        self.left = [budget.countdown(entry) for entry in entries]
+        self.rates = [entry.rate for entry in entries]
+        self.skip = 0  # calls to pass before one is looked at
+        self.passed = 0  # calls passed since the last one looked at
+        self.pending = 0  # calls passed since the budget last counted them
+        self.flops = self.size = 0.0  # a call's, and the elements its check reads, at the last call looked at
+        self.counted = (True,) * len(entries)  # which operators that call had (a backward GEMM only with a backward)
+
+    def passes(self) -> bool:
+        """Whether this call passes unchecked by every operator (then counted, nothing else read)."""
+        if self.skip:
+            self.skip -= 1
+            self.passed += 1
+            self.pending += 1
+            return True
+        return False
+
+    def due(self, budget: Budget, flops: float, size: float, counted: tuple) -> list[bool]:
+        """A call not passed, of `flops` and `size`, with the operators `counted`: which of them check
+        it; every operator's next countdown; the call counted as seen (and checked) by those it has."""
+        self.flops, self.size, self.counted = flops, size, counted
+        left, due = self.left, []
+        for i, entry in enumerate(self.entries):
+            countdown = left[i] - self.passed
+            if countdown <= 0:
+                left[i], self.rates[i] = budget.countdown(entry), entry.rate
+                due.append(counted[i])
+            else:
+                left[i] = countdown - 1
+                due.append(False)
+            if counted[i]:
+                budget.seen(entry, 1, flops, size, due[i])
+        self.passed, self.skip = 0, min(left)
+        return due
+
+    def rescale(self, budget: Budget) -> None:
+        """The rates changed: each countdown left is stretched or shrunk to its operator's new rate
+        (the calls still to pass scaled by log(1 - old) / log(1 - new), what a geometric countdown
+        drawn at the new rate would have left), so a rate raised from MIN_RATE takes effect at once
+        and not after the calls its old countdown had to pass."""
+        left = self.left
+        for i, entry in enumerate(self.entries):
+            old, new, countdown = self.rates[i], entry.rate, left[i] - self.passed
+            if new == old or countdown <= 0:
+                left[i] = max(countdown, 0)
+            elif new >= 1:
+                left[i] = 0
+            elif old >= 1:
+                left[i] = budget.countdown(entry)
+            else:
+                left[i] = int(countdown * math.log1p(-old) / math.log1p(-new)) if new > 0 else 1 << 62
+            self.rates[i] = new
+        self.passed, self.skip = 0, min(left)
+
+    def count_passed(self, budget: Budget) -> None:
+        """The calls passed since the last count, into the budget's counters (before it reads them)."""
+        if self.pending:
+            for entry, counted in zip(self.entries, self.counted):
+                if counted:
+                    budget.seen(entry, self.pending, self.flops, self.size)
+            self.pending = 0
 
 
 def _kind(op: str) -> str:

@@ -25,11 +25,11 @@ into matmul + add) is counted as not observed in backward.
 The budget samples CALLS (collectors/online/budget.py): each operator has a probability of
 checking a call, and a checked call is checked whole. A fault on a call is caught with
 probability (the operator's rate) × (the check's sensitivity), so an intermittent fault that
-keeps recurring is caught within a few faulty calls even at a low rate. An nn.Linear's three
-operators each count down to their next checked call (a geometric draw at the rate, Budget.countdown,
-stretched when the rates change at a step's end): a call none of them is due on does one lookup and
-one decrement and touches neither its operands nor their shapes (the first Python after a large GEMM
-pays for every cache line it touches). Each hook's own time around its checks is charged to the
+keeps recurring is caught within a few faulty calls even at a low rate. The three operators of an
+nn.Linear (and of a GEMM call site, gemm_calls.py) each count down to their next checked call
+(budget.Countdown: a geometric draw at the rate, stretched when the rates change at a step's end):
+a call none of them is due on does one lookup and one decrement and touches neither its operands
+nor their shapes (the first Python after a large GEMM pays for every cache line it touches). Each hook's own time around its checks is charged to the
 budget as fixed cost.
 
 Each operator keeps its threshold, learned from its clean checks' statistic (the largest
@@ -71,12 +71,13 @@ import math
 import statistics
 import weakref
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 import torch
 
 from bitguard.collectors.online import cpu_checksum
+from bitguard.collectors.online.budget import Countdown
 from bitguard.collectors.online.gemm_calls import LINEAR, Family, GemmChecks
 from bitguard.collectors.online.sensor import Alert, LinearPatch, Sensor
 
@@ -232,20 +233,8 @@ class _LinearOps:
     forward: object  # budget.OpBudget of linear, linear.dgrad, linear.wgrad
     dgrad: object
     wgrad: object
+    countdown: Countdown  # the three operators' countdowns to their next checked call
     calls: int = 0
-    # the countdowns (Budget.countdown) of the three operators at its last drawn call, the rates they
-    # were drawn at, and the calls passed since: a call passes while `skip` (the least countdown) is left
-    left: list = field(default_factory=lambda: [0, 0, 0])
-    rates: list = field(default_factory=lambda: [1.0, 1.0, 1.0])
-    skip: int = 0
-    passed: int = 0
-    pending: int = 0  # calls passed since the budget last counted them (stats())
-    flops: float = 0.0  # a call's, and the elements its check reads, as at its last drawn call
-    size: float = 0.0
-    grad: bool = False  # whether that call had a backward
-
-    def entries(self) -> tuple:
-        return self.forward, self.dgrad, self.wgrad
 
 
 @dataclass
@@ -383,11 +372,9 @@ class ChecksumSensor(GemmChecks, Sensor):
         if ops is None or ops.ref() is not module:
             name = self.monitor.module_name(module)
             budget = self.monitor.budget
-            ops = self._linears[id(module)] = _LinearOps(
-                weakref.ref(module), name, f"linear:{name}",
-                *(budget.op(self.name, f"{op}:{name}") for op in ("linear", "linear.dgrad", "linear.wgrad")))
-            ops.left = [budget.countdown(entry) for entry in ops.entries()]  # (its first call: a draw at its rates)
-            ops.rates = [entry.rate for entry in ops.entries()]
+            entries = tuple(budget.op(self.name, f"{op}:{name}") for op in ("linear", "linear.dgrad", "linear.wgrad"))
+            ops = self._linears[id(module)] = _LinearOps(weakref.ref(module), name, f"linear:{name}", *entries,
+                                                         Countdown(budget, entries))
         return ops
 
     def _on_linear(self, module, x, y) -> None:
@@ -402,14 +389,7 @@ class ChecksumSensor(GemmChecks, Sensor):
         t0 = budget.clock()
         ops = self._linears.get(id(module))
         if ops is not None and ops.ref() is module:
-            if self._epoch != budget.epoch:
-                self._rescale(budget)  # (once a step: the rates changed)
-            if ops.skip:
-                ops.skip -= 1
-                ops.passed += 1
-                ops.pending += 1
-                ops.calls += 1
-                budget.charge_fixed(budget.clock() - t0)
+            if self._passed(ops, budget, t0):
                 return
         if type(x) is not torch.Tensor or type(y) is not torch.Tensor or not x.dtype.is_floating_point \
                 or x.dim() == 0 or x.numel() == 0:
@@ -419,15 +399,9 @@ class ChecksumSensor(GemmChecks, Sensor):
         ops.calls = call + 1
         k, o = x.shape[-1], y.shape[-1]  # (the weight's shape, without nn.Module's attribute lookup)
         n = x.numel() // k if k else 0
-        ops.flops, ops.size = flops, size = 2.0 * n * k * o, float(n * k + k * o + n * o)
         backward = y.requires_grad and torch.is_grad_enabled()  # the backward GEMMs' calls are drawn here
-        ops.grad = backward
-        forward, dgrad, wgrad = self._due(budget, ops)
-        budget.seen(ops.forward, 1, flops, size, forward)
-        if backward:
-            budget.seen(ops.dgrad, 1, flops, size, dgrad)
-            budget.seen(ops.wgrad, 1, flops, size, wgrad)
-        dgrad, wgrad = backward and dgrad, backward and wgrad
+        forward, dgrad, wgrad = ops.countdown.due(budget, 2.0 * n * k * o, float(n * k + k * o + n * o),
+                                                  (True, backward, backward))
         self._checks_s = 0.0
         if forward or dgrad or wgrad:
             name, weight, bias = ops.name, module.weight, module.bias
@@ -440,52 +414,19 @@ class ChecksumSensor(GemmChecks, Sensor):
                 self._hook_backward(name, y, x2, weight, call, dgrad, wgrad)
         budget.charge_fixed(budget.clock() - t0 - self._checks_s)
 
-    @staticmethod
-    def _due(budget, ops: _LinearOps) -> list[bool]:
-        """Which of the three operators this call (one not passed) checks; their next countdowns."""
-        left, due = ops.left, []
-        for i, entry in enumerate(ops.entries()):
-            countdown = left[i] - ops.passed
-            if countdown <= 0:
-                due.append(True)
-                left[i], ops.rates[i] = budget.countdown(entry), entry.rate
-            else:
-                due.append(False)
-                left[i] = countdown - 1
-        ops.passed, ops.skip = 0, min(left)
-        return due
-
     def _rescale(self, budget) -> None:
-        """The rates changed: every countdown left is stretched or shrunk to its operator's new
-        rate (the calls still to pass scaled by log(1 - old) / log(1 - new), what a geometric
-        countdown drawn at the new rate would have left), so a rate raised from MIN_RATE takes effect
-        at once and not after the calls its old countdown had to pass."""
+        """The rates changed at a step's end: every countdown follows (Countdown.rescale)."""
         self._epoch = budget.epoch
         for ops in self._linears.values():
-            left = ops.left
-            for i, entry in enumerate(ops.entries()):
-                old, new, countdown = ops.rates[i], entry.rate, left[i] - ops.passed
-                if new == old or countdown <= 0:
-                    left[i] = max(countdown, 0)
-                elif new >= 1:
-                    left[i] = 0
-                elif old >= 1:
-                    left[i] = budget.countdown(entry)
-                else:
-                    left[i] = int(countdown * math.log1p(-old) / math.log1p(-new)) if new > 0 else 1 << 62
-                ops.rates[i] = new
-            ops.passed, ops.skip = 0, min(left)
+            ops.countdown.rescale(budget)
+        self.rescale_sites(budget)
 
     def _count_passed(self) -> None:
-        """The calls a countdown passed since the last count, into the budget's counters (before it reads them)."""
+        """The calls countdowns passed since the last count, into the budget's counters (before it reads them)."""
         budget = self.monitor.budget
         for ops in self._linears.values():
-            if ops.pending:
-                budget.seen(ops.forward, ops.pending, ops.flops, ops.size)
-                if ops.grad:
-                    budget.seen(ops.dgrad, ops.pending, ops.flops, ops.size)
-                    budget.seen(ops.wgrad, ops.pending, ops.flops, ops.size)
-                ops.pending = 0
+            ops.countdown.count_passed(budget)
+        self.count_passed_sites(budget)
 
     def _check(self, key: str, name: str, op: str, c: torch.Tensor, a: torch.Tensor, b: torch.Tensor, bias,
                call: int, transposed: bool = False) -> None:

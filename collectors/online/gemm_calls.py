@@ -37,6 +37,8 @@ from dataclasses import dataclass
 
 import torch
 
+from bitguard.collectors.online.budget import Countdown
+
 _SKIP = object()  # a call site whose calls are bitguard's own
 _PLAIN = (torch.Tensor, torch.nn.Parameter)  # operands whose values are the call's (not DTensor, not a fake)
 
@@ -58,6 +60,7 @@ class CallSite:
     forward: object  # budget.OpBudget of matmul, matmul.dgrad, matmul.wgrad
     dgrad: object
     wgrad: object
+    countdown: Countdown  # the three operators' countdowns to their next checked call
     calls: int = 0  # this step
 
 
@@ -244,7 +247,8 @@ def batched_gaps(c: torch.Tensor, a: torch.Tensor, b: torch.Tensor):
 
 class GemmChecks:
     """The checksum sensor's part for functional GEMMs (mixed into ChecksumSensor: it uses its
-    `_check`, `_judged_by`, `_judge`, `_hook_backward`, `_unobserved`, `_charged`, `_state` and budget). install_gemms() after the Linear patch."""
+    `_check`, `_judged_by`, `_judge`, `_hook_backward`, `_unobserved`, `_charged`, `_state`, `_rescale`,
+    `_epoch` and budget; it gives the Linear hook `_passed`). install_gemms() after the Linear patch."""
 
     def install_gemms(self, monitor) -> None:
         self._sites: list[CallSite] = []
@@ -260,19 +264,44 @@ class GemmChecks:
         for site in getattr(self, "_sites", ()):
             site.calls = 0
 
+    def rescale_sites(self, budget) -> None:
+        for site in getattr(self, "_sites", ()):
+            site.countdown.rescale(budget)
+
+    def count_passed_sites(self, budget) -> None:
+        for site in getattr(self, "_sites", ()):
+            site.countdown.count_passed(budget)
+
+    def _passed(self, holder, budget, t0: float) -> bool:
+        """The hooks' fast path (`holder` a CallSite or an nn.Linear's ops: a `countdown` and
+        `calls`): True when none of its operators is due on this call, which is then counted and its
+        time charged as fixed cost. The countdowns are rescaled first when a step's end changed the
+        rates."""
+        if self._epoch != budget.epoch:
+            self._rescale(budget)
+        if not holder.countdown.passes():
+            return False
+        holder.calls += 1
+        budget.charge_fixed(budget.clock() - t0)
+        return True
+
     def _site(self, name: str, owner) -> CallSite:
         budget = self.monitor.budget
-        site = CallSite(name, owner, f"matmul:{name}",
-                        *(budget.op(self.name, f"{op}:{name}") for op in ("matmul", "matmul.dgrad", "matmul.wgrad")))
+        entries = tuple(budget.op(self.name, f"{op}:{name}") for op in ("matmul", "matmul.dgrad", "matmul.wgrad"))
+        site = CallSite(name, owner, f"matmul:{name}", *entries, Countdown(budget, entries))
         self._sites.append(site)
         return site
 
     def _on_gemm(self, site: CallSite, kind: str, args: tuple, kwargs: dict, out) -> None:
-        """Every wrapped call from the training's Python: three draws (the product, and its operands'
-        gradients when they will have them); operands touched only for a drawn one; the call's own
-        time outside its checks is charged as fixed cost."""
+        """Every wrapped call from the training's Python: the product and its operands' gradients
+        (when they will have them) are each checked at their rate, counting down to their next
+        checked call as nn.Linear's do (budget.Countdown: a call before any is due reads nothing, and
+        is counted as the site's last call looked at); operands touched only for a checked one; the
+        call's own time outside its checks is charged as fixed cost."""
         budget = self.monitor.budget
         t0 = budget.clock()
+        if self._passed(site, budget, t0):
+            return
         got = operands(kind, args, kwargs, out)
         if got is None:
             self.gemm_skipped += 1
@@ -280,11 +309,10 @@ class GemmChecks:
         a, b, bias = got
         call = site.calls
         site.calls = call + 1
-        flops, size = 2.0 * out.numel() * a.shape[-1], float(out.numel() + a.numel() + b.numel())
-        forward = budget.draw(site.forward, flops, size)
         backward = out.requires_grad and torch.is_grad_enabled()
-        dgrad = backward and a.requires_grad and budget.draw(site.dgrad, flops, size)
-        wgrad = backward and b.requires_grad and budget.draw(site.wgrad, flops, size)
+        forward, dgrad, wgrad = site.countdown.due(
+            budget, 2.0 * out.numel() * a.shape[-1], float(out.numel() + a.numel() + b.numel()),
+            (True, backward and a.requires_grad, backward and b.requires_grad))
         self._checks_s = 0.0
         if forward or dgrad or wgrad:
             self._gemm.busy = True

@@ -275,6 +275,30 @@ def test_a_rate_raised_takes_effect_at_once_not_after_the_old_countdown():
     assert sensor.ops["linear:m"].checks == entry.checked
 
 
+def test_a_gemm_call_site_is_sampled_at_its_rate_and_counts_every_call():
+    """A functional GEMM's call site counts down to its next checked call as an nn.Linear does: at
+    a rate of 0.25 about a quarter of its calls are checked, whole, and every call is counted."""
+    sensor, monitor = ChecksumSensor(), _FakeMonitor(budget=0.02)
+    sensor.monitor = monitor
+    gen = torch.Generator().manual_seed(0)
+    a, b = torch.randn(12, 16, generator=gen), torch.randn(16, 8, generator=gen)
+    sensor.install_gemms(monitor)
+    try:
+        for i in range(800):
+            if i == 1:  # (the site's first call made its budget entries; its rate set as a step's end would)
+                (entry,) = [e for (_, key), e in monitor.budget.ops.items() if key.startswith("matmul:")]
+                entry.rate = 0.25
+                monitor.budget.epoch += 1
+            torch.matmul(a, b)
+    finally:
+        sensor.remove_gemms()
+    sensor.stats()
+    assert entry.calls == 800 and 150 < entry.checked < 250, entry.checked
+    (key,) = [key for key in sensor.ops if key.startswith("matmul:")]
+    assert sensor.ops[key].checks == entry.checked
+    assert entry.flops_checked == pytest.approx(entry.checked * 2 * 12 * 16 * 8), "a checked call is checked whole"
+
+
 def test_a_linear_subclass_with_its_own_forward_is_not_checked(tmp_path):
     class Scaled(torch.nn.Linear):
         def forward(self, x):
