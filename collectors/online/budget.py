@@ -216,7 +216,6 @@ class Budget:
             entry.seconds = entry.flops_seen = entry.flops_checked = entry.size_seen = 0.0
 
 
-
 class Countdown:
     """The countdowns of one call's operators (an nn.Linear's forward, dgrad and wgrad; a GEMM call
     site's three) to their next checked call, each drawn at its rate (Budget.countdown). A hook asks
