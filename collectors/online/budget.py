@@ -3,8 +3,8 @@ cost on the critical path stays within a fraction of the step time (`--budget`, 
 
 Sensors ask `allow(sensor, op)` before checking a call and report what a check cost with
 `charge(sensor, op, seconds, flops)`. At each step's end `step_end()` compares the seconds
-charged with the training's own time in that step (the step's wall time minus what the sensors
-charged) and sets every operator's rate for the next step: a water-filling of the step's allowance
+cost with the training's own time in that step (the step's wall time minus what the sensors
+cost) and sets every operator's rate for the next step: a water-filling of the step's allowance
 (HEADROOM × budget × training time) over the operators seen, cheapest first, each getting an equal share of
 what is left, capped at rate 1. What the steps so far charged beyond their allowance (or left
 unspent) is carried as a balance and repaid over the next DEBT_STEPS steps. An operator's cost per
@@ -14,6 +14,11 @@ steps), so the controller needs no model of the hardware; one not checked yet is
 others' until its first check: per element its checks would read (what a checksum's cost follows: it
 reads each operand once, whatever the product's FLOPs), among the operators of its kind (the part of
 the op key before its first colon: `linear`, `matmul.dgrad`, ...) when any is measured, else per FLOP.
+
+What a check costs the step is MARGINAL times what its own clock times: its frames before the clock
+starts and the caches its pass over the operands evicts for the training's next operators are paid
+by the step but seen by no clock (on the bench GPT's CPU a checked call cost the step about twice
+what its checks timed; on a GPU it is not measured). The fixed cost is taken as charged.
 
 A rate r is the probability that a call of the operator is checked (a hook draws each call,
 `draw`, or counts down to the next checked one, `Countdown`: the same chance per call, and a call
@@ -44,6 +49,11 @@ DEBT_STEPS = 4  # what the steps overspent (or left unspent) is paid back over t
 HEADROOM = 0.8  # the rates aim at this share of the budget: what is not measured (the
 # hooks' own frames, the training thread's waits for the interpreter lock, caches the checks evict) takes the rest; the
 # journal writer thread's CPU time is charged as fixed cost (monitor.py)
+MARGINAL = 2.0  # what a check costs the step per second its own clock times: the frames before its clock
+# starts, the autograd hooks of a checked call, the caches its pass over C, A and B evicts for the training's
+# next operators. Measured on the bench GPT's CPU (docs/ONLINE.md, overhead): run Q's 2.5% against 0.9% charged
+# to checks and 0.7% fixed, run R (checks all but off) 0.995x; bench_hook_cost.py, a hook after a large GEMM
+# 97-116 us marginal against 45-48 us timed
 
 
 @dataclass
@@ -61,16 +71,20 @@ class OpBudget:
 
 
 class Budget:
-    def __init__(self, fraction: float = DEFAULT_BUDGET, clock=time.perf_counter, seed: int = 0):
+    def __init__(self, fraction: float = DEFAULT_BUDGET, clock=time.perf_counter, seed: int = 0,
+                 marginal: float = MARGINAL):
         if not 0 < fraction <= 1:
             raise ValueError(f"budget {fraction!r} is not a fraction in (0, 1]")
+        if not marginal >= 1:
+            raise ValueError(f"marginal factor {marginal!r} is below 1: a check costs at least what it times")
         self.fraction = fraction
+        self.marginal = marginal  # a check's cost to the step per second it charged (MARGINAL)
         self.clock = clock
         self.ops: dict[tuple[str, str], OpBudget] = {}
         self._random = random.Random(seed).random
         self._step_start: float | None = None
         self.last_step_s: float | None = None  # the last step's wall time
-        self.last_sensor_s = 0.0  # what the sensors charged in it
+        self.last_sensor_s = 0.0  # what the sensors cost it: the checks' charges × marginal, and the fixed cost
         self.overhead: float | None = None  # last_sensor_s / (last_step_s - last_sensor_s)
         self.fixed_s = 0.0  # this step's critical-path seconds no rate can lower (the monitor's step end)
         self.balance = 0.0  # what the steps so far were allowed less what they charged (negative: a debt)
@@ -135,7 +149,7 @@ class Budget:
         """Measure the step that ends and set the rates for the next one; counters are kept until
         reset() (the sensors' stats() read them first)."""
         now = self.clock()
-        charged = sum(e.seconds for e in self.ops.values()) + self.fixed_s
+        charged = self.marginal * sum(e.seconds for e in self.ops.values()) + self.fixed_s
         if self._step_start is not None:
             step = now - self._step_start
             self.last_step_s, self.last_sensor_s = step, charged
@@ -159,8 +173,8 @@ class Budget:
             if entry.calls:
                 entry.flops_step, entry.size_step = entry.flops_seen, entry.size_seen
             if entry.checked and entry.seconds > 0 and entry.calls:
-                # seconds at rate 1: what its checked calls cost, scaled to all its calls
-                observed = entry.seconds * entry.calls / entry.checked
+                # seconds at rate 1: what its checked calls cost the step, scaled to all its calls
+                observed = self.marginal * entry.seconds * entry.calls / entry.checked
                 entry.unit = observed if entry.unit is None else \
                     (1 - EMA) * entry.unit + EMA * min(observed, OUTLIER * entry.unit)
             if entry.calls and entry.unit:

@@ -1,10 +1,12 @@
 """The budget controller, driven by a fake clock: the sensors' charged time converges within the
 budget, cheap operators get higher rates than dear ones, rates stay in [MIN_RATE, 1], and a rate
-is the probability of checking a call (checked whole)."""
+is the probability of checking a call (checked whole). The fake clock advances by what a check
+charges, so a check costs the step what it times: these budgets are made with marginal=1 (the
+factor has its own test)."""
 
 import pytest
 
-from bitguard.collectors.online.budget import DEBT_STEPS, HEADROOM, MIN_RATE, START_RATE, Budget
+from bitguard.collectors.online.budget import DEBT_STEPS, HEADROOM, MARGINAL, MIN_RATE, START_RATE, Budget
 
 
 class Clock:
@@ -35,7 +37,7 @@ def _steps(budget, clock, unit: dict, n: int, train_s: float = 1.0) -> list[floa
 
 def test_the_measured_cost_converges_within_the_budget_cheap_ops_checked_more():
     clock = Clock()
-    budget = Budget(0.02, clock)
+    budget = Budget(0.02, clock, marginal=1.0)
     budget.start()
     unit = {"cheap": 0.004, "dear": 0.1, "mid": 0.02}
     overheads, rates = [], {op: [] for op in unit}
@@ -88,7 +90,7 @@ def test_a_countdown_gives_each_call_the_rates_chance():
 def test_the_unit_cost_counts_the_calls_left_out():
     """Half the calls checked at 1 s each: the operator's cost at rate 1 is 2 s per call pair."""
     clock = Clock()
-    budget = Budget(0.02, clock)
+    budget = Budget(0.02, clock, marginal=1.0)
     budget.start()
     entry = budget.op("checksum", "x")
     entry.calls, entry.checked, entry.seconds, entry.rate = 100, 50, 50.0, 0.5
@@ -104,7 +106,7 @@ def test_an_overspent_step_is_paid_back_by_the_next_ones():
     """A step that charged three times its allowance lowers the next steps' allowance until the
     debt is repaid; over the steps the charges meet the allowance, not 1.25x it as before."""
     clock = Clock()
-    budget = Budget(0.02, clock)
+    budget = Budget(0.02, clock, marginal=1.0)
     budget.start()
     entry = budget.op("checksum", "x")  # 1000 calls a step, 0.064 s at rate 1
     entry.calls, entry.checked, entry.seconds = 1000, 750, 0.048  # three times 0.8 x 2% of 1 s
@@ -129,7 +131,7 @@ def test_a_debt_is_capped_and_a_credit_is_one_step():
     """One step slowed a hundredfold by a check (a page fault, a context switch) leaves at most
     DEBT_STEPS steps of debt; steps that charged nothing save at most one step's allowance."""
     clock = Clock()
-    budget = Budget(0.02, clock)
+    budget = Budget(0.02, clock, marginal=1.0)
     budget.start()
     entry = budget.op("checksum", "x")
     entry.calls, entry.checked, entry.seconds = 1, 1, 2.0
@@ -145,7 +147,7 @@ def test_a_debt_is_capped_and_a_credit_is_one_step():
 
 def test_fixed_costs_come_off_the_allowance():
     clock = Clock()
-    budget = Budget(0.02, clock)
+    budget = Budget(0.02, clock, marginal=1.0)
     budget.start()
     _steps(budget, clock, {"a": 0.1}, 8)
     free = budget.op("checksum", "a").rate
@@ -173,7 +175,7 @@ def test_an_operator_never_checked_is_priced_from_the_measured_ones():
     """Twenty operators whose calls were all sampled out share the allowance at the measured one's
     cost per FLOP; raised blindly (each rate doubled) they would have overspent it."""
     clock = Clock()
-    budget = Budget(0.02, clock)
+    budget = Budget(0.02, clock, marginal=1.0)
     budget.start()
     known = budget.op("checksum", "known")
     known.calls, known.checked, known.seconds, known.flops_seen = 1, 1, 0.01, 1e9
@@ -191,7 +193,7 @@ def test_an_operator_never_checked_is_priced_from_the_measured_ones():
 
 def test_with_nothing_measured_yet_the_rates_rise():
     clock = Clock()
-    budget = Budget(0.02, clock)
+    budget = Budget(0.02, clock, marginal=1.0)
     budget.start()
     entry = budget.op("checksum", "x")
     entry.calls, entry.flops_seen = 1, 1e9
@@ -206,7 +208,7 @@ def test_an_operator_never_checked_is_priced_per_element_among_its_kind_not_per_
     batched products measured too (dearer per element) do not price it. Priced per FLOP it got a rate
     under 0.002 on the bench GPT, and was not checked once in 200 steps."""
     clock = Clock()
-    budget = Budget(0.02, clock)
+    budget = Budget(0.02, clock, marginal=1.0)
     budget.start()
     for name, kind, seconds, size, flops in [("a", "linear", 0.001, 1e6, 1e8), ("b", "linear", 0.002, 2e6, 2e8),
                                              ("c", "matmul", 0.01, 1e6, 1e6), ("d", "matmul", 0.02, 2e6, 2e6)]:
@@ -225,7 +227,7 @@ def test_one_slow_check_raises_an_operators_cost_estimate_at_most_outlier_times(
     from bitguard.collectors.online.budget import EMA, OUTLIER
 
     clock = Clock()
-    budget = Budget(0.02, clock)
+    budget = Budget(0.02, clock, marginal=1.0)
     budget.start()
     entry = budget.op("checksum", "linear:x")
     for seconds in (0.001, 1.0):  # a check slowed a thousandfold (a context switch, a page fault)
@@ -234,3 +236,32 @@ def test_one_slow_check_raises_an_operators_cost_estimate_at_most_outlier_times(
         budget.step_end()
         budget.reset()
     assert entry.unit == pytest.approx((1 - EMA) * 0.001 + EMA * OUTLIER * 0.001)
+
+
+def test_a_check_is_charged_its_cost_to_the_step_not_its_own_time():
+    """Each check costs the step twice what its own clock times (its frames before the clock starts,
+    the caches it evicts): charged only its own time, the steps overspend the budget; charged
+    MARGINAL times it, they keep within it."""
+    def mean_overhead(marginal: float) -> float:
+        clock = Clock()
+        budget = Budget(0.02, clock, marginal=marginal)
+        budget.start()
+        true = []
+        for _ in range(120):
+            cost = 0.0
+            for op, unit in {"a": 0.004, "b": 0.05, "c": 0.02}.items():
+                for _ in range(4):
+                    if budget.allow("checksum", op):
+                        budget.charge("checksum", op, unit / 4)
+                        cost += 2 * unit / 4  # what the step paid
+            clock.t += 1.0 + cost
+            budget.step_end()
+            budget.reset()
+            true.append(cost)
+        return sum(true[-60:]) / 60
+
+    assert MARGINAL == 2.0
+    assert mean_overhead(1.0) > 0.02 * 1.2, "its own time alone: the steps pay about twice the aim"
+    assert mean_overhead(MARGINAL) <= 0.02 * HEADROOM * 1.1
+    with pytest.raises(ValueError):
+        Budget(0.02, Clock(), marginal=0.5)
