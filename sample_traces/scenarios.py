@@ -30,6 +30,25 @@ from pathlib import Path
 
 from bitguard.sample_traces.recordings import HERE, Job, run_jobs
 
+
+def _rope_consumer() -> str:
+    """The first module boundary the rope fault's rounded cos/sin reach. transformers 5.25 and later,
+    with `kernels` installed (a dependency since 5.25), turn apply_rotary_pos_emb into an nn.Module
+    (kernels' `Func`, replaceable by a hub kernel) whose call inside self_attn dispatches to the
+    attention's own `Func` instance: the rounded inputs first reach that inner module
+    (`self_attn.<Func>.<Func>`, unregistered modules named by their class). Before, the function
+    is plain Python and the first module they reach is o_proj. Read from the installed versions
+    (importing transformers here would cost every import of the catalogue seconds)."""
+    from importlib import metadata, util
+
+    try:
+        major, minor = (int(part) for part in metadata.version("transformers").split(".")[:2])
+    except (metadata.PackageNotFoundError, ValueError):
+        return "model.layers.0.self_attn.o_proj"
+    if (major, minor) >= (5, 25) and util.find_spec("kernels") is not None:
+        return "model.layers.0.self_attn.<Func>.<Func>"
+    return "model.layers.0.self_attn.o_proj"
+
 TINY = ("--steps", "3")  # tinygpt defaults: 2 layers, width 32, 4 heads, 16 tokens, batch 4
 
 
@@ -192,8 +211,7 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
         "bf16-rounded cos/sin from step 1 on",
         "hf_train.py", ("--model", "llama", "--steps", "3"),
         ("--model", "llama", "--steps", "3", "--fault", "rope-bf16", "--fault-step", "1"),
-        Expected(1, _F, "module", "model.layers.0.self_attn.o_proj", "consumer", "forward",
-                 window="model.layers.0.self_attn"),
+        Expected(1, _F, "module", _rope_consumer(), "consumer", "forward", window="model.layers.0.self_attn"),
         located="first-consumer", probes=("LlamaForCausalLM", "lm_head.weight")),
 )}
 
