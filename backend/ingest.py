@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import duckdb
+import numpy as np
 import polars as pl
 import pyarrow as pa
 from pydantic import ValidationError
@@ -38,6 +39,13 @@ from bitguard.collectors import journal as journal_format
 from bitguard.collectors.store import DAMAGE_KEY, FOLDED_KEY, journal_path
 from bitguard.errors import BadInput, CorruptRun, NotARun, SchemaMismatch
 from bitguard.schema import EVENTS, KINDS, META, PHASES, REQUIRED, ROLES, SCHEMA_VERSION, STACKS, TENSORS, Column
+
+# polars imports numpy on its first use through a proxy whose import is not thread-safe (polars
+# 2.1: the proxy copies numpy's attributes over its own, numpy's `_globals` submodule among them,
+# so a second thread inside the same import assigns into a module: TypeError). A comparison reads
+# a rank's two sides in two threads, first thing in a spawned worker: the proxy is resolved here,
+# on import, in one thread (a clean-clone CI hit the race once in test_rank_pool.py's pool).
+pl.Series("warm", np.zeros(1))
 
 _RANK_FILE = re.compile(r"^rank-(0|[1-9][0-9]{0,5})\.duckdb$")
 MAX_META_ROWS = 10_000  # a rank's meta table holds a few dozen facts
