@@ -5,6 +5,7 @@ batch 8, vocabulary 512): the figures of docs/ONLINE.md.
     python benchmarks/bench_online.py faults --warmup 30 --steps 16  # injected faults at the default budget
     python benchmarks/bench_online.py faults --budget 1 --warmup 8 --steps 8  # the check's own sensitivity
     python benchmarks/bench_online.py overhead --rounds 8 --steps 6  # plain against online, alternated
+    python benchmarks/bench_online.py paired --rounds 60 --block 3   # observed against paused steps, one recording
     python benchmarks/bench_online.py coverage                     # what share of a step's FLOPs each sensor sees
 
 Every subcommand trains in this process, each online run under `bitguard.record(DIR,
@@ -249,13 +250,130 @@ def overhead(args) -> dict:
             cpu_ratios.append(cpu_medians["online"] / cpu_medians["plain"])
     return {"rounds": args.rounds, "steps": args.steps, "budget": args.budget,
             "median_step_s": {k: statistics.median(v) for k, v in times.items()},
-            "ratio": statistics.median(ratios), "round_ratios": ratios,
+            "ratio": statistics.median(ratios), "round_ratios": ratios, "ratio_interval": median_interval(ratios),
             "pooled_ratio": statistics.median(times["online"]) / statistics.median(times["plain"]),
             # CPU time is steadier than wall time on a loaded machine (it leaves out the waits for a core), and counts
             # the store's writer and the verifier threads in full (on spare cores they would not lengthen a step)
             "median_step_cpu_s": {k: statistics.median(v) for k, v in cpu.items()},
             "cpu_ratio": statistics.median(cpu_ratios), "cpu_round_ratios": cpu_ratios,
             "load_average": {"min": min(loads), "median": statistics.median(loads), "max": max(loads)}}
+
+
+def median_interval(values: list[float], resamples: int = 10_000, seed: int = 0) -> dict:
+    """The median of `values`, its bootstrap 95% interval (percentiles of the medians of resamples
+    with replacement) and the middle half of the values themselves."""
+    import random
+
+    draw = random.Random(seed).choices
+    medians = sorted(statistics.median(draw(values, k=len(values))) for _ in range(resamples))
+    quartiles = statistics.quantiles(values, n=4) if len(values) > 1 else [values[0]] * 3
+    return {"median": statistics.median(values), "bootstrap_95": [medians[int(0.025 * resamples)],
+                                                                 medians[int(0.975 * resamples) - 1]],
+            "middle_half": [quartiles[0], quartiles[2]], "n": len(values)}
+
+
+def paired(args) -> dict:
+    """Observed and paused steps alternated inside one long online recording: after --warmup
+    observed steps (the controller's start: rates, costs and thresholds learned), rounds of two
+    blocks of --block steps, one observed and one paused (OnlineMonitor.pause(): every hook of
+    bitguard returns at its first test of a flag; resume() restarts the budget's step clock), the
+    order turning each round. The first step of each block is dropped (it follows the switch: the
+    previous block's writer work and verifier tasks, the caches). A round's ratio is its median
+    observed step over its median paused step; the figure is the median of the round ratios. This
+    measures the steady state of a long recording at step-to-step distance, where `overhead`
+    measures each half's first steps with a fresh recording at rounds of seconds; what a paused step
+    still pays (the wrappers' flag tests) is measured apart (`paused_wrapper`) and is not in the ratio."""
+    import bitguard
+    from bench_recording import build
+
+    if args.block < 2:
+        raise SystemExit("--block must be at least 2: the first step of each block is dropped")
+    model, opt, _ = build()
+    data = batches()
+    for _ in range(2):
+        one_step(model, opt, next(data))
+    times = {"observed": [], "paused": []}
+    ratios, loads = [], []
+
+    def block() -> list[float]:
+        wall = []
+        for _ in range(args.block):
+            t = time.perf_counter()
+            one_step(model, opt, next(data))
+            wall.append(time.perf_counter() - t)
+        return wall[1:]
+
+    with tempfile.TemporaryDirectory() as tmp:
+        with bitguard.record(Path(tmp) / "paired", mode="online", budget=args.budget) as rec:
+            monitor = rec.monitor
+            for _ in range(args.warmup):
+                one_step(model, opt, next(data))
+            for r in range(args.rounds):
+                loads.append(os.getloadavg()[0])
+                medians = {}
+                for arm in (("observed", "paused") if r % 2 == 0 else ("paused", "observed")):
+                    if arm == "paused":
+                        monitor.pause()
+                    got = block()
+                    if arm == "paused":
+                        monitor.resume()
+                    medians[arm] = statistics.median(got)
+                    times[arm] += got
+                ratios.append(medians["observed"] / medians["paused"])
+            wrapper = _paused_wrapper_cost(monitor)
+        from bitguard.backend.alerts import read_alerts
+
+        calls_per_step = _calls_per_step(Path(tmp) / "paired")
+        alerts = read_alerts(Path(tmp) / "paired").to_dict()
+    step = statistics.median(times["paused"])
+    return {"rounds": args.rounds, "block": args.block, "warmup": args.warmup, "budget": args.budget,
+            "median_step_s": {k: statistics.median(v) for k, v in times.items()},
+            "ratio": median_interval(ratios), "round_ratios": ratios,
+            "pooled_ratio": statistics.median(times["observed"]) / step,
+            "paused_wrapper": {"per_call_s": wrapper, "calls_per_step": calls_per_step,
+                               "share_of_step": wrapper * calls_per_step / step},
+            "alerts": alerts["counts"],
+            "load_average": {"min": min(loads), "median": statistics.median(loads), "max": max(loads)}}
+
+
+def _calls_per_step(run: Path) -> float:
+    """Forward calls of nn.Linear and the wrapped GEMM functions an observed step, from the checksum
+    sensor's sensor_stats rows (what goes through a wrapper; the backward GEMMs are hooked per checked call)."""
+    from bitguard import db
+
+    con = db.connect(run / "rank-0.duckdb", read_only=True)
+    try:
+        calls, steps = con.execute(
+            "SELECT sum(calls) FILTER (WHERE split_part(op, ':', 1) IN ('linear', 'matmul')), "
+            "count(DISTINCT step) FILTER (WHERE op IS NULL) FROM sensor_stats WHERE sensor = 'checksum'").fetchone()
+    finally:
+        con.close()
+    return (calls or 0) / max(1, steps or 0)
+
+
+def _paused_wrapper_cost(monitor, n: int = 20_000) -> float:
+    """Seconds a call of a wrapped function costs more while the monitor is paused than unwrapped:
+    torch.mm on 1x1 tensors through the sensor's wrapper (paused) against the original."""
+    import torch
+
+    a = torch.ones(1, 1)
+    wrapped = torch.mm
+    original = getattr(wrapped, "__wrapped__", wrapped)
+
+    def per_call(fn) -> float:
+        best = math.inf
+        for _ in range(5):
+            t = time.perf_counter()
+            for _ in range(n):
+                fn(a, a)
+            best = min(best, (time.perf_counter() - t) / n)
+        return best
+
+    monitor.pause()
+    try:
+        return max(0.0, per_call(wrapped) - per_call(original))
+    finally:
+        monitor.resume()
 
 
 # -- coverage ------------------------------------------------------------------------------------
@@ -314,6 +432,11 @@ def main() -> int:
     p.add_argument("--rounds", type=int, default=8)
     p.add_argument("--steps", type=int, default=6)
     p.add_argument("--budget", type=float, default=0.02)
+    p = sub.add_parser("paired")
+    p.add_argument("--rounds", type=int, default=60)
+    p.add_argument("--block", type=int, default=3, help="steps a block (its first is dropped)")
+    p.add_argument("--warmup", type=int, default=24, help="observed steps before the first round")
+    p.add_argument("--budget", type=float, default=0.02)
     p = sub.add_parser("coverage")
     p.add_argument("--steps", type=int, default=3)
     for p in sub.choices.values():
@@ -324,7 +447,7 @@ def main() -> int:
         import torch
 
         torch.set_num_threads(args.threads)
-    doc = {"clean": clean, "faults": faults, "overhead": overhead, "coverage": coverage}[args.cmd](args)
+    doc = {"clean": clean, "faults": faults, "overhead": overhead, "paired": paired, "coverage": coverage}[args.cmd](args)
     doc = {"schema": "bitguard.bench_online/1", "command": args.cmd, **doc}
     print(json.dumps(doc, indent=2, default=str))
     return 0

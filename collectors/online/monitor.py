@@ -121,6 +121,8 @@ class OnlineMonitor(Guarded):
         self._lock = threading.Lock()
         self._rows: list[dict] = []  # alert rows waiting for the training thread
         self._handles: list = []
+        self._paused = False
+        self.api: ChargedApiRecorder | None = None  # the API-event recorder (collectors/api_events.py), once installed
         self._printed = 0
         self._stepped: set[int] = set()  # optimizers that stepped since the last step's end
         self._writer_start = getattr(store, "writer_cpu_s", 0.0)  # the store's writer CPU before this recording
@@ -139,8 +141,8 @@ class OnlineMonitor(Guarded):
 
         self._handles.append(optim.register_optimizer_step_post_hook(self.guard(self._on_optimizer_step)))
         if self.store is not None:  # API-level events (collectors/api_events.py); its step hook after ours
-            self._handles.append(ChargedApiRecorder(self.budget, self.store, OnlineNaming(self), self._fail,
-                                                    self.rank).install())
+            self.api = ChargedApiRecorder(self.budget, self.store, OnlineNaming(self), self._fail, self.rank).install()
+            self._handles.append(self.api)
         if self.simulator is not None:  # first: the sensors see its corrupted outputs, as they would a device's
             self.guard(self.simulator.install)(self)
         for sensor in self.sensors:
@@ -149,7 +151,9 @@ class OnlineMonitor(Guarded):
 
     def remove(self) -> None:
         """Remove every hook, let the verifier finish (DRAIN_SECONDS at most: what is left stays
-        pending) and write what is still queued."""
+        pending) and write what is still queued (a paused monitor resumes first: what it holds is written)."""
+        if self._paused:
+            self.resume()
         for sensor in reversed(self.sensors):
             self.guard(sensor.remove)()
         if self.simulator is not None:
@@ -166,6 +170,26 @@ class OnlineMonitor(Guarded):
         self.guard(self._pending_stats)()  # (the rows sensors hold to sum several steps)
         self.guard(self._flush)()
         self.enabled = False
+
+    def pause(self) -> None:
+        """Observe nothing until resume(), for a benchmark's paired steps (bench_online.py paired):
+        every hook of the monitor, its sensors and the API recorder returns at its first test of
+        `enabled`, so nothing is checked, counted, charged or written and the step counter stands
+        still; the hooks stay installed and keep what they learned (thresholds, rates, costs, the
+        balance). Call it between steps: the verifier goes on with its queue."""
+        self._paused = True
+        self.enabled = False
+        if self.api is not None:
+            self.api.enabled = False
+
+    def resume(self) -> None:
+        """Observe again after pause(): the budget's clock starts the next step now (the paused
+        steps are not training time it allowed checks for)."""
+        if self.api is not None:
+            self.api.enabled = True
+        self.budget.start()
+        self._paused = False
+        self.enabled = True
 
     def steps_seen(self) -> int:
         return self._step + (1 if self._advance else 0)

@@ -48,3 +48,19 @@ def test_events_after_the_loss_went_nan_are_not_scored():
     s = bench_online.score(got, first=8)
     assert s["injections"] == 2 and s["not_scored_after_nan"] == 2 and s["nonfinite_loss_from_step"] == 10
     assert s["detected"] == 1
+
+
+def test_the_median_interval_holds_the_median_and_narrows_with_more_values():
+    import random
+
+    draw = random.Random(1)
+    few = [1.0 + draw.gauss(0, 0.05) for _ in range(20)]
+    many = [1.0 + draw.gauss(0, 0.05) for _ in range(2000)]
+    for values in (few, many):
+        got = bench_online.median_interval(values, resamples=2000)
+        low, high = got["bootstrap_95"]
+        assert low <= got["median"] <= high and got["n"] == len(values), got
+        assert got["middle_half"][0] <= got["median"] <= got["middle_half"][1], got
+    width = lambda v: (lambda i: i[1] - i[0])(bench_online.median_interval(v, resamples=2000)["bootstrap_95"])  # noqa: E731
+    assert width(many) < width(few) / 4, "ten times the values: about a third of the width"
+    assert bench_online.median_interval([1.5])["bootstrap_95"] == [1.5, 1.5]

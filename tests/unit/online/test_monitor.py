@@ -176,3 +176,34 @@ def test_at_a_low_rate_an_operators_stats_row_sums_its_steps_and_loses_no_call(t
             assert covered <= STATS_STEPS and (checked or covered == STATS_STEPS or step == steps - 1), (op, rows)
             first = step + 1
         assert first == steps, (op, rows)
+
+
+def test_a_paused_monitor_observes_nothing_and_resumes_where_it_was(tmp_path):
+    """pause() (the overhead benchmark's paired steps): the paused steps are not counted, checked,
+    charged or written, not even as API events; the training's numbers stay a plain run's; after
+    resume() the next steps are counted on from where the step counter stood, with what the budget
+    learned; a recording that ends paused still writes what it held."""
+    model, opt, data = build()
+    plain_losses = train(model, opt, data, 7)
+    model, opt, data = build()
+    with bitguard.record(tmp_path / "run", mode="online", budget=1.0) as rec:
+        monitor = rec.monitor
+        losses = train(model, opt, data, 2)
+        calls = {key: entry.calls for key, entry in monitor.budget.ops.items()}
+        learned = {key: entry.unit for key, entry in monitor.budget.ops.items()}
+        monitor.pause()
+        losses += train(model, opt, data, 3)
+        assert monitor.steps_seen() == 2, "paused steps are not counted"
+        assert {key: entry.calls for key, entry in monitor.budget.ops.items()} == calls, "nothing observed"
+        monitor.resume()
+        assert {key: entry.unit for key, entry in monitor.budget.ops.items()} == learned, "what it learned is kept"
+        losses += train(model, opt, data, 1)
+        monitor.pause()
+        losses += train(model, opt, data, 1)  # ends paused
+    assert losses == plain_losses
+    path = tmp_path / "run" / "rank-0.duckdb"
+    steps = _rows(path, "SELECT DISTINCT step FROM sensor_stats WHERE op LIKE 'linear:%' ORDER BY step")
+    assert [s for s, in steps] == [0, 1, 2], "three observed steps, numbered on"
+    zero_grads = _rows(path, "SELECT count(*) FROM api_events WHERE kind = 'zero_grad'")
+    assert zero_grads == [(3,)], zero_grads
+    assert torch.nn.Linear.forward.__qualname__ == "Linear.forward", "the sensor's wrapper was not removed"
