@@ -282,7 +282,9 @@ def paired(args) -> dict:
     observed step over its median paused step; the figure is the median of the round ratios. This
     measures the steady state of a long recording at step-to-step distance, where `overhead`
     measures each half's first steps with a fresh recording at rounds of seconds; what a paused step
-    still pays (the wrappers' flag tests) is measured apart (`paused_wrapper`) and is not in the ratio."""
+    still pays (the wrappers' flag tests) is measured apart (`paused_wrapper`) and is not in the ratio.
+    `charged_share`: what the budget controller charged each measured observed step (its checks times
+    MARGINAL and the fixed cost) over the training's own time, to hold against the measured ratio."""
     import bitguard
     from bench_recording import build
 
@@ -295,12 +297,16 @@ def paired(args) -> dict:
     times = {"observed": [], "paused": []}
     ratios, loads = [], []
 
-    def block() -> list[float]:
+    charged = []  # the controller's own figure for each measured observed step: what it charged over the training's time
+
+    def block(observed: bool) -> list[float]:
         wall = []
-        for _ in range(args.block):
+        for i in range(args.block):
             t = time.perf_counter()
             one_step(model, opt, next(data))
             wall.append(time.perf_counter() - t)
+            if observed and i and monitor.budget.overhead is not None:
+                charged.append(monitor.budget.overhead)
         return wall[1:]
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -314,7 +320,7 @@ def paired(args) -> dict:
                 for arm in (("observed", "paused") if r % 2 == 0 else ("paused", "observed")):
                     if arm == "paused":
                         monitor.pause()
-                    got = block()
+                    got = block(arm == "observed")
                     if arm == "paused":
                         monitor.resume()
                     medians[arm] = statistics.median(got)
@@ -330,6 +336,7 @@ def paired(args) -> dict:
             "median_step_s": {k: statistics.median(v) for k, v in times.items()},
             "ratio": median_interval(ratios), "round_ratios": ratios,
             "pooled_ratio": statistics.median(times["observed"]) / step,
+            "charged_share": {"median": statistics.median(charged), "mean": statistics.fmean(charged)} if charged else None,
             "paused_wrapper": {"per_call_s": wrapper, "calls_per_step": calls_per_step,
                                "share_of_step": wrapper * calls_per_step / step},
             "alerts": alerts["counts"],
