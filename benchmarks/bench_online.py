@@ -272,6 +272,20 @@ def median_interval(values: list[float], resamples: int = 10_000, seed: int = 0)
             "middle_half": [quartiles[0], quartiles[2]], "n": len(values)}
 
 
+def ratio_of_means(rounds: list[dict], resamples: int = 10_000, seed: int = 0) -> dict:
+    """The observed arm's total step time over the paused arm's (each round: a dict of the two arms'
+    measured step times), and its bootstrap 95% interval over rounds drawn with replacement."""
+    import random
+
+    def ratio(sample):
+        return sum(sum(r["observed"]) for r in sample) / sum(sum(r["paused"]) for r in sample)
+
+    draw = random.Random(seed).choices
+    got = sorted(ratio(draw(rounds, k=len(rounds))) for _ in range(resamples))
+    return {"ratio": ratio(rounds), "bootstrap_95": [got[int(0.025 * resamples)], got[int(0.975 * resamples) - 1]],
+            "n": len(rounds)}
+
+
 def paired(args) -> dict:
     """Observed and paused steps alternated inside one long online recording: after --warmup
     observed steps (the controller's start: rates, costs and thresholds learned), rounds of two
@@ -295,7 +309,7 @@ def paired(args) -> dict:
     for _ in range(2):
         one_step(model, opt, next(data))
     times = {"observed": [], "paused": []}
-    ratios, loads = [], []
+    ratios, loads, rounds = [], [], []
 
     charged = []  # the controller's own figure for each measured observed step: what it charged over the training's time
 
@@ -316,7 +330,7 @@ def paired(args) -> dict:
                 one_step(model, opt, next(data))
             for r in range(args.rounds):
                 loads.append(os.getloadavg()[0])
-                medians = {}
+                medians, steps = {}, {}
                 for arm in (("observed", "paused") if r % 2 == 0 else ("paused", "observed")):
                     if arm == "paused":
                         monitor.pause()
@@ -325,7 +339,9 @@ def paired(args) -> dict:
                         monitor.resume()
                     medians[arm] = statistics.median(got)
                     times[arm] += got
+                    steps[arm] = got
                 ratios.append(medians["observed"] / medians["paused"])
+                rounds.append(steps)
             wrapper = _paused_wrapper_cost(monitor)
         from bitguard.backend.alerts import read_alerts
 
@@ -336,6 +352,9 @@ def paired(args) -> dict:
             "median_step_s": {k: statistics.median(v) for k, v in times.items()},
             "ratio": median_interval(ratios), "round_ratios": ratios,
             "pooled_ratio": statistics.median(times["observed"]) / step,
+            # the training's time: the mean step, which the few steps a costly check falls on weigh in (a median leaves
+            # them out); its interval resamples whole rounds
+            "mean_ratio": ratio_of_means(rounds), "rounds_steps": rounds,
             "charged_share": {"median": statistics.median(charged), "mean": statistics.fmean(charged)} if charged else None,
             "paused_wrapper": {"per_call_s": wrapper, "calls_per_step": calls_per_step,
                                "share_of_step": wrapper * calls_per_step / step},

@@ -64,3 +64,12 @@ def test_the_median_interval_holds_the_median_and_narrows_with_more_values():
     width = lambda v: (lambda i: i[1] - i[0])(bench_online.median_interval(v, resamples=2000)["bootstrap_95"])  # noqa: E731
     assert width(many) < width(few) / 4, "ten times the values: about a third of the width"
     assert bench_online.median_interval([1.5])["bootstrap_95"] == [1.5, 1.5]
+
+
+def test_the_ratio_of_means_weighs_the_costly_steps_a_median_leaves_out():
+    # one observed step in four pays a costly check: the median ratio misses it, the mean does not
+    rounds = [{"observed": [1.0, 1.0 if i % 4 else 1.2], "paused": [1.0, 1.0]} for i in range(40)]
+    got = bench_online.ratio_of_means(rounds, resamples=500)
+    assert abs(got["ratio"] - 1.025) < 1e-12 and got["n"] == 40, got
+    assert got["bootstrap_95"][0] <= got["ratio"] <= got["bootstrap_95"][1], got
+    assert bench_online.median_interval([sum(r["observed"]) / sum(r["paused"]) for r in rounds])["median"] == 1.0
