@@ -222,7 +222,7 @@ def overhead(args) -> dict:
         one_step(model, opt, next(data))
     times = {"plain": [], "online": []}
     cpu = {"plain": [], "online": []}  # the process's CPU time a step (every thread: the writer's and the verifier's too)
-    ratios, cpu_ratios, loads = [], [], []
+    ratios, cpu_ratios, loads, rounds = [], [], [], []
 
     def steps() -> tuple[list, list]:
         wall, used = [], []
@@ -247,11 +247,13 @@ def overhead(args) -> dict:
                 times[mode] += got
                 cpu[mode] += used
             ratios.append(medians["online"] / medians["plain"])
+            rounds.append({mode: times[mode][-(args.steps - 1):] for mode in ("plain", "online")})
             cpu_ratios.append(cpu_medians["online"] / cpu_medians["plain"])
     return {"rounds": args.rounds, "steps": args.steps, "budget": args.budget,
             "median_step_s": {k: statistics.median(v) for k, v in times.items()},
             "ratio": statistics.median(ratios), "round_ratios": ratios, "ratio_interval": median_interval(ratios),
             "pooled_ratio": statistics.median(times["online"]) / statistics.median(times["plain"]),
+            "mean_ratio": ratio_of_means(rounds, arms=("online", "plain")), "rounds_steps": rounds,
             # CPU time is steadier than wall time on a loaded machine (it leaves out the waits for a core), and counts
             # the store's writer and the verifier threads in full (on spare cores they would not lengthen a step)
             "median_step_cpu_s": {k: statistics.median(v) for k, v in cpu.items()},
@@ -272,13 +274,15 @@ def median_interval(values: list[float], resamples: int = 10_000, seed: int = 0)
             "middle_half": [quartiles[0], quartiles[2]], "n": len(values)}
 
 
-def ratio_of_means(rounds: list[dict], resamples: int = 10_000, seed: int = 0) -> dict:
-    """The observed arm's total step time over the paused arm's (each round: a dict of the two arms'
-    measured step times), and its bootstrap 95% interval over rounds drawn with replacement."""
+def ratio_of_means(rounds: list[dict], resamples: int = 10_000, seed: int = 0, arms=("observed", "paused")) -> dict:
+    """One arm's total step time over the other's (each round: a dict of the arms' measured step
+    times), and its bootstrap 95% interval over rounds drawn with replacement."""
     import random
 
+    top, bottom = arms
+
     def ratio(sample):
-        return sum(sum(r["observed"]) for r in sample) / sum(sum(r["paused"]) for r in sample)
+        return sum(sum(r[top]) for r in sample) / sum(sum(r[bottom]) for r in sample)
 
     draw = random.Random(seed).choices
     got = sorted(ratio(draw(rounds, k=len(rounds))) for _ in range(resamples))
