@@ -567,13 +567,17 @@ class Collector:
         inner = original(module)
         if inner is not module:  # torch.compile's wrapper is named as the module it compiles
             name = self._name_of(inner, parent)
-            self._names[id(module)] = (weakref.ref(module), name)
+            known = self._names.get(id(inner))
+            if known is not None and known[0]() is inner:  # (an unregistered module's name is its call's: not kept)
+                self._names[id(module)] = (weakref.ref(module), name)
             return name
         if parent is None:
             return self._register_root(module)
-        name = f"{parent.name}.<{type(module).__name__}>"
-        self._names[id(module)] = (weakref.ref(module), name)
-        return name
+        # A module no root registers is named by the call it is made in, each time, not once for good: one
+        # such module can be called from every layer (transformers >= 5.25 with `kernels` makes
+        # apply_rotary_pos_emb one module object that every attention layer calls), and a name kept from
+        # its first call put every later layer's call under the first layer's name.
+        return f"{parent.name}.<{type(module).__name__}>"
 
     def _wanted(self, module: torch.nn.Module) -> bool:
         if self.mode == "full":
