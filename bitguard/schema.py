@@ -74,7 +74,8 @@ EVENTS = Table(
                "again during backward by activation checkpointing: the module's own boundary name, call counting "
                "its recomputes in the step, depth that of its original forward) | comm (a "
                "collective this rank took part in: inputs before it, outputs after it completed)"),
-        Column("boundary", "VARCHAR", "dotted module path from named_modules() (root: its class name), or a parameter's dotted name for gradient and optimizer events, "
+        Column("boundary", "VARCHAR", "dotted module path from named_modules() (root: its class name; a module no root registers: its caller's path and "
+               "`.<Class>`, named by each call's caller), or a parameter's dotted name for gradient and optimizer events, "
                "or for a collective `comm.<function>#<group>` (`comm.ddp_bucket<i>#<group>` for DDP's bucket i; the "
                "group as its global ranks, `0-3` or `0,2`)"),
         Column("module_type", "VARCHAR", "class name of the module (owning module for a parameter; optimizer class for optimizer events; "
