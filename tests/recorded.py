@@ -41,13 +41,26 @@ def identical(root) -> tuple[Path, Path]:
     return record_pair(root, "identical", [])
 
 
-def shared(tmp_path_factory, scenario) -> tuple[Path, Path]:
-    """`scenario(root)` (forward_bitflip, identical) recorded once per pytest session: the first
-    worker to ask records it under a lock, in a folder its sibling workers share (the parent of each
-    worker's basetemp, which is the session's), the others wait for it and read the same pair."""
+def shared_root(tmp_path_factory) -> Path:
+    """The session's folder for recordings its xdist workers share (the parent of each worker's
+    basetemp, which is the session's; the basetemp itself without xdist)."""
     basetemp = tmp_path_factory.getbasetemp()
     root = (basetemp.parent if os.environ.get("PYTEST_XDIST_WORKER") else basetemp) / "bitguard-shared-pairs"
     root.mkdir(exist_ok=True)
+    return root
+
+
+def scenario_runs(tmp_path_factory) -> Path:
+    """The folder of the scenarios' plain recordings (evaluation.pairs(..., "plain", this, ...)), shared
+    by the session's workers: tests/scenarios and tests/drill record them there with `record_jobs`."""
+    return shared_root(tmp_path_factory) / "scenarios"
+
+
+def shared(tmp_path_factory, scenario) -> tuple[Path, Path]:
+    """`scenario(root)` (forward_bitflip, identical) recorded once per pytest session: the first
+    worker to ask records it under a lock, in a folder its sibling workers share (`shared_root`),
+    the others wait for it and read the same pair."""
+    root = shared_root(tmp_path_factory)
     name = scenario.__name__
     done = root / f"{name}.done"
     with open(root / f"{name}.lock", "w") as lock:
@@ -57,3 +70,53 @@ def shared(tmp_path_factory, scenario) -> tuple[Path, Path]:
             scenario(root)
             done.touch()
     return root / name / "reference", root / name / "suspect"
+
+
+def record_jobs(jobs, workers: int = 2) -> None:
+    """Record the sample-script jobs `jobs` (sample_traces.recordings.Job), `workers` at a time on the
+    scenario pool, each once per session: a job's `out` is locked while it is recorded and marked
+    done after (`OUT.lock`, `OUT.done`), so a job whose `out` is under `shared_root` and that another
+    xdist worker is recording is waited for, and one it recorded is read, not recorded again (the
+    scenarios' pairs, which tests/scenarios and tests/drill both read: they only read them; a drill
+    copies its pair first, as it replays beside the runs). Asserts every recording ran to the end."""
+    from bitguard.sample_traces.recordings import run_jobs
+
+    def mark(job, suffix) -> Path:
+        out = Path(job.out).resolve()
+        return out.with_name(out.name + suffix)
+
+    mine, theirs, held = [], [], []
+    for job in dict.fromkeys(jobs):
+        mark(job, "").parent.mkdir(parents=True, exist_ok=True)
+        lock = open(mark(job, ".lock"), "w")
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            theirs.append((job, lock))  # another worker is recording it
+            continue
+        if mark(job, ".done").exists():
+            lock.close()
+        else:
+            mine.append(job)
+            held.append(lock)
+    try:
+        outcomes = run_jobs(mine, workers=workers, reuse=False)
+        for job, outcome in zip(mine, outcomes):
+            if not outcome.exit_status:
+                mark(job, ".done").touch()
+    finally:
+        for lock in held:
+            lock.close()
+    for job, lock in theirs:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # returns when the worker recording it has finished
+        lock.close()
+        if not mark(job, ".done").exists():  # it failed there: record it here, to say why
+            outcomes += run_jobs([job], workers=1, reuse=False)
+    failed = [o for o in outcomes if o.exit_status]
+    assert not failed, "\n\n".join(f"{o.job.shell()} exited {o.exit_status}:\n{o.log}" for o in failed)
+
+
+def copy_run(run, to) -> Path:
+    """A copy of the run directory `run` at `to` (for a test that writes beside a shared run)."""
+    shutil.copytree(run, to)
+    return Path(to)

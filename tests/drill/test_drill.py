@@ -26,9 +26,11 @@ from pathlib import Path
 import pytest
 
 import bitguard
+import recorded
 import warm
 from bitguard.backend.drill import drill
-from bitguard.sample_traces.recordings import HERE, Job, run_jobs
+from bitguard.sample_traces import evaluation
+from bitguard.sample_traces.recordings import HERE, Job
 from bitguard.sample_traces.scenarios import SCENARIOS, TINY
 
 pytestmark = pytest.mark.slow
@@ -41,10 +43,15 @@ def _line(path: Path, text: str) -> int:
     return next(i for i, line in enumerate(path.read_text().splitlines(), 1) if text in line)
 
 
-def _pairs(root: Path) -> dict[str, tuple[Job, Job]]:
-    pairs = {name: SCENARIOS[name].jobs(root / name) for name in ("functional", "hf-llama-rope")}
-    pairs["sdpa"] = (Job("tinygpt.py", TINY, str(root / "sdpa" / "reference")),
-                     Job("tinygpt.py", (*TINY, "--attention", "sdpa"), str(root / "sdpa" / "suspect")))
+def _pairs(root: Path, shared: Path) -> dict[str, tuple[Job, Job]]:
+    """{case: (reference, suspect)}. The two scenarios' pairs are the scenarios tier's own plain
+    recordings (in `shared`, recorded.scenario_runs: once a session, whichever worker comes first),
+    and so is the plain tinygpt reference of the sdpa case (the functional scenario's)."""
+    scenarios = [SCENARIOS[name] for name in ("functional", "hf-llama-rope")]
+    pairs = {p.scenario.name: (p.reference, p.suspect) for p in evaluation.pairs(scenarios, "plain", shared, reruns=False)}
+    reference = pairs["functional"][0]
+    assert reference.args == TINY and reference.script == "tinygpt.py", reference
+    pairs["sdpa"] = (reference, Job("tinygpt.py", (*TINY, "--attention", "sdpa"), str(root / "sdpa" / "suspect")))
     rms = (*TINY, "--norm", "rms")
     pairs["rms-eps"] = (Job("tinygpt.py", rms, str(root / "rms" / "reference")),
                         Job("tinygpt.py", (*rms, "--fault", "rms-eps", "--fault-step", "1"),
@@ -55,13 +62,15 @@ def _pairs(root: Path) -> dict[str, tuple[Job, Job]]:
 @pytest.fixture(scope="module")
 def drilled(tmp_path_factory):
     root = tmp_path_factory.mktemp("drill")
-    pairs = _pairs(root)
-    outcomes = run_jobs([j for pair in pairs.values() for j in pair], workers=2, reuse=False)
-    failed = [o for o in outcomes if o.exit_status]
-    assert not failed, "\n".join(f"{o.job.shell()}: {o.log}" for o in failed)
+    pairs = _pairs(root / "recorded", recorded.scenario_runs(tmp_path_factory))
+    recorded.record_jobs([j for pair in pairs.values() for j in pair], workers=2)
+    # each drill on copies of its pair: a drill replays into folders beside the runs, and the shared
+    # reference is three cases' (and tests/scenarios' and test_drill_backward's)
+    copies = {name: tuple(recorded.copy_run(job.out, root / name / side) for job, side in zip(pair, ("a", "b")))
+              for name, pair in pairs.items()}
     # one through the notebook's path, Comparison.drill()
-    return {name: (bitguard.compare(a.out, b.out).drill() if name == "rms-eps" else drill(a.out, b.out)).to_dict()
-            for name, (a, b) in pairs.items()}
+    return {name: (bitguard.compare(a, b).drill() if name == "rms-eps" else drill(a, b)).to_dict()
+            for name, (a, b) in copies.items()}
 
 
 def bitguard_drill(a, b) -> dict:

@@ -17,10 +17,12 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import recorded
 
 from bitguard.backend.drill import drill, plan
 from bitguard.errors import NotSupported
-from bitguard.sample_traces.recordings import HERE, run_jobs
+from bitguard.sample_traces import evaluation
+from bitguard.sample_traces.recordings import HERE
 from bitguard.sample_traces.scenarios import SCENARIOS
 
 pytestmark = pytest.mark.slow
@@ -36,11 +38,14 @@ def _line(text: str) -> int:
 @pytest.fixture(scope="module")
 def drilled(tmp_path_factory):
     root = tmp_path_factory.mktemp("drill_backward")
-    pairs = {name: SCENARIOS[name].jobs(root / name) for name in NAMES}
-    outcomes = run_jobs([j for pair in pairs.values() for j in pair], workers=2, reuse=False)
-    failed = [o for o in outcomes if o.exit_status]
-    assert not failed, "\n".join(f"{o.job.shell()}: {o.log}" for o in failed)
-    return {name: drill(a.out, b.out).to_dict() for name, (a, b) in pairs.items()}
+    # the scenarios tier's own plain recordings (recorded.scenario_runs: once a session, whichever
+    # worker comes first), drilled on copies: a drill replays into folders beside the runs
+    pairs = evaluation.pairs([SCENARIOS[name] for name in NAMES], "plain", recorded.scenario_runs(tmp_path_factory),
+                             reruns=False)
+    recorded.record_jobs([j for p in pairs for j in (p.reference, p.suspect)], workers=2)
+    return {p.scenario.name: drill(recorded.copy_run(p.reference.out, root / p.scenario.name / "a"),
+                                   recorded.copy_run(p.suspect.out, root / p.scenario.name / "b")).to_dict()
+            for p in pairs}
 
 
 def _assert_reproduced(doc: dict) -> None:

@@ -1,9 +1,10 @@
 """Recordings of the localisation scenarios, made once per test session.
 
 Every run is recorded on the scenario pool (sample_traces/recordings.py: two processes, each
-job forked from a server with torch and the recorder already imported) into the session's
-temporary folder, then every comparison the tests need runs on two processes too. Tests read
-the summaries; none records or compares on its own.
+job forked from a server with torch and the recorder already imported) into the folder the
+session's xdist workers share (recorded.shared_root: tests/drill reads four of these pairs, and
+records those it finds missing, once, under the same locks), then every comparison the tests
+need runs on two processes too. Tests read the summaries; none records or compares on its own.
 
 A rerun of the suspect is recorded for RERUN_SUSPECTS only (the nondeterministic scenario, whose
 two suspect runs must differ, a bit flip, and a Hugging Face model); the other fourteen suspects'
@@ -18,9 +19,9 @@ import os
 from dataclasses import replace
 
 import pytest
+import recorded
 
 from bitguard.sample_traces import evaluation
-from bitguard.sample_traces.recordings import run_jobs
 from bitguard.sample_traces.scenarios import SCENARIOS
 
 WORKERS = 2
@@ -32,9 +33,7 @@ def suspect_rerun_recorded(name: str) -> bool:
 
 
 def record(jobs) -> None:
-    outcomes = run_jobs(list(dict.fromkeys(jobs)), workers=WORKERS, reuse=False)
-    failed = [o for o in outcomes if o.exit_status]
-    assert not failed, "\n\n".join(f"{o.job.shell()} exited {o.exit_status}:\n{o.log}" for o in failed)
+    recorded.record_jobs(jobs, workers=WORKERS)
 
 
 def rules_of(scenario) -> str | None:
@@ -46,7 +45,7 @@ def localisation(tmp_path_factory) -> dict[str, dict]:
     """{scenario: {main, again, suspects, references, without_rules}}: compare summaries of the
     pair, of reference vs the suspect's rerun, of the two suspect runs, of the two reference runs,
     and (benign scenarios) of the pair without its rules."""
-    runs = tmp_path_factory.mktemp("scenarios") / "runs"
+    runs = recorded.scenario_runs(tmp_path_factory)
     pairs = evaluation.pairs(list(SCENARIOS.values()), "plain", runs, reruns=True)
     pairs = [p if suspect_rerun_recorded(p.scenario.name) else replace(p, suspect_rerun=None) for p in pairs]
     record(j for p in pairs for j in (p.reference, p.suspect, p.suspect_rerun, p.reference_rerun) if j)
