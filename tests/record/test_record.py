@@ -132,10 +132,15 @@ def test_keyword_inputs_and_nested_outputs_are_digested(tmp_path):
     assert [t["path"] for t in root if t["role"] == "output"] == [".logits", ".extras['aux']"], root
 
 
+STEPS_KILLED = "12"
+
+
 @pytest.mark.slow
 def test_killed_run_leaves_a_readable_directory_with_completed_steps(tmp_path):
     out = tmp_path / "run"
-    cmd = [*BITGUARD, "record", "--out", out, "--", sys.executable, TINYGPT, "--steps", "50", "--progress",
+    # killed after its third step, the run still has 9 steps (2.7 s of sleeps) to go; the complete run
+    # it is compared with below records all of them (it recorded 50 before, for the same claims)
+    cmd = [*BITGUARD, "record", "--out", out, "--", sys.executable, TINYGPT, "--steps", STEPS_KILLED, "--progress",
            "--sleep", "0.3"]
     proc = subprocess.Popen([str(c) for c in cmd], stdout=subprocess.PIPE, text=True)
     seen = 0
@@ -161,7 +166,7 @@ def test_killed_run_leaves_a_readable_directory_with_completed_steps(tmp_path):
     # step 2 had ended, so every step before it is whole (step 2's own commit may have been cut)
     assert per_step[0] == per_step[1] >= per_step.get(2, 0)
     # and it compares against a complete run as an identical prefix that cannot be certified whole
-    record(tmp_path / "full", "--steps", "50")
+    record(tmp_path / "full", "--steps", STEPS_KILLED)
     c = bitguard.compare(tmp_path / "full", out)
     assert c.verdict == "inconclusive" and c.exit_status == 3
     d = c.to_dict()
