@@ -236,19 +236,18 @@ def overhead(args) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         for r in range(args.rounds):
             loads.append(os.getloadavg()[0])  # (the machine's 1-minute load average as the round starts)
-            medians, cpu_medians = {}, {}
+            walls, cpus = {}, {}
             for mode in (("plain", "online") if r % 2 == 0 else ("online", "plain")):
                 if mode == "plain":
-                    got, used = steps()
+                    walls[mode], cpus[mode] = steps()
                 else:
                     with bitguard.record(Path(tmp) / f"online-{r}", mode="online", budget=args.budget):
-                        got, used = steps()
-                medians[mode], cpu_medians[mode] = statistics.median(got), statistics.median(used)
-                times[mode] += got
-                cpu[mode] += used
-            ratios.append(medians["online"] / medians["plain"])
-            rounds.append({mode: times[mode][-(args.steps - 1):] for mode in ("plain", "online")})
-            cpu_ratios.append(cpu_medians["online"] / cpu_medians["plain"])
+                        walls[mode], cpus[mode] = steps()
+                times[mode] += walls[mode]
+                cpu[mode] += cpus[mode]
+            ratios.append(statistics.median(walls["online"]) / statistics.median(walls["plain"]))
+            cpu_ratios.append(statistics.median(cpus["online"]) / statistics.median(cpus["plain"]))
+            rounds.append(walls)
     return {"rounds": args.rounds, "steps": args.steps, "budget": args.budget,
             "median_step_s": {k: statistics.median(v) for k, v in times.items()},
             "ratio": statistics.median(ratios), "round_ratios": ratios, "ratio_interval": median_interval(ratios),
@@ -261,33 +260,32 @@ def overhead(args) -> dict:
             "load_average": {"min": min(loads), "median": statistics.median(loads), "max": max(loads)}}
 
 
-def median_interval(values: list[float], resamples: int = 10_000, seed: int = 0) -> dict:
-    """The median of `values`, its bootstrap 95% interval (percentiles of the medians of resamples
-    with replacement) and the middle half of the values themselves."""
+def bootstrap_95(stat, items: list, resamples: int = 10_000, seed: int = 0) -> list[float]:
+    """The 2.5th and 97.5th percentiles of `stat` over `resamples` samples of `items` drawn with
+    replacement (each as many as `items`)."""
     import random
 
     draw = random.Random(seed).choices
-    medians = sorted(statistics.median(draw(values, k=len(values))) for _ in range(resamples))
+    got = sorted(stat(draw(items, k=len(items))) for _ in range(resamples))
+    return [got[int(0.025 * resamples)], got[int(0.975 * resamples) - 1]]
+
+
+def median_interval(values: list[float], resamples: int = 10_000, seed: int = 0) -> dict:
+    """The median of `values`, its bootstrap 95% interval and the middle half of the values themselves."""
     quartiles = statistics.quantiles(values, n=4) if len(values) > 1 else [values[0]] * 3
-    return {"median": statistics.median(values), "bootstrap_95": [medians[int(0.025 * resamples)],
-                                                                 medians[int(0.975 * resamples) - 1]],
+    return {"median": statistics.median(values), "bootstrap_95": bootstrap_95(statistics.median, values, resamples, seed),
             "middle_half": [quartiles[0], quartiles[2]], "n": len(values)}
 
 
 def ratio_of_means(rounds: list[dict], resamples: int = 10_000, seed: int = 0, arms=("observed", "paused")) -> dict:
     """One arm's total step time over the other's (each round: a dict of the arms' measured step
     times), and its bootstrap 95% interval over rounds drawn with replacement."""
-    import random
-
     top, bottom = arms
 
     def ratio(sample):
         return sum(sum(r[top]) for r in sample) / sum(sum(r[bottom]) for r in sample)
 
-    draw = random.Random(seed).choices
-    got = sorted(ratio(draw(rounds, k=len(rounds))) for _ in range(resamples))
-    return {"ratio": ratio(rounds), "bootstrap_95": [got[int(0.025 * resamples)], got[int(0.975 * resamples) - 1]],
-            "n": len(rounds)}
+    return {"ratio": ratio(rounds), "bootstrap_95": bootstrap_95(ratio, rounds, resamples, seed), "n": len(rounds)}
 
 
 def paired(args) -> dict:
@@ -314,7 +312,6 @@ def paired(args) -> dict:
         one_step(model, opt, next(data))
     times = {"observed": [], "paused": []}
     ratios, loads, rounds = [], [], []
-
     charged = []  # the controller's own figure for each measured observed step: what it charged over the training's time
 
     def block(observed: bool) -> list[float]:
@@ -334,17 +331,15 @@ def paired(args) -> dict:
                 one_step(model, opt, next(data))
             for r in range(args.rounds):
                 loads.append(os.getloadavg()[0])
-                medians, steps = {}, {}
+                steps = {}
                 for arm in (("observed", "paused") if r % 2 == 0 else ("paused", "observed")):
                     if arm == "paused":
                         monitor.pause()
-                    got = block(arm == "observed")
+                    steps[arm] = block(arm == "observed")
                     if arm == "paused":
                         monitor.resume()
-                    medians[arm] = statistics.median(got)
-                    times[arm] += got
-                    steps[arm] = got
-                ratios.append(medians["observed"] / medians["paused"])
+                    times[arm] += steps[arm]
+                ratios.append(statistics.median(steps["observed"]) / statistics.median(steps["paused"]))
                 rounds.append(steps)
             wrapper = _paused_wrapper_cost(monitor)
         from bitguard.backend.alerts import read_alerts
