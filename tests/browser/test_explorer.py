@@ -59,6 +59,10 @@ def test_upload_compare_mark_benign_and_walk_the_propagation(page, explorer, sce
     page.click("#ruleset-name-ok")
     wait_drawn(page, 2)
     assert pivot_boundary(page) == "model.layers.2"
+    # the rules panel redraws its counts after the comparison is drawn (seen once in a clean-clone CI:
+    # read mid-redraw, "no rule set"): wait for them, then read them as before
+    page.wait_for_function("([sel, text]) => (document.querySelector(sel)?.innerText || '').includes(text)",
+                           arg=[SEL["rulesPanel"], "fired 2×"], timeout=15_000)
     assert "fired 2×" in page.inner_text(SEL["rulesPanel"])
     moved = page.inner_text(SEL["pivotMoved"])
     assert moved.startswith("Pivot moved: model.probe (step 0 · forward) → model.layers.2 (step 1 · forward), "), moved
