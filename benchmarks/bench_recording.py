@@ -17,6 +17,8 @@ median step overhead over the plain steps of the same round, divided by the even
 entry from torch into bitguard, outermost only), per step and per event.
 `--digest-bytes` counts what each recorded mode digests a step, by source, with the bytes read
 twice; `--breakdown` splits a recorded step's overhead by switching one part off at a time.
+`--paired N` measures the steady state of one long recording a mode instead, recorded and paused
+blocks alternated (recording_steady.py).
 
 Start-up cost (imports, kernel compilation) is measured separately in fresh processes. Memory:
 RSS growth of a long recorded run (small model, many steps) between an early and a late step, and
@@ -25,6 +27,7 @@ the peak size of the writer queue.
     python benchmarks/bench_recording.py [--model gpt|modules] [--rounds 20] [--steps 20] [--json]
                                          [--no-determinism] [--breakdown] [--team-pairs N] [--hook-time N]
                                          [--digest-bytes N] [--determinism-cost]
+                                         [--paired N [--block 4] [--warmup 12]]
 """
 
 from __future__ import annotations
@@ -143,39 +146,51 @@ def build(layers=6, width=256, seq=128, batch=8, vocab=512, model="gpt"):
     return net, opt, data
 
 
+SETTINGS_ENV = ("CUBLAS_WORKSPACE_CONFIG", "NCCL_ALGO", "NCCL_PROTO", "TORCHINDUCTOR_DETERMINISTIC")
+
+
+def settings_now() -> tuple:
+    """The settings a recording's determinism controls change and leave changed (deterministic
+    algorithms, cuDNN and TF32 flags, matmul precision, thread count, the environment variables
+    they set), as they are now: for `restore_settings`."""
+    import torch
+
+    return (torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled(),
+            torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark,
+            torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32,
+            torch.get_float32_matmul_precision(), torch.get_num_threads(),
+            {k: os.environ.get(k) for k in SETTINGS_ENV})
+
+
+def restore_settings(saved: tuple) -> None:
+    """Put back what `settings_now()` returned."""
+    import torch
+
+    det, warn, cudnn_det, bench, tf32, tf32_cudnn, precision, threads, env = saved
+    torch.use_deterministic_algorithms(det, warn_only=warn)
+    torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = cudnn_det, bench
+    torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = tf32, tf32_cudnn
+    torch.set_float32_matmul_precision(precision)
+    if torch.get_num_threads() != threads:
+        torch.set_num_threads(threads)
+    for k, v in env.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
+
+
 class user_settings:
     """`with user_settings():` gives back, on leaving, the settings a recording's determinism
-    controls change and leave changed (deterministic algorithms, cuDNN and TF32 flags, matmul
-    precision, thread count, the environment variables they set), so that the plain rounds after a
-    recorded one run as the user's own script would."""
-
-    ENV = ("CUBLAS_WORKSPACE_CONFIG", "NCCL_ALGO", "NCCL_PROTO", "TORCHINDUCTOR_DETERMINISTIC")
+    controls change and leave changed, so that the plain rounds after a recorded one run as the
+    user's own script would (`saved`: the user's settings)."""
 
     def __enter__(self):
-        import torch
-
-        self.saved = (torch.are_deterministic_algorithms_enabled(),
-                      torch.is_deterministic_algorithms_warn_only_enabled(),
-                      torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark,
-                      torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32,
-                      torch.get_float32_matmul_precision(), torch.get_num_threads(),
-                      {k: os.environ.get(k) for k in self.ENV})
+        self.saved = settings_now()
         return self
 
     def __exit__(self, *exc):
-        import torch
-
-        det, warn, cudnn_det, bench, tf32, tf32_cudnn, precision, threads, env = self.saved
-        torch.use_deterministic_algorithms(det, warn_only=warn)
-        torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = cudnn_det, bench
-        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = tf32, tf32_cudnn
-        torch.set_float32_matmul_precision(precision)
-        torch.set_num_threads(threads)
-        for k, v in env.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
+        restore_settings(self.saved)
         return False
 
 
@@ -187,7 +202,7 @@ def recorded(out: Path, mode: str, determinism: bool):
     import bitguard
 
     stack = contextlib.ExitStack()
-    stack.enter_context(user_settings())
+    stack.user = stack.enter_context(user_settings())
     rec = stack.enter_context(bitguard.record(out, mode=mode, **({} if determinism else {"determinism": False})))
     stack.rec = rec
     return stack
@@ -725,9 +740,21 @@ def main() -> None:
                    help="only count the bytes each recorded mode digests a step, by source, over N steps")
     p.add_argument("--determinism-cost", action="store_true",
                    help="only time plain steps with and without bitguard's determinism controls (no recording)")
+    p.add_argument("--paired", type=int, default=0, metavar="N",
+                   help="only measure the steady state: one recording a mode, N rounds of a recorded and a paused block "
+                        "(recording_steady.py)")
+    p.add_argument("--block", type=int, default=4, help="with --paired: steps a block (the first is dropped)")
+    p.add_argument("--warmup", type=int, default=12, help="with --paired: recorded steps before the first round")
     p.add_argument("--memory-only", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args()
     import torch
+
+    if args.paired:
+        import recording_steady
+
+        doc = recording_steady.steady(args.paired, args.block, args.warmup, args.model, args.determinism)
+        print(json.dumps(doc, indent=2) if args.json else "\n".join(recording_steady.text(doc)))
+        return
 
     if args.memory_only:
         print(json.dumps(memory(args.memory_steps)))
