@@ -18,7 +18,8 @@ entry from torch into bitguard, outermost only), per step and per event.
 `--digest-bytes` counts what each recorded mode digests a step, by source, with the bytes read
 twice; `--breakdown` splits a recorded step's overhead by switching one part off at a time.
 `--paired N` measures the steady state of one long recording a mode instead, recorded and paused
-blocks alternated (recording_steady.py).
+blocks alternated (recording_steady.py); `--hook-split N` splits the hooks' Python by hook and
+helper (hook_split.py).
 
 Start-up cost (imports, kernel compilation) is measured separately in fresh processes. Memory:
 RSS growth of a long recorded run (small model, many steps) between an early and a late step, and
@@ -743,12 +744,22 @@ def main() -> None:
     p.add_argument("--paired", type=int, default=0, metavar="N",
                    help="only measure the steady state: one recording a mode, N rounds of a recorded and a paused block "
                         "(recording_steady.py)")
+    p.add_argument("--hook-split", type=int, default=0, metavar="N",
+                   help="only split the hooks' Python by hook and helper over N recorded steps (hook_split.py; "
+                        "with --split-mode)")
+    p.add_argument("--split-mode", choices=("trusted", "full"), default="trusted", help="with --hook-split: the mode")
     p.add_argument("--block", type=int, default=4, help="with --paired: steps a block (the first is dropped)")
     p.add_argument("--warmup", type=int, default=12, help="with --paired: recorded steps before the first round")
     p.add_argument("--memory-only", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args()
     import torch
 
+    if args.hook_split:
+        import hook_split
+
+        doc = hook_split.split(args.hook_split, args.model, args.split_mode, args.determinism)
+        print(json.dumps(doc, indent=2) if args.json else "\n".join(hook_split.text(doc)))
+        return
     if args.paired:
         import recording_steady
 
