@@ -19,6 +19,15 @@ def _step(net, opt, x):
 
 
 def test_a_paused_block_records_nothing_and_runs_with_the_users_settings(tmp_path):
+    before = bench_recording.settings_now()  # another test's recording in this process may have left them on
+    torch.use_deterministic_algorithms(False)
+    try:
+        _paused_block(tmp_path)
+    finally:
+        bench_recording.restore_settings(before)
+
+
+def _paused_block(tmp_path):
     torch.manual_seed(0)
     net = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU(), torch.nn.Linear(4, 2))
     opt = torch.optim.SGD(net.parameters(), lr=0.1)
