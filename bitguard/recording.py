@@ -154,7 +154,9 @@ class record:
         from bitguard.collectors.store import RankStore
         from bitguard.cuda.fingerprint import warmup
 
+        self._settings_before = det.snapshot()
         settings = det.apply(det.DeterminismConfig(self.determinism, self.seed, self.warn_only, self.threads))
+        self._settings_applied = det.snapshot()
         if self.mode == "online":
             return self._enter_online(rank, world, rank_path, settings)
         self._manifest = manifest.new(self.command, self.mode, world, settings, self.steps, {"dump": self.dump, "digest_cache": self.digest_cache})
@@ -204,7 +206,7 @@ class record:
         return False
 
     def finish(self, status: str, exit_status: int | None) -> None:
-        from bitguard.collectors.determinism import unpatch_dataloader
+        from bitguard.collectors.determinism import give_back, unpatch_dataloader
 
         collector, self.collector = self.collector, None
         if self.monitor is not None:
@@ -216,6 +218,11 @@ class record:
         if self.drill is not None:
             self.drill.close()
         unpatch_dataloader()
+        try:  # the user's settings again (a notebook trains on after the recording)
+            give_back(self._settings_before, self._settings_applied)
+        except Exception as exc:  # noqa: BLE001 - the end of a recording must not fail on a setting (nor is it the record's)
+            print(f"bitguard: could not give back the settings the determinism controls changed: "
+                  f"{type(exc).__name__}: {exc}", file=sys.stderr)
         self.store.close(status, {"end_time_ns": time.time_ns(), "steps_completed": steps_seen,
                                   "events": events})
         if self._old_sigterm is not None:

@@ -81,6 +81,68 @@ def _use_deterministic_algorithms(warn_only: bool) -> None:
     os.environ["TORCHINDUCTOR_DETERMINISTIC"] = "1"
 
 
+# The environment variables apply() may set, for give_back().
+_ENV = ("CUBLAS_WORKSPACE_CONFIG", "NCCL_ALGO", "NCCL_PROTO", "TORCHINDUCTOR_DETERMINISTIC")
+
+
+def snapshot() -> dict:
+    """What apply() may change, as it is now: taken before apply() and after it, for give_back()."""
+    import sys
+
+    inductor = sys.modules.get("torch._inductor.config")
+    return {"deterministic": (torch.are_deterministic_algorithms_enabled(),
+                              torch.is_deterministic_algorithms_warn_only_enabled()),
+            "inductor": getattr(inductor, "deterministic", None) if inductor is not None else None,
+            "cudnn_deterministic": torch.backends.cudnn.deterministic,
+            "cudnn_benchmark": torch.backends.cudnn.benchmark,
+            "tf32_matmul": torch.backends.cuda.matmul.allow_tf32,
+            "tf32_cudnn": torch.backends.cudnn.allow_tf32,
+            "float32_matmul_precision": torch.get_float32_matmul_precision(),
+            "torch_threads": torch.get_num_threads(),
+            **{f"env {k}": os.environ.get(k) for k in _ENV}}
+
+
+def give_back(before: dict, applied: dict) -> list[str]:
+    """At a recording's end, put back the settings the user had (`before`, a snapshot taken before
+    apply()), each one only if it still holds the value apply() gave it (`applied`, the snapshot
+    after): a setting the script changed during the recording is the script's and stays. Without
+    this a notebook that recorded a few steps would train on with deterministic algorithms (an error
+    for an op that has none), TF32 off and the environment changed. The RNGs, once seeded, are the
+    training's and are not touched. Returns the names of the settings given back."""
+    import sys
+
+    now = snapshot()
+    changed = [k for k in before if k != "inductor" and before[k] != applied[k] and now[k] == applied[k]]
+    for key in changed:
+        value = before[key]
+        if key == "deterministic":
+            native = getattr(torch._C, "_set_deterministic_algorithms", None)
+            if native is None:
+                torch.use_deterministic_algorithms(value[0], warn_only=value[1])
+            else:
+                native(value[0], warn_only=value[1])
+            inductor = sys.modules.get("torch._inductor.config")  # loaded before or since: as the public call does
+            if inductor is not None and inductor.deterministic == applied["deterministic"][0]:
+                inductor.deterministic = before["inductor"] if before["inductor"] is not None else value[0]
+        elif key == "cudnn_deterministic":
+            torch.backends.cudnn.deterministic = value
+        elif key == "cudnn_benchmark":
+            torch.backends.cudnn.benchmark = value
+        elif key == "tf32_matmul":
+            torch.backends.cuda.matmul.allow_tf32 = value
+        elif key == "tf32_cudnn":
+            torch.backends.cudnn.allow_tf32 = value
+        elif key == "float32_matmul_precision":
+            torch.set_float32_matmul_precision(value)
+        elif key == "torch_threads":
+            torch.set_num_threads(value)
+        elif value is None:
+            os.environ.pop(key.removeprefix("env "), None)
+        else:
+            os.environ[key.removeprefix("env ")] = value
+    return changed
+
+
 def current_settings() -> dict:
     """The settings in force now, whether or not bitguard set them."""
     return {

@@ -36,3 +36,35 @@ def test_an_inductor_already_loaded_is_set_directly(monkeypatch):
         assert inductor.deterministic and torch.is_deterministic_algorithms_warn_only_enabled()
     finally:
         torch.use_deterministic_algorithms(before[0], warn_only=before[1])
+
+
+PROBE_GIVE_BACK = """
+import os, sys, tempfile, torch, bitguard
+torch.set_float32_matmul_precision("high")
+os.environ.pop("NCCL_ALGO", None)
+os.environ["NCCL_PROTO"] = "LL"
+net, x = torch.nn.Linear(3, 2), torch.randn(4, 3)
+out = tempfile.mkdtemp()
+with bitguard.record(os.path.join(out, "a")):
+    assert torch.are_deterministic_algorithms_enabled()
+    assert torch.get_float32_matmul_precision() == "highest" and os.environ["NCCL_ALGO"] == "Ring"
+    net(x).sum().backward()
+assert not torch.are_deterministic_algorithms_enabled(), "deterministic algorithms stayed on after the recording"
+assert torch.get_float32_matmul_precision() == "high"
+assert "NCCL_ALGO" not in os.environ and os.environ["NCCL_PROTO"] == "LL"
+assert os.environ.get("TORCHINDUCTOR_DETERMINISTIC") is None
+with bitguard.record(os.path.join(out, "b")):
+    torch.set_float32_matmul_precision("medium")  # the script's own choice during the recording: it stays
+    net(x).sum().backward()
+assert torch.get_float32_matmul_precision() == "medium"
+assert not torch.are_deterministic_algorithms_enabled()
+print("ok")
+"""
+
+
+def test_a_recording_gives_back_the_settings_it_changed_but_not_the_scripts_own():
+    """After `with bitguard.record(...)` the user's settings are back (a notebook trains on after a
+    recorded stretch: deterministic algorithms left on would fail an op that has none); a setting
+    the script itself changed inside the recording stays as the script left it."""
+    got = subprocess.run([sys.executable, "-c", PROBE_GIVE_BACK], capture_output=True, text=True, timeout=120)
+    assert got.returncode == 0 and got.stdout.strip().endswith("ok"), got.stderr[-2000:]
