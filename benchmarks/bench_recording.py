@@ -147,38 +147,20 @@ def build(layers=6, width=256, seq=128, batch=8, vocab=512, model="gpt"):
     return net, opt, data
 
 
-SETTINGS_ENV = ("CUBLAS_WORKSPACE_CONFIG", "NCCL_ALGO", "NCCL_PROTO", "TORCHINDUCTOR_DETERMINISTIC")
+def settings_now() -> dict:
+    """The settings a recording's determinism controls change (collectors/determinism.py snapshot:
+    deterministic algorithms, cuDNN and TF32 flags, matmul precision, thread count, the environment
+    variables they set), as they are now: for `restore_settings`."""
+    from bitguard.collectors import determinism
+
+    return determinism.snapshot()
 
 
-def settings_now() -> tuple:
-    """The settings a recording's determinism controls change and leave changed (deterministic
-    algorithms, cuDNN and TF32 flags, matmul precision, thread count, the environment variables
-    they set), as they are now: for `restore_settings`."""
-    import torch
+def restore_settings(saved: dict) -> None:
+    """Put back every setting `settings_now()` returned."""
+    from bitguard.collectors import determinism
 
-    return (torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled(),
-            torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark,
-            torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32,
-            torch.get_float32_matmul_precision(), torch.get_num_threads(),
-            {k: os.environ.get(k) for k in SETTINGS_ENV})
-
-
-def restore_settings(saved: tuple) -> None:
-    """Put back what `settings_now()` returned."""
-    import torch
-
-    det, warn, cudnn_det, bench, tf32, tf32_cudnn, precision, threads, env = saved
-    torch.use_deterministic_algorithms(det, warn_only=warn)
-    torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = cudnn_det, bench
-    torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = tf32, tf32_cudnn
-    torch.set_float32_matmul_precision(precision)
-    if torch.get_num_threads() != threads:
-        torch.set_num_threads(threads)
-    for k, v in env.items():
-        if v is None:
-            os.environ.pop(k, None)
-        else:
-            os.environ[k] = v
+    determinism.restore(saved)
 
 
 class user_settings:

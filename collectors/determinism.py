@@ -109,21 +109,30 @@ def give_back(before: dict, applied: dict) -> list[str]:
     this a notebook that recorded a few steps would train on with deterministic algorithms (an error
     for an op that has none), TF32 off and the environment changed. The RNGs, once seeded, are the
     training's and are not touched. Returns the names of the settings given back."""
-    import sys
-
     now = snapshot()
     changed = [k for k in before if k != "inductor" and before[k] != applied[k] and now[k] == applied[k]]
-    for key in changed:
-        value = before[key]
+    restore(before, changed, applied)
+    return changed
+
+
+def restore(saved: dict, keys: list[str] | None = None, applied: dict | None = None) -> None:
+    """Set the settings named `keys` (all of them by default) to their values in `saved`, a
+    snapshot(). Inductor's deterministic flag follows the deterministic algorithms, as torch's public
+    call sets it, when it still holds what `applied` (or the moment before) gave it."""
+    import sys
+
+    for key in (keys if keys is not None else [k for k in saved if k != "inductor"]):
+        value = saved[key]
         if key == "deterministic":
+            gave = (applied or snapshot())["deterministic"][0]
             native = getattr(torch._C, "_set_deterministic_algorithms", None)
             if native is None:
                 torch.use_deterministic_algorithms(value[0], warn_only=value[1])
             else:
                 native(value[0], warn_only=value[1])
-            inductor = sys.modules.get("torch._inductor.config")  # loaded before or since: as the public call does
-            if inductor is not None and inductor.deterministic == applied["deterministic"][0]:
-                inductor.deterministic = before["inductor"] if before["inductor"] is not None else value[0]
+            inductor = sys.modules.get("torch._inductor.config")  # loaded before or since
+            if inductor is not None and inductor.deterministic == gave:
+                inductor.deterministic = saved["inductor"] if saved["inductor"] is not None else value[0]
         elif key == "cudnn_deterministic":
             torch.backends.cudnn.deterministic = value
         elif key == "cudnn_benchmark":
@@ -135,12 +144,12 @@ def give_back(before: dict, applied: dict) -> list[str]:
         elif key == "float32_matmul_precision":
             torch.set_float32_matmul_precision(value)
         elif key == "torch_threads":
-            torch.set_num_threads(value)
+            if torch.get_num_threads() != value:
+                torch.set_num_threads(value)
         elif value is None:
             os.environ.pop(key.removeprefix("env "), None)
         else:
             os.environ[key.removeprefix("env ")] = value
-    return changed
 
 
 def current_settings() -> dict:
