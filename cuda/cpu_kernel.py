@@ -113,6 +113,53 @@ def digest_addresses(addresses, sizes, out):
         out[i, 1] = p
 
 
+@njit(cache=True, nogil=True)
+def digest_mapped_at(address, extent_words, outer_shape, outer_step, outer_number, numbers):
+    """`digest_bytes` of a strided tensor's logical row-major bytes, read in place in the order of
+    its memory (both digests are sums over words, each word's term carrying its logical number, so
+    the order of reading is free). The tensor is seen as words: runs of `numbers.size` words lie
+    contiguous in memory, `numbers[k]` the logical number of a run's word k relative to the run's
+    first; the outer dimensions (`outer_shape`, in memory order) move a run's first word by
+    `outer_step` words in memory and by `outer_number` in logical number. Every word sits within
+    `extent_words` of `address`, a multiple of 8, which the caller keeps alive and unwritten. A
+    transposed attention input (batch, heads, sequence, head width) is read at the cost of one
+    contiguous read this way, where a contiguous copy first cost an allocation, a write and a read;
+    and the loop over a run is long (all heads of a row), where one run per head would pay
+    `digest_words`' fixed cost per 32 words."""
+    whole = carray(_words_at(address), extent_words)
+    outer = outer_shape.size
+    runs = 1
+    for d in range(outer):
+        runs *= outer_shape[d]
+    n = numbers.size
+    x = _U(0)
+    p = _U(0)
+    index = np.zeros(outer, dtype=np.int64)
+    at = 0  # the run's first word in memory
+    first = 0  # and its logical number
+    for _ in range(runs):
+        run = whole[at:at + n]
+        odd = _U(2) * _U(first) + _U(1)
+        for k in range(n):
+            w = run[k]
+            x ^= w
+            m = (w ^ (w >> _S)) * _M1
+            m = (m ^ (m >> _S)) * _M2
+            p += (m ^ (m >> _S)) * (odd + _U(2) * _U(numbers[k]))
+        d = outer - 1
+        while d >= 0:  # the next run: the outer index counted up, innermost dimension fastest
+            index[d] += 1
+            at += outer_step[d]
+            first += outer_number[d]
+            if index[d] < outer_shape[d]:
+                break
+            at -= outer_step[d] * outer_shape[d]
+            first -= outer_number[d] * outer_shape[d]
+            index[d] = 0
+            d -= 1
+    return x, p
+
+
 # -- a team of torch's own OpenMP threads -----------------------------------------------------
 # Between two of torch's parallel ops its OpenMP workers spin, waiting for the next one; a digest
 # run on the training thread leaves them spinning. `digest_team` hands the work to that same team

@@ -28,7 +28,8 @@ from typing import TYPE_CHECKING, Union
 import numpy as np
 import torch
 
-from bitguard.cuda.cpu_kernel import digest_addresses, digest_at, digest_buffer, digest_team, digest_team_at, team_member
+from bitguard.cuda.cpu_kernel import (digest_addresses, digest_at, digest_buffer, digest_mapped_at, digest_team,
+                                      digest_team_at, team_member)
 from bitguard.cuda.tensor_bytes import tensor_bytes
 
 if TYPE_CHECKING:
@@ -189,11 +190,62 @@ def digest_async(t: torch.Tensor) -> Union[Digest, "Pending"]:
         # The common case: its own memory, `nbytes` from the first element's address, digested in
         # place (a microsecond a tensor, most of it the checks above).
         return digest_host_at(t.data_ptr(), t.nbytes)
+    plan = mapped_plan(t) if type(t) in _PLAIN else None
+    if plan is not None:  # a view whose rows are whole words (a transposed q, k or v): read in place
+        return digest_mapped_at(t.data_ptr(), *plan)
     b = tensor_bytes(t)
     if b.device.type != "cpu":
         b = b.cpu()
     # b: a contiguous uint8 host tensor (a copy, or a view of t's own memory), alive for the call
     return digest_host_at(b.data_ptr(), b.numel())
+
+
+MAPPED_MAX_RUN_WORDS = 1 << 14  # words of one run at most (its logical numbers take as many int64s, 128 KiB)
+_plans: dict[tuple, tuple | None] = {}  # (shape, strides, element size) -> mapped_plan's answer
+
+
+def mapped_plan(t: torch.Tensor) -> tuple | None:
+    """The arguments after the address for `digest_mapped_at`, for a non-empty host tensor that is
+    not contiguous but whose rows (its last dimension, stride 1) are whole words at word-aligned
+    places; None for any other (the caller copies it: `tensor_bytes`). Plans are kept by shape,
+    strides and element size: a model's views repeat every step."""
+    if not t.is_cpu or t.layout != torch.strided or t.is_quantized or t.is_conj() or t.is_neg() or t.dim() == 0 \
+            or t.data_ptr() % 8:
+        return None
+    key = (t.shape, t.stride(), t.element_size())
+    plan = _plans.get(key, False)
+    if plan is False:
+        if len(_plans) >= 1024:
+            _plans.clear()
+        plan = _plans[key] = _plan(*key)
+    return plan
+
+
+def _plan(shape: tuple, strides: tuple, size: int) -> tuple | None:
+    if 0 in shape or strides[-1] != 1 or shape[-1] * size % 8 or any(s * size % 8 for s in strides[:-1]):
+        return None
+    words = [*shape[:-1], shape[-1] * size // 8]  # the tensor as words: its last dimension in words
+    step = [s * size // 8 for s in strides[:-1]] + [1]
+    number = [1] * len(words)  # logical (row-major) strides, in words
+    for d in range(len(words) - 2, -1, -1):
+        number[d] = number[d + 1] * words[d + 1]
+    order = sorted(range(len(words)), key=lambda d: (-step[d], -d))  # memory order, outermost first
+    run, length = [], 1  # the innermost dimensions in memory that lie contiguous: one run
+    for d in reversed(order):
+        if (step[d] != length and words[d] != 1) or length * words[d] > MAPPED_MAX_RUN_WORDS:
+            break  # (a longer run: the rest of the dimensions step it, as the outer ones do)
+        run.insert(0, d)
+        length *= words[d]
+    if not run:
+        return None
+    numbers = np.zeros(1, dtype=np.int64)
+    for d in run:
+        numbers = (numbers[:, None] + np.arange(words[d], dtype=np.int64) * number[d]).reshape(-1)
+    outer = [d for d in order if d not in run]
+    extent = 1 + sum((n - 1) * s for n, s in zip(words, step))
+    return (extent, np.array([words[d] for d in outer], dtype=np.int64),
+            np.array([step[d] for d in outer], dtype=np.int64), np.array([number[d] for d in outer], dtype=np.int64),
+            numbers)
 
 
 def in_place_on_host(t: torch.Tensor) -> bool:
@@ -243,6 +295,7 @@ def warmup(team: bool = True) -> None:
     not fork-safe), so a fork server warms up without it."""
     digest_buffer(np.zeros(9, dtype=np.uint8))  # whole words and a tail: the one CPU signature
     digest(torch.zeros(3))
+    digest(torch.zeros(2, 3, 2).transpose(0, 1))  # a view read in place (digest_mapped_at)
     digest_many([torch.zeros(3)])
     if team and openmp_team().size:
         digest(torch.zeros(TEAM_MIN_BYTES // 4 + 1))

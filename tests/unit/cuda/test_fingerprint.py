@@ -323,3 +323,64 @@ def test_a_forked_child_digests_without_the_parents_team():
         pytest.skip("no OpenMP team to digest on")
     run = subprocess.run([sys.executable, "-c", FORK_SCRIPT], capture_output=True, text=True, timeout=120)
     assert run.returncode == 0, f"child exit {run.returncode}: {run.stderr[-2000:]}"
+
+
+MAPPED_VIEWS = {  # views whose rows are whole words: digested in place by digest_mapped_at, never copied
+    "attention input": lambda t: t.reshape(2, 6, 3 * 4 * 8)[..., 32:64].view(2, 6, 4, 8).transpose(1, 2),
+    "heads first": lambda t: t.reshape(2, 6, 4, 24).permute(0, 2, 1, 3),
+    "outer slice": lambda t: t.reshape(12, 96)[::3],
+    "row window": lambda t: t.reshape(12, 96)[:, 8:40],
+    "three outer dims swapped": lambda t: t.reshape(3, 4, 2, 48).permute(2, 0, 1, 3),
+    "overlapping rows": lambda t: t.reshape(-1)[:256].as_strided((5, 32), (16, 1)),
+}
+
+
+@pytest.mark.parametrize("view", MAPPED_VIEWS, ids=str)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16, torch.int8, torch.int64], ids=str)
+def test_a_view_with_whole_word_rows_is_digested_in_place(view, dtype, same_digest, monkeypatch):
+    t = MAPPED_VIEWS[view](random_tensor((2 * 6 * 96,), dtype, seed=7))
+    if t.shape[-1] * t.element_size() % 8:
+        pytest.skip("rows of a part word")
+    assert not t.is_contiguous() and fingerprint.mapped_plan(t) is not None, "the case the mapped kernel is for"
+
+    def no_copy(_):
+        raise AssertionError("copied")
+
+    want = digest_tensor_reference(t)
+    monkeypatch.setattr(fingerprint, "tensor_bytes", no_copy)
+    same_digest(digest(t), want, f"{dtype} {view} {tuple(t.shape)} {t.stride()}")
+
+
+def test_random_views_digest_as_their_contiguous_copy(same_digest):
+    """Random shapes, permutations, slices and steps: whatever way a view is read (in place, mapped,
+    copied), its digest is its contiguous copy's."""
+    g = torch.Generator().manual_seed(0)
+    rng = np.random.default_rng(0)
+    mapped = 0
+    for i in range(300):
+        dims = int(rng.integers(2, 5))
+        shape = [int(rng.integers(1, 6)) for _ in range(dims)]
+        shape[-1] = int(rng.choice([1, 2, 4, 8, 16, 3]))
+        dtype = [torch.float32, torch.bfloat16, torch.int8, torch.float64][i % 4]
+        base = random_tensor(tuple(shape), dtype, seed=i)
+        t = base.permute(*([*rng.permutation(dims - 1).tolist(), dims - 1] if i % 3 else rng.permutation(dims).tolist()))
+        for d in range(dims):
+            if t.shape[d] > 2 and rng.random() < 0.4:
+                t = t.narrow(d, 1, t.shape[d] - 1) if rng.random() < 0.5 else t.select(d, 0).unsqueeze(d)
+        if rng.random() < 0.3 and t.shape[0] > 1:
+            t = t[::2]
+        mapped += fingerprint.mapped_plan(t) is not None and not t.is_contiguous()
+        same_digest(digest(t), digest_tensor_reference(t.contiguous()), f"case {i}: {tuple(t.shape)} {t.stride()} {dtype}")
+    assert mapped > 30, f"only {mapped} of the 300 views took the mapped path"
+
+
+def test_a_run_longer_than_the_cap_is_stepped_as_an_outer_dimension(same_digest, monkeypatch):
+    """A permuted tensor that lies contiguous as a whole is one run in memory; past the cap on a run's
+    words its outer dimensions step the run instead (the cap made small here)."""
+    monkeypatch.setattr(fingerprint, "MAPPED_MAX_RUN_WORDS", 8)
+    monkeypatch.setattr(fingerprint, "_plans", {})
+    for dtype in (torch.float32, torch.bfloat16):
+        t = random_tensor((3, 5, 4, 8), dtype, seed=3).transpose(1, 2)  # memory: the whole of it, in another order
+        plan = fingerprint.mapped_plan(t)
+        assert plan is not None and plan[-1].size <= 8, "a run of at most 8 words"
+        same_digest(digest(t), digest_tensor_reference(t), f"{dtype} {tuple(t.shape)} {t.stride()}")
