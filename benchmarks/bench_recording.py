@@ -729,7 +729,10 @@ def main() -> None:
     p.add_argument("--hook-split", type=int, default=0, metavar="N",
                    help="only split the hooks' Python by hook and helper over N recorded steps (hook_split.py; "
                         "with --split-mode)")
-    p.add_argument("--split-mode", choices=("trusted", "full"), default="trusted", help="with --hook-split: the mode")
+    p.add_argument("--split-mode", choices=("trusted", "full"), default="trusted", help="with --hook-split and --mapped-ab: the mode")
+    p.add_argument("--mapped-ab", type=int, default=0, metavar="N",
+                   help="only compare, in one recording (--split-mode), views digested in place against copied first, "
+                        "N rounds (recording_steady.py)")
     p.add_argument("--block", type=int, default=4, help="with --paired: steps a block (the first is dropped)")
     p.add_argument("--warmup", type=int, default=12, help="with --paired: recorded steps before the first round")
     p.add_argument("--memory-only", action="store_true", help=argparse.SUPPRESS)
@@ -741,6 +744,13 @@ def main() -> None:
 
         doc = hook_split.split(args.hook_split, args.model, args.split_mode, args.determinism)
         print(json.dumps(doc, indent=2) if args.json else "\n".join(hook_split.text(doc)))
+        return
+    if args.mapped_ab:
+        import recording_steady
+
+        doc = recording_steady.mapped_ab(args.mapped_ab, args.block, args.warmup, args.model, args.split_mode,
+                                         args.determinism)
+        print(json.dumps(doc, indent=2) if args.json else "\n".join(recording_steady.ab_text(doc)))
         return
     if args.paired:
         import recording_steady

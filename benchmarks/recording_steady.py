@@ -107,6 +107,43 @@ def steady(rounds: int, block: int, warmup: int, model: str = "gpt", determinism
     return out
 
 
+def mapped_ab(rounds: int, block: int, warmup: int, model: str = "modules", mode: str = "trusted",
+              determinism: bool = True) -> dict:
+    """The in-place digest of views (cuda/fingerprint.py `mapped_plan`) against the contiguous copy
+    it replaced, in one recording: rounds of two recorded blocks, one with views read in place and
+    one with every view copied first, the order turning each round, the first step of each block
+    dropped. Everything else (the writer's folds, the hooks) is shared by both arms."""
+    from bitguard.cuda import fingerprint
+
+    plan = fingerprint.mapped_plan
+    net, opt, data = build(model=model)
+    timed_steps(net, opt, data, 2)
+    ratios, kept = [], []
+    with tempfile.TemporaryDirectory() as tmp:
+        with recorded(Path(tmp) / "ab", mode, determinism):
+            timed_steps(net, opt, data, warmup)
+            try:
+                for r in range(rounds):
+                    got = {}
+                    for arm in ("in place", "copied") if r % 2 == 0 else ("copied", "in place"):
+                        fingerprint.mapped_plan = plan if arm == "in place" else (lambda t: None)
+                        got[arm] = timed_steps(net, opt, data, block)[1:]
+                    ratios.append(statistics.median(got["in place"]) / statistics.median(got["copied"]))
+                    kept.append(got)
+            finally:
+                fingerprint.mapped_plan = plan
+    return {"model": model, "mode": mode, "rounds": rounds, "block": block,
+            "ratio": median_interval(ratios), "mean_ratio": ratio_of_means(kept, arms=("in place", "copied")),
+            "utc_end": time.strftime("%H:%M", time.gmtime())}
+
+
+def ab_text(doc: dict) -> list[str]:
+    r, m = doc["ratio"], doc["mean_ratio"]
+    return [f"{doc['model']} {doc['mode']}, {doc['rounds']} rounds of {doc['block']}-step blocks: views read in place "
+            f"over views copied, median of round ratios {r['median']:.4f} (95% {r['bootstrap_95'][0]:.4f}-"
+            f"{r['bootstrap_95'][1]:.4f}), total time {m['ratio']:.4f} ({m['bootstrap_95'][0]:.4f}-{m['bootstrap_95'][1]:.4f})"]
+
+
 def text(doc: dict) -> list[str]:
     lines = [f"{doc['model']}: steady state, one recording a mode, {doc['warmup']} steps to warm up, "
              f"{doc['rounds']} rounds of {doc['block']}-step blocks (recorded, paused; first of each dropped); "
