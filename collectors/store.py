@@ -13,8 +13,8 @@ its size, and a fold has a fixed cost of a few milliseconds: too much to pay per
 mode, whose rows are few, folds every 30 s: `fold_seconds`). The writer counts its own CPU time
 (`writer_cpu_s`, thread time of its journal writes and folds), which online mode's budget charges.
 `step_barrier()`, called at the end of each training step, waits for the previous step's journal
-write only: a killed run keeps every step before its last completed one, and the training thread
-rarely waits for the writer.
+write only (the writer marks a step done before it folds): a killed run keeps every step before its
+last completed one, and the training thread rarely waits for the writer.
 
 A journal left behind by a killed process is folded by `recover()` (the `bitguard record`
 launcher calls it when its child dies; readers never write: ingest reads what is left in the
@@ -361,6 +361,12 @@ class RankStore:
             except Exception as exc:  # noqa: BLE001
                 self._report(f"writing {len(events)} events to {self.path} failed: {exc}")
                 traceback.print_exc(file=sys.stderr)
+            finally:
+                # The step is durable once journaled: the training thread's barrier waits for that,
+                # not for a fold (tens of ms, and a DuckDB checkpoint's hundreds, that it once waited
+                # for whenever the fold followed a step's last batch).
+                if marker is not None:
+                    marker.set()
             try:
                 every = FOLD_SECONDS if self._fold_seconds is None else self._fold_seconds
                 if time.monotonic() - self._folded_at >= every or self._journal_bytes >= FOLD_BYTES:
@@ -370,8 +376,6 @@ class RankStore:
                              f"every batch from here on (readers read it as it is; the launcher folds it)")
             finally:
                 self.writer_cpu_s += time.thread_time() - started
-                if marker is not None:
-                    marker.set()
 
     def _write(self, events: list[tuple], tensors: list[list], stacks: list[tuple], dumps: list[tuple],
                ends_step: bool = False, rows: dict[str, list] | None = None) -> None:

@@ -478,3 +478,36 @@ def test_no_journal_mutation_loses_events_silently_or_misreads_one(tmp_path):
             outcomes["whole"] += 1
         assert run.event_counts[0] == len(rows)
     assert outcomes["damaged"] > 40, outcomes
+
+
+def test_the_step_barrier_waits_for_the_journal_not_for_a_fold(tmp_path, monkeypatch):
+    """A step is durable once its last batch is journaled; a fold after it (and DuckDB's checkpoint,
+    hundreds of ms) must not hold the training thread at the next step's barrier."""
+    import threading
+    import time
+
+    folding, release = threading.Event(), threading.Event()
+    real_fold = store.RankStore._fold
+
+    def slow_fold(self):
+        folding.set()
+        release.wait(10)
+        real_fold(self)
+
+    monkeypatch.setattr(store, "FOLD_SECONDS", 0.0)  # fold after every batch
+    monkeypatch.setattr(store.RankStore, "_fold", slow_fold)
+    s = store.RankStore(str(tmp_path / "rank-0.duckdb"), {"rank": 0, "world_size": 1})
+    try:
+        events, tensors, _, _ = _rows(0, 3, step=0)
+        for e, t in zip(events, tensors):
+            s.add(e, [t], [])
+        assert s.step_barrier()  # step 0 ends: nothing before it to wait for
+        assert folding.wait(10), "the writer folds after step 0's batch"
+        started = time.monotonic()
+        assert s.step_barrier(timeout=5)  # step 1 ends: waits for step 0's journal write only
+        assert time.monotonic() - started < 2, "the barrier waited for the fold"
+        assert _numbers((tmp_path / "rank-0.journal").read_bytes())[:1] == [1], "step 0 is in the journal"
+    finally:
+        release.set()
+        s.close("complete")
+    assert not (tmp_path / "rank-0.journal").exists()
