@@ -8,6 +8,7 @@ so its whole rank is drawn in bins and a window around the pivot event by event.
 from __future__ import annotations
 
 import os
+import time
 
 import httpx
 import pytest
@@ -46,11 +47,11 @@ def _x_pixel(page, box: dict, x: float) -> float:
     return box["l"] + (x - box["r0"]) / (box["r1"] - box["r0"]) * box["w"]
 
 
-def _drag(page, x0: float, x1: float, box: dict | None = None) -> None:
-    """Drag-zoom the detail plot from data x0 to data x1 (in the axis's units; `box`: the plot as the
-    user saw it, when a zoom may redraw it before the drag starts)."""
+def _drag(page, x0: float, x1: float, box: dict | None = None, y: float | None = None) -> None:
+    """Drag-zoom the detail plot from data x0 to data x1 (in the axis's units; `box` and `y`: the plot
+    and the lane as the user saw them, when a zoom may redraw the plot before the drag starts)."""
     box = box or plot_box(page)
-    y = lane_y(page, 0)  # a y between the first two lanes' centres would hit the gap between them
+    y = lane_y(page, 0) if y is None else y  # a y between the first two lanes' centres would hit the gap between them
     page.mouse.move(_x_pixel(page, box, x0), y)
     page.mouse.down()
     page.mouse.move(_x_pixel(page, box, x1), y, steps=6)
@@ -137,18 +138,32 @@ def test_a_drag_asks_for_the_events_it_covers(page, explorer, long_comparison, a
     page.click(SEL["wholeRank"])
     _wait_window(page, f"axis === '{axis}' && whole")
     end = _window(page)[1]
-    # a click on a bin and, before its zoom, a drag: the drag is over the whole rank, as seen
-    box = plot_box(page)
-    y = lane_y(page, 0)
-    page.mouse.move(box["l"] + box["w"] / 2, y)
-    page.wait_for_timeout(150)
-    page.mouse.click(box["l"] + box["w"] / 2, y)
-    page.wait_for_timeout(100)
-    # (the drag's pixels from the box read before the click: reading it again between the click and the
-    # press was one more round trip in which the click's zoom, due 320 ms after it, could fire; pixels read
-    # from the zoomed plot put the drag outside it, and the window stayed the click's: the flaky failure)
-    _drag(page, end * 0.25, end * 0.55, box)  # about 680 of 2,280 events
-    _wait_window(page, "!whole")
+    # A click on a bin and, before its zoom (due 320 ms after the click), a drag: the drag is over the
+    # whole rank, as seen. The click is where the drag starts, and the plot and lane are read before it,
+    # so that nothing but the press comes between them; a press that came too late (a loaded machine:
+    # the zoom fired first, and the window stayed the click's, the flaky failure) is no test of this:
+    # the whole rank again and another try.
+    for attempt in range(5):
+        box = plot_box(page)
+        y = lane_y(page, 0)
+        x0 = _x_pixel(page, box, end * 0.25)
+        page.mouse.move(x0, y)
+        page.wait_for_timeout(150)
+        page.mouse.click(x0, y)
+        clicked = time.monotonic()
+        page.wait_for_timeout(40)
+        page.mouse.down()
+        in_time = time.monotonic() - clicked < 0.25
+        page.mouse.move(_x_pixel(page, box, end * 0.55), y, steps=6)  # about 680 of 2,280 events
+        page.mouse.up()
+        _wait_window(page, "!whole")
+        if in_time:
+            break
+        page.wait_for_timeout(400)
+        page.click(SEL["wholeRank"])
+        _wait_window(page, f"axis === '{axis}' && whole")
+    else:
+        pytest.skip("five presses came 250 ms or more after their click: the machine is too slow to set up the race")
     s, e = _window(page)
     assert s == pytest.approx(end * 0.25, rel=0.03) and e == pytest.approx(end * 0.55, rel=0.03), (s, e, end)
     scale = 1e9 if axis == "time" else 1  # the page shows seconds, the server counts ns
