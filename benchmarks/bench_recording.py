@@ -157,7 +157,7 @@ def settings_now() -> dict:
 
 
 def restore_settings(saved: dict) -> None:
-    """Put back every setting `settings_now()` returned."""
+    """Put back the settings the controls change as `settings_now()` found them."""
     from bitguard.collectors import determinism
 
     determinism.restore(saved)

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import os
 import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -91,7 +92,7 @@ def steady(rounds: int, block: int, warmup: int, model: str = "gpt", determinism
                     kept.append(got)
                     print(f"{mode} round {r + 1}/{rounds}: paused {plain_s * 1000:.1f} ms, recorded {ratios[-1]:.3f}x, "
                           f"{events[-1]:.0f} events a step, writer {writer[-1] * 1000:.1f} ms a step",
-                          file=__import__("sys").stderr, flush=True)
+                          file=sys.stderr, flush=True)
                 errors = list(collector.errors)
             out["modes"][mode] = {
                 "median_step_s": {k: statistics.median(v) for k, v in times.items()},

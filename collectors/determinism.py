@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import random
 from dataclasses import dataclass
+from functools import partial
 
 import torch
 
@@ -70,36 +71,57 @@ def _use_deterministic_algorithms(warn_only: bool) -> None:
     is first imported (by a `torch.compile`)."""
     import sys
 
-    native = getattr(torch._C, "_set_deterministic_algorithms", None)
-    if native is None:  # another torch: the public call, import and all
-        torch.use_deterministic_algorithms(True, warn_only=warn_only)
-        return
-    native(True, warn_only=warn_only)
+    _set_deterministic(True, warn_only)
     inductor = sys.modules.get("torch._inductor.config")
     if inductor is not None:
         inductor.deterministic = True
     os.environ["TORCHINDUCTOR_DETERMINISTIC"] = "1"
 
 
-# The environment variables apply() may set, for give_back().
-_ENV = ("CUBLAS_WORKSPACE_CONFIG", "NCCL_ALGO", "NCCL_PROTO", "TORCHINDUCTOR_DETERMINISTIC")
+def _set_deterministic(on: bool, warn_only: bool) -> None:
+    """Deterministic algorithms on or off, through torch's native setter (the public call imports
+    inductor's config first: 1.6 s); the public call where a torch lacks it."""
+    native = getattr(torch._C, "_set_deterministic_algorithms", None)
+    if native is None:
+        torch.use_deterministic_algorithms(on, warn_only=warn_only)
+    else:
+        native(on, warn_only=warn_only)
+
+
+def _set_env(name: str, value: str | None) -> None:
+    if value is None:
+        os.environ.pop(name, None)
+    else:
+        os.environ[name] = value
+
+
+def _set_threads(n: int) -> None:
+    if torch.get_num_threads() != n:
+        torch.set_num_threads(n)
+
+
+# What apply() changes, by current_settings()' key (the interop threads and OMP_NUM_THREADS, which it
+# only reports, are not here): how each is set back.
+_SETTERS = {
+    "deterministic_algorithms": None,  # with deterministic_warn_only, in restore()
+    "cudnn_deterministic": lambda v: setattr(torch.backends.cudnn, "deterministic", v),
+    "cudnn_benchmark": lambda v: setattr(torch.backends.cudnn, "benchmark", v),
+    "tf32_matmul": lambda v: setattr(torch.backends.cuda.matmul, "allow_tf32", v),
+    "tf32_cudnn": lambda v: setattr(torch.backends.cudnn, "allow_tf32", v),
+    "float32_matmul_precision": torch.set_float32_matmul_precision,
+    "torch_threads": _set_threads,
+    **{name: partial(_set_env, name) for name in ("CUBLAS_WORKSPACE_CONFIG", "NCCL_ALGO", "NCCL_PROTO",
+                                                 "TORCHINDUCTOR_DETERMINISTIC")},
+}
 
 
 def snapshot() -> dict:
-    """What apply() may change, as it is now: taken before apply() and after it, for give_back()."""
+    """current_settings() and inductor's deterministic flag (None while inductor is not loaded): taken
+    before apply() and after it, for give_back(), or for restore()."""
     import sys
 
     inductor = sys.modules.get("torch._inductor.config")
-    return {"deterministic": (torch.are_deterministic_algorithms_enabled(),
-                              torch.is_deterministic_algorithms_warn_only_enabled()),
-            "inductor": getattr(inductor, "deterministic", None) if inductor is not None else None,
-            "cudnn_deterministic": torch.backends.cudnn.deterministic,
-            "cudnn_benchmark": torch.backends.cudnn.benchmark,
-            "tf32_matmul": torch.backends.cuda.matmul.allow_tf32,
-            "tf32_cudnn": torch.backends.cudnn.allow_tf32,
-            "float32_matmul_precision": torch.get_float32_matmul_precision(),
-            "torch_threads": torch.get_num_threads(),
-            **{f"env {k}": os.environ.get(k) for k in _ENV}}
+    return {**current_settings(), "inductor": getattr(inductor, "deterministic", None) if inductor else None}
 
 
 def give_back(before: dict, applied: dict) -> list[str]:
@@ -110,46 +132,29 @@ def give_back(before: dict, applied: dict) -> list[str]:
     for an op that has none), TF32 off and the environment changed. The RNGs, once seeded, are the
     training's and are not touched. Returns the names of the settings given back."""
     now = snapshot()
-    changed = [k for k in before if k != "inductor" and before[k] != applied[k] and now[k] == applied[k]]
-    restore(before, changed, applied)
+    pairs = {k: (k,) for k in _SETTERS}
+    pairs["deterministic_algorithms"] = ("deterministic_algorithms", "deterministic_warn_only")
+    changed = [k for k, ks in pairs.items() if any(before[x] != applied[x] for x in ks)
+               and all(now[x] == applied[x] for x in ks)]
+    restore(before, changed)
     return changed
 
 
-def restore(saved: dict, keys: list[str] | None = None, applied: dict | None = None) -> None:
-    """Set the settings named `keys` (all of them by default) to their values in `saved`, a
-    snapshot(). Inductor's deterministic flag follows the deterministic algorithms, as torch's public
-    call sets it, when it still holds what `applied` (or the moment before) gave it."""
+def restore(saved: dict, keys: list[str] | None = None) -> None:
+    """Set the settings apply() changes (those named `keys`, all by default) to their values in
+    `saved`, a snapshot(). Inductor's deterministic flag goes with the deterministic algorithms, as
+    torch's public call sets it."""
     import sys
 
-    for key in (keys if keys is not None else [k for k in saved if k != "inductor"]):
-        value = saved[key]
-        if key == "deterministic":
-            gave = (applied or snapshot())["deterministic"][0]
-            native = getattr(torch._C, "_set_deterministic_algorithms", None)
-            if native is None:
-                torch.use_deterministic_algorithms(value[0], warn_only=value[1])
-            else:
-                native(value[0], warn_only=value[1])
-            inductor = sys.modules.get("torch._inductor.config")  # loaded before or since
-            if inductor is not None and inductor.deterministic == gave:
-                inductor.deterministic = saved["inductor"] if saved["inductor"] is not None else value[0]
-        elif key == "cudnn_deterministic":
-            torch.backends.cudnn.deterministic = value
-        elif key == "cudnn_benchmark":
-            torch.backends.cudnn.benchmark = value
-        elif key == "tf32_matmul":
-            torch.backends.cuda.matmul.allow_tf32 = value
-        elif key == "tf32_cudnn":
-            torch.backends.cudnn.allow_tf32 = value
-        elif key == "float32_matmul_precision":
-            torch.set_float32_matmul_precision(value)
-        elif key == "torch_threads":
-            if torch.get_num_threads() != value:
-                torch.set_num_threads(value)
-        elif value is None:
-            os.environ.pop(key.removeprefix("env "), None)
-        else:
-            os.environ[key.removeprefix("env ")] = value
+    for key in _SETTERS if keys is None else keys:
+        if key != "deterministic_algorithms":
+            _SETTERS[key](saved[key])
+            continue
+        _set_deterministic(saved["deterministic_algorithms"], saved["deterministic_warn_only"])
+        inductor = sys.modules.get("torch._inductor.config")  # loaded before or since
+        if inductor is not None:
+            inductor.deterministic = saved["inductor"] if saved["inductor"] is not None \
+                else saved["deterministic_algorithms"]
 
 
 def current_settings() -> dict:
