@@ -231,7 +231,7 @@ class Collector:
     # caches cold.
     __slots__ = ("api", "digest_cache", "dump", "enabled", "errors", "mode", "rank", "step", "steps", "store",
                  "world_size", "_accumulating", "_advance", "_call_impl", "_calls", "_calls_step", "_forward_codes",
-                 "_grad_watch", "_handles", "_heavy", "_local", "_lock", "_names", "_next_param_tid", "_next_tid",
+                 "_generation", "_grad_watch", "_handles", "_heavy", "_local", "_lock", "_names", "_next_param_tid", "_next_tid",
                  "_param_in", "_params", "_pass_stack", "_pending", "_queued", "_rng_free", "_root_names", "_roots", "_seq",
                  "_sharded", "_stacks", "_thread_names", "_tids", "_tids_limit", "_wrapper", "_depths")
 
@@ -244,6 +244,9 @@ class Collector:
         self.world_size = world_size
         self.dump = dump  # also store every tensor's bytes (small models only)
         self.digest_cache = digest_cache  # reuse a tensor's digest while its version is unchanged
+        # bumped at every call of a module outside any other (the model's forward, the loss): a cached
+        # digest serves only within one, never across the user's code between two (`_row`)
+        self._generation = 0
         self.step = 0
         self.enabled = True
         self.errors: list[str] = store.errors
@@ -377,10 +380,13 @@ class Collector:
         # A digest is reused while the version counter is unchanged only on the CPU, where ops run to
         # completion on the calling thread, so the same version means the same bytes (but for writes
         # through `.data`); on a GPU an asynchronous kernel could still write the tensor, so every
-        # observation of a CUDA tensor is digested. digest_cache=False digests all. (Parameters are
-        # not cached: their tid is in `_params`.)
+        # observation of a CUDA tensor is digested. digest_cache=False digests all. Never reused:
+        # parameters (their tid is in `_params`) and a module's buffers (role "state": kernels update
+        # them in place without bumping the counter, as batch norm does its running statistics); nor
+        # across top-level module calls (`_generation`): between two, the user's code may refill a
+        # tensor's memory through NumPy (`torch.from_numpy` of a reused batch buffer) or `.data`.
         version = None
-        if entry is not None and self.digest_cache and t.is_cpu:
+        if entry is not None and self.digest_cache and role != "state" and t.is_cpu:
             try:
                 version = t._version
             except Exception:  # noqa: BLE001 - inference tensors have no version counter
@@ -401,7 +407,7 @@ class Collector:
             except Exception:  # noqa: BLE001 - no strides (sparse, nested): not cached, observed apart
                 version = None
             else:
-                version = (version, address, shape, strides)
+                version = (version, address, shape, strides, self._generation)
                 if digest is None and entry[2] == version:
                     digest = entry[3]  # the same tensor, not written since it was digested
         dtype = _DTYPE_NAMES.get(t.dtype) or _dtype_name(t.dtype)
@@ -647,6 +653,7 @@ class Collector:
                 recompute = parent.recompute
             else:
                 parent = None
+                self._generation += 1  # a top-level call: no digest cached before it serves inside it
                 recompute = recompute_kind()  # a checkpoint's recompute during backward is no new root: no flush,
                 if recompute is None:  # no batch event
                     self._flush_backward()

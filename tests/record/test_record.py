@@ -399,6 +399,73 @@ def test_digest_reuse_never_serves_a_tensor_given_new_memory(tmp_path):
     assert (b_in["xor"], b_in["pos"]) == want, (hex(b_in["xor"]), hex(want[0]))
 
 
+def _bn_training(out, mode, momentum_from_step_2=None):
+    """Four SGD steps of Linear, BatchNorm1d, Linear (every run the same numbers), recorded
+    in-process; from step 2 on, the batch norm's momentum changed when asked: only its running
+    statistics differ (the loss of a training-mode batch norm never reads them)."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.BatchNorm1d(4), torch.nn.Linear(4, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    data = torch.randn(4, 8, 4)
+    with bitguard.record(out, mode=mode, determinism=False):
+        for step in range(4):
+            if step == 2 and momentum_from_step_2 is not None:
+                model[1].momentum = momentum_from_step_2
+            opt.zero_grad()
+            model(data[step]).pow(2).mean().backward()
+            opt.step()
+
+
+@pytest.mark.parametrize("mode", ["full", "trusted"])
+def test_running_statistics_are_digested_at_every_call(tmp_path, mode):
+    """Batch norm updates its running statistics in place without bumping their version counter:
+    a digest cached by version would give every step the first step's (a false "identical", found
+    on a public training script). A module's buffers are digested at every call, so a momentum
+    changed at step 2 is a divergence at step 2, in the batch norm's forward."""
+    _bn_training(tmp_path / "a", mode)
+    _bn_training(tmp_path / "b", mode)
+    _bn_training(tmp_path / "c", mode, momentum_from_step_2=0.5)
+    ev, tensors = events(tmp_path / "a")
+    bn_forwards = {e[0]: e[EVENTS.names.index("step")] for e in ev
+                   if e[EVENTS.names.index("module_type")] == "BatchNorm1d" and e[EVENTS.names.index("phase")] == "forward"}
+    running_mean = {bn_forwards[t[0]]: t[TENSORS.names.index("xor")] for t in tensors
+                    if t[0] in bn_forwards and t[3] == ".running_mean"}
+    assert sorted(running_mean) == [0, 1, 2, 3] and len(set(running_mean.values())) == 4  # it changes every step
+    assert bitguard.compare(tmp_path / "a", tmp_path / "b").verdict == "identical"
+    c = bitguard.compare(tmp_path / "a", tmp_path / "c")
+    fd = c.first_divergence
+    assert c.verdict == "diverged" and (fd["step"], fd["phase"], fd["boundary"]) == (2, "forward", "1"), fd
+
+
+def test_a_batch_refilled_through_numpy_is_digested_at_every_step(tmp_path):
+    """A training that refills one NumPy buffer each step and feeds the same `torch.from_numpy`
+    tensor writes it without bumping the version counter: a digest cached from step 0 would
+    make a changed batch look equal, and the first difference be blamed on the first Linear
+    as a computing fault. No cached digest serves across top-level module calls."""
+    import numpy as np
+
+    def train(out, poke):
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU(), torch.nn.Linear(4, 1))
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        batches = np.random.default_rng(0).standard_normal((4, 8, 4)).astype(np.float32)
+        buf = np.empty((8, 4), np.float32)
+        x = torch.from_numpy(buf)  # one tensor for the whole run
+        with bitguard.record(out, determinism=False):
+            for step in range(4):
+                buf[:] = batches[step]
+                if poke and step == 2:
+                    buf[0, 0] += 1.0
+                opt.zero_grad()
+                model(x).pow(2).mean().backward()
+                opt.step()
+
+    train(tmp_path / "a", False)
+    train(tmp_path / "b", True)
+    fd = bitguard.compare(tmp_path / "a", tmp_path / "b").first_divergence
+    assert (fd["step"], fd["phase"], fd["blame"]) == (2, "data", "data"), fd
+
+
 @pytest.mark.slow
 def test_each_backward_pass_keeps_its_own_call_stack(tmp_path):
     script = tmp_path / "two_passes.py"
