@@ -456,8 +456,13 @@ def manifest_differences(a: dict, b: dict) -> list[dict]:
             out.append({"field": name, "a": va, "b": vb, "why": why})
 
     va, vb = a.get("versions") or {}, b.get("versions") or {}
+    # A run that never ended (killed: a status, its end time still null) never listed what its script
+    # imported (taken when the recording ends): a library only the other run lists is no difference.
+    listed_a, listed_b = ("status" not in m or m.get("end_time") is not None for m in (a, b))
     # versions first (an upgrade explains most divergences), those both runs imported before the rest
     for lib in sorted(set(va) | set(vb), key=lambda lib: (lib not in va or lib not in vb, lib)):
+        if (lib not in va and not listed_a) or (lib not in vb and not listed_b):
+            continue
         check(f"versions.{lib}", va.get(lib), vb.get(lib), "a different library version can change kernels and numerics"
               if lib in va and lib in vb else "imported by one run only (or recorded by an older bitguard)")
     da, db = a.get("determinism", {}) or {}, b.get("determinism", {}) or {}

@@ -13,6 +13,7 @@ does not change the exit status.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import re
 import shutil
@@ -82,7 +83,8 @@ def cmd_record(args) -> int:
     program = os.path.basename(command[0])
     if command[0].endswith(".py"):
         # In-process: one rank of a job (torchrun -m bitguard record --out DIR -- train.py).
-        return run_script(command[0], command[1:], command=list(command), **_record_kwargs(args))
+        return run_script(command[0], command[1:], command=_launcher_command(args.out) or list(command),
+                          **_record_kwargs(args))
     if not _PYTHON.match(program):
         launcher = f"{program} launch" if program == "accelerate" and command[1:2] == ["launch"] else program
         raise NotSupported(f"not supported yet: launching {launcher!r} from bitguard; put bitguard inside the "
@@ -112,6 +114,22 @@ def cmd_record(args) -> int:
             p.unlink()
     child = [python, *py_opts, "-m", "bitguard", "record", *_forwarded(args), "--", *rest]
     return _launch(child, out, command)
+
+
+def _launcher_command(out: str) -> list[str] | None:
+    """The command as typed to the `bitguard record` launcher that started this process for the
+    same --out (`_launch`), so that the manifest says it from the start: a launcher killed before
+    the end never writes it, and the run's own would lack the interpreter (`train.py ...`, not
+    `python train.py ...`). Taken out of the environment: a process this one starts is not its child."""
+    raw = os.environ.pop("BITGUARD_LAUNCHER_COMMAND", None)
+    try:
+        given = json.loads(raw) if raw else None
+    except ValueError:
+        return None
+    if (isinstance(given, dict) and given.get("out") == os.path.abspath(out) and isinstance(given.get("command"), list)
+            and given["command"] and all(isinstance(c, str) for c in given["command"])):
+        return given["command"]
+    return None
 
 
 def _interpreter(python: str) -> str:
@@ -173,7 +191,7 @@ def _forwarded(args) -> list[str]:
 def _launch(child: list[str], out: Path, command: list[str]) -> int:
     from bitguard import manifest
 
-    env = dict(os.environ, BITGUARD_LAUNCHER_COMMAND=" ".join(command))
+    env = dict(os.environ, BITGUARD_LAUNCHER_COMMAND=json.dumps({"out": os.path.abspath(out), "command": command}))
     proc = subprocess.Popen(child, env=env)
     forward = lambda signum, frame: proc.send_signal(signum)  # noqa: E731
     old = {s: signal.signal(s, forward) for s in (signal.SIGTERM, signal.SIGINT)}
@@ -226,7 +244,6 @@ def cmd_compare(args) -> int:
     comparison = compare(args.run_a, args.run_b, rules=args.rules, rank=args.rank, jobs=args.jobs,
                          ray=args.ray)
     if args.json:
-        import json
 
         _print(json.dumps(comparison.to_dict(), indent=2))
     else:
@@ -251,7 +268,6 @@ def cmd_check(args) -> int:
 
     result = run_checks(args.run, rank=args.rank)
     if args.json:
-        import json
 
         _print(json.dumps(result.to_dict(), indent=2))
     else:
@@ -270,7 +286,6 @@ def cmd_drill(args) -> int:
     report = drill(args.run_a, args.run_b, rank=args.rank, rules=args.rules, out=args.out, timeout=args.timeout,
                    max_tensor_bytes=int(args.keep_mib * (1 << 20)))
     if args.json:
-        import json
 
         _print(json.dumps(report.to_dict(), indent=2))
     else:

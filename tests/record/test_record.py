@@ -341,6 +341,37 @@ def test_sigterm_flushes_and_marks_the_run_interrupted(tmp_path):
 
 
 @pytest.mark.slow
+def test_a_killed_launcher_leaves_the_command_as_typed(tmp_path):
+    """The launcher writes the command as typed into the manifest when the run ends; killed
+    before that (SIGKILL: nothing forwarded), the run it started goes on and its manifest must
+    still name the interpreter (`python train.py`), as a drill's replay runs it, not `train.py`."""
+    script = tmp_path / "train.py"
+    script.write_text(textwrap.dedent("""
+        import time, torch
+        m = torch.nn.Linear(2, 2)
+        for _ in range(3):
+            m(torch.ones(1, 2))
+            print("step", flush=True)
+            time.sleep(0.3)
+    """))
+    out = tmp_path / "run"
+    command = [sys.executable, str(script)]
+    proc = subprocess.Popen([*BITGUARD, "record", "--out", str(out), "--", *command], stdout=subprocess.PIPE,
+                            text=True)
+    assert proc.stdout.readline().strip() == "step"
+    proc.kill()  # the launcher only: the training goes on
+    proc.wait(timeout=60)
+    rest = proc.stdout.read()  # until the training's end closes its end of the pipe
+    assert rest.split() == ["step", "step"]
+    for _ in range(100):  # (the pipe closes as the process exits, after the manifest is written)
+        manifest = json.loads((out / "manifest.json").read_text())
+        if manifest.get("status") != "running":
+            break
+        time.sleep(0.1)
+    assert manifest["command"] == command and manifest["status"] == "complete"
+
+
+@pytest.mark.slow
 def test_step_window_and_trusted_mode(tmp_path):
     record_together(dict(out=tmp_path / "window", script_args=("--steps", "3"), options=["--steps", "1:2"]),
                     dict(out=tmp_path / "trusted", script_args=("--steps", "1"), options=["--mode", "trusted"]))

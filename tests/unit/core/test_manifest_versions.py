@@ -77,3 +77,16 @@ def test_the_report_prints_version_differences_first_and_one_line_for_imports_of
     assert lines[1].startswith("  • versions.transformers: A='5.24.0'  B='4.46.3'"), lines
     assert lines[2].startswith("  • world_size"), lines
     assert lines[3].startswith("  • imported by one run only: lib0 1 (A), ") and "and 3 more (--json lists them)" in lines[3]
+
+
+def test_a_killed_run_that_never_listed_its_imports_differs_only_in_what_both_list():
+    """The script's imports are listed when the recording ends: a run killed before that (a
+    status, its end time null as the start wrote it) lacks them, which is no difference in the
+    libraries; a version both list still is."""
+    a = {"versions": {"torch": "2.13.0", "numpy": "2.4.6", "duckdb": "2.0.1", "polars": "2.1.0"}, "world_size": 1,
+         "status": "complete", "end_time": "2026-12-04T23:30:00+0000"}
+    b = {"versions": {"torch": "2.13.0", "numpy": "2.3.0"}, "world_size": 1, "status": "failed", "end_time": None}
+    assert [d["field"] for d in manifest_differences(a, b)] == ["versions.numpy"]
+    assert [d["field"] for d in manifest_differences(b, a)] == ["versions.numpy"]
+    b["end_time"] = "2026-12-04T23:31:00+0000"  # ended: what it lacks, it did not import
+    assert [d["field"] for d in manifest_differences(a, b)] == ["versions.numpy", "versions.duckdb", "versions.polars"]
