@@ -456,9 +456,10 @@ def manifest_differences(a: dict, b: dict) -> list[dict]:
             out.append({"field": name, "a": va, "b": vb, "why": why})
 
     va, vb = a.get("versions") or {}, b.get("versions") or {}
-    # A run that never ended (killed: a status, its end time still null) never listed what its script
+    # A run that never ended (killed: not complete, its end time still null) never listed what its script
     # imported (taken when the recording ends): a library only the other run lists is no difference.
-    listed_a, listed_b = ("status" not in m or m.get("end_time") is not None for m in (a, b))
+    listed_a, listed_b = (m.get("end_time") is not None or m.get("status") not in ("running", "failed", "interrupted")
+                          for m in (a, b))
     # versions first (an upgrade explains most divergences), those both runs imported before the rest
     for lib in sorted(set(va) | set(vb), key=lambda lib: (lib not in va or lib not in vb, lib)):
         if (lib not in va and not listed_a) or (lib not in vb and not listed_b):

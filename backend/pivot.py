@@ -309,8 +309,43 @@ def _window(pivot: dict, events_a: pl.DataFrame, status: dict[int, str], diffs: 
                           + (f", after {before[-1]['boundary']}" if before else "")
                           + f" and before {pivot['boundary']}",
             }
+    if phase == "forward":
+        root = _root_window(pivot, events_a, diffs)
+        if root is not None:
+            return root
     return {"module": None, "detail": "no enclosing module had identical inputs: the fault is upstream of every "
                                       "observed boundary (e.g. in the data pipeline or in code outside modules)"}
+
+
+def _root_window(pivot: dict, events_a: pl.DataFrame, diffs: pl.DataFrame) -> dict | None:
+    """The model's root call as the window when no enclosing module event says so: a mode that
+    observes some modules only (trusted) records no event for a root of another type, but its
+    inputs are the step's data event (the batch and RNG state as the root call began), and when
+    those matched, the difference arose in the root's own code between its observed children."""
+    data = events_a.filter((pl.col("phase") == "data") & (pl.col("step") == pivot["step"])
+                           & (pl.col("seq") < pivot["seq"]) & (pl.col("depth") < pivot["depth"]))
+    if data.is_empty():
+        return None
+    anc = data.sort("seq").row(-1, named=True)  # the forward pass the pivot is in
+    if not diffs.filter((pl.col("a_seq") == anc["seq"]) & pl.col("differs") & ~pl.col("ignored")).is_empty():
+        return None
+    later = events_a.filter((pl.col("phase") == "data") & (pl.col("seq") > anc["seq"]))
+    end = later.get_column("seq").min() if not later.is_empty() else None
+    kids = events_a.filter((pl.col("phase") == "forward") & (pl.col("kind") == "module")
+                           & (pl.col("depth") == anc["depth"] + 1) & (pl.col("seq") > anc["seq"])
+                           & (pl.col("seq") < end if end is not None else pl.lit(True)))
+    children = kids.sort("seq").select("seq", "boundary").to_dicts()
+    before = [c for c in children if c["seq"] < pivot["seq"]]
+    return {
+        "module": anc["boundary"],
+        "module_type": anc["module_type"],
+        "excluding_children": [c["boundary"] for c in children],
+        "after": before[-1]["boundary"] if before else None,
+        "before": pivot["boundary"],
+        "detail": f"the inputs of {anc['boundary']} (this step's data) matched; the difference arose in its own "
+                  f"code, which this mode does not observe module by module, between its observed children"
+                  + (f", after {before[-1]['boundary']}" if before else "") + f" and before {pivot['boundary']}",
+    }
 
 
 def _prefixes(boundary: str) -> list[str]:

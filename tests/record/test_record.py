@@ -669,3 +669,36 @@ def test_a_module_output_is_recorded_as_its_caller_receives_it(tmp_path):
     out = next(t for t in rows if t["seq"] == seq["0"] and t["role"] == "output")
     nxt = next(t for t in rows if t["seq"] == seq["1"] and t["role"] == "input")
     assert (out["tid"], out["xor"], out["pos"]) == (nxt["tid"], nxt["xor"], nxt["pos"])
+
+
+def test_trusted_mode_blames_the_root_code_between_observed_modules(tmp_path):
+    """In trusted mode a root of another type than the heavy modules has no module event; its
+    inputs are the step's data event. A dropout changed between two Linears (the dropout and the
+    root unobserved, as in pytorch/examples' mnist) is blamed on the root's own code after the
+    first Linear, not "upstream of every observed boundary"."""
+
+    class Net(torch.nn.Module):
+        def __init__(self, p):
+            super().__init__()
+            self.fc1, self.drop, self.fc2 = torch.nn.Linear(4, 8), torch.nn.Dropout(p), torch.nn.Linear(8, 2)
+
+        def forward(self, x):
+            return self.fc2(self.drop(torch.relu(self.fc1(x))))
+
+    def train(out, p):
+        torch.manual_seed(0)
+        model = Net(p)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        with bitguard.record(out, mode="trusted", determinism=False):
+            for _ in range(2):
+                opt.zero_grad()
+                model(torch.ones(8, 4)).pow(2).mean().backward()
+                opt.step()
+
+    train(tmp_path / "a", 0.5)
+    train(tmp_path / "b", 0.4)
+    fd = bitguard.compare(tmp_path / "a", tmp_path / "b").first_divergence
+    assert (fd["step"], fd["boundary"], fd["blame"]) == (0, "fc2", "consumer"), fd
+    window = fd["blame_window"]
+    assert (window["module"], window["after"], window["before"]) == ("Net", "fc1", "fc2"), window
+    assert window["excluding_children"] == ["fc1", "fc2"]
