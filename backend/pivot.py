@@ -296,19 +296,8 @@ def _window(pivot: dict, events_a: pl.DataFrame, status: dict[int, str], diffs: 
         d = diffs.filter((pl.col("a_seq") == anc["seq"]) & pl.col("role").is_in(input_roles) & pl.col("differs")
                          & ~pl.col("ignored"))
         if d.is_empty():
-            children = _children(anc, same, phase)
-            before = [c for c in children if c["seq"] < pivot["seq"]]
-            return {
-                "module": anc["boundary"],
-                "module_type": anc["module_type"],
-                "excluding_children": [c["boundary"] for c in children],
-                "after": before[-1]["boundary"] if before else None,
-                "before": pivot["boundary"],
-                "detail": f"inputs of {anc['boundary']} matched; the difference arose in its own code "
-                          f"between its observed children"
-                          + (f", after {before[-1]['boundary']}" if before else "")
-                          + f" and before {pivot['boundary']}",
-            }
+            return _between_children(anc, _children(anc, same, phase), pivot,
+                                     f"inputs of {anc['boundary']} matched; the difference arose in its own code")
     if phase == "forward":
         root = _root_window(pivot, events_a, diffs)
         if root is not None:
@@ -334,7 +323,13 @@ def _root_window(pivot: dict, events_a: pl.DataFrame, diffs: pl.DataFrame) -> di
     kids = events_a.filter((pl.col("phase") == "forward") & (pl.col("kind") == "module")
                            & (pl.col("depth") == anc["depth"] + 1) & (pl.col("seq") > anc["seq"])
                            & (pl.col("seq") < end if end is not None else pl.lit(True)))
-    children = kids.sort("seq").select("seq", "boundary").to_dicts()
+    return _between_children(anc, kids.sort("seq").select("seq", "boundary").to_dicts(), pivot,
+                             f"the inputs of {anc['boundary']} (this step's data) matched; the difference arose in "
+                             f"its own code, which this mode does not observe module by module,")
+
+
+def _between_children(anc: dict, children: list[dict], pivot: dict, head: str) -> dict:
+    """The window: module `anc`'s own code between its observed `children`, up to the pivot."""
     before = [c for c in children if c["seq"] < pivot["seq"]]
     return {
         "module": anc["boundary"],
@@ -342,9 +337,8 @@ def _root_window(pivot: dict, events_a: pl.DataFrame, diffs: pl.DataFrame) -> di
         "excluding_children": [c["boundary"] for c in children],
         "after": before[-1]["boundary"] if before else None,
         "before": pivot["boundary"],
-        "detail": f"the inputs of {anc['boundary']} (this step's data) matched; the difference arose in its own "
-                  f"code, which this mode does not observe module by module, between its observed children"
-                  + (f", after {before[-1]['boundary']}" if before else "") + f" and before {pivot['boundary']}",
+        "detail": f"{head} between its observed children" + (f", after {before[-1]['boundary']}" if before else "")
+                  + f" and before {pivot['boundary']}",
     }
 
 
