@@ -342,6 +342,33 @@ def _between_children(anc: dict, children: list[dict], pivot: dict, head: str) -
     }
 
 
+def unstepped_note(pivot: dict, events_a: pl.DataFrame) -> list[str]:
+    """A module call blamed as a source (its inputs matched, an output differs) whose parameters
+    had gradients that no optimizer step recorded before it: a training that updates its weights
+    by hand (`p.data.add_(...)`, no torch.optim) shows a changed update first here, as if the
+    module computed differently. Said as a note: the parameters themselves are only observed in
+    the recording's final state."""
+    if pivot["phase"] not in ("forward", "recompute") or pivot["kind"] != "module":
+        return []
+    before = events_a.filter(pl.col("seq") < pivot["seq"])
+    grads = before.filter(pl.col("kind") == "grad")
+    if pivot["depth"] > 0:  # the root module (depth 0) holds every parameter
+        grads = grads.filter(pl.col("boundary").str.starts_with(pivot["boundary"] + "."))
+    params = set(grads.get_column("boundary").unique().to_list())
+    if not params:
+        return []
+    stepped = set(before.filter((pl.col("phase") == "optimizer") & (pl.col("kind") == "step")
+                                & pl.col("boundary").is_in(list(params))).get_column("boundary").to_list())
+    unstepped = sorted(params - stepped)
+    if not unstepped:
+        return []
+    named = ", ".join(unstepped[:3]) + (f" and {len(unstepped) - 3} more" if len(unstepped) > 3 else "")
+    return [f"{len(unstepped)} parameter(s) of {pivot['boundary']} ({named}) had gradients before this call but no "
+            f"optimizer step recorded them: weights updated outside torch.optim (by hand, through .data) are "
+            f"observed only in the recording's final state, so a difference in such an update also shows first "
+            f"here, as if this module computed differently"]
+
+
 def _prefixes(boundary: str) -> list[str]:
     parts = boundary.split(".")
     return [".".join(parts[:i]) for i in range(1, len(parts))]

@@ -702,3 +702,27 @@ def test_trusted_mode_blames_the_root_code_between_observed_modules(tmp_path):
     window = fd["blame_window"]
     assert (window["module"], window["after"], window["before"]) == ("Net", "fc1", "fc2"), window
     assert window["excluding_children"] == ["fc1", "fc2"]
+
+
+def test_a_hand_written_update_is_named_beside_a_source_blame(tmp_path):
+    """A training without torch.optim (pytorch/examples' word_language_model updates `p.data` by
+    hand) has no optimizer events: a changed update shows first in the next forward of a module
+    whose inputs match, blamed as a source. The pivot says that its parameters had gradients no
+    optimizer step recorded, so that the update is named beside the kernel."""
+
+    def train(out, lr_at_2):
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Tanh(), torch.nn.Linear(4, 1))
+        with bitguard.record(out, determinism=False):
+            for i in range(4):
+                model.zero_grad()
+                model(torch.ones(2, 4)).pow(2).mean().backward()
+                lr = lr_at_2 if i == 2 else 0.1
+                for p in model.parameters():
+                    p.data.add_(p.grad, alpha=-lr)
+
+    train(tmp_path / "a", 0.1)
+    train(tmp_path / "b", 0.2)
+    fd = bitguard.compare(tmp_path / "a", tmp_path / "b").first_divergence
+    assert (fd["phase"], fd["boundary"], fd["blame"], fd["call"]) == ("forward", "0", "source", 3), fd
+    assert any("no optimizer step recorded them" in n and "0.weight" in n for n in fd["notes"]), fd["notes"]
