@@ -231,7 +231,7 @@ class Collector:
     # caches cold.
     __slots__ = ("api", "digest_cache", "dump", "enabled", "errors", "mode", "rank", "step", "steps", "store",
                  "world_size", "_accumulating", "_advance", "_call_impl", "_calls", "_calls_step", "_forward_codes",
-                 "_generation", "_grad_watch", "_handles", "_heavy", "_local", "_lock", "_names", "_next_param_tid", "_next_tid",
+                 "_generation", "_grad_watch", "_handles", "_heavy", "_held", "_local", "_lock", "_names", "_next_param_tid", "_next_tid",
                  "_param_in", "_params", "_pass_stack", "_pending", "_queued", "_rng_free", "_root_names", "_roots", "_seq",
                  "_sharded", "_stacks", "_thread_names", "_tids", "_tids_limit", "_wrapper", "_depths")
 
@@ -259,6 +259,10 @@ class Collector:
         self._names: dict[int, tuple[weakref.ref, str]] = {}
         self._root_names: set[str] = set()
         self._roots: list[tuple[weakref.ref, str]] = []  # root modules met, for the final-state event
+        # Roots with parameters, held: a model local to the script's main() is gone when the
+        # recording ends, and its final state with it. Let go of (its final state taken then) once
+        # nothing else holds it (`_let_go`), and when the recording ends.
+        self._held: list[tuple[torch.nn.Module, str]] = []
         self._params: dict[int, tuple[weakref.ref, str, str, int]] = {}  # id -> (ref, name, owner type, tid)
         self._param_in: dict[int, tuple] = {}  # pid -> (t0, grad_input row) while .grad accumulates
         self._accumulating: set[int] = set()  # parameters with a hook after accumulation
@@ -303,6 +307,7 @@ class Collector:
         self._guard(self._flush_backward)()
         if final_state:
             self._guard(self._emit_final)()
+        self._held.clear()
         self._guard(self._drain)()
         for handle in self._handles:
             handle.remove()
@@ -542,6 +547,8 @@ class Collector:
             name = f"{base}#{n}"
         self._root_names.add(name)
         self._roots.append((weakref.ref(module), name))
+        if any(True for _ in module.parameters()):
+            self._held.append((module, name))
         # An id already known may be a dead module's or parameter's, reused by a new one (a model
         # built after an earlier one was freed): that entry is replaced, or the new parameter would
         # go without a name and without gradient hooks.
@@ -860,6 +867,19 @@ class Collector:
                 state.done = True
 
     # -- the final state -------------------------------------------------------------------
+    def _let_go(self) -> None:
+        """Take the final state of each held root that nothing but this collector holds any more
+        (the script dropped it: a model trained and discarded before the next one), and let go of
+        it. One held by a reference cycle of its own stays held until the recording ends."""
+        held = self._held
+        for i in range(len(held) - 1, -1, -1):
+            if sys.getrefcount(held[i][0]) <= 2:  # the tuple's reference and the call's argument: no other
+                module, name = held.pop(i)
+                if self._in_window():
+                    self._final(module, name)
+                self._roots = [(ref, n) for ref, n in self._roots if ref() is not module]
+                del module
+
     def _emit_final(self) -> None:
         """When the recording ends: one `final` event per root module with every parameter and
         buffer as it is then. What changed the weights outside torch.optim (a manual update, an
@@ -869,18 +889,21 @@ class Collector:
         gc.collect()  # a model only a reference cycle kept alive is gone in every run alike, not by chance
         for ref, name in self._roots:
             module = ref()
-            if module is None:
-                continue
-            params = [(f".{clean_name(eager_name(n))}", p) for n, p in module.named_parameters()]
-            buffers = [(f".{clean_name(eager_name(n))}", b) for n, b in module.named_buffers()]
-            if not params and not buffers:
-                continue
-            t0 = time.time_ns()
-            params, marks = self._sharded.final_params(params)
-            rows = self._rows(params, "param")
-            mark(rows, marks)
-            rows += self._rows(buffers, "state")
-            self._emit("optimizer", "final", name, type(module).__name__, 0, t0, rows)
+            if module is not None:
+                self._final(module, name)
+
+    def _final(self, module: torch.nn.Module, name: str) -> None:
+        """The `final` event of root module `module`: every parameter and buffer as it is now."""
+        params = [(f".{clean_name(eager_name(n))}", p) for n, p in module.named_parameters()]
+        buffers = [(f".{clean_name(eager_name(n))}", b) for n, b in module.named_buffers()]
+        if not params and not buffers:
+            return
+        t0 = time.time_ns()
+        params, marks = self._sharded.final_params(params)
+        rows = self._rows(params, "param")
+        mark(rows, marks)
+        rows += self._rows(buffers, "state")
+        self._emit("optimizer", "final", name, type(module).__name__, 0, t0, rows)
 
     # -- parameter gradients ---------------------------------------------------------------
     def _on_param_grad(self, pid: int, grad) -> None:
@@ -936,6 +959,8 @@ class Collector:
             if self._in_window():
                 self._emit_steps(optimizer)
         finally:
+            if self._held:
+                self._guard(self._let_go)()
             self._advance = True
             self._purge_dead()
             self._drain()

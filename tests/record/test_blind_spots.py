@@ -3,6 +3,7 @@ statistics) and parameters updated outside torch.optim. Buffers are recorded wit
 their module, and every root module's parameters and buffers once more when the recording ends."""
 
 import json
+import textwrap
 
 import pytest
 
@@ -37,3 +38,42 @@ def test_parameters_updated_outside_torch_optim_differ_in_the_final_state(tmp_pa
     assert code == 1 and (fd["kind"], fd["fault_class"], fd["boundary"]) == ("final", "final_state", "Sequential")
     assert "outside torch.optim" in fd["blame_window"]["detail"]
     assert _compare(tmp_path / "a", tmp_path / "c")[0] == 0  # and a rerun is identical, final state included
+
+
+def test_a_model_local_to_main_keeps_its_final_state(tmp_path):
+    """The usual layout, everything inside main(): the model is gone when the recording ends, and
+    with it the final-state event, so an edit after the last step() compared identical. The
+    collector holds the roots it met until then (or takes their final state when the script
+    drops them); a model trained and dropped before the next one is let go of at the next step."""
+    script = tmp_path / "train.py"
+    script.write_text(textwrap.dedent("""
+        import gc, sys, weakref, torch
+
+        def train(scale, seed):
+            torch.manual_seed(seed)
+            m = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 1))
+            opt = torch.optim.SGD(m.parameters(), lr=0.1)
+            for _ in range(2):
+                opt.zero_grad()
+                m(torch.ones(2, 4)).pow(2).mean().backward()
+                opt.step()
+            with torch.no_grad():
+                m[1].weight.mul_(scale)  # after the last step: only the final state sees it
+            return weakref.ref(m)
+
+        def main():
+            first = train(1.0, 0)  # a model trained and dropped
+            second = train(float(sys.argv[1]), 1)
+            gc.collect()
+            assert first() is None, "the first model is still held after the second one's steps"
+            assert second() is not None  # held by the recording until it ends
+
+        main()
+    """))
+    record_together(dict(out=tmp_path / "a", script_args=("1.0",), script=script),
+                    dict(out=tmp_path / "b", script_args=("1.0",), script=script),
+                    dict(out=tmp_path / "c", script_args=("0.5",), script=script))
+    assert _compare(tmp_path / "a", tmp_path / "b")[0] == 0
+    code, d = _compare(tmp_path / "a", tmp_path / "c")
+    fd = d["first_divergence"]
+    assert code == 1 and (fd["kind"], fd["fault_class"], fd["boundary"]) == ("final", "final_state", "Sequential#2"), fd
