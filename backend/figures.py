@@ -35,7 +35,7 @@ STATUS_LABELS = {"identical": "identical", "benign": "benign (rule)", "follows":
 _BIN_LABELS = {**STATUS_LABELS, "gap": "gap (one side only)"}
 PHASE_COLOURS = {"data": "#7f7f7f", "forward": "#1f77b4", "backward": "#ff7f0e", "optimizer": "#2ca02c"}
 EDGE_COLOURS = {"dataflow": "#555555", "nesting": "#9e9e9e", "activation": "#1f77b4", "weight-grad": "#ff7f0e",
-                "update": "#2ca02c", "weights": "#8c564b"}
+                "update": "#2ca02c", "weights": "#8c564b", "final": "#bcbd22"}
 PIVOT_COLOUR = "#d62728"
 _SCATTERGL_ABOVE = 5_000  # markers; WebGL keeps big figures responsive
 

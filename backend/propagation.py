@@ -6,7 +6,8 @@ Edges run forward in time between divergent events of one rank:
 - nesting: a divergent child forward call -> the enclosing call it belongs to;
 - forward -> backward of the same module in the same step (saved activations);
 - a module's backward -> its parameters' gradient events; gradient -> optimizer step of that
-  parameter; optimizer step -> the owning module's next forward (the updated weights);
+  parameter; optimizer step -> the owning module's next forward (the updated weights), and
+  -> a `final` event after it (the weights the recording's final state holds);
 - inferred: a divergent forward call whose input tensor no observed event produced (a
   functional op between modules made it) -> from the divergent forward call completed just before.
 The graph is returned summarised: one node per (phase, kind, boundary) with the first step
@@ -130,6 +131,11 @@ def graph(events: pl.DataFrame, tensors: pl.DataFrame, divergent, loss: bool = F
                                               check_sortedness=False)
         parts.append(hit.filter(pl.col("_first").is_not_null()).select(
             pl.col("seq").alias("src"), pl.col("_first").alias("dst"), pl.lit("weights").alias("kind")))
+    # final: each parameter's last optimizer event before a final-state event -> that event (final
+    # events are few: one per root model, at its end)
+    for at in info.filter((phase == "optimizer") & (kind == "final"))["seq"].to_list():
+        last = opt_steps.filter(pl.col("seq") < at).group_by("boundary").agg(pl.col("seq").max())
+        parts.append(last.select(pl.col("seq").alias("src"), pl.lit(at).alias("dst"), pl.lit("final").alias("kind")))
     if loss:
         parts.append(_pairs(fwd.filter(pl.col("depth") == 0), info.filter(phase.is_in(["backward", "optimizer"])),
                             ["step"], "loss"))

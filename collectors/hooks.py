@@ -59,6 +59,7 @@ from bitguard.errors import NotSupported
 from bitguard.modes import HEAVY_MODULES  # what trusted mode observes of module calls
 
 QUEUED_EVENTS = 256  # events queued before they are numbered and handed to the store
+MAX_WAITING_CALLS = 65536  # module calls waiting for a backward that may never come (_flush_backward)
 
 
 class _Frame:
@@ -662,8 +663,8 @@ class Collector:
                 parent = None
                 self._generation += 1  # a top-level call: no digest cached before it serves inside it
                 recompute = recompute_kind()  # a checkpoint's recompute during backward is no new root: no flush,
-                if recompute is None:  # no batch event
-                    self._flush_backward()
+                if recompute is None:  # no batch event; calls still waiting for their backward go on
+                    self._flush_backward(ended=False)  # waiting (a loss module is called before it)
             entry = self._names.get(id(module))
             name = entry[1] if entry is not None and entry[0]() is module else self._name_of(module, parent)
             t0 = time.time_ns()
@@ -855,16 +856,34 @@ class Collector:
     def _end_of_pass(self) -> None:
         self._pass_stack = None
 
-    def _flush_backward(self) -> None:
+    def _flush_backward(self, ended: bool = True) -> None:
+        """Emit the backward events of the calls whose gradients have begun to arrive (an output or
+        input that gets none is not waited for past a new top-level call or a step's end). A call
+        nothing has arrived for yet is still waiting for its backward unless the recording `ended`:
+        a loss module, or another model (a GAN's discriminator, and its optimizer's step), is
+        called between a model's forward and its backward. (Ending those at every top-level call
+        lost every module backward event of a training whose loss is an `nn.Module`.) The calls
+        that never get one (a forward under grad without a backward) are let go of beyond
+        MAX_WAITING_CALLS, the oldest first."""
         with self._lock:
             pending, self._pending = self._pending, []
+        waiting = []
         for state in pending:
             if state.done:
                 continue
             if state.arrived:
                 self._finish_backward(state)
-            else:  # nothing arrived: a gradient arriving in a later step must not revive it there
+            elif ended:
                 state.done = True
+            else:
+                waiting.append(state)
+        if len(waiting) > MAX_WAITING_CALLS:
+            for state in waiting[:-MAX_WAITING_CALLS]:
+                state.done = True
+            waiting = waiting[-MAX_WAITING_CALLS:]
+        if waiting:
+            with self._lock:
+                self._pending[:0] = waiting
 
     # -- the final state -------------------------------------------------------------------
     def _let_go(self) -> None:
@@ -886,6 +905,8 @@ class Collector:
         EMA, an edit after the last step()) or a buffer (running statistics) is seen here at
         the latest."""
         self._maybe_advance()  # the final state belongs after the last step
+        if not self._in_window():  # a step window that ended before the training (--steps A:B)
+            return
         gc.collect()  # a model only a reference cycle kept alive is gone in every run alike, not by chance
         for ref, name in self._roots:
             module = ref()
@@ -955,7 +976,7 @@ class Collector:
         advances and the step's events go to the store, whatever failed on the way (an error here
         loses neither the step nor the other parameters' events)."""
         try:
-            self._flush_backward()
+            self._flush_backward(ended=False)
             if self._in_window():
                 self._emit_steps(optimizer)
         finally:

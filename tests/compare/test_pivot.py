@@ -91,8 +91,10 @@ def test_propagation_reaches_later_modules_and_steps(runs):
     ids = {n["id"] for n in graph["nodes"]}
     assert "r0:forward:module:blocks.0.mlp.act" in ids and "r0:forward:module:lm_head" in ids
     assert "r0:optimizer:step:blocks.0.mlp.fc.weight" in ids
-    # the corrupted weights carry it into the next step: modules first reached at step 2
-    assert {n["first_step"] for n in graph["nodes"]} == {1, 2}
+    # the corrupted weights carry it into the next step: modules first reached at step 2, and the
+    # model's final state after the last one (step 3)
+    assert {n["first_step"] for n in graph["nodes"]} == {1, 2, 3}
+    assert [n["first_step"] for n in graph["nodes"] if n["id"] == "r0:optimizer:final:GPT"] == [3]
     assert any(e["kind"] == "weights" for e in graph["edges"])
     hop = c.neighbours("r0:forward:module:blocks.0.mlp.fc")
     assert {n["boundary"] for n in hop["consumers"]} >= {"blocks.0.mlp.act", "blocks.0.mlp"}

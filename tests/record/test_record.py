@@ -63,8 +63,10 @@ def test_run_directory_layout_and_event_fields(tmp_path):
     assert [r["seq"] for r in rows] == list(range(len(rows)))
     assert rows[0]["phase"] == "data" and rows[0]["step"] == 0
     # the optimizer step belongs to the step it ends; the next forward is the next step
-    opt = [r for r in rows if r["phase"] == "optimizer"]
+    opt = [r for r in rows if r["phase"] == "optimizer" and r["kind"] == "step"]
     assert {r["step"] for r in opt} == {0, 1}
+    # the model's final state after the last step (tinygpt's model lives in its main())
+    assert [(r["step"], r["boundary"]) for r in rows if r["kind"] == "final"] == [(2, "GPT")]
     first_step1 = next(r for r in rows if r["step"] == 1)
     assert first_step1["phase"] == "data"
     names = {r["boundary"] for r in rows}
@@ -234,7 +236,9 @@ def test_bad_input_gets_one_line_and_exit_2(tmp_path, case):
 def test_force_replaces_an_earlier_recording(tmp_path):
     record(tmp_path / "run", "--steps", "1")
     record(tmp_path / "run", "--steps", "2", options=["--force"], cli=True)
-    assert {dict(zip(EVENTS.names, e))["step"] for e in events(tmp_path / "run")[0]} == {0, 1}
+    rows = [dict(zip(EVENTS.names, e)) for e in events(tmp_path / "run")[0]]
+    assert {r["step"] for r in rows if r["kind"] != "final"} == {0, 1}  # the second recording's two steps
+    assert [r["step"] for r in rows if r["kind"] == "final"] == [2]  # and its model's final state
 
 
 def test_collector_failure_never_crashes_training(tmp_path, monkeypatch):
@@ -381,7 +385,7 @@ def test_step_window_and_trusted_mode(tmp_path):
     rows = [dict(zip(EVENTS.names, e)) for e in events(tmp_path / "trusted")[0]]
     module_types = {r["module_type"] for r in rows if r["kind"] == "module"}
     assert module_types == {"Embedding", "LayerNorm", "Linear", "CausalSelfAttention"}, module_types
-    assert {r["kind"] for r in rows} == {"batch", "module", "grad", "step"}
+    assert {r["kind"] for r in rows} == {"batch", "module", "grad", "step", "final"}
 
 
 @pytest.mark.slow
@@ -726,3 +730,23 @@ def test_a_hand_written_update_is_named_beside_a_source_blame(tmp_path):
     fd = bitguard.compare(tmp_path / "a", tmp_path / "b").first_divergence
     assert (fd["phase"], fd["boundary"], fd["blame"], fd["call"]) == ("forward", "0", "source", 3), fd
     assert any("no optimizer step recorded them" in n and "0.weight" in n for n in fd["notes"]), fd["notes"]
+
+
+def test_a_loss_module_between_forward_and_backward_keeps_the_model_backward_events(tmp_path):
+    """`loss = criterion(model(x), y)` calls a module at top level between the model's forward
+    and its backward: that call once ended every call still waiting for its backward, and a
+    training with a loss module (most of them: pytorch/examples' dcgan, time_sequence_prediction)
+    recorded no module backward event but the loss's."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(3, 3), torch.nn.Tanh(), torch.nn.Linear(3, 1))
+    criterion = torch.nn.MSELoss()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with bitguard.record(tmp_path / "run", determinism=False):
+        for _ in range(2):
+            opt.zero_grad()
+            criterion(model(torch.ones(5, 3)), torch.zeros(5, 1)).backward()
+            opt.step()
+    ev, _ = events(tmp_path / "run")
+    backward = [(e[EVENTS.names.index("boundary")], e[EVENTS.names.index("step")]) for e in ev
+                if e[EVENTS.names.index("phase")] == "backward" and e[EVENTS.names.index("kind")] == "module"]
+    assert sorted(backward) == sorted((b, s) for b in ("Sequential", "0", "1", "2", "MSELoss") for s in (0, 1))
