@@ -36,6 +36,9 @@ class Scope:
 
     first: int | None = None  # first step both sides recorded (None: from the start)
     end: int | None = None  # steps from here on are not certified (None: every step)
+    # from here on a side lost records (a damaged journal group: the events after it in its step,
+    # and later ones, may be paired with the wrong partners), so a digest difference is no pivot
+    damaged: int | None = None
 
     def contains(self, step: pl.Expr) -> pl.Expr:
         inside = pl.lit(True)
@@ -63,6 +66,7 @@ def rank_scope(rank: int, run_a, run_b, ea: pl.DataFrame, eb: pl.DataFrame) -> t
     """The certified steps of `rank` and the reasons for each cut."""
     reasons: list[dict] = []
     end: int | None = None
+    damaged: int | None = None
 
     def cut(step: int) -> None:
         nonlocal end
@@ -86,6 +90,8 @@ def rank_scope(rank: int, run_a, run_b, ea: pl.DataFrame, eb: pl.DataFrame) -> t
         if damage:
             from_step = damage.get("from_step")
             cut(0 if from_step is None else int(from_step))
+            lost = 0 if from_step is None else int(from_step)
+            damaged = lost if damaged is None else min(damaged, lost)
             where = "from the start" if from_step is None else f"from step {from_step} on"
             reasons.append(reason("damaged", f"run {label} rank {rank} is damaged {where} "
                                               f"({damage.get('reason', 'unreadable records')})", side, rank))
@@ -103,7 +109,7 @@ def rank_scope(rank: int, run_a, run_b, ea: pl.DataFrame, eb: pl.DataFrame) -> t
     if wa != wb:
         reasons.append(reason("step_window", f"the runs recorded different step windows (A {_fmt(wa)}, B {_fmt(wb)}): "
                                               f"only steps {_fmt((first, end))} are compared", rank=rank))
-    return Scope(first, end), reasons
+    return Scope(first, end, damaged), reasons
 
 
 def _fmt(window) -> str:

@@ -324,8 +324,12 @@ def _compare_rank(rank: int, run_a: RunInfo, run_b: RunInfo, rules: RuleSet, fir
         .when(pl.col("unknown").fill_null(False)).then(pl.lit("unobserved"))
         .when(pl.col("benign").fill_null(False)).then(pl.lit("benign"))
         .otherwise(pl.lit("identical")).alias("status")).drop("diverged", "benign", "unknown").sort("a_pos")
-    pairs = _follows_accepted(pairs, diffs, ea, ta)
     scope, reasons = certification.rank_scope(rank, run_a, run_b, ea, eb)
+    if scope.damaged is not None:  # where a side lost records, a pair may be two different calls
+        lost = ea["step"].gather(pairs["a_pos"]) >= scope.damaged
+        pairs = pairs.with_columns(pl.when(lost & (pl.col("status") == "diverged")).then(pl.lit("unobserved"))
+                                   .otherwise(pl.col("status")).alias("status"))
+    pairs = _follows_accepted(pairs, diffs, ea, ta)
     nothing = certification.empty_or_unpaired(rank, ea, eb, pairs.height)
     reasons = mode_reasons + reasons + ([nothing] if nothing else [])
     gaps = _gaps(rank, ea, eb, al, rules, fired, scope, counted=nothing is None)

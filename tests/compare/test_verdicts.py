@@ -193,6 +193,24 @@ def test_a_damaged_rank_is_cut_where_its_damage_starts(tmp_path):
     assert c.to_dict()["certification"]["compared_steps"]["0"] == [None, 2]
 
 
+@pytest.mark.parametrize("taint_step, verdict", [(1, "diverged"), (2, "inconclusive"), (3, "inconclusive")])
+def test_a_difference_where_a_rank_is_damaged_is_no_pivot(tmp_path, taint_step, verdict):
+    """A journal group lost in the middle of a step leaves that step's later events, and the next
+    steps', to be paired with the wrong partners: a digest difference from the damaged step on is
+    no divergence to report (it made one, found on a run with a flipped bit in its journal), while
+    one before it still is."""
+    a = write_run(str(tmp_path / "a"), RunSpec(layers=3, steps=4))
+    b = write_run(str(tmp_path / "b"), RunSpec(layers=3, steps=4, taints=(Taint(taint_step, "model.layers.1"),)))
+    run_b = open_run(b)
+    run_b.damage = {0: {"from_step": 2, "reason": "journal group 3 fails its checksum"}}
+    c = bitguard.compare(open_run(a), run_b)
+    assert c.verdict == verdict and "damaged" in _codes(c)
+    if verdict == "diverged":
+        assert c.first_divergence["step"] == taint_step
+    else:
+        assert c.first_divergence is None and c.exit_status == 3
+
+
 def test_collector_errors_make_an_otherwise_identical_pair_inconclusive(tmp_path):
     a, b = write_pair(str(tmp_path), "errors", RunSpec(layers=3, steps=2))
     _manifest(b, collector_errors=["forward: RuntimeError: boom"])
