@@ -334,7 +334,8 @@ def _between_children(anc: dict, children: list[dict], pivot: dict, head: str) -
     return {
         "module": anc["boundary"],
         "module_type": anc["module_type"],
-        "excluding_children": [c["boundary"] for c in children],
+        # each child once (a child called in a loop would be listed at every call)
+        "excluding_children": list(dict.fromkeys(c["boundary"] for c in children)),
         "after": before[-1]["boundary"] if before else None,
         "before": pivot["boundary"],
         "detail": f"{head} between its observed children" + (f", after {before[-1]['boundary']}" if before else "")

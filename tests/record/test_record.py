@@ -750,3 +750,29 @@ def test_a_loss_module_between_forward_and_backward_keeps_the_model_backward_eve
     backward = [(e[EVENTS.names.index("boundary")], e[EVENTS.names.index("step")]) for e in ev
                 if e[EVENTS.names.index("phase")] == "backward" and e[EVENTS.names.index("kind")] == "module"]
     assert sorted(backward) == sorted((b, s) for b in ("Sequential", "0", "1", "2", "MSELoss") for s in (0, 1))
+
+
+def test_a_child_called_in_a_loop_is_named_once_in_the_blame_window(tmp_path):
+    """time_sequence_prediction calls its LSTM cells once per time step: the window listed every
+    call ("minus children linear, linear, ..." 39 times)."""
+
+    class Loop(torch.nn.Module):
+        def __init__(self, scale):
+            super().__init__()
+            self.cell, self.scale = torch.nn.Linear(4, 4), scale
+
+        def forward(self, x):
+            for i in range(5):
+                x = self.cell(x) * (self.scale if i == 3 else 1.0)  # a functional op between the calls
+            return x
+
+    def train(out, scale):
+        torch.manual_seed(0)
+        model = Loop(scale)
+        with bitguard.record(out, determinism=False):
+            model(torch.ones(2, 4)).sum().backward()
+
+    train(tmp_path / "a", 1.0)
+    train(tmp_path / "b", 1.5)
+    window = bitguard.compare(tmp_path / "a", tmp_path / "b").first_divergence["blame_window"]
+    assert window["module"] == "Loop" and window["excluding_children"] == ["cell"], window
