@@ -572,7 +572,8 @@ class Collector:
         self._params[id(p)] = (weakref.ref(p), name, owner, self._next_param_tid)
         self._accumulating.discard(id(p))
         self._param_in.pop(id(p), None)
-        self._handles.append(p.register_hook(partial(self._on_param_grad, id(p))))
+        if p.requires_grad:  # (a frozen one, named as it steps, has nothing to hook)
+            self._handles.append(p.register_hook(partial(self._on_param_grad, id(p))))
 
     def _name_of(self, module: torch.nn.Module, parent: _Frame | None) -> str:
         entry = self._names.get(id(module))
@@ -994,8 +995,8 @@ class Collector:
         stack = self._stacks.capture()  # one call: every parameter's event has this stack
         # every tensor of the step at once: one kernel call for the host ones
         steps = []
-        for group in optimizer.param_groups:
-            for p in group["params"]:
+        for g, group in enumerate(optimizer.param_groups):
+            for i, p in enumerate(group["params"]):
                 if p.grad is None:
                     continue
                 # the gradient as step() used it: after any reduction across ranks (DDP, FSDP), which
@@ -1006,6 +1007,8 @@ class Collector:
                     tensors += [("state", i, f"['{k}']", v) for i, (k, v) in enumerate(
                         (k, v) for k, v in state.items() if isinstance(v, torch.Tensor))]
                 parts = self._sharded.step_parts(p, tensors)
+                if parts is None and (id(p) not in self._params or self._params[id(p)][0]() is not p):
+                    self._adopt(p, f"{opt_type}.param_groups[{g}][{i}]")
                 steps += [(p, tensors, None, None)] if parts is None else [(p, t, n, m) for n, t, m in parts]
         flat = [t for _, tensors, *_ in steps for *_, t in tensors]
         try:
@@ -1019,6 +1022,21 @@ class Collector:
                 self._emit_step(p, tensors, name, marks, taken, opt_type, stack)
             except Exception as exc:  # noqa: BLE001 - one parameter's event lost, said so; the others go on
                 self._fail("optimizer step", exc)
+
+    def _adopt(self, p: torch.nn.Parameter, where: str) -> None:
+        """Name and watch a parameter an optimizer steps that no root registered: frozen when its
+        root was first called and unfrozen since, or put into the model later
+        (`load_state_dict(assign=True)`, a layer added). Named as the root that holds it now names
+        it, else by its place in the optimizer (`where`): stable from run to run, where its id was
+        not (two identical runs compared diverged). Its gradients are watched from now on."""
+        for ref, _ in self._roots:
+            module = ref()
+            for p_name, q in (module.named_parameters() if module is not None else ()):
+                if q is p:
+                    owner = module.get_submodule(p_name.rpartition(".")[0]) if "." in p_name else module
+                    self._watch_param(p, clean_name(eager_name(p_name)), type(owner).__name__)
+                    return
+        self._watch_param(p, where, "")
 
     def _emit_step(self, p, tensors: list, name: str | None, marks: list | None, digests: list, opt_type: str,
                    stack) -> None:

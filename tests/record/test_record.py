@@ -776,3 +776,37 @@ def test_a_child_called_in_a_loop_is_named_once_in_the_blame_window(tmp_path):
     train(tmp_path / "b", 1.5)
     window = bitguard.compare(tmp_path / "a", tmp_path / "b").first_divergence["blame_window"]
     assert window["module"] == "Loop" and window["excluding_children"] == ["cell"], window
+
+
+@pytest.mark.parametrize("standalone", [False, True])
+def test_parameters_that_join_later_are_named_stably(tmp_path, standalone):
+    """A layer frozen at the first call and unfrozen at step 2 (progressive unfreezing), or a
+    parameter outside every module: its optimizer events were named by its id, so two identical
+    runs compared diverged. Named as the model names it (else by its place in the optimizer), its
+    gradients watched from then on, identical runs are identical and a changed learning rate of
+    the new group diverges at its first step."""
+
+    def train(out, lr):
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Tanh(), torch.nn.Linear(4, 1))
+        model[0].requires_grad_(False)
+        scale = torch.nn.Parameter(torch.ones(1))
+        opt = torch.optim.SGD(model[2].parameters(), lr=0.1)
+        with bitguard.record(out, determinism=False):
+            for step in range(4):
+                if step == 2:
+                    model[0].requires_grad_(True)
+                    opt.add_param_group({"params": [scale] if standalone else list(model[0].parameters()), "lr": lr})
+                opt.zero_grad()
+                (model(torch.ones(2, 4)) * scale).pow(2).mean().backward()
+                opt.step()
+
+    for name, lr in (("a", 0.1), ("b", 0.1), ("c", 0.3)):
+        train(tmp_path / name, lr)
+    assert bitguard.compare(tmp_path / "a", tmp_path / "b").verdict == "identical"
+    ev, _ = events(tmp_path / "a")
+    named = {e[EVENTS.names.index("boundary")] for e in ev if e[EVENTS.names.index("kind")] == "step"}
+    assert named == ({"2.weight", "2.bias", "SGD.param_groups[1][0]"} if standalone
+                     else {"0.weight", "0.bias", "2.weight", "2.bias"}), named
+    fd = bitguard.compare(tmp_path / "a", tmp_path / "c").first_divergence
+    assert (fd["step"], fd["phase"]) == (2, "optimizer"), fd
