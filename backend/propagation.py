@@ -2,7 +2,7 @@
 
 Edges run forward in time between divergent events of one rank:
 - dataflow: an event's output tensor is another's input (same tensor identity), forward
-  (`output` -> `input`) and backward (`grad_input` of a consumer -> `grad_output` of its producer);
+  (`output` -> `input`; a data event's batch -> the calls that read it) and backward (`grad_input` of a consumer -> `grad_output` of its producer);
 - nesting: a divergent child forward call -> the enclosing call it belongs to;
 - forward -> backward of the same module in the same step (saved activations);
 - a module's backward -> its parameters' gradient events; gradient -> optimizer step of that
@@ -105,7 +105,12 @@ def graph(events: pl.DataFrame, tensors: pl.DataFrame, divergent, loss: bool = F
     grads = info.filter((phase == "backward") & (kind == "grad")).with_columns(
         _owner(pl.col("boundary")).alias("owner"))
     opt_steps = info.filter((phase == "optimizer") & (kind == "step"))
+    # the batch: a data event's inputs are the root call's, the same tensors its first modules read
+    data_seqs = info.filter(phase == "data")["seq"].implode()
+    batch = tens.filter((pl.col("role") == "input") & (pl.col("tid") > 0))
     parts = [_dataflow(tens, "output", "input"), _dataflow(tens, "grad_input", "grad_output"), _nesting(fwd),
+             _pairs(batch.filter(pl.col("seq").is_in(data_seqs)), batch.filter(~pl.col("seq").is_in(data_seqs)),
+                    ["tid"], "dataflow").filter(pl.col("src") < pl.col("dst")),
              # a recompute's outputs are the activations backward uses
              _pairs(info.filter(phase.is_in(["forward", "recompute"])), back, ["boundary", "step"], "activation"),
              _pairs(back, grads, ["boundary", "step"], "weight-grad", right_on=["owner", "step"]),

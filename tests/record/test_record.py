@@ -810,3 +810,29 @@ def test_parameters_that_join_later_are_named_stably(tmp_path, standalone):
                      else {"0.weight", "0.bias", "2.weight", "2.bias"}), named
     fd = bitguard.compare(tmp_path / "a", tmp_path / "c").first_divergence
     assert (fd["step"], fd["phase"]) == (2, "optimizer"), fd
+
+
+def test_a_changed_batch_propagates_to_what_reads_it(tmp_path):
+    """A data pivot's propagation reached nothing ("reaches 1 node", no edges) although every
+    later event differs: the batch is the data event's input, not an output, so no dataflow edge
+    left it. It now reaches the modules that read the batch, and through them the step."""
+
+    def train(out, poke):
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.ReLU(), torch.nn.Linear(4, 1))
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        with bitguard.record(out, determinism=False):
+            for i in range(3):
+                x = torch.ones(5, 3)
+                if poke and i == 1:
+                    x[0, 0] += 1
+                opt.zero_grad()
+                model(x).pow(2).mean().backward()
+                opt.step()
+
+    train(tmp_path / "a", False)
+    train(tmp_path / "b", True)
+    c = bitguard.compare(tmp_path / "a", tmp_path / "b")
+    assert (c.first_divergence["phase"], c.first_divergence["step"]) == ("data", 1)
+    ids = {n["id"] for n in c.propagation_graph()["nodes"]}
+    assert {"r0:forward:module:0", "r0:forward:module:2", "r0:optimizer:step:0.weight"} <= ids, ids
