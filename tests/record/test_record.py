@@ -472,6 +472,18 @@ def test_running_statistics_are_digested_at_every_call(tmp_path, mode):
     assert c.verdict == "diverged" and (fd["step"], fd["phase"], fd["boundary"]) == (2, "forward", "1"), fd
 
 
+def _sgd_training(out, batch, steps: int, width: int) -> None:
+    """Linear, ReLU, Linear trained by SGD on `batch(step)`, recorded in-process."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(width, 4), torch.nn.ReLU(), torch.nn.Linear(4, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with bitguard.record(out, determinism=False):
+        for step in range(steps):
+            opt.zero_grad()
+            model(batch(step)).pow(2).mean().backward()
+            opt.step()
+
+
 def test_a_batch_refilled_through_numpy_is_digested_at_every_step(tmp_path):
     """A training that refills one NumPy buffer each step and feeds the same `torch.from_numpy`
     tensor writes it without bumping the version counter: a digest cached from step 0 would
@@ -479,24 +491,21 @@ def test_a_batch_refilled_through_numpy_is_digested_at_every_step(tmp_path):
     as a computing fault. No cached digest serves across top-level module calls."""
     import numpy as np
 
-    def train(out, poke):
-        torch.manual_seed(0)
-        model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU(), torch.nn.Linear(4, 1))
-        opt = torch.optim.SGD(model.parameters(), lr=0.1)
-        batches = np.random.default_rng(0).standard_normal((4, 8, 4)).astype(np.float32)
+    batches = np.random.default_rng(0).standard_normal((4, 8, 4)).astype(np.float32)
+
+    def refilled(poke):
         buf = np.empty((8, 4), np.float32)
         x = torch.from_numpy(buf)  # one tensor for the whole run
-        with bitguard.record(out, determinism=False):
-            for step in range(4):
-                buf[:] = batches[step]
-                if poke and step == 2:
-                    buf[0, 0] += 1.0
-                opt.zero_grad()
-                model(x).pow(2).mean().backward()
-                opt.step()
 
-    train(tmp_path / "a", False)
-    train(tmp_path / "b", True)
+        def batch(step):
+            buf[:] = batches[step]
+            if poke and step == 2:
+                buf[0, 0] += 1.0
+            return x
+        return batch
+
+    _sgd_training(tmp_path / "a", refilled(False), steps=4, width=4)
+    _sgd_training(tmp_path / "b", refilled(True), steps=4, width=4)
     fd = bitguard.compare(tmp_path / "a", tmp_path / "b").first_divergence
     assert (fd["step"], fd["phase"], fd["blame"]) == (2, "data", "data"), fd
 
@@ -817,21 +826,10 @@ def test_a_changed_batch_propagates_to_what_reads_it(tmp_path):
     later event differs: the batch is the data event's input, not an output, so no dataflow edge
     left it. It now reaches the modules that read the batch, and through them the step."""
 
-    def train(out, poke):
-        torch.manual_seed(0)
-        model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.ReLU(), torch.nn.Linear(4, 1))
-        opt = torch.optim.SGD(model.parameters(), lr=0.1)
-        with bitguard.record(out, determinism=False):
-            for i in range(3):
-                x = torch.ones(5, 3)
-                if poke and i == 1:
-                    x[0, 0] += 1
-                opt.zero_grad()
-                model(x).pow(2).mean().backward()
-                opt.step()
-
-    train(tmp_path / "a", False)
-    train(tmp_path / "b", True)
+    bump = torch.zeros(5, 3)
+    bump[0, 0] = 1.0
+    _sgd_training(tmp_path / "a", lambda step: torch.ones(5, 3), steps=3, width=3)
+    _sgd_training(tmp_path / "b", lambda step: torch.ones(5, 3) + bump * (step == 1), steps=3, width=3)
     c = bitguard.compare(tmp_path / "a", tmp_path / "b")
     assert (c.first_divergence["phase"], c.first_divergence["step"]) == ("data", 1)
     ids = {n["id"] for n in c.propagation_graph()["nodes"]}
