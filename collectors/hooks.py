@@ -807,7 +807,10 @@ class Collector:
                     listeners = entry[1]
                     if listeners[0][0].done:  # a tensor watched again in a later step: forget the finished calls
                         listeners[:] = [x for x in listeners if not x[0].done]
-                    listeners.append(listener)
+                    if role == "grad_input":  # before the calls it is a grad_output of (see _on_grad)
+                        listeners.insert(sum(1 for x in listeners if x[1] == "grad_input"), listener)
+                    else:
+                        listeners.append(listener)
                     continue
                 listeners = [listener]
                 _add_grad_hook(t, partial(on_grad, listeners))
@@ -817,7 +820,10 @@ class Collector:
 
     def _on_grad(self, listeners: list, grad) -> None:
         """A watched tensor's gradient arrives: a row for each module call waiting for it. A tensor
-        hook torch calls directly (it contains its own failures, as `_guarded` would)."""
+        hook torch calls directly (it contains its own failures, as `_guarded` would). The calls
+        that read the tensor (it is their grad_input: their backward made this gradient) come
+        before the call that wrote it (its grad_output: its backward starts from it), so that a
+        call's backward event comes before the events of the calls its gradient flows into."""
         if grad is None or not self.enabled or is_compiling():  # a hook dynamo traces: ours stay out
             return
         try:

@@ -834,3 +834,40 @@ def test_a_changed_batch_propagates_to_what_reads_it(tmp_path):
     assert (c.first_divergence["phase"], c.first_divergence["step"]) == ("data", 1)
     ids = {n["id"] for n in c.propagation_graph()["nodes"]}
     assert {"r0:forward:module:0", "r0:forward:module:2", "r0:optimizer:step:0.weight"} <= ids, ids
+
+
+class _ScaledBackward(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, scale):
+        ctx.scale = scale
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, g):
+        return g * ctx.scale, None
+
+
+def test_a_backward_fault_is_blamed_on_the_module_whose_backward_made_it(tmp_path):
+    """A module whose backward alone computes differently (its forward is a copy): its gradient
+    flows into the Linear before it, whose backward event came first (it watched the shared
+    tensor first), so the pivot was that Linear, "consumer" with no window. The call that made a
+    gradient now has its backward event before the call it flows into."""
+
+    class Act(torch.nn.Module):
+        def __init__(self, scale):
+            super().__init__()
+            self.scale = scale
+
+        def forward(self, x):
+            return _ScaledBackward.apply(x, self.scale)
+
+    def train(out, scale):
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(3, 3), Act(scale), torch.nn.Linear(3, 1))
+        with bitguard.record(out, determinism=False):
+            model(torch.ones(5, 3)).pow(2).mean().backward()
+
+    train(tmp_path / "a", 1.0)
+    train(tmp_path / "b", 1.001)
+    fd = bitguard.compare(tmp_path / "a", tmp_path / "b").first_divergence
+    assert (fd["phase"], fd["boundary"], fd["blame"], fd["fault_class"]) == ("backward", "1", "source", "backward"), fd
