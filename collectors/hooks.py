@@ -232,9 +232,10 @@ class Collector:
     # caches cold.
     __slots__ = ("api", "digest_cache", "dump", "enabled", "errors", "mode", "rank", "step", "steps", "store",
                  "world_size", "_accumulating", "_advance", "_call_impl", "_calls", "_calls_step", "_forward_codes",
-                 "_generation", "_grad_watch", "_handles", "_heavy", "_held", "_local", "_lock", "_names", "_next_param_tid", "_next_tid",
-                 "_param_in", "_params", "_pass_stack", "_pending", "_queued", "_rng_free", "_root_names", "_roots", "_seq",
-                 "_sharded", "_stacks", "_thread_names", "_tids", "_tids_limit", "_wrapper", "_depths")
+                 "_generation", "_grad_watch", "_handles", "_heavy", "_held", "_local", "_lock", "_names",
+                 "_next_param_tid", "_next_tid", "_param_in", "_params", "_pass_stack", "_pending", "_queued",
+                 "_rng_free", "_root_names", "_roots", "_seq", "_sharded", "_stacks", "_thread_names",
+                 "_tids", "_tids_limit", "_wrapper", "_depths")
 
     def __init__(self, store, mode: str = "full", steps: tuple[int, int | None] | None = None,
                  rank: int = 0, world_size: int = 1, dump: bool = False, digest_cache: bool = True):
@@ -541,28 +542,48 @@ class Collector:
 
     # -- module naming ---------------------------------------------------------------------
     def _register_root(self, module: torch.nn.Module) -> str:
+        """Name a module called outside any other, and everything in it. An earlier root inside
+        it (a part called alone while the model was built, to size a layer; a parametrization
+        run once when registered) is named anew as a part of this one. (Two models alive at once
+        whose parts have the same paths, a GAN's generator and discriminator, still share those
+        names: telling them apart by which was alive first would make names depend on when Python
+        frees an earlier model, which may differ from run to run.)"""
+        if self._held:
+            self._let_go()  # the final state of a model the script dropped comes before this one's events
         base = type(module).__name__
         name, n = base, 1
         while name in self._root_names:
             n += 1
             name = f"{base}#{n}"
         self._root_names.add(name)
+        parts = {id(m) for m in module.modules()}
+        inside = [other for other in (ref() for ref, _ in self._roots) if other is not None and id(other) in parts]
+        renamed = {id(m) for other in inside for m in other.modules()}
+        if inside:
+            self._roots = [(ref, n) for ref, n in self._roots if id(ref()) not in renamed]
+            self._held = [(m, n) for m, n in self._held if id(m) not in renamed]
         self._roots.append((weakref.ref(module), name))
-        if any(True for _ in module.parameters()):
+        has_params = any(True for _ in module.parameters())
+        if has_params:
             self._held.append((module, name))
         # An id already known may be a dead module's or parameter's, reused by a new one (a model
         # built after an earlier one was freed): that entry is replaced, or the new parameter would
         # go without a name and without gradient hooks.
         for sub_name, sub in module.named_modules():
             entry = self._names.get(id(sub))
-            if entry is None or entry[0]() is not sub:  # (a compiled submodule: named as its eager module)
+            # (a compiled submodule known already: named as its eager module)
+            if entry is None or entry[0]() is not sub or id(sub) in renamed:
                 self._names[id(sub)] = (weakref.ref(sub), clean_name(eager_name(sub_name)) or name)
         flats = self._sharded.register(module)
         for p_name, p in module.named_parameters():
             entry = self._params.get(id(p))
-            if (entry is not None and entry[0]() is p) or not p.requires_grad or id(p) in flats:
-                continue
             owner = module.get_submodule(p_name.rpartition(".")[0]) if "." in p_name else module
+            if entry is not None and entry[0]() is p:
+                if id(owner) in renamed:  # named by an earlier root inside this one: its name here
+                    self._params[id(p)] = (entry[0], clean_name(eager_name(p_name)), entry[2], entry[3])
+                continue
+            if not p.requires_grad or id(p) in flats:
+                continue
             self._watch_param(p, clean_name(eager_name(p_name)), type(owner).__name__)
         return name
 

@@ -871,3 +871,37 @@ def test_a_backward_fault_is_blamed_on_the_module_whose_backward_made_it(tmp_pat
     train(tmp_path / "b", 1.001)
     fd = bitguard.compare(tmp_path / "a", tmp_path / "b").first_divergence
     assert (fd["phase"], fd["boundary"], fd["blame"], fd["fault_class"]) == ("backward", "1", "source", "backward"), fd
+
+
+def test_a_part_called_alone_while_its_model_is_built_is_named_as_a_part(tmp_path):
+    """A part called alone while its model was built (to size a layer, a common idiom) became a
+    root of its own, and kept that root's names (`2`, not `features.2`) for the whole run. Once
+    its model is called, it is named as the model's part."""
+
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.features = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Tanh(), torch.nn.Linear(4, 4))
+            width = self.features(torch.zeros(1, 4)).shape[1]  # sizes the head
+            self.head = torch.nn.Linear(width, 1)
+
+        def forward(self, x):
+            return self.head(self.features(x))
+
+    torch.manual_seed(0)
+    with bitguard.record(tmp_path / "run", determinism=False):
+        model = Net()
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        for _ in range(2):
+            opt.zero_grad()
+            model(torch.ones(3, 4)).mean().backward()
+            opt.step()
+    ev, _ = events(tmp_path / "run")
+    steps = {e[EVENTS.names.index("boundary")] for e in ev if e[EVENTS.names.index("kind")] == "step"}
+    assert steps == {"features.0.weight", "features.0.bias", "features.2.weight", "features.2.bias", "head.weight",
+                     "head.bias"}, steps
+    forwards = {e[EVENTS.names.index("boundary")] for e in ev if e[EVENTS.names.index("phase")] == "forward"
+                and e[EVENTS.names.index("step")] >= 1}
+    assert forwards == {"Net", "features", "features.0", "features.1", "features.2", "head"}, forwards
+    finals = [e[EVENTS.names.index("boundary")] for e in ev if e[EVENTS.names.index("kind")] == "final"]
+    assert finals == ["Net"], finals  # one model, one final state
