@@ -89,8 +89,8 @@ def rank_scope(rank: int, run_a, run_b, ea: pl.DataFrame, eb: pl.DataFrame) -> t
         damage = (getattr(run, "damage", None) or {}).get(rank)
         if damage:
             from_step = damage.get("from_step")
-            cut(0 if from_step is None else int(from_step))
             lost = 0 if from_step is None else int(from_step)
+            cut(lost)
             damaged = lost if damaged is None else min(damaged, lost)
             where = "from the start" if from_step is None else f"from step {from_step} on"
             reasons.append(reason("damaged", f"run {label} rank {rank} is damaged {where} "

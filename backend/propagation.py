@@ -2,7 +2,8 @@
 
 Edges run forward in time between divergent events of one rank:
 - dataflow: an event's output tensor is another's input (same tensor identity), forward
-  (`output` -> `input`; a data event's batch -> the calls that read it) and backward (`grad_input` of a consumer -> `grad_output` of its producer);
+  (`output` -> `input`; a data event's batch -> the calls that read it) and backward
+  (`grad_input` of a consumer -> `grad_output` of its producer);
 - nesting: a divergent child forward call -> the enclosing call it belongs to;
 - forward -> backward of the same module in the same step (saved activations);
 - a module's backward -> its parameters' gradient events; gradient -> optimizer step of that

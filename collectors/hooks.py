@@ -99,6 +99,11 @@ class _Backward:
         self.done = False
 
 
+def _owner(root: torch.nn.Module, p_name: str) -> torch.nn.Module:
+    """The module of `root` that holds the parameter at path `p_name`."""
+    return root.get_submodule(p_name.rpartition(".")[0]) if "." in p_name else root
+
+
 class _NotFlattened(list):
     """What `_flatten` gives for a container with a part it could not flatten: the (path, tensor)
     pairs it could read, and the path of the first part it could not and why (`_rows` adds one
@@ -577,14 +582,17 @@ class Collector:
         flats = self._sharded.register(module)
         for p_name, p in module.named_parameters():
             entry = self._params.get(id(p))
-            owner = module.get_submodule(p_name.rpartition(".")[0]) if "." in p_name else module
             if entry is not None and entry[0]() is p:
-                if id(owner) in renamed:  # named by an earlier root inside this one: its name here
+                if renamed and id(_owner(module, p_name)) in renamed:  # named by an earlier root inside this one
                     self._params[id(p)] = (entry[0], clean_name(eager_name(p_name)), entry[2], entry[3])
-                continue
-            if not p.requires_grad or id(p) in flats:
-                continue
-            self._watch_param(p, clean_name(eager_name(p_name)), type(owner).__name__)
+            elif p.requires_grad and id(p) not in flats:
+                self._watch_at(module, p_name, p)
+        return name
+
+    def _watch_at(self, root: torch.nn.Module, p_name: str, p: torch.nn.Parameter) -> str:
+        """Name parameter `p` by its path `p_name` in `root`, hook its gradient; its name."""
+        name = clean_name(eager_name(p_name))
+        self._watch_param(p, name, type(_owner(root, p_name)).__name__)
         return name
 
     def _watch_param(self, p: torch.nn.Parameter, name: str, owner: str) -> None:
@@ -1023,7 +1031,7 @@ class Collector:
         # every tensor of the step at once: one kernel call for the host ones
         steps = []
         for g, group in enumerate(optimizer.param_groups):
-            for i, p in enumerate(group["params"]):
+            for j, p in enumerate(group["params"]):
                 if p.grad is None:
                     continue
                 # the gradient as step() used it: after any reduction across ranks (DDP, FSDP), which
@@ -1034,43 +1042,41 @@ class Collector:
                     tensors += [("state", i, f"['{k}']", v) for i, (k, v) in enumerate(
                         (k, v) for k, v in state.items() if isinstance(v, torch.Tensor))]
                 parts = self._sharded.step_parts(p, tensors)
-                if parts is None and (id(p) not in self._params or self._params[id(p)][0]() is not p):
-                    self._adopt(p, f"{opt_type}.param_groups[{g}][{i}]")
-                steps += [(p, tensors, None, None)] if parts is None else [(p, t, n, m) for n, t, m in parts]
-        flat = [t for _, tensors, *_ in steps for *_, t in tensors]
+                for name, t, marks in [(None, tensors, None)] if parts is None else parts:
+                    if name is None:  # (a FlatParameter's parts are named by the parameters they hold)
+                        entry = self._params.get(id(p))
+                        name = entry[1] if entry is not None and entry[0]() is p else \
+                            self._adopt(p, f"{opt_type}.param_groups[{g}][{j}]")
+                    steps.append((t, name, marks))
+        flat = [t for tensors, *_ in steps for *_, t in tensors]
         try:
             digests = digest_many(flat)
         except Exception:  # noqa: BLE001 - one tensor it cannot read: each row digests its own, or says why not
             digests = [None] * len(flat)
         at = 0
-        for p, tensors, name, marks in steps:
+        for tensors, name, marks in steps:
             taken, at = digests[at:at + len(tensors)], at + len(tensors)
             try:
-                self._emit_step(p, tensors, name, marks, taken, opt_type, stack)
+                self._emit_step(tensors, name, marks, taken, opt_type, stack)
             except Exception as exc:  # noqa: BLE001 - one parameter's event lost, said so; the others go on
                 self._fail("optimizer step", exc)
 
-    def _adopt(self, p: torch.nn.Parameter, where: str) -> None:
+    def _adopt(self, p: torch.nn.Parameter, where: str) -> str:
         """Name and watch a parameter an optimizer steps that no root registered: frozen when its
         root was first called and unfrozen since, or put into the model later
         (`load_state_dict(assign=True)`, a layer added). Named as the root that holds it now names
         it, else by its place in the optimizer (`where`): stable from run to run, where its id was
-        not (two identical runs compared diverged). Its gradients are watched from now on."""
+        not (two identical runs compared diverged). Its gradients are watched from now on; its name."""
         for ref, _ in self._roots:
             module = ref()
             for p_name, q in (module.named_parameters() if module is not None else ()):
                 if q is p:
-                    owner = module.get_submodule(p_name.rpartition(".")[0]) if "." in p_name else module
-                    self._watch_param(p, clean_name(eager_name(p_name)), type(owner).__name__)
-                    return
+                    return self._watch_at(module, p_name, p)
         self._watch_param(p, where, "")
+        return where
 
-    def _emit_step(self, p, tensors: list, name: str | None, marks: list | None, digests: list, opt_type: str,
-                   stack) -> None:
+    def _emit_step(self, tensors: list, name: str, marks: list | None, digests: list, opt_type: str, stack) -> None:
         t0 = time.time_ns()
-        if name is None:
-            entry = self._params.get(id(p))
-            name = entry[1] if entry is not None and entry[0]() is p else f"<param {id(p):x}>"
         rows = [self._row(t, role, i, path, d if type(t) in _PLAIN else None)
                 for (role, i, path, t), d in zip(tensors, digests)]
         if marks is not None:

@@ -133,10 +133,10 @@ def test_a_failing_step_hook_still_advances_the_step(tmp_path, monkeypatch):
 def test_one_parameter_failing_loses_no_other_parameters_event(tmp_path, monkeypatch):
     emit = Collector._emit_step
 
-    def fails_for_one(self, p, tensors, name, *args):
-        if tuple(p.shape) == (4, 3):  # the first parameter the step meets: every other one comes after
+    def fails_for_one(self, tensors, name, *args):
+        if tuple(tensors[0][3].shape) == (4, 3):  # (the param row) the first parameter the step meets
             raise RuntimeError("boom")
-        return emit(self, p, tensors, name, *args)
+        return emit(self, tensors, name, *args)
 
     monkeypatch.setattr(Collector, "_emit_step", fails_for_one)
     manifest, events = _train(tmp_path / "run")
