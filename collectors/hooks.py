@@ -99,6 +99,13 @@ class _Backward:
         self.done = False
 
 
+def _distributed(module: torch.nn.Module) -> bool:
+    """A wrapper of torch.distributed's (DDP's reducer, FSDP's state): not held past the script's
+    own lifetime for it, since destroyed after the script's destroy_process_group() its threads
+    abort the process ("terminate called without an active exception")."""
+    return type(module).__module__.startswith(("torch.nn.parallel", "torch.distributed"))
+
+
 def _owner(root: torch.nn.Module, p_name: str) -> torch.nn.Module:
     """The module of `root` that holds the parameter at path `p_name`."""
     return root.get_submodule(p_name.rpartition(".")[0]) if "." in p_name else root
@@ -268,7 +275,8 @@ class Collector:
         self._roots: list[tuple[weakref.ref, str]] = []  # root modules met, for the final-state event
         # Roots with parameters, held: a model local to the script's main() is gone when the
         # recording ends, and its final state with it. Let go of (its final state taken then) once
-        # nothing else holds it (`_let_go`), and when the recording ends.
+        # nothing else holds it (`_let_go`), and when the recording ends. Not held: a model inside
+        # a torch.distributed wrapper (`_distributed`).
         self._held: list[tuple[torch.nn.Module, str]] = []
         self._params: dict[int, tuple[weakref.ref, str, str, int]] = {}  # id -> (ref, name, owner type, tid)
         self._param_in: dict[int, tuple] = {}  # pid -> (t0, grad_input row) while .grad accumulates
@@ -568,8 +576,7 @@ class Collector:
             self._roots = [(ref, n) for ref, n in self._roots if id(ref()) not in renamed]
             self._held = [(m, n) for m, n in self._held if id(m) not in renamed]
         self._roots.append((weakref.ref(module), name))
-        has_params = any(True for _ in module.parameters())
-        if has_params:
+        if any(True for _ in module.parameters()) and not any(map(_distributed, module.modules())):
             self._held.append((module, name))
         # An id already known may be a dead module's or parameter's, reused by a new one (a model
         # built after an earlier one was freed): that entry is replaced, or the new parameter would
