@@ -24,6 +24,7 @@ from collections import defaultdict
 # what the training computes (a consequence of a divergence, never its cause), per kind
 COMPUTED = {"backward": {"value"}, "clip_grad_norm": {"total_norm"}, "params": {"xor"}}
 SHOWN = 12  # differences kept in the document; `more` counts the rest
+EVERY_STEP = 2**62  # `differences(..., step)`: no step left out
 
 
 def _api_rows(info, rank: int):
@@ -115,11 +116,11 @@ def differences(run_a, run_b, rank: int, step: int) -> dict:
     return {"available": True, "differences": found[:SHOWN], "more": max(0, len(found) - SHOWN), "missing": []}
 
 
-def lines(diff: dict, indent: str = "  ") -> list[str]:
+def lines(diff: dict, indent: str = "  ", header: bool = True) -> list[str]:
     """The terminal report's lines for a `differences()` result (none when nothing differs)."""
     if not diff or not diff.get("differences"):
         return []
-    out = [f"{indent}training API calls that differ (at or before this step; the likely cause):"]
+    out = [f"{indent}training API calls that differ (at or before this step; the likely cause):"] if header else []
     for d in diff["differences"]:
         what = f"{d['kind']} ({d['target']})" + (f" call {d['call']}" if d["call"] else "")
         if d["field"] is None:

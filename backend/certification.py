@@ -117,6 +117,23 @@ def _fmt(window) -> str:
     return f"{first or 0}:{'' if end is None else end}"
 
 
+def since_filter(run_a, run_b, ea: pl.DataFrame, eb: pl.DataFrame, ta: pl.DataFrame,
+                 tb: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame, pl.DataFrame, pl.DataFrame]:
+    """When one run was recorded before an event kind existed (`params`, schema version 6), that
+    kind is left out of both sides: absent by construction in the older run, not a divergence."""
+    versions = [run.manifest.get("schema_version", 1) for run in (run_a, run_b)]
+    if all(isinstance(v, int) and v >= 6 for v in versions):
+        return ea, eb, ta, tb
+    sides = []
+    for events, tensors in ((ea, ta), (eb, tb)):
+        if events.select((pl.col("kind") == "params").any()).item():
+            events = events.filter(pl.col("kind") != "params")
+            tensors = tensors.filter(pl.col("seq").is_in(events["seq"].implode()))
+        sides.append((events, tensors))
+    (ea, ta), (eb, tb) = sides
+    return ea, eb, ta, tb
+
+
 def mode_filter(run_a, run_b, ea: pl.DataFrame, eb: pl.DataFrame, ta: pl.DataFrame,
                 tb: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame, pl.DataFrame, pl.DataFrame, list[dict]]:
     """When one run was recorded in full mode and the other in trusted mode, keep of the full one's

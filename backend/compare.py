@@ -74,6 +74,7 @@ class RankComparison:
     regions: granularity.Regions = field(default_factory=granularity.Regions)  # compiled regions (torch.compile)
     summary: RankSummary | None = None  # what the document reads of this rank (rank_summary.py)
     again: tuple | None = None  # compact: (run_a, run_b, rules, band, fingerprint, probes) to compare it again
+    fed_by: list = field(default_factory=list)  # ranks whose different input made this rank's collective differ (confirm_comm)
 
     def compact(self) -> RankComparison:
         """This rank without its frames (what a pool worker sends back); set `again` to read them."""
@@ -296,6 +297,7 @@ def _compare_rank(rank: int, run_a: RunInfo, run_b: RunInfo, rules: RuleSet, fir
         side_a, side_b = pool.submit(load_rank, run_a, rank), pool.submit(load_rank, run_b, rank)
         ea, ta, sa = side_a.result()  # A's error first when both fail, as one after the other
         eb, tb, sb = side_b.result()
+    ea, eb, ta, tb = certification.since_filter(run_a, run_b, ea, eb, ta, tb)
     ea, eb, ta, tb, mode_reasons = certification.mode_filter(run_a, run_b, ea, eb, ta, tb)
     ea, eb, ta, tb, regions = granularity.split(ea, eb, ta, tb)
     ea, ta = _keep_probes(ea, ta, probes)
@@ -482,6 +484,25 @@ def manifest_differences(a: dict, b: dict) -> list[dict]:
     return out
 
 
+def _first_pivot(ranks: dict[int, RankComparison]) -> RankComparison | None:
+    """The rank whose pivot comes first: the earliest step, then the earliest end in time; but a
+    rank whose collective differs only because another rank fed it a different input (`fed_by`,
+    confirm_comm) gives way to that rank's pivot of the same step or earlier: the fault is there."""
+    def first(rcs):
+        return min(rcs, key=lambda rc: (rc.pivot["step"], rc.pivot["t_end_ns"])) if rcs else None
+
+    chosen = first([rc for rc in ranks.values() if rc.pivot is not None])
+    seen = set()
+    while chosen is not None and chosen.fed_by and chosen.rank not in seen:
+        seen.add(chosen.rank)
+        feeders = [ranks[r] for r in chosen.fed_by if r in ranks and ranks[r].pivot is not None
+                   and ranks[r].pivot["step"] <= chosen.pivot["step"]]
+        if not feeders:
+            break
+        chosen = first(feeders)
+    return chosen
+
+
 # Reasons that stop a verdict from being `identical`; the others only describe what was compared.
 _INFORMATIONAL = {"modes", "granularity", "recompute"}
 
@@ -498,8 +519,7 @@ class Comparison:
         self.fingerprint = fingerprint  # what made two paired tensors differ (equivalence.py)
         self.probes = probes  # boundary globs kept, None for every recorded event
         self.rules_fired = [{"id": k, "count": v} for k, v in sorted(fired.items())]
-        pivots = [rc for rc in ranks.values() if rc.pivot is not None]
-        self._first = min(pivots, key=lambda rc: (rc.pivot["step"], rc.pivot["t_end_ns"])) if pivots else None
+        self._first = _first_pivot(ranks)
         self.manifest_diffs = manifest_differences(run_a.manifest, run_b.manifest)
         self.reasons = list(reasons or [])  # whole-run reasons; the ranks add theirs (certification.py)
         self._result: CompareResult | None = None
@@ -593,8 +613,21 @@ class Comparison:
             inconclusive={"reasons": blocking} if verdict == "inconclusive" else None,
             certification={"reasons": reasons, "compared_steps": {
                 str(r): [rc.scope.first, rc.scope.end] for r, rc in self.ranks.items()}},
+            api_differences=self._api_differences_without_pivot(),
             run_checks=check.for_comparison(self),  # each run against itself (backend/check.py)
         )
+
+    def _api_differences_without_pivot(self) -> dict | None:
+        """When no event differs: the first rank's training API calls that differ, every step (a
+        learning rate changed where every gradient was zero computes the same numbers, but the
+        runs asked for different ones), None when none differ."""
+        if self._first is not None:
+            return None
+        for rank in sorted(self.ranks):
+            diff = api_diff.differences(self.run_a, self.run_b, rank, api_diff.EVERY_STEP)
+            if diff["differences"]:
+                return {**diff, "rank": rank}
+        return None
 
     def drill(self, rank: int | None = None, out=None, timeout: float | None = None):
         """Replay both runs for the pivot's step and name the first differing operation

@@ -39,6 +39,7 @@ INPUT_ROLES = {
     ("backward", "grad"): ("grad_input",),
     ("optimizer", "step"): ("grad",),  # the gradient step() used (older runs have no such row)
     ("optimizer", "final"): (),
+    ("optimizer", "params"): (),  # a root's parameters as a step's first call meets them
     ("data", "batch"): (),
     ("comm", "collective"): ("input",),  # a collective: this rank's part of its inputs
 }
@@ -77,6 +78,9 @@ def blame(pivot: dict, events_a: pl.DataFrame, status: dict[int, str], diffs: pl
                                   "something outside the observed boundaries changed them (an update outside "
                                   "torch.optim, an EMA, an edit after the last optimizer step, a buffer updated "
                                   "in code no module call covers)"}
+    elif kind == "params":
+        result.update(fault_class="params")
+        result["blame_window"] = {"module": pivot["boundary"], "detail": _params_detail(pivot, events_a)}
     elif phase == "comm":
         result.update(fault_class="comm")
         if inputs_differ:
@@ -107,6 +111,30 @@ def blame(pivot: dict, events_a: pl.DataFrame, status: dict[int, str], diffs: pl
         result["blame"] = "consumer"
         result["blame_window"] = _window(pivot, events_a, status, diffs)
     return result
+
+
+def _params_detail(pivot: dict, events_a: pl.DataFrame) -> str:
+    """A root's parameters differ as a call of a step meets them, every event before matched."""
+    before = events_a.filter(pl.col("seq") < pivot["seq"])
+    stepped = before.filter((pl.col("phase") == "optimizer") & (pl.col("kind") == "step")).height
+    if pivot["call"] > 0 and stepped:
+        return ("the parameters differ at this call of the step although they matched at an earlier call and every "
+                "event since matched: they changed inside the step, where an optimizer that calls its closure "
+                "again (LBFGS) moves them inside step(), or by code between the two calls (through .data, by hand)")
+    if stepped:
+        return ("the parameters differ at the start of this step although every optimizer step before matched: code "
+                "outside torch.optim changed them after the last step() (a clamp or an update through .data, a "
+                "hand-written update, load_state_dict, weights copied in)")
+    if before.filter(pl.col("kind") == "grad").height:
+        return ("the parameters differ at the start of this step although every gradient before matched, and no "
+                "optimizer step was recorded: the weights were updated outside torch.optim (by hand, through .data) "
+                "differently, or edited between steps (or an optimizer that calls its closure again, LBFGS, moved "
+                "them inside its first step())")
+    if pivot["step"] > 0:
+        return (f"the parameters already differ at the model's first recorded call, in step {pivot['step']}: they "
+                f"differed before the recorded steps began (an earlier step, the initialisation, a loaded checkpoint)")
+    return ("the parameters differ before the model's first recorded call, although everything before matched: "
+            "they were made differently (the initialisation, its seed, a loaded checkpoint, weights copied in)")
 
 
 def _comm_detail(pivot: dict, inputs_differ: bool) -> str:
@@ -172,6 +200,7 @@ def confirm_comm(ranks: dict, rank_selected: bool) -> None:
                 matched.append(r)
         w = b["blame_window"]
         if differ:
+            rc.fed_by = differ
             b["blame"] = "consumer"
             w["detail"] = (f"this rank's inputs to the collective matched, but rank(s) {_ranks(differ)} of its group "
                            f"fed it a different input: its output differs here because of theirs")

@@ -7,8 +7,10 @@ Edges run forward in time between divergent events of one rank:
 - nesting: a divergent child forward call -> the enclosing call it belongs to;
 - forward -> backward of the same module in the same step (saved activations);
 - a module's backward -> its parameters' gradient events; gradient -> optimizer step of that
-  parameter; optimizer step -> the owning module's next forward (the updated weights), and
-  -> a `final` event after it (the weights the recording's final state holds);
+  parameter; optimizer step -> the owning module's next forward (the updated weights), -> the
+  next `params` event (a root's parameters as a step's first call meets them; it -> the first
+  divergent forward after it in its step), and -> a `final` event after it (the weights the
+  recording's final state holds);
 - inferred: a divergent forward call whose input tensor no observed event produced (a
   functional op between modules made it) -> from the divergent forward call completed just before.
 The graph is returned summarised: one node per (phase, kind, boundary) with the first step
@@ -126,7 +128,7 @@ def graph(events: pl.DataFrame, tensors: pl.DataFrame, divergent, loss: bool = F
                             pl.lit("inferred").alias("kind"), (pl.col("step").shift() == pl.col("step")).alias("_same"))
                  .filter(pl.col("dst").is_in(orphans.implode()) & pl.col("_same").fill_null(False)).drop("_same"))
     # weights: a parameter's (last) optimizer event of a step -> the owner's first divergent forward of a later step
-    params = (info.filter(phase == "optimizer").group_by("boundary", "step").agg(pl.col("seq").max())
+    params = (opt_steps.group_by("boundary", "step").agg(pl.col("seq").max())
               .select("seq", _owner(pl.col("boundary")).alias("owner"), (pl.col("step") + 1).alias("_after")))
     later = (fwd.group_by("boundary", "step").agg(pl.col("seq").min())
              .sort("boundary", "step", descending=[False, True])  # _first: the first seq of this step or a later one
@@ -137,14 +139,26 @@ def graph(events: pl.DataFrame, tensors: pl.DataFrame, divergent, loss: bool = F
                                               check_sortedness=False)
         parts.append(hit.filter(pl.col("_first").is_not_null()).select(
             pl.col("seq").alias("src"), pl.col("_first").alias("dst"), pl.lit("weights").alias("kind")))
+    # a root's parameters as a step's first call meets them: the optimizer events before it -> it
+    # (each to the first after it), and it -> the first divergent forward after it in its step
+    starts = info.filter((phase == "optimizer") & (kind == "params")).select("seq", "step").sort("seq")
+    if starts.height:
+        at = starts.select(pl.col("seq").alias("dst"), pl.col("seq").alias("_at"))
+        hit = opt_steps.select(pl.col("seq").alias("src"), pl.col("seq").alias("_at")).sort("_at").join_asof(
+            at, on="_at", strategy="forward")
+        after = fwd.select(pl.col("seq").alias("dst"), pl.col("seq").alias("_at"), "step").sort("_at")
+        hit_fwd = starts.select(pl.col("seq").alias("src"), pl.col("seq").alias("_at"), "step").join_asof(
+            after, on="_at", by="step", strategy="forward", check_sortedness=False)
+        parts += [h.filter(pl.col("dst").is_not_null()).select("src", "dst", pl.lit("weights").alias("kind"))
+                  for h in (hit, hit_fwd)]
     # final: each parameter's last optimizer event before a final-state event -> that event (final
     # events are few: one per root model, at its end)
     for at in info.filter((phase == "optimizer") & (kind == "final"))["seq"].to_list():
         last = opt_steps.filter(pl.col("seq") < at).group_by("boundary").agg(pl.col("seq").max())
         parts.append(last.select(pl.col("seq").alias("src"), pl.lit(at).alias("dst"), pl.lit("final").alias("kind")))
     if loss:
-        parts.append(_pairs(fwd.filter(pl.col("depth") == 0), info.filter(phase.is_in(["backward", "optimizer"])),
-                            ["step"], "loss"))
+        parts.append(_pairs(fwd.filter(pl.col("depth") == 0),  # (a params event comes before its step's forward)
+                            info.filter(phase.is_in(["backward", "optimizer"]) & (kind != "params")), ["step"], "loss"))
     seqs = info["seq"].implode()
     edges = pl.concat([p.cast(_EDGES) for p in parts]).filter(pl.col("src").is_in(seqs) & pl.col("dst").is_in(seqs))
     if loss:

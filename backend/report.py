@@ -52,6 +52,10 @@ def _render(c) -> str:
         out += [f"  • {reason.message}" for reason in r.inconclusive.reasons]
     else:
         out += _divergence(fd)
+    if r.api_differences is not None:
+        out.append(f"  note: the numbers compared match, but rank {r.api_differences.rank} of the two runs called the "
+                   f"training API differently (these settings had no effect on what was recorded):")
+        out += api_diff.lines(r.api_differences.model_dump(), "  ", header=False)
     if r.verdict != "inconclusive":
         notes = [x for x in r.certification.reasons if x.code not in ("modes", "recompute")]
         if notes:
@@ -112,7 +116,7 @@ def _divergence(fd: FirstDivergence) -> list[str]:
         out = [f"VERDICT: diverged — first divergence on rank {fd.rank}, step {fd.step}: run {lacking} lacks the "
                f"{fd.phase} of {fd.boundary} ({fd.module_type}, call {fd.call}) that the other run records"]
     else:
-        what = "final state" if fd.kind == "final" else fd.phase
+        what = {"final": "final state", "params": "parameters at the start"}.get(fd.kind, fd.phase)
         out = [f"VERDICT: diverged — first divergence on rank {fd.rank}, step {fd.step}, "
                f"{what} of {fd.boundary} ({fd.module_type}, call {fd.call})"]
     out.append(f"  blame: {fd.blame} ({fd.fault_class})")

@@ -81,6 +81,8 @@ class ApiDifferences(_Model):
     differences: list[ApiDifference] = Field(description="at or before the pivot's step, earliest first")
     more: int = Field(description="differences left out of the list")
     missing: list[Literal["a", "b"]] = Field(default_factory=list, description="the runs without API events")
+    rank: int | None = Field(None, description="the rank compared (in the document's `api_differences`, where no "
+                                               "first divergence names one)")
 
 
 class FirstDivergence(_Model):
@@ -271,6 +273,10 @@ class CompareResult(_Model):
     analysis: Analysis
     inconclusive: Inconclusive | None = Field(None, description="set when the verdict is inconclusive")
     certification: Certification
+    api_differences: ApiDifferences | None = Field(
+        None, description="set when there is no first divergence and the runs called the training API differently "
+                          "(the first rank whose calls differ, every step): the numbers compared matched all the same, "
+                          "e.g. a learning rate changed where every gradient was zero")
     run_checks: dict[str, list[Finding]] | None = Field(
         None, description="side (a, b) -> what the run says about itself, without the other (bitguard check, "
                           "backend/check.py: a recompute that differs from its original forward, ...); the "

@@ -32,7 +32,7 @@ def recorded_steps(out: Path, steps: int, with_api: bool, timers: dict | None = 
                                                            "_modes", "_add")}
     if not with_api:
         ApiRecorder.install = lambda self: self
-        ApiRecorder.root_forward = lambda self, module, name: None
+        ApiRecorder.root_forward = lambda self, module, name, digested=None: None
     elif timers is not None:
         for name in ("_end_step", "_params_row", "_modes", "_add"):
             setattr(ApiRecorder, name, _timed(saved[name], timers, name))

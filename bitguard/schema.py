@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-SCHEMA_VERSION = 5  # bump on any change to a table below; readers refuse newer versions
+SCHEMA_VERSION = 6  # bump on any change to a table below; readers refuse newer versions
 # 2: tensors.unobserved (version 1 files have no such column: read as NULL, every tensor digested)
 # 3: tensors.shard (older files have no such column: read as NULL, every digest covers its whole tensor)
 #    and phase comm (kind collective); optimizer step events hold a `grad` row (the gradient step() used)
@@ -19,6 +19,8 @@ SCHEMA_VERSION = 5  # bump on any change to a table below; readers refuse newer 
 #    neither: read as empty, and an invariant check says no API events were recorded)
 # 5: sensor_stats.steps (an operator's row may sum several steps; older files have no such column: read as
 #    NULL, every row one step)
+# 6: events of kind `params` (a root module's parameters at its first call in each step, phase optimizer;
+#    older files have none: a comparison with one leaves them out of both sides)
 DIGEST = "xor64+pos-fmix64"  # names the digest definition (docs/DIGESTS.md); runs compare only under the same one
 # the host digest kernel's revision: 2 keeps the OpenMP team's chunk table alive while the team reads it
 # (2abed93); a run recorded before it (no `digest_build`) with more than one torch thread may hold wrong
@@ -34,7 +36,8 @@ ROLES = ("input", "output", "grad_input", "grad_output", "grad", "param", "state
 # The `state` row that marks a compiled region's forward event (torch.compile): unobserved, it says
 # that the module boundaries inside the region were not observed (collectors/compiled.py).
 COMPILED_REGION_PATH = "<compiled region>"
-KINDS = ("module", "grad", "step", "batch", "final", "collective")  # final: a root module's parameters and buffers at the end
+# final: a root module's parameters and buffers at the end; params: its parameters as each step's first call meets them
+KINDS = ("module", "grad", "step", "batch", "final", "collective", "params")
 # Columns that every row must hold (a NULL there is a damaged rank file, not a value).
 REQUIRED = {"events": ("seq", "step", "phase", "kind", "boundary", "call", "depth", "t_start_ns", "t_end_ns"),
             "tensors": ("seq", "role", "idx", "shape", "dtype", "xor", "pos")}
@@ -80,8 +83,9 @@ EVENTS = Table(
                "group as its global ranks, `0-3` or `0,2`)"),
         Column("module_type", "VARCHAR", "class name of the module (owning module for a parameter; optimizer class for optimizer events; "
                "for a collective its operation: sum, avg, ..., gather, `src N` for a broadcast, a DDP hook's name)"),
-        Column("kind", "VARCHAR", "module | grad | step | batch | final | collective: what the event observed (final: a root "
-               "module's parameters and buffers when the recording ended, phase optimizer)"),
+        Column("kind", "VARCHAR", "module | grad | step | batch | final | collective | params: what the event observed (final: a "
+               "root module's parameters and buffers when the recording ended; params: its parameters at its first call "
+               "in a step, before it runs; both phase optimizer)"),
         Column("call", "INTEGER", "occurrence of this boundary, phase and kind within the step, from 0"),
         Column("depth", "INTEGER", "module nesting depth at the call (root modules are 0)"),
         Column("thread", "VARCHAR", "name of the Python thread the event completed on (`native-N`: a thread "

@@ -81,6 +81,12 @@ class CollectorNaming:
         entry = self.collector._names.get(id(m))
         return entry[1] if entry is not None and entry[0]() is m else None
 
+    def adopt_root(self, m) -> None:
+        """A model the training updates but may never call (an AveragedModel): a root of its own,
+        held until the recording ends, so that its final state is recorded."""
+        if self.module_name(m) is None:
+            self.collector._register_root(m)
+
 
 class OnlineNaming:
     """Names and steps as online mode's monitor (collectors/online/monitor.py) gives them: modules by
@@ -109,6 +115,9 @@ class OnlineNaming:
     def module_name(self, m) -> str | None:
         entry = self.monitor.module_name._names.get(id(m))
         return entry[1] if entry is not None and entry[0]() is m else None
+
+    def adopt_root(self, m) -> None:
+        """(Online mode records no final state.)"""
 
     def _learn(self) -> None:
         """Name the parameters of every root the monitor has met since the last look."""
@@ -232,6 +241,7 @@ class ApiRecorder(Guarded):
         from torch.nn.utils import clip_grad
         from torch.optim import lr_scheduler
         from torch.optim import optimizer as optim
+        from torch.optim import swa_utils
 
         self._wrap(torch.optim.Optimizer, "zero_grad", self._zero_grad_of(True), outermost="zero_grad")
         self._wrap(torch.nn.Module, "zero_grad", self._zero_grad_of(False), outermost="zero_grad")
@@ -249,6 +259,8 @@ class ApiRecorder(Guarded):
         for cls in dict.fromkeys([lr_scheduler.LRScheduler, *schedulers]):
             if "step" in vars(cls):
                 self._wrap(cls, "step", self._on_scheduler_step, outermost="scheduler")
+        # an averaged copy (SWA, EMA) is updated and often never called: its final state is the model saved
+        self._wrap(swa_utils.AveragedModel, "update_parameters", self._on_averaged_update)
         self._wrap(torch.amp.GradScaler, "scale", self._on_scale)
         self._wrap(torch.amp.GradScaler, "update", self._on_scaler_update)
         self._handles.append(optim.register_optimizer_step_post_hook(self.guard(self._on_optimizer_step)))
@@ -440,6 +452,10 @@ class ApiRecorder(Guarded):
         # the scheduler's constructor steps it once: a scheduler exists, it was not stepped by the loop
         self._add("scheduler_init" if initial else "scheduler_step", self._index(sched), value)
 
+    def _on_averaged_update(self, args, kwargs, out):
+        if args and isinstance(args[0], torch.nn.Module):
+            self.naming.adopt_root(args[0])
+
     def _on_scale(self, args, kwargs, out):
         if isinstance(out, torch.Tensor):
             self._scaled = {k: v for k, v in self._scaled.items() if v[0]() is not None}
@@ -463,21 +479,22 @@ class ApiRecorder(Guarded):
         self._end_step(step)
 
     # -- root modules ----------------------------------------------------------------------
-    def root_forward(self, module: torch.nn.Module, name: str) -> None:
+    def root_forward(self, module: torch.nn.Module, name: str, digested: dict | None = None) -> None:
         """A root module's forward begins (the Collector calls this): its `modes` row, and once per
-        step its `params` row."""
-        self._guarded(self._root_forward, module, name)
+        step its `params` row (`digested`: id of a parameter -> its digest, taken already by the
+        Collector's params event)."""
+        self._guarded(self._root_forward, module, name, digested)
 
-    def _root_forward(self, module: torch.nn.Module, name: str) -> None:
+    def _root_forward(self, module: torch.nn.Module, name: str, digested: dict | None) -> None:
         if next(module.parameters(), None) is None:  # a loss or a functional module called on its own: no model
             return
         step = self.naming.step()
         if self._params_step.get(id(module)) != step:
             self._params_step[id(module)] = step
-            self._params_row(module, name, step)
+            self._params_row(module, name, step, digested or {})
         self._add("modes", name, self._modes(module, name), step=step)
 
-    def _params_row(self, module: torch.nn.Module, name: str, step: int) -> None:
+    def _params_row(self, module: torch.nn.Module, name: str, step: int, digested: dict) -> None:
         named = [(clean_name(eager_name(n)), p) for n, p in module.named_parameters(remove_duplicate=False)]
         unique, seen = [], {}
         for n, p in named:
@@ -486,7 +503,9 @@ class ApiRecorder(Guarded):
                 unique.append(p)
             if self.naming.param_name(p) is None:
                 self._param_names[id(p)] = (weakref.ref(p), n)
-        digests = _digests(unique)
+        missing = [p for p in unique if id(p) not in digested]
+        taken = iter(_digests(missing) if missing else ())
+        digests = [digested[id(p)] if id(p) in digested else next(taken) for p in unique]
         storages: dict[int, int] = {}
         value, later = {}, []
         for n, p in named:

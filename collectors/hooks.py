@@ -86,9 +86,9 @@ class _Frame:
 class _Backward:
     """A module call waiting for the gradients of its outputs and inputs."""
 
-    __slots__ = ("name", "module_type", "depth", "t0", "expected", "rows", "arrived", "done")
+    __slots__ = ("name", "module_type", "depth", "t0", "expected", "rows", "arrived", "done", "step")
 
-    def __init__(self, name: str, module_type: str, depth: int, t0: int, expected: int):
+    def __init__(self, name: str, module_type: str, depth: int, t0: int, expected: int, step: int):
         self.name = name
         self.module_type = module_type
         self.depth = depth
@@ -97,6 +97,16 @@ class _Backward:
         self.rows: list = []
         self.arrived = 0
         self.done = False
+        self.step = step  # of its forward
+
+
+def _versions(module: torch.nn.Module) -> int:
+    """The sum of the version counters of `module`'s parameters (-1 when one has none): it moves
+    when one of them is written in place, but for writes through `.data`."""
+    try:
+        return sum(p._version for p in module.parameters())
+    except Exception:  # noqa: BLE001 - a parameter without a version counter: always taken as changed
+        return -1
 
 
 def _distributed(module: torch.nn.Module) -> bool:
@@ -245,7 +255,7 @@ class Collector:
     __slots__ = ("api", "digest_cache", "dump", "enabled", "errors", "mode", "rank", "step", "steps", "store",
                  "world_size", "_accumulating", "_advance", "_call_impl", "_calls", "_calls_step", "_forward_codes",
                  "_generation", "_grad_watch", "_handles", "_heavy", "_held", "_local", "_lock", "_names",
-                 "_next_param_tid", "_next_tid", "_param_in", "_params", "_pass_stack", "_pending", "_queued",
+                 "_next_param_tid", "_next_tid", "_grads", "_param_in", "_params", "_params_at", "_pass_stack", "_pending", "_queued",
                  "_rng_free", "_root_names", "_roots", "_seq", "_sharded", "_stacks", "_thread_names",
                  "_tids", "_tids_limit", "_wrapper", "_depths")
 
@@ -273,6 +283,9 @@ class Collector:
         self._names: dict[int, tuple[weakref.ref, str]] = {}
         self._root_names: set[str] = set()
         self._roots: list[tuple[weakref.ref, str]] = []  # root modules met, for the final-state event
+        # id(root) -> (ref, step, `_grads`, `_versions`) at its last params event; parameter gradients seen so far
+        self._params_at: dict[int, tuple[weakref.ref, int, int, int]] = {}
+        self._grads = 0
         # Roots with parameters, held: a model local to the script's main() is gone when the
         # recording ends, and its final state with it. Let go of (its final state taken then) once
         # nothing else holds it (`_let_go`), and when the recording ends. Not held: a model inside
@@ -740,8 +753,14 @@ class Collector:
                 frame.inputs = self._rows(frame.args, "input")
                 if is_model_root or self._may_draw(module):
                     frame.rng = torch.get_rng_state()
+            digested = None
+            if is_model_root:
+                versions = self._params_due(module)
+                if versions is not None:
+                    digested = self._start_params(module, name, type(region or module).__name__, t0)
+                    self._params_at[id(module)] = (weakref.ref(module), self.step, self._grads, versions)
             if recompute is None and self.api is not None:  # its params and modes rows
-                self.api.root_forward(module, name)
+                self.api.root_forward(module, name, digested)
             if is_model_root:
                 rows = [list(r) for r in frame.inputs] + self._rng_rows(frame.rng)
                 self._emit("data", "batch", name, type(region or module).__name__, 0, t0, rows)
@@ -833,7 +852,7 @@ class Collector:
         ins = [("[0]" + p, t) for p, t in frame.args if t.requires_grad]
         if kwargs:
             ins += [(p, t) for p, t in _flatten(kwargs, "[1]") if t.requires_grad]
-        state = _Backward(frame.name, mtype, frame.depth, time.time_ns(), len(outs) + len(ins))
+        state = _Backward(frame.name, mtype, frame.depth, time.time_ns(), len(outs) + len(ins), self.step)
         watched, on_grad = self._grad_watch, self._on_grad
         for role, pairs in (("grad_output", outs), ("grad_input", ins)):
             for i, (path, t) in enumerate(pairs):
@@ -865,7 +884,13 @@ class Collector:
         try:
             for state, role, idx, path in listeners:
                 if state.done:
-                    continue
+                    if state.step != self.step or not self.enabled:
+                        continue
+                    # a second backward through a retained graph (`retain_graph=True`, a gradient
+                    # penalty, a saliency map): the call's gradients again, a new backward event
+                    state.done, state.rows, state.arrived = False, [], 0
+                    with self._lock:
+                        self._pending.append(state)
                 if state.arrived == 0:
                     state.t0 = time.time_ns()
                 state.rows.append(self._row(grad, role, idx, path))
@@ -958,16 +983,57 @@ class Collector:
 
     def _final(self, module: torch.nn.Module, name: str) -> None:
         """The `final` event of root module `module`: every parameter and buffer as it is now."""
-        params = [(f".{clean_name(eager_name(n))}", p) for n, p in module.named_parameters()]
         buffers = [(f".{clean_name(eager_name(n))}", b) for n, b in module.named_buffers()]
-        if not params and not buffers:
+        rows, _ = self._param_rows(module)
+        if not rows and not buffers:
             return
         t0 = time.time_ns()
-        params, marks = self._sharded.final_params(params)
-        rows = self._rows(params, "param")
-        mark(rows, marks)
         rows += self._rows(buffers, "state")
         self._emit("optimizer", "final", name, type(module).__name__, 0, t0, rows)
+
+    def _params_due(self, module: torch.nn.Module) -> int | None:
+        """Whether root `module`'s call is due a params event (its parameters' `_versions` then),
+        None when not: at its first call in a step, and at a later one after a backward when the
+        parameters may have changed since: before any optimizer step (step 0, or a loop that
+        updates by hand, maybe through .data, which no version counter shows) always, otherwise
+        when a version counter moved (an optimizer that calls its closure again, LBFGS)."""
+        at = self._params_at.get(id(module))
+        if at is None or at[1] != self.step or at[0]() is not module:
+            return _versions(module)
+        if at[2] == self._grads:
+            return None
+        versions = _versions(module)
+        return versions if self.step == 0 or versions < 0 or versions != at[3] else None
+
+    def _start_params(self, module: torch.nn.Module, name: str, module_type: str, t0: int) -> dict | None:
+        """The `params` event of root module `module` at its first call in a step: every parameter
+        as the step's forward meets it. A difference here that no optimizer step showed was made
+        between steps by code outside torch.optim (an initialisation, a clamp through `.data`, a
+        hand-written update, a loaded checkpoint), and is blamed so instead of on the first module
+        that reads the weight. Returns what the API recorder's params row can take of it: id of a
+        parameter -> its digest (a whole, observed parameter's only)."""
+        rows, params = self._param_rows(module)
+        if not rows:
+            return None
+        self._emit("optimizer", "params", name, module_type, 0, t0, rows)
+        return {id(p): (r[8], r[9]) if type(r[8]) is int else r[8]
+                for (_, p), r in zip(params, rows) if r[12] is None and r[13] is None}
+
+    def _param_rows(self, module: torch.nn.Module) -> tuple[list, list]:
+        """The `param` rows of every parameter of `module` (FSDP1 flat parameters split into the
+        parameters they hold, `sharded.final_params`), and the (path, tensor) pairs they are of."""
+        params = [(f".{clean_name(eager_name(n))}", p) for n, p in module.named_parameters()]
+        if not params:
+            return [], []
+        params, marks = self._sharded.final_params(params)
+        try:
+            digests = digest_many([t for _, t in params])  # one kernel call for the host ones
+        except Exception:  # noqa: BLE001 - one tensor it cannot read: each row digests its own, or says why not
+            digests = [None] * len(params)
+        rows = [self._row(t, "param", i, path, d if type(t) in _PLAIN else None)
+                for i, ((path, t), d) in enumerate(zip(params, digests))]
+        mark(rows, marks)
+        return rows, params
 
     # -- parameter gradients ---------------------------------------------------------------
     def _on_param_grad(self, pid: int, grad) -> None:
@@ -987,6 +1053,7 @@ class Collector:
             param = entry[0]()
             if param is None:
                 return
+            self._grads += 1
             t0 = time.time_ns()
             row_in = self._row(grad, "grad_input", 0, "")
             if param.grad is None:

@@ -28,7 +28,7 @@ const EDGE_MEANS = {
   activation: "a forward's saved activations used by its backward",
   "weight-grad": "a module's backward making its weights' gradients",
   update: "a gradient used by its optimizer step",
-  weights: "an optimizer step's weights used by the next forward",
+  weights: "an optimizer step's weights used by the next forward (or met by the next step's start)",
   final: "an optimizer step's weights as the recording's final state holds them",
   inferred: "an input no recorded event wrote (a functional op between modules), from the call just before",
 };

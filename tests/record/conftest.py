@@ -1,8 +1,10 @@
+import json
 import os
 import subprocess
 import sys
 from pathlib import Path
 
+import duckdb
 import pytest
 
 import warm
@@ -49,3 +51,17 @@ def record_together(*calls: dict) -> list:
 @pytest.fixture
 def record_run():
     return record
+
+
+def as_schema_5(run_dir: Path) -> None:
+    """Make a single-rank run as bitguard wrote it at schema version 5: without `params` events."""
+    con = duckdb.connect(str(Path(run_dir) / "rank-0.duckdb"))
+    try:
+        assert con.execute("SELECT count(*) FROM events WHERE kind = 'params'").fetchone()[0]
+        con.execute("DELETE FROM tensors WHERE seq IN (SELECT seq FROM events WHERE kind = 'params')")
+        con.execute("DELETE FROM events WHERE kind = 'params'")
+        con.execute("UPDATE meta SET value = '5' WHERE key = 'schema_version'")
+    finally:
+        con.close()
+    manifest = Path(run_dir) / "manifest.json"
+    manifest.write_text(json.dumps({**json.loads(manifest.read_text()), "schema_version": 5}))

@@ -7,7 +7,7 @@ import textwrap
 
 import pytest
 
-from .conftest import BITGUARD, SCRIPTS, record, record_together, run
+from .conftest import BITGUARD, SCRIPTS, as_schema_5, record, record_together, run
 
 pytestmark = pytest.mark.slow
 
@@ -38,6 +38,82 @@ def test_parameters_updated_outside_torch_optim_differ_in_the_final_state(tmp_pa
     assert code == 1 and (fd["kind"], fd["fault_class"], fd["boundary"]) == ("final", "final_state", "Sequential")
     assert "outside torch.optim" in fd["blame_window"]["detail"]
     assert _compare(tmp_path / "a", tmp_path / "c")[0] == 0  # and a rerun is identical, final state included
+
+
+@pytest.mark.parametrize("what, same, changed, step, call, detail", [
+    ("init", "1.0", "1.5", 0, 0, "the initialisation"),
+    ("clamp", "0.05", "0.02", 2, 0, "outside torch.optim changed them after the last step()"),
+    # no optimizer: every call is in step 0, the third after the second update
+    ("manual1", "0.01", "0.5", 0, 2, "no optimizer step was recorded"),
+    ("lbfgs", "0.5", "0.75", 2, 1, "inside the step"),  # the closure's second call
+])
+def test_weights_changed_between_steps_are_blamed_on_the_parameters(tmp_path, what, same, changed, step, call,
+                                                                     detail):
+    """An initialisation, a clamp through .data after step() (a WGAN critic), a hand-written
+    update: what changes the weights between two steps used to be blamed on the first module that
+    read them, as if its kernel computed differently. A root's parameters are recorded at its first
+    call in each step (a `params` event), where the difference shows first."""
+    record_together(*(dict(out=tmp_path / name, script_args=(what, value), script=SCRIPT) for name, value in
+                      (("a", same), ("b", same), ("c", changed))))
+    assert _compare(tmp_path / "a", tmp_path / "b")[0] == 0
+    code, d = _compare(tmp_path / "a", tmp_path / "c")
+    fd = d["first_divergence"]
+    assert code == 1 and (fd["step"], fd["phase"], fd["kind"], fd["boundary"], fd["blame"], fd["fault_class"]) == \
+        (step, "optimizer", "params", "Sequential", "source", "params"), fd
+    assert detail in fd["blame_window"]["detail"] and fd["call"] == call
+    differing = sorted(t["path"] for t in fd["tensors"] if t["differs"])
+    assert differing == ([".2.weight"] if what == "init" else [".0.bias", ".0.weight", ".2.bias", ".2.weight"])
+
+
+@pytest.mark.parametrize("mode", ["saliency", "params"])
+def test_a_second_backward_through_a_retained_graph_is_observed(tmp_path, mode):
+    """A module call's backward event was taken once: the gradients of a second pass through a
+    retained graph (a saliency map, a gradient penalty) went unobserved, and a fault there
+    compared identical (saliency) or was blamed on a parameter's weight gradient (params)."""
+    script = SCRIPTS / "retained_graph.py"
+    record_together(*(dict(out=tmp_path / name, script_args=(mode, scale), script=script) for name, scale in
+                      (("a", "1.0"), ("b", "1.0"), ("c", "1.5"))))
+    assert _compare(tmp_path / "a", tmp_path / "b")[0] == 0
+    code, d = _compare(tmp_path / "a", tmp_path / "c")
+    fd = d["first_divergence"]
+    assert code == 1 and (fd["step"], fd["phase"], fd["boundary"], fd["call"], fd["blame"], fd["fault_class"]) == \
+        (2, "backward", "1", 1, "source", "backward"), fd
+
+
+def test_an_averaged_model_never_called_has_its_final_state(tmp_path):
+    """torch.optim.swa_utils.AveragedModel (SWA, EMA) is updated after the steps and often never
+    called: no root module call met it, and a skipped update compared identical."""
+    record_together(*(dict(out=tmp_path / name, script_args=("swa", skip), script=SCRIPT) for name, skip in
+                      (("a", "-1"), ("b", "-1"), ("c", "1"))))
+    assert _compare(tmp_path / "a", tmp_path / "b")[0] == 0
+    code, d = _compare(tmp_path / "a", tmp_path / "c")
+    fd = d["first_divergence"]
+    assert code == 1 and (fd["kind"], fd["boundary"]) == ("final", "AveragedModel"), fd
+    assert {t["path"] for t in fd["tensors"] if t["differs"]} >= {".module.0.weight", ".n_averaged"}
+
+
+def test_identical_numbers_from_different_settings_say_so(tmp_path):
+    """Identical, and rightly (every gradient is zero, so the learning rate changes nothing), but the
+    runs asked for different learning rates: the document and the report say which."""
+    record_together(*(dict(out=tmp_path / name, script_args=("zero", lr), script=SCRIPT) for name, lr in
+                      (("a", "0.1"), ("b", "0.2"))))
+    code, d = _compare(tmp_path / "a", tmp_path / "b")
+    assert code == 0 and d["first_divergence"] is None
+    api = d["api_differences"]
+    assert api["rank"] == 0 and {(x["kind"], x["field"], x["a"], x["b"]) for x in api["differences"]} == \
+        {("optimizer_step", "groups[0].lr", 0.1, 0.2)}, api
+    text = run([*BITGUARD, "compare", tmp_path / "a", tmp_path / "b"]).stdout
+    assert "called the training API differently" in text and "groups[0].lr 0.1 (A) vs 0.2 (B)" in text, text
+
+
+def test_a_run_recorded_before_params_events_compares_with_a_new_one(tmp_path):
+    """A run of schema version 5 has no `params` events: compared with a newer run of the same
+    program, they are left out of both sides (absent by construction, not a divergence)."""
+    record_together(*(dict(out=tmp_path / name, script_args=("init", "1.0"), script=SCRIPT) for name in "ab"))
+    old = tmp_path / "a"
+    as_schema_5(old)
+    assert _compare(old, tmp_path / "b")[0] == 0
+    assert _compare(tmp_path / "b", old)[0] == 0
 
 
 def test_a_model_local_to_main_keeps_its_final_state(tmp_path):

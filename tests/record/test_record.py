@@ -15,7 +15,7 @@ import torch
 import bitguard
 from bitguard.backend.ingest import load_rank, open_run
 from bitguard.schema import EVENTS, TENSORS
-from .conftest import BITGUARD, SCRIPTS, TINYGPT, record, record_together, run
+from .conftest import BITGUARD, SCRIPTS, TINYGPT, as_schema_5, record, record_together, run
 
 
 def events(run_dir, rank=0):
@@ -61,14 +61,15 @@ def test_run_directory_layout_and_event_fields(tmp_path):
     phases = {r["phase"] for r in rows}
     assert phases == {"data", "forward", "backward", "optimizer"}
     assert [r["seq"] for r in rows] == list(range(len(rows)))
-    assert rows[0]["phase"] == "data" and rows[0]["step"] == 0
+    # each step begins with the model's parameters as its first call meets them, then its batch
+    assert [(r["phase"], r["kind"], r["step"]) for r in rows[:2]] == [("optimizer", "params", 0), ("data", "batch", 0)]
     # the optimizer step belongs to the step it ends; the next forward is the next step
     opt = [r for r in rows if r["phase"] == "optimizer" and r["kind"] == "step"]
     assert {r["step"] for r in opt} == {0, 1}
     # the model's final state after the last step (tinygpt's model lives in its main())
     assert [(r["step"], r["boundary"]) for r in rows if r["kind"] == "final"] == [(2, "GPT")]
     first_step1 = next(r for r in rows if r["step"] == 1)
-    assert first_step1["phase"] == "data"
+    assert first_step1["kind"] == "params"
     names = {r["boundary"] for r in rows}
     assert {"GPT", "blocks.0.attn.qkv", "lm_head", "blocks.0.mlp.fc.weight"} <= names
     grads = [r for r in rows if r["kind"] == "grad"]
@@ -186,7 +187,7 @@ def test_failing_script_leaves_a_run_marked_failed_with_its_exit_code(tmp_path):
     manifest = json.loads((tmp_path / "run" / "manifest.json").read_text())
     assert manifest["status"] == "failed" and manifest["exit_status"] == 3
     ev, _ = events(tmp_path / "run")
-    assert len(ev) == 2  # data + forward of the Linear
+    assert len(ev) == 3  # params, data and forward of the Linear
 
 
 @pytest.mark.slow
@@ -196,7 +197,7 @@ def test_exception_in_script_exits_1_and_keeps_events(tmp_path):
     proc = record(tmp_path / "run", script=script, check=False)
     assert proc.returncode == 1 and "ValueError: boom" in proc.stderr
     assert json.loads((tmp_path / "run" / "manifest.json").read_text())["status"] == "failed"
-    assert len(events(tmp_path / "run")[0]) == 2
+    assert len(events(tmp_path / "run")[0]) == 3
 
 
 @pytest.mark.slow
@@ -385,7 +386,7 @@ def test_step_window_and_trusted_mode(tmp_path):
     rows = [dict(zip(EVENTS.names, e)) for e in events(tmp_path / "trusted")[0]]
     module_types = {r["module_type"] for r in rows if r["kind"] == "module"}
     assert module_types == {"Embedding", "LayerNorm", "Linear", "CausalSelfAttention"}, module_types
-    assert {r["kind"] for r in rows} == {"batch", "module", "grad", "step", "final"}
+    assert {r["kind"] for r in rows} == {"params", "batch", "module", "grad", "step", "final"}
 
 
 @pytest.mark.slow
@@ -528,7 +529,7 @@ def test_each_backward_pass_keeps_its_own_call_stack(tmp_path):
     events, _, stacks = load_rank(open_run(out), 0)
     lines = {}
     for e in events.iter_rows(named=True):
-        if e["phase"] in ("backward", "optimizer"):
+        if e["phase"] in ("backward", "optimizer") and e["kind"] != "params":
             frames = stacks[e["stack_id"]]
             lines.setdefault((e["step"], e["phase"], e["call"]), set()).add(frames[-1].split(":")[-1].split(" ")[0])
     for step in (0, 1):
@@ -736,6 +737,13 @@ def test_a_hand_written_update_is_named_beside_a_source_blame(tmp_path):
 
     train(tmp_path / "a", 0.1)
     train(tmp_path / "b", 0.2)
+    # since schema version 6, the model's parameters are recorded at each call after a backward
+    # when no optimizer step was: the update shows there, before the module that reads them
+    fd = bitguard.compare(tmp_path / "a", tmp_path / "b").first_divergence
+    assert (fd["kind"], fd["boundary"], fd["fault_class"], fd["call"]) == ("params", "Sequential", "params", 3), fd
+    assert "no optimizer step was recorded" in fd["blame_window"]["detail"]
+    for run_dir in (tmp_path / "a", tmp_path / "b"):  # as recorded before: the note names the update
+        as_schema_5(run_dir)
     fd = bitguard.compare(tmp_path / "a", tmp_path / "b").first_divergence
     assert (fd["phase"], fd["boundary"], fd["blame"], fd["call"]) == ("forward", "0", "source", 3), fd
     assert any("no optimizer step recorded them" in n and "0.weight" in n for n in fd["notes"]), fd["notes"]

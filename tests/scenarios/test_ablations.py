@@ -81,6 +81,7 @@ def test_few_probes_blame_the_whole_model(ablations, name):
 def test_determinism_controls_seed_an_unseeded_script(ablations):
     assert ablations[("unseeded", "rerun")]["verdict"] == "identical"
     got = ablations[("nodet-unseeded", "rerun")]
-    # unseeded reruns start from different RNG states: the first data event already says so
-    assert _site(got) == (0, "data", "GPT", "data"), got
-    assert got["pivot"]["fault_class"] == "rng", got
+    # unseeded reruns start from different RNG states: the initial weights already differ, and the
+    # model's parameters at its first call (its params event, before its first batch) say so
+    assert _site(got) == (0, "optimizer", "GPT", "source"), got
+    assert got["pivot"]["fault_class"] == "params", got

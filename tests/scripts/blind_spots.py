@@ -2,6 +2,13 @@
 
     python blind_spots.py bn MOMENTUM        BatchNorm1d whose running statistics use MOMENTUM
     python blind_spots.py manual LR_LAST     parameters updated by hand (no torch.optim), the last update with LR_LAST
+    python blind_spots.py manual1 LR         the same, the second update (after step 1) with LR
+    python blind_spots.py init SCALE         one initial weight scaled by SCALE before training (torch.optim)
+    python blind_spots.py lbfgs LR           LBFGS (its closure called several times a step), at step 2 with LR
+    python blind_spots.py zero LR            SGD with LR on a loss whose gradients are all zero (LR changes nothing)
+    python blind_spots.py swa SKIP           an AveragedModel updated after each step but step SKIP, never called
+    python blind_spots.py clamp C            weights clamped through .data after each step() (a WGAN critic),
+                                             after step 1 to [-C, C]
 
 Each trains four steps of a tiny model and prints a number that tells the runs apart.
 """
@@ -22,13 +29,69 @@ if what == "bn":
         loss.backward()
         opt.step()
     print(m[1].running_mean.sum().item())
+elif what in ("init", "clamp"):
+    m = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 1))
+    if what == "init":
+        with torch.no_grad():
+            m[2].weight[0, 3] *= value
+    opt = torch.optim.RMSprop(m.parameters(), lr=5e-3)
+    for step in range(4):
+        loss = m(torch.randn(4, 8)).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        if what == "clamp":
+            c = value if step == 1 else 0.05
+            for p in m.parameters():
+                p.data.clamp_(-c, c)
+    print(sum(p.double().sum().item() for p in m.parameters()))
+elif what == "swa":
+    def train():  # (the usual layout: models local to a function)
+        m = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 1))
+        averaged = torch.optim.swa_utils.AveragedModel(m)
+        opt = torch.optim.SGD(m.parameters(), lr=0.1)
+        for step in range(4):
+            loss = m(torch.randn(4, 8)).pow(2).mean()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            if step != value:
+                averaged.update_parameters(m)
+        return sum(p.double().sum().item() for p in averaged.parameters())
+
+    print(train())
+elif what == "zero":
+    m = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 1))
+    opt = torch.optim.SGD(m.parameters(), lr=value)
+    for step in range(3):
+        loss = (m(torch.randn(4, 8)) * 0).sum()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    print(sum(p.double().sum().item() for p in m.parameters()))
+elif what == "lbfgs":
+    m = nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 1))
+    opt = torch.optim.LBFGS(m.parameters(), lr=0.5, max_iter=3)
+    x, y = torch.randn(16, 8), torch.randn(16, 1)
+    for step in range(4):
+        opt.param_groups[0]["lr"] = value if step == 2 else 0.5
+
+        def closure():
+            opt.zero_grad()
+            loss = (m(x) - y).pow(2).mean()
+            loss.backward()
+            return loss
+
+        opt.step(closure)
+    print(sum(p.double().sum().item() for p in m.parameters()))
 else:
     m = nn.Sequential(nn.Linear(8, 16), nn.GELU(), nn.Linear(16, 1))
+    at = 1 if what == "manual1" else 3
     for step in range(4):
         loss = m(torch.randn(4, 8)).pow(2).mean()
         m.zero_grad()
         loss.backward()
         with torch.no_grad():
             for p in m.parameters():
-                p -= (value if step == 3 else 1e-2) * p.grad
+                p -= (value if step == at else 1e-2) * p.grad
     print(sum(p.double().sum().item() for p in m.parameters()))

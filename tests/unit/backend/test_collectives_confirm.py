@@ -66,3 +66,21 @@ def test_ranks_unpaired_unobserved_or_not_compared_are_named():
              2: _rank(2, [(5, 0, True, False, False)])}
     confirm_comm(ranks, rank_selected=False)
     assert "rank(s) 1 of the group have no observed counterpart" in ranks[0].blame["blame_window"]["detail"]
+
+
+def test_the_first_pivot_is_the_rank_that_fed_the_collective_not_its_consumer():
+    """Rank 1's input to the all-reduce differed (its pivot, here a forward before it, ends later
+    than rank 0's view of the collective): rank 0's pivot is only the consequence, so the
+    comparison's first divergence is rank 1's, whatever the clocks say."""
+    from bitguard.backend.compare import _first_pivot
+
+    ranks = {0: _rank(0, [(5, 0, True, False, False)], pivot_seq=5), 1: _rank(1, [(5, 0, True, True, False)]),
+             2: _rank(2, [(5, 0, True, False, False)])}
+    ranks[0].pivot["t_end_ns"] = 100
+    ranks[1].pivot, ranks[1].blame = {"seq": 3, "step": 1, "boundary": "out_proj", "t_end_ns": 200}, \
+        {"blame": "source", "fault_class": "forward"}
+    for rc in ranks.values():
+        rc.fed_by = []
+    assert _first_pivot(ranks) is ranks[0]  # by the clocks alone
+    confirm_comm(ranks, rank_selected=False)
+    assert ranks[0].fed_by == [1] and _first_pivot(ranks) is ranks[1]
