@@ -128,6 +128,7 @@ class record:
         self.collector = None
         self.store = None
         self._old_sigterm = None
+        self._pid = os.getpid()  # (set again when the recording begins)
         self.drill = None  # a drill replay's op tracer (collectors/drill.py), when BITGUARD_DRILL is set
         self.monitor = None  # online mode's OnlineMonitor (collectors/online/monitor.py)
         self.invariants = check_invariants(check, mode)  # --check: what each step is checked against
@@ -136,6 +137,7 @@ class record:
         if disabled():
             return self
         rank, world = rank_and_world()
+        self._pid = os.getpid()
         self.rank, self.world = rank, world
         check_writable(self.out)
         from bitguard.collectors.drill import from_env as drill_from_env
@@ -194,8 +196,8 @@ class record:
         return self
 
     def __exit__(self, exc_type, exc, tb):
-        if self.collector is None:
-            return False
+        if self.collector is None or os.getpid() != self._pid:
+            return False  # (a child forked inside the recording ends here too: the run is the parent's)
         if exc_type is None or (exc_type is SystemExit and exc.code in (0, None)):
             status = "complete"
         elif exc_type is KeyboardInterrupt or (exc_type is SystemExit and exc.code in (130, 143)):

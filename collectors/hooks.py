@@ -50,6 +50,7 @@ from bitguard.collectors.comm import CommObserver
 from bitguard.collectors.compiled import (REGION_PATH, REGION_REASON, CompileWatch, eager_name, inner_call, is_compiling,
                                           keep_out_of_dynamo, original, region_of)
 from bitguard.collectors.observation import NO_DIGEST, dims, observe
+from bitguard.collectors.processes import ProcessWatch
 from bitguard.collectors.recompute import NON_REENTRANT, recompute_kind
 from bitguard.collectors.sharded import ShardedParams, clean_name, mark
 from bitguard.collectors.store import MAX_REPORTED_ERRORS
@@ -255,7 +256,7 @@ class Collector:
     __slots__ = ("api", "digest_cache", "dump", "enabled", "errors", "mode", "rank", "step", "steps", "store",
                  "world_size", "_accumulating", "_advance", "_call_impl", "_calls", "_calls_step", "_forward_codes",
                  "_generation", "_grad_watch", "_handles", "_heavy", "_held", "_local", "_lock", "_names",
-                 "_next_param_tid", "_next_tid", "_grads", "_param_in", "_params", "_params_at", "_pass_stack", "_pending", "_queued",
+                 "_next_param_tid", "_next_tid", "_grads", "_optimizers", "_optimizers_seen", "_param_in", "_params", "_params_at", "_pass_stack", "_pending", "_queued",
                  "_rng_free", "_root_names", "_roots", "_seq", "_sharded", "_stacks", "_thread_names",
                  "_tids", "_tids_limit", "_wrapper", "_depths")
 
@@ -285,6 +286,8 @@ class Collector:
         self._roots: list[tuple[weakref.ref, str]] = []  # root modules met, for the final-state event
         # id(root) -> (ref, step, `_grads`, `_versions`) at its last params event; parameter gradients seen so far
         self._params_at: dict[int, tuple[weakref.ref, int, int, int]] = {}
+        self._optimizers: dict[int, tuple[weakref.ref, str]] = {}  # id -> (ref, `_optimizer_label`)
+        self._optimizers_seen: dict[str, int] = {}  # class name -> the last `#i` given
         self._grads = 0
         # Roots with parameters, held: a model local to the script's main() is gone when the
         # recording ends, and its final state with it. Let go of (its final state taken then) once
@@ -324,6 +327,8 @@ class Collector:
         self._handles.append(watch)
         self._keep_out_of_dynamo()
         self._handles.append(CommObserver(self).install())  # collectives as `comm` events (collectors/comm.py)
+        # processes the training starts: reported (not observed); in a forked one, this collector stops
+        self._handles.append(ProcessWatch(self._guard(self._child_process), self._forked).install())
         self._handles.append(optim.register_optimizer_step_post_hook(self._guard(self._on_optimizer_step)))
         # last: its step hook runs after ours, with the step's events drained (removed after the final drain)
         self.api = ApiRecorder(self.store, CollectorNaming(self), self._fail, self.rank).install()
@@ -351,6 +356,15 @@ class Collector:
                 if p is not None and getattr(p, attr, None) == {}:
                     setattr(p, attr, None)
         self.enabled = False
+
+    def _child_process(self, message: str) -> None:
+        self._fail("child process", NotSupported(message))
+
+    def _forked(self) -> None:
+        """In a forked child: stop (its writer thread is the parent's; the run is the parent's)."""
+        self.enabled = False
+        if self.api is not None:
+            self.api.enabled = False
 
     # -- failure containment ---------------------------------------------------------------
     def _guard(self, fn):
@@ -1099,8 +1113,19 @@ class Collector:
             if not self.store.step_barrier():
                 self._fail("step barrier", TimeoutError("writer did not commit within 30 s"))
 
+    def _optimizer_label(self, optimizer) -> str:
+        """Its class name, `Class#i` for the i-th (from 1) other optimizer of that class seen stepping:
+        what names a parameter only an optimizer knows (`_adopt`), unique when each layer has its own."""
+        entry = self._optimizers.get(id(optimizer))
+        if entry is None or entry[0]() is not optimizer:
+            kind = type(optimizer).__name__
+            n = self._optimizers_seen[kind] = self._optimizers_seen.get(kind, -1) + 1  # (never by id: ids are reused)
+            entry = self._optimizers[id(optimizer)] = (weakref.ref(optimizer), f"{kind}#{n}" if n else kind)
+        return entry[1]
+
     def _emit_steps(self, optimizer) -> None:
         opt_type = type(optimizer).__name__
+        label = self._optimizer_label(optimizer)
         stack = self._stacks.capture()  # one call: every parameter's event has this stack
         # every tensor of the step at once: one kernel call for the host ones
         steps = []
@@ -1120,7 +1145,7 @@ class Collector:
                     if name is None:  # (a FlatParameter's parts are named by the parameters they hold)
                         entry = self._params.get(id(p))
                         name = entry[1] if entry is not None and entry[0]() is p else \
-                            self._adopt(p, f"{opt_type}.param_groups[{g}][{j}]")
+                            self._adopt(p, f"{label}.param_groups[{g}][{j}]")
                     steps.append((t, name, marks))
         flat = [t for tensors, *_ in steps for *_, t in tensors]
         try:

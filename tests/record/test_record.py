@@ -829,6 +829,23 @@ def test_parameters_that_join_later_are_named_stably(tmp_path, standalone):
     assert (fd["step"], fd["phase"]) == (2, "optimizer"), fd
 
 
+def test_parameters_only_optimizers_know_are_named_apart_by_optimizer(tmp_path):
+    """Two optimizers of one class, each stepping a parameter no model holds (pytorch/examples'
+    forward-forward trains each layer with its own Adam): both were `Adam.param_groups[0][0]`,
+    two parameters under one name."""
+    a, b = torch.nn.Parameter(torch.ones(3)), torch.nn.Parameter(torch.ones(2))
+    opts = [torch.optim.Adam([a], lr=0.1), torch.optim.Adam([b], lr=0.1)]
+    with bitguard.record(tmp_path / "run", determinism=False):
+        for _ in range(2):
+            for p, opt in zip((a, b), opts):
+                opt.zero_grad()
+                p.pow(2).sum().backward()
+                opt.step()
+    ev, _ = events(tmp_path / "run")
+    named = {(e[EVENTS.names.index("boundary")]) for e in ev if e[EVENTS.names.index("kind")] == "step"}
+    assert named == {"Adam.param_groups[0][0]", "Adam#1.param_groups[0][0]"}, named
+
+
 def test_a_changed_batch_propagates_to_what_reads_it(tmp_path):
     """A data pivot's propagation reached nothing ("reaches 1 node", no edges) although every
     later event differs: the batch is the data event's input, not an output, so no dataflow edge

@@ -1,0 +1,43 @@
+"""Processes the training starts (collectors/processes.py): one that may train is reported (its
+numbers are not recorded: never "identical"), the DataLoader's workers are not, and a forked
+child neither waits for the parent's writer nor ends the parent's run."""
+
+import json
+
+import pytest
+
+from .conftest import BITGUARD, SCRIPTS, record, run
+
+pytestmark = pytest.mark.slow
+
+SCRIPT = SCRIPTS / "child_processes.py"
+
+
+def _errors(run_dir) -> list[str]:
+    return json.loads((run_dir / "manifest.json").read_text())["collector_errors"]
+
+
+@pytest.mark.parametrize("start", ["spawn", "fork"])
+def test_training_in_a_child_process_is_never_certified(tmp_path, start):
+    """A child that trains with another learning rate compared identical: nothing of it was
+    recorded, and nothing said so. With fork, the child also waited 30 s at each step for a
+    writer thread it does not have."""
+    procs = [record(tmp_path / name, "train", start, lr, script=SCRIPT, cli=True) for name, lr in
+             (("a", "0.1"), ("b", "0.5"))]
+    assert all("step barrier" not in p.stderr for p in procs), [p.stderr for p in procs]
+    assert procs[0].stdout != procs[1].stdout  # the children computed differently
+    for name in "ab":
+        errors = _errors(tmp_path / name)
+        assert len(errors) == 1 and errors[0].startswith("child process: NotSupported: __main__.child ran in another "
+                                                         f"process ({start})"), errors
+    proc = run([*BITGUARD, "compare", tmp_path / "a", tmp_path / "b"])
+    assert proc.returncode == 3 and "__main__.child ran in another process" in proc.stdout, proc.stdout
+
+
+def test_dataloader_workers_and_a_forked_child_leave_the_run_as_it_is(tmp_path):
+    record(tmp_path / "loader", "loader", script=SCRIPT, cli=True)
+    assert _errors(tmp_path / "loader") == []
+    proc = record(tmp_path / "forked", "forked", script=SCRIPT, cli=True)
+    manifest = json.loads((tmp_path / "forked" / "manifest.json").read_text())
+    assert manifest["status"] == "complete" and manifest["collector_errors"] == [], proc.stderr
+    assert manifest["steps_completed"] == 2  # the parent's two steps; the child's is not the run's

@@ -1,0 +1,59 @@
+"""Processes started by the training, as Hogwild, sweeps and DataLoaders do it.
+
+    python child_processes.py train START LR     the parent trains, then a child process (START: spawn or fork)
+                                                 trains another model with LR; prints the child's result
+    python child_processes.py loader             a DataLoader with two worker processes feeds the training
+    python child_processes.py forked             an os.fork() child trains a step and leaves through the script's end
+"""
+
+import os
+import sys
+
+import torch
+import torch.multiprocessing as mp
+
+
+def train(lr: float, steps: int = 3) -> float:
+    torch.manual_seed(0)
+    m = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU(), torch.nn.Linear(8, 1))
+    opt = torch.optim.SGD(m.parameters(), lr=lr)
+    for _ in range(steps):
+        loss = m(torch.randn(16, 8)).pow(2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    return m[0].weight.sum().item()
+
+
+def child(lr, queue):
+    queue.put(train(lr))
+
+
+if __name__ == "__main__":
+    what = sys.argv[1]
+    if what == "train":
+        mp.set_start_method(sys.argv[2], force=True)
+        train(0.1)
+        queue = mp.Queue()
+        p = mp.Process(target=child, args=(float(sys.argv[3]), queue))
+        p.start()
+        print("child", queue.get())
+        p.join()
+        assert p.exitcode == 0
+    elif what == "loader":
+        data = torch.utils.data.TensorDataset(torch.randn(32, 8))
+        m = torch.nn.Linear(8, 1)
+        opt = torch.optim.SGD(m.parameters(), lr=0.1)
+        for (x,) in torch.utils.data.DataLoader(data, batch_size=8, num_workers=2):
+            loss = m(x).pow(2).mean()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+    else:
+        train(0.1, steps=1)
+        pid = os.fork()
+        if pid == 0:
+            train(0.1, steps=1)  # the child goes on to the script's end, through the recording's end
+        else:
+            assert os.waitpid(pid, 0)[1] == 0
+            train(0.1, steps=1)
