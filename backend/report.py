@@ -49,7 +49,7 @@ def _render(c) -> str:
     elif r.verdict == "inconclusive":
         out.append(f"VERDICT: inconclusive — what could be compared is identical ({al.identical_prefix} matched "
                    f"events), but the runs cannot be certified identical:")
-        out += [f"  • {reason.message}" for reason in r.inconclusive.reasons]
+        out += [f"  • {_said(reason, r.ranks)}" for reason in r.inconclusive.reasons]
     else:
         out += _divergence(fd)
     if r.api_differences is not None:
@@ -60,7 +60,7 @@ def _render(c) -> str:
         notes = [x for x in r.certification.reasons if x.code not in ("modes", "recompute")]
         if notes:
             out.append("  also not certified:")
-            out += [f"    • {x.message}" for x in notes]
+            out += [f"    • {_said(x, r.ranks)}" for x in notes]
     out += _propagation(r)
     out += _run_checks(r)
     out.append(_line())
@@ -77,7 +77,7 @@ def _render(c) -> str:
         out.append("rules fired: " + ", ".join(f"{x.id}×{x.count}" for x in r.rules_fired))
     for x in r.certification.reasons:
         if x.code in ("modes", "recompute"):  # informational: they do not stop a verdict
-            out.append(f"note: {x.message}")
+            out.append(f"note: {_said(x, r.ranks)}")
     return "\n".join(out)
 
 
@@ -105,6 +105,14 @@ def _retyped(fd: FirstDivergence) -> str:
     if changed:
         return f"paired across a dtype change ({', '.join(changed)}): both runs run {fd.module_type}"
     return f"paired across a change of its tensors: both runs run {fd.module_type}"
+
+
+def _said(reason, ranks: list[int]) -> str:
+    """A reason's message, led by its rank when the runs hold several (the same words from two
+    ranks were two identical lines)."""
+    if reason.rank is None or len(ranks) < 2 or f"rank {reason.rank}" in reason.message:
+        return reason.message
+    return f"rank {reason.rank}: {reason.message}"
 
 
 def _divergence(fd: FirstDivergence) -> list[str]:

@@ -22,6 +22,8 @@ Nothing here knows about events, tensor identity or how rows are stored.
 
 from __future__ import annotations
 
+import sys
+
 import torch
 
 from bitguard.collectors.sharded import shard_of
@@ -58,6 +60,11 @@ def observe(t: torch.Tensor) -> tuple[list[int], list[int], int, object, str | N
         why = f"{layout} layout: only strided and sparse COO tensors are digested"
         return dims(t), [], 0, NO_DIGEST, why, None, None
     local = local_values(t)  # a DTensor's shard (itself maybe a subclass), `t` itself otherwise
+    funcol = sys.modules.get("torch.distributed._functional_collectives")  # loaded wherever one exists
+    if funcol is not None and isinstance(local, funcol.AsyncCollectiveTensor):
+        # a collective's result still in flight (tensor parallelism's outputs): completed now, as
+        # its first use would (collectors/comm.py does the same), its values are the collective's
+        local = local.trigger_wait()
     dispatch = type(local).__torch_dispatch__
     if getattr(dispatch, "__func__", dispatch) is not _PLAIN_DISPATCH:
         what = type(t).__name__ if local is t else f"{type(t).__name__}'s local shard, a {type(local).__name__},"

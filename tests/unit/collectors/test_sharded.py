@@ -17,6 +17,7 @@ from bitguard.backend.ingest import load_rank, open_run
 from bitguard.collectors import sharded
 from bitguard.collectors.hooks import Collector
 from bitguard.collectors.observation import observe
+from bitguard.cuda.fingerprint import digest_async
 
 
 @pytest.mark.parametrize("name, clean", [
@@ -94,6 +95,23 @@ def test_a_dtensor_row_says_which_shard_it_holds():
         assert shape == [4, 3] and nbytes == 48 and unobserved is None and torch.equal(values, d.to_local())
         assert shard == "DTensor Shard(dim=0) on mesh (1,) at (0,): local [4, 3] from [0, 0]"
         assert sharded.shard_of(d.to_local()) is None
+    finally:
+        dist.destroy_process_group()
+
+
+def test_a_collective_result_in_flight_is_digested_as_its_values():
+    """Tensor parallelism's outputs are AsyncCollectiveTensors (a functional collective not yet
+    waited for): they were unobserved, so a TP run could never be certified identical."""
+    import torch.distributed as dist
+    import torch.distributed._functional_collectives as funcol
+
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        y = funcol.all_reduce(torch.arange(6.0), "sum", dist.group.WORLD)
+        assert isinstance(y, funcol.AsyncCollectiveTensor)
+        *_, digest, unobserved, values, shard = observe(y)
+        assert unobserved is None and shard is None and torch.equal(values, torch.arange(6.0))
+        assert digest == digest_async(torch.arange(6.0))
     finally:
         dist.destroy_process_group()
 

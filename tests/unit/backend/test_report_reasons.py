@@ -1,0 +1,14 @@
+"""The terminal report's reason lines name their rank when the runs hold several."""
+
+from bitguard.backend.report import _said
+from bitguard.backend.result import Reason
+
+
+def test_a_reason_of_one_rank_of_several_is_led_by_its_rank():
+    incomplete = Reason(code="incomplete", message="run B is incomplete: steps before 6 are compared", side="b", rank=1)
+    assert _said(incomplete, [0, 1]) == "rank 1: run B is incomplete: steps before 6 are compared"
+    assert _said(incomplete, [1]) == incomplete.message  # one rank: nothing to tell apart
+    whole = Reason(code="collector_errors", message="run A's recording reported 1 collector error(s)", side="a")
+    assert _said(whole, [0, 1]) == whole.message  # a reason of the whole run
+    named = Reason(code="missing_ranks", message="rank 1 of run B is missing", side="b", rank=1)
+    assert _said(named, [0, 1]) == named.message  # already says it
