@@ -52,6 +52,7 @@ from bitguard.collectors.compiled import (REGION_PATH, REGION_REASON, CompileWat
 from bitguard.collectors.observation import NO_DIGEST, dims, observe
 from bitguard.collectors.processes import ProcessWatch
 from bitguard.collectors.recompute import NON_REENTRANT, recompute_kind
+from bitguard.collectors.scaler import ScalerWatch
 from bitguard.collectors.sharded import ShardedParams, clean_name, mark
 from bitguard.collectors.store import MAX_REPORTED_ERRORS
 from bitguard.cuda.fingerprint import digest_async, digest_host_at, digest_many, in_place_on_host
@@ -256,7 +257,7 @@ class Collector:
     __slots__ = ("api", "digest_cache", "dump", "enabled", "errors", "mode", "rank", "step", "steps", "store",
                  "world_size", "_accumulating", "_advance", "_call_impl", "_calls", "_calls_step", "_forward_codes",
                  "_generation", "_grad_watch", "_handles", "_heavy", "_held", "_local", "_lock", "_names",
-                 "_next_param_tid", "_next_tid", "_grads", "_optimizers", "_optimizers_seen", "_param_in", "_params", "_params_at", "_pass_stack", "_pending", "_queued",
+                 "_next_param_tid", "_next_tid", "_grads", "_optimizers", "_optimizers_seen", "_steps_taken", "_param_in", "_params", "_params_at", "_pass_stack", "_pending", "_queued",
                  "_rng_free", "_root_names", "_roots", "_seq", "_sharded", "_stacks", "_thread_names",
                  "_tids", "_tids_limit", "_wrapper", "_depths")
 
@@ -288,6 +289,7 @@ class Collector:
         self._params_at: dict[int, tuple[weakref.ref, int, int, int]] = {}
         self._optimizers: dict[int, tuple[weakref.ref, str]] = {}  # id -> (ref, `_optimizer_label`)
         self._optimizers_seen: dict[str, int] = {}  # class name -> the last `#i` given
+        self._steps_taken = 0  # optimizer steps seen (collectors/scaler.py: a step skipped has none)
         self._grads = 0
         # Roots with parameters, held: a model local to the script's main() is gone when the
         # recording ends, and its final state with it. Let go of (its final state taken then) once
@@ -329,6 +331,8 @@ class Collector:
         self._handles.append(CommObserver(self).install())  # collectives as `comm` events (collectors/comm.py)
         # processes the training starts: reported (not observed); in a forked one, this collector stops
         self._handles.append(ProcessWatch(self._guard(self._child_process), self._forked).install())
+        # a step the loss scaler skipped (an inf gradient) still ends the step
+        self._handles.append(ScalerWatch(lambda: self._steps_taken, self._guard(self._skipped_step)).install())
         self._handles.append(optim.register_optimizer_step_post_hook(self._guard(self._on_optimizer_step)))
         # last: its step hook runs after ours, with the step's events drained (removed after the final drain)
         self.api = ApiRecorder(self.store, CollectorNaming(self), self._fail, self.rank).install()
@@ -1099,19 +1103,31 @@ class Collector:
         """A training step ends: an event per parameter the step updated, then the step counter
         advances and the step's events go to the store, whatever failed on the way (an error here
         loses neither the step nor the other parameters' events)."""
+        self._steps_taken += 1
         try:
             self._flush_backward(ended=False)
             if self._in_window():
                 self._emit_steps(optimizer)
         finally:
-            if self._held:
-                self._guard(self._let_go)()
-            self._advance = True
-            self._purge_dead()
-            self._drain()
-            # End of a training step: the previous step is durable before this one's events go on.
-            if not self.store.step_barrier():
-                self._fail("step barrier", TimeoutError("writer did not commit within 30 s"))
+            self._end_step()
+
+    def _skipped_step(self) -> None:
+        """`GradScaler.step` skipped the optimizer's step (an inf or NaN gradient): the step ends all
+        the same, without optimizer events (collectors/scaler.py)."""
+        if not self._advance:  # (another optimizer's step ended it already)
+            self._flush_backward(ended=False)
+            self._end_step()
+
+    def _end_step(self) -> None:
+        """The step counter advances, and the step's events go to the store."""
+        if self._held:
+            self._guard(self._let_go)()
+        self._advance = True
+        self._purge_dead()
+        self._drain()
+        # End of a training step: the previous step is durable before this one's events go on.
+        if not self.store.step_barrier():
+            self._fail("step barrier", TimeoutError("writer did not commit within 30 s"))
 
     def _optimizer_label(self, optimizer) -> str:
         """Its class name, `Class#i` for the i-th (from 1) other optimizer of that class seen stepping:

@@ -92,6 +92,25 @@ def test_an_averaged_model_never_called_has_its_final_state(tmp_path):
     assert {t["path"] for t in fd["tensors"] if t["differs"]} >= {".module.0.weight", ".n_averaged"}
 
 
+def test_a_step_the_loss_scaler_skipped_is_a_step_run_b_lacks(tmp_path):
+    """GradScaler.step skips optimizer.step() on an inf gradient: the step counter stood still, the
+    next step's events were numbered as the skipped one's, and the pivot was an "extra" batch."""
+    record_together(*(dict(out=tmp_path / name, script_args=("scaler", at), script=SCRIPT) for name, at in
+                      (("a", "-1"), ("b", "1"))))
+    code, d = _compare(tmp_path / "a", tmp_path / "b")
+    fd = d["first_divergence"]
+    assert code == 1 and (fd["step"], fd["phase"], fd["kind"], fd["cause"], fd["missing_side"]) == \
+        (1, "optimizer", "step", "structure", "b"), fd
+    steps = [e["step"] for e in _events(tmp_path / "b") if e["kind"] == "batch"]
+    assert steps == [0, 1, 2, 3], steps  # four steps, one of them skipped
+
+
+def _events(run_dir) -> list[dict]:
+    from bitguard.backend.ingest import load_rank, open_run
+
+    return load_rank(open_run(run_dir), 0)[0].to_dicts()
+
+
 def test_identical_numbers_from_different_settings_say_so(tmp_path):
     """Identical, and rightly (every gradient is zero, so the learning rate changes nothing), but the
     runs asked for different learning rates: the document and the report say which."""

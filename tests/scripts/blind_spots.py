@@ -7,6 +7,7 @@
     python blind_spots.py lbfgs LR           LBFGS (its closure called several times a step), at step 2 with LR
     python blind_spots.py zero LR            SGD with LR on a loss whose gradients are all zero (LR changes nothing)
     python blind_spots.py swa SKIP           an AveragedModel updated after each step but step SKIP, never called
+    python blind_spots.py scaler INF_AT      a GradScaler that skips step INF_AT (an inf put in a gradient; -1: none)
     python blind_spots.py clamp C            weights clamped through .data after each step() (a WGAN critic),
                                              after step 1 to [-C, C]
 
@@ -60,6 +61,19 @@ elif what == "swa":
         return sum(p.double().sum().item() for p in averaged.parameters())
 
     print(train())
+elif what == "scaler":
+    m = nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 1))
+    opt = torch.optim.SGD(m.parameters(), lr=0.1)
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**12)
+    for step in range(4):
+        loss = m(torch.randn(4, 8)).pow(2).mean()
+        opt.zero_grad()
+        scaler.scale(loss).backward()
+        if step == value:
+            m[0].weight.grad[0, 0] = float("inf")
+        scaler.step(opt)
+        scaler.update()
+    print(sum(p.double().sum().item() for p in m.parameters()))
 elif what == "zero":
     m = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 1))
     opt = torch.optim.SGD(m.parameters(), lr=value)
