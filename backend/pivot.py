@@ -45,6 +45,11 @@ INPUT_ROLES = {
 }
 
 
+def phase_words(phase: str, kind: str) -> str:
+    """What an event is, in a sentence: its phase, or for the root-level state events what they hold."""
+    return {"final": "final state", "params": "parameters at the start"}.get(kind, phase)
+
+
 def _differing_roles(diffs: pl.DataFrame, a_seq: int) -> set[str]:
     rows = diffs.filter((pl.col("a_seq") == a_seq) & pl.col("differs") & ~pl.col("ignored"))
     return set(rows["role"].to_list())
@@ -267,7 +272,8 @@ def _optimizer_detail(pivot: dict, events_a: pl.DataFrame, status: dict[int, str
     if prev_ok:
         known.append("the parameter before this step matched")
     elif not before.height:
-        known.append("the parameter before this step was not recorded (the initial weights are not compared)")
+        known.append("no optimizer step before this one recorded the parameter (a model's parameters are compared "
+                     "as each step begins, in its params event)")
     return ("the parameter differs after step(); " + "; ".join(known)
             + ": the optimizer update, or an input of it that was not observed, computed differently")
 
@@ -276,7 +282,7 @@ def structure_blame(event: dict, side: str, events: pl.DataFrame, twin: dict | N
     """Blame for an event present in one run only (`side` has it): which run lacks what, and the
     module whose code decided it (the innermost enclosing call, or the boundary's owner)."""
     have, lack = side.upper(), "B" if side == "a" else "A"
-    what = f"the {event['phase']} of {event['boundary']} (call {event['call']}) at step {event['step']}"
+    what = f"the {phase_words(event['phase'], event['kind'])} of {event['boundary']} (call {event['call']}) at step {event['step']}"
     if twin is not None:
         fault = "signature"
         detail = (f"both runs record {what}, with different tensors (roles, shapes or dtypes): the data layout "

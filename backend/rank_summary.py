@@ -92,7 +92,8 @@ def _reasons(rc) -> list[dict]:
             pl.coalesce("unobserved", "unobserved_b")).to_series().drop_nulls()
         out.append(certification.reason("unobserved", rank=rc.rank, message=
                    f"{unobserved_pairs.height} paired event(s) on rank {rc.rank} hold a tensor that could not be "
-                   f"observed, first the {first['phase']} of {first['boundary']} at step {first['step']}"
+                   f"observed, first the {pivot_mod.phase_words(first['phase'], first['kind'])} of {first['boundary']} at step "
+                   f"{first['step']}"
                    + (f" ({why[0]})" if why.len() else "")))
     follows = rc.pairs.filter(pl.col("status") == "follows")
     if follows.height:

@@ -9,6 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from bitguard.backend import api_diff
+from bitguard.backend.pivot import phase_words
 from bitguard.backend.check import CheckResult, Finding
 from bitguard.backend.result import CompareResult, FirstDivergence
 
@@ -124,7 +125,7 @@ def _divergence(fd: FirstDivergence) -> list[str]:
         out = [f"VERDICT: diverged — first divergence on rank {fd.rank}, step {fd.step}: run {lacking} lacks the "
                f"{fd.phase} of {fd.boundary} ({fd.module_type}, call {fd.call}) that the other run records"]
     else:
-        what = {"final": "final state", "params": "parameters at the start"}.get(fd.kind, fd.phase)
+        what = phase_words(fd.phase, fd.kind)
         out = [f"VERDICT: diverged — first divergence on rank {fd.rank}, step {fd.step}, "
                f"{what} of {fd.boundary} ({fd.module_type}, call {fd.call})"]
     out.append(f"  blame: {fd.blame} ({fd.fault_class})")

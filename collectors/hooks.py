@@ -102,6 +102,14 @@ class _Backward:
         self.step = step  # of its forward
 
 
+def _transformed(t: torch.Tensor) -> bool:
+    """A functorch wrapper (a tensor inside vmap or grad)."""
+    try:
+        return bool(torch._C._functorch.is_functorch_wrapped_tensor(t))
+    except Exception:  # noqa: BLE001 - a torch without the check
+        return False
+
+
 def _versions(module: torch.nn.Module) -> int:
     """The sum of the version counters of `module`'s parameters (-1 when one has none): it moves
     when one of them is written in place, but for writes through `.data`."""
@@ -471,7 +479,7 @@ class Collector:
                 # a host tensor in its own memory (the common case): digested at the address read above
                 digest = digest_host_at(address, nbytes) if address and in_place_on_host(t) else digest_async(t)
             except Exception as exc:  # noqa: BLE001 - a tensor that cannot be read is marked, never dropped
-                digest, unobserved = NO_DIGEST, self._unreadable(exc)
+                digest, unobserved = NO_DIGEST, self._unreadable(exc, t)
         else:
             nbytes = t.nbytes
         if version is not None and entry[2] != version and unobserved is None:
@@ -490,7 +498,7 @@ class Collector:
         try:
             shape, strides, nbytes, digest, unobserved, values, shard = observe(t)
         except Exception as exc:  # noqa: BLE001 - marked, never dropped
-            why = self._unreadable(exc)
+            why = self._unreadable(exc, t)
             why = why if type(t) in _PLAIN else f"{type(t).__name__}: {why}"
             shape, strides, nbytes, digest, unobserved, values, shard = dims(t), [], 0, NO_DIGEST, why, None, None
         xor, pos = digest if type(digest) is tuple else (digest, digest)
@@ -499,10 +507,14 @@ class Collector:
             row.append(tensor_bytes(values).cpu().numpy().tobytes() if values is not None and values.numel() else b"")
         return row
 
-    def _unreadable(self, exc: BaseException) -> str:
+    def _unreadable(self, exc: BaseException, t: torch.Tensor | None = None) -> str:
         """The `unobserved` reason for a tensor whose digest raised. A tensor the digest refuses by
-        design (NotSupported: meta, quantized) is only marked; any other failure is also a collector
-        error (reported in the manifest), since it may be one of ours."""
+        design (NotSupported: meta, quantized) is only marked, as is one inside a torch.func
+        transform (vmap, grad: a wrapper without storage of its own); any other failure is also a
+        collector error (reported in the manifest), since it may be one of ours."""
+        if t is not None and _transformed(t):
+            return ("a tensor inside a torch.func transform (vmap, grad, jacrev: per-sample gradients): a wrapper "
+                    "whose values are not in memory of its own (not digested)")
         if not isinstance(exc, NotSupported):
             self._fail("digest", exc)
         return f"{type(exc).__name__}: {exc}"

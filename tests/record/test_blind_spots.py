@@ -172,3 +172,29 @@ def test_a_model_local_to_main_keeps_its_final_state(tmp_path):
     code, d = _compare(tmp_path / "a", tmp_path / "c")
     fd = d["first_divergence"]
     assert code == 1 and (fd["kind"], fd["fault_class"], fd["boundary"]) == ("final", "final_state", "Sequential#2"), fd
+
+
+def test_tensors_inside_a_torch_func_transform_are_marked_not_collector_errors(tmp_path):
+    """Per-sample gradients (vmap of grad over functional_call): the model's calls inside the
+    transform see functorch wrappers without storage. They were reported as collector errors with
+    torch's raw message; they are marked unobserved with the reason (the run is still never
+    certified identical)."""
+    import torch
+    from torch.func import functional_call, grad, vmap
+
+    import bitguard
+    from bitguard.backend.ingest import load_rank, open_run
+
+    model = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.Tanh(), torch.nn.Linear(3, 1))
+    params = {k: v.detach() for k, v in model.named_parameters()}
+
+    def loss(p, x):
+        return functional_call(model, p, (x.unsqueeze(0),)).pow(2).sum()
+
+    with bitguard.record(tmp_path / "run", determinism=False):
+        vmap(grad(loss), in_dims=(None, 0))(params, torch.randn(5, 4))
+    run = open_run(tmp_path / "run")
+    assert run.manifest["collector_errors"] == []
+    _, tensors, _ = load_rank(run, 0)
+    why = tensors["unobserved"].drop_nulls().unique().to_list()
+    assert why and all(w.startswith("a tensor inside a torch.func transform") for w in why), why
