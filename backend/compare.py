@@ -504,7 +504,7 @@ def _first_pivot(ranks: dict[int, RankComparison]) -> RankComparison | None:
 
 
 # Reasons that stop a verdict from being `identical`; the others only describe what was compared.
-_INFORMATIONAL = {"modes", "granularity", "recompute"}
+_INFORMATIONAL = {"modes", "granularity", "recompute", "retyped"}
 
 
 class Comparison:

@@ -95,6 +95,14 @@ def _reasons(rc) -> list[dict]:
                    f"observed, first the {pivot_mod.phase_words(first['phase'], first['kind'])} of {first['boundary']} at step "
                    f"{first['step']}"
                    + (f" ({why[0]})" if why.len() else "")))
+    retyped = rc.pairs.filter(pl.col("retyped"))
+    if retyped.height:  # informational: compared by their tensors, the numbers decide
+        a = rc.events_a.row(int(retyped["a_pos"][0]), named=True)
+        b = rc.events_b.row(int(retyped["b_pos"][0]), named=True)
+        out.append(certification.reason("retyped", rank=rc.rank, message=
+                   f"{retyped.height} event(s) on rank {rc.rank} were paired across a change of module type or dtype "
+                   f"and compared by their tensors, first the {pivot_mod.phase_words(a['phase'], a['kind'])} of "
+                   f"{a['boundary']} at step {a['step']} ({a['module_type']} in A, {b['module_type']} in B)"))
     follows = rc.pairs.filter(pl.col("status") == "follows")
     if follows.height:
         rules = sorted(set(follows["rule_id"].drop_nulls().to_list()))

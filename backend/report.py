@@ -58,7 +58,7 @@ def _render(c) -> str:
                    f"training API differently (these settings had no effect on what was recorded):")
         out += api_diff.lines(r.api_differences.model_dump(), "  ", header=False)
     if r.verdict != "inconclusive":
-        notes = [x for x in r.certification.reasons if x.code not in ("modes", "recompute")]
+        notes = [x for x in r.certification.reasons if x.code not in _NOTES]
         if notes:
             out.append("  also not certified:")
             out += [f"    • {_said(x, r.ranks)}" for x in notes]
@@ -77,7 +77,7 @@ def _render(c) -> str:
     if r.rules_fired:
         out.append("rules fired: " + ", ".join(f"{x.id}×{x.count}" for x in r.rules_fired))
     for x in r.certification.reasons:
-        if x.code in ("modes", "recompute"):  # informational: they do not stop a verdict
+        if x.code in _NOTES:  # informational: they do not stop a verdict
             out.append(f"note: {_said(x, r.ranks)}")
     return "\n".join(out)
 
@@ -106,6 +106,9 @@ def _retyped(fd: FirstDivergence) -> str:
     if changed:
         return f"paired across a dtype change ({', '.join(changed)}): both runs run {fd.module_type}"
     return f"paired across a change of its tensors: both runs run {fd.module_type}"
+
+
+_NOTES = ("modes", "recompute", "retyped")  # reasons that describe what was compared, printed as notes
 
 
 def _said(reason, ranks: list[int]) -> str:

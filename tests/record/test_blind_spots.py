@@ -111,6 +111,19 @@ def _events(run_dir) -> list[dict]:
     return load_rank(open_run(run_dir), 0)[0].to_dicts()
 
 
+def test_identical_across_a_module_type_change_says_so(tmp_path):
+    """A module swapped for another class that computes the same (pytorch/examples' PixelShuffle
+    for a subclass): identical, and the report says the events were paired across the change."""
+    record_together(*(dict(out=tmp_path / name, script_args=("shuffle", view), script=SCRIPT) for name, view in
+                      (("a", "0"), ("b", "1"))))
+    code, d = _compare(tmp_path / "a", tmp_path / "b")
+    assert code == 0, d["verdict"]
+    notes = [r for r in d["certification"]["reasons"] if r["code"] == "retyped"]
+    assert len(notes) == 1 and "(PixelShuffle in A, PixelShuffleView in B)" in notes[0]["message"], notes
+    text = run([*BITGUARD, "compare", tmp_path / "a", tmp_path / "b"]).stdout
+    assert "note: " in text and "paired across a change of module type" in text, text
+
+
 def test_identical_numbers_from_different_settings_say_so(tmp_path):
     """Identical, and rightly (every gradient is zero, so the learning rate changes nothing), but the
     runs asked for different learning rates: the document and the report say which."""

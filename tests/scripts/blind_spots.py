@@ -8,6 +8,7 @@
     python blind_spots.py zero LR            SGD with LR on a loss whose gradients are all zero (LR changes nothing)
     python blind_spots.py swa SKIP           an AveragedModel updated after each step but step SKIP, never called
     python blind_spots.py scaler INF_AT      a GradScaler that skips step INF_AT (an inf put in a gradient; -1: none)
+    python blind_spots.py shuffle VIEW       nn.PixelShuffle, or (VIEW 1) a subclass of it that computes the same
     python blind_spots.py clamp C            weights clamped through .data after each step() (a WGAN critic),
                                              after step 1 to [-C, C]
 
@@ -73,6 +74,18 @@ elif what == "scaler":
             m[0].weight.grad[0, 0] = float("inf")
         scaler.step(opt)
         scaler.update()
+    print(sum(p.double().sum().item() for p in m.parameters()))
+elif what == "shuffle":
+    class PixelShuffleView(nn.PixelShuffle):
+        pass
+
+    m = nn.Sequential(nn.Conv2d(1, 4, 3, padding=1), PixelShuffleView(2) if value else nn.PixelShuffle(2))
+    opt = torch.optim.SGD(m.parameters(), lr=0.1)
+    for step in range(2):
+        loss = m(torch.randn(2, 1, 4, 4)).pow(2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
     print(sum(p.double().sum().item() for p in m.parameters()))
 elif what == "zero":
     m = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 1))
