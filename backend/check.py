@@ -50,6 +50,7 @@ EXIT_STATUS = {"clean": 0, "findings": 1, "inconclusive": 3}  # 2: bad input, 70
 CHECK_MODULES = (
     "bitguard.backend.recompute",
     "bitguard.backend.crossrank",
+    "bitguard.backend.replicas",
 )
 
 

@@ -7,7 +7,8 @@ Python without bitguard, a forked one inherits the collector but not its writer 
 - `ProcessWatch` wraps `multiprocessing`'s `BaseProcess.start` while a recording runs and reports
   (`report(message)`, a collector error: the comparison cannot be certified) each process started
   with a target that is not one of the helpers that only serve the training (a DataLoader
-  worker, a process pool's or a manager's worker);
+  worker, a manager's server; a process pool's worker when torch's own code starts it, as
+  inductor's compile workers), and each `os.fork()` outside such a start (seen in the parent);
 - in a forked child (`os.fork`, the fork start method, DataLoader workers on Linux) every active
   watch's `forked()` runs first thing: the collector stops there, so that the child neither waits
   for a writer it does not have (a step barrier timed out for 30 s at every step) nor writes into
@@ -20,28 +21,53 @@ from __future__ import annotations
 
 import multiprocessing.process
 import os
+import sys
+import threading
 import weakref
 from functools import wraps
 
 # targets that serve the training's own process and compute none of its numbers
 _HELPERS = frozenset({
     "torch.utils.data._utils.worker._worker_loop",  # a DataLoader worker (its batches are recorded here)
-    "concurrent.futures.process._process_worker",  # a process pool's worker (inductor's compile workers)
-    "multiprocessing.pool.worker",
     "multiprocessing.managers.BaseManager._run_server",
 })
+# a process pool's workers run whatever is submitted: helpers only when torch's own code starts them
+# (inductor's compile workers); started from the script's code they may train
+_POOL_WORKERS = frozenset({"concurrent.futures.process._process_worker", "multiprocessing.pool.worker"})
+_TORCH_OWN = ("torch._inductor", "torch._dynamo", "torch.utils.data")
 _ACTIVE: list[weakref.ref] = []  # the installed watches (one per recording in this process)
+_starting = threading.local()  # inside a watched Process.start: its fork is that process's, not os.fork's
+
+
+def _watches() -> list:
+    return [w for w in (ref() for ref in list(_ACTIVE)) if w is not None]
 
 
 def _in_child() -> None:
-    for ref in list(_ACTIVE):
-        watch = ref()
-        if watch is not None:
-            watch.forked()
+    for watch in _watches():
+        watch.forked()
+
+
+def _in_parent() -> None:
+    if not getattr(_starting, "now", False):
+        for watch in _watches():
+            watch.report("the script forked (os.fork): what the child computes is not observed nor compared")
 
 
 if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_in_child)
+    os.register_at_fork(after_in_child=_in_child, after_in_parent=_in_parent)
+
+
+def _from_torch() -> bool:
+    """Whether torch's own code (not the script's) is starting the process."""
+    f = sys._getframe(2)
+    for _ in range(40):
+        if f is None:
+            return False
+        if f.f_globals.get("__name__", "").startswith(_TORCH_OWN):
+            return True
+        f = f.f_back
+    return False
 
 
 def target_name(process) -> str | None:
@@ -78,7 +104,11 @@ class ProcessWatch:
                     watch.started(process)
                 except Exception:  # noqa: BLE001 - the process starts whatever the watch makes of it
                     pass
-            return original(process)
+            _starting.now = True
+            try:
+                return original(process)
+            finally:
+                _starting.now = False
 
         multiprocessing.process.BaseProcess.start = self._wrapper = start
         _ACTIVE.append(weakref.ref(self))
@@ -86,12 +116,15 @@ class ProcessWatch:
 
     def started(self, process) -> None:
         name = target_name(process)
-        if name is None or name in _HELPERS:
+        if name is None or name in _HELPERS or (name in _POOL_WORKERS and _from_torch()):
             return
         method = getattr(process, "_start_method", None) or multiprocessing.get_start_method(allow_none=True) \
             or "default"
-        self._report(f"{name} ran in another process ({method}), not observed: what it computed is not compared; "
-                     f"record each process that trains under bitguard (torchrun ... -m bitguard record)")
+        what = "a process pool's tasks" if name in _POOL_WORKERS else name
+        self.report(f"{what} ran in another process ({method}), not observed: what it computed is not compared")
+
+    def report(self, message: str) -> None:
+        self._report(message)
 
     def remove(self) -> None:
         # (wrapped again since by someone else: ours stays in their chain, reporting nothing)

@@ -28,16 +28,24 @@ def test_training_in_a_child_process_is_never_certified(tmp_path, start):
     assert procs[0].stdout != procs[1].stdout  # the children computed differently
     for name in "ab":
         errors = _errors(tmp_path / name)
-        assert len(errors) == 1 and errors[0].startswith("child process: NotSupported: __main__.child ran in another "
-                                                         f"process ({start})"), errors
+        assert errors == [f"child process: NotSupported: __main__.child ran in another process ({start}), not "
+                      f"observed: what it computed is not compared"], errors
     proc = run([*BITGUARD, "compare", tmp_path / "a", tmp_path / "b"])
     assert proc.returncode == 3 and "__main__.child ran in another process" in proc.stdout, proc.stdout
 
 
-def test_dataloader_workers_and_a_forked_child_leave_the_run_as_it_is(tmp_path):
+def test_pool_tasks_and_a_raw_fork_are_never_certified_but_dataloader_workers_are_fine(tmp_path):
+    """A pool's worker runs whatever the script submits (a training, here); os.fork() runs the rest
+    of the script in the child: both were first let through, and compared identical."""
     record(tmp_path / "loader", "loader", script=SCRIPT, cli=True)
     assert _errors(tmp_path / "loader") == []
+    record(tmp_path / "pool", "pool", script=SCRIPT, cli=True)
+    assert _errors(tmp_path / "pool") == [
+        "child process: NotSupported: a process pool's tasks ran in another process (fork), not observed: what it "
+        "computed is not compared"]
     proc = record(tmp_path / "forked", "forked", script=SCRIPT, cli=True)
     manifest = json.loads((tmp_path / "forked" / "manifest.json").read_text())
-    assert manifest["status"] == "complete" and manifest["collector_errors"] == [], proc.stderr
+    assert manifest["status"] == "complete" and manifest["collector_errors"] == [
+        "child process: NotSupported: the script forked (os.fork): what the child computes is not observed nor "
+        "compared"], proc.stderr
     assert manifest["steps_completed"] == 2  # the parent's two steps; the child's is not the run's

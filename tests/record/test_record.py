@@ -326,6 +326,26 @@ def test_torchrun_two_ranks_gloo(tmp_path):
 
 
 @pytest.mark.slow
+def test_a_ddp_replica_whose_weights_drift_is_found_by_check(tmp_path):
+    """One rank's weight edited after step 1: the all-reduced gradients still agree on every rank,
+    so no collective shows it; the replicas' parameters at the start of step 2 do (`check`)."""
+    from bitguard.backend.check import run_checks
+    from bitguard.backend.ingest import open_run
+
+    for name, env in (("clean", {}), ("drift", {"WEIGHT_FAULT_RANK": "1"})):
+        proc = _torchrun(tmp_path / name, env)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+    clean = run_checks(open_run(tmp_path / "clean"))
+    replicas = next(c for c in clean.checks if c.name == "replicas")
+    assert clean.verdict == "clean" and replicas.compared == 3 and replicas.findings == 0, clean
+    drift = run_checks(open_run(tmp_path / "drift"))
+    found = [f for f in drift.findings if f.check == "replicas"]
+    assert drift.verdict == "findings" and {(f.rank, f.step, f.kind) for f in found} == {(0, 2, "params"),
+                                                                                       (1, 2, "params")}, found
+    assert all([t.path for t in f.tensors] == [".module.0.weight"] and "cannot be told" in f.detail for f in found)
+
+
+@pytest.mark.slow
 def test_sigterm_flushes_and_marks_the_run_interrupted(tmp_path):
     out = tmp_path / "run"
     cmd = [*BITGUARD, "record", "--out", out, "--", sys.executable, TINYGPT, "--steps", "50", "--progress",

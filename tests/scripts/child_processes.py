@@ -3,6 +3,7 @@
     python child_processes.py train START LR     the parent trains, then a child process (START: spawn or fork)
                                                  trains another model with LR; prints the child's result
     python child_processes.py loader             a DataLoader with two worker processes feeds the training
+    python child_processes.py pool               a multiprocessing pool (fork) trains two models
     python child_processes.py forked             an os.fork() child trains a step and leaves through the script's end
 """
 
@@ -40,6 +41,9 @@ if __name__ == "__main__":
         print("child", queue.get())
         p.join()
         assert p.exitcode == 0
+    elif what == "pool":
+        with mp.get_context("fork").Pool(2) as pool:
+            print(pool.map(train, [0.1, 0.2]))
     elif what == "loader":
         data = torch.utils.data.TensorDataset(torch.randn(32, 8))
         m = torch.nn.Linear(8, 1)

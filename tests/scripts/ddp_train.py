@@ -24,6 +24,9 @@ def main():
         loss = nn.functional.mse_loss(model(x), y)
         loss.backward()
         opt.step()
+        if os.environ.get("WEIGHT_FAULT_RANK") == str(rank) and step == 1:  # a replica drifts
+            with torch.no_grad():
+                model.module[0].weight[0, 0] += 1e-3
     # free DDP (its reducer holds the process group) before tearing the group down: the other
     # order was seen to hang in ~ProcessGroupGloo joining its worker thread
     del model, opt
