@@ -171,14 +171,15 @@ def _propagation(r: CompareResult) -> list[str]:
     out = [f"  propagation: reaches {len(nodes)} module/phase node(s)" + ("; first hops:" if edges else "")]
     by_id = {n.id: n for n in nodes}
     frontier = [n.id for n in nodes if n.is_pivot]
+    ranks = len({n.rank for n in nodes}) > 1  # several ranks' graphs: each hop says whose it is
     shown = 0
     for _ in range(3):
         nxt = []
         for e in edges:
             if e.source in frontier and shown < 12:
                 s, t = by_id[e.source], by_id[e.target]
-                out.append(f"    {s.boundary} ({s.phase}) -> {t.boundary} ({t.phase}) via {e.kind}, "
-                           f"first at step {e.first_step}")
+                out.append(f"    {f'rank {s.rank}: ' if ranks else ''}{s.boundary} ({phase_words(s.phase, s.kind)}) -> "
+                           f"{t.boundary} ({phase_words(t.phase, t.kind)}) via {e.kind}, first at step {e.first_step}")
                 nxt.append(e.target)
                 shown += 1
         frontier = nxt

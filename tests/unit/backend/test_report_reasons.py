@@ -12,3 +12,16 @@ def test_a_reason_of_one_rank_of_several_is_led_by_its_rank():
     assert _said(whole, [0, 1]) == whole.message  # a reason of the whole run
     named = Reason(code="missing_ranks", message="rank 1 of run B is missing", side="b", rank=1)
     assert _said(named, [0, 1]) == named.message  # already says it
+
+
+def test_propagation_hops_name_their_rank_when_the_runs_hold_several(tmp_path):
+    """Two ranks diverging alike printed each hop twice, with nothing to tell them apart."""
+    import bitguard
+    from bitguard.backend.report import render_text
+    from fixtures_runs import RunSpec, Taint, write_pair
+
+    a, b = write_pair(str(tmp_path), "pair", RunSpec(world_size=2, taints=(Taint(1, "model.layers.1"),)),
+                      RunSpec(world_size=2))
+    hops = [line.strip() for line in render_text(bitguard.compare(a, b)).splitlines() if " via " in line]
+    assert hops and all(h.startswith(("rank 0: ", "rank 1: ")) for h in hops), hops
+    assert len(set(hops)) == len(hops)
