@@ -102,6 +102,18 @@ class _Backward:
         self.step = step  # of its forward
 
 
+def _plain_digests(tensors: list) -> list:
+    """The digests of the plain tensors among `tensors` (one kernel call for the host ones), None in
+    the place of the others (a subclass, a DTensor: `_row` observes those itself) and of every one
+    when one cannot be read (each row then digests its own, or says why not)."""
+    plain = [type(t) in _PLAIN for t in tensors]
+    try:
+        taken = iter(digest_many([t for t, p in zip(tensors, plain) if p]))
+    except Exception:  # noqa: BLE001 - one tensor it cannot read
+        return [None] * len(tensors)
+    return [next(taken) if p else None for p in plain]
+
+
 def _transformed(t: torch.Tensor) -> bool:
     """A functorch wrapper (a tensor inside vmap or grad)."""
     try:
@@ -1056,12 +1068,8 @@ class Collector:
         if not params:
             return [], []
         params, marks = self._sharded.final_params(params)
-        try:
-            digests = digest_many([t for _, t in params])  # one kernel call for the host ones
-        except Exception:  # noqa: BLE001 - one tensor it cannot read: each row digests its own, or says why not
-            digests = [None] * len(params)
-        rows = [self._row(t, "param", i, path, d if type(t) in _PLAIN else None)
-                for i, ((path, t), d) in enumerate(zip(params, digests))]
+        digests = _plain_digests([t for _, t in params])
+        rows = [self._row(t, "param", i, path, d) for i, ((path, t), d) in enumerate(zip(params, digests))]
         mark(rows, marks)
         return rows, params
 
@@ -1175,11 +1183,7 @@ class Collector:
                         name = entry[1] if entry is not None and entry[0]() is p else \
                             self._adopt(p, f"{label}.param_groups[{g}][{j}]")
                     steps.append((t, name, marks))
-        flat = [t for tensors, *_ in steps for *_, t in tensors]
-        try:
-            digests = digest_many(flat)
-        except Exception:  # noqa: BLE001 - one tensor it cannot read: each row digests its own, or says why not
-            digests = [None] * len(flat)
+        digests = _plain_digests([t for tensors, *_ in steps for *_, t in tensors])
         at = 0
         for tensors, name, marks in steps:
             taken, at = digests[at:at + len(tensors)], at + len(tensors)
@@ -1204,8 +1208,7 @@ class Collector:
 
     def _emit_step(self, tensors: list, name: str, marks: list | None, digests: list, opt_type: str, stack) -> None:
         t0 = time.time_ns()
-        rows = [self._row(t, role, i, path, d if type(t) in _PLAIN else None)
-                for (role, i, path, t), d in zip(tensors, digests)]
+        rows = [self._row(t, role, i, path, d) for (role, i, path, t), d in zip(tensors, digests)]
         if marks is not None:
             mark(rows, marks)
         self._emit("optimizer", "step", name, opt_type, 0, t0, rows, stack)
