@@ -10,8 +10,11 @@ since schema version 6) is compared here across the ranks that ran DDP's buckete
 together (their group named by the bucket's boundary, `comm.ddp_bucket0#0-3`), parameter by
 parameter, for the parameters each rank holds whole (a shard is its rank's own part).
 
-A rank that disagrees is named when a strict majority of the group agrees without it; with no
-majority (two ranks) every rank of the tie is named and the finding says which cannot be told.
+A rank that disagrees is named when a strict majority of the group agrees without it. With no
+majority (two ranks), the ranks whose parameters differ from what their own last optimizer step
+left them are named (changed after step() on that rank alone); when that does not tell them apart
+(the step itself computed differently), every rank of the tie is named and the finding says which
+cannot be told.
 Each rank is reported at the first step where it disagrees (the drift stays in every later step).
 This module reads ingest's frames; it knows nothing of how they were recorded.
 """
@@ -25,8 +28,8 @@ import polars as pl
 from bitguard.backend.check import Against, DigestPair, Finding, LoadedRun, Outcome, TensorDiff, hexdigest, register
 from bitguard.backend.collectives import function_of, group_of
 
-_READS = (pl.col("kind") == "params") | ((pl.col("phase") == "comm")
-                                         & pl.col("boundary").str.starts_with("comm.ddp_bucket"))
+_READS = pl.col("kind").is_in(["params", "step"]) | ((pl.col("phase") == "comm")
+                                                     & pl.col("boundary").str.starts_with("comm.ddp_bucket"))
 
 
 def _groups(run: LoadedRun) -> list[tuple[int, ...]]:
@@ -52,6 +55,31 @@ def _states(run: LoadedRun, rank: int) -> dict[tuple, tuple[dict, dict]]:
         by_seq[r["seq"]][r["path"]] = r
     return {(e["step"], e["boundary"], e["call"]): (e, by_seq.get(e["seq"], {}))
             for e in events.select("seq", "step", "boundary", "module_type", "call").iter_rows(named=True)}
+
+
+def _after_steps(run: LoadedRun, rank: int) -> dict[str, list[tuple[int, tuple]]]:
+    """Parameter name -> [(seq, its digest after that optimizer step)], in order: what each step left."""
+    steps = run.events(rank).filter(pl.col("kind") == "step")
+    if steps.is_empty():
+        return {}
+    rows = run.tensors(rank).filter(pl.col("seq").is_in(steps["seq"].implode()) & (pl.col("role") == "param")
+                                    & pl.col("shard").is_null() & pl.col("unobserved").is_null())
+    names = dict(steps.select("seq", "boundary").iter_rows())
+    out = defaultdict(list)
+    for seq, xor, pos in rows.sort("seq").select("seq", "xor", "pos").iter_rows():
+        out[names[seq]].append((seq, (xor, pos)))
+    return out
+
+
+def _moved(state: tuple, after: dict) -> bool:
+    """Whether a parameter of this params event differs from what this rank's last optimizer step
+    before it left: changed on this rank after its step() (an edit, a flipped bit)."""
+    event, rows = state
+    for path, r in rows.items():
+        left = [d for seq, d in after.get(path.lstrip("."), ()) if seq < event["seq"]]
+        if left and left[-1] != (r["xor"], r["pos"]):
+            return True
+    return False
 
 
 def _diffs(expected: dict, got: dict) -> list[TensorDiff]:
@@ -90,6 +118,7 @@ def check_replicas(run: LoadedRun) -> Outcome:
                 "no DDP bucket was recorded: no ranks are known to be replicas of one model")
         return Outcome(compared=0, notes=[note])
     states = {rank: _states(run, rank) for rank in run.ranks}
+    after = {rank: _after_steps(run, rank) for rank in run.ranks}
     compared, findings, notes = 0, [], []
     for group in groups:
         members = [r for r in group if r in states]
@@ -116,6 +145,18 @@ def check_replicas(run: LoadedRun) -> Outcome:
                             f"rank {r}'s parameters {where} differ from those of rank(s) "
                             f"{', '.join(str(x) for x, _ in ranked[0])}, which agree: DDP replicas hold the same "
                             f"weights, so this replica's drifted (an update or an edit on this rank alone)")))
+                continue
+            # a tie: the ranks whose weights are not what their own last step left them drifted
+            moved = {r for r, state in seen if _moved(state, after[r])}
+            if 0 < len(moved) < len(seen):
+                kept_rank, kept = next((r, st) for r, st in seen if r not in moved)
+                for r, state in seen:
+                    if r in moved and r not in reported:
+                        reported.add(r)
+                        findings.append(_finding(r, key, state, kept_rank, kept, (
+                            f"rank {r}'s parameters {where} differ from rank {kept_rank}'s and from what its own "
+                            f"last optimizer step left them: changed on this rank alone after step() (an edit, a "
+                            f"flipped bit), while rank {kept_rank}'s are as its step left them")))
                 continue
             for r, state in seen:
                 if r not in reported:

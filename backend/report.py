@@ -201,8 +201,8 @@ def _findings(findings: list[Finding], indent: str, limit: int = 5) -> list[str]
     sources = [f for f in findings if f.blame == "source"]
     out = []
     for f in (sources or findings)[:limit]:
-        out.append(f"{indent}• rank {f.rank}, step {f.step}, {f.phase} of {f.boundary} ({f.module_type}, call {f.call}) "
-                   f"[{f.check}, {f.blame}]")
+        out.append(f"{indent}• rank {f.rank}, step {f.step}, {phase_words(f.phase, f.kind)} of {f.boundary} "
+                   f"({f.module_type}, call {f.call}) [{f.check}, {f.blame}]")
         out.append(f"{indent}  {f.detail}")
         for t in f.tensors[:4]:
             out.append(f"{indent}  ≠ {t.role}[{t.index}]{t.path or ''} {t.dtype}{list(t.shape or [])}  "

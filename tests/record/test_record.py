@@ -340,9 +340,10 @@ def test_a_ddp_replica_whose_weights_drift_is_found_by_check(tmp_path):
     assert clean.verdict == "clean" and replicas.compared == 3 and replicas.findings == 0, clean
     drift = run_checks(open_run(tmp_path / "drift"))
     found = [f for f in drift.findings if f.check == "replicas"]
-    assert drift.verdict == "findings" and {(f.rank, f.step, f.kind) for f in found} == {(0, 2, "params"),
-                                                                                       (1, 2, "params")}, found
-    assert all([t.path for t in f.tensors] == [".module.0.weight"] and "cannot be told" in f.detail for f in found)
+    # two ranks, no majority: rank 1's weights are not what its own step left them, rank 0's are
+    assert drift.verdict == "findings" and [(f.rank, f.step, f.kind) for f in found] == [(1, 2, "params")], found
+    assert [t.path for t in found[0].tensors] == [".module.0.weight"] and "changed on this rank alone" in \
+        found[0].detail
 
 
 @pytest.mark.slow
