@@ -109,6 +109,37 @@ def _digest(rows: dict) -> tuple:
     return tuple(sorted((p, r["xor"], r["pos"]) for p, r in rows.items()))
 
 
+def _odd_ones(seen: list, key: tuple, after: dict) -> list[tuple]:
+    """(rank, state, the rank and state it must agree with, why) of each replica that disagrees at
+    `key`: the few against a strict majority; in a tie, the ranks whose weights are not what their
+    own last step left them; else every rank of the tie."""
+    classes = defaultdict(list)
+    for r, state in seen:
+        classes[_digest(state[1])].append((r, state))
+    if len(classes) == 1:
+        return []
+    ranked = sorted(classes.values(), key=len, reverse=True)
+    where = f"at the start of step {key[0]} ({key[1]}, call {key[2]})"
+    if len(ranked[0]) > len(ranked[1]):
+        agree_rank, agree = ranked[0][0]
+        agreeing = ", ".join(str(x) for x, _ in ranked[0])
+        return [(r, state, agree_rank, agree,
+                 f"rank {r}'s parameters {where} differ from those of rank(s) {agreeing}, which agree: DDP replicas "
+                 f"hold the same weights, so this replica's drifted (an update or an edit on this rank alone)")
+                for r, state in (m for cls in ranked[1:] for m in cls)]
+    moved = {r for r, state in seen if _moved(state, after[r])}
+    if 0 < len(moved) < len(seen):
+        kept_rank, kept = next((r, st) for r, st in seen if r not in moved)
+        return [(r, state, kept_rank, kept,
+                 f"rank {r}'s parameters {where} differ from rank {kept_rank}'s and from what its own last "
+                 f"optimizer step left them: changed on this rank alone after step() (an edit, a flipped bit), "
+                 f"while rank {kept_rank}'s are as its step left them")
+                for r, state in seen if r in moved]
+    return [(r, state, *next((x, st) for x, st in seen if _digest(st[1]) != _digest(state[1])),
+             f"the DDP replicas' parameters {where} disagree ({len(ranked)} different sets, no majority): one "
+             f"replica's weights drifted, and which cannot be told from this run") for r, state in seen]
+
+
 @register("replicas", reads=_READS)
 def check_replicas(run: LoadedRun) -> Outcome:
     """Each step's parameters compared across the ranks of each DDP group."""
@@ -129,42 +160,10 @@ def check_replicas(run: LoadedRun) -> Outcome:
             if len(seen) < 2:
                 continue
             compared += 1
-            classes = defaultdict(list)
-            for r, state in seen:
-                classes[_digest(state[1])].append((r, state))
-            if len(classes) == 1:
-                continue
-            ranked = sorted(classes.values(), key=len, reverse=True)
-            where = f"at the start of step {key[0]} ({key[1]}, call {key[2]})"
-            if len(ranked[0]) > len(ranked[1]):
-                agree_rank, agree = ranked[0][0]
-                for r, state in (m for cls in ranked[1:] for m in cls):
-                    if r not in reported:
-                        reported.add(r)
-                        findings.append(_finding(r, key, state, agree_rank, agree, (
-                            f"rank {r}'s parameters {where} differ from those of rank(s) "
-                            f"{', '.join(str(x) for x, _ in ranked[0])}, which agree: DDP replicas hold the same "
-                            f"weights, so this replica's drifted (an update or an edit on this rank alone)")))
-                continue
-            # a tie: the ranks whose weights are not what their own last step left them drifted
-            moved = {r for r, state in seen if _moved(state, after[r])}
-            if 0 < len(moved) < len(seen):
-                kept_rank, kept = next((r, st) for r, st in seen if r not in moved)
-                for r, state in seen:
-                    if r in moved and r not in reported:
-                        reported.add(r)
-                        findings.append(_finding(r, key, state, kept_rank, kept, (
-                            f"rank {r}'s parameters {where} differ from rank {kept_rank}'s and from what its own "
-                            f"last optimizer step left them: changed on this rank alone after step() (an edit, a "
-                            f"flipped bit), while rank {kept_rank}'s are as its step left them")))
-                continue
-            for r, state in seen:
+            for r, state, other_rank, other, detail in _odd_ones(seen, key, after):
                 if r not in reported:
                     reported.add(r)
-                    other_rank, other = next((x, s) for x, s in seen if _digest(s[1]) != _digest(state[1]))
-                    findings.append(_finding(r, key, state, other_rank, other, (
-                        f"the DDP replicas' parameters {where} disagree ({len(ranked)} different sets, no "
-                        f"majority): one replica's weights drifted, and which cannot be told from this run")))
+                    findings.append(_finding(r, key, state, other_rank, other, detail))
         if not keys:
             notes.append(f"no params events on the ranks of DDP group {', '.join(map(str, group))} (recorded "
                          f"before schema version 6, or outside the recorded steps)")
