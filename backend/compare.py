@@ -24,7 +24,7 @@ import numpy as np
 import polars as pl
 from numba import njit
 
-from bitguard.backend import api_diff, certification, check, equivalence, granularity
+from bitguard.backend import api_diff, certification, check, content_pairs, equivalence, granularity
 from bitguard.backend import pivot as pivot_mod
 from bitguard.backend import recompute
 from bitguard.backend import propagation, rank_pool, rank_summary, retype
@@ -303,7 +303,7 @@ def _compare_rank(rank: int, run_a: RunInfo, run_b: RunInfo, rules: RuleSet, fir
     ea, ta = _keep_probes(ea, ta, probes)
     eb, tb = _keep_probes(eb, tb, probes)
     ta, tb = _of_events(ta, ea), _of_events(tb, eb)
-    al, retyped, resigned = retype.align_retyped(ea, eb, band)
+    al, retyped, resigned = content_pairs.by_content(*retype.align_retyped(ea, eb, band), ea, eb, ta, tb)
     seq_a, seq_b = ea["seq"].to_numpy(), eb["seq"].to_numpy()
     pairs = pl.DataFrame({
         "a_pos": al.a_idx, "b_pos": al.b_idx,

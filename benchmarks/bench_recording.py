@@ -474,6 +474,7 @@ def breakdown(rounds: int, steps: int, model: str = "gpt", determinism: bool = T
     round's median step less the same round's plain median; medians over rounds. A part's share is
     the recorded mode's cost less the variant's."""
     from bitguard.collectors import api_events, hooks, observation, store
+    from bitguard.schema import TENSORS
 
     original = {"digest_async": hooks.digest_async, "digest_many": hooks.digest_many,
                 "digest_host_at": hooks.digest_host_at, "api_digest_many": api_events.digest_many,
@@ -492,7 +493,7 @@ def breakdown(rounds: int, steps: int, model: str = "gpt", determinism: bool = T
         def remove(self):
             pass
 
-        def root_forward(self, module, name):
+        def root_forward(self, module, name, digested=None):
             pass
 
     def variant(name: str) -> None:
@@ -506,7 +507,9 @@ def breakdown(rounds: int, steps: int, model: str = "gpt", determinism: bool = T
             hooks.digest_host_at = lambda address, nbytes: (0, 0)
             hooks.digest_many = api_events.digest_many = lambda ts: [(0, 0)] * len(ts)
         if name == "hooks only":
-            hooks.Collector._row = lambda self, t, role, idx, path, digest=None: [0, role, idx, path]
+            width = len(TENSORS.names)  # a row as wide as the schema's (a stub row narrower fails later reads)
+            hooks.Collector._row = lambda self, t, role, idx, path, digest=None: (
+                [0, role, idx, path, [], "", [], 0, 0, 0, 0, 0] + [None] * (width - 12))
             hooks.Collector._emit = lambda self, *args, **kwargs: None
         if name == "no API recorder":
             hooks.ApiRecorder = NoApi

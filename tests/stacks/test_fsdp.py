@@ -68,3 +68,15 @@ def test_rerun_identical(runs):
 def test_fault_localized(runs):
     h.assert_compare_localizes(runs["a"], runs["fault"], step=2, rank=1, boundary="body.0", blame="source",
                                fault_class="forward")
+
+
+@pytest.mark.extended
+def test_explicit_prefetching_compares_identical(runs, tmp_path):
+    """FSDP2 with each unit prefetching the next ones' weights issues the same all-gathers in
+    another order: it computed the same. (This model's units differ in size, so their gathers'
+    keys already tell them apart; gathers of one size, paired by content, and gathers counted in
+    the step before are tests/unit/backend/test_content_pairs.py's.)"""
+    if runs["stack"] != "fsdp2":
+        pytest.skip("explicit prefetching is FSDP2's")
+    prefetched, _ = h.recorded("fsdp2.py", tmp_path / "prefetch", "--prefetch", nproc=2)
+    h.assert_identical(runs["a"], prefetched)
