@@ -93,7 +93,8 @@ def blame(pivot: dict, events_a: pl.DataFrame, status: dict[int, str], diffs: pl
         result["blame_window"] = {"module": pivot["boundary"], "detail": _comm_detail(pivot, inputs_differ)}
     elif phase == "optimizer":
         used = diffs.filter((pl.col("a_seq") == pivot["seq"]) & (pl.col("role") == "grad"))
-        result.update(fault_class="optimizer")
+        # the gradient step() used is the update's input: when it already differed, the fault is upstream of step()
+        result.update(fault_class="optimizer", blame="consumer" if inputs_differ else "source")
         result["blame_window"] = {"module": pivot["boundary"],
                                   "detail": _optimizer_detail(pivot, events_a, status, used)}
     elif kind == "grad":

@@ -39,9 +39,9 @@ def _pair(tmp_path, world_size: int = 1) -> tuple[str, str]:
     return runs[0], runs[1]
 
 
-def _detail(a, b) -> str:
+def _detail(a, b, blame: str = "source") -> str:
     fd = bitguard.compare(a, b, rank=0).first_divergence
-    assert (fd["phase"], fd["step"], fd["fault_class"]) == ("optimizer", 1, "optimizer"), fd
+    assert (fd["phase"], fd["step"], fd["fault_class"], fd["blame"]) == ("optimizer", 1, "optimizer", blame), fd
     return fd["blame_window"]["detail"]
 
 
@@ -49,7 +49,7 @@ def test_a_used_gradient_that_differs_is_said_while_the_produced_one_matched(tmp
     a, b = _pair(tmp_path, world_size=2)
     _sql(b, f"UPDATE tensors SET xor = xor + 1 WHERE role IN ('grad', 'state') AND seq IN "
             f"({STEP_EVENTS} AND step = 1)")
-    detail = _detail(a, b)
+    detail = _detail(a, b, blame="consumer")  # step()'s input already differed: the fault is upstream of it
     assert detail.startswith("the gradient step() used differs while the gradient autograd produced on this rank "
                              "matched"), detail
     assert "optimizer update computed differently" not in detail
