@@ -45,7 +45,7 @@ import torch
 from torch.utils import _pytree as pytree
 
 from bitguard.collectors.api_events import ApiRecorder, CollectorNaming
-from bitguard.collectors.callstack import StackTable
+from bitguard.collectors.callstack import StackTable, _is_user
 from bitguard.collectors.comm import CommObserver
 from bitguard.collectors.compiled import (REGION_PATH, REGION_REASON, CompileWatch, eager_name, inner_call, is_compiling,
                                           keep_out_of_dynamo, original, region_of)
@@ -129,6 +129,35 @@ def _versions(module: torch.nn.Module) -> int:
         return sum(p._version for p in module.parameters())
     except Exception:  # noqa: BLE001 - a parameter without a version counter: always taken as changed
         return -1
+
+
+def _modules_in(frame) -> list[tuple[str, torch.nn.Module]]:
+    """(variable, module) of each module among a frame's variables and its `self`'s attributes; an
+    object that fails when looked at (a proxy, a lazy import) is passed over."""
+    found = []
+    try:
+        variables = list(frame.f_locals.items())
+    except Exception:  # noqa: BLE001 - nothing found is the safe answer
+        return found
+    owner = dict(variables).get("self")
+    if owner is not None and not _is_module(owner):
+        try:
+            attributes = object.__getattribute__(owner, "__dict__")  # (bypassing the class's own lookups)
+        except Exception:  # noqa: BLE001 - __slots__ only, or a proxy
+            attributes = None
+        if type(attributes) is dict:
+            variables += list(attributes.items())
+    for key, value in variables:
+        if isinstance(key, str) and key.isidentifier() and type(value) is not type and _is_module(value):
+            found.append((key, value))
+    return found
+
+
+def _is_module(value) -> bool:
+    try:
+        return isinstance(value, torch.nn.Module)
+    except Exception:  # noqa: BLE001 - a proxy whose __class__ raises
+        return False
 
 
 def _distributed(module: torch.nn.Module) -> bool:
@@ -609,7 +638,7 @@ class Collector:
         return rows
 
     # -- module naming ---------------------------------------------------------------------
-    def _register_root(self, module: torch.nn.Module) -> str:
+    def _register_root(self, module: torch.nn.Module, base: str | None = None) -> str:
         """Name a module called outside any other, and everything in it. An earlier root inside
         it (a part called alone while the model was built, to size a layer; a parametrization
         run once when registered) is named anew as a part of this one. (Two models alive at once
@@ -618,7 +647,7 @@ class Collector:
         frees an earlier model, which may differ from run to run.)"""
         if self._held:
             self._let_go()  # the final state of a model the script dropped comes before this one's events
-        base = type(module).__name__
+        base = base or type(module).__name__  # (a kept model found by its variable: that name)
         name, n = base, 1
         while name in self._root_names:
             n += 1
@@ -1128,8 +1157,26 @@ class Collector:
             self._flush_backward(ended=False)
             if self._in_window():
                 self._emit_steps(optimizer)
+            self._guard(self._adopt_kept)(sys._getframe(1))
         finally:
             self._end_step()
+
+    def _adopt_kept(self, frame) -> None:
+        """Models the training keeps but never calls, found among the variables of the user's code
+        that called step() (a frame's locals or globals, and the attributes of its `self`): a
+        hand-written EMA copy, updated in place under no_grad and saved at the end, is one. Each is
+        made a root and held, so that its final state is recorded; a model called later is a root
+        already, named the same. Wrappers of torch.distributed's are left alone (not held)."""
+        names, kept = self._names, []
+        while frame is not None:
+            if _is_user(frame.f_code.co_filename):
+                kept += _modules_in(frame)
+            frame = frame.f_back
+        for key, value in kept:
+            entry = names.get(id(value))
+            if (entry is None or entry[0]() is not value) and any(True for _ in value.parameters()) \
+                    and not any(map(_distributed, value.modules())):
+                self._register_root(value, key)
 
     def _skipped_step(self) -> None:
         """`GradScaler.step` skipped the optimizer's step (an inf or NaN gradient): the step ends all

@@ -88,8 +88,21 @@ def test_an_averaged_model_never_called_has_its_final_state(tmp_path):
     assert _compare(tmp_path / "a", tmp_path / "b")[0] == 0
     code, d = _compare(tmp_path / "a", tmp_path / "c")
     fd = d["first_divergence"]
-    assert code == 1 and (fd["kind"], fd["boundary"]) == ("final", "AveragedModel"), fd
+    # (named by its variable: the code that called step() holds it, and that is where it is first met)
+    assert code == 1 and (fd["kind"], fd["boundary"], fd["module_type"]) == ("final", "averaged", "AveragedModel"), fd
     assert {t["path"] for t in fd["tensors"] if t["differs"]} >= {".module.0.weight", ".n_averaged"}
+
+
+def test_a_hand_written_ema_never_called_has_its_final_state(tmp_path):
+    """An EMA copy made by deepcopy and updated in place under no_grad, never called (it is saved,
+    or evaluated after the recording): no root call met it, and another decay compared identical.
+    It is found among the variables of the code that called step() and named by its variable."""
+    record_together(*(dict(out=tmp_path / name, script_args=("ema", decay), script=SCRIPT) for name, decay in
+                      (("a", "0.9"), ("b", "0.9"), ("c", "0.8"))))
+    assert _compare(tmp_path / "a", tmp_path / "b")[0] == 0
+    code, d = _compare(tmp_path / "a", tmp_path / "c")
+    fd = d["first_divergence"]
+    assert code == 1 and (fd["kind"], fd["boundary"], fd["module_type"]) == ("final", "ema", "Sequential"), fd
 
 
 def test_a_step_the_loss_scaler_skipped_is_a_step_run_b_lacks(tmp_path):

@@ -7,6 +7,8 @@
     python blind_spots.py lbfgs LR           LBFGS (its closure called several times a step), at step 2 with LR
     python blind_spots.py zero LR            SGD with LR on a loss whose gradients are all zero (LR changes nothing)
     python blind_spots.py swa SKIP           an AveragedModel updated after each step but step SKIP, never called
+    python blind_spots.py ema DECAY          a hand-written EMA copy (deepcopy, updated in place), kept by a
+                                             trainer object, never called, with DECAY
     python blind_spots.py scaler INF_AT      a GradScaler that skips step INF_AT (an inf put in a gradient; -1: none)
     python blind_spots.py shuffle VIEW       nn.PixelShuffle, or (VIEW 1) a subclass of it that computes the same
     python blind_spots.py clamp C            weights clamped through .data after each step() (a WGAN critic),
@@ -62,6 +64,27 @@ elif what == "swa":
         return sum(p.double().sum().item() for p in averaged.parameters())
 
     print(train())
+elif what == "ema":
+    import copy
+
+    class Trainer:  # (the EMA an attribute of the object whose method trains)
+        def __init__(self):
+            self.model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 1))
+            self.ema = copy.deepcopy(self.model).requires_grad_(False)
+            self.opt = torch.optim.SGD(self.model.parameters(), lr=0.1)
+
+        def fit(self):
+            for _ in range(4):
+                loss = self.model(torch.randn(4, 8)).pow(2).mean()
+                self.opt.zero_grad()
+                loss.backward()
+                self.opt.step()
+                with torch.no_grad():
+                    for e, p in zip(self.ema.parameters(), self.model.parameters()):
+                        e.mul_(value).add_(p, alpha=1 - value)
+            return sum(p.double().sum().item() for p in self.ema.parameters())
+
+    print(Trainer().fit())
 elif what == "scaler":
     m = nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 1))
     opt = torch.optim.SGD(m.parameters(), lr=0.1)
