@@ -26,10 +26,10 @@ from __future__ import annotations
 import re
 import sys
 import weakref
-from functools import wraps
 
 import torch
 
+from bitguard.collectors.patching import Patch
 from bitguard.schema import COMPILED_REGION_PATH as REGION_PATH
 
 REGION_REASON = ("compiled region (torch.compile): observed at its inputs and outputs; the module boundaries "
@@ -124,30 +124,31 @@ class CompileWatch:
     def __init__(self, observe, report):
         self._observe = observe
         self._report = report
-        self._original = self._original_compile = None
+        self._patches: list[Patch] = []
         self._wrapped: list = []  # (weakref to the module, the compiled callable torch set)
 
     def install(self) -> None:
-        original_compile = self._original = torch.nn.Module.compile
-        original_torch_compile = self._original_compile = torch.compile
         watch = self
 
-        @wraps(original_compile)
-        def compile(module, *args, **kwargs):
-            original_compile(module, *args, **kwargs)
-            watch.wrap(module)
+        def make_compile(original, patch):
+            def compile(module, *args, **kwargs):
+                out = original(module, *args, **kwargs)
+                if patch.active:
+                    watch.wrap(module)
+                return out
+            return compile
 
-        @wraps(original_torch_compile)
-        def torch_compile(model=None, **kwargs):
-            if model is None:  # @torch.compile(mode=...): the decorator
-                return lambda fn: torch_compile(fn, **kwargs)
-            why = compiled_function(model)
-            if why is not None:
-                watch._report(why)
-            return original_torch_compile(model, **kwargs)
+        def make_torch_compile(original, patch):
+            def torch_compile(model=None, **kwargs):
+                if model is None:  # @torch.compile(mode=...): the decorator
+                    return lambda fn: torch_compile(fn, **kwargs)
+                why = compiled_function(model) if patch.active else None
+                if why is not None:
+                    watch._report(why)
+                return original(model, **kwargs)
+            return torch_compile
 
-        torch.nn.Module.compile = compile
-        torch.compile = torch_compile
+        self._patches = [Patch(torch.nn.Module, "compile", make_compile), Patch(torch, "compile", make_torch_compile)]
 
     def wrap(self, module: torch.nn.Module) -> None:
         compiled = module._compiled_call_impl
@@ -164,10 +165,8 @@ class CompileWatch:
         self._wrapped.append((ref, compiled))
 
     def remove(self) -> None:
-        if self._original is not None and torch.nn.Module.compile is not self._original:
-            torch.nn.Module.compile = self._original
-        if self._original_compile is not None and torch.compile is not self._original_compile:
-            torch.compile = self._original_compile
+        for patch in self._patches:
+            patch.remove()
         for ref, compiled in self._wrapped:
             module = ref()
             if module is not None and getattr(module._compiled_call_impl, "_bitguard_observed", False):

@@ -24,7 +24,8 @@ import os
 import sys
 import threading
 import weakref
-from functools import wraps
+
+from bitguard.collectors.patching import Patch
 
 # targets that serve the training's own process and compute none of its numbers
 _HELPERS = frozenset({
@@ -91,26 +92,26 @@ class ProcessWatch:
     def __init__(self, report, forked):
         self._report = report
         self.forked = forked
-        self._original = self._wrapper = None
+        self._patch: Patch | None = None
 
     def install(self) -> ProcessWatch:
-        original = self._original = multiprocessing.process.BaseProcess.start
         watch = self
 
-        @wraps(original)
-        def start(process):
-            if watch._wrapper is not None:
+        def make(original, patch):
+            def start(process):
+                if patch.active:
+                    try:
+                        watch.started(process)
+                    except Exception:  # noqa: BLE001 - the process starts whatever the watch makes of it
+                        pass
+                _starting.now = True
                 try:
-                    watch.started(process)
-                except Exception:  # noqa: BLE001 - the process starts whatever the watch makes of it
-                    pass
-            _starting.now = True
-            try:
-                return original(process)
-            finally:
-                _starting.now = False
+                    return original(process)
+                finally:
+                    _starting.now = False
+            return start
 
-        multiprocessing.process.BaseProcess.start = self._wrapper = start
+        self._patch = Patch(multiprocessing.process.BaseProcess, "start", make)
         _ACTIVE.append(weakref.ref(self))
         return self
 
@@ -127,8 +128,6 @@ class ProcessWatch:
         self._report(message)
 
     def remove(self) -> None:
-        # (wrapped again since by someone else: ours stays in their chain, reporting nothing)
-        if multiprocessing.process.BaseProcess.__dict__.get("start") is self._wrapper is not None:
-            multiprocessing.process.BaseProcess.start = self._original
-        self._original = self._wrapper = None
+        if self._patch is not None:
+            self._patch.remove()  # (wrapped again since by someone else: ours stays in their chain, reporting nothing)
         _ACTIVE[:] = [ref for ref in _ACTIVE if ref() is not None and ref() is not self]

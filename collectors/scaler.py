@@ -11,36 +11,34 @@ It knows nothing of events.
 
 from __future__ import annotations
 
-from functools import wraps
-
 import torch
+
+from bitguard.collectors.patching import Patch
 
 
 class ScalerWatch:
     def __init__(self, stepped, skipped):
         self._stepped = stepped  # () -> a count of the optimizer steps seen so far
         self._skipped = skipped
-        self._original = self._wrapper = None
+        self._patch: Patch | None = None
 
     def install(self) -> ScalerWatch:
-        original = self._original = torch.amp.GradScaler.step
         watch = self
 
-        @wraps(original)
-        def step(scaler, optimizer, *args, **kwargs):
-            if watch._wrapper is None:
-                return original(scaler, optimizer, *args, **kwargs)
-            before = watch._stepped()
-            out = original(scaler, optimizer, *args, **kwargs)
-            if watch._stepped() == before:
-                watch._skipped()
-            return out
+        def make(original, patch):
+            def step(scaler, optimizer, *args, **kwargs):
+                if not patch.active:
+                    return original(scaler, optimizer, *args, **kwargs)
+                before = watch._stepped()
+                out = original(scaler, optimizer, *args, **kwargs)
+                if watch._stepped() == before:
+                    watch._skipped()
+                return out
+            return step
 
-        torch.amp.GradScaler.step = self._wrapper = step
+        self._patch = Patch(torch.amp.GradScaler, "step", make)
         return self
 
     def remove(self) -> None:
-        # (wrapped again since by someone else: ours stays in their chain, passing calls through)
-        if torch.amp.GradScaler.__dict__.get("step") is self._wrapper is not None:
-            torch.amp.GradScaler.step = self._original
-        self._original = self._wrapper = None
+        if self._patch is not None:
+            self._patch.remove()
