@@ -50,6 +50,7 @@ from bitguard.collectors.comm import CommObserver
 from bitguard.collectors.compiled import (REGION_PATH, REGION_REASON, CompileWatch, eager_name, inner_call, is_compiling,
                                           keep_out_of_dynamo, original, region_of)
 from bitguard.collectors.observation import NO_DIGEST, dims, observe
+from bitguard.collectors.patching import Patch
 from bitguard.collectors.processes import ProcessWatch
 from bitguard.collectors.recompute import NON_REENTRANT, recompute_kind
 from bitguard.collectors.scaler import ScalerWatch
@@ -382,6 +383,8 @@ class Collector:
         self._handles.append(ProcessWatch(self._guard(self._child_process), self._forked).install())
         # a step the loss scaler skipped (an inf gradient) still ends the step
         self._handles.append(ScalerWatch(lambda: self._steps_taken, self._guard(self._skipped_step)).install())
+        if torch.distributed.is_available():  # the process group's end: the distributed models' final state
+            self._handles.append(Patch(torch.distributed, "destroy_process_group", self._before_destroy))
         self._handles.append(optim.register_optimizer_step_post_hook(self._guard(self._on_optimizer_step)))
         # last: its step hook runs after ours, with the step's events drained (removed after the final drain)
         self.api = ApiRecorder(self.store, CollectorNaming(self), self._fail, self.rank).install()
@@ -1051,6 +1054,33 @@ class Collector:
             module = ref()
             if module is not None:
                 self._final(module, name)
+
+    def _before_destroy(self, original, patch):
+        """destroy_process_group, taking first the final state of the roots that hold a wrapper of
+        torch.distributed's (DDP, FSDP) when the default group goes."""
+        def destroy_process_group(*args, **kwargs):
+            group = args[0] if args else kwargs.get("group")
+            if patch.active and (group is None or group is getattr(torch.distributed.group, "WORLD", None)):
+                self._guard(self._final_distributed)()
+            return original(*args, **kwargs)
+        return destroy_process_group
+
+    def _final_distributed(self) -> None:
+        """The `final` event of each root holding a DDP or FSDP wrapper, taken while the process
+        group still works: this collector does not hold such a model (see `_distributed`), and a
+        script often keeps it local to its main(), gone when the recording ends. Taken once: such a
+        root is not visited again at the end."""
+        self._maybe_advance()  # the final state belongs after the last step
+        if not self._in_window():
+            return
+        kept = []
+        for ref, name in self._roots:
+            module = ref()
+            if module is not None and any(map(_distributed, module.modules())):
+                self._final(module, name)
+            else:
+                kept.append((ref, name))
+        self._roots = kept
 
     def _final(self, module: torch.nn.Module, name: str) -> None:
         """The `final` event of root module `module`: every parameter and buffer as it is now."""

@@ -347,6 +347,22 @@ def test_a_ddp_replica_whose_weights_drift_is_found_by_check(tmp_path):
 
 
 @pytest.mark.slow
+def test_a_ddp_model_local_to_main_has_its_final_state_before_the_group_goes(tmp_path):
+    """A DDP model is not held past the script's own lifetime (its reducer would outlive the
+    process group), and one local to main() is gone when the recording ends: a weight edited after
+    the last step on one rank compared identical. Its final state is now taken in the script's
+    destroy_process_group(), before the group goes."""
+    jobs = {"a": {"KEEP_MODEL": "1"}, "b": {"KEEP_MODEL": "1", "EDIT_AFTER_RANK": "1"}}
+    for name, env in jobs.items():
+        proc = _torchrun(tmp_path / name, env)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+    result = bitguard.compare(tmp_path / "a", tmp_path / "b")
+    fd = result.first_divergence
+    assert result.verdict == "diverged" and (fd["rank"], fd["kind"], fd["step"]) == (1, "final", 3), fd
+    assert [t["path"] for t in fd["tensors"] if t["differs"]] == [".module.2.bias"], fd["tensors"]
+
+
+@pytest.mark.slow
 def test_sigterm_flushes_and_marks_the_run_interrupted(tmp_path):
     out = tmp_path / "run"
     cmd = [*BITGUARD, "record", "--out", out, "--", sys.executable, TINYGPT, "--steps", "50", "--progress",

@@ -27,6 +27,13 @@ def main():
         if os.environ.get("WEIGHT_FAULT_RANK") == str(rank) and step == 1:  # a replica drifts
             with torch.no_grad():
                 model.module[0].weight[0, 0] += 1e-3
+    if os.environ.get("EDIT_AFTER_RANK") == str(rank):  # after the last step: only the final state shows it
+        with torch.no_grad():
+            model.module[2].bias[0] += 1e-3
+    if os.environ.get("KEEP_MODEL"):  # torn down with the model alive, as pytorch/examples' DDP tutorial does
+        dist.barrier()
+        dist.destroy_process_group()
+        return
     # free DDP (its reducer holds the process group) before tearing the group down: the other
     # order was seen to hang in ~ProcessGroupGloo joining its worker thread
     del model, opt
