@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import polars as pl
 
 from bitguard.backend.ingest import with_keys
-from bitguard.schema import DIGEST_BUILD
+from bitguard.schema import DIGEST_BUILD, NUMBER_PATH
 
 # What trusted mode observes of module calls (collectors/hooks.py records with the same pattern):
 # when the two runs were recorded in different modes, the other module calls are on one side only
@@ -119,16 +119,23 @@ def _fmt(window) -> str:
 
 def since_filter(run_a, run_b, ea: pl.DataFrame, eb: pl.DataFrame, ta: pl.DataFrame,
                  tb: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame, pl.DataFrame, pl.DataFrame]:
-    """When one run was recorded before an event kind existed (`params`, schema version 6), that
-    kind is left out of both sides: absent by construction in the older run, not a divergence."""
+    """When one run was recorded before what the newer one records existed, that is left out of
+    both sides (absent by construction in the older run, not a divergence): events of kind `params`
+    (schema version 6), and the rows of the Python numbers a module returned (7; both sides'
+    alignment keys are then made again from what is kept)."""
     versions = [run.manifest.get("schema_version", 1) for run in (run_a, run_b)]
-    if all(isinstance(v, int) and v >= 6 for v in versions):
+    oldest = min(v if isinstance(v, int) else 1 for v in versions)
+    if oldest >= 7:
         return ea, eb, ta, tb
     sides = []
     for events, tensors in ((ea, ta), (eb, tb)):
-        if events.select((pl.col("kind") == "params").any()).item():
+        if oldest < 6 and events.select((pl.col("kind") == "params").any()).item():
             events = events.filter(pl.col("kind") != "params")
             tensors = tensors.filter(pl.col("seq").is_in(events["seq"].implode()))
+        numbers = tensors.select(pl.col("path").str.contains(NUMBER_PATH).fill_null(False)).to_series()
+        if numbers.any():
+            tensors = tensors.filter(~numbers)
+            events = _rekey(events, tensors)
         sides.append((events, tensors))
     (ea, ta), (eb, tb) = sides
     return ea, eb, ta, tb

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-SCHEMA_VERSION = 6  # bump on any change to a table below; readers refuse newer versions
+SCHEMA_VERSION = 7  # bump on any change to a table below; readers refuse newer versions
 # 2: tensors.unobserved (version 1 files have no such column: read as NULL, every tensor digested)
 # 3: tensors.shard (older files have no such column: read as NULL, every digest covers its whole tensor)
 #    and phase comm (kind collective); optimizer step events hold a `grad` row (the gradient step() used)
@@ -21,6 +21,11 @@ SCHEMA_VERSION = 6  # bump on any change to a table below; readers refuse newer 
 #    NULL, every row one step)
 # 6: events of kind `params` (a root module's parameters at its first call in each step, phase optimizer;
 #    older files have none: a comparison with one leaves them out of both sides)
+# 7: a Python int, float or bool that a module call returns is a row of its forward event (the 0-d int64 or
+#    float64 tensor of its value, its path ending in NUMBER_MARK; older files have none: a comparison with
+#    one leaves them out of both sides)
+NUMBER_MARK = " (python {})"  # {}: int, float or bool
+NUMBER_PATH = r"(^| )\(python (int|float|bool)\)$"  # a path NUMBER_MARK ends (a regular expression)
 DIGEST = "xor64+pos-fmix64"  # names the digest definition (docs/DIGESTS.md); runs compare only under the same one
 # the host digest kernel's revision: 2 keeps the OpenMP team's chunk table alive while the team reads it
 # (2abed93); a run recorded before it (no `digest_build`) with more than one torch thread may hold wrong
@@ -106,7 +111,9 @@ TENSORS = Table(
         Column("role", "VARCHAR", "input | output | grad_input | grad_output | grad | param | state | rng (an RNG state: in data events, and as an input of a call that drew random numbers)"),
         Column("idx", "INTEGER", "position among the event's tensors of this role (pytree flatten order)"),
         Column("path", "VARCHAR", "pytree key path inside the argument or output, e.g. [0] or .logits or ['mask']; "
-               "a collective's rows end in `@N`: its position in its group's order within the step, the same on every rank"),
+               "a collective's rows end in `@N`: its position in its group's order within the step, the same on every rank; "
+               "a Python number a module returned ends in ` (python int)`, ` (python float)` or ` (python bool)` (a 0-d "
+               "int64 or float64 row of its value)"),
         Column("shape", "BIGINT[]", "tensor shape (-1 for a dimension without one size: a nested tensor's ragged one)"),
         Column("dtype", "VARCHAR", "torch dtype without the torch. prefix"),
         Column("strides", "BIGINT[]", "strides in elements as recorded (the digest reads logical row-major order); "

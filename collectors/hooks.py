@@ -60,6 +60,7 @@ from bitguard.cuda.fingerprint import digest_async, digest_host_at, digest_many,
 from bitguard.cuda.tensor_bytes import tensor_bytes
 from bitguard.errors import NotSupported
 from bitguard.modes import HEAVY_MODULES  # what trusted mode observes of module calls
+from bitguard.schema import NUMBER_MARK
 
 QUEUED_EVENTS = 256  # events queued before they are numbered and handed to the store
 MAX_WAITING_CALLS = 65536  # module calls waiting for a backward that may never come (_flush_backward)
@@ -193,9 +194,16 @@ def _joined(parts: list[list]) -> list[tuple[str, torch.Tensor]]:
     return out if failed is None else _NotFlattened(out, failed.path, failed.reason)
 
 
-def _flatten(obj, prefix: str = "") -> list[tuple[str, torch.Tensor]]:
+def _number(value) -> torch.Tensor:
+    """A Python int, float or bool as the 0-d tensor of its value (float64 or int64)."""
+    return torch.tensor(value, dtype=torch.float64 if type(value) is float else torch.int64)
+
+
+def _flatten(obj, prefix: str = "", numbers: bool = False) -> list[tuple[str, torch.Tensor]]:
     """(path, tensor) for every tensor in a nested container, dataclasses included (a
-    `_NotFlattened` when a part of it cannot be flattened)."""
+    `_NotFlattened` when a part of it cannot be flattened); `numbers`: also each Python int, float
+    or bool, as a 0-d tensor whose path ends in NUMBER_MARK (a module's outputs: a number it returns
+    feeds the code after it as a tensor would)."""
     if isinstance(obj, torch.Tensor):  # the common cases, without pytree's cost
         return [(prefix, obj)]
     if type(obj) is tuple:
@@ -213,16 +221,18 @@ def _flatten(obj, prefix: str = "") -> list[tuple[str, torch.Tensor]]:
             key = prefix + pytree.keystr(path)
             if isinstance(leaf, torch.Tensor):
                 parts.append([(key, leaf)])
+            elif numbers and type(leaf) in (int, float, bool):
+                parts.append([((key + NUMBER_MARK.format(type(leaf).__name__)).lstrip(), _number(leaf))])
             elif is_dataclass(leaf) and not isinstance(leaf, type):
-                parts += [_flatten(getattr(leaf, f.name), f"{key}.{f.name}") for f in fields(leaf)]
+                parts += [_flatten(getattr(leaf, f.name), f"{key}.{f.name}", numbers) for f in fields(leaf)]
             elif isinstance(leaf, (Mapping, list, tuple)):  # a subclass pytree does not know (class D(dict))
-                parts.append(_flatten_without_keys(leaf, key))
+                parts.append(_flatten_without_keys(leaf, key, numbers))
     except Exception:  # noqa: BLE001 - a node registered without key paths, or any part that fails
-        return _flatten_without_keys(obj, prefix)
+        return _flatten_without_keys(obj, prefix, numbers)
     return _joined(parts)
 
 
-def _flatten_without_keys(obj, prefix: str) -> list[tuple[str, torch.Tensor]]:
+def _flatten_without_keys(obj, prefix: str, numbers: bool = False) -> list[tuple[str, torch.Tensor]]:
     """`_flatten` of a tree holding a node registered with pytree without key paths (transformers'
     ModelOutput: `register_pytree_node` without `flatten_with_keys_fn`), on which
     `tree_flatten_with_path` raises. Mappings, lists and tuples are walked by their own keys and
@@ -237,8 +247,9 @@ def _flatten_without_keys(obj, prefix: str) -> list[tuple[str, torch.Tensor]]:
         else:
             leaves = pytree.tree_flatten(obj)[0]  # (a dataclass among them is walked by its fields)
             items = [(f"<leaf {i}>", x) for i, x in enumerate(leaves)
-                     if isinstance(x, torch.Tensor) or (is_dataclass(x) and not isinstance(x, type))]
-        return _joined([_flatten(value, prefix + path) for path, value in items])
+                     if isinstance(x, torch.Tensor) or (is_dataclass(x) and not isinstance(x, type))
+                     or (numbers and type(x) in (int, float, bool))]
+        return _joined([_flatten(value, prefix + path, numbers) for path, value in items])
     except Exception as exc:  # noqa: BLE001 - the event is recorded without these tensors, and says so
         return _NotFlattened([], prefix, f"could not flatten {type(obj).__name__}: {type(exc).__name__}: {exc}")
 
@@ -860,7 +871,7 @@ class Collector:
                 outputs = [("", output)]
                 out_rows = [self._row(output, "output", 0, "")]
             else:
-                outputs = _flatten(output)
+                outputs = _flatten(output, numbers=True)
                 out_rows = self._rows(outputs, "output")
             region = frame.region
             module = region or frame.module

@@ -7,6 +7,8 @@ from pathlib import Path
 import duckdb
 import pytest
 
+from bitguard.schema import NUMBER_PATH
+
 import warm
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -55,13 +57,21 @@ def record_run():
 
 def as_schema_5(run_dir: Path) -> None:
     """Make a single-rank run as bitguard wrote it at schema version 5: without `params` events."""
+    as_older_schema(run_dir, 5)
+
+
+def as_older_schema(run_dir: Path, version: int) -> None:
+    """Make a single-rank run as bitguard wrote it at schema `version` (5 or 6): without the rows of
+    the Python numbers modules returned (before 7), and without `params` events (before 6)."""
     con = duckdb.connect(str(Path(run_dir) / "rank-0.duckdb"))
     try:
-        assert con.execute("SELECT count(*) FROM events WHERE kind = 'params'").fetchone()[0]
-        con.execute("DELETE FROM tensors WHERE seq IN (SELECT seq FROM events WHERE kind = 'params')")
-        con.execute("DELETE FROM events WHERE kind = 'params'")
-        con.execute("UPDATE meta SET value = '5' WHERE key = 'schema_version'")
+        con.execute(f"DELETE FROM tensors WHERE regexp_matches(path, '{NUMBER_PATH}')")
+        if version < 6:
+            assert con.execute("SELECT count(*) FROM events WHERE kind = 'params'").fetchone()[0]
+            con.execute("DELETE FROM tensors WHERE seq IN (SELECT seq FROM events WHERE kind = 'params')")
+            con.execute("DELETE FROM events WHERE kind = 'params'")
+        con.execute(f"UPDATE meta SET value = '{version}' WHERE key = 'schema_version'")
     finally:
         con.close()
     manifest = Path(run_dir) / "manifest.json"
-    manifest.write_text(json.dumps({**json.loads(manifest.read_text()), "schema_version": 5}))
+    manifest.write_text(json.dumps({**json.loads(manifest.read_text()), "schema_version": version}))

@@ -3,6 +3,7 @@
 import json
 import os
 import signal
+import struct
 import subprocess
 import sys
 import textwrap
@@ -15,7 +16,7 @@ import torch
 import bitguard
 from bitguard.backend.ingest import load_rank, open_run
 from bitguard.schema import EVENTS, TENSORS
-from .conftest import BITGUARD, SCRIPTS, TINYGPT, as_schema_5, record, record_together, run
+from .conftest import BITGUARD, SCRIPTS, TINYGPT, as_older_schema, as_schema_5, record, record_together, run
 
 
 def events(run_dir, rank=0):
@@ -130,9 +131,28 @@ def test_keyword_inputs_and_nested_outputs_are_digested(tmp_path):
     inner = [dict(zip(TENSORS.names, t)) for t in tensors if t[0] == rows[("inner", "forward")]]
     assert [(t["role"], t["path"]) for t in inner] == [
         ("input", "[0]"), ("input", "['scale']"), ("output", "['y']"), ("output", "['pair'][0]"),
-        ("output", "['pair'][1]")], inner
+        ("output", "['pair'][1]"), ("output", "['gain'] (python float)")], inner  # (not the string 'tag')
+    gain = next(t for t in inner if t["path"].startswith("['gain']"))
+    assert (gain["dtype"], gain["shape"], gain["xor"]) == ("float64", [], int.from_bytes(struct.pack("<d", 1.5), "little"))
     root = [dict(zip(TENSORS.names, t)) for t in tensors if t[0] == rows[("Model", "forward")]]
     assert [t["path"] for t in root if t["role"] == "output"] == [".logits", ".extras['aux']"], root
+
+
+@pytest.mark.slow
+def test_a_python_number_a_module_returns_is_compared(tmp_path):
+    """Inner returns a Python float that the code after it multiplies by: when it differs, Inner is
+    the first divergence (its tensors were the same), not the first module that reads the product."""
+    record_together(*(dict(out=tmp_path / name, script=SCRIPTS / "containers.py", script_args=(gain,))
+                      for name, gain in (("a", "1.5"), ("b", "1.25"))))
+    fd = bitguard.compare(tmp_path / "a", tmp_path / "b").first_divergence
+    assert (fd["step"], fd["boundary"], fd["blame"], fd["fault_class"]) == (0, "inner", "source", "forward"), fd
+    assert [t["path"] for t in fd["tensors"] if t["differs"]] == ["['gain'] (python float)"], fd["tensors"]
+    # a run recorded before these rows (schema 6): they are left out of both sides
+    record(tmp_path / "c", "1.5", script=SCRIPTS / "containers.py")
+    as_older_schema(tmp_path / "c", 6)
+    assert bitguard.compare(tmp_path / "c", tmp_path / "a").verdict == "identical"
+    fd = bitguard.compare(tmp_path / "c", tmp_path / "b").first_divergence
+    assert (fd["step"], fd["boundary"]) == (0, "Model"), fd  # (the product is the model's own code)
 
 
 STEPS_KILLED = "12"

@@ -1,9 +1,13 @@
-"""A model whose modules take keyword arguments and return nested containers and dataclasses."""
+"""A model whose modules take keyword arguments and return nested containers and dataclasses, and
+a Python number (the first argument, default 1.5) that the code after the module multiplies by."""
 
+import sys
 from dataclasses import dataclass
 
 import torch
 import torch.nn as nn
+
+GAIN = float(sys.argv[1]) if len(sys.argv) > 1 else 1.5
 
 
 @dataclass
@@ -19,7 +23,7 @@ class Inner(nn.Module):
 
     def forward(self, x, *, scale=None):
         y = self.lin(x)
-        return {"y": y * scale, "pair": (y, y.sum())}
+        return {"y": y * scale, "pair": (y, y.sum()), "gain": GAIN, "tag": "inner"}
 
 
 class Model(nn.Module):
@@ -30,7 +34,7 @@ class Model(nn.Module):
 
     def forward(self, x):
         out = self.inner(x, scale=torch.full((8,), 2.0))
-        logits = self.head(out["y"])
+        logits = self.head(out["y"]) * out["gain"]
         return Output(logits, {"aux": out["pair"][1]})
 
 
