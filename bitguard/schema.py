@@ -22,8 +22,9 @@ SCHEMA_VERSION = 7  # bump on any change to a table below; readers refuse newer 
 # 6: events of kind `params` (a root module's parameters at its first call in each step, phase optimizer;
 #    older files have none: a comparison with one leaves them out of both sides)
 # 7: a Python int, float or bool that a module call returns is a row of its forward event (the 0-d int64 or
-#    float64 tensor of its value, its path ending in NUMBER_MARK; older files have none: a comparison with
-#    one leaves them out of both sides)
+#    float64 tensor of its value, its path ending in NUMBER_MARK), and a root call's keyword arguments are rows
+#    of its batch event (paths `['name']...`); older files have neither: a comparison with one leaves them out
+#    of both sides
 NUMBER_MARK = " (python {})"  # {}: int, float or bool
 NUMBER_PATH = r"(^| )\(python (int|float|bool)\)$"  # a path NUMBER_MARK ends (a regular expression)
 DIGEST = "xor64+pos-fmix64"  # names the digest definition (docs/DIGESTS.md); runs compare only under the same one

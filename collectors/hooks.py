@@ -69,8 +69,8 @@ MAX_WAITING_CALLS = 65536  # module calls waiting for a backward that may never 
 class _Frame:
     """A module call in progress (a plain class with slots: one is made for every module call)."""
 
-    __slots__ = ("module", "name", "depth", "t0", "record", "calls", "args", "inputs", "rng", "stack_key", "recompute",
-                 "region")
+    __slots__ = ("module", "name", "depth", "t0", "record", "calls", "args", "inputs", "kwinputs", "rng", "stack_key",
+                 "recompute", "region")
 
     def __init__(self, module: torch.nn.Module, name: str, depth: int, t0: int, record: bool, calls: list):
         self.module = module
@@ -81,6 +81,7 @@ class _Frame:
         self.calls = calls  # the thread's module calls in progress, this one's parent last
         self.args: list = []  # _flatten(args), when recorded
         self.inputs: list = []  # their rows
+        self.kwinputs: list | None = None  # a root call's keyword arguments' rows, taken as the call began
         self.rng: torch.Tensor | None = None  # the CPU RNG state when the call began
         self.stack_key: tuple | None = None  # user frames above the call (computed when a child needs it)
         self.recompute: str | None = None  # a checkpoint recompute: its kind (collectors/recompute.py)
@@ -756,7 +757,7 @@ class Collector:
         def _call_impl(module, *args, **kwargs):
             if is_compiling() or not self.enabled:
                 return inner(module, *args, **kwargs)
-            frame = enter(module, args)
+            frame = enter(module, args, kwargs)
             try:
                 output = inner(module, *args, **kwargs)
             finally:
@@ -776,7 +777,7 @@ class Collector:
     def _keep_out_of_dynamo(self) -> None:
         keep_out_of_dynamo(self._wrapper, ENTRIES)  # see collectors/compiled.py
 
-    def _enter(self, module, args) -> _Frame | None:
+    def _enter(self, module, args, kwargs=None) -> _Frame | None:
         """A module call begins: its frame, pushed last (None, and nothing pushed, on failure: the
         wrapper needs the frame back, so this contains its failures itself instead of `_guarded`).
         This runs for every module call, between kernels that left the caches cold: the common
@@ -836,6 +837,8 @@ class Collector:
             if record or is_model_root:
                 frame.args = _flatten(args)
                 frame.inputs = self._rows(frame.args, "input")
+                if kwargs:  # (`model(input_ids=..., labels=...)`: the batch, before the forward can change it)
+                    frame.kwinputs = self._rows(_flatten(kwargs), "input", len(frame.inputs))
                 if is_model_root or self._may_draw(module):
                     frame.rng = torch.get_rng_state()
             digested = None
@@ -847,7 +850,7 @@ class Collector:
             if recompute is None and self.api is not None:  # its params and modes rows
                 self.api.root_forward(module, name, digested)
             if is_model_root:
-                rows = [list(r) for r in frame.inputs] + self._rng_rows(frame.rng)
+                rows = [list(r) for r in frame.inputs + (frame.kwinputs or [])] + self._rng_rows(frame.rng)
                 self._emit("data", "batch", name, type(region or module).__name__, 0, t0, rows)
             frames.append(frame)
             return frame
@@ -860,7 +863,11 @@ class Collector:
         Called by the module-call wrapper directly; a failure is recorded, never raised."""
         try:
             inputs = frame.inputs
-            rows = inputs + self._rows(_flatten(kwargs), "input", len(inputs)) if kwargs else inputs
+            if kwargs:
+                kwinputs = frame.kwinputs
+                rows = inputs + (kwinputs if kwinputs is not None else self._rows(_flatten(kwargs), "input", len(inputs)))
+            else:
+                rows = inputs
             rng = frame.rng
             if rng is not None and _rng_drawn(rng):
                 # the call drew random numbers: the RNG state it started from is one of its inputs

@@ -159,6 +159,43 @@ STEPS_KILLED = "12"
 
 
 @pytest.mark.slow
+def test_a_batch_passed_by_keyword_is_the_data_event(tmp_path):
+    """`model(input_ids=..., labels=...)`, as Hugging Face models are called: the keyword arguments
+    are the step's batch. They were left out of the batch event, so a batch that differed was blamed
+    on the first module that read it, as if the data had matched."""
+    script = tmp_path / "train.py"
+    script.write_text(textwrap.dedent("""
+        import sys, torch
+
+        class Net(torch.nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.emb, self.head = torch.nn.Embedding(16, 8), torch.nn.Linear(8, 16)
+
+            def forward(self, input_ids=None, labels=None):
+                return torch.nn.functional.cross_entropy(self.head(self.emb(input_ids)).flatten(0, 1), labels.flatten())
+
+        torch.manual_seed(0)
+        net = Net()
+        opt = torch.optim.SGD(net.parameters(), lr=0.1)
+        for step in range(3):
+            ids = torch.randint(0, 16, (2, 5))
+            if step == 1 and sys.argv[1] == "perturb":
+                ids[0, 0] = (ids[0, 0] + 1) % 16
+            opt.zero_grad()
+            net(input_ids=ids, labels=ids).backward()
+            opt.step()
+    """))
+    record_together(*(dict(out=tmp_path / name, script=script, script_args=(what,))
+                      for name, what in (("a", "same"), ("b", "perturb"), ("c", "same"))))
+    fd = bitguard.compare(tmp_path / "a", tmp_path / "b").first_divergence
+    assert (fd["step"], fd["phase"], fd["blame"]) == (1, "data", "data"), fd
+    assert [t["path"] for t in fd["tensors"] if t["differs"]] == ["['input_ids']", "['labels']"], fd["tensors"]
+    as_older_schema(tmp_path / "c", 6)  # recorded before: the keyword rows are left out of both sides
+    assert bitguard.compare(tmp_path / "c", tmp_path / "a").verdict == "identical"
+
+
+@pytest.mark.slow
 def test_killed_run_leaves_a_readable_directory_with_completed_steps(tmp_path):
     out = tmp_path / "run"
     # killed after its third step, the run still has 9 steps (2.7 s of sleeps) to go; the complete run
