@@ -44,6 +44,7 @@ from functools import partial
 import torch
 from torch.utils import _pytree as pytree
 
+from bitguard.collectors import kept
 from bitguard.collectors.api_events import ApiRecorder, CollectorNaming
 from bitguard.collectors.callstack import StackTable, _is_user
 from bitguard.collectors.comm import CommObserver
@@ -132,35 +133,6 @@ def _versions(module: torch.nn.Module) -> int:
         return sum(p._version for p in module.parameters())
     except Exception:  # noqa: BLE001 - a parameter without a version counter: always taken as changed
         return -1
-
-
-def _modules_in(frame) -> list[tuple[str, torch.nn.Module]]:
-    """(variable, module) of each module among a frame's variables and its `self`'s attributes; an
-    object that fails when looked at (a proxy, a lazy import) is passed over."""
-    found = []
-    try:
-        variables = list(frame.f_locals.items())
-    except Exception:  # noqa: BLE001 - nothing found is the safe answer
-        return found
-    owner = dict(variables).get("self")
-    if owner is not None and not _is_module(owner):
-        try:
-            attributes = object.__getattribute__(owner, "__dict__")  # (bypassing the class's own lookups)
-        except Exception:  # noqa: BLE001 - __slots__ only, or a proxy
-            attributes = None
-        if type(attributes) is dict:
-            variables += list(attributes.items())
-    for key, value in variables:
-        if isinstance(key, str) and key.isidentifier() and type(value) is not type and _is_module(value):
-            found.append((key, value))
-    return found
-
-
-def _is_module(value) -> bool:
-    try:
-        return isinstance(value, torch.nn.Module)
-    except Exception:  # noqa: BLE001 - a proxy whose __class__ raises
-        return False
 
 
 def _distributed(module: torch.nn.Module) -> bool:
@@ -320,7 +292,7 @@ class Collector:
                  "world_size", "_accumulating", "_advance", "_call_impl", "_calls", "_calls_step", "_forward_codes",
                  "_generation", "_grad_watch", "_handles", "_heavy", "_held", "_local", "_lock", "_names",
                  "_next_param_tid", "_next_tid", "_grads", "_optimizers", "_optimizers_seen", "_steps_taken", "_param_in", "_params", "_params_at", "_pass_stack", "_pending", "_queued",
-                 "_rng_free", "_root_names", "_roots", "_seq", "_sharded", "_stacks", "_thread_names",
+                 "_foreign", "_kept_lists", "_rng_free", "_root_names", "_roots", "_seq", "_sharded", "_stacks", "_thread_names",
                  "_tids", "_tids_limit", "_wrapper", "_depths")
 
     def __init__(self, store, mode: str = "full", steps: tuple[int, int | None] | None = None,
@@ -358,6 +330,8 @@ class Collector:
         # nothing else holds it (`_let_go`), and when the recording ends. Not held: a model inside
         # a torch.distributed wrapper (`_distributed`).
         self._held: list[tuple[torch.nn.Module, str]] = []
+        self._foreign: str | None = None  # a root called with tensors in place of its parameters (functional_call)
+        self._kept_lists: dict[int, kept.KeptTensors] = {}  # id of a list of shadow weights -> its root, held
         self._params: dict[int, tuple[weakref.ref, str, str, int]] = {}  # id -> (ref, name, owner type, tid)
         self._param_in: dict[int, tuple] = {}  # pid -> (t0, grad_input row) while .grad accumulates
         self._accumulating: set[int] = set()  # parameters with a hook after accumulation
@@ -1072,6 +1046,10 @@ class Collector:
             module = ref()
             if module is not None:
                 self._final(module, name)
+        if self._foreign is not None and not self._steps_taken:
+            self._fail("final state", NotSupported(
+                f"{self._foreign} ran on tensors in place of its parameters (functional_call) and no optimizer step "
+                f"updated them: its final weights are not observed"))
 
     def _before_destroy(self, original, patch):
         """destroy_process_group, taking first the final state of the roots that hold a wrapper of
@@ -1135,6 +1113,8 @@ class Collector:
         if not rows:
             return None
         self._emit("optimizer", "params", name, module_type, 0, t0, rows)
+        if self._foreign is None and any(not isinstance(p, torch.nn.Parameter) for _, p in params):
+            self._foreign = name  # (torch.func.functional_call puts the tensors it is given in their place)
         return {id(p): (r[8], r[9]) if type(r[8]) is int else r[8]
                 for (_, p), r in zip(params, rows) if r[12] is None and r[13] is None}
 
@@ -1215,12 +1195,18 @@ class Collector:
         hand-written EMA copy, updated in place under no_grad and saved at the end, is one. Each is
         made a root and held, so that its final state is recorded; a model called later is a root
         already, named the same. Wrappers of torch.distributed's are left alone (not held)."""
-        names, kept = self._names, []
+        names, found = self._names, []
         while frame is not None:
             if _is_user(frame.f_code.co_filename):
-                kept += _modules_in(frame)
+                found += kept.found_in(frame)
             frame = frame.f_back
-        for key, value in kept:
+        for key, value in found:
+            if type(value) is list:  # an object's shadow weights (diffusers' EMAModel): a root of its own
+                entry = self._kept_lists.get(id(value))
+                if entry is None or entry.kept is not value:
+                    self._kept_lists[id(value)] = holder = kept.KeptTensors(value)
+                    self._register_root(holder, key)
+                continue
             entry = names.get(id(value))
             if (entry is None or entry[0]() is not value) and any(True for _ in value.parameters()) \
                     and not any(map(_distributed, value.modules())):

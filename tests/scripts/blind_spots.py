@@ -7,6 +7,10 @@
     python blind_spots.py lbfgs LR           LBFGS (its closure called several times a step), at step 2 with LR
     python blind_spots.py zero LR            SGD with LR on a loss whose gradients are all zero (LR changes nothing)
     python blind_spots.py swa SKIP           an AveragedModel updated after each step but step SKIP, never called
+    python blind_spots.py functional LR_LAST torch.func.functional_call on a dict of weights updated by hand (no
+                                             torch.optim), the last update with LR_LAST
+    python blind_spots.py shadow DECAY       an object (not a module) keeping shadow weights, updated in place
+                                             after each step with DECAY (diffusers' EMAModel)
     python blind_spots.py ema DECAY          a hand-written EMA copy (deepcopy, updated in place), kept by a
                                              trainer object, never called, with DECAY
     python blind_spots.py scaler INF_AT      a GradScaler that skips step INF_AT (an inf put in a gradient; -1: none)
@@ -64,6 +68,34 @@ elif what == "swa":
         return sum(p.double().sum().item() for p in averaged.parameters())
 
     print(train())
+elif what == "functional":
+    m = nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 1))
+    weights = {k: v.detach().clone().requires_grad_() for k, v in m.named_parameters()}
+    for step in range(4):
+        loss = torch.func.functional_call(m, weights, (torch.randn(4, 8),)).pow(2).mean()
+        grads = torch.autograd.grad(loss, list(weights.values()))
+        lr = value if step == 3 else 0.1
+        weights = {k: (w - lr * g).detach().requires_grad_() for (k, w), g in zip(weights.items(), grads)}
+    print(sum(w.double().sum().item() for w in weights.values()))
+elif what == "shadow":
+    class ShadowEMA:  # (as diffusers' EMAModel: no module; its list of tensors updated in place)
+        def __init__(self, params):
+            self.shadow_params = [p.clone().detach() for p in params]
+
+        def step(self, params):
+            for s, p in zip(self.shadow_params, params):
+                s.sub_((1 - value) * (s - p.detach()))
+
+    m = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 1))
+    ema = ShadowEMA(m.parameters())
+    opt = torch.optim.SGD(m.parameters(), lr=0.1)
+    for _ in range(4):
+        loss = m(torch.randn(4, 8)).pow(2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        ema.step(m.parameters())
+    print(sum(s.double().sum().item() for s in ema.shadow_params))
 elif what == "ema":
     import copy
 

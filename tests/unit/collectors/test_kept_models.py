@@ -1,13 +1,14 @@
-"""Models the training keeps but never calls are found among the variables of the code that called
-step() (collectors/hooks.py `_modules_in`); whatever a variable holds, looking never fails."""
+"""Models and shadow weights the training keeps but never calls are found among the variables of
+the code that called step() (collectors/kept.py); whatever a variable holds, looking never fails."""
 
 from __future__ import annotations
 
 import sys
 
+import torch
 import torch.nn as nn
 
-from bitguard.collectors.hooks import _modules_in
+from bitguard.collectors.kept import found_in
 
 
 class _Raising:
@@ -27,23 +28,37 @@ class _Slots:
         return sys._getframe()
 
 
+class _ShadowEMA:
+    """As diffusers' EMAModel: no module, a list of tensors updated in place."""
+
+    def __init__(self, model):
+        self.shadow_params = [p.detach().clone() for p in model.parameters()]
+        self.decay = 0.9
+
+
 class _Owner:
     def __init__(self):
         self.ema = nn.Linear(2, 2)
+        self.in_dict = {"m": nn.Linear(2, 2)}
         self.proxy = _Raising()
 
     def frame(self):
         model = nn.Linear(3, 3)  # noqa: F841 - found as a local
+        state = {"ema": nn.Linear(4, 4), 1: nn.Linear(4, 4)}  # noqa: F841 - a dict's string keys only
+        emas = [nn.Linear(5, 5)]  # noqa: F841
+        shadow = _ShadowEMA(nn.Linear(6, 6))  # noqa: F841
+        batches = [torch.zeros(2)]  # noqa: F841 - a local list of tensors is no object's shadow weights
         return sys._getframe()
 
 
-def test_locals_and_the_attributes_of_self_are_found_by_name():
+def test_locals_containers_objects_and_the_attributes_of_self_are_found_by_name():
     owner = _Owner()
-    found = dict(_modules_in(owner.frame()))
-    assert set(found) == {"model", "ema"} and found["ema"] is owner.ema
+    found = dict(found_in(owner.frame()))
+    assert set(found) == {"model", "ema", "in_dict.m", "state.ema", "emas.0", "shadow.shadow_params"}, set(found)
+    assert found["ema"] is owner.ema and isinstance(found["shadow.shadow_params"], list)
 
 
 def test_a_proxy_that_raises_and_an_owner_without_a_dict_are_passed_over():
     proxy = _Raising()  # noqa: F841 - a local that fails when looked at
-    assert _modules_in(sys._getframe()) == []
-    assert _modules_in(_Slots().frame()) == []  # (its slot is not looked into: no __dict__)
+    assert found_in(sys._getframe()) == []
+    assert found_in(_Slots().frame()) == []  # (its slot is not looked into: no __dict__)
