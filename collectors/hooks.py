@@ -1041,6 +1041,8 @@ class Collector:
         self._maybe_advance()  # the final state belongs after the last step
         if not self._in_window():  # a step window that ended before the training (--steps A:B)
             return
+        if self._steps_taken:  # what was made after the last look (an EMA made at the end): the code ending a
+            self._guard(self._adopt_kept)(sys._getframe(1))  # `with bitguard.record()` still holds it
         gc.collect()  # a model only a reference cycle kept alive is gone in every run alike, not by chance
         for ref, name in self._roots:
             module = ref()

@@ -117,6 +117,37 @@ def test_shadow_weights_an_object_keeps_have_their_final_state(tmp_path):
                                                                              "KeptTensors"), fd
 
 
+def test_an_ema_made_after_the_last_step_is_found_when_the_recording_ends(tmp_path):
+    """Kept models are looked for at some optimizer steps; one made after the last of them (an
+    average taken once training is done) is looked for again as `with bitguard.record()` ends."""
+    import copy
+
+    import torch
+
+    import bitguard
+
+    def train(out, decay):
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1))
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        with bitguard.record(out, determinism=False):
+            for _ in range(3):
+                loss = model(torch.randn(2, 4)).pow(2).mean()
+                opt.zero_grad()
+                loss.backward()
+                opt.step()
+            late = copy.deepcopy(model).requires_grad_(False)
+            with torch.no_grad():
+                for p in late.parameters():
+                    p.mul_(decay)
+
+    for name, decay in (("a", 0.5), ("b", 0.5), ("c", 0.25)):
+        train(tmp_path / name, decay)
+    assert _compare(tmp_path / "a", tmp_path / "b")[0] == 0
+    code, d = _compare(tmp_path / "a", tmp_path / "c")
+    assert code == 1 and (d["first_divergence"]["kind"], d["first_divergence"]["boundary"]) == ("final", "late"), d
+
+
 def test_weights_trained_through_functional_call_without_torch_optim_are_not_certified(tmp_path):
     """torch.func.functional_call on a dict of weights updated by hand: the weights after the last
     update are used by nothing observed, so a different last learning rate compared identical. Such
