@@ -1099,6 +1099,8 @@ class Collector:
         at = self._params_at.get(id(module))
         if at is None or at[1] != self.step or at[0]() is not module:
             return _versions(module)
+        if self._foreign is not None and not isinstance(next(module.parameters(), None), torch.nn.Parameter):
+            return _versions(module)  # tensors in place of its parameters (functional_call): each call's own weights
         if at[2] == self._grads:
             return None
         versions = _versions(module)

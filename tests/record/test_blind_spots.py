@@ -148,6 +148,41 @@ def test_an_ema_made_after_the_last_step_is_found_when_the_recording_ends(tmp_pa
     assert code == 1 and (d["first_divergence"]["kind"], d["first_divergence"]["boundary"]) == ("final", "late"), d
 
 
+def test_each_functional_call_of_a_step_has_the_weights_it_ran_on_recorded(tmp_path):
+    """An ensemble run member by member through functional_call (pytorch/tutorials' ensembling,
+    without vmap): a params event was taken at a root's first call of a step only, so a member's
+    edited weight was blamed on the first module reading it, `source (forward)`, as if that module
+    computed differently. Each such call now records the weights it ran on."""
+    import torch
+    from torch.func import functional_call, stack_module_state
+
+    import bitguard
+
+    def train(out, edit):
+        torch.manual_seed(0)
+        members = [torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1)) for _ in range(3)]
+        params, _ = stack_module_state(members)
+        base = members[0]
+        opt = torch.optim.SGD(params.values(), lr=0.1)
+        with bitguard.record(out, determinism=False):
+            for step in range(3):
+                x = torch.randn(2, 4)
+                loss = sum(functional_call(base, {k: v[i] for k, v in params.items()}, (x,)).pow(2).mean()
+                           for i in range(3))
+                opt.zero_grad()
+                loss.backward()
+                opt.step()
+                if edit and step == 0:
+                    with torch.no_grad():
+                        params["2.weight"][2, 0, 3] += 1e-3  # member 2's last layer, by hand
+
+    for name, edit in (("a", False), ("b", True)):
+        train(tmp_path / name, edit)
+    fd = _compare(tmp_path / "a", tmp_path / "b")[1]["first_divergence"]
+    assert (fd["step"], fd["kind"], fd["call"], fd["blame"], fd["fault_class"]) == (1, "params", 2, "source", "params"), fd
+    assert [t["path"] for t in fd["tensors"] if t["differs"]] == [".2.weight"], fd["tensors"]
+
+
 def test_weights_trained_through_functional_call_without_torch_optim_are_not_certified(tmp_path):
     """torch.func.functional_call on a dict of weights updated by hand: the weights after the last
     update are used by nothing observed, so a different last learning rate compared identical. Such
