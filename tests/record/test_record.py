@@ -409,10 +409,12 @@ def test_a_ddp_model_local_to_main_has_its_final_state_before_the_group_goes(tmp
     process group), and one local to main() is gone when the recording ends: a weight edited after
     the last step on one rank compared identical. Its final state is now taken in the script's
     destroy_process_group(), before the group goes."""
+    from concurrent.futures import ThreadPoolExecutor
+
     jobs = {"a": {"KEEP_MODEL": "1"}, "b": {"KEEP_MODEL": "1", "EDIT_AFTER_RANK": "1"}}
-    for name, env in jobs.items():
-        proc = _torchrun(tmp_path / name, env)
-        assert proc.returncode == 0, proc.stderr[-3000:]
+    with ThreadPoolExecutor(2) as pool:  # (both at once: each waits on its ranks' start more than it computes)
+        for proc in pool.map(lambda job: _torchrun(tmp_path / job[0], job[1]), jobs.items()):
+            assert proc.returncode == 0, proc.stderr[-3000:]
     result = bitguard.compare(tmp_path / "a", tmp_path / "b")
     fd = result.first_divergence
     assert result.verdict == "diverged" and (fd["rank"], fd["kind"], fd["step"]) == (1, "final", 3), fd
