@@ -139,9 +139,9 @@ def _divergence(fd: FirstDivergence) -> list[str]:
         out += api_diff.lines(fd.api_differences.model_dump())
     w = fd.blame_window
     if w:
-        if w.module:
-            out.append(f"  blame window: {w.module}" + (f" minus children {', '.join(w.excluding_children)}"
-                                                        if w.excluding_children else ""))
+        # (a window without a module still gets its heading: under the API lines its detail read as one of them)
+        out.append(f"  blame window: {w.module or 'none'}" + (f" minus children {', '.join(w.excluding_children)}"
+                                                             if w.module and w.excluding_children else ""))
         out.append(f"    {w.detail}")
     out.append("  tensors (A / B digests, xor:pos):")
     for t in fd.tensors:

@@ -839,7 +839,9 @@ class Collector:
             inputs = frame.inputs
             if kwargs:
                 kwinputs = frame.kwinputs
-                rows = inputs + (kwinputs if kwinputs is not None else self._rows(_flatten(kwargs), "input", len(inputs)))
+                if kwinputs is None:
+                    kwinputs = self._rows(_flatten(kwargs), "input", len(inputs))
+                rows = inputs + kwinputs
             else:
                 rows = inputs
             rng = frame.rng

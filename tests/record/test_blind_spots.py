@@ -179,7 +179,8 @@ def test_each_functional_call_of_a_step_has_the_weights_it_ran_on_recorded(tmp_p
     for name, edit in (("a", False), ("b", True)):
         train(tmp_path / name, edit)
     fd = _compare(tmp_path / "a", tmp_path / "b")[1]["first_divergence"]
-    assert (fd["step"], fd["kind"], fd["call"], fd["blame"], fd["fault_class"]) == (1, "params", 2, "source", "params"), fd
+    assert (fd["step"], fd["kind"], fd["call"], fd["blame"], fd["fault_class"]) == \
+        (1, "params", 2, "source", "params"), fd
     assert [t["path"] for t in fd["tensors"] if t["differs"]] == [".2.weight"], fd["tensors"]
 
 

@@ -133,7 +133,8 @@ def test_keyword_inputs_and_nested_outputs_are_digested(tmp_path):
         ("input", "[0]"), ("input", "['scale']"), ("output", "['y']"), ("output", "['pair'][0]"),
         ("output", "['pair'][1]"), ("output", "['gain'] (python float)")], inner  # (not the string 'tag')
     gain = next(t for t in inner if t["path"].startswith("['gain']"))
-    assert (gain["dtype"], gain["shape"], gain["xor"]) == ("float64", [], int.from_bytes(struct.pack("<d", 1.5), "little"))
+    bits = int.from_bytes(struct.pack("<d", 1.5), "little")  # a 0-d float64's xor digest is its bits
+    assert (gain["dtype"], gain["shape"], gain["xor"]) == ("float64", [], bits)
     root = [dict(zip(TENSORS.names, t)) for t in tensors if t[0] == rows[("Model", "forward")]]
     assert [t["path"] for t in root if t["role"] == "output"] == [".logits", ".extras['aux']"], root
 

@@ -77,5 +77,6 @@ def test_a_gather_that_moved_other_bytes_is_the_first_divergence(tmp_path, order
     assert (fd["step"], fd["boundary"]) == (1, GATHER), fd
     # the gather paired with it is layer 2's of step 1, the one that carried those weights in run A
     first = c.ranks[0].pivot
-    tensors = c.ranks[0].tensors_a.filter((c.ranks[0].tensors_a["seq"] == first["seq"]) & (c.ranks[0].tensors_a["role"] == "input"))
+    ta = c.ranks[0].tensors_a
+    tensors = ta.filter((ta["seq"] == first["seq"]) & (ta["role"] == "input"))
     assert tensors["xor"][0] == _digest("w", 1, 2, False)

@@ -25,3 +25,22 @@ def test_propagation_hops_name_their_rank_when_the_runs_hold_several(tmp_path):
     hops = [line.strip() for line in render_text(bitguard.compare(a, b)).splitlines() if " via " in line]
     assert hops and all(h.startswith(("rank 0: ", "rank 1: ")) for h in hops), hops
     assert len(set(hops)) == len(hops)
+
+
+def test_a_blame_window_without_a_module_keeps_its_heading():
+    """Its detail followed the API-difference lines at their indent and read as one of them."""
+    from types import SimpleNamespace
+
+    from bitguard.backend.report import _divergence
+
+    fd = SimpleNamespace(
+        cause="digest", fault_class="backward", rank=0, step=0, phase="backward", kind="module", boundary="MSELoss",
+        module_type="MSELoss", call=0, blame="consumer", retyped=False, notes=[], tensors=[], stack=[],
+        api_differences=SimpleNamespace(model_dump=lambda: {"differences": [
+            {"step": 0, "kind": "backward", "target": "loss", "call": 0, "field": "scaled_by", "a": None,
+             "b": 65536.0}]}),
+        blame_window=SimpleNamespace(module=None, excluding_children=[], detail="no enclosing module had identical "
+                                                                               "inputs"))
+    lines = _divergence(fd)
+    at = lines.index("  blame window: none")
+    assert lines[at + 1] == "    no enclosing module had identical inputs", lines
