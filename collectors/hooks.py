@@ -1073,14 +1073,14 @@ class Collector:
         self._maybe_advance()  # the final state belongs after the last step
         if not self._in_window():
             return
-        kept = []
+        left = []
         for ref, name in self._roots:
             module = ref()
             if module is not None and any(map(_distributed, module.modules())):
                 self._final(module, name)
             else:
-                kept.append((ref, name))
-        self._roots = kept
+                left.append((ref, name))
+        self._roots = left
 
     def _final(self, module: torch.nn.Module, name: str) -> None:
         """The `final` event of root module `module`: every parameter and buffer as it is now."""

@@ -93,28 +93,21 @@ def test_an_averaged_model_never_called_has_its_final_state(tmp_path):
     assert {t["path"] for t in fd["tensors"] if t["differs"]} >= {".module.0.weight", ".n_averaged"}
 
 
-def test_a_hand_written_ema_never_called_has_its_final_state(tmp_path):
-    """An EMA copy made by deepcopy and updated in place under no_grad, never called (it is saved,
-    or evaluated after the recording): no root call met it, and another decay compared identical.
-    It is found among the variables of the code that called step() and named by its variable."""
-    record_together(*(dict(out=tmp_path / name, script_args=("ema", decay), script=SCRIPT) for name, decay in
+@pytest.mark.parametrize("mode, boundary, module_type", [
+    # an EMA copy made by deepcopy and updated in place under no_grad, kept by a trainer object
+    ("ema", "ema", "Sequential"),
+    # diffusers' EMAModel: no module, a list of tensors updated in place, a root of its own
+    ("shadow", "ema.shadow_params", "KeptTensors")])
+def test_what_the_training_keeps_but_never_calls_has_its_final_state(tmp_path, mode, boundary, module_type):
+    """Never called (saved, or evaluated after the recording): no root call met it, and another decay
+    compared identical. It is found among the variables of the code that called step() and named by
+    where it was found."""
+    record_together(*(dict(out=tmp_path / name, script_args=(mode, decay), script=SCRIPT) for name, decay in
                       (("a", "0.9"), ("b", "0.9"), ("c", "0.8"))))
     assert _compare(tmp_path / "a", tmp_path / "b")[0] == 0
     code, d = _compare(tmp_path / "a", tmp_path / "c")
     fd = d["first_divergence"]
-    assert code == 1 and (fd["kind"], fd["boundary"], fd["module_type"]) == ("final", "ema", "Sequential"), fd
-
-
-def test_shadow_weights_an_object_keeps_have_their_final_state(tmp_path):
-    """diffusers' EMAModel keeps no module, a list of tensors updated in place after each step: found
-    as an attribute of a variable of the code that called step(), recorded as a root of its own."""
-    record_together(*(dict(out=tmp_path / name, script_args=("shadow", decay), script=SCRIPT) for name, decay in
-                      (("a", "0.9"), ("b", "0.9"), ("c", "0.8"))))
-    assert _compare(tmp_path / "a", tmp_path / "b")[0] == 0
-    code, d = _compare(tmp_path / "a", tmp_path / "c")
-    fd = d["first_divergence"]
-    assert code == 1 and (fd["kind"], fd["boundary"], fd["module_type"]) == ("final", "ema.shadow_params",
-                                                                             "KeptTensors"), fd
+    assert code == 1 and (fd["kind"], fd["boundary"], fd["module_type"]) == ("final", boundary, module_type), fd
 
 
 def test_an_ema_made_after_the_last_step_is_found_when_the_recording_ends(tmp_path):
