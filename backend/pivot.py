@@ -40,6 +40,7 @@ INPUT_ROLES = {
     ("optimizer", "step"): ("grad",),  # the gradient step() used (older runs have no such row)
     ("optimizer", "final"): (),
     ("optimizer", "params"): (),  # a root's parameters as a step's first call meets them
+    ("optimizer", "saved"): (),  # the tensors a save call of the training wrote
     ("data", "batch"): (),
     ("comm", "collective"): ("input",),  # a collective: this rank's part of its inputs
 }
@@ -47,7 +48,7 @@ INPUT_ROLES = {
 
 def phase_words(phase: str, kind: str) -> str:
     """What an event is, in a sentence: its phase, or for the root-level state events what they hold."""
-    return {"final": "final state", "params": "parameters at the start"}.get(kind, phase)
+    return {"final": "final state", "params": "parameters at the start", "saved": "what was saved"}.get(kind, phase)
 
 
 def _differing_roles(diffs: pl.DataFrame, a_seq: int) -> set[str]:
@@ -83,6 +84,13 @@ def blame(pivot: dict, events_a: pl.DataFrame, status: dict[int, str], diffs: pl
                                   "something outside the observed boundaries changed them (an update outside "
                                   "torch.optim, an EMA, an edit after the last optimizer step, a buffer updated "
                                   "in code no module call covers)"}
+    elif kind == "saved":
+        result.update(fault_class="saved")
+        result["blame_window"] = {"module": pivot["boundary"], "detail":
+                                  f"what this {pivot['boundary']} call wrote (a {pivot['module_type']}) differs although "
+                                  "every event before matched: the saved tensors were computed or changed outside the "
+                                  "observed boundaries (an EMA or averaged copy, a conversion, an edit after the last "
+                                  "optimizer step), or a different object was saved"}
     elif kind == "params":
         result.update(fault_class="params")
         result["blame_window"] = {"module": pivot["boundary"], "detail": _params_detail(pivot, events_a)}

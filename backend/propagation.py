@@ -151,9 +151,9 @@ def graph(events: pl.DataFrame, tensors: pl.DataFrame, divergent, loss: bool = F
             after, on="_at", by="step", strategy="forward", check_sortedness=False)
         parts += [h.filter(pl.col("dst").is_not_null()).select("src", "dst", pl.lit("weights").alias("kind"))
                   for h in (hit, hit_fwd)]
-    # final: each parameter's last optimizer event before a final-state event -> that event (final
-    # events are few: one per root model, at its end)
-    for at in info.filter((phase == "optimizer") & (kind == "final"))["seq"].to_list():
+    # final, saved: each parameter's last optimizer event before a final-state or saved event -> that
+    # event (such events are few: one per root model at its end, one per checkpoint written)
+    for at in info.filter((phase == "optimizer") & kind.is_in(["final", "saved"]))["seq"].to_list():
         last = opt_steps.filter(pl.col("seq") < at).group_by("boundary").agg(pl.col("seq").max())
         parts.append(last.select(pl.col("seq").alias("src"), pl.lit(at).alias("dst"), pl.lit("final").alias("kind")))
     if loss:

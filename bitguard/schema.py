@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-SCHEMA_VERSION = 7  # bump on any change to a table below; readers refuse newer versions
+SCHEMA_VERSION = 8  # bump on any change to a table below; readers refuse newer versions
 # 2: tensors.unobserved (version 1 files have no such column: read as NULL, every tensor digested)
 # 3: tensors.shard (older files have no such column: read as NULL, every digest covers its whole tensor)
 #    and phase comm (kind collective); optimizer step events hold a `grad` row (the gradient step() used)
@@ -25,6 +25,8 @@ SCHEMA_VERSION = 7  # bump on any change to a table below; readers refuse newer 
 #    float64 tensor of its value, its path ending in NUMBER_MARK), and a root call's keyword arguments are rows
 #    of its batch event (paths `['name']...`); older files have neither: a comparison with one leaves them out
 #    of both sides
+# 8: events of kind `saved` (phase optimizer: the tensors a torch.save or safetensors save call of the training
+#    wrote, collectors/saved.py); older files have none: a comparison with one leaves them out of both sides
 NUMBER_MARK = " (python {})"  # {}: int, float or bool
 NUMBER_PATH = r"(^| )\(python (int|float|bool)\)$"  # a path NUMBER_MARK ends (a regular expression)
 DIGEST = "xor64+pos-fmix64"  # names the digest definition (docs/DIGESTS.md); runs compare only under the same one
@@ -42,8 +44,9 @@ ROLES = ("input", "output", "grad_input", "grad_output", "grad", "param", "state
 # The `state` row that marks a compiled region's forward event (torch.compile): unobserved, it says
 # that the module boundaries inside the region were not observed (collectors/compiled.py).
 COMPILED_REGION_PATH = "<compiled region>"
-# final: a root module's parameters and buffers at the end; params: its parameters as each step's first call meets them
-KINDS = ("module", "grad", "step", "batch", "final", "collective", "params")
+# final: a root module's parameters and buffers at the end; params: its parameters as each step's first call meets
+# them; saved: the tensors of an object the training saved (torch.save, safetensors), role state, as written
+KINDS = ("module", "grad", "step", "batch", "final", "collective", "params", "saved")
 # Columns that every row must hold (a NULL there is a damaged rank file, not a value).
 REQUIRED = {"events": ("seq", "step", "phase", "kind", "boundary", "call", "depth", "t_start_ns", "t_end_ns"),
             "tensors": ("seq", "role", "idx", "shape", "dtype", "xor", "pos")}

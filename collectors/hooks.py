@@ -54,6 +54,7 @@ from bitguard.collectors.observation import NO_DIGEST, dims, observe
 from bitguard.collectors.patching import Patch
 from bitguard.collectors.processes import ProcessWatch
 from bitguard.collectors.recompute import NON_REENTRANT, recompute_kind
+from bitguard.collectors.saved import SaveWatch, tensors_in
 from bitguard.collectors.scaler import ScalerWatch
 from bitguard.collectors.sharded import ShardedParams, clean_name, mark
 from bitguard.collectors.store import MAX_REPORTED_ERRORS
@@ -369,6 +370,7 @@ class Collector:
         self._handles.append(ProcessWatch(self._guard(self._child_process), self._forked).install())
         # a step the loss scaler skipped (an inf gradient) still ends the step
         self._handles.append(ScalerWatch(lambda: self._steps_taken, self._guard(self._skipped_step)).install())
+        self._handles.append(SaveWatch(self._guard(self._saved)).install())  # what torch.save writes: `saved`
         if torch.distributed.is_available():  # the process group's end: the distributed models' final state
             self._handles.append(Patch(torch.distributed, "destroy_process_group", self._before_destroy))
         self._handles.append(optim.register_optimizer_step_post_hook(self._guard(self._on_optimizer_step)))
@@ -1091,6 +1093,19 @@ class Collector:
         t0 = time.time_ns()
         rows += self._rows(buffers, "state")
         self._emit("optimizer", "final", name, type(module).__name__, 0, t0, rows)
+
+    def _saved(self, boundary: str, obj) -> None:
+        """The `saved` event of a save the training makes (collectors/saved.py): every tensor the
+        saved object holds, as it is written. Its module type is the saved object's type."""
+        self._maybe_advance()  # (a save after step k's update belongs to step k + 1, as the next forward)
+        if not self._in_window():
+            return
+        t0 = time.time_ns()
+        pairs, truncated = tensors_in(obj)
+        if truncated is not None:
+            pairs = _NotFlattened(pairs, "[...]", truncated)
+        if pairs or truncated is not None:
+            self._emit("optimizer", "saved", boundary, type(obj).__name__, 0, t0, self._rows(pairs, "state"))
 
     def _params_due(self, module: torch.nn.Module) -> int | None:
         """Whether root `module`'s call is due a params event (its parameters' `_versions` then),

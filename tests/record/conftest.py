@@ -61,14 +61,17 @@ def as_schema_5(run_dir: Path) -> None:
 
 
 def as_older_schema(run_dir: Path, version: int) -> None:
-    """Make a single-rank run as bitguard wrote it at schema `version` (5 or 6): without the rows of
-    the Python numbers modules returned and of a root's keyword arguments in its batch event (before
-    7), and without `params` events (before 6)."""
+    """Make a single-rank run as bitguard wrote it at schema `version` (5 to 7): without `saved`
+    events (before 8), the rows of the Python numbers modules returned and of a root's keyword
+    arguments in its batch event (before 7), and `params` events (before 6)."""
     con = duckdb.connect(str(Path(run_dir) / "rank-0.duckdb"))
     try:
-        con.execute(f"DELETE FROM tensors WHERE regexp_matches(path, '{NUMBER_PATH}')")
-        con.execute("DELETE FROM tensors WHERE role = 'input' AND starts_with(path, ?) "
-                    "AND seq IN (SELECT seq FROM events WHERE kind = 'batch')", ["['"])  # a root's keyword arguments
+        con.execute("DELETE FROM tensors WHERE seq IN (SELECT seq FROM events WHERE kind = 'saved')")
+        con.execute("DELETE FROM events WHERE kind = 'saved'")
+        if version < 7:
+            con.execute(f"DELETE FROM tensors WHERE regexp_matches(path, '{NUMBER_PATH}')")
+            con.execute("DELETE FROM tensors WHERE role = 'input' AND starts_with(path, ?) "
+                        "AND seq IN (SELECT seq FROM events WHERE kind = 'batch')", ["['"])  # a root's keyword arguments
         if version < 6:
             assert con.execute("SELECT count(*) FROM events WHERE kind = 'params'").fetchone()[0]
             con.execute("DELETE FROM tensors WHERE seq IN (SELECT seq FROM events WHERE kind = 'params')")

@@ -3,11 +3,12 @@ statistics) and parameters updated outside torch.optim. Buffers are recorded wit
 their module, and every root module's parameters and buffers once more when the recording ends."""
 
 import json
+import shutil
 import textwrap
 
 import pytest
 
-from .conftest import BITGUARD, SCRIPTS, as_schema_5, record, record_together, run
+from .conftest import BITGUARD, SCRIPTS, as_older_schema, as_schema_5, record, record_together, run
 
 pytestmark = pytest.mark.slow
 
@@ -139,6 +140,27 @@ def test_an_ema_made_after_the_last_step_is_found_when_the_recording_ends(tmp_pa
     assert _compare(tmp_path / "a", tmp_path / "b")[0] == 0
     code, d = _compare(tmp_path / "a", tmp_path / "c")
     assert code == 1 and (d["first_divergence"]["kind"], d["first_divergence"]["boundary"]) == ("final", "late"), d
+
+
+@pytest.mark.parametrize("what, boundary, differing", [
+    ("saved", "torch.save", {"['ema']['0.weight']", "['ema']['0.bias']", "['ema']['2.weight']", "['ema']['2.bias']"}),
+    ("safetensors", "safetensors.save_file", {"['0.weight']", "['0.bias']", "['2.weight']", "['2.bias']"})])
+def test_what_the_training_saves_is_compared(tmp_path, what, boundary, differing):
+    """An average of the weights made once training is done, in a function, and saved: no variable
+    holds it when the recording ends, and another weight compared identical. What a save call writes
+    is a `saved` event; the file's name and the Python numbers beside the tensors (a time) are not
+    compared, so two runs saving to their own folders at their own times stay identical."""
+    record_together(*(dict(out=tmp_path / name, script_args=(what, decay), script=SCRIPT) for name, decay in
+                      (("a", "0.9"), ("b", "0.9"), ("c", "0.8"))))
+    assert _compare(tmp_path / "a", tmp_path / "b")[0] == 0
+    code, d = _compare(tmp_path / "a", tmp_path / "c")
+    fd = d["first_divergence"]
+    assert code == 1 and (fd["kind"], fd["boundary"], fd["fault_class"], fd["blame"]) == \
+        ("saved", boundary, "saved", "source"), fd
+    assert {t["path"] for t in fd["tensors"] if t["differs"]} == differing
+    shutil.copytree(tmp_path / "b", tmp_path / "old")
+    as_older_schema(tmp_path / "old", 7)  # recorded before saves were: they are left out of both sides
+    assert _compare(tmp_path / "old", tmp_path / "a")[0] == 0
 
 
 def test_each_functional_call_of_a_step_has_the_weights_it_ran_on_recorded(tmp_path):

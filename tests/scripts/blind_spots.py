@@ -15,6 +15,9 @@
                                              trainer object, never called, with DECAY
     python blind_spots.py scaler INF_AT      a GradScaler that skips step INF_AT (an inf put in a gradient; -1: none)
     python blind_spots.py shuffle VIEW       nn.PixelShuffle, or (VIEW 1) a subclass of it that computes the same
+    python blind_spots.py saved DECAY        an average of the weights made once training is done, in a function,
+                                             saved with torch.save beside the time and its path, DECAY its weight
+    python blind_spots.py safetensors DECAY  the same, written by safetensors' save_file
     python blind_spots.py clamp C            weights clamped through .data after each step() (a WGAN critic),
                                              after step 1 to [-C, C]
 
@@ -26,16 +29,22 @@ import sys
 import torch
 import torch.nn as nn
 
+
+
+def train(m, opt, steps=4):
+    for _ in range(steps):
+        loss = m(torch.randn(4, 8)).pow(2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+
+
 torch.manual_seed(0)
 what, value = sys.argv[1], float(sys.argv[2])
 if what == "bn":
     m = nn.Sequential(nn.Linear(8, 16), nn.BatchNorm1d(16, momentum=value), nn.ReLU(), nn.Linear(16, 1))
     opt = torch.optim.SGD(m.parameters(), lr=0.01)
-    for _ in range(4):
-        loss = m(torch.randn(4, 8)).pow(2).mean()
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
+    train(m, opt)
     print(m[1].running_mean.sum().item())
 elif what in ("init", "clamp"):
     m = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 1))
@@ -89,11 +98,7 @@ elif what == "shadow":
     m = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 1))
     ema = ShadowEMA(m.parameters())
     opt = torch.optim.SGD(m.parameters(), lr=0.1)
-    for _ in range(4):
-        loss = m(torch.randn(4, 8)).pow(2).mean()
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
+    train(m, opt)
         ema.step(m.parameters())
     print(sum(s.double().sum().item() for s in ema.shadow_params))
 elif what == "ema":
@@ -151,6 +156,32 @@ elif what == "zero":
         loss.backward()
         opt.step()
     print(sum(p.double().sum().item() for p in m.parameters()))
+elif what in ("saved", "safetensors"):
+    import copy
+    import os
+    import tempfile
+    import time
+
+    m = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 1))
+    opt = torch.optim.SGD(m.parameters(), lr=0.1)
+    train(m, opt)
+
+    def averaged(model):  # made after the last step, gone when it returns: only what is saved holds it
+        ema = copy.deepcopy(model).requires_grad_(False)
+        with torch.no_grad():
+            for p in ema.parameters():
+                p.mul_(value)
+        return {k: v.clone() for k, v in ema.state_dict().items()}
+
+    where = tempfile.mkdtemp()  # (another folder and file name in each run)
+    state = averaged(m)
+    if what == "saved":
+        torch.save({"ema": state, "saved_at": time.time(), "where": where}, os.path.join(where, f"{os.getpid()}.pt"))
+    else:
+        import safetensors.torch
+
+        safetensors.torch.save_file(state, os.path.join(where, "ema.safetensors"), metadata={"at": str(time.time())})
+    print(sum(v.double().sum().item() for v in state.values()))
 elif what == "lbfgs":
     m = nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 1))
     opt = torch.optim.LBFGS(m.parameters(), lr=0.5, max_iter=3)
