@@ -6,7 +6,8 @@ different saved file could compare identical.
 
 `tensors_in(obj)` finds the tensors of a saved object in a fixed order, each named by where it is
 (`['ema']['fc1.weight']`, `[0]`, `.fc1.weight` of a module saved whole): dicts in their order, lists
-and tuples, modules' parameters and buffers, and plain objects' attributes, `MAX_DEPTH` levels down.
+and tuples, modules' parameters and buffers, and plain objects' attributes, `MAX_DEPTH` levels down;
+NumPy arrays of numbers are taken as the tensors of their memory.
 Python numbers and strings are left out (a checkpoint often holds a time or a path that differs
 from run to run by design). `SaveWatch` wraps the save functions while a recording runs; a save
 that torch's own code makes (distributed checkpointing writes each tensor with `torch.save`) or
@@ -21,6 +22,7 @@ import threading
 import types
 from itertools import islice
 
+import numpy as np
 import torch
 
 from bitguard.collectors.patching import Patch
@@ -45,15 +47,24 @@ def tensors_in(obj) -> tuple[list[tuple[str, torch.Tensor]], str | None]:
     return found, None
 
 
+_SCALARS = (str, bytes, int, float, complex, bool, type(None), type, types.ModuleType, types.FunctionType,
+            types.MethodType)
+
+
 def _walk(value, path: str, depth: int, found: list, open_: set, budget: list) -> None:
+    if isinstance(value, _SCALARS):  # (not counted: a list of a dataset's indices is cheap to pass over)
+        return
     budget[0] -= 1
     if len(found) >= MAX_TENSORS or budget[0] < 0:
         return
     if isinstance(value, torch.Tensor):
         found.append((path or "[]", value))
         return
-    if depth < 0 or isinstance(value, (str, bytes, int, float, complex, bool, type(None), type, types.ModuleType,
-                                       types.FunctionType, types.MethodType)):
+    if isinstance(value, np.ndarray):  # saved beside the tensors (NumPy's RNG state, weights kept as arrays)
+        if value.dtype.kind in "biufc":
+            found.append((path or "[]", torch.from_numpy(value if value.flags.writeable else value.copy())))
+        return
+    if depth < 0:
         return
     if id(value) in open_:  # a container holding itself
         return

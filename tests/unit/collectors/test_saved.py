@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import io
 
+import numpy as np
 import torch
 import torch.nn as nn
 
@@ -31,6 +32,10 @@ def test_a_checkpoint_s_tensors_are_named_by_where_they_are_and_numbers_left_out
     # a module saved whole: its parameters and buffers; a tensor saved alone
     assert [p for p, _ in tensors_in(model)[0]][:2] == [".0.weight", ".0.bias"]
     assert [p for p, _ in tensors_in(torch.ones(2))[0]] == ["[]"]
+    # NumPy arrays of numbers are taken (an object array is not); a long list of numbers is passed over
+    pairs, truncated = tensors_in({"rng": ("MT19937", np.arange(4, dtype=np.uint32)), "objects": np.array([None]),
+                                   "indices": list(range(2 * saved.MAX_VISITS))})
+    assert [(p, t.tolist()) for p, t in pairs] == [("['rng'][1]", [0, 1, 2, 3])] and truncated is None
 
 
 def test_an_object_too_big_to_walk_is_marked_not_taken_whole(monkeypatch):
