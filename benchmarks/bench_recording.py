@@ -740,9 +740,17 @@ def main() -> None:
                         "N rounds (recording_steady.py)")
     p.add_argument("--block", type=int, default=4, help="with --paired: steps a block (the first is dropped)")
     p.add_argument("--warmup", type=int, default=12, help="with --paired: recorded steps before the first round")
+    p.add_argument("--no-folds", action="store_true",
+                   help="the rank store folds its journal only when the recording ends (what the folds every 5 s cost: "
+                        "alternate processes with and without this)")
     p.add_argument("--memory-only", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args()
     import torch
+
+    if args.no_folds:
+        from bitguard.collectors import store
+
+        store.FOLD_SECONDS, store.FOLD_BYTES = float("inf"), 1 << 62
 
     if args.hook_split:
         import hook_split
