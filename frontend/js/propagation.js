@@ -29,7 +29,7 @@ const EDGE_MEANS = {
   "weight-grad": "a module's backward making its weights' gradients",
   update: "a gradient used by its optimizer step",
   weights: "an optimizer step's weights used by the next forward (or met by the next step's start)",
-  final: "an optimizer step's weights as the recording's final state holds them",
+  final: "an optimizer step's weights as the recording's final state, or a later save, holds them",
   inferred: "an input no recorded event wrote (a functional op between modules), from the call just before",
 };
 const plural = (n, one, many) => `${count(n)} ${n === 1 ? one : many}`;
