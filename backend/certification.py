@@ -121,26 +121,27 @@ def since_filter(run_a, run_b, ea: pl.DataFrame, eb: pl.DataFrame, ta: pl.DataFr
                  tb: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame, pl.DataFrame, pl.DataFrame]:
     """When one run was recorded before what the newer one records existed, that is left out of
     both sides (absent by construction in the older run, not a divergence): events of kind `params`
-    (schema version 6) and `saved` (8); the rows of the Python numbers a module returned, and of a
-    root call's keyword arguments in its batch event (7; both sides' alignment keys are then made
-    again from what is kept)."""
+    (schema version 6), `saved` and the final state of what only an optimizer held (8); the rows of
+    the Python numbers a module returned, and of a root call's keyword arguments in its batch event
+    (7; both sides' alignment keys are then made again from what is kept)."""
     versions = [run.manifest.get("schema_version", 1) for run in (run_a, run_b)]
     oldest = min(v if isinstance(v, int) else 1 for v in versions)
     if oldest >= 8:
         return ea, eb, ta, tb
-    newer_kinds = ["saved"] + (["params"] if oldest < 6 else [])
+    newer = pl.col("kind").is_in(["saved"] + (["params"] if oldest < 6 else [])) | (
+        (pl.col("kind") == "final") & (pl.col("module_type") == "optimizer"))  # what only an optimizer held: 8
     sides = []
     for events, tensors in ((ea, ta), (eb, tb)):
-        if events.select(pl.col("kind").is_in(newer_kinds).any()).item():
-            events = events.filter(~pl.col("kind").is_in(newer_kinds))
+        if events.select(newer.any()).item():
+            events = events.filter(~newer)
             tensors = tensors.filter(pl.col("seq").is_in(events["seq"].implode()))
         if oldest < 7:
             batches = events.filter(pl.col("kind") == "batch")["seq"]
-            newer = tensors.select(pl.col("path").str.contains(NUMBER_PATH).fill_null(False) | (
+            rows = tensors.select(pl.col("path").str.contains(NUMBER_PATH).fill_null(False) | (
                 pl.col("seq").is_in(batches.implode()) & (pl.col("role") == "input")
                 & pl.col("path").str.starts_with("['").fill_null(False))).to_series()
-            if newer.any():
-                tensors = tensors.filter(~newer)
+            if rows.any():
+                tensors = tensors.filter(~rows)
                 events = _rekey(events, tensors)
         sides.append((events, tensors))
     (ea, ta), (eb, tb) = sides

@@ -26,7 +26,8 @@ SCHEMA_VERSION = 8  # bump on any change to a table below; readers refuse newer 
 #    of its batch event (paths `['name']...`); older files have neither: a comparison with one leaves them out
 #    of both sides
 # 8: events of kind `saved` (phase optimizer: the tensors a torch.save or safetensors save call of the training
-#    wrote, collectors/saved.py); older files have none: a comparison with one leaves them out of both sides
+#    wrote, collectors/saved.py), and a `final` event of module type `optimizer` for the tensors an optimizer
+#    stepped that no root module holds; older files have neither: a comparison with one leaves them out of both sides
 NUMBER_MARK = " (python {})"  # {}: int, float or bool
 NUMBER_PATH = r"(^| )\(python (int|float|bool)\)$"  # a path NUMBER_MARK ends (a regular expression)
 DIGEST = "xor64+pos-fmix64"  # names the digest definition (docs/DIGESTS.md); runs compare only under the same one

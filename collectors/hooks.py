@@ -31,6 +31,7 @@ Nothing here knows how rows are stored (see store.py) or compared (backend/).
 from __future__ import annotations
 
 import gc
+import itertools
 import sys
 import threading
 import time
@@ -125,6 +126,20 @@ def _transformed(t: torch.Tensor) -> bool:
         return bool(torch._C._functorch.is_functorch_wrapped_tensor(t))
     except Exception:  # noqa: BLE001 - a torch without the check
         return False
+
+
+def _unwrapped(t: torch.Tensor) -> torch.Tensor | None:
+    """The plain tensor under a functorch wrapper (a tensor inside vmap or grad: under vmap, the
+    whole batch of which the wrapper is one slice, its batch dimension in place), None for any
+    other tensor. Its values are what the wrapper's computation reads, all members at once."""
+    if not _transformed(t):
+        return None
+    try:
+        while torch._C._functorch.is_functorch_wrapped_tensor(t):
+            t = torch._C._functorch.get_unwrapped(t)
+    except Exception:  # noqa: BLE001 - a torch without it: the wrapper stays unobserved
+        return None
+    return t
 
 
 def _versions(module: torch.nn.Module) -> int:
@@ -511,7 +526,15 @@ class Collector:
                 # a host tensor in its own memory (the common case): digested at the address read above
                 digest = digest_host_at(address, nbytes) if address and in_place_on_host(t) else digest_async(t)
             except Exception as exc:  # noqa: BLE001 - a tensor that cannot be read is marked, never dropped
-                digest, unobserved = NO_DIGEST, self._unreadable(exc, t)
+                inner = _unwrapped(t) if not address else None
+                if inner is None:
+                    digest, unobserved = NO_DIGEST, self._unreadable(exc, t)
+                else:  # inside vmap or grad: the values of the whole batch it is a slice of, as they are
+                    t, version = inner, None
+                    try:
+                        nbytes, digest = t.nbytes, digest_async(t)
+                    except Exception as inner_exc:  # noqa: BLE001
+                        digest, unobserved = NO_DIGEST, self._unreadable(inner_exc, t)
         else:
             nbytes = t.nbytes
         if version is not None and entry[2] != version and unobserved is None:
@@ -1052,6 +1075,7 @@ class Collector:
             module = ref()
             if module is not None:
                 self._final(module, name)
+        self._final_stepped()
         if self._foreign is not None and not self._steps_taken:
             self._fail("final state", NotSupported(
                 f"{self._foreign} ran on tensors in place of its parameters (functional_call) and no optimizer step "
@@ -1084,8 +1108,28 @@ class Collector:
                 left.append((ref, name))
         self._roots = left
 
+    def _final_stepped(self) -> None:
+        """The `final` event of the tensors an optimizer stepped that no root module holds (named by
+        their place in the optimizer, `_adopt`): weights trained through torch.func, stacked for
+        vmap (an ensemble run on a base model on the meta device), or a list of tensors. Only their
+        optimizer steps saw them, before an edit after the last one."""
+        held = {id(p) for ref, _ in self._roots if ref() is not None for p in ref().parameters()}
+        by_optimizer: dict[str, list] = {}
+        for ref, name, owner, _ in list(self._params.values()):
+            p = ref()
+            if p is not None and owner == "" and id(p) not in held and ".param_groups[" in name:
+                label, _, place = name.partition(".param_groups")
+                by_optimizer.setdefault(label, []).append((f".param_groups{place}", p))
+        for label, pairs in by_optimizer.items():
+            rows = self._rows(pairs, "param")
+            self._emit("optimizer", "final", label, "optimizer", 0, time.time_ns(), rows)
+
     def _final(self, module: torch.nn.Module, name: str) -> None:
-        """The `final` event of root module `module`: every parameter and buffer as it is now."""
+        """The `final` event of root module `module`: every parameter and buffer as it is now (none
+        for a module whose every tensor is on the meta device: a base model that holds no values,
+        run through functional_call on weights of its own)."""
+        if all(t.is_meta for t in itertools.chain(module.parameters(), module.buffers())):
+            return
         buffers = [(f".{clean_name(eager_name(n))}", b) for n, b in module.named_buffers()]
         rows, _ = self._param_rows(module)
         if not rows and not buffers:

@@ -306,11 +306,11 @@ def test_a_model_local_to_main_keeps_its_final_state(tmp_path):
     assert code == 1 and (fd["kind"], fd["fault_class"], fd["boundary"]) == ("final", "final_state", "Sequential#2"), fd
 
 
-def test_tensors_inside_a_torch_func_transform_are_marked_not_collector_errors(tmp_path):
+def test_tensors_inside_a_torch_func_transform_are_digested_as_their_batch(tmp_path):
     """Per-sample gradients (vmap of grad over functional_call): the model's calls inside the
-    transform see functorch wrappers without storage. They were reported as collector errors with
-    torch's raw message; they are marked unobserved with the reason (the run is still never
-    certified identical)."""
+    transform see functorch wrappers without storage of their own. They were marked unobserved,
+    so such a run was never certified; each is now digested as the whole batch it is a slice of
+    (the plain tensor under the wrappers), its row giving that tensor's shape."""
     import torch
     from torch.func import functional_call, grad, vmap
 
@@ -329,6 +329,53 @@ def test_tensors_inside_a_torch_func_transform_are_marked_not_collector_errors(t
     # (the one error: functional_call's tensors stood in for the parameters, and no optimizer step recorded them)
     assert [e for e in run.manifest["collector_errors"] if "(functional_call)" not in e] == [], \
         run.manifest["collector_errors"]
-    _, tensors, _ = load_rank(run, 0)
-    why = tensors["unobserved"].drop_nulls().unique().to_list()
-    assert why and all(w.startswith("a tensor inside a torch.func transform") for w in why), why
+    events, tensors, _ = load_rank(run, 0)
+    assert tensors["unobserved"].drop_nulls().to_list() == []
+    tanh = events.filter(events["boundary"] == "1")["seq"].to_list()
+    outputs = tensors.filter(tensors["seq"].is_in(tanh) & (tensors["role"] == "output"))["shape"].to_list()
+    assert outputs and all(shape == [5, 1, 3] for shape in outputs), outputs  # the 5 samples' batch, at once
+
+
+@pytest.mark.parametrize("plant, where", [
+    (None, None),
+    ("middle", (2, "params", "Sequential", [".0.weight"])),  # member 2's weight, edited after step 1's update
+    ("end", (3, "final", "SGD", [".param_groups[0][2]"]))])  # after the last step: only the optimizer held it
+def test_an_ensemble_trained_under_vmap_on_a_meta_base_model_is_compared(tmp_path, plant, where):
+    """pytorch/tutorials' model ensembling (stack_module_state, a base model on the meta device,
+    vmap over functional_call), trained with SGD on the stacked weights: every identical pair was
+    inconclusive (the wrappers inside vmap unobserved, the meta base model's final state
+    unreadable), an edit of one member's weight was blamed on another parameter, and one after the
+    last step was observed nowhere."""
+    import copy
+
+    import torch
+    from torch.func import functional_call, stack_module_state, vmap
+
+    import bitguard
+
+    def train(out, plant):
+        torch.manual_seed(0)
+        members = [torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2)) for _ in range(3)]
+        params, buffers = stack_module_state(members)
+        base = copy.deepcopy(members[0]).to("meta")
+        opt = torch.optim.SGD(params.values(), lr=0.1)
+        with bitguard.record(out, determinism=False):
+            for step in range(3):
+                x = torch.randn(5, 4)
+                out_ = vmap(lambda p, b, x: functional_call(base, (p, b), (x,)), in_dims=(0, 0, None))(params, buffers, x)
+                opt.zero_grad()
+                out_.pow(2).mean().backward()
+                opt.step()
+                with torch.no_grad():
+                    if (plant, step) in (("middle", 1), ("end", 2)):
+                        params["2.weight" if plant == "end" else "0.weight"][2, 0, 0] += 1e-3
+
+    train(tmp_path / "a", None)
+    train(tmp_path / "b", plant)
+    code, d = _compare(tmp_path / "a", tmp_path / "b")
+    if where is None:
+        assert code == 0, d["certification"]
+        return
+    fd = d["first_divergence"]
+    differing = sorted(t["path"] for t in fd["tensors"] if t["differs"])
+    assert code == 1 and (fd["step"], fd["kind"], fd["boundary"], differing) == where, fd

@@ -31,12 +31,14 @@ import torch.nn as nn
 
 
 
-def train(m, opt, steps=4):
+def train(m, opt, steps=4, after=None):
     for _ in range(steps):
         loss = m(torch.randn(4, 8)).pow(2).mean()
         opt.zero_grad()
         loss.backward()
         opt.step()
+        if after is not None:
+            after()
 
 
 torch.manual_seed(0)
@@ -98,8 +100,7 @@ elif what == "shadow":
     m = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 1))
     ema = ShadowEMA(m.parameters())
     opt = torch.optim.SGD(m.parameters(), lr=0.1)
-    train(m, opt)
-        ema.step(m.parameters())
+    train(m, opt, after=lambda: ema.step(m.parameters()))
     print(sum(s.double().sum().item() for s in ema.shadow_params))
 elif what == "ema":
     import copy
