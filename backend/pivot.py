@@ -48,7 +48,7 @@ INPUT_ROLES = {
 
 def phase_words(phase: str, kind: str) -> str:
     """What an event is, in a sentence: its phase, or for the root-level state events what they hold."""
-    return {"final": "final state", "params": "parameters at the start", "saved": "what was saved"}.get(kind, phase)
+    return {"final": "final state", "params": "parameters at the start", "saved": "saved tensors"}.get(kind, phase)
 
 
 def _differing_roles(diffs: pl.DataFrame, a_seq: int) -> set[str]:
@@ -307,7 +307,7 @@ def structure_blame(event: dict, side: str, events: pl.DataFrame, twin: dict | N
                              & (pl.col("t_start_ns") <= event["t_start_ns"]) & (pl.col("t_end_ns") >= event["t_end_ns"]))
         if same.height:
             parent = same.sort("depth", descending=True)["boundary"][0]
-    elif "." in event["boundary"]:
+    elif "." in event["boundary"] and event["kind"] not in ("saved", "final", "params"):  # (torch.save, SGD#1)
         parent = _owner(event["boundary"])
     return {"blame": "structure", "fault_class": fault, "differing_roles": [],
             "blame_window": {"module": parent or event["boundary"], "detail": detail}}

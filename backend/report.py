@@ -122,11 +122,13 @@ def _said(reason, ranks: list[int]) -> str:
 def _divergence(fd: FirstDivergence) -> list[str]:
     if fd.cause == "structure" and fd.fault_class == "signature":
         out = [f"VERDICT: diverged — first divergence on rank {fd.rank}, step {fd.step}: both runs record the "
-               f"{fd.phase} of {fd.boundary} ({fd.module_type}, call {fd.call}), with different tensors"]
+               f"{phase_words(fd.phase, fd.kind)} of {fd.boundary} ({fd.module_type}, call {fd.call}), with different "
+               f"tensors"]
     elif fd.cause == "structure":
         lacking = fd.missing_side.upper()
         out = [f"VERDICT: diverged — first divergence on rank {fd.rank}, step {fd.step}: run {lacking} lacks the "
-               f"{fd.phase} of {fd.boundary} ({fd.module_type}, call {fd.call}) that the other run records"]
+               f"{phase_words(fd.phase, fd.kind)} of {fd.boundary} ({fd.module_type}, call {fd.call}) that the other "
+               f"run records"]
     else:
         what = phase_words(fd.phase, fd.kind)
         out = [f"VERDICT: diverged — first divergence on rank {fd.rank}, step {fd.step}, "

@@ -16,7 +16,8 @@ A pair of the third pass is `resigned` (its tensors differ in number, shape or p
 pair by role and path, then by role, shape and dtype in order; a tensor that only one side
 records is marked unobserved ("only run B records ..."), so it is neither equal nor different:
 such a pair is never certified identical, and a tensor both sides record still shows a real
-difference. This module knows nothing of digests, rules or pivots.
+difference. What a save wrote (kind `saved`) pairs by its full key only: a save of other tensors
+is a difference. This module knows nothing of digests, rules or pivots.
 """
 
 from __future__ import annotations
@@ -43,8 +44,8 @@ def align_retyped(ea: pl.DataFrame, eb: pl.DataFrame, band: int):
     for level, column in enumerate(LOOSE_KEYS, start=1):
         if not (len(al.gaps_a) and len(al.gaps_b)) or column not in ea.columns or column not in eb.columns:
             break
-        loose_a = ea[column].to_numpy().astype(np.uint64)[al.gaps_a]
-        loose_b = eb[column].to_numpy().astype(np.uint64)[al.gaps_b]
+        loose_a = _unless_saved(ea, column, al.gaps_a, 1)
+        loose_b = _unless_saved(eb, column, al.gaps_b, 2)
         extra = align(loose_a, loose_b, band=band)
         if not len(extra.a_idx):
             continue
@@ -61,6 +62,16 @@ def align_retyped(ea: pl.DataFrame, eb: pl.DataFrame, band: int):
         shapes_b = eb["loose_key"].to_numpy().astype(np.uint64)[al.b_idx]
         resigned &= shapes_a != shapes_b
     return al, how > 0, resigned
+
+
+def _unless_saved(events: pl.DataFrame, column: str, rows: np.ndarray, side: int) -> np.ndarray:
+    """The loose keys of `rows`, but for what a save wrote (kind `saved`), given a value the other
+    side's never equals: two saves of other tensors are a difference in what was saved (a structure
+    divergence), not a signature change whose one-sided tensors are passed over as unobserved."""
+    keys = events[column].to_numpy().astype(np.uint64)[rows]
+    if "kind" in events.columns:
+        keys[events["kind"].to_numpy()[rows] == "saved"] = side
+    return keys
 
 
 def pair_tensors(pairs: pl.DataFrame, ta: pl.DataFrame, tb: pl.DataFrame, pair) -> pl.DataFrame:

@@ -385,7 +385,7 @@ class Collector:
         self._handles.append(ProcessWatch(self._guard(self._child_process), self._forked).install())
         # a step the loss scaler skipped (an inf gradient) still ends the step
         self._handles.append(ScalerWatch(lambda: self._steps_taken, self._guard(self._skipped_step)).install())
-        self._handles.append(SaveWatch(self._guard(self._saved)).install())  # what torch.save writes: `saved`
+        self._handles.append(SaveWatch(self._saved).install())  # what torch.save and the like write: `saved`
         if torch.distributed.is_available():  # the process group's end: the distributed models' final state
             self._handles.append(Patch(torch.distributed, "destroy_process_group", self._before_destroy))
         self._handles.append(optim.register_optimizer_step_post_hook(self._guard(self._on_optimizer_step)))
@@ -527,7 +527,9 @@ class Collector:
                 digest = digest_host_at(address, nbytes) if address and in_place_on_host(t) else digest_async(t)
             except Exception as exc:  # noqa: BLE001 - a tensor that cannot be read is marked, never dropped
                 inner = _unwrapped(t) if not address else None
-                if inner is None:
+                if t.is_meta:  # no values to read, nor to differ: the digest of no bytes (shape and dtype say the rest)
+                    digest = (0, 0)
+                elif inner is None:
                     digest, unobserved = NO_DIGEST, self._unreadable(exc, t)
                 else:  # inside vmap or grad: the values of the whole batch it is a slice of, as they are
                     t, version = inner, None
@@ -1138,18 +1140,30 @@ class Collector:
         rows += self._rows(buffers, "state")
         self._emit("optimizer", "final", name, type(module).__name__, 0, t0, rows)
 
-    def _saved(self, boundary: str, obj) -> None:
+    def _saved(self, boundary: str, obj):
         """The `saved` event of a save the training makes (collectors/saved.py): every tensor the
-        saved object holds, as it is written. Its module type is the saved object's type."""
-        self._maybe_advance()  # (a save after step k's update belongs to step k + 1, as the next forward)
-        if not self._in_window():
-            return
-        t0 = time.time_ns()
-        pairs, truncated = tensors_in(obj)
-        if truncated is not None:
-            pairs = _NotFlattened(pairs, "[...]", truncated)
-        if pairs or truncated is not None:
-            self._emit("optimizer", "saved", boundary, type(obj).__name__, 0, t0, self._rows(pairs, "state"))
+        saved object holds, digested as the save begins; the event is queued by the function returned,
+        once the save has returned (None: nothing to record). Its module type is the saved object's
+        type. Contains its own failures (SaveWatch calls it directly)."""
+        if not self.enabled or is_compiling():
+            return None
+        try:
+            self._maybe_advance()  # (a save after step k's update belongs to step k + 1, as the next forward)
+            if not self._in_window():
+                return None
+            t0 = time.time_ns()
+            pairs, truncated = tensors_in(obj)
+            if truncated is not None:
+                pairs = _NotFlattened(pairs, "[...]", truncated)
+            if not pairs and truncated is None:
+                return None
+            rows = self._rows(pairs, "state")
+            stack = self._stacks.capture()
+            return self._guard(lambda: self._emit("optimizer", "saved", boundary, type(obj).__name__, 0, t0, rows,
+                                                  stack))
+        except Exception as exc:  # noqa: BLE001 - the training must go on
+            self._fail("saved", exc)
+            return None
 
     def _params_due(self, module: torch.nn.Module) -> int | None:
         """Whether root `module`'s call is due a params event (its parameters' `_versions` then),

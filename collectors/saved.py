@@ -1,22 +1,30 @@
-"""What the training saves: the tensors `torch.save` and safetensors' `save_file`, `save_model` and
-`save` write, each call a `saved` event (hooks.py records it). A checkpoint is what a training is
-run for, and some of what it holds is computed where no module call or optimizer step meets it (an
-EMA made after the last step, a model averaged or converted before it is written): without this a
-different saved file could compare identical.
+"""What the training saves: the tensors `torch.save` (also as `torch.serialization.save`),
+safetensors' `save_file`, `save_model` and `save`, and torch.distributed.checkpoint's `save`,
+`async_save` and `save_state_dict` are given, each call a `saved` event (hooks.py records it). A
+checkpoint is what a training is run for, and some of what it holds is computed where no module
+call or optimizer step meets it (an EMA made after the last step, a model averaged or converted
+before it is written): without this a different saved file could compare identical.
 
 `tensors_in(obj)` finds the tensors of a saved object in a fixed order, each named by where it is
 (`['ema']['fc1.weight']`, `[0]`, `.fc1.weight` of a module saved whole): dicts in their order, lists
-and tuples, modules' parameters and buffers, and plain objects' attributes, `MAX_DEPTH` levels down;
-NumPy arrays of numbers are taken as the tensors of their memory.
-Python numbers and strings are left out (a checkpoint often holds a time or a path that differs
-from run to run by design). `SaveWatch` wraps the save functions while a recording runs; a save
-that torch's own code makes (distributed checkpointing writes each tensor with `torch.save`) or
-one made inside another save is not an event of its own. Knows nothing of events or digests.
+and tuples, modules' parameters, buffers and other attributes, plain objects' attributes and slots,
+what a class's own `__getstate__` gives pickle, `MAX_DEPTH` levels down; NumPy arrays of numbers
+are taken as the tensors of their memory. Python numbers and strings are left out (a checkpoint
+often holds a time or a path that differs from run to run by design). What it cannot walk whole (a
+set, which has no order; an object deeper or bigger than the limits) is named as the reason some
+tensors may be missing: the event then holds an unobserved row, and the run is not certified.
+
+`SaveWatch` wraps the save functions while a recording runs (torch.distributed.checkpoint when it is
+imported: importing it costs a second); a save that torch's own code makes (distributed
+checkpointing writes each item with `torch.save`) or one made inside another save is not an event
+of its own. Knows nothing of events or digests.
 """
 
 from __future__ import annotations
 
+import importlib.abc
 import importlib.util
+import inspect
 import sys
 import threading
 import types
@@ -27,111 +35,210 @@ import torch
 
 from bitguard.collectors.patching import Patch
 
-MAX_DEPTH = 8  # containers looked into below the saved object
+MAX_DEPTH = 32  # containers looked into below the saved object
 MAX_TENSORS = 100_000  # tensors taken from one saved object
 MAX_ITEMS = 1_000_000  # items of one container looked at
 MAX_VISITS = 1_000_000  # values looked at in one saved object (an object holding a dataset is not walked whole)
 _TORCH = torch.__name__ + "."
+_SCALARS = (str, bytes, int, float, complex, bool, type(None), type, types.ModuleType, types.FunctionType,
+            types.MethodType, types.BuiltinFunctionType, torch.dtype, torch.device)
+_MODULE_OWN = frozenset(torch.nn.Module().__dict__)  # what every module holds (its parameters, hooks, ...)
+_DCP = "torch.distributed.checkpoint"
+_SAVERS = {  # module -> (attribute, boundary) of the functions wrapped there
+    "torch": (("save", "torch.save"),),
+    "torch.serialization": (("save", "torch.save"),),
+    "safetensors.torch": (("save_file", "safetensors.save_file"), ("save_model", "safetensors.save_model"),
+                          ("save", "safetensors.save")),
+    _DCP: (("save", "dcp.save"), ("async_save", "dcp.async_save"), ("save_state_dict", "dcp.save_state_dict")),
+    _DCP + ".state_dict_saver": (("save", "dcp.save"), ("async_save", "dcp.async_save"),
+                                 ("save_state_dict", "dcp.save_state_dict")),
+}
+
+
+class _Walk:
+    def __init__(self):
+        self.found: list[tuple[str, torch.Tensor]] = []
+        self.visits = MAX_VISITS
+        self.seen: set[int] = set()  # containers walked (one met again is not walked again)
+        self.why: str | None = None  # why some tensors may be missing
+
+    def missing(self, why: str) -> None:
+        self.why = self.why or why
+
+    def walk(self, value, path: str, depth: int) -> None:
+        if isinstance(value, _SCALARS):  # (not counted: a list of a dataset's indices is cheap to pass over)
+            return
+        self.visits -= 1
+        if len(self.found) >= MAX_TENSORS or self.visits < 0:
+            self.missing(f"the saved object holds more than {MAX_TENSORS:,} tensors or {MAX_VISITS:,} values: "
+                         "the rest was not looked at")
+            return
+        if isinstance(value, torch.Tensor):
+            self.found.append((path or "[]", value))
+            return
+        if isinstance(value, np.ndarray):  # saved beside the tensors (NumPy's RNG state, weights kept as arrays)
+            if value.dtype.kind in "biufc":
+                self.found.append((path or "[]", torch.from_numpy(value if value.flags.writeable else value.copy())))
+            elif value.dtype.kind == "O":
+                self.walk(value.ravel().tolist(), path, depth)
+            return
+        if id(value) in self.seen:
+            return
+        if depth < 0:
+            self.missing(f"{path} is more than {MAX_DEPTH} containers deep: not looked into")
+            return
+        self.seen.add(id(value))
+        try:
+            for sub, item in self.items(value, path):
+                self.walk(item, sub, depth - 1)
+        except Exception as exc:  # noqa: BLE001 - an object that fails when looked at (a proxy)
+            self.missing(f"{path or 'the saved object'} could not be looked into ({type(exc).__name__}: {exc})"[:300])
+
+    def items(self, value, path: str):
+        """(path, item) of what `value` holds, as pickle would write it."""
+        if isinstance(value, torch.nn.Module):
+            yield from ((f"{path}.{n}", t) for n, t in value.named_parameters(remove_duplicate=False))
+            yield from ((f"{path}.{n}", t) for n, t in value.named_buffers(remove_duplicate=False))
+            for name, module in value.named_modules(remove_duplicate=False):
+                where = f"{path}.{name}" if name else path
+                yield from ((f"{where}.{k}", v) for k, v in module.__dict__.items() if k not in _MODULE_OWN)
+        elif isinstance(value, dict):
+            yield from self._counted((f"{path}[{k!r}]", v) for k, v in value.items())
+        elif isinstance(value, (list, tuple)):
+            yield from self._counted((f"{path}[{i}]", v) for i, v in enumerate(value))
+        elif isinstance(value, (set, frozenset)):
+            if any(not isinstance(v, _SCALARS) for v in islice(value, MAX_ITEMS)):
+                self.missing(f"{path or 'the saved object'} is a set of tensors or objects: they have no order "
+                             "to be compared in")
+        else:
+            own = getattr(type(value), "__getstate__", None)
+            if own is not None and own is not getattr(object, "__getstate__", None):
+                yield f"{path}.__getstate__()", value.__getstate__()  # (what pickle writes of it)
+                return
+            attributes = getattr(value, "__dict__", None)
+            if type(attributes) is dict:
+                yield from self._counted((f"{path}.{k}", v) for k, v in attributes.items() if isinstance(k, str))
+            for slot in _slots(type(value)):
+                if hasattr(value, slot):
+                    yield f"{path}.{slot}", getattr(value, slot)
+
+    def _counted(self, pairs):
+        pairs = iter(pairs)
+        yield from islice(pairs, MAX_ITEMS)
+        if any(not isinstance(v, _SCALARS) for _, v in pairs):  # (past the limit, only numbers are passed over)
+            self.missing(f"a container holds more than {MAX_ITEMS:,} items, not all of them numbers or strings: "
+                         "the rest was not looked at")
 
 
 def tensors_in(obj) -> tuple[list[tuple[str, torch.Tensor]], str | None]:
     """(path, tensor) of every tensor `obj` holds, as the module docstring says, and why some may
-    be missing (None: none is): an object too big to be walked whole is marked, never taken for all
-    it holds."""
-    found: list[tuple[str, torch.Tensor]] = []
-    budget = [MAX_VISITS]
-    _walk(obj, "", MAX_DEPTH, found, set(), budget)
-    if len(found) >= MAX_TENSORS or budget[0] < 0:
-        return found, (f"the saved object holds more than {MAX_TENSORS:,} tensors or {MAX_VISITS:,} values: "
-                       "the rest was not looked at")
-    return found, None
-
-
-_SCALARS = (str, bytes, int, float, complex, bool, type(None), type, types.ModuleType, types.FunctionType,
-            types.MethodType)
-
-
-def _walk(value, path: str, depth: int, found: list, open_: set, budget: list) -> None:
-    if isinstance(value, _SCALARS):  # (not counted: a list of a dataset's indices is cheap to pass over)
-        return
-    budget[0] -= 1
-    if len(found) >= MAX_TENSORS or budget[0] < 0:
-        return
-    if isinstance(value, torch.Tensor):
-        found.append((path or "[]", value))
-        return
-    if isinstance(value, np.ndarray):  # saved beside the tensors (NumPy's RNG state, weights kept as arrays)
-        if value.dtype.kind in "biufc":
-            found.append((path or "[]", torch.from_numpy(value if value.flags.writeable else value.copy())))
-        return
-    if depth < 0:
-        return
-    if id(value) in open_:  # a container holding itself
-        return
-    open_.add(id(value))
-    try:
-        for sub, item in _items(value, path):
-            _walk(item, sub, depth - 1, found, open_, budget)
-    except Exception:  # noqa: BLE001 - an object that fails when looked at (a proxy) holds nothing we can name
-        pass
-    finally:
-        open_.discard(id(value))
-
-
-def _items(value, path: str):
-    """(path, item) of what container `value` holds; nothing for what is not a container."""
-    if isinstance(value, torch.nn.Module):
-        yield from ((f"{path}.{n}", t) for n, t in value.named_parameters(remove_duplicate=False))
-        yield from ((f"{path}.{n}", t) for n, t in value.named_buffers(remove_duplicate=False))
-    elif isinstance(value, dict):
-        yield from ((f"{path}[{k!r}]", v) for k, v in islice(value.items(), MAX_ITEMS))
-    elif isinstance(value, (list, tuple)):
-        yield from ((f"{path}[{i}]", v) for i, v in enumerate(islice(value, MAX_ITEMS)))
-    else:
-        attributes = object.__getattribute__(value, "__dict__")  # (bypassing the class's own lookups)
-        if type(attributes) is dict:
-            yield from ((f"{path}.{k}", v) for k, v in islice(attributes.items(), MAX_ITEMS) if isinstance(k, str))
+    be missing (None: none is): what cannot be walked whole is marked, never taken for all it holds."""
+    walk = _Walk()
+    walk.walk(obj, "", MAX_DEPTH)
+    return walk.found, walk.why
 
 
 class SaveWatch:
-    """`on_save(boundary, obj)` before each save the user's code makes, while installed: `torch.save`
-    as `torch.save`, safetensors' functions as `safetensors.save_file` and so on."""
+    """`prepare(boundary, obj)` before each save the user's code makes, while installed, and the
+    callable it returns (if any) once that save has returned: a save that raised wrote nothing."""
 
-    def __init__(self, on_save):
-        self._on_save = on_save
+    def __init__(self, prepare):
+        self._prepare = prepare
         self._patches: list[Patch] = []
         self._inside = threading.local()
+        self._finder: _AfterImport | None = None
 
     def install(self) -> SaveWatch:
-        self._patches.append(Patch(torch, "save", self._make("torch.save")))
-        if "safetensors.torch" in sys.modules or importlib.util.find_spec("safetensors") is not None:
-            try:
-                import safetensors.torch as st
-            except Exception:  # noqa: BLE001 - a broken install: its saves are not seen (torch.save still is)
-                return self
-            for name in ("save_file", "save_model", "save"):
-                if callable(getattr(st, name, None)):
-                    self._patches.append(Patch(st, name, self._make(f"safetensors.{name}")))
+        lazy = []
+        for module_name, savers in _SAVERS.items():
+            module = sys.modules.get(module_name)
+            if module is None and module_name == "safetensors.torch" and importlib.util.find_spec("safetensors"):
+                try:
+                    import safetensors.torch as module
+                except Exception:  # noqa: BLE001 - a broken install: its saves are not seen (torch.save still is)
+                    module = None
+            if module is not None:
+                self._wrap(module, savers)
+            elif module_name.startswith(_DCP):
+                lazy.append(module_name)
+        if lazy:  # wrapped as soon as the training imports it
+            self._finder = _AfterImport(set(lazy), lambda m: self._wrap(m, _SAVERS[m.__name__]))
+            sys.meta_path.insert(0, self._finder)
         return self
 
     def remove(self) -> None:
+        if self._finder is not None and self._finder in sys.meta_path:
+            sys.meta_path.remove(self._finder)
         for patch in self._patches:
             patch.remove()
         self._patches.clear()
 
+    def _wrap(self, module, savers) -> None:
+        for attribute, boundary in savers:
+            if callable(getattr(module, attribute, None)):
+                self._patches.append(Patch(module, attribute, self._make(boundary)))
+
     def _make(self, boundary: str):
         def make(original, patch):
-            def save(obj, *args, **kwargs):
+            try:
+                first = next(iter(inspect.signature(original).parameters))  # the saved object's parameter
+            except (TypeError, ValueError, StopIteration):
+                first = None
+
+            def save(*args, **kwargs):
                 if not patch.active or getattr(self._inside, "on", False) or _from_torch(sys._getframe(1)):
-                    return original(obj, *args, **kwargs)
+                    return original(*args, **kwargs)
+                obj = args[0] if args else kwargs.get(first)
                 self._inside.on = True
                 try:
-                    self._on_save(boundary, obj)  # (guarded by the caller: never raises)
-                    return original(obj, *args, **kwargs)
+                    done = self._prepare(boundary, obj)  # (never raises: the collector contains its failures)
+                    result = original(*args, **kwargs)
                 finally:
                     self._inside.on = False
+                if done is not None:
+                    done()
+                return result
             return save
         return make
+
+
+class _AfterImport(importlib.abc.MetaPathFinder):
+    """Calls `then(module)` once each module named in `names` has been imported (its code run)."""
+
+    def __init__(self, names: set[str], then):
+        self._names, self._then = names, then
+
+    def find_spec(self, name, path=None, target=None):
+        if name not in self._names:
+            return None
+        self._names.discard(name)  # (the lookup below must not find this finder again)
+        spec = importlib.util.find_spec(name)
+        if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
+            return spec
+        loader, then = spec.loader, self._then
+
+        class _Then(importlib.abc.Loader):
+            def create_module(self, spec):
+                return loader.create_module(spec)
+
+            def exec_module(self, module):
+                loader.exec_module(module)
+                try:
+                    then(module)
+                except Exception:  # noqa: BLE001 - its saves are then not seen; the import itself stands
+                    pass
+
+        spec.loader = _Then()
+        return spec
+
+
+def _slots(cls: type) -> list[str]:
+    """The slot names of `cls` and its bases (a `@dataclass(slots=True)`'s fields)."""
+    names = []
+    for klass in cls.__mro__:
+        slots = klass.__dict__.get("__slots__", ())
+        names += [slots] if isinstance(slots, str) else [n for n in slots if n not in ("__dict__", "__weakref__")]
+    return names
 
 
 def _from_torch(frame) -> bool:

@@ -4,9 +4,11 @@ makes is seen once, before it writes, and the save itself is untouched."""
 
 from __future__ import annotations
 
+import dataclasses
 import io
 
 import numpy as np
+import pytest
 import torch
 import torch.nn as nn
 
@@ -44,26 +46,67 @@ def test_an_object_too_big_to_walk_is_marked_not_taken_whole(monkeypatch):
     assert len(pairs) == 3 and "not looked at" in truncated
 
 
-def test_each_save_of_the_user_is_seen_once_before_it_writes():
-    seen, original = [], torch.save
-    watch = SaveWatch(lambda boundary, obj: seen.append((boundary, type(obj).__name__))).install()
+@dataclasses.dataclass(slots=True)
+class _Slotted:
+    ema: torch.Tensor
+
+
+class _Stated:
+    def __init__(self):
+        self.kept = torch.ones(2)
+
+    def __getstate__(self):  # pickle writes this, not __dict__
+        return {"half": self.kept.half()}
+
+
+def test_what_pickle_writes_is_walked_and_what_cannot_be_is_named():
+    """Helpers 11 and 12: a module's own attributes, slots and a class's __getstate__ hold tensors
+    pickle writes; a set has no order, and an object deeper or longer than the limits is not walked
+    whole: each of those was passed over without a word, and a difference there compared identical."""
+    model = nn.Linear(2, 2)
+    model.scale = torch.ones(3)
+    model.shadow = {"w": torch.zeros(1)}
+    paths = [p for p, _ in tensors_in(model)[0]]
+    assert paths == [".weight", ".bias", ".scale", ".shadow['w']"]
+    assert [p for p, _ in tensors_in({"s": _Slotted(torch.ones(1))})[0]] == ["['s'].ema"]
+    (path, t), = tensors_in(_Stated())[0]
+    assert path == ".__getstate__()['half']" and t.dtype == torch.float16
+    assert "no order" in tensors_in({"s": {torch.ones(1)}})[1]
+    deep = torch.ones(1)
+    for _ in range(saved.MAX_DEPTH + 2):
+        deep = {"d": deep}
+    assert "deep" in tensors_in(deep)[1]
+
+
+def test_a_long_list_is_marked_where_it_is_cut(monkeypatch):
+    monkeypatch.setattr(saved, "MAX_ITEMS", 10)
+    assert "more than 10 items" in tensors_in({"items": [0] * 11 + [torch.ones(1)]})[1]
+
+
+def test_each_save_of_the_user_is_seen_once_and_recorded_once_it_returned(tmp_path):
+    seen, done, original = [], [], torch.save
+
+    def prepare(boundary, obj):
+        seen.append((boundary, type(obj).__name__))
+        return lambda: done.append(boundary)
+
+    watch = SaveWatch(prepare).install()
     try:
         buffer = io.BytesIO()
         torch.save({"w": torch.ones(2)}, buffer)
-        assert seen == [("torch.save", "dict")]
+        assert seen == [("torch.save", "dict")] and done == ["torch.save"]
         assert torch.equal(torch.load(io.BytesIO(buffer.getvalue()))["w"], torch.ones(2))  # written as ever
+        torch.serialization.save(torch.ones(1), io.BytesIO())  # (the same function, reached by its module)
         import safetensors.torch as st
 
-        st.save_model(nn.Linear(2, 2), str(_tmp_file()))  # (calls save_file itself: one event)
-        assert seen[1:] == [("safetensors.save_model", "Linear")]
+        st.save_model(model=nn.Linear(2, 2), filename=str(tmp_path / "m.safetensors"))  # (keywords; one event)
+        st.save_file(tensors={"a": torch.ones(1)}, filename=str(tmp_path / "a.safetensors"))
+        with pytest.raises(RuntimeError):  # a save that fails wrote nothing: not recorded
+            torch.save(torch.ones(1), tmp_path / "no" / "such" / "dir.pt")
     finally:
         watch.remove()
+    assert seen == [("torch.save", "dict"), ("torch.save", "Tensor"), ("safetensors.save_model", "Linear"),
+                    ("safetensors.save_file", "dict"), ("torch.save", "Tensor")]
+    assert done == ["torch.save", "torch.save", "safetensors.save_model", "safetensors.save_file"]
     torch.save(torch.ones(1), io.BytesIO())
-    assert len(seen) == 2 and torch.save is original  # removed: the original is back
-
-
-def _tmp_file():
-    import tempfile
-    from pathlib import Path
-
-    return Path(tempfile.mkdtemp()) / "m.safetensors"
+    assert len(seen) == 5 and torch.save is original  # removed: the original is back
