@@ -379,3 +379,36 @@ def test_an_ensemble_trained_under_vmap_on_a_meta_base_model_is_compared(tmp_pat
     fd = d["first_divergence"]
     differing = sorted(t["path"] for t in fd["tensors"] if t["differs"])
     assert code == 1 and (fd["step"], fd["kind"], fd["boundary"], differing) == where, fd
+
+
+def test_what_a_distributed_checkpoint_writes_is_compared(tmp_path):
+    """torch.distributed.checkpoint's save (helpers 11 and 12): its items are written by torch's own
+    torch.save calls, which are no events, and dcp.save itself was watched by nothing, so a
+    difference only in what it wrote compared identical. Imported inside the recording, as a script
+    does, it is wrapped once imported."""
+    import torch
+
+    import bitguard
+
+    def train(out, plant):
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1))
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        with bitguard.record(out, determinism=False):
+            import torch.distributed.checkpoint as dcp
+
+            for _ in range(2):
+                opt.zero_grad()
+                model(torch.randn(3, 4)).pow(2).mean().backward()
+                opt.step()
+            state = {k: v.clone() for k, v in model.state_dict().items()}
+            state["2.bias"] += plant
+            dcp.save({"model": state}, checkpoint_id=str(out) + "-ckpt")
+
+    for name, plant in (("a", 0.0), ("b", 0.0), ("c", 1e-3)):
+        train(tmp_path / name, plant)
+    assert _compare(tmp_path / "a", tmp_path / "b")[0] == 0
+    code, d = _compare(tmp_path / "a", tmp_path / "c")
+    fd = d["first_divergence"]
+    assert code == 1 and (fd["kind"], fd["boundary"], fd["fault_class"]) == ("saved", "dcp.save", "saved"), fd
+    assert [t["path"] for t in fd["tensors"] if t["differs"]] == ["['model']['2.bias']"]
