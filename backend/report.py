@@ -119,6 +119,9 @@ def _said(reason, ranks: list[int]) -> str:
     return f"rank {reason.rank}: {reason.message}"
 
 
+TENSOR_LINES = 24  # a pivot's tensors listed in full up to this many; beyond, only those that differ or are unknown
+
+
 def _divergence(fd: FirstDivergence) -> list[str]:
     if fd.cause == "structure" and fd.fault_class == "signature":
         out = [f"VERDICT: diverged — first divergence on rank {fd.rank}, step {fd.step}: both runs record the "
@@ -146,7 +149,10 @@ def _divergence(fd: FirstDivergence) -> list[str]:
                                                              if w.module and w.excluding_children else ""))
         out.append(f"    {w.detail}")
     out.append("  tensors (A / B digests, xor:pos):")
-    for t in fd.tensors:
+    shown = fd.tensors
+    if len(shown) > TENSOR_LINES:  # (a checkpoint's thousands: the ones that differ or are unknown, first ones first)
+        shown = [t for t in shown if t.unobserved or (t.differs and not t.ignored)][:TENSOR_LINES]
+    for t in shown:
         if t.unobserved:
             mark = "?"
         elif t.differs and not t.ignored:
@@ -160,6 +166,12 @@ def _divergence(fd: FirstDivergence) -> list[str]:
         why = f"  unobserved: {t.unobserved}" if t.unobserved else ""
         out.append(f"    {mark} {t.role}[{t.index}]{t.path or ''} {dtype}{list(t.shape or [])}  "
                    f"A {t.a.xor or '—'}:{t.a.pos or '—'}  B {t.b.xor or '—'}:{t.b.pos or '—'}{rule}{why}")
+    if len(shown) < len(fd.tensors):
+        listed = {id(t) for t in shown}
+        left = [t for t in fd.tensors if id(t) not in listed]
+        differ = sum(1 for t in left if t.differs and not t.ignored)
+        out.append(f"    … and {len(left)} more tensor(s)" + (f", {differ} of them differing" if differ else ", all equal")
+                   + " (--json lists every one)")
     if fd.stack:
         out.append("  call stack (innermost last):")
         out += [f"    {f}" for f in fd.stack[-8:]]
