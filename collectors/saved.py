@@ -59,7 +59,8 @@ class _Walk:
     def __init__(self):
         self.found: list[tuple[str, torch.Tensor]] = []
         self.visits = MAX_VISITS
-        self.seen: set[int] = set()  # containers walked (one met again is not walked again)
+        self.seen: set[int] = set()  # containers walked (one met again is not walked again) ...
+        self.held: list = []  # ... and held until the walk ends: a temporary's id (a __getstate__() dict) is reused
         self.why: str | None = None  # why some tensors may be missing
 
     def missing(self, why: str) -> None:
@@ -88,6 +89,7 @@ class _Walk:
             self.missing(f"{path} is more than {MAX_DEPTH} containers deep: not looked into")
             return
         self.seen.add(id(value))
+        self.held.append(value)
         try:
             for sub, item in self.items(value, path):
                 self.walk(item, sub, depth - 1)
@@ -115,7 +117,10 @@ class _Walk:
             if own is not None and own is not getattr(object, "__getstate__", None):
                 yield f"{path}.__getstate__()", value.__getstate__()  # (what pickle writes of it)
                 return
-            attributes = getattr(value, "__dict__", None)
+            try:
+                attributes = object.__getattribute__(value, "__dict__")  # (bypassing the class's own lookups)
+            except AttributeError:  # slots only, or a builtin
+                attributes = None
             if type(attributes) is dict:
                 yield from self._counted((f"{path}.{k}", v) for k, v in attributes.items() if isinstance(k, str))
             for slot in _slots(type(value)):

@@ -71,6 +71,9 @@ def test_what_pickle_writes_is_walked_and_what_cannot_be_is_named():
     assert [p for p, _ in tensors_in({"s": _Slotted(torch.ones(1))})[0]] == ["['s'].ema"]
     (path, t), = tensors_in(_Stated())[0]
     assert path == ".__getstate__()['half']" and t.dtype == torch.float16
+    # each __getstate__() is a new dict: one walked and freed must not hide the next (its id is reused)
+    assert [p for p, _ in tensors_in([_Stated() for _ in range(3)])[0]] == [
+        f"[{i}].__getstate__()['half']" for i in range(3)]
     assert "no order" in tensors_in({"s": {torch.ones(1)}})[1]
     deep = torch.ones(1)
     for _ in range(saved.MAX_DEPTH + 2):
