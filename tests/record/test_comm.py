@@ -16,12 +16,16 @@ from .conftest import SCRIPTS, run
 pytestmark = pytest.mark.slow
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
+TORN_DOWN = "terminate called without an active exception"  # (seen once in a CI run and once by a helper, unrecorded)
 
 
 @pytest.fixture(scope="module")
 def recorded(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("comm")
-    plain = run([*TORCHRUN, SCRIPTS / "collectives.py", tmp / "plain"], env=ENV)
+    for _ in range(2):  # torch's own gloo teardown can abort a plain run at exit, once in a while (std::terminate
+        plain = run([*TORCHRUN, SCRIPTS / "collectives.py", tmp / "plain"], env=ENV)  # in a joinable thread's
+        if plain.returncode == 0 or TORN_DOWN not in plain.stderr:  # destructor): the reference is run again then
+            break
     assert plain.returncode == 0, plain.stderr[-3000:]
     rec = run([*TORCHRUN, "-m", "bitguard", "record", "--out", tmp / "run", "--", SCRIPTS / "collectives.py",
                tmp / "recorded"], env=ENV)
