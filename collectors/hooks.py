@@ -32,10 +32,12 @@ from __future__ import annotations
 
 import gc
 import itertools
+import os
 import sys
 import threading
 import time
 import weakref
+from pathlib import Path
 from collections import OrderedDict
 from collections.abc import Mapping
 from ctypes import string_at as _string_at
@@ -309,7 +311,7 @@ class Collector:
                  "_generation", "_grad_watch", "_handles", "_heavy", "_held", "_local", "_lock", "_names",
                  "_next_param_tid", "_next_tid", "_grads", "_optimizers", "_optimizers_seen", "_steps_taken", "_param_in", "_params", "_params_at", "_pass_stack", "_pending", "_queued",
                  "_foreign", "_kept_lists", "_rng_free", "_root_names", "_roots", "_seq", "_sharded", "_stacks", "_thread_names",
-                 "_tids", "_tids_limit", "_wrapper", "_depths")
+                 "_tids", "_tids_limit", "_wrapper", "_depths", "_in_child")
 
     def __init__(self, store, mode: str = "full", steps: tuple[int, int | None] | None = None,
                  rank: int = 0, world_size: int = 1, dump: bool = False, digest_cache: bool = True):
@@ -347,6 +349,7 @@ class Collector:
         # a torch.distributed wrapper (`_distributed`).
         self._held: list[tuple[torch.nn.Module, str]] = []
         self._foreign: str | None = None  # a root called with tensors in place of its parameters (functional_call)
+        self._in_child = False  # a forked child's copy of this collector (`_forked`): it only reports saves
         self._kept_lists: dict[int, kept.KeptTensors] = {}  # id of a list of shadow weights -> its root, held
         self._params: dict[int, tuple[weakref.ref, str, str, int]] = {}  # id -> (ref, name, owner type, tid)
         self._param_in: dict[int, tuple] = {}  # pid -> (t0, grad_input row) while .grad accumulates
@@ -397,6 +400,7 @@ class Collector:
         """Flush what is pending, record the final state (of a recording that ended normally), and
         remove every hook this collector installed."""
         self._guard(self._flush_backward)()
+        self._guard(self._child_saves)()
         if final_state:
             self._guard(self._emit_final)()
         self._held.clear()
@@ -422,6 +426,7 @@ class Collector:
     def _forked(self) -> None:
         """In a forked child: stop (its writer thread is the parent's; the run is the parent's)."""
         self.enabled = False
+        self._in_child = True
         if self.api is not None:
             self.api.enabled = False
 
@@ -1146,6 +1151,8 @@ class Collector:
         once the save has returned (None: nothing to record). Its module type is the saved object's
         type. Contains its own failures (SaveWatch calls it directly)."""
         if not self.enabled or is_compiling():
+            if self._in_child:  # a DataLoader worker's save: said to the parent, not observed
+                self._note_child_save(boundary)
             return None
         try:
             self._maybe_advance()  # (a save after step k's update belongs to step k + 1, as the next forward)
@@ -1164,6 +1171,35 @@ class Collector:
         except Exception as exc:  # noqa: BLE001 - the training must go on
             self._fail("saved", exc)
             return None
+
+    def _note_child_save(self, boundary: str) -> None:
+        """In a forked child: one line in `rank-N.child-saves` beside the rank file, which the parent
+        turns into a collector error when its recording ends (`_child_saves`): what the child wrote is
+        not observed, so the run is not certified."""
+        try:
+            fd = os.open(Path(self.store.path).with_suffix(".child-saves"), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+            try:
+                os.write(fd, f"{os.getpid()} {boundary}\n".encode())
+            finally:
+                os.close(fd)
+        except Exception:  # noqa: BLE001 - the child's training goes on; only the report is lost
+            pass
+
+    def _child_saves(self) -> None:
+        """The saves processes the training started made (`_note_child_save`), as a collector error."""
+        marker = Path(self.store.path).with_suffix(".child-saves")
+        try:
+            lines = marker.read_text().split("\n")
+        except OSError:
+            return
+        lines = [line for line in lines if line.strip()]
+        if lines:
+            pid, _, boundary = lines[0].partition(" ")
+            more = f" ({len(lines)} saves in all)" if len(lines) > 1 else ""
+            self._fail("child process", NotSupported(
+                f"a process the training started (pid {pid}, a DataLoader worker or a forked child) called {boundary}"
+                f"{more}: what it wrote is not observed"))
+        marker.unlink(missing_ok=True)
 
     def _params_due(self, module: torch.nn.Module) -> int | None:
         """Whether root `module`'s call is due a params event (its parameters' `_versions` then),

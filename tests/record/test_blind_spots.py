@@ -163,6 +163,17 @@ def test_what_the_training_saves_is_compared(tmp_path, what, boundary, differing
     assert _compare(tmp_path / "old", tmp_path / "a")[0] == 0
 
 
+def test_a_save_in_a_dataloader_worker_is_said_not_to_be_observed(tmp_path):
+    """A forked DataLoader worker's collector is off: what it saved was seen by nothing and a
+    difference there compared identical (helpers 11, 12). The worker now leaves a line for its
+    parent, which reports it: the runs are inconclusive."""
+    record_together(*(dict(out=tmp_path / name, script_args=("worker_save", v), script=SCRIPT) for name, v in
+                      (("a", "1.0"), ("b", "2.0"))))
+    code, d = _compare(tmp_path / "a", tmp_path / "b")
+    assert code == 3 and any("called torch.save" in r["message"] for r in d["certification"]["reasons"]), d
+    assert not list(tmp_path.glob("*/rank-*.child-saves"))  # (taken into the manifest, then removed)
+
+
 def test_each_functional_call_of_a_step_has_the_weights_it_ran_on_recorded(tmp_path):
     """An ensemble run member by member through functional_call (pytorch/tutorials' ensembling,
     without vmap): a params event was taken at a root's first call of a step only, so a member's

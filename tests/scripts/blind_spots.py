@@ -18,6 +18,7 @@
     python blind_spots.py saved DECAY        an average of the weights made once training is done, in a function,
                                              saved with torch.save beside the time and its path, DECAY its weight
     python blind_spots.py safetensors DECAY  the same, written by safetensors' save_file
+    python blind_spots.py worker_save V      a DataLoader worker saving each sample it loads, scaled by V
     python blind_spots.py clamp C            weights clamped through .data after each step() (a WGAN critic),
                                              after step 1 to [-C, C]
 
@@ -183,6 +184,25 @@ elif what in ("saved", "safetensors"):
 
         safetensors.torch.save_file(state, os.path.join(where, "ema.safetensors"), metadata={"at": str(time.time())})
     print(sum(v.double().sum().item() for v in state.values()))
+elif what == "worker_save":
+    import io
+
+    class Saving(torch.utils.data.Dataset):  # (caching what it prepares: the worker's save is not observed)
+        def __len__(self):
+            return 8
+
+        def __getitem__(self, i):
+            x = torch.full((8,), float(i))
+            torch.save(x * value, io.BytesIO())
+            return x
+
+    m = nn.Sequential(nn.Linear(8, 1))
+    opt = torch.optim.SGD(m.parameters(), lr=0.01)
+    for x in torch.utils.data.DataLoader(Saving(), batch_size=4, num_workers=1, multiprocessing_context="fork"):
+        opt.zero_grad()
+        m(x).pow(2).mean().backward()
+        opt.step()
+    print(sum(p.double().sum().item() for p in m.parameters()))
 elif what == "lbfgs":
     m = nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 1))
     opt = torch.optim.LBFGS(m.parameters(), lr=0.5, max_iter=3)
