@@ -337,6 +337,10 @@ def open_run(path: str | Path) -> RunInfo:
                 if meta.get("rank") not in (None, rank):
                     raise CorruptRun(f"{rank_path} holds rank {meta['rank']}'s events, not rank {rank}'s: renamed "
                                      f"or copied over? Re-record the run")
+                if meta.get("schema_version") not in (None, version):  # (a manifest edited to make a run look older)
+                    raise CorruptRun(f"{rank_path} was recorded with schema version {meta['schema_version']}, not the "
+                                     f"{version} of {path / 'manifest.json'}: an edited manifest or a rank file from "
+                                     f"another recording? Re-record the run")
                 if meta.get("world_size") not in (None, world_size):
                     raise CorruptRun(f"{rank_path} was recorded with world size {meta['world_size']}, not the "
                                      f"{world_size} of {path / 'manifest.json'}: a rank file from another "

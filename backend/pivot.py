@@ -296,6 +296,10 @@ def structure_blame(event: dict, side: str, events: pl.DataFrame, twin: dict | N
         fault = "signature"
         detail = (f"both runs record {what}, with different tensors (roles, shapes or dtypes): the data layout "
                   f"or the code path changed")
+    elif event["kind"] == "saved":
+        fault = "missing" if side == "a" else "extra"
+        detail = (f"run {have} records {what} and run {lack} does not: the training saved at another point, "
+                  f"a different number of times or not at all, or the save failed in run {lack}")
     else:
         fault = "missing" if side == "a" else "extra"
         detail = (f"run {have} records {what} and run {lack} does not: a module was skipped or added, a branch "

@@ -298,6 +298,14 @@ def test_a_newer_rank_schema_is_a_schema_mismatch(run):
     _refused(run, SchemaMismatch, "rank-0.duckdb", "upgrade bitguard")
 
 
+def test_a_manifest_edited_to_an_older_schema_than_its_rank_files_is_refused(run):
+    """The manifest's schema version decides what a comparison leaves out of both sides (events an
+    older bitguard did not record): one edited to look older than its rank files would hide them."""
+    manifest = json.loads((run / "manifest.json").read_text())
+    (run / "manifest.json").write_text(json.dumps({**manifest, "schema_version": SCHEMA_VERSION - 1}))
+    _refused(run, CorruptRun, "rank-0.duckdb", f"schema version {SCHEMA_VERSION}, not the {SCHEMA_VERSION - 1}")
+
+
 @pytest.mark.parametrize("frames, words", [("not json", "not valid JSON"), ('{"a": 1}', "not a JSON list of strings"),
                                            ("[1, 2]", "not a JSON list of strings")])
 def test_a_call_stack_that_is_not_a_list_of_frames_is_named(run, frames, words):
