@@ -142,6 +142,8 @@ def test_a_schema_4_rank_file_without_sensor_stats_steps_still_reads(tmp_path):
         con.execute("UPDATE meta SET value = '4' WHERE key = 'schema_version'")
     finally:
         con.close()
+    manifest = run / "manifest.json"  # (both say the version it was written with: ingest checks they agree)
+    manifest.write_text(json.dumps({**json.loads(manifest.read_text()), "schema_version": 4}))
     report = read_alerts(run).to_dict()
     checksum = next(c for c in report["coverage"] if c["sensor"] == "checksum")
     assert checksum["calls"] == 20 and checksum["steps"] == 2 and checksum["ops"][0]["calls"] == 4
