@@ -32,12 +32,10 @@ from __future__ import annotations
 
 import gc
 import itertools
-import os
 import sys
 import threading
 import time
 import weakref
-from pathlib import Path
 from collections import OrderedDict
 from collections.abc import Mapping
 from ctypes import string_at as _string_at
@@ -57,7 +55,7 @@ from bitguard.collectors.observation import NO_DIGEST, dims, observe
 from bitguard.collectors.patching import Patch
 from bitguard.collectors.processes import ProcessWatch
 from bitguard.collectors.recompute import NON_REENTRANT, recompute_kind
-from bitguard.collectors.saved import SaveWatch, tensors_in
+from bitguard.collectors.saved import SaveWatch, child_saves, note_child_save, tensors_in
 from bitguard.collectors.scaler import ScalerWatch
 from bitguard.collectors.sharded import ShardedParams, clean_name, mark
 from bitguard.collectors.store import MAX_REPORTED_ERRORS
@@ -531,7 +529,7 @@ class Collector:
                 # a host tensor in its own memory (the common case): digested at the address read above
                 digest = digest_host_at(address, nbytes) if address and in_place_on_host(t) else digest_async(t)
             except Exception as exc:  # noqa: BLE001 - a tensor that cannot be read is marked, never dropped
-                inner = _unwrapped(t) if not address else None
+                inner = None if address or t.is_meta else _unwrapped(t)
                 if t.is_meta:  # no values to read, nor to differ: the digest of no bytes (shape and dtype say the rest)
                     digest = (0, 0)
                 elif inner is None:
@@ -1120,16 +1118,19 @@ class Collector:
         their place in the optimizer, `_adopt`): weights trained through torch.func, stacked for
         vmap (an ensemble run on a base model on the meta device), or a list of tensors. Only their
         optimizer steps saw them, before an edit after the last one."""
-        held = {id(p) for ref, _ in self._roots if ref() is not None for p in ref().parameters()}
-        by_optimizer: dict[str, list] = {}
-        for ref, name, owner, _ in list(self._params.values()):
-            p = ref()
-            if p is not None and owner == "" and id(p) not in held and ".param_groups[" in name:
-                label, _, place = name.partition(".param_groups")
-                by_optimizer.setdefault(label, []).append((f".param_groups{place}", p))
-        for label, pairs in by_optimizer.items():
-            rows = self._rows(pairs, "param")
-            self._emit("optimizer", "final", label, "optimizer", 0, time.time_ns(), rows)
+        held = {id(p) for module in (ref() for ref, _ in self._roots) if module is not None for p in module.parameters()}
+        for ref, label in list(self._optimizers.values()):
+            optimizer = ref()
+            pairs = [] if optimizer is None else [
+                (f".param_groups[{g}][{j}]", p) for g, group in enumerate(optimizer.param_groups)
+                for j, p in enumerate(group["params"]) if id(p) not in held and self._adopted(p)]
+            if pairs:
+                self._emit("optimizer", "final", label, "optimizer", 0, time.time_ns(), self._rows(pairs, "param"))
+
+    def _adopted(self, p: torch.Tensor) -> bool:
+        """A tensor an optimizer stepped that no root held then (`_adopt`)."""
+        entry = self._params.get(id(p))
+        return entry is not None and entry[0]() is p and entry[2] == ""
 
     def _final(self, module: torch.nn.Module, name: str) -> None:
         """The `final` event of root module `module`: every parameter and buffer as it is now (none
@@ -1152,7 +1153,7 @@ class Collector:
         type. Contains its own failures (SaveWatch calls it directly)."""
         if not self.enabled or is_compiling():
             if self._in_child:  # a DataLoader worker's save: said to the parent, not observed
-                self._note_child_save(boundary)
+                note_child_save(self.store.path, boundary)
             return None
         try:
             self._maybe_advance()  # (a save after step k's update belongs to step k + 1, as the next forward)
@@ -1172,34 +1173,11 @@ class Collector:
             self._fail("saved", exc)
             return None
 
-    def _note_child_save(self, boundary: str) -> None:
-        """In a forked child: one line in `rank-N.child-saves` beside the rank file, which the parent
-        turns into a collector error when its recording ends (`_child_saves`): what the child wrote is
-        not observed, so the run is not certified."""
-        try:
-            fd = os.open(Path(self.store.path).with_suffix(".child-saves"), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-            try:
-                os.write(fd, f"{os.getpid()} {boundary}\n".encode())
-            finally:
-                os.close(fd)
-        except Exception:  # noqa: BLE001 - the child's training goes on; only the report is lost
-            pass
-
     def _child_saves(self) -> None:
-        """The saves processes the training started made (`_note_child_save`), as a collector error."""
-        marker = Path(self.store.path).with_suffix(".child-saves")
-        try:
-            lines = marker.read_text().split("\n")
-        except OSError:
-            return
-        lines = [line for line in lines if line.strip()]
-        if lines:
-            pid, _, boundary = lines[0].partition(" ")
-            more = f" ({len(lines)} saves in all)" if len(lines) > 1 else ""
-            self._fail("child process", NotSupported(
-                f"a process the training started (pid {pid}, a DataLoader worker or a forked child) called {boundary}"
-                f"{more}: what it wrote is not observed"))
-        marker.unlink(missing_ok=True)
+        """The saves processes the training started made (saved.note_child_save), as a collector error."""
+        message = child_saves(self.store.path)
+        if message is not None:
+            self._fail("child process", NotSupported(message))
 
     def _params_due(self, module: torch.nn.Module) -> int | None:
         """Whether root `module`'s call is due a params event (its parameters' `_versions` then),

@@ -17,7 +17,8 @@ tensors may be missing: the event then holds an unobserved row, and the run is n
 `SaveWatch` wraps the save functions while a recording runs (torch.distributed.checkpoint when it is
 imported: importing it costs a second); a save that torch's own code makes (distributed
 checkpointing writes each item with `torch.save`) or one made inside another save is not an event
-of its own. Knows nothing of events or digests.
+of its own. A forked child's saves, which it cannot record, are written down for its parent
+(`note_child_save`, `child_saves`). Knows nothing of events or digests.
 """
 
 from __future__ import annotations
@@ -25,10 +26,12 @@ from __future__ import annotations
 import importlib.abc
 import importlib.util
 import inspect
+import os
 import sys
 import threading
 import types
 from itertools import islice
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -235,6 +238,40 @@ class _AfterImport(importlib.abc.MetaPathFinder):
 
         spec.loader = _Then()
         return spec
+
+
+def _child_saves_path(rank_path) -> Path:
+    return Path(rank_path).with_suffix(".child-saves")
+
+
+def note_child_save(rank_path, boundary: str) -> None:
+    """In a forked child (a DataLoader worker), whose collector is off: one line in
+    `rank-N.child-saves` beside the rank file, for the parent (`child_saves`). Never raises."""
+    try:
+        fd = os.open(_child_saves_path(rank_path), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        try:
+            os.write(fd, f"{os.getpid()} {boundary}\n".encode())
+        finally:
+            os.close(fd)
+    except Exception:  # noqa: BLE001 - the child's training goes on; only the report is lost
+        pass
+
+
+def child_saves(rank_path) -> str | None:
+    """What the children's lines say, as one sentence (None: no child saved), the file removed:
+    what they wrote is not observed, so the run is not certified."""
+    marker = _child_saves_path(rank_path)
+    try:
+        lines = [line for line in marker.read_text().split("\n") if line.strip()]
+    except OSError:
+        return None
+    marker.unlink(missing_ok=True)
+    if not lines:
+        return None
+    pid, _, boundary = lines[0].partition(" ")
+    more = f" ({len(lines)} saves in all)" if len(lines) > 1 else ""
+    return (f"a process the training started (pid {pid}, a DataLoader worker or a forked child) called {boundary}"
+            f"{more}: what it wrote is not observed")
 
 
 def _slots(cls: type) -> list[str]:

@@ -15,6 +15,15 @@ pytestmark = pytest.mark.slow
 SCRIPT = SCRIPTS / "blind_spots.py"
 
 
+def _tiny():
+    """A tiny MLP and its SGD, seeded: the in-process recordings' model."""
+    import torch
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1))
+    return model, torch.optim.SGD(model.parameters(), lr=0.1)
+
+
 def _compare(a, b) -> tuple[int, dict]:
     proc = run([*BITGUARD, "compare", "--json", a, b])
     return proc.returncode, json.loads(proc.stdout)
@@ -121,9 +130,7 @@ def test_an_ema_made_after_the_last_step_is_found_when_the_recording_ends(tmp_pa
     import bitguard
 
     def train(out, decay):
-        torch.manual_seed(0)
-        model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1))
-        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        model, opt = _tiny()
         with bitguard.record(out, determinism=False):
             for _ in range(3):
                 loss = model(torch.randn(2, 4)).pow(2).mean()
@@ -402,9 +409,7 @@ def test_what_a_distributed_checkpoint_writes_is_compared(tmp_path):
     import bitguard
 
     def train(out, plant):
-        torch.manual_seed(0)
-        model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1))
-        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        model, opt = _tiny()
         with bitguard.record(out, determinism=False):
             import torch.distributed.checkpoint as dcp
 
