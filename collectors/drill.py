@@ -37,7 +37,7 @@ import torch
 
 from bitguard.collectors.backward_ops import BackwardTrace
 from bitguard.collectors.compiled import is_compiling, keep_out_of_dynamo
-from bitguard.collectors.hooks import _flatten
+from bitguard.collectors.flatten import flatten
 from bitguard.collectors.ops import Keeper, OpTracer, describe, transparent
 from bitguard.errors import BadInput
 
@@ -267,7 +267,7 @@ class Drill:
         self.returned = True
         if backward is not None:
             try:
-                backward.returned(since, list(_flatten(output)) if output is not None else [], frame.name)
+                backward.returned(since, list(flatten(output)) if output is not None else [], frame.name)
             except Exception as exc:  # noqa: BLE001
                 self._fail("backward nodes", exc)
         return output
@@ -303,9 +303,9 @@ class Drill:
 
     def _keep_inputs(self, name: str, call: int, args, kwargs) -> bool:
         try:
-            flat = list(_flatten(args))
+            flat = list(flatten(args))
             if kwargs:
-                flat += list(_flatten(kwargs))
+                flat += list(flatten(kwargs))
             self._keep_all(name, call, "input", flat)
         except Exception as exc:  # noqa: BLE001
             self._fail(f"keep {name}", exc)
@@ -314,7 +314,7 @@ class Drill:
 
     def _keep_outputs(self, name: str, call: int, output) -> None:
         try:
-            self._keep_all(name, call, "output", list(_flatten(output)) if output is not None else [])
+            self._keep_all(name, call, "output", list(flatten(output)) if output is not None else [])
         except Exception as exc:  # noqa: BLE001
             self._fail(f"keep {name}", exc)
 
@@ -430,12 +430,12 @@ class BackwardKeep:
         try:
             if not torch.is_grad_enabled() or output is None:
                 return
-            outs = [(p, t) for p, t in _flatten(output) if t.requires_grad]
+            outs = [(p, t) for p, t in flatten(output) if t.requires_grad]
             if not outs:
                 return
             ins = [("[0]" + p, t) for p, t in frame.args if t.requires_grad]
             if kwargs:
-                ins += [(p, t) for p, t in _flatten(kwargs, "[1]") if t.requires_grad]
+                ins += [(p, t) for p, t in flatten(kwargs, "[1]") if t.requires_grad]
             n = self.forward_calls.get(name, 0)
             self.forward_calls[name] = n + 1
             state = {"name": name, "tag": f"backward{n}", "expected": len(outs) + len(ins), "entries": [],

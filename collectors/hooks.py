@@ -30,40 +30,36 @@ Nothing here knows how rows are stored (see store.py) or compared (backend/).
 
 from __future__ import annotations
 
-import gc
-import itertools
 import sys
 import threading
 import time
 import weakref
 from collections import OrderedDict
-from collections.abc import Mapping
 from ctypes import string_at as _string_at
-from dataclasses import fields, is_dataclass
 from functools import partial
 
 import torch
-from torch.utils import _pytree as pytree
 
 from bitguard.collectors import kept
 from bitguard.collectors.api_events import ApiRecorder, CollectorNaming
-from bitguard.collectors.callstack import StackTable, _is_user
+from bitguard.collectors.callstack import StackTable
 from bitguard.collectors.comm import CommObserver
 from bitguard.collectors.compiled import (REGION_PATH, REGION_REASON, CompileWatch, eager_name, inner_call, is_compiling,
                                           keep_out_of_dynamo, original, region_of)
-from bitguard.collectors.observation import NO_DIGEST, dims, observe
+from bitguard.collectors.flatten import NotFlattened, flatten
+from bitguard.collectors.observation import NO_DIGEST, PLAIN, dims, observe
 from bitguard.collectors.patching import Patch
 from bitguard.collectors.processes import ProcessWatch
 from bitguard.collectors.recompute import NON_REENTRANT, recompute_kind
-from bitguard.collectors.saved import SaveWatch, child_saves, note_child_save, tensors_in
+from bitguard.collectors.saved import SaveWatch
 from bitguard.collectors.scaler import ScalerWatch
-from bitguard.collectors.sharded import ShardedParams, clean_name, mark
+from bitguard.collectors.sharded import ShardedParams, clean_name
 from bitguard.collectors.store import MAX_REPORTED_ERRORS
-from bitguard.cuda.fingerprint import digest_async, digest_host_at, digest_many, in_place_on_host
+from bitguard.collectors.weights import WeightEvents, is_distributed
+from bitguard.cuda.fingerprint import digest_async, digest_host_at, in_place_on_host
 from bitguard.cuda.tensor_bytes import tensor_bytes
 from bitguard.errors import NotSupported
 from bitguard.modes import HEAVY_MODULES  # what trusted mode observes of module calls
-from bitguard.schema import NUMBER_MARK
 
 QUEUED_EVENTS = 256  # events queued before they are numbered and handed to the store
 MAX_WAITING_CALLS = 65536  # module calls waiting for a backward that may never come (_flush_backward)
@@ -82,7 +78,7 @@ class _Frame:
         self.t0 = t0
         self.record = record
         self.calls = calls  # the thread's module calls in progress, this one's parent last
-        self.args: list = []  # _flatten(args), when recorded
+        self.args: list = []  # flatten(args), when recorded
         self.inputs: list = []  # their rows
         self.kwinputs: list | None = None  # a root call's keyword arguments' rows, taken as the call began
         self.rng: torch.Tensor | None = None  # the CPU RNG state when the call began
@@ -108,18 +104,6 @@ class _Backward:
         self.step = step  # of its forward
 
 
-def _plain_digests(tensors: list) -> list:
-    """The digests of the plain tensors among `tensors` (one kernel call for the host ones), None in
-    the place of the others (a subclass, a DTensor: `_row` observes those itself) and of every one
-    when one cannot be read (each row then digests its own, or says why not)."""
-    plain = [type(t) in _PLAIN for t in tensors]
-    try:
-        taken = iter(digest_many([t for t, p in zip(tensors, plain) if p]))
-    except Exception:  # noqa: BLE001 - one tensor it cannot read
-        return [None] * len(tensors)
-    return [next(taken) if p else None for p in plain]
-
-
 def _transformed(t: torch.Tensor) -> bool:
     """A functorch wrapper (a tensor inside vmap or grad)."""
     try:
@@ -142,105 +126,9 @@ def _unwrapped(t: torch.Tensor) -> torch.Tensor | None:
     return t
 
 
-def _versions(module: torch.nn.Module) -> int:
-    """The sum of the version counters of `module`'s parameters (-1 when one has none): it moves
-    when one of them is written in place, but for writes through `.data`."""
-    try:
-        return sum(p._version for p in module.parameters())
-    except Exception:  # noqa: BLE001 - a parameter without a version counter: always taken as changed
-        return -1
-
-
-def _distributed(module: torch.nn.Module) -> bool:
-    """A wrapper of torch.distributed's (DDP's reducer, FSDP's state): not held past the script's
-    own lifetime for it, since destroyed after the script's destroy_process_group() its threads
-    abort the process ("terminate called without an active exception")."""
-    return type(module).__module__.startswith(("torch.nn.parallel", "torch.distributed"))
-
-
 def _owner(root: torch.nn.Module, p_name: str) -> torch.nn.Module:
     """The module of `root` that holds the parameter at path `p_name`."""
     return root.get_submodule(p_name.rpartition(".")[0]) if "." in p_name else root
-
-
-class _NotFlattened(list):
-    """What `_flatten` gives for a container with a part it could not flatten: the (path, tensor)
-    pairs it could read, and the path of the first part it could not and why (`_rows` adds one
-    unobserved row for that part, so the event is still recorded, and says what it lacks)."""
-
-    __slots__ = ("path", "reason")
-
-    def __init__(self, pairs: list, path: str, reason: str):
-        super().__init__(pairs)
-        self.path = path
-        self.reason = reason
-
-
-def _joined(parts: list[list]) -> list[tuple[str, torch.Tensor]]:
-    """The pairs of several `_flatten` results, a `_NotFlattened` if one of them was."""
-    out = [pair for part in parts for pair in part]
-    failed = next((part for part in parts if type(part) is _NotFlattened), None)
-    return out if failed is None else _NotFlattened(out, failed.path, failed.reason)
-
-
-def _number(value) -> torch.Tensor:
-    """A Python int, float or bool as the 0-d tensor of its value (float64 or int64)."""
-    return torch.tensor(value, dtype=torch.float64 if type(value) is float else torch.int64)
-
-
-def _flatten(obj, prefix: str = "", numbers: bool = False) -> list[tuple[str, torch.Tensor]]:
-    """(path, tensor) for every tensor in a nested container, dataclasses included (a
-    `_NotFlattened` when a part of it cannot be flattened); `numbers`: also each Python int, float
-    or bool, as a 0-d tensor whose path ends in NUMBER_MARK (a module's outputs: a number it returns
-    feeds the code after it as a tensor would)."""
-    if isinstance(obj, torch.Tensor):  # the common cases, without pytree's cost
-        return [(prefix, obj)]
-    if type(obj) is tuple:
-        out = []
-        for i, x in enumerate(obj):
-            if not isinstance(x, torch.Tensor):
-                break
-            out.append((f"{prefix}[{i}]", x))
-        else:
-            return out
-    try:
-        leaves, _ = pytree.tree_flatten_with_path(obj)
-        parts = []
-        for path, leaf in leaves:
-            key = prefix + pytree.keystr(path)
-            if isinstance(leaf, torch.Tensor):
-                parts.append([(key, leaf)])
-            elif numbers and type(leaf) in (int, float, bool):
-                parts.append([((key + NUMBER_MARK.format(type(leaf).__name__)).lstrip(), _number(leaf))])
-            elif is_dataclass(leaf) and not isinstance(leaf, type):
-                parts += [_flatten(getattr(leaf, f.name), f"{key}.{f.name}", numbers) for f in fields(leaf)]
-            elif isinstance(leaf, (Mapping, list, tuple)):  # a subclass pytree does not know (class D(dict))
-                parts.append(_flatten_without_keys(leaf, key, numbers))
-    except Exception:  # noqa: BLE001 - a node registered without key paths, or any part that fails
-        return _flatten_without_keys(obj, prefix, numbers)
-    return _joined(parts)
-
-
-def _flatten_without_keys(obj, prefix: str, numbers: bool = False) -> list[tuple[str, torch.Tensor]]:
-    """`_flatten` of a tree holding a node registered with pytree without key paths (transformers'
-    ModelOutput: `register_pytree_node` without `flatten_with_keys_fn`), on which
-    `tree_flatten_with_path` raises. Mappings, lists and tuples are walked by their own keys and
-    positions, down to the subtrees that have key paths; a node that is none of those is
-    flattened by position, its tensors named `<leaf i>`. A part that cannot be flattened at all
-    makes the result a `_NotFlattened`."""
-    try:
-        if isinstance(obj, Mapping):
-            items = [(f"[{k!r}]", v) for k, v in obj.items()]
-        elif isinstance(obj, (list, tuple)):
-            items = [(f"[{i}]", v) for i, v in enumerate(obj)]
-        else:
-            leaves = pytree.tree_flatten(obj)[0]  # (a dataclass among them is walked by its fields)
-            items = [(f"<leaf {i}>", x) for i, x in enumerate(leaves)
-                     if isinstance(x, torch.Tensor) or (is_dataclass(x) and not isinstance(x, type))
-                     or (numbers and type(x) in (int, float, bool))]
-        return _joined([_flatten(value, prefix + path, numbers) for path, value in items])
-    except Exception as exc:  # noqa: BLE001 - the event is recorded without these tensors, and says so
-        return _NotFlattened([], prefix, f"could not flatten {type(obj).__name__}: {type(exc).__name__}: {exc}")
 
 
 # torch modules whose forward never draws random numbers (dropout-like modules are not here).
@@ -252,7 +140,6 @@ _RNG_FREE_FORWARDS = {getattr(torch.nn, name).forward for name in (
     "LeakyReLU", "ELU", "Mish", "Hardswish", "Softplus") if hasattr(torch.nn, name)}
 _DTYPE_NAMES: dict[torch.dtype, str] = {}
 _HOOK_KEY = ("bitguard", "gradient")  # our entry in a tensor's hook dict (torch's own keys are ints)
-_PLAIN = (torch.Tensor, torch.nn.Parameter)  # the tensor types `_row` digests itself (if dense strided)
 _STRIDED = torch.strided
 
 
@@ -301,7 +188,7 @@ def _rng_drawn(before: torch.Tensor) -> bool:
     return _string_at(now.data_ptr(), now.nbytes) != _string_at(before.data_ptr(), before.nbytes)
 
 
-class Collector:
+class Collector(WeightEvents):
     # Slots, not an instance dict: every hook reads a dozen of these, between kernels that left the
     # caches cold.
     __slots__ = ("api", "digest_cache", "dump", "enabled", "errors", "mode", "rank", "step", "steps", "store",
@@ -335,7 +222,7 @@ class Collector:
         self._names: dict[int, tuple[weakref.ref, str]] = {}
         self._root_names: set[str] = set()
         self._roots: list[tuple[weakref.ref, str]] = []  # root modules met, for the final-state event
-        # id(root) -> (ref, step, `_grads`, `_versions`) at its last params event; parameter gradients seen so far
+        # id(root) -> (ref, step, `_grads`, `module_versions`) at its last params event; parameter gradients seen so far
         self._params_at: dict[int, tuple[weakref.ref, int, int, int]] = {}
         self._optimizers: dict[int, tuple[weakref.ref, str]] = {}  # id -> (ref, `_optimizer_label`)
         self._optimizers_seen: dict[str, int] = {}  # class name -> the last `#i` given
@@ -344,7 +231,7 @@ class Collector:
         # Roots with parameters, held: a model local to the script's main() is gone when the
         # recording ends, and its final state with it. Let go of (its final state taken then) once
         # nothing else holds it (`_let_go`), and when the recording ends. Not held: a model inside
-        # a torch.distributed wrapper (`_distributed`).
+        # a torch.distributed wrapper (`is_distributed`).
         self._held: list[tuple[torch.nn.Module, str]] = []
         self._foreign: str | None = None  # a root called with tensors in place of its parameters (functional_call)
         self._in_child = False  # a forked child's copy of this collector (`_forked`): it only reports saves
@@ -522,7 +409,7 @@ class Collector:
         dtype = _DTYPE_NAMES.get(t.dtype) or _dtype_name(t.dtype)
         unobserved = None  # the row's last column: why the tensor could not be digested
         if digest is None:  # (a digest taken already, or kept, is a plain dense tensor's: no checks)
-            if type(t) not in _PLAIN or t.layout is not _STRIDED or t.is_nested:
+            if type(t) not in PLAIN or t.layout is not _STRIDED or t.is_nested:
                 return self._other_row(t, role, idx, path, dtype, tid, storage)
             nbytes = t.nbytes
             try:
@@ -559,7 +446,7 @@ class Collector:
             shape, strides, nbytes, digest, unobserved, values, shard = observe(t)
         except Exception as exc:  # noqa: BLE001 - marked, never dropped
             why = self._unreadable(exc, t)
-            why = why if type(t) in _PLAIN else f"{type(t).__name__}: {why}"
+            why = why if type(t) in PLAIN else f"{type(t).__name__}: {why}"
             shape, strides, nbytes, digest, unobserved, values, shard = dims(t), [], 0, NO_DIGEST, why, None, None
         xor, pos = digest if type(digest) is tuple else (digest, digest)
         row = [0, role, idx, path, shape, dtype, strides, nbytes, xor, pos, tid, storage, unobserved, shard]
@@ -580,10 +467,10 @@ class Collector:
         return f"{type(exc).__name__}: {exc}"
 
     def _rows(self, flat: list[tuple[str, torch.Tensor]], role: str, start: int = 0) -> list[list]:
-        """Rows of `_flatten`'s (path, tensor) pairs; one unobserved row for a container that could
+        """Rows of `flatten`'s (path, tensor) pairs; one unobserved row for a container that could
         not be flattened."""
         rows = [self._row(t, role, start + i, path) for i, (path, t) in enumerate(flat)]
-        if type(flat) is _NotFlattened:
+        if type(flat) is NotFlattened:
             rows.append([0, role, start + len(rows), flat.path, [], "", [], 0, *NO_DIGEST, 0, 0, flat.reason]
                         + ([b""] if self.dump else []))
         return rows
@@ -679,7 +566,7 @@ class Collector:
             self._roots = [(ref, n) for ref, n in self._roots if id(ref()) not in renamed]
             self._held = [(m, n) for m, n in self._held if id(m) not in renamed]
         self._roots.append((weakref.ref(module), name))
-        if any(True for _ in module.parameters()) and not any(map(_distributed, module.modules())):
+        if any(True for _ in module.parameters()) and not any(map(is_distributed, module.modules())):
             self._held.append((module, name))
         # An id already known may be a dead module's or parameter's, reused by a new one (a model
         # built after an earlier one was freed): that entry is replaced, or the new parameter would
@@ -825,11 +712,11 @@ class Collector:
                 self._depths[name] = depth
             if parent is not None:  # the common case: a call inside a model
                 if record:
-                    if len(args) == 1 and isinstance(args[0], torch.Tensor):  # (what _flatten and _rows give)
+                    if len(args) == 1 and isinstance(args[0], torch.Tensor):  # (what flatten and _rows give)
                         frame.args = [("[0]", args[0])]
                         frame.inputs = [self._row(args[0], "input", 0, "[0]")]
                     else:
-                        flat = frame.args = _flatten(args)
+                        flat = frame.args = flatten(args)
                         frame.inputs = self._rows(flat, "input")
                     free = self._rng_free.get(type(module))  # (_may_draw, once the class is known)
                     if (self._may_draw(module) if free is None else
@@ -839,10 +726,10 @@ class Collector:
                 return frame
             is_model_root = recompute is None and in_window and any(True for _ in module.parameters())
             if record or is_model_root:
-                frame.args = _flatten(args)
+                frame.args = flatten(args)
                 frame.inputs = self._rows(frame.args, "input")
                 if kwargs:  # (`model(input_ids=..., labels=...)`: the batch, before the forward can change it)
-                    frame.kwinputs = self._rows(_flatten(kwargs), "input", len(frame.inputs))
+                    frame.kwinputs = self._rows(flatten(kwargs), "input", len(frame.inputs))
                 if is_model_root or self._may_draw(module):
                     frame.rng = torch.get_rng_state()
             digested = None
@@ -870,7 +757,7 @@ class Collector:
             if kwargs:
                 kwinputs = frame.kwinputs
                 if kwinputs is None:
-                    kwinputs = self._rows(_flatten(kwargs), "input", len(inputs))
+                    kwinputs = self._rows(flatten(kwargs), "input", len(inputs))
                 rows = inputs + kwinputs
             else:
                 rows = inputs
@@ -880,11 +767,11 @@ class Collector:
                 rows = rows + [self._rng_row(rng, digest_async(rng), "cpu", 0)]
             if output is None:
                 outputs, out_rows = [], []
-            elif isinstance(output, torch.Tensor):  # the common case (what `_flatten` and `_rows` give)
+            elif isinstance(output, torch.Tensor):  # the common case (what `flatten` and `_rows` give)
                 outputs = [("", output)]
                 out_rows = [self._row(output, "output", 0, "")]
             else:
-                outputs = _flatten(output, numbers=True)
+                outputs = flatten(output, numbers=True)
                 out_rows = self._rows(outputs, "output")
             region = frame.region
             module = region or frame.module
@@ -892,7 +779,7 @@ class Collector:
             if buffers:  # a module's own buffers as the call left them (running statistics, caches)
                 out_rows += self._rows([(f".{n}", b) for n, b in buffers.items() if b is not None], "state")
             if region is not None:  # an unobserved row saying that the boundaries inside were not observed
-                marker = _NotFlattened([], REGION_PATH, REGION_REASON)
+                marker = NotFlattened([], REGION_PATH, REGION_REASON)
                 out_rows += self._rows(marker, "state", sum(r[1] == "state" for r in out_rows))
             mtype = type(module).__name__
             frames = frame.calls
@@ -949,7 +836,7 @@ class Collector:
         # the paths are those of the pair (args, kwargs): [0][i] for positional, [1]['name'] for keywords
         ins = [("[0]" + p, t) for p, t in frame.args if t.requires_grad]
         if kwargs:
-            ins += [(p, t) for p, t in _flatten(kwargs, "[1]") if t.requires_grad]
+            ins += [(p, t) for p, t in flatten(kwargs, "[1]") if t.requires_grad]
         state = _Backward(frame.name, mtype, frame.depth, time.time_ns(), len(outs) + len(ins), self.step)
         watched, on_grad = self._grad_watch, self._on_grad
         for role, pairs in (("grad_output", outs), ("grad_input", ins)):
@@ -1051,178 +938,6 @@ class Collector:
             with self._lock:
                 self._pending[:0] = waiting
 
-    # -- the final state -------------------------------------------------------------------
-    def _let_go(self) -> None:
-        """Take the final state of each held root that nothing but this collector holds any more
-        (the script dropped it: a model trained and discarded before the next one), and let go of
-        it. One held by a reference cycle of its own stays held until the recording ends."""
-        held = self._held
-        for i in range(len(held) - 1, -1, -1):
-            if sys.getrefcount(held[i][0]) <= 2:  # the tuple's reference and the call's argument: no other
-                module, name = held.pop(i)
-                if self._in_window():
-                    self._final(module, name)
-                self._roots = [(ref, n) for ref, n in self._roots if ref() is not module]
-                del module
-
-    def _emit_final(self) -> None:
-        """When the recording ends: one `final` event per root module with every parameter and
-        buffer as it is then. What changed the weights outside torch.optim (a manual update, an
-        EMA, an edit after the last step()) or a buffer (running statistics) is seen here at
-        the latest."""
-        self._maybe_advance()  # the final state belongs after the last step
-        if not self._in_window():  # a step window that ended before the training (--steps A:B)
-            return
-        if self._steps_taken:  # what was made after the last look (an EMA made at the end): the code ending a
-            self._guard(self._adopt_kept)(sys._getframe(1))  # `with bitguard.record()` still holds it
-        gc.collect()  # a model only a reference cycle kept alive is gone in every run alike, not by chance
-        for ref, name in self._roots:
-            module = ref()
-            if module is not None:
-                self._final(module, name)
-        self._final_stepped()
-        if self._foreign is not None and not self._steps_taken:
-            self._fail("final state", NotSupported(
-                f"{self._foreign} ran on tensors in place of its parameters (functional_call) and no optimizer step "
-                f"updated them: its final weights are not observed"))
-
-    def _before_destroy(self, original, patch):
-        """destroy_process_group, taking first the final state of the roots that hold a wrapper of
-        torch.distributed's (DDP, FSDP) when the default group goes."""
-        def destroy_process_group(*args, **kwargs):
-            group = args[0] if args else kwargs.get("group")
-            if patch.active and (group is None or group is getattr(torch.distributed.group, "WORLD", None)):
-                self._guard(self._final_distributed)()
-            return original(*args, **kwargs)
-        return destroy_process_group
-
-    def _final_distributed(self) -> None:
-        """The `final` event of each root holding a DDP or FSDP wrapper, taken while the process
-        group still works: this collector does not hold such a model (see `_distributed`), and a
-        script often keeps it local to its main(), gone when the recording ends. Taken once: such a
-        root is not visited again at the end."""
-        self._maybe_advance()  # the final state belongs after the last step
-        if not self._in_window():
-            return
-        left = []
-        for ref, name in self._roots:
-            module = ref()
-            if module is not None and any(map(_distributed, module.modules())):
-                self._final(module, name)
-            else:
-                left.append((ref, name))
-        self._roots = left
-
-    def _final_stepped(self) -> None:
-        """The `final` event of the tensors an optimizer stepped that no root module holds (named by
-        their place in the optimizer, `_adopt`): weights trained through torch.func, stacked for
-        vmap (an ensemble run on a base model on the meta device), or a list of tensors. Only their
-        optimizer steps saw them, before an edit after the last one."""
-        held = {id(p) for module in (ref() for ref, _ in self._roots) if module is not None for p in module.parameters()}
-        for ref, label in list(self._optimizers.values()):
-            optimizer = ref()
-            pairs = [] if optimizer is None else [
-                (f".param_groups[{g}][{j}]", p) for g, group in enumerate(optimizer.param_groups)
-                for j, p in enumerate(group["params"]) if id(p) not in held and self._adopted(p)]
-            if pairs:
-                self._emit("optimizer", "final", label, "optimizer", 0, time.time_ns(), self._rows(pairs, "param"))
-
-    def _adopted(self, p: torch.Tensor) -> bool:
-        """A tensor an optimizer stepped that no root held then (`_adopt`)."""
-        entry = self._params.get(id(p))
-        return entry is not None and entry[0]() is p and entry[2] == ""
-
-    def _final(self, module: torch.nn.Module, name: str) -> None:
-        """The `final` event of root module `module`: every parameter and buffer as it is now (none
-        for a module whose every tensor is on the meta device: a base model that holds no values,
-        run through functional_call on weights of its own)."""
-        if all(t.is_meta for t in itertools.chain(module.parameters(), module.buffers())):
-            return
-        buffers = [(f".{clean_name(eager_name(n))}", b) for n, b in module.named_buffers()]
-        rows, _ = self._param_rows(module)
-        if not rows and not buffers:
-            return
-        t0 = time.time_ns()
-        rows += self._rows(buffers, "state")
-        self._emit("optimizer", "final", name, type(module).__name__, 0, t0, rows)
-
-    def _saved(self, boundary: str, obj):
-        """The `saved` event of a save the training makes (collectors/saved.py): every tensor the
-        saved object holds, digested as the save begins; the event is queued by the function returned,
-        once the save has returned (None: nothing to record). Its module type is the saved object's
-        type. Contains its own failures (SaveWatch calls it directly)."""
-        if not self.enabled or is_compiling():
-            if self._in_child:  # a DataLoader worker's save: said to the parent, not observed
-                note_child_save(self.store.path, boundary)
-            return None
-        try:
-            self._maybe_advance()  # (a save after step k's update belongs to step k + 1, as the next forward)
-            if not self._in_window():
-                return None
-            t0 = time.time_ns()
-            pairs, truncated = tensors_in(obj)
-            if truncated is not None:
-                pairs = _NotFlattened(pairs, "[...]", truncated)
-            if not pairs and truncated is None:
-                return None
-            rows = self._rows(pairs, "state")
-            stack = self._stacks.capture()
-            return self._guard(lambda: self._emit("optimizer", "saved", boundary, type(obj).__name__, 0, t0, rows,
-                                                  stack))
-        except Exception as exc:  # noqa: BLE001 - the training must go on
-            self._fail("saved", exc)
-            return None
-
-    def _child_saves(self) -> None:
-        """The saves processes the training started made (saved.note_child_save), as a collector error."""
-        message = child_saves(self.store.path)
-        if message is not None:
-            self._fail("child process", NotSupported(message))
-
-    def _params_due(self, module: torch.nn.Module) -> int | None:
-        """Whether root `module`'s call is due a params event (its parameters' `_versions` then),
-        None when not: at its first call in a step, and at a later one after a backward when the
-        parameters may have changed since: before any optimizer step (step 0, or a loop that
-        updates by hand, maybe through .data, which no version counter shows) always, otherwise
-        when a version counter moved (an optimizer that calls its closure again, LBFGS)."""
-        at = self._params_at.get(id(module))
-        if at is None or at[1] != self.step or at[0]() is not module:
-            return _versions(module)
-        if self._foreign is not None and not isinstance(next(module.parameters(), None), torch.nn.Parameter):
-            return _versions(module)  # tensors in place of its parameters (functional_call): each call's own weights
-        if at[2] == self._grads:
-            return None
-        versions = _versions(module)
-        return versions if self.step == 0 or versions < 0 or versions != at[3] else None
-
-    def _start_params(self, module: torch.nn.Module, name: str, module_type: str, t0: int) -> dict | None:
-        """The `params` event of root module `module` at its first call in a step: every parameter
-        as the step's forward meets it. A difference here that no optimizer step showed was made
-        between steps by code outside torch.optim (an initialisation, a clamp through `.data`, a
-        hand-written update, a loaded checkpoint), and is blamed so instead of on the first module
-        that reads the weight. Returns what the API recorder's params row can take of it: id of a
-        parameter -> its digest (a whole, observed parameter's only)."""
-        rows, params = self._param_rows(module)
-        if not rows:
-            return None
-        self._emit("optimizer", "params", name, module_type, 0, t0, rows)
-        if self._foreign is None and any(not isinstance(p, torch.nn.Parameter) for _, p in params):
-            self._foreign = name  # (torch.func.functional_call puts the tensors it is given in their place)
-        return {id(p): (r[8], r[9]) if type(r[8]) is int else r[8]
-                for (_, p), r in zip(params, rows) if r[12] is None and r[13] is None}
-
-    def _param_rows(self, module: torch.nn.Module) -> tuple[list, list]:
-        """The `param` rows of every parameter of `module` (FSDP1 flat parameters split into the
-        parameters they hold, `sharded.final_params`), and the (path, tensor) pairs they are of."""
-        params = [(f".{clean_name(eager_name(n))}", p) for n, p in module.named_parameters()]
-        if not params:
-            return [], []
-        params, marks = self._sharded.final_params(params)
-        digests = _plain_digests([t for _, t in params])
-        rows = [self._row(t, "param", i, path, d) for i, ((path, t), d) in enumerate(zip(params, digests))]
-        mark(rows, marks)
-        return rows, params
-
     # -- parameter gradients ---------------------------------------------------------------
     def _on_param_grad(self, pid: int, grad) -> None:
         """A parameter's gradient arrives (before autograd accumulates it into `.grad`). When `.grad`
@@ -1268,128 +983,7 @@ class Collector:
         _, name, owner, _ = self._params[pid]
         self._emit("backward", "grad", name, owner, 0, t0, [row_in, row], self._backward_stack())
 
-    # -- optimizer -------------------------------------------------------------------------
-    def _on_optimizer_step(self, optimizer, args, kwargs) -> None:
-        """A training step ends: an event per parameter the step updated, then the step counter
-        advances and the step's events go to the store, whatever failed on the way (an error here
-        loses neither the step nor the other parameters' events)."""
-        self._steps_taken += 1
-        try:
-            self._flush_backward(ended=False)
-            if self._in_window():
-                self._emit_steps(optimizer)
-            taken = self._steps_taken  # looked for at the first four steps, then at every power of two (0.2 ms a look)
-            if taken <= 4 or not taken & (taken - 1):
-                self._guard(self._adopt_kept)(sys._getframe(1))
-        finally:
-            self._end_step()
-
-    def _adopt_kept(self, frame) -> None:
-        """Models the training keeps but never calls, found among the variables of the user's code
-        that called step() (a frame's locals or globals, and the attributes of its `self`): a
-        hand-written EMA copy, updated in place under no_grad and saved at the end, is one. Each is
-        made a root and held, so that its final state is recorded; a model called later is a root
-        already, named the same. Wrappers of torch.distributed's are left alone (not held)."""
-        names, found = self._names, []
-        while frame is not None:
-            if _is_user(frame.f_code.co_filename):
-                found += kept.found_in(frame)
-            frame = frame.f_back
-        for key, value in found:
-            if type(value) is list:  # an object's shadow weights (diffusers' EMAModel): a root of its own
-                entry = self._kept_lists.get(id(value))
-                if entry is None or entry.kept is not value:
-                    self._kept_lists[id(value)] = holder = kept.KeptTensors(value)
-                    self._register_root(holder, key)
-                continue
-            entry = names.get(id(value))
-            if (entry is None or entry[0]() is not value) and any(True for _ in value.parameters()) \
-                    and not any(map(_distributed, value.modules())):
-                self._register_root(value, key)
-
-    def _skipped_step(self) -> None:
-        """`GradScaler.step` skipped the optimizer's step (an inf or NaN gradient): the step ends all
-        the same, without optimizer events (collectors/scaler.py)."""
-        if not self._advance:  # (another optimizer's step ended it already)
-            self._flush_backward(ended=False)
-            self._end_step()
-
-    def _end_step(self) -> None:
-        """The step counter advances, and the step's events go to the store."""
-        if self._held:
-            self._guard(self._let_go)()
-        self._advance = True
-        self._purge_dead()
-        self._drain()
-        # End of a training step: the previous step is durable before this one's events go on.
-        if not self.store.step_barrier():
-            self._fail("step barrier", TimeoutError("writer did not commit within 30 s"))
-
-    def _optimizer_label(self, optimizer) -> str:
-        """Its class name, `Class#i` for the i-th (from 1) other optimizer of that class seen stepping:
-        what names a parameter only an optimizer knows (`_adopt`), unique when each layer has its own."""
-        entry = self._optimizers.get(id(optimizer))
-        if entry is None or entry[0]() is not optimizer:
-            kind = type(optimizer).__name__
-            n = self._optimizers_seen[kind] = self._optimizers_seen.get(kind, -1) + 1  # (never by id: ids are reused)
-            entry = self._optimizers[id(optimizer)] = (weakref.ref(optimizer), f"{kind}#{n}" if n else kind)
-        return entry[1]
-
-    def _emit_steps(self, optimizer) -> None:
-        opt_type = type(optimizer).__name__
-        label = self._optimizer_label(optimizer)
-        stack = self._stacks.capture()  # one call: every parameter's event has this stack
-        # every tensor of the step at once: one kernel call for the host ones
-        steps = []
-        for g, group in enumerate(optimizer.param_groups):
-            for j, p in enumerate(group["params"]):
-                if p.grad is None:
-                    continue
-                # the gradient as step() used it: after any reduction across ranks (DDP, FSDP), which
-                # the gradient events, taken as autograd produced it, do not see (torch.optim leaves .grad)
-                tensors = [("param", 0, "", p), ("grad", 0, "", p.grad)]
-                if self.mode == "full":
-                    state = optimizer.state.get(p, {})
-                    tensors += [("state", i, f"['{k}']", v) for i, (k, v) in enumerate(
-                        (k, v) for k, v in state.items() if isinstance(v, torch.Tensor))]
-                parts = self._sharded.step_parts(p, tensors)
-                for name, t, marks in [(None, tensors, None)] if parts is None else parts:
-                    if name is None:  # (a FlatParameter's parts are named by the parameters they hold)
-                        entry = self._params.get(id(p))
-                        name = entry[1] if entry is not None and entry[0]() is p else \
-                            self._adopt(p, f"{label}.param_groups[{g}][{j}]")
-                    steps.append((t, name, marks))
-        digests = _plain_digests([t for tensors, *_ in steps for *_, t in tensors])
-        at = 0
-        for tensors, name, marks in steps:
-            taken, at = digests[at:at + len(tensors)], at + len(tensors)
-            try:
-                self._emit_step(tensors, name, marks, taken, opt_type, stack)
-            except Exception as exc:  # noqa: BLE001 - one parameter's event lost, said so; the others go on
-                self._fail("optimizer step", exc)
-
-    def _adopt(self, p: torch.nn.Parameter, where: str) -> str:
-        """Name and watch a parameter an optimizer steps that no root registered: frozen when its
-        root was first called and unfrozen since, or put into the model later
-        (`load_state_dict(assign=True)`, a layer added). Named as the root that holds it now names
-        it, else by its place in the optimizer (`where`): stable from run to run, where its id was
-        not (two identical runs compared diverged). Its gradients are watched from now on; its name."""
-        for ref, _ in self._roots:
-            module = ref()
-            for p_name, q in (module.named_parameters() if module is not None else ()):
-                if q is p:
-                    return self._watch_at(module, p_name, p)
-        self._watch_param(p, where, "")
-        return where
-
-    def _emit_step(self, tensors: list, name: str, marks: list | None, digests: list, opt_type: str, stack) -> None:
-        t0 = time.time_ns()
-        rows = [self._row(t, role, i, path, d) for (role, i, path, t), d in zip(tensors, digests)]
-        if marks is not None:
-            mark(rows, marks)
-        self._emit("optimizer", "step", name, opt_type, 0, t0, rows, stack)
-
-
 # What torch calls into directly (each contains its own failures): dynamo runs them as plain Python
 # (collectors/compiled.py, keep_out_of_dynamo), and benchmarks/bench_recording.py --hook-time times them.
 ENTRIES = (Collector._enter, Collector._leave, Collector._guarded, Collector._on_grad, Collector._on_param_grad)
+

@@ -27,10 +27,11 @@ import sys
 import torch
 
 from bitguard.collectors.sharded import shard_of
-from bitguard.cuda.fingerprint import digest_async, local_values
+from bitguard.cuda.fingerprint import digest_async, digest_many, local_values
 from bitguard.cuda.tensor_bytes import tensor_bytes
 
 NO_DIGEST = (0, 0)  # the digest an unobserved row carries (it means nothing)
+PLAIN = (torch.Tensor, torch.nn.Parameter)  # the tensor types `Collector._row` digests itself (if dense strided)
 _PLAIN_DISPATCH = getattr(torch.Tensor.__torch_dispatch__, "__func__", torch.Tensor.__torch_dispatch__)
 
 
@@ -72,3 +73,15 @@ def observe(t: torch.Tensor) -> tuple[list[int], list[int], int, object, str | N
         return (dims(t), [], 0, NO_DIGEST, f"{what} a tensor subclass with its own __torch_dispatch__: "
                 "its storage need not hold its values (not digested)", None, None)
     return dims(t), list(local.stride()), local.nbytes, digest_async(local), None, local, shard_of(t)
+
+
+def plain_digests(tensors: list) -> list:
+    """The digests of the plain tensors among `tensors` (one kernel call for the host ones), None in
+    the place of the others (a subclass, a DTensor: `_row` observes those itself) and of every one
+    when one cannot be read (each row then digests its own, or says why not)."""
+    plain = [type(t) in PLAIN for t in tensors]
+    try:
+        taken = iter(digest_many([t for t, p in zip(tensors, plain) if p]))
+    except Exception:  # noqa: BLE001 - one tensor it cannot read
+        return [None] * len(tensors)
+    return [next(taken) if p else None for p in plain]

@@ -1,5 +1,5 @@
 """Outputs in any pytree container keep their event and their tensors (collectors/hooks.py
-`_flatten`): a node registered without key paths, as transformers 4.46 registered its
+`flatten`): a node registered without key paths, as transformers 4.46 registered its
 ModelOutput (CausalLMOutputWithPast), one whose key function raises something else, a dict
 subclass pytree does not know, and a dataclass inside a keyless node."""
 
@@ -15,7 +15,7 @@ from torch.utils import _pytree as pytree
 
 import bitguard
 from bitguard.backend.ingest import load_rank, open_run
-from bitguard.collectors.hooks import _flatten, _NotFlattened
+from bitguard.collectors.flatten import NotFlattened, flatten
 
 
 class KeylessOutput(OrderedDict):
@@ -66,29 +66,29 @@ def test_a_node_registered_without_key_paths_is_walked_by_its_keys():
     loss, logits = torch.tensor(1.0), torch.ones(2, 3)
     with pytest.raises(ValueError, match="flatten_with_keys_fn"):
         pytree.tree_flatten_with_path(KeylessOutput(loss=loss, logits=logits))
-    flat = _flatten(KeylessOutput(loss=loss, logits=logits, past=((logits * 2, logits * 3),)))
-    assert type(flat) is not _NotFlattened
+    flat = flatten(KeylessOutput(loss=loss, logits=logits, past=((logits * 2, logits * 3),)))
+    assert type(flat) is not NotFlattened
     assert [p for p, _ in flat] == ["['loss']", "['logits']", "['past'][0][0]", "['past'][0][1]"]
     assert flat[0][1] is loss and flat[1][1] is logits
 
 
 def test_a_keyless_node_inside_a_container_and_a_dataclass_inside_a_keyless_node_keep_their_tensors():
     a, b, c = torch.zeros(1), torch.ones(1), torch.full((1,), 2.0)
-    flat = _flatten({"out": Pair(a, Extra(b)), "more": [c]})
-    assert type(flat) is not _NotFlattened
+    flat = flatten({"out": Pair(a, Extra(b)), "more": [c]})
+    assert type(flat) is not NotFlattened
     assert [t for _, t in flat] == [a, b, c] and [p for p, _ in flat] == [
         "['out']<leaf 0>", "['out']<leaf 1>.hidden", "['more'][0]"]
 
 
 def test_a_key_function_that_raises_something_else_falls_back_to_positions():
     t = torch.ones(2)
-    flat = _flatten((Broken(t), t * 2))
-    assert type(flat) is not _NotFlattened and [p for p, _ in flat] == ["[0]<leaf 0>", "[1]"]
+    flat = flatten((Broken(t), t * 2))
+    assert type(flat) is not NotFlattened and [p for p, _ in flat] == ["[0]<leaf 0>", "[1]"]
 
 
 def test_a_dict_subclass_pytree_does_not_know_is_walked():
     t = torch.ones(2)
-    flat = _flatten((Plain(x=t), 1))
+    flat = flatten((Plain(x=t), 1))
     assert [(p, x) for p, x in flat] == [("[0]['x']", t)]
 
 

@@ -1,0 +1,95 @@
+"""A module call's arguments and outputs as (path, tensor) pairs: pytree's key paths, dataclasses,
+containers pytree does not know, and what cannot be flattened said so (`NotFlattened`).
+
+Nothing here knows about events, digests or how rows are stored.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import fields, is_dataclass
+
+import torch
+from torch.utils import _pytree as pytree
+
+from bitguard.schema import NUMBER_MARK
+
+
+class NotFlattened(list):
+    """What `flatten` gives for a container with a part it could not flatten: the (path, tensor)
+    pairs it could read, and the path of the first part it could not and why (`_rows` adds one
+    unobserved row for that part, so the event is still recorded, and says what it lacks)."""
+
+    __slots__ = ("path", "reason")
+
+    def __init__(self, pairs: list, path: str, reason: str):
+        super().__init__(pairs)
+        self.path = path
+        self.reason = reason
+
+
+def joined(parts: list[list]) -> list[tuple[str, torch.Tensor]]:
+    """The pairs of several `flatten` results, a `NotFlattened` if one of them was."""
+    out = [pair for part in parts for pair in part]
+    failed = next((part for part in parts if type(part) is NotFlattened), None)
+    return out if failed is None else NotFlattened(out, failed.path, failed.reason)
+
+
+def number_tensor(value) -> torch.Tensor:
+    """A Python int, float or bool as the 0-d tensor of its value (float64 or int64)."""
+    return torch.tensor(value, dtype=torch.float64 if type(value) is float else torch.int64)
+
+
+def flatten(obj, prefix: str = "", numbers: bool = False) -> list[tuple[str, torch.Tensor]]:
+    """(path, tensor) for every tensor in a nested container, dataclasses included (a
+    `NotFlattened` when a part of it cannot be flattened); `numbers`: also each Python int, float
+    or bool, as a 0-d tensor whose path ends in NUMBER_MARK (a module's outputs: a number it returns
+    feeds the code after it as a tensor would)."""
+    if isinstance(obj, torch.Tensor):  # the common cases, without pytree's cost
+        return [(prefix, obj)]
+    if type(obj) is tuple:
+        out = []
+        for i, x in enumerate(obj):
+            if not isinstance(x, torch.Tensor):
+                break
+            out.append((f"{prefix}[{i}]", x))
+        else:
+            return out
+    try:
+        leaves, _ = pytree.tree_flatten_with_path(obj)
+        parts = []
+        for path, leaf in leaves:
+            key = prefix + pytree.keystr(path)
+            if isinstance(leaf, torch.Tensor):
+                parts.append([(key, leaf)])
+            elif numbers and type(leaf) in (int, float, bool):
+                parts.append([((key + NUMBER_MARK.format(type(leaf).__name__)).lstrip(), number_tensor(leaf))])
+            elif is_dataclass(leaf) and not isinstance(leaf, type):
+                parts += [flatten(getattr(leaf, f.name), f"{key}.{f.name}", numbers) for f in fields(leaf)]
+            elif isinstance(leaf, (Mapping, list, tuple)):  # a subclass pytree does not know (class D(dict))
+                parts.append(flatten_without_keys(leaf, key, numbers))
+    except Exception:  # noqa: BLE001 - a node registered without key paths, or any part that fails
+        return flatten_without_keys(obj, prefix, numbers)
+    return joined(parts)
+
+
+def flatten_without_keys(obj, prefix: str, numbers: bool = False) -> list[tuple[str, torch.Tensor]]:
+    """`flatten` of a tree holding a node registered with pytree without key paths (transformers'
+    ModelOutput: `register_pytree_node` without `flatten_with_keys_fn`), on which
+    `tree_flatten_with_path` raises. Mappings, lists and tuples are walked by their own keys and
+    positions, down to the subtrees that have key paths; a node that is none of those is
+    flattened by position, its tensors named `<leaf i>`. A part that cannot be flattened at all
+    makes the result a `NotFlattened`."""
+    try:
+        if isinstance(obj, Mapping):
+            items = [(f"[{k!r}]", v) for k, v in obj.items()]
+        elif isinstance(obj, (list, tuple)):
+            items = [(f"[{i}]", v) for i, v in enumerate(obj)]
+        else:
+            leaves = pytree.tree_flatten(obj)[0]  # (a dataclass among them is walked by its fields)
+            items = [(f"<leaf {i}>", x) for i, x in enumerate(leaves)
+                     if isinstance(x, torch.Tensor) or (is_dataclass(x) and not isinstance(x, type))
+                     or (numbers and type(x) in (int, float, bool))]
+        return joined([flatten(value, prefix + path, numbers) for path, value in items])
+    except Exception as exc:  # noqa: BLE001 - the event is recorded without these tensors, and says so
+        return NotFlattened([], prefix, f"could not flatten {type(obj).__name__}: {type(exc).__name__}: {exc}")

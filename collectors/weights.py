@@ -1,0 +1,341 @@
+"""What the collector records of the weights outside module calls: the `params` event at a root's
+first call in a step, the optimizer's `step` events (and the step's end), the `final` state when
+the recording ends (of every root, of the tensors only an optimizer holds, of models the training
+keeps but never calls), and the `saved` events of what the training saves.
+
+`WeightEvents` is a part of `hooks.Collector` (its state lives there; see its __init__).
+"""
+
+from __future__ import annotations
+
+import gc
+import itertools
+import sys
+import time
+import weakref
+
+import torch
+
+from bitguard.collectors import kept
+from bitguard.collectors.callstack import _is_user
+from bitguard.collectors.compiled import eager_name, is_compiling
+from bitguard.collectors.flatten import NotFlattened
+from bitguard.collectors.observation import plain_digests
+from bitguard.collectors.saved import child_saves, note_child_save, tensors_in
+from bitguard.collectors.sharded import clean_name, mark
+from bitguard.errors import NotSupported
+
+
+def module_versions(module: torch.nn.Module) -> int:
+    """The sum of the version counters of `module`'s parameters (-1 when one has none): it moves
+    when one of them is written in place, but for writes through `.data`."""
+    try:
+        return sum(p._version for p in module.parameters())
+    except Exception:  # noqa: BLE001 - a parameter without a version counter: always taken as changed
+        return -1
+
+
+def is_distributed(module: torch.nn.Module) -> bool:
+    """A wrapper of torch.distributed's (DDP's reducer, FSDP's state): not held past the script's
+    own lifetime for it, since destroyed after the script's destroy_process_group() its threads
+    abort the process ("terminate called without an active exception")."""
+    return type(module).__module__.startswith(("torch.nn.parallel", "torch.distributed"))
+
+
+class WeightEvents:
+    """The weight events of `hooks.Collector`, which holds their state (slots: none here)."""
+
+    __slots__ = ()
+
+    # -- the final state -------------------------------------------------------------------
+    def _let_go(self) -> None:
+        """Take the final state of each held root that nothing but this collector holds any more
+        (the script dropped it: a model trained and discarded before the next one), and let go of
+        it. One held by a reference cycle of its own stays held until the recording ends."""
+        held = self._held
+        for i in range(len(held) - 1, -1, -1):
+            if sys.getrefcount(held[i][0]) <= 2:  # the tuple's reference and the call's argument: no other
+                module, name = held.pop(i)
+                if self._in_window():
+                    self._final(module, name)
+                self._roots = [(ref, n) for ref, n in self._roots if ref() is not module]
+                del module
+
+    def _emit_final(self) -> None:
+        """When the recording ends: one `final` event per root module with every parameter and
+        buffer as it is then. What changed the weights outside torch.optim (a manual update, an
+        EMA, an edit after the last step()) or a buffer (running statistics) is seen here at
+        the latest."""
+        self._maybe_advance()  # the final state belongs after the last step
+        if not self._in_window():  # a step window that ended before the training (--steps A:B)
+            return
+        if self._steps_taken:  # what was made after the last look (an EMA made at the end): the code ending a
+            self._guard(self._adopt_kept)(sys._getframe(1))  # `with bitguard.record()` still holds it
+        gc.collect()  # a model only a reference cycle kept alive is gone in every run alike, not by chance
+        for ref, name in self._roots:
+            module = ref()
+            if module is not None:
+                self._final(module, name)
+        self._final_stepped()
+        if self._foreign is not None and not self._steps_taken:
+            self._fail("final state", NotSupported(
+                f"{self._foreign} ran on tensors in place of its parameters (functional_call) and no optimizer step "
+                f"updated them: its final weights are not observed"))
+
+    def _before_destroy(self, original, patch):
+        """destroy_process_group, taking first the final state of the roots that hold a wrapper of
+        torch.distributed's (DDP, FSDP) when the default group goes."""
+        def destroy_process_group(*args, **kwargs):
+            group = args[0] if args else kwargs.get("group")
+            if patch.active and (group is None or group is getattr(torch.distributed.group, "WORLD", None)):
+                self._guard(self._final_distributed)()
+            return original(*args, **kwargs)
+        return destroy_process_group
+
+    def _final_distributed(self) -> None:
+        """The `final` event of each root holding a DDP or FSDP wrapper, taken while the process
+        group still works: this collector does not hold such a model (see `is_distributed`), and a
+        script often keeps it local to its main(), gone when the recording ends. Taken once: such a
+        root is not visited again at the end."""
+        self._maybe_advance()  # the final state belongs after the last step
+        if not self._in_window():
+            return
+        left = []
+        for ref, name in self._roots:
+            module = ref()
+            if module is not None and any(map(is_distributed, module.modules())):
+                self._final(module, name)
+            else:
+                left.append((ref, name))
+        self._roots = left
+
+    def _final_stepped(self) -> None:
+        """The `final` event of the tensors an optimizer stepped that no root module holds (named by
+        their place in the optimizer, `_adopt`): weights trained through torch.func, stacked for
+        vmap (an ensemble run on a base model on the meta device), or a list of tensors. Only their
+        optimizer steps saw them, before an edit after the last one."""
+        held = {id(p) for module in (ref() for ref, _ in self._roots) if module is not None for p in module.parameters()}
+        for ref, label in list(self._optimizers.values()):
+            optimizer = ref()
+            pairs = [] if optimizer is None else [
+                (f".param_groups[{g}][{j}]", p) for g, group in enumerate(optimizer.param_groups)
+                for j, p in enumerate(group["params"]) if id(p) not in held and self._adopted(p)]
+            if pairs:
+                self._emit("optimizer", "final", label, "optimizer", 0, time.time_ns(), self._rows(pairs, "param"))
+
+    def _adopted(self, p: torch.Tensor) -> bool:
+        """A tensor an optimizer stepped that no root held then (`_adopt`)."""
+        entry = self._params.get(id(p))
+        return entry is not None and entry[0]() is p and entry[2] == ""
+
+    def _final(self, module: torch.nn.Module, name: str) -> None:
+        """The `final` event of root module `module`: every parameter and buffer as it is now (none
+        for a module whose every tensor is on the meta device: a base model that holds no values,
+        run through functional_call on weights of its own)."""
+        if all(t.is_meta for t in itertools.chain(module.parameters(), module.buffers())):
+            return
+        buffers = [(f".{clean_name(eager_name(n))}", b) for n, b in module.named_buffers()]
+        rows, _ = self._param_rows(module)
+        if not rows and not buffers:
+            return
+        t0 = time.time_ns()
+        rows += self._rows(buffers, "state")
+        self._emit("optimizer", "final", name, type(module).__name__, 0, t0, rows)
+
+    def _saved(self, boundary: str, obj):
+        """The `saved` event of a save the training makes (collectors/saved.py): every tensor the
+        saved object holds, digested as the save begins; the event is queued by the function returned,
+        once the save has returned (None: nothing to record). Its module type is the saved object's
+        type. Contains its own failures (SaveWatch calls it directly)."""
+        if not self.enabled or is_compiling():
+            if self._in_child:  # a DataLoader worker's save: said to the parent, not observed
+                note_child_save(self.store.path, boundary)
+            return None
+        try:
+            self._maybe_advance()  # (a save after step k's update belongs to step k + 1, as the next forward)
+            if not self._in_window():
+                return None
+            t0 = time.time_ns()
+            pairs, truncated = tensors_in(obj)
+            if truncated is not None:
+                pairs = NotFlattened(pairs, "[...]", truncated)
+            if not pairs and truncated is None:
+                return None
+            rows = self._rows(pairs, "state")
+            stack = self._stacks.capture()
+            return self._guard(lambda: self._emit("optimizer", "saved", boundary, type(obj).__name__, 0, t0, rows,
+                                                  stack))
+        except Exception as exc:  # noqa: BLE001 - the training must go on
+            self._fail("saved", exc)
+            return None
+
+    def _child_saves(self) -> None:
+        """The saves processes the training started made (saved.note_child_save), as a collector error."""
+        message = child_saves(self.store.path)
+        if message is not None:
+            self._fail("child process", NotSupported(message))
+
+    def _params_due(self, module: torch.nn.Module) -> int | None:
+        """Whether root `module`'s call is due a params event (its parameters' `module_versions` then),
+        None when not: at its first call in a step, and at a later one after a backward when the
+        parameters may have changed since: before any optimizer step (step 0, or a loop that
+        updates by hand, maybe through .data, which no version counter shows) always, otherwise
+        when a version counter moved (an optimizer that calls its closure again, LBFGS)."""
+        at = self._params_at.get(id(module))
+        if at is None or at[1] != self.step or at[0]() is not module:
+            return module_versions(module)
+        if self._foreign is not None and not isinstance(next(module.parameters(), None), torch.nn.Parameter):
+            return module_versions(module)  # tensors in place of its parameters (functional_call): each call's own weights
+        if at[2] == self._grads:
+            return None
+        versions = module_versions(module)
+        return versions if self.step == 0 or versions < 0 or versions != at[3] else None
+
+    def _start_params(self, module: torch.nn.Module, name: str, module_type: str, t0: int) -> dict | None:
+        """The `params` event of root module `module` at its first call in a step: every parameter
+        as the step's forward meets it. A difference here that no optimizer step showed was made
+        between steps by code outside torch.optim (an initialisation, a clamp through `.data`, a
+        hand-written update, a loaded checkpoint), and is blamed so instead of on the first module
+        that reads the weight. Returns what the API recorder's params row can take of it: id of a
+        parameter -> its digest (a whole, observed parameter's only)."""
+        rows, params = self._param_rows(module)
+        if not rows:
+            return None
+        self._emit("optimizer", "params", name, module_type, 0, t0, rows)
+        if self._foreign is None and any(not isinstance(p, torch.nn.Parameter) for _, p in params):
+            self._foreign = name  # (torch.func.functional_call puts the tensors it is given in their place)
+        return {id(p): (r[8], r[9]) if type(r[8]) is int else r[8]
+                for (_, p), r in zip(params, rows) if r[12] is None and r[13] is None}
+
+    def _param_rows(self, module: torch.nn.Module) -> tuple[list, list]:
+        """The `param` rows of every parameter of `module` (FSDP1 flat parameters split into the
+        parameters they hold, `sharded.final_params`), and the (path, tensor) pairs they are of."""
+        params = [(f".{clean_name(eager_name(n))}", p) for n, p in module.named_parameters()]
+        if not params:
+            return [], []
+        params, marks = self._sharded.final_params(params)
+        digests = plain_digests([t for _, t in params])
+        rows = [self._row(t, "param", i, path, d) for i, ((path, t), d) in enumerate(zip(params, digests))]
+        mark(rows, marks)
+        return rows, params
+
+    # -- optimizer -------------------------------------------------------------------------
+    def _on_optimizer_step(self, optimizer, args, kwargs) -> None:
+        """A training step ends: an event per parameter the step updated, then the step counter
+        advances and the step's events go to the store, whatever failed on the way (an error here
+        loses neither the step nor the other parameters' events)."""
+        self._steps_taken += 1
+        try:
+            self._flush_backward(ended=False)
+            if self._in_window():
+                self._emit_steps(optimizer)
+            taken = self._steps_taken  # looked for at the first four steps, then at every power of two (0.2 ms a look)
+            if taken <= 4 or not taken & (taken - 1):
+                self._guard(self._adopt_kept)(sys._getframe(1))
+        finally:
+            self._end_step()
+
+    def _adopt_kept(self, frame) -> None:
+        """Models the training keeps but never calls, found among the variables of the user's code
+        that called step() (a frame's locals or globals, and the attributes of its `self`): a
+        hand-written EMA copy, updated in place under no_grad and saved at the end, is one. Each is
+        made a root and held, so that its final state is recorded; a model called later is a root
+        already, named the same. Wrappers of torch.distributed's are left alone (not held)."""
+        names, found = self._names, []
+        while frame is not None:
+            if _is_user(frame.f_code.co_filename):
+                found += kept.found_in(frame)
+            frame = frame.f_back
+        for key, value in found:
+            if type(value) is list:  # an object's shadow weights (diffusers' EMAModel): a root of its own
+                entry = self._kept_lists.get(id(value))
+                if entry is None or entry.kept is not value:
+                    self._kept_lists[id(value)] = holder = kept.KeptTensors(value)
+                    self._register_root(holder, key)
+                continue
+            entry = names.get(id(value))
+            if (entry is None or entry[0]() is not value) and any(True for _ in value.parameters()) \
+                    and not any(map(is_distributed, value.modules())):
+                self._register_root(value, key)
+
+    def _skipped_step(self) -> None:
+        """`GradScaler.step` skipped the optimizer's step (an inf or NaN gradient): the step ends all
+        the same, without optimizer events (collectors/scaler.py)."""
+        if not self._advance:  # (another optimizer's step ended it already)
+            self._flush_backward(ended=False)
+            self._end_step()
+
+    def _end_step(self) -> None:
+        """The step counter advances, and the step's events go to the store."""
+        if self._held:
+            self._guard(self._let_go)()
+        self._advance = True
+        self._purge_dead()
+        self._drain()
+        # End of a training step: the previous step is durable before this one's events go on.
+        if not self.store.step_barrier():
+            self._fail("step barrier", TimeoutError("writer did not commit within 30 s"))
+
+    def _optimizer_label(self, optimizer) -> str:
+        """Its class name, `Class#i` for the i-th (from 1) other optimizer of that class seen stepping:
+        what names a parameter only an optimizer knows (`_adopt`), unique when each layer has its own."""
+        entry = self._optimizers.get(id(optimizer))
+        if entry is None or entry[0]() is not optimizer:
+            kind = type(optimizer).__name__
+            n = self._optimizers_seen[kind] = self._optimizers_seen.get(kind, -1) + 1  # (never by id: ids are reused)
+            entry = self._optimizers[id(optimizer)] = (weakref.ref(optimizer), f"{kind}#{n}" if n else kind)
+        return entry[1]
+
+    def _emit_steps(self, optimizer) -> None:
+        opt_type = type(optimizer).__name__
+        label = self._optimizer_label(optimizer)
+        stack = self._stacks.capture()  # one call: every parameter's event has this stack
+        # every tensor of the step at once: one kernel call for the host ones
+        steps = []
+        for g, group in enumerate(optimizer.param_groups):
+            for j, p in enumerate(group["params"]):
+                if p.grad is None:
+                    continue
+                # the gradient as step() used it: after any reduction across ranks (DDP, FSDP), which
+                # the gradient events, taken as autograd produced it, do not see (torch.optim leaves .grad)
+                tensors = [("param", 0, "", p), ("grad", 0, "", p.grad)]
+                if self.mode == "full":
+                    state = optimizer.state.get(p, {})
+                    tensors += [("state", i, f"['{k}']", v) for i, (k, v) in enumerate(
+                        (k, v) for k, v in state.items() if isinstance(v, torch.Tensor))]
+                parts = self._sharded.step_parts(p, tensors)
+                for name, t, marks in [(None, tensors, None)] if parts is None else parts:
+                    if name is None:  # (a FlatParameter's parts are named by the parameters they hold)
+                        entry = self._params.get(id(p))
+                        name = entry[1] if entry is not None and entry[0]() is p else \
+                            self._adopt(p, f"{label}.param_groups[{g}][{j}]")
+                    steps.append((t, name, marks))
+        digests = plain_digests([t for tensors, *_ in steps for *_, t in tensors])
+        at = 0
+        for tensors, name, marks in steps:
+            taken, at = digests[at:at + len(tensors)], at + len(tensors)
+            try:
+                self._emit_step(tensors, name, marks, taken, opt_type, stack)
+            except Exception as exc:  # noqa: BLE001 - one parameter's event lost, said so; the others go on
+                self._fail("optimizer step", exc)
+
+    def _adopt(self, p: torch.nn.Parameter, where: str) -> str:
+        """Name and watch a parameter an optimizer steps that no root registered: frozen when its
+        root was first called and unfrozen since, or put into the model later
+        (`load_state_dict(assign=True)`, a layer added). Named as the root that holds it now names
+        it, else by its place in the optimizer (`where`): stable from run to run, where its id was
+        not (two identical runs compared diverged). Its gradients are watched from now on; its name."""
+        for ref, _ in self._roots:
+            module = ref()
+            for p_name, q in (module.named_parameters() if module is not None else ()):
+                if q is p:
+                    return self._watch_at(module, p_name, p)
+        self._watch_param(p, where, "")
+        return where
+
+    def _emit_step(self, tensors: list, name: str, marks: list | None, digests: list, opt_type: str, stack) -> None:
+        t0 = time.time_ns()
+        rows = [self._row(t, role, i, path, d) for (role, i, path, t), d in zip(tensors, digests)]
+        if marks is not None:
+            mark(rows, marks)
+        self._emit("optimizer", "step", name, opt_type, 0, t0, rows, stack)
