@@ -235,7 +235,7 @@ class Collector(WeightEvents):
         self._held: list[tuple[torch.nn.Module, str]] = []
         self._foreign: str | None = None  # a root called with tensors in place of its parameters (functional_call)
         self._in_child = False  # a forked child's copy of this collector (`_forked`): it only reports saves
-        self._kept_lists: dict[int, kept.KeptTensors] = {}  # id of a list of shadow weights -> its root, held
+        self._kept_lists: dict[int, kept.KeptTensors] = {}  # id of a list or dict of shadow weights -> its root, held
         self._params: dict[int, tuple[weakref.ref, str, str, int]] = {}  # id -> (ref, name, owner type, tid)
         self._param_in: dict[int, tuple] = {}  # pid -> (t0, grad_input row) while .grad accumulates
         self._accumulating: set[int] = set()  # parameters with a hook after accumulation
@@ -558,6 +558,7 @@ class Collector(WeightEvents):
         while name in self._root_names:
             n += 1
             name = f"{base}#{n}"
+        root_ref = weakref.ref(module)  # first: what cannot be referenced weakly changes nothing here
         self._root_names.add(name)
         parts = {id(m) for m in module.modules()}
         inside = [other for other in (ref() for ref, _ in self._roots) if other is not None and id(other) in parts]
@@ -565,7 +566,7 @@ class Collector(WeightEvents):
         if inside:
             self._roots = [(ref, n) for ref, n in self._roots if id(ref()) not in renamed]
             self._held = [(m, n) for m, n in self._held if id(m) not in renamed]
-        self._roots.append((weakref.ref(module), name))
+        self._roots.append((root_ref, name))
         if any(True for _ in module.parameters()) and not any(map(is_distributed, module.modules())):
             self._held.append((module, name))
         # An id already known may be a dead module's or parameter's, reused by a new one (a model

@@ -1,39 +1,54 @@
 """What the training keeps but never calls: a hand-written EMA copy of the model (deepcopy, updated
 in place under no_grad, saved at the end), timm's ModelEmaV2, diffusers' EMAModel (a plain object
-whose `shadow_params` list of tensors is updated in place). No module call meets them, so without
-this their final state, the weights a user saves, was never compared.
+whose `shadow_params` list of tensors is updated in place), a dict of shadow tensors by parameter
+name. No module call meets them, so without this their final state, the weights a user saves, was
+never compared.
 
-`found_in(frame)` looks through a frame's variables, its `self`'s attributes, and one level into
-the dicts, lists, tuples and plain objects they hold, for modules, and for lists of tensors an
-object keeps that need no gradient (an EMA's shadow weights); each named by where it was found
-(`state.ema`, `self.ema.m` as `ema.m`, `ema_unet.shadow_params`). The collector (hooks.py) makes
-each a root held to the end of the recording. Knows nothing of events.
+`found_in(frame, shapes)` looks through a frame's variables, its `self`'s attributes, and one level
+into the dicts, lists, tuples, plain objects and modules they hold (a module's own attributes: an
+EMA object kept as `model.ema`), for modules, and for lists or dicts of tensors that need no
+gradient and have, in order, the shapes of a model's parameters (`shapes`: an EMA's shadow weights,
+not a batch of data); each named by where it was found (`state.ema`, `self.ema.m` as `ema.m`,
+`ema_unet.shadow_params`, `net.ema.shadow_params`). A weak proxy is passed over (its object is
+found where it is held). The collector (weights.py) makes each a root held to the end of the
+recording. Knows nothing of events.
 """
 
 from __future__ import annotations
 
 import types
+import weakref
 from itertools import islice
 
 import torch
 
 MAX_ITEMS = 64  # items of one container looked at (a list of a dataset's batches is not walked)
+_MODULE_INTERNALS = frozenset(torch.nn.Module().__dict__)  # what every module holds: not looked into
 
 
 class KeptTensors(torch.nn.Module):
-    """A list of tensors an object keeps (`ema.shadow_params`), as the buffers of a module, so that
-    its final state is recorded as a root's; the tensors are the list's own, not copies."""
+    """A list or dict of tensors an object keeps (`ema.shadow_params`), as the buffers of a module
+    (named by position), so that its final state is recorded as a root's; the tensors are the
+    container's own, not copies, taken again by `refresh` (an EMA that puts a new tensor in its
+    place)."""
 
-    def __init__(self, tensors: list):
+    def __init__(self, tensors: list | dict):
         super().__init__()
-        self.kept = tensors  # (the list itself, held: a later look finds it again by identity)
-        for i, t in enumerate(tensors):
-            self.register_buffer(str(i), t)
+        self.kept = tensors  # (the container itself, held: a later look finds it again by identity)
+        self.refresh()
+
+    def refresh(self) -> None:
+        values = list(self.kept.values()) if type(self.kept) is dict else list(self.kept)
+        self._buffers.clear()
+        for i, t in enumerate(values):
+            if isinstance(t, torch.Tensor):
+                self.register_buffer(str(i), t)
 
 
-def found_in(frame) -> list[tuple[str, object]]:
-    """(name, module or list of tensors) of what `frame`'s variables keep, as the module docstring
-    says; an object that fails when looked at (a proxy, a lazy import) is passed over."""
+def found_in(frame, shapes: set[tuple] = frozenset()) -> list[tuple[str, object]]:
+    """(name, module or list or dict of tensors) of what `frame`'s variables keep, as the module
+    docstring says (`shapes`: the parameters' shapes of each model the training holds, in order);
+    an object that fails when looked at (a lazy import) is passed over."""
     try:
         variables = list(frame.f_locals.items())
     except Exception:  # noqa: BLE001 - nothing found is the safe answer
@@ -41,16 +56,19 @@ def found_in(frame) -> list[tuple[str, object]]:
     found = []
     for key, value in variables:
         if isinstance(key, str) and key.isidentifier():
-            found += _kept(key, value, 2, owner=key == "self")
+            found += [(key, value)] if _shadow(value, shapes) else _kept(key, value, 2, shapes, owner=key == "self")
     return found
 
 
-def _kept(name: str, value, depth: int, owner: bool = False) -> list[tuple[str, object]]:
+def _kept(name: str, value, depth: int, shapes, owner: bool = False) -> list[tuple[str, object]]:
     """What `value` (found as `name`) keeps, `depth` containers down; `owner`: the frame's `self`,
     whose attributes are named by themselves (a method's `self.ema` is `ema`)."""
     try:
+        if type(value) in weakref.ProxyTypes:  # (Lightning's profiler holds one of the model)
+            return []
         if _is_module(value):
-            return [] if owner else [(name, value)]
+            here = [] if owner else [(name, value)]
+            return here + (_attributes(name, value, depth, shapes, owner, _MODULE_INTERNALS) if depth > 0 else [])
         if depth <= 0 or isinstance(value, (torch.Tensor, type, types.ModuleType, types.FunctionType)):
             return []
         if type(value) is dict:
@@ -58,30 +76,41 @@ def _kept(name: str, value, depth: int, owner: bool = False) -> list[tuple[str, 
         elif type(value) in (list, tuple):
             items = [(f"{name}.{i}", v) for i, v in enumerate(islice(value, MAX_ITEMS))]
         else:
-            attributes = object.__getattribute__(value, "__dict__")  # (bypassing the class's own lookups)
-            if type(attributes) is not dict:
-                return []
-            found = []
-            for key, v in islice(attributes.items(), MAX_ITEMS):
-                if isinstance(key, str):
-                    n = key if owner else f"{name}.{key}"
-                    found += [(n, v)] if _shadow(v) else _kept(n, v, depth - 1)
-            return found
-        return [found for n, v in items for found in _kept(n, v, depth - 1)]
-    except Exception:  # noqa: BLE001 - __slots__ only, a proxy: nothing kept there
+            return _attributes(name, value, depth, shapes, owner)
+        return [found for n, v in items for found in ([(n, v)] if _shadow(v, shapes) else _kept(n, v, depth - 1, shapes))]
+    except Exception:  # noqa: BLE001 - __slots__ only, an object whose lookups raise: nothing kept there
         return []
 
 
-def _shadow(value) -> bool:
-    """A list of tensors that need no gradient, of floating point (an EMA's shadow weights)."""
-    if type(value) is not list or not value or len(value) > 100_000:
+def _attributes(name: str, value, depth: int, shapes, owner: bool, skip: frozenset = frozenset()) -> list:
+    """What the attributes of object `value` keep (but those named in `skip`)."""
+    attributes = object.__getattribute__(value, "__dict__")  # (bypassing the class's own lookups)
+    if type(attributes) is not dict:
+        return []
+    found = []
+    for key, v in islice(((k, v) for k, v in attributes.items() if isinstance(k, str) and k not in skip), MAX_ITEMS):
+        n = key if owner else f"{name}.{key}"
+        found += [(n, v)] if _shadow(v, shapes) else _kept(n, v, depth - 1, shapes)
+    return found
+
+
+def _shadow(value, shapes) -> bool:
+    """A list, or a dict by name, of floating-point tensors that need no gradient and have, in
+    order, the shapes of a model's parameters (an EMA's shadow weights; a batch is not one)."""
+    if type(value) is dict:
+        value = list(value.values())
+    elif type(value) is not list:
         return False
-    return all(type(t) in (torch.Tensor, torch.nn.Parameter) and t.is_floating_point() and not t.requires_grad
-               for t in value)
+    if not value or len(value) > 100_000:
+        return False
+    if not all(type(t) in (torch.Tensor, torch.nn.Parameter) and t.is_floating_point() and not t.requires_grad
+               for t in value):
+        return False
+    return tuple(tuple(t.shape) for t in value) in shapes
 
 
 def _is_module(value) -> bool:
     try:
         return isinstance(value, torch.nn.Module)
-    except Exception:  # noqa: BLE001 - a proxy whose __class__ raises
+    except Exception:  # noqa: BLE001 - an object whose __class__ raises
         return False

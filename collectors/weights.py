@@ -132,6 +132,8 @@ class WeightEvents:
         """The `final` event of root module `module`: every parameter and buffer as it is now (none
         for a module whose every tensor is on the meta device: a base model that holds no values,
         run through functional_call on weights of its own)."""
+        if isinstance(module, kept.KeptTensors):
+            module.refresh()  # (an EMA may have put new tensors in its container)
         if all(t.is_meta for t in itertools.chain(module.parameters(), module.buffers())):
             return
         buffers = [(f".{clean_name(eager_name(n))}", b) for n, b in module.named_buffers()]
@@ -241,22 +243,30 @@ class WeightEvents:
         hand-written EMA copy, updated in place under no_grad and saved at the end, is one. Each is
         made a root and held, so that its final state is recorded; a model called later is a root
         already, named the same. Wrappers of torch.distributed's are left alone (not held)."""
-        names, found = self._names, []
+        names, found, shapes = self._names, [], set()
+        for module in (ref() for ref, _ in self._roots):
+            if module is not None and not isinstance(module, kept.KeptTensors):
+                params = list(module.parameters())
+                shapes.add(tuple(tuple(p.shape) for p in params))
+                shapes.add(tuple(tuple(p.shape) for p in params if p.requires_grad))
         while frame is not None:
             if _is_user(frame.f_code.co_filename):
-                found += kept.found_in(frame)
+                found += kept.found_in(frame, shapes)
             frame = frame.f_back
         for key, value in found:
-            if type(value) is list:  # an object's shadow weights (diffusers' EMAModel): a root of its own
-                entry = self._kept_lists.get(id(value))
-                if entry is None or entry.kept is not value:
-                    self._kept_lists[id(value)] = holder = kept.KeptTensors(value)
-                    self._register_root(holder, key)
-                continue
-            entry = names.get(id(value))
-            if (entry is None or entry[0]() is not value) and any(True for _ in value.parameters()) \
-                    and not any(map(is_distributed, value.modules())):
-                self._register_root(value, key)
+            try:
+                if type(value) in (list, dict):  # an object's shadow weights (diffusers' EMAModel): a root of its own
+                    entry = self._kept_lists.get(id(value))
+                    if entry is None or entry.kept is not value:
+                        self._kept_lists[id(value)] = holder = kept.KeptTensors(value)
+                        self._register_root(holder, key)
+                    continue
+                entry = names.get(id(value))
+                if (entry is None or entry[0]() is not value) and any(True for _ in value.parameters()) \
+                        and not any(map(is_distributed, value.modules())):
+                    self._register_root(value, key)
+            except Exception as exc:  # noqa: BLE001 - one object that cannot be held: the others still are
+                self._fail("_adopt_kept", exc)
 
     def _skipped_step(self) -> None:
         """`GradScaler.step` skipped the optimizer's step (an inf or NaN gradient): the step ends all

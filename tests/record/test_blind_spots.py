@@ -107,17 +107,29 @@ def test_an_averaged_model_never_called_has_its_final_state(tmp_path):
     # an EMA copy made by deepcopy and updated in place under no_grad, kept by a trainer object
     ("ema", "ema", "Sequential"),
     # diffusers' EMAModel: no module, a list of tensors updated in place, a root of its own
-    ("shadow", "ema.shadow_params", "KeptTensors")])
+    ("shadow", "ema.shadow_params", "KeptTensors"),
+    # the same kept by the model itself (helper 13: Lightning, Fabric), where a weak proxy of the model
+    # (Lightning's profiler holds one) made every recording inconclusive, and a batch list was taken
+    # for shadow weights
+    ("ema_attr", "m.ema.shadow_params", "KeptTensors"),
+    # a dict of shadow tensors by name, each replaced by a new tensor at every update
+    ("ema_dict", "shadow", "KeptTensors")])
 def test_what_the_training_keeps_but_never_calls_has_its_final_state(tmp_path, mode, boundary, module_type):
     """Never called (saved, or evaluated after the recording): no root call met it, and another decay
     compared identical. It is found among the variables of the code that called step() and named by
     where it was found."""
+    import duckdb
+
     record_together(*(dict(out=tmp_path / name, script_args=(mode, decay), script=SCRIPT) for name, decay in
                       (("a", "0.9"), ("b", "0.9"), ("c", "0.8"))))
     assert _compare(tmp_path / "a", tmp_path / "b")[0] == 0
     code, d = _compare(tmp_path / "a", tmp_path / "c")
     fd = d["first_divergence"]
     assert code == 1 and (fd["kind"], fd["boundary"], fd["module_type"]) == ("final", boundary, module_type), fd
+    with duckdb.connect(str(tmp_path / "a" / "rank-0.duckdb"), read_only=True) as con:
+        kept = {b for (b,) in con.execute("SELECT boundary FROM events WHERE kind = 'final' AND module_type = "
+                                          "'KeptTensors'").fetchall()}
+    assert kept == ({boundary} if module_type == "KeptTensors" else set()), kept  # (not the batch)
 
 
 def test_an_ema_made_after_the_last_step_is_found_when_the_recording_ends(tmp_path):

@@ -13,6 +13,10 @@
                                              after each step with DECAY (diffusers' EMAModel)
     python blind_spots.py ema DECAY          a hand-written EMA copy (deepcopy, updated in place), kept by a
                                              trainer object, never called, with DECAY
+    python blind_spots.py ema_attr DECAY     diffusers' EMAModel kept as an attribute of the model (`m.ema`), beside
+                                             a weak proxy of the model and a batch list that an object holds (Lightning)
+    python blind_spots.py ema_dict DECAY     a dict of shadow tensors by parameter name, replaced (not updated in
+                                             place) after each step, with DECAY
     python blind_spots.py scaler INF_AT      a GradScaler that skips step INF_AT (an inf put in a gradient; -1: none)
     python blind_spots.py shuffle VIEW       nn.PixelShuffle, or (VIEW 1) a subclass of it that computes the same
     python blind_spots.py saved DECAY        an average of the weights made once training is done, in a function,
@@ -103,6 +107,35 @@ elif what == "shadow":
     opt = torch.optim.SGD(m.parameters(), lr=0.1)
     train(m, opt, after=lambda: ema.step(m.parameters()))
     print(sum(s.double().sum().item() for s in ema.shadow_params))
+elif what in ("ema_attr", "ema_dict"):
+    import types
+    import weakref
+
+    class ShadowEMA:
+        def __init__(self, params):
+            self.shadow_params = [p.clone().detach() for p in params]
+
+        def step(self, params):
+            for s, p in zip(self.shadow_params, params):
+                s.sub_((1 - value) * (s - p.detach()))
+
+    m = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 1))
+    x = torch.randn(4, 8)
+    # what a trainer's objects hold (Lightning's profiler: a weak proxy of the model; its loop: the batch)
+    holder = types.SimpleNamespace(model=weakref.proxy(m), batch=[x])
+    opt = torch.optim.SGD(m.parameters(), lr=0.1)
+    if what == "ema_attr":
+        m.ema = ShadowEMA(m.parameters())
+        train(m, opt, after=lambda: m.ema.step(m.parameters()))
+        print(sum(s.double().sum().item() for s in m.ema.shadow_params))
+    else:
+        shadow = {n: p.detach().clone() for n, p in m.named_parameters()}
+
+        def update():
+            for n, p in m.named_parameters():
+                shadow[n] = value * shadow[n] + (1 - value) * p.detach()  # a new tensor each time
+        train(m, opt, after=update)
+        print(sum(s.double().sum().item() for s in shadow.values()))
 elif what == "ema":
     import copy
 

@@ -4,6 +4,8 @@ the code that called step() (collectors/kept.py); whatever a variable holds, loo
 from __future__ import annotations
 
 import sys
+import types
+import weakref
 
 import torch
 import torch.nn as nn
@@ -47,15 +49,23 @@ class _Owner:
         state = {"ema": nn.Linear(4, 4), 1: nn.Linear(4, 4)}  # noqa: F841 - a dict's string keys only
         emas = [nn.Linear(5, 5)]  # noqa: F841
         shadow = _ShadowEMA(nn.Linear(6, 6))  # noqa: F841
-        batches = [torch.zeros(2)]  # noqa: F841 - a local list of tensors is no object's shadow weights
+        by_name = {n: p.detach().clone() for n, p in nn.Linear(6, 6).named_parameters()}  # noqa: F841
+        net = nn.Linear(7, 7)
+        net.ema = _ShadowEMA(nn.Linear(6, 6))  # an object a module keeps as its attribute
+        net.profiler = types.SimpleNamespace(model=weakref.proxy(model))  # (Lightning's: passed over)
+        loop = types.SimpleNamespace(batch=[torch.zeros(2)])  # noqa: F841 - no model's shapes: not shadow weights
         return sys._getframe()
 
 
 def test_locals_containers_objects_and_the_attributes_of_self_are_found_by_name():
     owner = _Owner()
-    found = dict(found_in(owner.frame()))
-    assert set(found) == {"model", "ema", "in_dict.m", "state.ema", "emas.0", "shadow.shadow_params"}, set(found)
+    found = dict(found_in(owner.frame(), shapes={((6, 6), (6,))}))
+    assert set(found) == {"model", "ema", "in_dict.m", "state.ema", "emas.0", "shadow.shadow_params", "by_name",
+                          "net", "net.ema.shadow_params"}, set(found)
     assert found["ema"] is owner.ema and isinstance(found["shadow.shadow_params"], list)
+    assert isinstance(found["by_name"], dict)
+    # lists of tensors are shadow weights only where their shapes are a model's parameters'
+    assert {"shadow.shadow_params", "by_name", "net.ema.shadow_params"}.isdisjoint(dict(found_in(owner.frame())))
 
 
 def test_a_proxy_that_raises_and_an_owner_without_a_dict_are_passed_over():
