@@ -46,6 +46,15 @@ def train(m, opt, steps=4, after=None):
             after()
 
 
+class ShadowEMA:  # (as diffusers' EMAModel: no module; its list of tensors updated in place, by DECAY)
+    def __init__(self, params):
+        self.shadow_params = [p.clone().detach() for p in params]
+
+    def step(self, params):
+        for s, p in zip(self.shadow_params, params):
+            s.sub_((1 - value) * (s - p.detach()))
+
+
 torch.manual_seed(0)
 what, value = sys.argv[1], float(sys.argv[2])
 if what == "bn":
@@ -94,14 +103,6 @@ elif what == "functional":
         weights = {k: (w - lr * g).detach().requires_grad_() for (k, w), g in zip(weights.items(), grads)}
     print(sum(w.double().sum().item() for w in weights.values()))
 elif what == "shadow":
-    class ShadowEMA:  # (as diffusers' EMAModel: no module; its list of tensors updated in place)
-        def __init__(self, params):
-            self.shadow_params = [p.clone().detach() for p in params]
-
-        def step(self, params):
-            for s, p in zip(self.shadow_params, params):
-                s.sub_((1 - value) * (s - p.detach()))
-
     m = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 1))
     ema = ShadowEMA(m.parameters())
     opt = torch.optim.SGD(m.parameters(), lr=0.1)
@@ -110,14 +111,6 @@ elif what == "shadow":
 elif what in ("ema_attr", "ema_dict"):
     import types
     import weakref
-
-    class ShadowEMA:
-        def __init__(self, params):
-            self.shadow_params = [p.clone().detach() for p in params]
-
-        def step(self, params):
-            for s, p in zip(self.shadow_params, params):
-                s.sub_((1 - value) * (s - p.detach()))
 
     m = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 1))
     x = torch.randn(4, 8)
