@@ -1,18 +1,25 @@
 """A module call's arguments and outputs as (path, tensor) pairs: pytree's key paths, dataclasses,
-containers pytree does not know, and what cannot be flattened said so (`NotFlattened`).
+containers pytree does not know, the tensors other objects hold (a cache object: `held_by`), and what
+cannot be flattened said so (`NotFlattened`).
 
 Nothing here knows about events, digests or how rows are stored.
 """
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Mapping
 from dataclasses import fields, is_dataclass
 
 import torch
 from torch.utils import _pytree as pytree
 
+from bitguard.collectors.saved import SCALARS, tensors_in
 from bitguard.schema import NUMBER_MARK
+
+CALL_DEPTH, CALL_TENSORS, CALL_VISITS = 8, 10_000, 100_000  # the limits of an object's walk (`held_by`)
+# what holds no tensor, and modules given as arguments (their weights are their own events')
+_NOT_WALKED = (*SCALARS, torch.nn.Module, torch.layout, torch.memory_format)
 
 
 class NotFlattened(list):
@@ -40,7 +47,7 @@ def number_tensor(value) -> torch.Tensor:
     return torch.tensor(value, dtype=torch.float64 if type(value) is float else torch.int64)
 
 
-def flatten(obj, prefix: str = "", numbers: bool = False) -> list[tuple[str, torch.Tensor]]:
+def flatten(obj, prefix: str = "", numbers: bool = False, walked: dict | None = None) -> list[tuple[str, torch.Tensor]]:
     """(path, tensor) for every tensor in a nested container, dataclasses included (a
     `NotFlattened` when a part of it cannot be flattened); `numbers`: also each Python int, float
     or bool, as a 0-d tensor whose path ends in NUMBER_MARK (a module's outputs: a number it returns
@@ -65,15 +72,17 @@ def flatten(obj, prefix: str = "", numbers: bool = False) -> list[tuple[str, tor
             elif numbers and type(leaf) in (int, float, bool):
                 parts.append([((key + NUMBER_MARK.format(type(leaf).__name__)).lstrip(), number_tensor(leaf))])
             elif is_dataclass(leaf) and not isinstance(leaf, type):
-                parts += [flatten(getattr(leaf, f.name), f"{key}.{f.name}", numbers) for f in fields(leaf)]
+                parts += [flatten(getattr(leaf, f.name), f"{key}.{f.name}", numbers, walked) for f in fields(leaf)]
             elif isinstance(leaf, (Mapping, list, tuple)):  # a subclass pytree does not know (class D(dict))
-                parts.append(flatten_without_keys(leaf, key, numbers))
+                parts.append(flatten_without_keys(leaf, key, numbers, walked))
+            elif not isinstance(leaf, _NOT_WALKED):  # an object (transformers' DynamicCache): what it holds
+                parts.append(held_by(leaf, key, walked))
     except Exception:  # noqa: BLE001 - a node registered without key paths, or any part that fails
-        return flatten_without_keys(obj, prefix, numbers)
+        return flatten_without_keys(obj, prefix, numbers, walked)
     return joined(parts)
 
 
-def flatten_without_keys(obj, prefix: str, numbers: bool = False) -> list[tuple[str, torch.Tensor]]:
+def flatten_without_keys(obj, prefix: str, numbers: bool = False, walked: dict | None = None) -> list[tuple[str, torch.Tensor]]:
     """`flatten` of a tree holding a node registered with pytree without key paths (transformers'
     ModelOutput: `register_pytree_node` without `flatten_with_keys_fn`), on which
     `tree_flatten_with_path` raises. Mappings, lists and tuples are walked by their own keys and
@@ -88,8 +97,31 @@ def flatten_without_keys(obj, prefix: str, numbers: bool = False) -> list[tuple[
         else:
             leaves = pytree.tree_flatten(obj)[0]  # (a dataclass among them is walked by its fields)
             items = [(f"<leaf {i}>", x) for i, x in enumerate(leaves)
-                     if isinstance(x, torch.Tensor) or (is_dataclass(x) and not isinstance(x, type))
-                     or (numbers and type(x) in (int, float, bool))]
-        return joined([flatten(value, prefix + path, numbers) for path, value in items])
+                     if not isinstance(x, _NOT_WALKED) or (numbers and type(x) in (int, float, bool))]
+        return joined([flatten(value, prefix + path, numbers, walked) for path, value in items])
     except Exception as exc:  # noqa: BLE001 - the event is recorded without these tensors, and says so
         return NotFlattened([], prefix, f"could not flatten {type(obj).__name__}: {type(exc).__name__}: {exc}")
+
+
+def held_by(obj, prefix: str, walked: dict | None = None) -> list[tuple[str, torch.Tensor]]:
+    """The tensors an object among a call's arguments or outputs holds, walked as a save's
+    (saved.tensors_in: its attributes, slots, `__getstate__`), named below `prefix`
+    (`['past_key_values'].layers[0].keys`); a `NotFlattened` saying why when it cannot be walked
+    whole. Not dropped: what the call reads or returns there is observed as any tensor.
+
+    `walked` (id -> the object, weakly where it can be): objects walked already, passed over. The
+    collector walks an object where it first meets it in a step: transformers hands one cache to
+    every layer, and a training that leaves `use_cache` on fills it from the keys and values the
+    layers compute, so walking it at every layer would cost rows quadratic in the layers for
+    what their own events already hold."""
+    if walked is not None:
+        entry = walked.get(id(obj))
+        if entry is not None and (entry() if type(entry) is weakref.ref else entry) is obj:
+            return []
+        try:
+            walked[id(obj)] = weakref.ref(obj)
+        except TypeError:  # (no weak reference to it: held until the collector forgets the step's objects)
+            walked[id(obj)] = obj
+    pairs, why = tensors_in(obj, f"{type(obj).__name__} {prefix}".rstrip(), CALL_DEPTH, CALL_TENSORS, CALL_VISITS)
+    pairs = [(prefix + path if path != "[]" else prefix, t) for path, t in pairs]
+    return pairs if why is None else NotFlattened(pairs, prefix, why)

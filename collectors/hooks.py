@@ -80,7 +80,7 @@ class _Frame:
         self.calls = calls  # the thread's module calls in progress, this one's parent last
         self.args: list = []  # flatten(args), when recorded
         self.inputs: list = []  # their rows
-        self.kwinputs: list | None = None  # a root call's keyword arguments' rows, taken as the call began
+        self.kwinputs: list | None = None  # its keyword arguments' rows, taken as the call began
         self.rng: torch.Tensor | None = None  # the CPU RNG state when the call began
         self.stack_key: tuple | None = None  # user frames above the call (computed when a child needs it)
         self.recompute: str | None = None  # a checkpoint recompute: its kind (collectors/recompute.py)
@@ -196,7 +196,7 @@ class Collector(WeightEvents):
                  "_generation", "_grad_watch", "_handles", "_heavy", "_held", "_local", "_lock", "_names",
                  "_next_param_tid", "_next_tid", "_grads", "_optimizers", "_optimizers_seen", "_steps_taken", "_param_in", "_params", "_params_at", "_pass_stack", "_pending", "_queued",
                  "_foreign", "_kept_lists", "_rng_free", "_root_names", "_roots", "_seq", "_sharded", "_stacks", "_thread_names",
-                 "_tids", "_tids_limit", "_wrapper", "_depths", "_in_child")
+                 "_tids", "_tids_limit", "_wrapper", "_depths", "_in_child", "_walked")
 
     def __init__(self, store, mode: str = "full", steps: tuple[int, int | None] | None = None,
                  rank: int = 0, world_size: int = 1, dump: bool = False, digest_cache: bool = True):
@@ -241,6 +241,7 @@ class Collector(WeightEvents):
         self._accumulating: set[int] = set()  # parameters with a hook after accumulation
         self._tids: dict[int, list] = {}  # id -> [weakref, tid, (version, address, shape, strides) digested, digest]
         self._tids_limit = 4096
+        self._walked: dict[int, object] = {}  # objects among calls' arguments walked this step (flatten.held_by)
         self._grad_watch: dict[int, tuple] = {}  # id -> (weakref, listeners of its gradient)
         self._next_tid = 1
         self._next_param_tid = 0  # the last parameter's tid (they count down from -1)
@@ -352,6 +353,8 @@ class Collector(WeightEvents):
         self._tids = {k: e for k, e in self._tids.items() if e[0]() is not None}
         self._grad_watch = {k: e for k, e in self._grad_watch.items() if e[0]() is not None}
         self._tids_limit = max(4096, 2 * len(self._tids))
+        if len(self._walked) > 4096:  # (a loop without steps: objects are walked again, never piled up)
+            self._walked.clear()
 
     def _row(self, t: torch.Tensor, role: str, idx: int, path: str, digest=None) -> list:
         """One tensor row (`digest`: already taken, by `digest_many`, of a plain dense tensor). This
@@ -717,8 +720,10 @@ class Collector(WeightEvents):
                         frame.args = [("[0]", args[0])]
                         frame.inputs = [self._row(args[0], "input", 0, "[0]")]
                     else:
-                        flat = frame.args = flatten(args)
+                        flat = frame.args = flatten(args, walked=self._walked)
                         frame.inputs = self._rows(flat, "input")
+                    if kwargs:  # (as the call begins: what it reads, before it can change it)
+                        frame.kwinputs = self._rows(flatten(kwargs, walked=self._walked), "input", len(frame.inputs))
                     free = self._rng_free.get(type(module))  # (_may_draw, once the class is known)
                     if (self._may_draw(module) if free is None else
                             not free or module._forward_pre_hooks or module._forward_hooks):
@@ -727,10 +732,10 @@ class Collector(WeightEvents):
                 return frame
             is_model_root = recompute is None and in_window and any(True for _ in module.parameters())
             if record or is_model_root:
-                frame.args = flatten(args)
+                frame.args = flatten(args, walked=self._walked)
                 frame.inputs = self._rows(frame.args, "input")
                 if kwargs:  # (`model(input_ids=..., labels=...)`: the batch, before the forward can change it)
-                    frame.kwinputs = self._rows(flatten(kwargs), "input", len(frame.inputs))
+                    frame.kwinputs = self._rows(flatten(kwargs, walked=self._walked), "input", len(frame.inputs))
                 if is_model_root or self._may_draw(module):
                     frame.rng = torch.get_rng_state()
             digested = None
@@ -758,7 +763,7 @@ class Collector(WeightEvents):
             if kwargs:
                 kwinputs = frame.kwinputs
                 if kwinputs is None:
-                    kwinputs = self._rows(flatten(kwargs), "input", len(inputs))
+                    kwinputs = self._rows(flatten(kwargs, walked=self._walked), "input", len(inputs))
                 rows = inputs + kwinputs
             else:
                 rows = inputs
@@ -772,7 +777,7 @@ class Collector(WeightEvents):
                 outputs = [("", output)]
                 out_rows = [self._row(output, "output", 0, "")]
             else:
-                outputs = flatten(output, numbers=True)
+                outputs = flatten(output, numbers=True, walked=self._walked)
                 out_rows = self._rows(outputs, "output")
             region = frame.region
             module = region or frame.module
@@ -837,7 +842,7 @@ class Collector(WeightEvents):
         # the paths are those of the pair (args, kwargs): [0][i] for positional, [1]['name'] for keywords
         ins = [("[0]" + p, t) for p, t in frame.args if t.requires_grad]
         if kwargs:
-            ins += [(p, t) for p, t in flatten(kwargs, "[1]") if t.requires_grad]
+            ins += [(p, t) for p, t in flatten(kwargs, "[1]", walked=self._walked) if t.requires_grad]
         state = _Backward(frame.name, mtype, frame.depth, time.time_ns(), len(outs) + len(ins), self.step)
         watched, on_grad = self._grad_watch, self._on_grad
         for role, pairs in (("grad_output", outs), ("grad_input", ins)):

@@ -43,7 +43,7 @@ MAX_TENSORS = 100_000  # tensors taken from one saved object
 MAX_ITEMS = 1_000_000  # items of one container looked at
 MAX_VISITS = 1_000_000  # values looked at in one saved object (an object holding a dataset is not walked whole)
 _TORCH = torch.__name__ + "."
-_SCALARS = (str, bytes, int, float, complex, bool, type(None), type, types.ModuleType, types.FunctionType,
+SCALARS = (str, bytes, int, float, complex, bool, type(None), type, types.ModuleType, types.FunctionType,
             types.MethodType, types.BuiltinFunctionType, torch.dtype, torch.device)
 _MODULE_OWN = frozenset(torch.nn.Module().__dict__)  # what every module holds (its parameters, hooks, ...)
 _DCP = "torch.distributed.checkpoint"
@@ -59,9 +59,13 @@ _SAVERS = {  # module -> (attribute, boundary) of the functions wrapped there
 
 
 class _Walk:
-    def __init__(self):
+    def __init__(self, what: str, depth: int, tensors: int, visits: int):
+        self.what = what  # what is walked, in the reasons (`the saved object`)
+        self.depth = depth
+        self.tensors = tensors
         self.found: list[tuple[str, torch.Tensor]] = []
-        self.visits = MAX_VISITS
+        self.visits = visits
+        self.max_visits = visits
         self.seen: set[int] = set()  # containers walked (one met again is not walked again) ...
         self.held: list = []  # ... and held until the walk ends: a temporary's id (a __getstate__() dict) is reused
         self.why: str | None = None  # why some tensors may be missing
@@ -70,11 +74,11 @@ class _Walk:
         self.why = self.why or why
 
     def walk(self, value, path: str, depth: int) -> None:
-        if isinstance(value, _SCALARS):  # (not counted: a list of a dataset's indices is cheap to pass over)
+        if isinstance(value, SCALARS):  # (not counted: a list of a dataset's indices is cheap to pass over)
             return
         self.visits -= 1
-        if len(self.found) >= MAX_TENSORS or self.visits < 0:
-            self.missing(f"the saved object holds more than {MAX_TENSORS:,} tensors or {MAX_VISITS:,} values: "
+        if len(self.found) >= self.tensors or self.visits < 0:
+            self.missing(f"{self.what} holds more than {self.tensors:,} tensors or {self.max_visits:,} values: "
                          "the rest was not looked at")
             return
         if isinstance(value, torch.Tensor):
@@ -89,7 +93,7 @@ class _Walk:
         if id(value) in self.seen:
             return
         if depth < 0:
-            self.missing(f"{path} is more than {MAX_DEPTH} containers deep: not looked into")
+            self.missing(f"{path} is more than {self.depth} containers deep: not looked into")
             return
         self.seen.add(id(value))
         self.held.append(value)
@@ -97,7 +101,7 @@ class _Walk:
             for sub, item in self.items(value, path):
                 self.walk(item, sub, depth - 1)
         except Exception as exc:  # noqa: BLE001 - an object that fails when looked at (a proxy)
-            self.missing(f"{path or 'the saved object'} could not be looked into ({type(exc).__name__}: {exc})"[:300])
+            self.missing(f"{path or self.what} could not be looked into ({type(exc).__name__}: {exc})"[:300])
 
     def items(self, value, path: str):
         """(path, item) of what `value` holds, as pickle would write it."""
@@ -112,8 +116,8 @@ class _Walk:
         elif isinstance(value, (list, tuple)):
             yield from self._counted((f"{path}[{i}]", v) for i, v in enumerate(value))
         elif isinstance(value, (set, frozenset)):
-            if any(not isinstance(v, _SCALARS) for v in islice(value, MAX_ITEMS)):
-                self.missing(f"{path or 'the saved object'} is a set of tensors or objects: they have no order "
+            if any(not isinstance(v, SCALARS) for v in islice(value, MAX_ITEMS)):
+                self.missing(f"{path or self.what} is a set of tensors or objects: they have no order "
                              "to be compared in")
         else:
             own = getattr(type(value), "__getstate__", None)
@@ -133,16 +137,19 @@ class _Walk:
     def _counted(self, pairs):
         pairs = iter(pairs)
         yield from islice(pairs, MAX_ITEMS)
-        if any(not isinstance(v, _SCALARS) for _, v in pairs):  # (past the limit, only numbers are passed over)
+        if any(not isinstance(v, SCALARS) for _, v in pairs):  # (past the limit, only numbers are passed over)
             self.missing(f"a container holds more than {MAX_ITEMS:,} items, not all of them numbers or strings: "
                          "the rest was not looked at")
 
 
-def tensors_in(obj) -> tuple[list[tuple[str, torch.Tensor]], str | None]:
+def tensors_in(obj, what: str = "the saved object", depth: int | None = None, tensors: int | None = None,
+               visits: int | None = None) -> tuple[list[tuple[str, torch.Tensor]], str | None]:
     """(path, tensor) of every tensor `obj` holds, as the module docstring says, and why some may
-    be missing (None: none is): what cannot be walked whole is marked, never taken for all it holds."""
-    walk = _Walk()
-    walk.walk(obj, "", MAX_DEPTH)
+    be missing (None: none is): what cannot be walked whole is marked, never taken for all it holds.
+    `what` names `obj` in the reasons; the limits are a saved object's unless given."""
+    walk = _Walk(what, MAX_DEPTH if depth is None else depth, MAX_TENSORS if tensors is None else tensors,
+                 MAX_VISITS if visits is None else visits)
+    walk.walk(obj, "", walk.depth)
     return walk.found, walk.why
 
 

@@ -280,6 +280,7 @@ class WeightEvents:
         if self._held:
             self._guard(self._let_go)()
         self._advance = True
+        self._walked.clear()
         self._purge_dead()
         self._drain()
         # End of a training step: the previous step is durable before this one's events go on.

@@ -128,3 +128,42 @@ def test_a_root_returning_such_a_container_keeps_its_forward_and_backward_events
     forward = root.filter((pl.col("phase") == "forward") & (pl.col("step") == 0))["seq"][0]
     outputs = tensors.filter((pl.col("seq") == forward) & (pl.col("role") == "output"))
     assert outputs.height == 2 and outputs["unobserved"].null_count() == 2, outputs
+
+
+class _Layer:
+    def __init__(self, keys):
+        self.keys = keys
+
+
+class _Cache:
+    """As transformers' DynamicCache: no container pytree knows, its tensors in objects it holds."""
+
+    def __init__(self, *keys):
+        self.layers = [_Layer(k) for k in keys]
+        self.seen_tokens = 3
+
+
+def test_the_tensors_an_object_among_the_arguments_holds_are_flattened_not_dropped():
+    """helper 14 (peft prefix tuning): a DynamicCache among a call's arguments had no row at all, so
+    a difference in it was blamed on the code that read it."""
+    a, b = torch.zeros(2), torch.ones(3)
+    flat = flatten({"x": a, "cache": _Cache(a, b), "mode": "train", "layer": torch.nn.Linear(2, 2)})
+    assert type(flat) is list and [(p, t.shape) for p, t in flat] == [
+        ("['x']", a.shape), ("['cache'].layers[0].keys", a.shape), ("['cache'].layers[1].keys", b.shape)], flat
+    # what cannot be walked whole (a set has no order) is said so, with what could be read
+    odd = _Cache(a)
+    odd.extra = {b}
+    flat = flatten((a, odd))
+    assert type(flat) is NotFlattened and [p for p, _ in flat] == ["[0]", "[1].layers[0].keys"]
+    assert flat.path == "[1]" and "set" in flat.reason, flat.reason
+
+
+def test_an_object_walked_already_is_passed_over_where_the_collector_says_so():
+    """The collector walks an object where a step first meets it: transformers hands one cache to
+    every layer, and walking it at each would cost rows quadratic in the layers."""
+    a = torch.zeros(2)
+    cache, walked = _Cache(a), {}
+    assert [p for p, _ in flatten({"c": cache}, walked=walked)] == ["['c'].layers[0].keys"]
+    assert flatten({"c": cache}, walked=walked) == [] and flatten((a, cache), walked=walked) == [("[0]", a)]
+    assert [p for p, _ in flatten({"c": _Cache(a)}, walked=walked)] == ["['c'].layers[0].keys"]  # another object
+    assert [p for p, _ in flatten({"c": cache})] == ["['c'].layers[0].keys"]  # (without `walked`: always)
