@@ -14,7 +14,7 @@ from dataclasses import fields, is_dataclass
 import torch
 from torch.utils import _pytree as pytree
 
-from bitguard.collectors.saved import SCALARS, tensors_in
+from bitguard.collectors.saved import SCALARS, number_tensor, tensors_in
 from bitguard.schema import NUMBER_MARK
 
 CALL_DEPTH, CALL_TENSORS, CALL_VISITS = 8, 10_000, 100_000  # the limits of an object's walk (`held_by`)
@@ -40,11 +40,6 @@ def joined(parts: list[list]) -> list[tuple[str, torch.Tensor]]:
     out = [pair for part in parts for pair in part]
     failed = next((part for part in parts if type(part) is NotFlattened), None)
     return out if failed is None else NotFlattened(out, failed.path, failed.reason)
-
-
-def number_tensor(value) -> torch.Tensor:
-    """A Python int, float or bool as the 0-d tensor of its value (float64 or int64)."""
-    return torch.tensor(value, dtype=torch.float64 if type(value) is float else torch.int64)
 
 
 def flatten(obj, prefix: str = "", numbers: bool = False, walked: dict | None = None) -> list[tuple[str, torch.Tensor]]:

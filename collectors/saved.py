@@ -10,7 +10,10 @@ before it is written): without this a different saved file could compare identic
 and tuples, modules' parameters, buffers and other attributes, plain objects' attributes and slots,
 what a class's own `__getstate__` gives pickle, `MAX_DEPTH` levels down; NumPy arrays of numbers
 are taken as the tensors of their memory. Python numbers and strings are left out (a checkpoint
-often holds a time or a path that differs from run to run by design). What it cannot walk whole (a
+often holds a time or a path that differs from run to run by design), but for the numbers of an
+optimizer's or an LR scheduler's state (`training_state`: learning rates, step counts, betas), each a
+0-d tensor whose path ends in NUMBER_MARK: a checkpoint that would resume at another learning rate
+is a different checkpoint. What it cannot walk whole (a
 set, which has no order; an object deeper or bigger than the limits) is named as the reason some
 tensors may be missing: the event then holds an unobserved row, and the run is not certified.
 
@@ -37,6 +40,7 @@ import numpy as np
 import torch
 
 from bitguard.collectors.patching import Patch
+from bitguard.schema import NUMBER_MARK
 
 MAX_DEPTH = 32  # containers looked into below the saved object
 MAX_TENSORS = 100_000  # tensors taken from one saved object
@@ -73,8 +77,11 @@ class _Walk:
     def missing(self, why: str) -> None:
         self.why = self.why or why
 
-    def walk(self, value, path: str, depth: int) -> None:
+    def walk(self, value, path: str, depth: int, numbers: bool = False) -> None:
+        """`numbers`: inside an optimizer's or a scheduler's state, whose numbers are taken too."""
         if isinstance(value, SCALARS):  # (not counted: a list of a dataset's indices is cheap to pass over)
+            if numbers and type(value) in (int, float, bool):
+                self.found.append((path + NUMBER_MARK.format(type(value).__name__), number_tensor(value)))
             return
         self.visits -= 1
         if len(self.found) >= self.tensors or self.visits < 0:
@@ -88,7 +95,7 @@ class _Walk:
             if value.dtype.kind in "biufc":
                 self.found.append((path or "[]", torch.from_numpy(value if value.flags.writeable else value.copy())))
             elif value.dtype.kind == "O":
-                self.walk(value.ravel().tolist(), path, depth)
+                self.walk(value.ravel().tolist(), path, depth, numbers)
             return
         if id(value) in self.seen:
             return
@@ -97,9 +104,10 @@ class _Walk:
             return
         self.seen.add(id(value))
         self.held.append(value)
+        numbers = numbers or training_state(value)
         try:
             for sub, item in self.items(value, path):
-                self.walk(item, sub, depth - 1)
+                self.walk(item, sub, depth - 1, numbers)
         except Exception as exc:  # noqa: BLE001 - an object that fails when looked at (a proxy)
             self.missing(f"{path or self.what} could not be looked into ({type(exc).__name__}: {exc})"[:300])
 
@@ -140,6 +148,18 @@ class _Walk:
         if any(not isinstance(v, SCALARS) for _, v in pairs):  # (past the limit, only numbers are passed over)
             self.missing(f"a container holds more than {MAX_ITEMS:,} items, not all of them numbers or strings: "
                          "the rest was not looked at")
+
+
+def number_tensor(value) -> torch.Tensor:
+    """A Python int, float or bool as the 0-d tensor of its value (float64 or int64)."""
+    return torch.tensor(value, dtype=torch.float64 if type(value) is float else torch.int64)
+
+
+def training_state(value) -> bool:
+    """An optimizer's `state_dict()` (its `state` and `param_groups`) or an LR scheduler's (its
+    `last_epoch` and learning rates): what a training resumes from, numbers included."""
+    return type(value) is dict and (("state" in value and "param_groups" in value)
+                                    or ("last_epoch" in value and ("base_lrs" in value or "_last_lr" in value)))
 
 
 def tensors_in(obj, what: str = "the saved object", depth: int | None = None, tensors: int | None = None,

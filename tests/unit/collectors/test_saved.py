@@ -31,6 +31,11 @@ def test_a_checkpoint_s_tensors_are_named_by_where_they_are_and_numbers_left_out
     assert "['optimizer']['state'][0]['exp_avg']" in paths and "['extra'][1][0]" in paths
     assert not any("epoch" in p or "time" in p or "note" in p or "again" in p for p in paths)
     assert all(isinstance(t, torch.Tensor) for _, t in pairs)
+    # but an optimizer's state holds its numbers (helper 13: a Lightning checkpoint that would resume at
+    # another learning rate compared identical)
+    lr = dict(pairs)["['optimizer']['param_groups'][0]['lr'] (python float)"]
+    assert lr.dtype == torch.float64 and lr.item() == 1e-3
+    assert "['optimizer']['param_groups'][0]['amsgrad'] (python bool)" in paths
     # a module saved whole: its parameters and buffers; a tensor saved alone
     assert [p for p, _ in tensors_in(model)[0]][:2] == [".0.weight", ".0.bias"]
     assert [p for p, _ in tensors_in(torch.ones(2))[0]] == ["[]"]
@@ -113,3 +118,13 @@ def test_each_save_of_the_user_is_seen_once_and_recorded_once_it_returned(tmp_pa
     assert done == ["torch.save", "torch.save", "safetensors.save_model", "safetensors.save_file"]
     torch.save(torch.ones(1), io.BytesIO())
     assert len(seen) == 5 and torch.save is original  # removed: the original is back
+
+
+def test_a_scheduler_s_state_holds_its_numbers():
+    opt = torch.optim.SGD([nn.Parameter(torch.ones(2))], lr=0.1)
+    sched = torch.optim.lr_scheduler.StepLR(opt, 1, gamma=0.5)
+    opt.step()
+    sched.step()
+    numbers = {p: t.item() for p, t in tensors_in({"scheduler": sched.state_dict(), "seen_at": 1.5e9})[0]}
+    assert numbers["['scheduler']['_last_lr'][0] (python float)"] == 0.05
+    assert numbers["['scheduler']['last_epoch'] (python int)"] == 1 and not any("seen_at" in p for p in numbers)
