@@ -222,8 +222,8 @@ class Collector(WeightEvents):
         self._names: dict[int, tuple[weakref.ref, str]] = {}
         self._root_names: set[str] = set()
         self._roots: list[tuple[weakref.ref, str]] = []  # root modules met, for the final-state event
-        # id(root) -> (ref, step, `_grads`, `module_versions`) at its last params event; parameter gradients seen so far
-        self._params_at: dict[int, tuple[weakref.ref, int, int, int]] = {}
+        # id(root) -> (ref, step, `_grads`, `module_versions`, its mode) at its last params event; parameter gradients
+        self._params_at: dict[int, tuple[weakref.ref, int, int, int, bool]] = {}  # seen so far: `_grads`
         self._optimizers: dict[int, tuple[weakref.ref, str]] = {}  # id -> (ref, `_optimizer_label`)
         self._optimizers_seen: dict[str, int] = {}  # class name -> the last `#i` given
         self._steps_taken = 0  # optimizer steps seen (collectors/scaler.py: a step skipped has none)
@@ -743,7 +743,7 @@ class Collector(WeightEvents):
                 versions = self._params_due(module)
                 if versions is not None:
                     digested = self._start_params(module, name, type(region or module).__name__, t0)
-                    self._params_at[id(module)] = (weakref.ref(module), self.step, self._grads, versions)
+                    self._params_at[id(module)] = (weakref.ref(module), self.step, self._grads, versions, module.training)
             if recompute is None and self.api is not None:  # its params and modes rows
                 self.api.root_forward(module, name, digested)
             if is_model_root:

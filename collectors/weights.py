@@ -182,12 +182,16 @@ class WeightEvents:
         None when not: at its first call in a step, and at a later one after a backward when the
         parameters may have changed since: before any optimizer step (step 0, or a loop that
         updates by hand, maybe through .data, which no version counter shows) always, otherwise
-        when a version counter moved (an optimizer that calls its closure again, LBFGS)."""
+        when a version counter moved (an optimizer that calls its closure again, LBFGS); and at the
+        first call after the module's mode changed (an evaluation between two training calls of a
+        step, Lightning's validation: weights edited or swapped for it, maybe through .data)."""
         at = self._params_at.get(id(module))
         if at is None or at[1] != self.step or at[0]() is not module:
             return module_versions(module)
         if self._foreign is not None and not isinstance(next(module.parameters(), None), torch.nn.Parameter):
             return module_versions(module)  # tensors in place of its parameters (functional_call): each call's own weights
+        if module.training is not at[4]:
+            return module_versions(module)
         if at[2] == self._grads:
             return None
         versions = module_versions(module)

@@ -56,6 +56,9 @@ def test_parameters_updated_outside_torch_optim_differ_in_the_final_state(tmp_pa
     # no optimizer: every call is in step 0, the third after the second update
     ("manual1", "0.01", "0.5", 0, 2, "no optimizer step was recorded"),
     ("lbfgs", "0.5", "0.75", 2, 1, "inside the step"),  # the closure's second call
+    # an evaluation before the step's training call, then an edit through .data (helper 13, Lightning's
+    # validation): taken again when the mode changes back
+    ("validate", "1.0", "1.5", 2, 1, "inside the step"),
 ])
 def test_weights_changed_between_steps_are_blamed_on_the_parameters(tmp_path, what, same, changed, step, call,
                                                                      detail):
@@ -72,7 +75,7 @@ def test_weights_changed_between_steps_are_blamed_on_the_parameters(tmp_path, wh
         (step, "optimizer", "params", "Sequential", "source", "params"), fd
     assert detail in fd["blame_window"]["detail"] and fd["call"] == call
     differing = sorted(t["path"] for t in fd["tensors"] if t["differs"])
-    assert differing == ([".2.weight"] if what == "init" else [".0.bias", ".0.weight", ".2.bias", ".2.weight"])
+    assert differing == ([".2.weight"] if what in ("init", "validate") else [".0.bias", ".0.weight", ".2.bias", ".2.weight"])
 
 
 @pytest.mark.parametrize("mode", ["saliency", "params"])

@@ -5,6 +5,8 @@
     python blind_spots.py manual1 LR         the same, the second update (after step 1) with LR
     python blind_spots.py init SCALE         one initial weight scaled by SCALE before training (torch.optim)
     python blind_spots.py lbfgs LR           LBFGS (its closure called several times a step), at step 2 with LR
+    python blind_spots.py validate SCALE     an evaluation before step 2's training (Lightning's), then one weight
+                                             scaled by SCALE through .data
     python blind_spots.py zero LR            SGD with LR on a loss whose gradients are all zero (LR changes nothing)
     python blind_spots.py swa SKIP           an AveragedModel updated after each step but step SKIP, never called
     python blind_spots.py functional LR_LAST torch.func.functional_call on a dict of weights updated by hand (no
@@ -77,6 +79,21 @@ elif what in ("init", "clamp"):
             c = value if step == 1 else 0.05
             for p in m.parameters():
                 p.data.clamp_(-c, c)
+    print(sum(p.double().sum().item() for p in m.parameters()))
+elif what == "validate":
+    m = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 1))
+    opt = torch.optim.SGD(m.parameters(), lr=0.1)
+    for step in range(4):
+        if step == 2:
+            m.eval()
+            with torch.no_grad():
+                m(torch.randn(4, 8))
+            m[2].weight.data[0, 3] *= value  # (a callback's edit, after the evaluation)
+            m.train()
+        loss = m(torch.randn(4, 8)).pow(2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
     print(sum(p.double().sum().item() for p in m.parameters()))
 elif what == "swa":
     def train():  # (the usual layout: models local to a function)
