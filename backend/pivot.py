@@ -109,8 +109,15 @@ def blame(pivot: dict, events_a: pl.DataFrame, status: dict[int, str], diffs: pl
         owner = _owner_backward(pivot, events_a, diffs)
         if owner is not None and owner["grad_output_differs"]:
             result.update(blame="consumer", fault_class="backward")
-            result["blame_window"] = {"module": owner["boundary"], "detail":
-                                      "the gradient reaching this module's output already differed"}
+            # the window: up from its module, the innermost module whose incoming gradient matched
+            window = _window(owner["event"], events_a, status, diffs)
+            if window["module"] is None:
+                window = {"module": owner["boundary"], "detail": "the gradient reaching this module's output "
+                                                                 "already differed"}
+            else:
+                window["detail"] = f"the gradient reaching {owner['boundary']}'s output already differed; " \
+                                   + window["detail"]
+            result["blame_window"] = window
         elif "grad_input" in differing:
             result.update(fault_class="backward")
             result["blame_window"] = {"module": _owner(pivot["boundary"]) or pivot["boundary"], "detail":
@@ -326,7 +333,8 @@ def _owner_backward(pivot: dict, events_a: pl.DataFrame, diffs: pl.DataFrame) ->
     seqs = rows["seq"].to_list()
     d = diffs.filter(pl.col("a_seq").is_in(seqs) & (pl.col("role") == "grad_output") & pl.col("differs")
                      & ~pl.col("ignored"))
-    return {"boundary": owner, "grad_output_differs": not d.is_empty()}
+    event = rows.filter(pl.col("seq") == d["a_seq"].min()).row(0, named=True) if d.height else None
+    return {"boundary": owner, "grad_output_differs": not d.is_empty(), "event": event}
 
 
 def _window(pivot: dict, events_a: pl.DataFrame, status: dict[int, str], diffs: pl.DataFrame) -> dict:
