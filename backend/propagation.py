@@ -9,7 +9,7 @@ Edges run forward in time between divergent events of one rank:
 - a module's backward -> its parameters' gradient events; gradient -> optimizer step of that
   parameter; optimizer step -> the owning module's next forward (the updated weights), -> the
   next `params` event (a root's parameters as a step's first call meets them; it -> the first
-  divergent forward after it in its step), and -> a `final` event after it (the weights the
+  divergent forward after it in its step, and -> the root's next `params` event), and -> a `final` event after it (the weights the
   recording's final state holds);
 - inferred: a divergent forward call whose input tensor no observed event produced (a
   functional op between modules made it) -> from the divergent forward call completed just before.
@@ -141,8 +141,12 @@ def graph(events: pl.DataFrame, tensors: pl.DataFrame, divergent, loss: bool = F
             pl.col("seq").alias("src"), pl.col("_first").alias("dst"), pl.lit("weights").alias("kind")))
     # a root's parameters as a step's first call meets them: the optimizer events before it -> it
     # (each to the first after it), and it -> the first divergent forward after it in its step
-    starts = info.filter((phase == "optimizer") & (kind == "params")).select("seq", "step").sort("seq")
+    starts = info.filter((phase == "optimizer") & (kind == "params")).select("seq", "step", "boundary").sort("seq")
     if starts.height:
+        # and to the root's next one: weights that differ from the start but are read steps later (an
+        # adapter used from step 3 on) reach what reads them through the params events between
+        parts.append(starts.select(pl.col("seq").alias("src"), pl.col("seq").shift(-1).over("boundary").alias("dst"),
+                                   pl.lit("weights").alias("kind")).filter(pl.col("dst").is_not_null()))
         at = starts.select(pl.col("seq").alias("dst"), pl.col("seq").alias("_at"))
         hit = opt_steps.select(pl.col("seq").alias("src"), pl.col("seq").alias("_at")).sort("_at").join_asof(
             at, on="_at", strategy="forward")
