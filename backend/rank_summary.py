@@ -155,12 +155,27 @@ def _divergence(rc) -> dict | None:
 
 def _tensor_pairs(rc, a_seq: int) -> list[dict]:
     rows = rc.diffs.filter(pl.col("a_seq") == a_seq).sort("role", "idx")
+    shapes_b = _shapes_b(rc, rows)
     return [{"role": r["role"], "index": r["idx"], "path": r["path"], "shape": r["shape"], "dtype": r["dtype"],
+             "shape_b": _other_shape(shapes_b.get((r["role"], r["idx"])), r["shape"]),
              "dtype_b": r["dtype_b"], "a": {"xor": hex16(r["xor"]), "pos": hex16(r["pos"])},
              "b": {"xor": hex16(r["xor_b"]), "pos": hex16(r["pos_b"])},
              "differs": r["differs"], "ignored": r["ignored"], "rule_id": r["rule_id"],
              "unobserved": r["unobserved"] or r["unobserved_b"]}
             for r in rows.iter_rows(named=True)]
+
+
+def _other_shape(b: list[int] | None, a) -> list[int] | None:
+    return b if b is not None and b != list(a or []) else None
+
+
+def _shapes_b(rc, rows: pl.DataFrame) -> dict[tuple[str, int], list[int]]:
+    """(role, idx) -> shape of B's tensors of the pair's B event (its partners, paired by place)."""
+    b_seqs = rows["b_seq"].drop_nulls().unique().to_list() if "b_seq" in rows.columns else []
+    if len(b_seqs) != 1:
+        return {}
+    b = rc.tensors_b.filter(pl.col("seq") == b_seqs[0]).select("role", "idx", "shape")
+    return {(r, i): list(s or []) for r, i, s in b.iter_rows()}
 
 
 def _one_side_tensors(rc, side: str, seq: int) -> list[dict]:

@@ -55,6 +55,7 @@ class TensorPair(_Model):
     ignored: bool = Field(description="the difference is accepted by rule `rule_id`")
     rule_id: str | None
     unobserved: str | None = Field(None, description="why this tensor could not be observed on a side (None: it was)")
+    shape_b: list[int] | None = Field(None, description="run B's shape where it is not `shape` (None: the same)")
 
 
 class BlameWindow(_Model):

@@ -1,0 +1,31 @@
+"""A tensor whose shape differs between the runs shows both shapes (helper 14: a LoRA rank change
+showed A's shape only, with equal zero digests, marked as differing)."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+
+import bitguard
+from bitguard.backend.report import render_text
+
+
+def _run(path, width: int):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, width), nn.Tanh(), nn.Linear(width, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with bitguard.record(path, determinism=False):
+        loss = model(torch.randn(3, 4)).pow(2).mean()
+        loss.backward()
+        opt.step()
+
+
+def test_a_shape_change_names_both_shapes(tmp_path):
+    _run(tmp_path / "a", 3)
+    _run(tmp_path / "b", 5)
+    comparison = bitguard.compare(tmp_path / "a", tmp_path / "b")
+    fd = comparison.first_divergence
+    shapes = {t["path"]: (t["shape"], t["shape_b"]) for t in fd["tensors"]}
+    assert shapes[".0.weight"] == ([3, 4], [5, 4]) and shapes[".2.bias"] == ([1], None), shapes
+    text = render_text(comparison)
+    assert "float32[3, 4]→[5, 4]" in text, text
