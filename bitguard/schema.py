@@ -87,7 +87,9 @@ EVENTS = Table(
                "again during backward by activation checkpointing: the module's own boundary name, call counting "
                "its recomputes in the step, depth that of its original forward) | comm (a "
                "collective this rank took part in: inputs before it, outputs after it completed)"),
-        Column("boundary", "VARCHAR", "dotted module path from named_modules() (root: its class name; a module no root registers: its caller's path and "
+        Column("boundary", "VARCHAR", "dotted module path from named_modules() (root: its class name; a module called outside "
+               "any module call from a method of a module holding it, outside `__init__`, has that module as its root: "
+               "`net.0` for a LightningModule's training_step calling `self.net`; a module no root registers: its caller's path and "
                "`.<Class>`, named by each call's caller), or a parameter's dotted name for gradient and optimizer events, "
                "or for a collective `comm.<function>#<group>` (`comm.ddp_bucket<i>#<group>` for DDP's bucket i; the "
                "group as its global ranks, `0-3` or `0,2`)"),

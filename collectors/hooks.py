@@ -42,7 +42,7 @@ import torch
 
 from bitguard.collectors import kept
 from bitguard.collectors.api_events import ApiRecorder, CollectorNaming
-from bitguard.collectors.callstack import StackTable
+from bitguard.collectors.callstack import StackTable, _is_user
 from bitguard.collectors.comm import CommObserver
 from bitguard.collectors.compiled import (REGION_PATH, REGION_REASON, CompileWatch, eager_name, inner_call, is_compiling,
                                           keep_out_of_dynamo, original, region_of)
@@ -186,6 +186,24 @@ def _rng_drawn(before: torch.Tensor) -> bool:
     recorded call of a module that may draw."""
     now = torch.get_rng_state()
     return _string_at(now.data_ptr(), now.nbytes) != _string_at(before.data_ptr(), before.nbytes)
+
+
+def _owner_called_from(module: torch.nn.Module, frame) -> torch.nn.Module | None:
+    """The module whose method called `module` outside any module call, when it holds `module`:
+    the first frame above the call outside torch and bitguard, if its `self` is such a module
+    (a LightningModule's training_step calling `self.net`, a GAN's `self.G` and `self.D`). The
+    root is then that module, so that its parts are named by their paths in it (`net.0`, `G.0`,
+    `D.0`) from their first call, where they were named by their own class (`Sequential`, and a
+    GAN's two models' parts alike: `0`, `0`) until a later look found the owner."""
+    while frame is not None and not _is_user(frame.f_code.co_filename):
+        frame = frame.f_back
+    if frame is None or "self" not in frame.f_code.co_varnames or frame.f_code.co_name == "__init__":
+        return None  # (a part called while its model is built, to size a layer: the model is not whole yet)
+    owner = frame.f_locals.get("self")
+    if owner is module or type(owner) in weakref.ProxyTypes or not isinstance(owner, torch.nn.Module) \
+            or is_distributed(owner):
+        return None
+    return owner if any(m is module for m in owner.modules()) else None
 
 
 class Collector(WeightEvents):
@@ -617,6 +635,12 @@ class Collector(WeightEvents):
                 self._names[id(module)] = (weakref.ref(module), name)
             return name
         if parent is None:
+            owner = _owner_called_from(module, sys._getframe(1))
+            if owner is not None:  # (its `self` holds it: Lightning's training_step calling self.net)
+                self._register_root(owner)
+                entry = self._names.get(id(module))
+                if entry is not None and entry[0]() is module:
+                    return entry[1]
             return self._register_root(module)
         # A module no root registers is named by the call it is made in, each time, not once for good: one
         # such module can be called from every layer (transformers >= 5.25 with `kernels` makes

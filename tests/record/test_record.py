@@ -1010,14 +1010,7 @@ def test_a_part_called_alone_while_its_model_is_built_is_named_as_a_part(tmp_pat
         def forward(self, x):
             return self.head(self.features(x))
 
-    torch.manual_seed(0)
-    with bitguard.record(tmp_path / "run", determinism=False):
-        model = Net()
-        opt = torch.optim.SGD(model.parameters(), lr=0.1)
-        for _ in range(2):
-            opt.zero_grad()
-            model(torch.ones(3, 4)).mean().backward()
-            opt.step()
+    _two_steps(tmp_path / "run", Net, lambda model: model(torch.ones(3, 4)).mean())
     ev, _ = events(tmp_path / "run")
     steps = {e[EVENTS.names.index("boundary")] for e in ev if e[EVENTS.names.index("kind")] == "step"}
     assert steps == {"features.0.weight", "features.0.bias", "features.2.weight", "features.2.bias", "head.weight",
@@ -1027,3 +1020,37 @@ def test_a_part_called_alone_while_its_model_is_built_is_named_as_a_part(tmp_pat
     assert forwards == {"Net", "features", "features.0", "features.1", "features.2", "head"}, forwards
     finals = [e[EVENTS.names.index("boundary")] for e in ev if e[EVENTS.names.index("kind")] == "final"]
     assert finals == ["Net"], finals  # one model, one final state
+
+
+def test_models_called_from_their_owner_s_method_are_named_by_their_place_in_it(tmp_path):
+    """helper 13 (Lightning): a LightningModule's training_step calls `self.G` and `self.D`, never
+    the LightningModule itself. Each was a root named by its class, so a GAN's two Sequentials'
+    parts were both `0`, `1`, ... until an optimizer step's look found the owner and renamed them."""
+
+    class GAN(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.G = torch.nn.Sequential(torch.nn.Linear(2, 4), torch.nn.Tanh())
+            self.D = torch.nn.Sequential(torch.nn.Linear(4, 1), torch.nn.Sigmoid())
+
+        def training_step(self, z):
+            return self.D(self.G(z)).mean()
+
+    _two_steps(tmp_path / "run", GAN, lambda gan: gan.training_step(torch.randn(3, 2)))
+    ev, _ = events(tmp_path / "run")
+    at = {name: EVENTS.names.index(name) for name in ("boundary", "phase", "step", "kind")}
+    forwards = {e[at["boundary"]] for e in ev if e[at["phase"]] == "forward" and e[at["step"]] == 0}
+    assert forwards == {"G", "G.0", "G.1", "D", "D.0", "D.1"}, forwards
+    assert [e[at["boundary"]] for e in ev if e[at["kind"]] == "final"] == ["GAN"]
+
+
+def _two_steps(path, build, loss) -> None:
+    """Two SGD steps, recorded, of the model `build()` makes inside the recording, on `loss(model)`."""
+    torch.manual_seed(0)
+    with bitguard.record(path, determinism=False):
+        model = build()
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        for _ in range(2):
+            opt.zero_grad()
+            loss(model).backward()
+            opt.step()
