@@ -426,6 +426,26 @@ def unstepped_note(pivot: dict, events_a: pl.DataFrame) -> list[str]:
             f"here, as if this module computed differently"]
 
 
+def midstep_note(pivot: dict, events_a: pl.DataFrame) -> list[str]:
+    """A module call blamed as a source after a backward inside its step (a later micro-batch of
+    gradient accumulation): the weights were last recorded as the step began (its params event) and
+    are recorded again only when a version counter moves or the model's mode changes, so an edit
+    through .data between the two (peft's merge_adapter/unmerge_adapter) shows first here."""
+    if pivot["phase"] not in ("forward", "recompute") or pivot["kind"] != "module":
+        return []
+    step = events_a.filter((pl.col("step") == pivot["step"]) & (pl.col("seq") < pivot["seq"]))
+    params = step.filter(pl.col("kind") == "params")
+    if params.is_empty():
+        return []
+    since = step.filter((pl.col("seq") > params["seq"].max()) & (pl.col("phase") == "backward"))
+    if since.is_empty():
+        return []
+    return [f"a backward ran in step {pivot['step']} after its parameters were last recorded (their params event) "
+            f"and before this call: weights changed since then without moving their version counters (through "
+            f".data, as merging and unmerging an adapter does) are not observed, and a difference there also "
+            f"shows first here, as if this module computed differently"]
+
+
 def _prefixes(boundary: str) -> list[str]:
     parts = boundary.split(".")
     return [".".join(parts[:i]) for i in range(1, len(parts))]

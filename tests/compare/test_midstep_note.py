@@ -1,0 +1,32 @@
+"""A forward blamed as a source after a backward inside its step says that weights edited since the
+step's params event through .data are not observed (helper 14: peft's merge_adapter/unmerge_adapter
+between two micro-batches left round-off in a frozen weight, blamed on the Conv1D alone)."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+
+import bitguard
+
+
+def _run(path, edit: float):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 4), nn.Tanh(), nn.Linear(4, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with bitguard.record(path, determinism=False):
+        for step in range(2):
+            opt.zero_grad()
+            for micro in range(2):
+                model(torch.randn(3, 4)).pow(2).mean().backward()
+                if micro == 0 and step == 1:  # (in step 0 every call has its params event)
+                    model[2].weight.data[0, 1] += edit  # (no version counter moves)
+            opt.step()
+
+
+def test_a_source_after_a_backward_in_its_step_says_what_is_not_observed_there(tmp_path):
+    _run(tmp_path / "a", 0.0)
+    _run(tmp_path / "b", 1e-3)
+    fd = bitguard.compare(tmp_path / "a", tmp_path / "b").first_divergence
+    assert (fd["step"], fd["phase"], fd["boundary"], fd["call"], fd["blame"]) == (1, "forward", "2", 1, "source"), fd
+    assert any("after its parameters were last recorded" in n for n in fd["notes"]), fd["notes"]
