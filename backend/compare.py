@@ -446,6 +446,7 @@ def _find_pivot(rc: RankComparison) -> None:
             same = others.filter((pl.col("phase") == event["phase"]) & (pl.col("kind") == event["kind"])
                                  & (pl.col("boundary") == event["boundary"]))
             twin = same.row(0, named=True) if same.height else None
+        rc.pivot["twin_seq"] = None if twin is None else twin["seq"]  # (its tensors shown beside the pivot's)
         rc.blame = pivot_mod.structure_blame(event, side, events, twin)
         seed = event["seq"] if side == "a" else None
     if seed is not None:

@@ -1,4 +1,5 @@
-"""A tensor whose shape differs between the runs shows both shapes (helper 14: a LoRA rank change
+"""A tensor whose shape differs between the runs shows both shapes, and a signature pivot its
+twin's tensors beside its own (helper 14: a LoRA rank change
 showed A's shape only, with equal zero digests, marked as differing)."""
 
 from __future__ import annotations
@@ -29,3 +30,23 @@ def test_a_shape_change_names_both_shapes(tmp_path):
     assert shapes[".0.weight"] == ([3, 4], [5, 4]) and shapes[".2.bias"] == ([1], None), shapes
     text = render_text(comparison)
     assert "float32[3, 4]→[5, 4]" in text, text
+
+
+def _save(path, extra: bool):
+    torch.manual_seed(0)
+    model = nn.Linear(2, 2)
+    with bitguard.record(path, determinism=False):
+        model(torch.randn(3, 2)).sum().backward()
+        state = {"model": model.state_dict(), **({"extra": torch.ones(3)} if extra else {})}
+        torch.save(state, path.parent / f"{path.name}.pt")
+
+
+def test_a_save_with_one_more_tensor_compares_the_tensors_both_hold(tmp_path):
+    """helper 13 (a Lightning checkpoint with one more tensor): every tensor was listed as differing."""
+    _save(tmp_path / "a", False)
+    _save(tmp_path / "b", True)
+    fd = bitguard.compare(tmp_path / "a", tmp_path / "b").first_divergence
+    assert (fd["kind"], fd["fault_class"]) == ("saved", "signature"), fd
+    differing = {t["path"]: (t["differs"], t["a"]["xor"] is None) for t in fd["tensors"]}
+    assert differing == {"['model']['weight']": (False, False), "['model']['bias']": (False, False),
+                         "['extra']": (True, True)}, differing
