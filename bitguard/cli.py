@@ -32,6 +32,9 @@ _PYTHON = re.compile(r"^python[\d.]*$")
 INTERNAL_ERROR = 70  # EX_SOFTWARE: an unexpected exception, never a verdict
 
 
+# launchers that run a Python module in each process they start (`-m bitguard record ...`)
+_MODULE_LAUNCHERS = ("torchrun", "accelerate launch")
+
 def _record_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", required=True, help="run directory to write (must be empty unless --force)")
     p.add_argument("--mode", default="full", help="full: every module; trusted: heavy modules only (cheaper); "
@@ -87,9 +90,14 @@ def cmd_record(args) -> int:
                           **_record_kwargs(args))
     if not _PYTHON.match(program):
         launcher = f"{program} launch" if program == "accelerate" and command[1:2] == ["launch"] else program
-        raise NotSupported(f"not supported yet: launching {launcher!r} from bitguard; put bitguard inside the "
-                           f"launcher instead, each process records its rank: '{launcher} [OPTIONS] -m bitguard "
-                           f"record --out {args.out} -- SCRIPT [ARGS]' (README.md, Launchers), or use 'python SCRIPT'")
+        if launcher in _MODULE_LAUNCHERS:
+            raise NotSupported(f"not supported yet: launching {launcher!r} from bitguard; put bitguard inside the "
+                               f"launcher instead, each process records its rank: '{launcher} [OPTIONS] -m bitguard "
+                               f"record --out {args.out} -- SCRIPT [ARGS]' (README.md, Launchers), or use 'python SCRIPT'")
+        raise NotSupported(f"not supported yet: launching {launcher!r} from bitguard; run the script with python "
+                           f"('bitguard record --out {args.out} -- python SCRIPT [ARGS]'), or, where the launcher "
+                           f"starts the processes itself, record in the script: 'with bitguard.record({args.out!r}):' "
+                           f"around the training (README.md, Launchers)")
     py_opts, rest = [], command[1:]
     while rest and rest[0].startswith("-"):
         if rest[0] in ("-m", "-c"):

@@ -78,3 +78,13 @@ def test_a_python_that_finds_only_the_checkouts_bitguard_folder_is_replaced(tmp_
     monkeypatch.chdir(root)
     assert cli._interpreter("python") == sys.executable
     assert "cannot import bitguard" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("launcher", [["fabric", "run"], ["lightning", "run", "model"]])
+def test_a_launcher_without_a_module_option_is_not_told_to_take_one(tmp_path, capsys, launcher):
+    """helper 13: `fabric run` was told to run `fabric [OPTIONS] -m bitguard record ...`, which it refuses."""
+    out = tmp_path / "run"
+    assert cli.main(["record", "--out", str(out), "--", *launcher, "train.py"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "-m bitguard" not in err and "bitguard.record(" in err, err
+    assert not out.exists()
