@@ -343,7 +343,7 @@ def hook_time(steps: int, model: str = "gpt", determinism: bool = True) -> dict:
     entries = getattr(hooks, "ENTRIES", (hooks.Collector._enter, hooks.Collector._guarded))
     patched = {**{(hooks.Collector, f.__name__): getattr(hooks.Collector, f.__name__) for f in entries},
                (guarded.Guarded, "_guarded"): guarded.Guarded._guarded}
-    digests = {(hooks, "digest_async"): hooks.digest_async, (hooks, "digest_many"): hooks.digest_many,
+    digests = {(hooks, "digest_async"): hooks.digest_async, (observation, "digest_many"): observation.digest_many,
                (hooks, "digest_host_at"): hooks.digest_host_at, (api_events, "digest_many"): api_events.digest_many,
                (observation, "digest_async"): observation.digest_async}
     out = {}
@@ -355,7 +355,7 @@ def hook_time(steps: int, model: str = "gpt", determinism: bool = True) -> dict:
                 if variant == "python":
                     hooks.digest_async = observation.digest_async = lambda t: (0, 0)
                     hooks.digest_host_at = lambda address, nbytes: (0, 0)
-                    hooks.digest_many = api_events.digest_many = lambda ts: [(0, 0)] * len(ts)
+                    observation.digest_many = api_events.digest_many = lambda ts: [(0, 0)] * len(ts)
                 for mode in ("trusted", "full"):
                     per_step, per_event, counts, step_s, cpu_step, cpu_event = [], [], [], [], [], []
                     with recorded(Path(tmp) / f"{mode}-{variant}", mode, determinism) as rec:
@@ -387,7 +387,7 @@ def digest_bytes(steps: int, model: str = "gpt", determinism: bool = True) -> di
     address, size and digest seen again: unchanged bytes read a second time). Medians over `steps`
     steps of one recording a mode. A row's digest served from the collector's version cache makes
     no call and is not counted."""
-    from bitguard.collectors import api_events, hooks
+    from bitguard.collectors import api_events, hooks, observation
 
     clock = time.perf_counter_ns
     calls: list[tuple] = []  # (source, address, nbytes, digest, ns)
@@ -425,14 +425,14 @@ def digest_bytes(steps: int, model: str = "gpt", determinism: bool = True) -> di
         return many
 
     saved = {(hooks, "digest_host_at"): hooks.digest_host_at, (hooks, "digest_async"): hooks.digest_async,
-             (hooks, "digest_many"): hooks.digest_many, (api_events, "digest_many"): api_events.digest_many}
+             (observation, "digest_many"): observation.digest_many, (api_events, "digest_many"): api_events.digest_many}
     net, opt, data = build(model=model)
     timed_steps(net, opt, data, 2)
     out = {}
     try:
         hooks.digest_host_at = counted_at(saved[(hooks, "digest_host_at")])
         hooks.digest_async = counted_async(saved[(hooks, "digest_async")])
-        hooks.digest_many = counted_many(saved[(hooks, "digest_many")], "optimizer step")
+        observation.digest_many = counted_many(saved[(observation, "digest_many")], "optimizer step")
         api_events.digest_many = counted_many(saved[(api_events, "digest_many")], "params row")
         with tempfile.TemporaryDirectory() as tmp:
             for mode in ("trusted", "full"):
@@ -476,7 +476,7 @@ def breakdown(rounds: int, steps: int, model: str = "gpt", determinism: bool = T
     from bitguard.collectors import api_events, hooks, observation, store
     from bitguard.schema import TENSORS
 
-    original = {"digest_async": hooks.digest_async, "digest_many": hooks.digest_many,
+    original = {"digest_async": hooks.digest_async, "digest_many": observation.digest_many,
                 "digest_host_at": hooks.digest_host_at, "api_digest_many": api_events.digest_many,
                 "obs_digest_async": observation.digest_async, "_row": hooks.Collector._row,
                 "_emit": hooks.Collector._emit, "ApiRecorder": hooks.ApiRecorder, "_write": store.RankStore._write}
@@ -497,7 +497,7 @@ def breakdown(rounds: int, steps: int, model: str = "gpt", determinism: bool = T
             pass
 
     def variant(name: str) -> None:
-        hooks.digest_async, hooks.digest_many = original["digest_async"], original["digest_many"]
+        hooks.digest_async, observation.digest_many = original["digest_async"], original["digest_many"]
         hooks.digest_host_at, api_events.digest_many = original["digest_host_at"], original["api_digest_many"]
         observation.digest_async = original["obs_digest_async"]
         hooks.Collector._row, hooks.Collector._emit = original["_row"], original["_emit"]
@@ -505,7 +505,7 @@ def breakdown(rounds: int, steps: int, model: str = "gpt", determinism: bool = T
         if name in ("no digests", "hooks only"):
             hooks.digest_async = observation.digest_async = lambda t: (0, 0)
             hooks.digest_host_at = lambda address, nbytes: (0, 0)
-            hooks.digest_many = api_events.digest_many = lambda ts: [(0, 0)] * len(ts)
+            observation.digest_many = api_events.digest_many = lambda ts: [(0, 0)] * len(ts)
         if name == "hooks only":
             width = len(TENSORS.names)  # a row as wide as the schema's (a stub row narrower fails later reads)
             hooks.Collector._row = lambda self, t, role, idx, path, digest=None: (
