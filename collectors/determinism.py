@@ -8,10 +8,11 @@ bitguard should expose).
 
 from __future__ import annotations
 
+import inspect
 import os
 import random
 from dataclasses import dataclass
-from functools import partial
+from functools import partial, wraps
 
 import torch
 
@@ -32,23 +33,43 @@ def _seed_worker(worker_id: int) -> None:  # DataLoader worker_init_fn
     np.random.seed(seed)
 
 
+class _WorkerInit:
+    """A DataLoader's `worker_init_fn` under the determinism controls: the worker seeded, then the
+    user's own function. A class at module level, not a closure: a spawn or forkserver worker gets it
+    pickled (a closure made every such DataLoader, and Lightning's ddp_spawn, fail to start)."""
+
+    def __init__(self, user_fn):
+        self.user_fn = user_fn
+
+    def __call__(self, worker_id: int) -> None:
+        _seed_worker(worker_id)
+        if self.user_fn is not None:
+            self.user_fn(worker_id)
+
+
 def _patch_dataloader() -> None:
+    """DataLoader.__init__ giving every loader a `_WorkerInit`. The wrapper keeps the original's
+    signature (`wraps`): Lightning rebuilds a loader with a DistributedSampler from what
+    `inspect.signature(DataLoader.__init__)` names, and a bare `*args, **kwargs` lost its batch size
+    (every recorded DDP run trained on batches of one), and takes `worker_init_fn` wherever it was
+    given, by position too."""
     from torch.utils.data import DataLoader
 
     if getattr(DataLoader.__init__, "_bitguard", False):
         return
     original = DataLoader.__init__
+    signature = inspect.signature(original)
 
+    @wraps(original)
     def __init__(self, *args, **kwargs):
-        user_fn = kwargs.get("worker_init_fn")
-
-        def worker_init(worker_id: int) -> None:
-            _seed_worker(worker_id)
-            if user_fn is not None:
-                user_fn(worker_id)
-
-        kwargs["worker_init_fn"] = worker_init
-        original(self, *args, **kwargs)
+        try:
+            bound = signature.bind(self, *args, **kwargs)
+        except TypeError:  # (the call's own error, as torch raises it)
+            return original(self, *args, **kwargs)
+        user_fn = bound.arguments.get("worker_init_fn")
+        if type(user_fn) is not _WorkerInit:  # (a loader rebuilt from another one's arguments has one)
+            bound.arguments["worker_init_fn"] = _WorkerInit(user_fn)
+        original(*bound.args, **bound.kwargs)
 
     __init__._bitguard = True
     __init__._original = original
