@@ -214,6 +214,25 @@ def run_reasons(run_a, run_b, ranks: list[int], rank_selected: bool) -> list[dic
     return reasons
 
 
+def group_reasons(run_a, run_b, members: set[int]) -> list[dict]:
+    """Ranks the collectives name as members of their groups but a run has no rank file for: a
+    process the launcher started without bitguard (Lightning's and Fabric's own DDP launch re-runs
+    the script in a plain Python), whose manifest then says world size 1. Those ranks were not
+    compared, whatever the manifest declares."""
+    reasons = []
+    for side, run in (("a", run_a), ("b", run_b)):
+        declared = set(getattr(run, "missing_ranks", None) or []) | (
+            set(range(run.world_size)) if isinstance(run.world_size, int) else set())
+        missing = sorted(members - set(run.ranks) - declared)
+        if missing:
+            reasons.append(reason("missing_ranks", f"run {side.upper()}'s collectives name rank(s) "
+                                                    f"{', '.join(map(str, missing))} of their groups, for which it has "
+                                                    f"no rank file (a process started without bitguard, as Lightning's "
+                                                    f"own DDP launch starts its other ranks): those ranks are not "
+                                                    f"compared; launch with torchrun -m bitguard record", side))
+    return reasons
+
+
 def empty_or_unpaired(rank: int, ea: pl.DataFrame, eb: pl.DataFrame, matched: int) -> dict | None:
     """A reason when a rank has nothing to compare: a side without events, or no event paired."""
     if not ea.height or not eb.height:

@@ -24,7 +24,7 @@ import numpy as np
 import polars as pl
 from numba import njit
 
-from bitguard.backend import api_diff, certification, check, content_pairs, equivalence, granularity
+from bitguard.backend import api_diff, certification, check, collectives, content_pairs, equivalence, granularity
 from bitguard.backend import pivot as pivot_mod
 from bitguard.backend import recompute
 from bitguard.backend import propagation, rank_pool, rank_summary, retype
@@ -229,6 +229,16 @@ def _pair_tensors(pairs: pl.DataFrame, ta: pl.DataFrame, tb: pl.DataFrame) -> pl
         (pl.col("unobserved").is_not_null() | pl.col("unobserved_b").is_not_null()).alias("unknown"),
     ).with_columns((pl.col("xor_differs") | pl.col("pos_differs") | pl.col("_form_differs")).alias("differs")
                    ).drop("_shape_b", "_form_differs")
+
+
+def _group_members(ranks: dict) -> set[int]:
+    """The global ranks that the compared ranks' collectives name as their groups' members."""
+    members: set[int] = set()
+    for rc in ranks.values():
+        comm = getattr(rc.summary, "comm", None) if rc.summary is not None else None
+        for boundary in ([] if comm is None else comm["boundary"].unique().to_list()):
+            members |= set(collectives.group_of(boundary) or [])
+    return members
 
 
 def _apply_ignore(diffs: pl.DataFrame, events: pl.DataFrame, rules: RuleSet, rank: int, fired: dict) -> pl.DataFrame:
@@ -822,4 +832,6 @@ def compare(a, b, rules=None, rank: int | None = None, band: int = DEFAULT_BAND,
     ranks, fired = rank_pool.compare_ranks(selected, run_a, run_b, rule_set, band, fingerprint, probes, jobs, ray)
     pivot_mod.confirm_comm(ranks, rank_selected=rank is not None)  # a collective's blame, seen from its group
     reasons = certification.run_reasons(run_a, run_b, selected, rank_selected=rank is not None)
+    if rank is None:
+        reasons += certification.group_reasons(run_a, run_b, _group_members(ranks))
     return Comparison(run_a, run_b, rule_set, ranks, fired, band, fingerprint, probes, reasons)
