@@ -214,7 +214,7 @@ class Collector(WeightEvents):
                  "_generation", "_grad_watch", "_handles", "_heavy", "_held", "_local", "_lock", "_names",
                  "_next_param_tid", "_next_tid", "_grads", "_optimizers", "_optimizers_seen", "_steps_taken", "_param_in", "_params", "_params_at", "_pass_stack", "_pending", "_queued",
                  "_foreign", "_kept_lists", "_rng_free", "_root_names", "_roots", "_seq", "_sharded", "_stacks", "_thread_names",
-                 "_tids", "_tids_limit", "_wrapper", "_depths", "_in_child", "_walked")
+                 "_tids", "_tids_limit", "_wrapper", "_depths", "_in_child", "_walked", "_finaled", "_unheld", "_held_optimizers")
 
     def __init__(self, store, mode: str = "full", steps: tuple[int, int | None] | None = None,
                  rank: int = 0, world_size: int = 1, dump: bool = False, digest_cache: bool = True):
@@ -259,6 +259,9 @@ class Collector(WeightEvents):
         self._accumulating: set[int] = set()  # parameters with a hook after accumulation
         self._tids: dict[int, list] = {}  # id -> [weakref, tid, (version, address, shape, strides) digested, digest]
         self._tids_limit = 4096
+        self._finaled: set[int] = set()  # ids of the parameters a final event holds
+        self._unheld: dict[str, set[int]] = {}  # a distributed root (not held) -> ids of its parameters
+        self._held_optimizers: list = []  # those stepping an unheld root's parameters: held for `_final_stepped`
         self._walked: dict[int, object] = {}  # objects among calls' arguments walked this step (flatten.held_by)
         self._grad_watch: dict[int, tuple] = {}  # id -> (weakref, listeners of its gradient)
         self._next_tid = 1
@@ -308,6 +311,7 @@ class Collector(WeightEvents):
         if final_state:
             self._guard(self._emit_final)()
         self._held.clear()
+        self._held_optimizers.clear()
         self._guard(self._drain)()
         for handle in self._handles:
             handle.remove()
@@ -588,8 +592,11 @@ class Collector(WeightEvents):
             self._roots = [(ref, n) for ref, n in self._roots if id(ref()) not in renamed]
             self._held = [(m, n) for m, n in self._held if id(m) not in renamed]
         self._roots.append((root_ref, name))
-        if any(True for _ in module.parameters()) and not any(map(is_distributed, module.modules())):
-            self._held.append((module, name))
+        if any(True for _ in module.parameters()):
+            if not any(map(is_distributed, module.modules())):
+                self._held.append((module, name))
+            else:  # not held: its final state must be taken while it lives, or said missing (`_emit_final`)
+                self._unheld[name] = {id(p) for p in module.parameters()}
         # An id already known may be a dead module's or parameter's, reused by a new one (a model
         # built after an earlier one was freed): that entry is replaced, or the new parameter would
         # go without a name and without gradient hooks.

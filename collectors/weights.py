@@ -77,6 +77,12 @@ class WeightEvents:
             if module is not None:
                 self._final(module, name)
         self._final_stepped()
+        lost = [name for name, ids in self._unheld.items() if not ids <= self._finaled]
+        if lost:
+            self._fail("final state", NotSupported(
+                f"{', '.join(lost[:3])} (wrapped by DDP or FSDP, not held past the script) was gone when the recording "
+                f"ended, and destroy_process_group() was not called while it lived: its final weights are not "
+                f"observed (Lightning and Fabric unwrap it at the end)"))
         if self._foreign is not None and not self._steps_taken:
             self._fail("final state", NotSupported(
                 f"{self._foreign} ran on tensors in place of its parameters (functional_call) and no optimizer step "
@@ -113,14 +119,17 @@ class WeightEvents:
         """The `final` event of the tensors an optimizer stepped that no root module holds (named by
         their place in the optimizer, `_adopt`): weights trained through torch.func, stacked for
         vmap (an ensemble run on a base model on the meta device), or a list of tensors. Only their
-        optimizer steps saw them, before an edit after the last one."""
+        optimizer steps saw them, before an edit after the last one. Also those of a root that is gone
+        without a final event (a DDP wrapper Lightning unwrapped at the end), while their optimizer lives."""
         held = {id(p) for module in (ref() for ref, _ in self._roots) if module is not None for p in module.parameters()}
         for ref, label in list(self._optimizers.values()):
             optimizer = ref()
             pairs = [] if optimizer is None else [
                 (f".param_groups[{g}][{j}]", p) for g, group in enumerate(optimizer.param_groups)
-                for j, p in enumerate(group["params"]) if id(p) not in held and self._adopted(p)]
+                for j, p in enumerate(group["params"])
+                if id(p) not in held and (self._adopted(p) or id(p) not in self._finaled)]
             if pairs:
+                self._finaled.update(id(p) for _, p in pairs)
                 self._emit("optimizer", "final", label, "optimizer", 0, time.time_ns(), self._rows(pairs, "param"))
 
     def _adopted(self, p: torch.Tensor) -> bool:
@@ -134,6 +143,7 @@ class WeightEvents:
         run through functional_call on weights of its own)."""
         if isinstance(module, kept.KeptTensors):
             module.refresh()  # (an EMA may have put new tensors in its container)
+        self._finaled.update(id(p) for p in module.parameters())
         if all(t.is_meta for t in itertools.chain(module.parameters(), module.buffers())):
             return
         buffers = [(f".{clean_name(eager_name(n))}", b) for n, b in module.named_buffers()]
@@ -299,6 +309,11 @@ class WeightEvents:
             kind = type(optimizer).__name__
             n = self._optimizers_seen[kind] = self._optimizers_seen.get(kind, -1) + 1  # (never by id: ids are reused)
             entry = self._optimizers[id(optimizer)] = (weakref.ref(optimizer), f"{kind}#{n}" if n else kind)
+            unheld = set().union(*self._unheld.values()) if self._unheld else set()
+            if any(id(p) in unheld for group in optimizer.param_groups for p in group["params"]):
+                # its parameters' root (a DDP wrapper) is not held, and Lightning drops it and the
+                # optimizer when the script ends: the optimizer keeps them for their final state
+                self._held_optimizers.append(optimizer)
         return entry[1]
 
     def _emit_steps(self, optimizer) -> None:

@@ -443,3 +443,42 @@ def test_what_a_distributed_checkpoint_writes_is_compared(tmp_path):
     fd = d["first_divergence"]
     assert code == 1 and (fd["kind"], fd["boundary"], fd["fault_class"]) == ("saved", "dcp.save", "saved"), fd
     assert [t["path"] for t in fd["tensors"] if t["differs"]] == ["['model']['2.bias']"]
+
+
+def _ddp_dropped(path, edit: float) -> None:
+    """A DDP-wrapped model trained in a function that drops the wrapper and its optimizer when it
+    returns, without destroy_process_group() (what Lightning's and Fabric's teardown amounts to),
+    one weight edited after the last step by `edit`."""
+    import torch
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"file://{path}.rendezvous", rank=0, world_size=1)
+    try:
+        def train():
+            model, opt = _tiny()
+            ddp = torch.nn.parallel.DistributedDataParallel(model)
+            for _ in range(2):
+                opt.zero_grad()
+                ddp(torch.randn(3, 4)).pow(2).mean().backward()
+                opt.step()
+            with torch.no_grad():
+                model[2].bias += edit
+
+        import bitguard
+
+        with bitguard.record(path, determinism=False):
+            train()
+    finally:
+        dist.destroy_process_group()
+
+
+def test_a_ddp_model_dropped_without_destroy_process_group_keeps_its_final_state(tmp_path):
+    """helper 15 (Lightning and Fabric under torchrun): the DDP wrapper is not held (destroyed after
+    the process group, its threads abort the process), Lightning unwraps it at the end and the script's
+    return drops the optimizer: no final event, and an edit after the last step compared identical."""
+    for name, edit in (("a", 0.0), ("b", 0.0), ("c", 1e-3)):
+        _ddp_dropped(tmp_path / name, edit)
+    assert _compare(tmp_path / "a", tmp_path / "b")[0] == 0
+    code, d = _compare(tmp_path / "a", tmp_path / "c")
+    fd = d["first_divergence"]
+    assert code == 1 and (fd["kind"], fd["boundary"], fd["module_type"]) == ("final", "SGD", "optimizer"), fd
