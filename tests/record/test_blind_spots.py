@@ -29,6 +29,17 @@ def _compare(a, b) -> tuple[int, dict]:
     return proc.returncode, json.loads(proc.stdout)
 
 
+def _planted(tmp_path, make, same, changed) -> dict:
+    """Runs a and b made by `make(path, same)`, c by `make(path, changed)`: a and b compare
+    identical, a and c diverge; the first divergence of a against c."""
+    for name, value in (("a", same), ("b", same), ("c", changed)):
+        make(tmp_path / name, value)
+    assert _compare(tmp_path / "a", tmp_path / "b")[0] == 0
+    code, d = _compare(tmp_path / "a", tmp_path / "c")
+    assert code == 1, d
+    return d["first_divergence"]
+
+
 def test_a_buffer_updated_differently_is_a_divergence_at_its_module(tmp_path):
     record_together(dict(out=tmp_path / "a", script_args=("bn", "0.1"), script=SCRIPT),
                     dict(out=tmp_path / "b", script_args=("bn", "0.2"), script=SCRIPT))
@@ -436,12 +447,8 @@ def test_what_a_distributed_checkpoint_writes_is_compared(tmp_path):
             state["2.bias"] += plant
             dcp.save({"model": state}, checkpoint_id=str(out) + "-ckpt")
 
-    for name, plant in (("a", 0.0), ("b", 0.0), ("c", 1e-3)):
-        train(tmp_path / name, plant)
-    assert _compare(tmp_path / "a", tmp_path / "b")[0] == 0
-    code, d = _compare(tmp_path / "a", tmp_path / "c")
-    fd = d["first_divergence"]
-    assert code == 1 and (fd["kind"], fd["boundary"], fd["fault_class"]) == ("saved", "dcp.save", "saved"), fd
+    fd = _planted(tmp_path, train, 0.0, 1e-3)
+    assert (fd["kind"], fd["boundary"], fd["fault_class"]) == ("saved", "dcp.save", "saved"), fd
     assert [t["path"] for t in fd["tensors"] if t["differs"]] == ["['model']['2.bias']"]
 
 
@@ -476,9 +483,5 @@ def test_a_ddp_model_dropped_without_destroy_process_group_keeps_its_final_state
     """helper 15 (Lightning and Fabric under torchrun): the DDP wrapper is not held (destroyed after
     the process group, its threads abort the process), Lightning unwraps it at the end and the script's
     return drops the optimizer: no final event, and an edit after the last step compared identical."""
-    for name, edit in (("a", 0.0), ("b", 0.0), ("c", 1e-3)):
-        _ddp_dropped(tmp_path / name, edit)
-    assert _compare(tmp_path / "a", tmp_path / "b")[0] == 0
-    code, d = _compare(tmp_path / "a", tmp_path / "c")
-    fd = d["first_divergence"]
-    assert code == 1 and (fd["kind"], fd["boundary"], fd["module_type"]) == ("final", "SGD", "optimizer"), fd
+    fd = _planted(tmp_path, _ddp_dropped, 0.0, 1e-3)
+    assert (fd["kind"], fd["boundary"], fd["module_type"]) == ("final", "SGD", "optimizer"), fd
