@@ -235,8 +235,7 @@ def _group_members(ranks: dict) -> set[int]:
     """The global ranks that the compared ranks' collectives name as their groups' members."""
     members: set[int] = set()
     for rc in ranks.values():
-        comm = getattr(rc.summary, "comm", None) if rc.summary is not None else None
-        for boundary in ([] if comm is None else comm["boundary"].unique().to_list()):
+        for boundary in rc.summary.comm["boundary"].unique().to_list():
             members |= set(collectives.group_of(boundary) or [])
     return members
 

@@ -185,25 +185,16 @@ def _twin_tensors(rc, a_seq: int, b_seq: int) -> list[dict]:
     """The tensors of a signature pivot (both runs record the event, with other tensors) beside
     those of its twin, paired by role and path: what both hold is compared, what one holds alone
     is said so (helper 13: a checkpoint with one more tensor listed every tensor as differing)."""
-    b_rows = {(r["role"], r["path"]): r for r in rc.tensors_b.filter(pl.col("seq") == b_seq).sort("role", "idx")
-              .with_columns(unobserved(rc.tensors_b).alias("_why")).iter_rows(named=True)}
-    none = {"xor": None, "pos": None}
+    theirs = {(t["role"], t["path"]): t for t in _one_side_tensors(rc, "b", b_seq)}
     out = []
-    for r in rc.tensors_a.filter(pl.col("seq") == a_seq).sort("role", "idx").with_columns(
-            unobserved(rc.tensors_a).alias("_why")).iter_rows(named=True):
-        b = b_rows.pop((r["role"], r["path"]), None)
-        same = b is not None and (r["xor"], r["pos"], list(r["shape"] or []), r["dtype"]) == (
-            b["xor"], b["pos"], list(b["shape"] or []), b["dtype"])
-        out.append({"role": r["role"], "index": r["idx"], "path": r["path"], "shape": r["shape"], "dtype": r["dtype"],
-                    "shape_b": None if b is None else _other_shape(list(b["shape"] or []), r["shape"]),
-                    "dtype_b": None if b is None else b["dtype"], "a": {"xor": hex16(r["xor"]), "pos": hex16(r["pos"])},
-                    "b": none if b is None else {"xor": hex16(b["xor"]), "pos": hex16(b["pos"])},
-                    "differs": not same, "ignored": False, "rule_id": None,
-                    "unobserved": r["_why"] or (b["_why"] if b is not None else None)})
-    out += [{"role": b["role"], "index": b["idx"], "path": b["path"], "shape": b["shape"], "dtype": None,
-             "dtype_b": b["dtype"], "a": none, "b": {"xor": hex16(b["xor"]), "pos": hex16(b["pos"])},
-             "differs": True, "ignored": False, "rule_id": None, "unobserved": b["_why"]} for b in b_rows.values()]
-    return out
+    for t in _one_side_tensors(rc, "a", a_seq):
+        b = theirs.pop((t["role"], t["path"]), None)
+        if b is not None:
+            t.update(b=b["b"], dtype_b=b["dtype_b"], shape_b=_other_shape(list(b["shape"] or []), t["shape"]),
+                     unobserved=t["unobserved"] or b["unobserved"],
+                     differs=(t["a"], t["dtype"], list(t["shape"] or [])) != (b["b"], b["dtype_b"], list(b["shape"] or [])))
+        out.append(t)
+    return out + list(theirs.values())
 
 
 def _one_side_tensors(rc, side: str, seq: int) -> list[dict]:

@@ -791,13 +791,7 @@ class Collector(WeightEvents):
         Called by the module-call wrapper directly; a failure is recorded, never raised."""
         try:
             inputs = frame.inputs
-            if kwargs:
-                kwinputs = frame.kwinputs
-                if kwinputs is None:
-                    kwinputs = self._rows(flatten(kwargs, walked=self._walked), "input", len(inputs))
-                rows = inputs + kwinputs
-            else:
-                rows = inputs
+            rows = inputs + frame.kwinputs if frame.kwinputs else inputs  # (taken as the call began)
             rng = frame.rng
             if rng is not None and _rng_drawn(rng):
                 # the call drew random numbers: the RNG state it started from is one of its inputs

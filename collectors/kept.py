@@ -56,7 +56,7 @@ def found_in(frame, shapes: set[tuple] = frozenset()) -> list[tuple[str, object]
     found = []
     for key, value in variables:
         if isinstance(key, str) and key.isidentifier():
-            found += [(key, value)] if _shadow(value, shapes) else _kept(key, value, 2, shapes, owner=key == "self")
+            found += _kept(key, value, 2, shapes, owner=key == "self")
     return found
 
 
@@ -66,6 +66,8 @@ def _kept(name: str, value, depth: int, shapes, owner: bool = False) -> list[tup
     try:
         if type(value) in weakref.ProxyTypes:  # (Lightning's profiler holds one of the model)
             return []
+        if _shadow(value, shapes):
+            return [(name, value)]
         if _is_module(value):
             here = [] if owner else [(name, value)]
             return here + (_attributes(name, value, depth, shapes, owner, _MODULE_INTERNALS) if depth > 0 else [])
@@ -77,7 +79,7 @@ def _kept(name: str, value, depth: int, shapes, owner: bool = False) -> list[tup
             items = [(f"{name}.{i}", v) for i, v in enumerate(islice(value, MAX_ITEMS))]
         else:
             return _attributes(name, value, depth, shapes, owner)
-        return [found for n, v in items for found in ([(n, v)] if _shadow(v, shapes) else _kept(n, v, depth - 1, shapes))]
+        return [found for n, v in items for found in _kept(n, v, depth - 1, shapes)]
     except Exception:  # noqa: BLE001 - __slots__ only, an object whose lookups raise: nothing kept there
         return []
 
@@ -90,7 +92,7 @@ def _attributes(name: str, value, depth: int, shapes, owner: bool, skip: frozens
     found = []
     for key, v in islice(((k, v) for k, v in attributes.items() if isinstance(k, str) and k not in skip), MAX_ITEMS):
         n = key if owner else f"{name}.{key}"
-        found += [(n, v)] if _shadow(v, shapes) else _kept(n, v, depth - 1, shapes)
+        found += _kept(n, v, depth - 1, shapes)
     return found
 
 

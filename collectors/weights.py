@@ -121,21 +121,14 @@ class WeightEvents:
         vmap (an ensemble run on a base model on the meta device), or a list of tensors. Only their
         optimizer steps saw them, before an edit after the last one. Also those of a root that is gone
         without a final event (a DDP wrapper Lightning unwrapped at the end), while their optimizer lives."""
-        held = {id(p) for module in (ref() for ref, _ in self._roots) if module is not None for p in module.parameters()}
-        for ref, label in list(self._optimizers.values()):
+        for ref, label in list(self._optimizers.values()):  # (after every live root's final event)
             optimizer = ref()
             pairs = [] if optimizer is None else [
                 (f".param_groups[{g}][{j}]", p) for g, group in enumerate(optimizer.param_groups)
-                for j, p in enumerate(group["params"])
-                if id(p) not in held and (self._adopted(p) or id(p) not in self._finaled)]
+                for j, p in enumerate(group["params"]) if id(p) not in self._finaled]
             if pairs:
                 self._finaled.update(id(p) for _, p in pairs)
                 self._emit("optimizer", "final", label, "optimizer", 0, time.time_ns(), self._rows(pairs, "param"))
-
-    def _adopted(self, p: torch.Tensor) -> bool:
-        """A tensor an optimizer stepped that no root held then (`_adopt`)."""
-        entry = self._params.get(id(p))
-        return entry is not None and entry[0]() is p and entry[2] == ""
 
     def _final(self, module: torch.nn.Module, name: str) -> None:
         """The `final` event of root module `module`: every parameter and buffer as it is now (none

@@ -5,10 +5,11 @@ drill then traced only that Linear)."""
 
 from __future__ import annotations
 
-import torch
 import torch.nn as nn
 
 import bitguard
+
+from .recorded_sgd import record_sgd
 
 
 class _Adapted(nn.Module):
@@ -27,15 +28,7 @@ class _Adapted(nn.Module):
 
 
 def _run(path, scaling: float):
-    torch.manual_seed(0)
-    model = nn.Sequential(_Adapted(scaling), nn.Tanh(), nn.Linear(4, 1))
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    with bitguard.record(path, determinism=False):
-        for _ in range(2):
-            loss = model(torch.randn(3, 4)).pow(2).mean()
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
+    record_sgd(path, lambda: nn.Sequential(_Adapted(scaling), nn.Tanh(), nn.Linear(4, 1)))
 
 
 def test_the_window_of_a_gradient_whose_module_got_a_different_one_is_where_the_gradients_matched(tmp_path):

@@ -4,24 +4,20 @@ between two micro-batches left round-off in a frozen weight, blamed on the Conv1
 
 from __future__ import annotations
 
-import torch
 import torch.nn as nn
 
 import bitguard
 
+from .recorded_sgd import record_sgd
+
 
 def _run(path, edit: float):
-    torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(4, 4), nn.Tanh(), nn.Linear(4, 1))
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    with bitguard.record(path, determinism=False):
-        for step in range(2):
-            opt.zero_grad()
-            for micro in range(2):
-                model(torch.randn(3, 4)).pow(2).mean().backward()
-                if micro == 0 and step == 1:  # (in step 0 every call has its params event)
-                    model[2].weight.data[0, 1] += edit  # (no version counter moves)
-            opt.step()
+    def between(model, step, micro):
+        if micro == 0 and step == 1:  # (in step 0 every call has its params event)
+            model[2].weight.data[0, 1] += edit  # (no version counter moves)
+
+    record_sgd(path, lambda: nn.Sequential(nn.Linear(4, 4), nn.Tanh(), nn.Linear(4, 1)), micro=2,
+               after_backward=between)
 
 
 def test_a_source_after_a_backward_in_its_step_says_what_is_not_observed_there(tmp_path):

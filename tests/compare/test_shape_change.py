@@ -10,15 +10,11 @@ import torch.nn as nn
 import bitguard
 from bitguard.backend.report import render_text
 
+from .recorded_sgd import record_sgd
+
 
 def _run(path, width: int):
-    torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(4, width), nn.Tanh(), nn.Linear(width, 1))
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    with bitguard.record(path, determinism=False):
-        loss = model(torch.randn(3, 4)).pow(2).mean()
-        loss.backward()
-        opt.step()
+    record_sgd(path, lambda: nn.Sequential(nn.Linear(4, width), nn.Tanh(), nn.Linear(width, 1)), steps=1)
 
 
 def test_a_shape_change_names_both_shapes(tmp_path):
