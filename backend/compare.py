@@ -797,11 +797,15 @@ class Comparison:
 
 
 def compare(a, b, rules=None, rank: int | None = None, band: int = DEFAULT_BAND, fingerprint: str = "xor+pos",
-            probes: list[str] | None = None, jobs: int | None = None, ray: str | None = None) -> Comparison:
+            probes: list[str] | None = None, jobs: int | None = None, ray: str | None = None,
+            frames: bool = True) -> Comparison:
     """Compare run A (reference) with run B (suspect). `fingerprint` and `probes` are analysis
     options for ablations (see the module docstring); the defaults are bitguard's method. `jobs`:
     worker processes for the ranks (rank_pool.py; None: the cores, for a big enough comparison);
-    `ray`: compare the ranks on a Ray cluster instead (its address, or "auto")."""
+    `ray`: compare the ranks on a Ray cluster instead (its address, or "auto"). `frames` False:
+    for a caller that reads only the verdict and the document (the CLI), no rank keeps its frames
+    past its comparison (a frame read later compares that rank again): the memory of a run of
+    many ranks is that of its biggest rank."""
     equivalence.check(fingerprint)
     probes = None if probes is None else list(probes)
     run_a = a if isinstance(a, RunInfo) else open_run(a)
@@ -828,7 +832,8 @@ def compare(a, b, rules=None, rank: int | None = None, band: int = DEFAULT_BAND,
     if digests[0] != digests[1]:
         raise IncompatibleRuns(f"the runs were digested differently (A: {digests[0] or 'unnamed, older'}, B: "
                                f"{digests[1] or 'unnamed, older'}); re-record the older run with this bitguard")
-    ranks, fired = rank_pool.compare_ranks(selected, run_a, run_b, rule_set, band, fingerprint, probes, jobs, ray)
+    ranks, fired = rank_pool.compare_ranks(selected, run_a, run_b, rule_set, band, fingerprint, probes, jobs, ray,
+                                           frames)
     pivot_mod.confirm_comm(ranks, rank_selected=rank is not None)  # a collective's blame, seen from its group
     reasons = certification.run_reasons(run_a, run_b, selected, rank_selected=rank is not None)
     if rank is None:

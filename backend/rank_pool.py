@@ -40,6 +40,11 @@ from multiprocessing import get_context
 
 AUTO_MIN_EVENTS = 400_000  # below this a spawned pool costs more than it saves (docs/PERFORMANCE.md)
 AUTO_MIN_CORES = 4  # below this one process keeps the cores busy itself (measured on 2; 4 not measured)
+# A rank's comparison at its peak, by the events of its two sides together (docs/PERFORMANCE.md "Whole
+# comparison": 680-750 bytes an event from 100 k to 10 M a side, over a fixed 320 MiB of imports and
+# kernels). Rounded up: a pool sized by it must not run the machine out of memory.
+BYTES_PER_EVENT = 800
+BASE_BYTES = 320 << 20
 
 
 def cores() -> int:
@@ -49,8 +54,39 @@ def cores() -> int:
         return os.cpu_count() or 1
 
 
+def memory_available() -> int | None:
+    """Bytes this process may still take: the system's available memory, less where a cgroup (a
+    container's limit) allows less; None where neither can be read (not Linux)."""
+    found = []
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    found.append(int(line.split()[1]) << 10)
+                    break
+    except OSError:
+        pass
+    try:
+        with open("/sys/fs/cgroup/memory.max") as f:
+            limit = f.read().strip()
+        with open("/sys/fs/cgroup/memory.current") as f:
+            used = int(f.read().strip())
+        if limit != "max":
+            found.append(max(0, int(limit) - used))
+    except (OSError, ValueError):
+        pass
+    return min(found) if found else None
+
+
+def rank_bytes(run_a, run_b, rank: int) -> int:
+    """About the peak memory of comparing `rank` (BYTES_PER_EVENT)."""
+    return BASE_BYTES + BYTES_PER_EVENT * (run_a.event_counts.get(rank, 0) + run_b.event_counts.get(rank, 0))
+
+
 def workers_for(jobs: int | None, ranks: list[int], run_a, run_b) -> int:
-    """How many worker processes to compare `ranks` with (1: in this process)."""
+    """How many worker processes to compare `ranks` with (1: in this process). Left unset, no more
+    than the available memory holds at once, each worker taking the biggest rank's peak: the cores
+    of a machine can outnumber the ranks its memory compares at a time."""
     if jobs is not None and jobs < 1:
         from bitguard.errors import BadInput
 
@@ -62,6 +98,9 @@ def workers_for(jobs: int | None, ranks: list[int], run_a, run_b) -> int:
         if events < AUTO_MIN_EVENTS or cores() < AUTO_MIN_CORES:
             return 1
         jobs = cores()
+        available = memory_available()
+        if available is not None:
+            jobs = min(jobs, available // max(rank_bytes(run_a, run_b, r) for r in ranks))
     return max(1, min(jobs, len(ranks)))
 
 
@@ -111,14 +150,17 @@ def _on_ray(address: str, tasks: list) -> list:
 
 
 def compare_ranks(ranks: list[int], run_a, run_b, rules, band: int, fingerprint: str, probes,
-                  jobs: int | None = None, ray: str | None = None) -> tuple[dict, dict[str, int]]:
-    """{rank: RankComparison} in rank order and the rules' fire counts summed over the ranks."""
+                  jobs: int | None = None, ray: str | None = None, frames: bool = True) -> tuple[dict, dict[str, int]]:
+    """{rank: RankComparison} in rank order and the rules' fire counts summed over the ranks.
+    `frames` False: a rank compared in this process lets go of its frames as soon as it is
+    compared, as a worker's does (read again on first use), so that the memory of comparing many
+    ranks one after another is that of the biggest, not of them all."""
     tasks = [(r, run_a, run_b, rules, band, fingerprint, probes) for r in ranks]
     n = workers_for(jobs, ranks, run_a, run_b)
     if ray is not None:
         results = _on_ray(ray, tasks)
     elif n == 1:
-        results = (_one(t, compact=False) for t in tasks)
+        results = (_one(t, compact=not frames) for t in tasks)
     else:
         pool = ProcessPoolExecutor(max_workers=n, mp_context=get_context("spawn"))
         try:

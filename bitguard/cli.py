@@ -250,7 +250,7 @@ def cmd_compare(args) -> int:
     from bitguard.backend.report import render_text
 
     comparison = compare(args.run_a, args.run_b, rules=args.rules, rank=args.rank, jobs=args.jobs,
-                         ray=args.ray)
+                         ray=args.ray, frames=False)  # (the report reads no frame)
     if args.json:
 
         _print(json.dumps(comparison.to_dict(), indent=2))
@@ -351,8 +351,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print the bitguard.compare/1 JSON report")
     p.add_argument("--jobs", type=int, default=None, metavar="N",
                    help="compare ranks in N worker processes (default: the cores, on a machine of 4 or more, when "
-                        "the runs hold two or more ranks and enough events to pay for starting workers; 1: in this "
-                        "process)")
+                        "the runs hold two or more ranks and enough events to pay for starting workers, and no more "
+                        "than the available memory holds; 1: in this process)")
     p.add_argument("--ray", default=None, metavar="ADDRESS",
                    help="compare the ranks on a Ray cluster: its address (host:port), or 'auto' for the one "
                         "'ray start' runs here; the run directories must be at the same path on every node "

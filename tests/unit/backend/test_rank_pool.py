@@ -122,11 +122,44 @@ def test_how_many_workers(six_ranks, monkeypatch):
     assert rank_pool.workers_for(None, ranks, a, b) == 1  # a small comparison stays in this process
     big = {r: rank_pool.AUTO_MIN_EVENTS for r in ranks}
     a.event_counts, b.event_counts = big, big
+    monkeypatch.setattr(rank_pool, "memory_available", lambda: None)  # (not known: the cores decide)
     for n, want in ((2, 1), (4, 4), (16, 6)):  # on 2 cores one process keeps both busy: the pool is slower there
         monkeypatch.setattr(rank_pool, "cores", lambda n=n: n)
         assert rank_pool.workers_for(None, ranks, a, b) == want, n
+    need = rank_pool.rank_bytes(a, b, 0)  # (the ranks' events are equal)
+    assert need > 2 * rank_pool.AUTO_MIN_EVENTS * rank_pool.BYTES_PER_EVENT
+    for memory, want in ((3 * need + 1, 3), (need // 2, 1), (100 * need, 6)):  # no more at once than memory holds
+        monkeypatch.setattr(rank_pool, "memory_available", lambda memory=memory: memory)
+        assert rank_pool.workers_for(None, ranks, a, b) == want, memory
+    assert rank_pool.workers_for(4, ranks, a, b) == 4  # a number given is taken as given
+    a.event_counts = {**big, 3: 10 * rank_pool.AUTO_MIN_EVENTS}  # the biggest rank sizes every worker
+    monkeypatch.setattr(rank_pool, "memory_available", lambda: 3 * need)
+    assert rank_pool.workers_for(None, ranks, a, b) == 1
+    monkeypatch.undo()
+    assert rank_pool.memory_available() is None or rank_pool.memory_available() > 0
     with pytest.raises(BadInput, match="--jobs 0"):
         rank_pool.workers_for(0, ranks, a, b)
+
+
+def test_ranks_compared_in_this_process_let_go_of_their_frames_for_the_cli(six_ranks, monkeypatch, capsys):
+    """The command reads no frame: each rank compared here lets go of its frames once compared, so
+    a run of many ranks takes the memory of its biggest, not of all (8 ranks of 100 k events a
+    side: 1,309 MiB before, 494 MiB after); the document is the same and no rank is compared twice."""
+    from bitguard.backend import compare as compare_mod
+
+    serial = compare(*six_ranks, jobs=1)
+    compared, inner = [], compare_mod._compare_rank
+    monkeypatch.setattr(compare_mod, "_compare_rank", lambda *args: compared.append(args[0]) or inner(*args))
+    light = compare(*six_ranks, jobs=1, frames=False)
+    assert not any(rc.frames_held for rc in light.ranks.values())
+    assert json.dumps(light.to_dict(), sort_keys=True) == json.dumps(serial.to_dict(), sort_keys=True)
+    assert sorted(compared) == sorted(serial.ranks)  # the document compared no rank again
+    _same_frames(light.ranks[4], serial.ranks[4])  # a frame read later: that rank compared again
+    assert compared.count(4) == 2 and light.ranks[4].frames_held
+    asked = []
+    monkeypatch.setattr(compare_mod, "compare", lambda *args, **kwargs: asked.append(kwargs) or light)
+    assert main(["compare", *six_ranks, "--json"]) == 1
+    assert asked[0]["frames"] is False and json.loads(capsys.readouterr().out)["verdict"] == "diverged"
 
 
 def test_the_cli_takes_jobs_and_refuses_nonsense(six_ranks, capsys):
