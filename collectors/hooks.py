@@ -214,7 +214,8 @@ class Collector(WeightEvents):
                  "_generation", "_grad_watch", "_handles", "_heavy", "_held", "_local", "_lock", "_names",
                  "_next_param_tid", "_next_tid", "_grads", "_optimizers", "_optimizers_seen", "_steps_taken", "_param_in", "_params", "_params_at", "_pass_stack", "_pending", "_queued",
                  "_foreign", "_kept_lists", "_rng_free", "_root_names", "_roots", "_seq", "_sharded", "_stacks", "_thread_names",
-                 "_tids", "_tids_limit", "_wrapper", "_depths", "_in_child", "_walked", "_finaled", "_unheld", "_held_optimizers")
+                 "_tids", "_tids_limit", "_wrapper", "_depths", "_in_child", "_walked", "_finaled", "_unheld", "_held_optimizers",
+                 "_frozen", "_hooked_params")
 
     def __init__(self, store, mode: str = "full", steps: tuple[int, int | None] | None = None,
                  rank: int = 0, world_size: int = 1, dump: bool = False, digest_cache: bool = True):
@@ -257,6 +258,9 @@ class Collector(WeightEvents):
         self._params: dict[int, tuple[weakref.ref, str, str, int]] = {}  # id -> (ref, name, owner type, tid)
         self._param_in: dict[int, tuple] = {}  # pid -> (t0, grad_input row) while .grad accumulates
         self._accumulating: set[int] = set()  # parameters with a hook after accumulation
+        self._hooked_params = weakref.WeakSet()  # parameters whose gradient is hooked
+        # id(root) -> (ref, [(ref, path)] of its parameters frozen when it was registered): hooked once trainable
+        self._frozen: dict[int, tuple[weakref.ref, list]] = {}
         self._tids: dict[int, list] = {}  # id -> [weakref, tid, (version, address, shape, strides) digested, digest]
         self._tids_limit = 4096
         self._finaled: set[int] = set()  # ids of the parameters a final event holds
@@ -606,14 +610,37 @@ class Collector(WeightEvents):
             if entry is None or entry[0]() is not sub or id(sub) in renamed:
                 self._names[id(sub)] = (weakref.ref(sub), clean_name(eager_name(sub_name)) or name)
         flats = self._sharded.register(module)
+        frozen = []
         for p_name, p in module.named_parameters():
             entry = self._params.get(id(p))
             if entry is not None and entry[0]() is p:
                 if renamed and id(_owner(module, p_name)) in renamed:  # named by an earlier root inside this one
                     self._params[id(p)] = (entry[0], clean_name(eager_name(p_name)), entry[2], entry[3])
-            elif p.requires_grad and id(p) not in flats:
-                self._watch_at(module, p_name, p)
+            elif id(p) not in flats:
+                if p.requires_grad:
+                    self._watch_at(module, p_name, p)
+                else:
+                    frozen.append((weakref.ref(p), p_name))
+        if frozen:
+            self._frozen[id(module)] = (root_ref, frozen)
         return name
+
+    def _hook_unfrozen(self, root: torch.nn.Module, frozen: list) -> None:
+        """At a root's call: its parameters frozen when it was registered that are trainable now (a
+        backbone unfrozen after a warm-up) are named and their gradients hooked from now on; their
+        gradient events were missing, so a difference in them was seen only at the optimizer."""
+        for item in list(frozen):
+            p = item[0]()
+            if p is None or p.requires_grad:
+                frozen.remove(item)
+            if p is None or not p.requires_grad or p in self._hooked_params:
+                continue
+            entry = self._params.get(id(p))
+            if entry is not None and entry[0]() is p:  # (named already: as an optimizer stepped it)
+                self._hooked_params.add(p)
+                self._handles.append(p.register_hook(partial(self._on_param_grad, id(p))))
+            else:
+                self._watch_at(root, item[1], p)
 
     def _watch_at(self, root: torch.nn.Module, p_name: str, p: torch.nn.Parameter) -> str:
         """Name parameter `p` by its path `p_name` in `root`, hook its gradient; its name."""
@@ -627,7 +654,8 @@ class Collector(WeightEvents):
         self._params[id(p)] = (weakref.ref(p), name, owner, self._next_param_tid)
         self._accumulating.discard(id(p))
         self._param_in.pop(id(p), None)
-        if p.requires_grad:  # (a frozen one, named as it steps, has nothing to hook)
+        if p.requires_grad and p not in self._hooked_params:  # (a frozen one, named as it steps: nothing to hook)
+            self._hooked_params.add(p)
             self._handles.append(p.register_hook(partial(self._on_param_grad, id(p))))
 
     def _name_of(self, module: torch.nn.Module, parent: _Frame | None) -> str:
@@ -771,6 +799,9 @@ class Collector(WeightEvents):
                     frame.rng = torch.get_rng_state()
             digested = None
             if is_model_root:
+                frozen = self._frozen.get(id(module))
+                if frozen is not None and frozen[0]() is module:
+                    self._guarded(self._hook_unfrozen, module, frozen[1])
                 versions = self._params_due(module)
                 if versions is not None:
                     digested = self._start_params(module, name, type(region or module).__name__, t0)

@@ -243,6 +243,42 @@ def test_each_functional_call_of_a_step_has_the_weights_it_ran_on_recorded(tmp_p
     assert [t["path"] for t in fd["tensors"] if t["differs"]] == [".2.weight"], fd["tensors"]
 
 
+def test_a_backbone_unfrozen_after_a_warm_up_has_its_gradients_from_its_first_trainable_step(tmp_path):
+    """Parameters frozen when their model was first called had no gradient hook: once unfrozen (and
+    added to the optimizer), the first step's gradients of them went unrecorded, and a hook of the
+    user's scaling one was blamed on the optimizer as "not observed". They are hooked at the
+    model's first call after they became trainable."""
+    import duckdb
+    import torch
+
+    import bitguard
+
+    def train(out, scale):
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1))
+        model[0].requires_grad_(False)
+        opt = torch.optim.SGD(model[2].parameters(), lr=0.1)
+        with bitguard.record(out, determinism=False):
+            for step in range(4):
+                if step == 2:  # the warm-up is over
+                    model[0].requires_grad_(True)
+                    opt.add_param_group({"params": list(model[0].parameters())})
+                    model[0].weight.register_hook(lambda g: g * scale)
+                opt.zero_grad()
+                model(torch.randn(2, 4)).pow(2).mean().backward()
+                opt.step()
+
+    for name, scale in (("a", 1.0), ("b", 1.0), ("c", 1.5)):
+        train(tmp_path / name, scale)
+    with duckdb.connect(str(tmp_path / "a" / "rank-0.duckdb"), read_only=True) as con:
+        steps = con.sql("SELECT step FROM events WHERE kind = 'grad' AND boundary = '0.weight' ORDER BY step").fetchall()
+    assert steps == [(2,), (3,)]
+    assert _compare(tmp_path / "a", tmp_path / "b")[0] == 0
+    fd = _compare(tmp_path / "a", tmp_path / "c")[1]["first_divergence"]
+    assert (fd["step"], fd["phase"], fd["kind"], fd["boundary"], fd["blame"]) == \
+        (2, "backward", "grad", "0.weight", "source"), fd
+
+
 def test_weights_trained_through_functional_call_without_torch_optim_are_not_certified(tmp_path):
     """torch.func.functional_call on a dict of weights updated by hand: the weights after the last
     update are used by nothing observed, so a different last learning rate compared identical. Such
