@@ -93,7 +93,7 @@ def blame(pivot: dict, events_a: pl.DataFrame, status: dict[int, str], diffs: pl
                                   "optimizer step), or a different object was saved"}
     elif kind == "params":
         result.update(fault_class="params")
-        result["blame_window"] = {"module": pivot["boundary"], "detail": _params_detail(pivot, events_a)}
+        result["blame_window"] = {"module": pivot["boundary"], "detail": _params_detail(pivot, events_a, diffs)}
     elif phase == "comm":
         result.update(fault_class="comm")
         if inputs_differ:
@@ -134,10 +134,19 @@ def blame(pivot: dict, events_a: pl.DataFrame, status: dict[int, str], diffs: pl
     return result
 
 
-def _params_detail(pivot: dict, events_a: pl.DataFrame) -> str:
+def _params_detail(pivot: dict, events_a: pl.DataFrame, diffs: pl.DataFrame) -> str:
     """A root's parameters differ as a call of a step meets them, every event before matched."""
     before = events_a.filter(pl.col("seq") < pivot["seq"])
-    stepped = before.filter((pl.col("phase") == "optimizer") & (pl.col("kind") == "step")).height
+    steps = before.filter((pl.col("phase") == "optimizer") & (pl.col("kind") == "step"))
+    stepped = steps.height
+    differing = diffs.filter((pl.col("a_seq") == pivot["seq"]) & pl.col("differs") & (pl.col("role") == "param"))
+    names = [p.lstrip(".") for p in differing["path"].to_list()]
+    if stepped and names and not steps.filter(pl.col("boundary").is_in(names)).height:
+        shown = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+        return (f"{shown} {'differs' if len(names) == 1 else 'differ'} at the start of this step, and no optimizer step "
+                "before updated them: parameters new "
+                "to the model or to its training (a layer added, a parameter replaced or unfrozen) made differently "
+                "(their initialisation, the weights copied in), or frozen ones changed outside torch.optim")
     if pivot["call"] > 0 and stepped:
         return ("the parameters differ at this call of the step although they matched at an earlier call and every "
                 "event since matched: they changed inside the step, where an optimizer that calls its closure "

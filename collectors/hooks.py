@@ -179,6 +179,12 @@ def _add_grad_hook(t: torch.Tensor, hook) -> None:
     hooks[_HOOK_KEY] = hook
 
 
+def _trainable_ids(module: torch.nn.Module) -> int:
+    """The sum of the ids of `module`'s parameters that require a gradient: it moves when one is
+    unfrozen, added or replaced."""
+    return sum(id(p) for p in module.parameters() if p.requires_grad)
+
+
 def _rng_drawn(before: torch.Tensor) -> bool:
     """Has the CPU generator moved since `before` was taken (did the call draw random numbers)?
     A byte comparison of the two states (both uint8 CPU tensors in their own memory, alive for the
@@ -215,7 +221,7 @@ class Collector(WeightEvents):
                  "_next_param_tid", "_next_tid", "_grads", "_optimizers", "_optimizers_seen", "_steps_taken", "_param_in", "_params", "_params_at", "_pass_stack", "_pending", "_queued",
                  "_foreign", "_kept_lists", "_rng_free", "_root_names", "_roots", "_seq", "_sharded", "_stacks", "_thread_names",
                  "_tids", "_tids_limit", "_wrapper", "_depths", "_in_child", "_walked", "_finaled", "_unheld", "_held_optimizers",
-                 "_frozen", "_hooked_params")
+                 "_trainable", "_hooked_params")
 
     def __init__(self, store, mode: str = "full", steps: tuple[int, int | None] | None = None,
                  rank: int = 0, world_size: int = 1, dump: bool = False, digest_cache: bool = True):
@@ -258,9 +264,9 @@ class Collector(WeightEvents):
         self._params: dict[int, tuple[weakref.ref, str, str, int]] = {}  # id -> (ref, name, owner type, tid)
         self._param_in: dict[int, tuple] = {}  # pid -> (t0, grad_input row) while .grad accumulates
         self._accumulating: set[int] = set()  # parameters with a hook after accumulation
-        self._hooked_params = weakref.WeakSet()  # parameters whose gradient is hooked
-        # id(root) -> (ref, [(ref, path)] of its parameters frozen when it was registered): hooked once trainable
-        self._frozen: dict[int, tuple[weakref.ref, list]] = {}
+        self._hooked_params: dict[int, weakref.ref] = {}  # id -> ref of a parameter whose gradient is hooked
+        # id(root) -> (ref, `_trainable_ids` when last looked): its parameters hooked again when it moves
+        self._trainable: dict[int, tuple[weakref.ref, int]] = {}
         self._tids: dict[int, list] = {}  # id -> [weakref, tid, (version, address, shape, strides) digested, digest]
         self._tids_limit = 4096
         self._finaled: set[int] = set()  # ids of the parameters a final event holds
@@ -604,43 +610,49 @@ class Collector(WeightEvents):
         # An id already known may be a dead module's or parameter's, reused by a new one (a model
         # built after an earlier one was freed): that entry is replaced, or the new parameter would
         # go without a name and without gradient hooks.
-        for sub_name, sub in module.named_modules():
-            entry = self._names.get(id(sub))
-            # (a compiled submodule known already: named as its eager module)
-            if entry is None or entry[0]() is not sub or id(sub) in renamed:
-                self._names[id(sub)] = (weakref.ref(sub), clean_name(eager_name(sub_name)) or name)
+        self._name_parts(module, name, renamed)
         flats = self._sharded.register(module)
-        frozen = []
         for p_name, p in module.named_parameters():
             entry = self._params.get(id(p))
             if entry is not None and entry[0]() is p:
                 if renamed and id(_owner(module, p_name)) in renamed:  # named by an earlier root inside this one
                     self._params[id(p)] = (entry[0], clean_name(eager_name(p_name)), entry[2], entry[3])
-            elif id(p) not in flats:
-                if p.requires_grad:
-                    self._watch_at(module, p_name, p)
-                else:
-                    frozen.append((weakref.ref(p), p_name))
-        if frozen:
-            self._frozen[id(module)] = (root_ref, frozen)
+            elif p.requires_grad and id(p) not in flats:
+                self._watch_at(module, p_name, p)
+        self._trainable[id(module)] = (root_ref, _trainable_ids(module))
         return name
 
-    def _hook_unfrozen(self, root: torch.nn.Module, frozen: list) -> None:
-        """At a root's call: its parameters frozen when it was registered that are trainable now (a
-        backbone unfrozen after a warm-up) are named and their gradients hooked from now on; their
-        gradient events were missing, so a difference in them was seen only at the optimizer."""
-        for item in list(frozen):
-            p = item[0]()
-            if p is None or p.requires_grad:
-                frozen.remove(item)
-            if p is None or not p.requires_grad or p in self._hooked_params:
+    def _name_parts(self, module: torch.nn.Module, name: str, renamed: set[int] = frozenset()) -> None:
+        """Name each part of root `module` (called `name`) not named yet (or in `renamed`) by its path."""
+        for sub_name, sub in module.named_modules():
+            entry = self._names.get(id(sub))
+            # (a compiled submodule known already: named as its eager module)
+            if entry is None or entry[0]() is not sub or id(sub) in renamed:
+                self._names[id(sub)] = (weakref.ref(sub), clean_name(eager_name(sub_name)) or name)
+
+    def _watch_changed(self, root: torch.nn.Module) -> None:
+        """At a root's params event: when its trainable parameters are not those it had (a backbone
+        unfrozen after a warm-up, a layer added, a parameter replaced: `load_state_dict(assign=True)`,
+        `resize_token_embeddings`), the new ones are named and their gradients hooked. Their
+        gradient events were missing until then, and a difference in them was blamed on the
+        optimizer as "not observed"."""
+        ids = _trainable_ids(root)
+        known = self._trainable.get(id(root))
+        if known is not None and known[0]() is root and known[1] == ids:
+            return
+        self._trainable[id(root)] = (weakref.ref(root), ids)
+        entry = self._names.get(id(root))
+        if entry is not None and entry[0]() is root:  # (a layer added: named by its path, as the others)
+            self._name_parts(root, entry[1])
+        flats = {key for key, layout in self._sharded.flats.items() if layout.ref() is not None}
+        for p_name, p in root.named_parameters():
+            if not p.requires_grad or id(p) in flats or self._hooked(p):
                 continue
             entry = self._params.get(id(p))
             if entry is not None and entry[0]() is p:  # (named already: as an optimizer stepped it)
-                self._hooked_params.add(p)
-                self._handles.append(p.register_hook(partial(self._on_param_grad, id(p))))
+                self._hook_grad(p)
             else:
-                self._watch_at(root, item[1], p)
+                self._watch_at(root, p_name, p)
 
     def _watch_at(self, root: torch.nn.Module, p_name: str, p: torch.nn.Parameter) -> str:
         """Name parameter `p` by its path `p_name` in `root`, hook its gradient; its name."""
@@ -654,9 +666,16 @@ class Collector(WeightEvents):
         self._params[id(p)] = (weakref.ref(p), name, owner, self._next_param_tid)
         self._accumulating.discard(id(p))
         self._param_in.pop(id(p), None)
-        if p.requires_grad and p not in self._hooked_params:  # (a frozen one, named as it steps: nothing to hook)
-            self._hooked_params.add(p)
-            self._handles.append(p.register_hook(partial(self._on_param_grad, id(p))))
+        if p.requires_grad and not self._hooked(p):  # (a frozen one, named as it steps: nothing to hook)
+            self._hook_grad(p)
+
+    def _hooked(self, p: torch.nn.Parameter) -> bool:
+        ref = self._hooked_params.get(id(p))
+        return ref is not None and ref() is p
+
+    def _hook_grad(self, p: torch.nn.Parameter) -> None:
+        self._hooked_params[id(p)] = weakref.ref(p)
+        self._handles.append(p.register_hook(partial(self._on_param_grad, id(p))))
 
     def _name_of(self, module: torch.nn.Module, parent: _Frame | None) -> str:
         entry = self._names.get(id(module))
@@ -799,11 +818,9 @@ class Collector(WeightEvents):
                     frame.rng = torch.get_rng_state()
             digested = None
             if is_model_root:
-                frozen = self._frozen.get(id(module))
-                if frozen is not None and frozen[0]() is module:
-                    self._guarded(self._hook_unfrozen, module, frozen[1])
                 versions = self._params_due(module)
                 if versions is not None:
+                    self._guarded(self._watch_changed, module)
                     digested = self._start_params(module, name, type(region or module).__name__, t0)
                     self._params_at[id(module)] = (weakref.ref(module), self.step, self._grads, versions, module.training)
             if recompute is None and self.api is not None:  # its params and modes rows

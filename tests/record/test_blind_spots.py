@@ -243,40 +243,59 @@ def test_each_functional_call_of_a_step_has_the_weights_it_ran_on_recorded(tmp_p
     assert [t["path"] for t in fd["tensors"] if t["differs"]] == [".2.weight"], fd["tensors"]
 
 
-def test_a_backbone_unfrozen_after_a_warm_up_has_its_gradients_from_its_first_trainable_step(tmp_path):
-    """Parameters frozen when their model was first called had no gradient hook: once unfrozen (and
-    added to the optimizer), the first step's gradients of them went unrecorded, and a hook of the
-    user's scaling one was blamed on the optimizer as "not observed". They are hooked at the
-    model's first call after they became trainable."""
+@pytest.mark.parametrize("change", ["unfreeze", "grow", "replace"])
+def test_parameters_that_become_trainable_have_their_gradients_from_their_first_step(tmp_path, change):
+    """Parameters a model did not train when first called (frozen, added later, or replaced) had no
+    gradient hook: the first trainable step's gradients of them went unrecorded, and a user's hook
+    scaling one was blamed on the optimizer as "not observed". They are hooked at the model's next
+    call; and new weights made differently are said to be new, not edited."""
     import duckdb
     import torch
 
     import bitguard
 
-    def train(out, scale):
+    def train(out, scale, init):
         torch.manual_seed(0)
         model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1))
-        model[0].requires_grad_(False)
-        opt = torch.optim.SGD(model[2].parameters(), lr=0.1)
+        if change == "unfreeze":
+            model[0].requires_grad_(False)
+        opt = torch.optim.SGD((p for p in model.parameters() if p.requires_grad), lr=0.1)
         with bitguard.record(out, determinism=False):
             for step in range(4):
                 if step == 2:  # the warm-up is over
-                    model[0].requires_grad_(True)
-                    opt.add_param_group({"params": list(model[0].parameters())})
-                    model[0].weight.register_hook(lambda g: g * scale)
+                    if change == "unfreeze":
+                        model[0].requires_grad_(True)
+                    elif change == "grow":
+                        model.append(torch.nn.Linear(1, 1))
+                    else:
+                        model[0].weight = torch.nn.Parameter(model[0].weight.detach().clone())
+                    new = model[-1] if change == "grow" else model[0]
+                    with torch.no_grad():
+                        new.weight[0, 0] += init
+                    opt.add_param_group({"params": list(new.parameters()) if change != "replace" else [new.weight]})
+                    new.weight.register_hook(lambda g: g * scale)
                 opt.zero_grad()
                 model(torch.randn(2, 4)).pow(2).mean().backward()
                 opt.step()
 
-    for name, scale in (("a", 1.0), ("b", 1.0), ("c", 1.5)):
-        train(tmp_path / name, scale)
+    for name, scale, init in (("a", 1.0, 0.0), ("b", 1.0, 0.0), ("c", 1.5, 0.0), ("d", 1.0, 1e-3)):
+        train(tmp_path / name, scale, init)
+    new = "3.weight" if change == "grow" else "0.weight"
     with duckdb.connect(str(tmp_path / "a" / "rank-0.duckdb"), read_only=True) as con:
-        steps = con.sql("SELECT step FROM events WHERE kind = 'grad' AND boundary = '0.weight' ORDER BY step").fetchall()
-    assert steps == [(2,), (3,)]
-    assert _compare(tmp_path / "a", tmp_path / "b")[0] == 0
-    fd = _compare(tmp_path / "a", tmp_path / "c")[1]["first_divergence"]
+        steps = con.sql(f"SELECT step FROM events WHERE kind = 'grad' AND boundary = '{new}' ORDER BY step").fetchall()
+    assert steps == ([(0,), (1,), (2,), (3,)] if change == "replace" else [(2,), (3,)])
+    assert bitguard.compare(tmp_path / "a", tmp_path / "b").verdict == "identical"
+    fd = bitguard.compare(tmp_path / "a", tmp_path / "c").to_dict()["first_divergence"]
     assert (fd["step"], fd["phase"], fd["kind"], fd["boundary"], fd["blame"]) == \
-        (2, "backward", "grad", "0.weight", "source"), fd
+        (2, "backward", "grad", new, "source"), fd
+    fd = bitguard.compare(tmp_path / "a", tmp_path / "d").to_dict()["first_divergence"]
+    assert (fd["step"], fd["kind"], fd["blame"]) == (2, "params", "source"), fd
+    detail = fd["blame_window"]["detail"]
+    if change == "replace":  # (the weight it replaced stepped under its name: weights copied in, as load_state_dict)
+        assert "outside torch.optim changed them" in detail and "weights copied in" in detail, detail
+    else:
+        assert detail.startswith(f"{new} differs at the start of this step, and no optimizer step before updated "
+                                 "them: parameters new to the model or to its training"), detail
 
 
 def test_weights_trained_through_functional_call_without_torch_optim_are_not_certified(tmp_path):
