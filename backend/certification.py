@@ -123,10 +123,23 @@ def since_filter(run_a, run_b, ea: pl.DataFrame, eb: pl.DataFrame, ta: pl.DataFr
     both sides (absent by construction in the older run, not a divergence): events of kind `params`
     (schema version 6), `saved` and the final state of what only an optimizer held (8); the rows of
     the Python numbers a module returned, and of a root call's keyword arguments in its batch event
-    (7; both sides' alignment keys are then made again from what is kept)."""
+    (7; both sides' alignment keys are then made again from what is kept); the number rows of saved
+    events (9: every number of a save, 8 only an optimizer's or a scheduler's)."""
     versions = [run.manifest.get("schema_version", 1) for run in (run_a, run_b)]
     oldest = min(v if isinstance(v, int) else 1 for v in versions)
-    if oldest >= 8:
+    if oldest >= 9:
+        return ea, eb, ta, tb
+    if oldest == 8:  # (9: every number of a save; 8: an optimizer's and a scheduler's only: none on both sides)
+        sides = []
+        for events, tensors in ((ea, ta), (eb, tb)):
+            saves = events.filter(pl.col("kind") == "saved")["seq"]
+            rows = tensors.select(pl.col("seq").is_in(saves.implode())
+                                  & pl.col("path").str.contains(NUMBER_PATH).fill_null(False)).to_series()
+            if rows.any():
+                tensors = tensors.filter(~rows)
+                events = _rekey(events, tensors)
+            sides.append((events, tensors))
+        (ea, ta), (eb, tb) = sides
         return ea, eb, ta, tb
     newer = pl.col("kind").is_in(["saved"] + (["params"] if oldest < 6 else [])) | (
         (pl.col("kind") == "final") & (pl.col("module_type") == "optimizer"))  # what only an optimizer held: 8

@@ -9,11 +9,14 @@ before it is written): without this a different saved file could compare identic
 (`['ema']['fc1.weight']`, `[0]`, `.fc1.weight` of a module saved whole): dicts in their order, lists
 and tuples, modules' parameters, buffers and other attributes, plain objects' attributes and slots,
 what a class's own `__getstate__` gives pickle, `MAX_DEPTH` levels down; NumPy arrays of numbers
-are taken as the tensors of their memory. Python numbers and strings are left out (a checkpoint
-often holds a time or a path that differs from run to run by design), but for the numbers of an
-optimizer's or an LR scheduler's state (`training_state`: learning rates, step counts, betas), each a
-0-d tensor whose path ends in NUMBER_MARK: a checkpoint that would resume at another learning rate
-is a different checkpoint. What it cannot walk whole (a
+are taken as the tensors of their memory. A saved object's Python numbers are taken too, each a
+0-d tensor whose path ends in NUMBER_MARK (a long list or tuple of ints, as `random.getstate()`, is
+one 1-d tensor): a checkpoint that would resume at another learning rate, privacy budget, loss
+scale or random state is a different checkpoint. Strings are left out (a path, a version), and so
+are the numbers under a key that names a time (`timed`: `time_elapsed`, `train_runtime`,
+`samples_per_second`, `saved_at`), which differ from run to run by design. Among a call's
+arguments (`numbers=False`, flatten.py) only an optimizer's or an LR scheduler's state has its
+numbers taken (`training_state`). What it cannot walk whole (a
 set, which has no order; an object deeper or bigger than the limits) is named as the reason some
 tensors may be missing: the event then holds an unobserved row, and the run is not certified.
 
@@ -30,6 +33,7 @@ import importlib.abc
 import importlib.util
 import inspect
 import os
+import re
 import sys
 import threading
 import types
@@ -62,8 +66,29 @@ _SAVERS = {  # module -> (attribute, boundary) of the functions wrapped there
 }
 
 
+# The words of a key whose numbers differ from run to run by design (a time, a rate of work): its numbers
+# are not taken (`timed`); a key is split into its words at every character that is not a letter.
+_TIME_WORDS = frozenset({"time", "times", "timer", "timestamp", "timestamps", "elapsed", "duration", "durations",
+                         "runtime", "date", "datetime", "clock", "wall", "walltime", "seconds", "secs", "sec", "ms",
+                         "throughput", "speed", "now", "at", "tflops", "mfu"})
+_LAST_KEY = re.compile(r"(?:\[['\"](.*)['\"]\]|\.(\w+))$")
+PACKED_INTS = 16  # a list or tuple of at least this many ints (an RNG state) is one tensor
+
+
+def timed(path: str) -> bool:
+    """Whether the last key of `path` names a time or a rate of work (`['train_runtime']`, `.saved_at`,
+    `['samples_per_second']`): the numbers under it are not compared."""
+    found = _LAST_KEY.search(path)
+    if found is None:
+        return False
+    words = re.split(r"[^a-z]+", (found.group(1) or found.group(2) or "").lower())
+    return bool(_TIME_WORDS.intersection(words)) or any(a == "per" and b in ("second", "s") for a, b in
+                                                        zip(words, words[1:]))
+
+
 class _Walk:
-    def __init__(self, what: str, depth: int, tensors: int, visits: int):
+    def __init__(self, what: str, depth: int, tensors: int, visits: int, numbers: bool):
+        self.numbers = numbers  # every Python number taken (a save), not only an optimizer's or a scheduler's
         self.what = what  # what is walked, in the reasons (`the saved object`)
         self.depth = depth
         self.tensors = tensors
@@ -79,9 +104,12 @@ class _Walk:
 
     def walk(self, value, path: str, depth: int, numbers: bool = False) -> None:
         """`numbers`: inside an optimizer's or a scheduler's state, whose numbers are taken too."""
+        if isinstance(value, np.generic) and value.dtype.kind in "biuf":  # (a NumPy scalar: as its Python number)
+            value = value.item()
         if isinstance(value, SCALARS):  # (not counted: a list of a dataset's indices is cheap to pass over)
-            if numbers and type(value) in (int, float, bool):
-                self.found.append((path + NUMBER_MARK.format(type(value).__name__), number_tensor(value)))
+            if numbers and isinstance(value, (int, float)):
+                kind = bool if isinstance(value, bool) else int if isinstance(value, int) else float
+                self.found.append((path + NUMBER_MARK.format(kind.__name__), number_tensor(kind(value))))
             return
         self.visits -= 1
         if len(self.found) >= self.tensors or self.visits < 0:
@@ -102,12 +130,19 @@ class _Walk:
         if depth < 0:
             self.missing(f"{path} is more than {self.depth} containers deep: not looked into")
             return
+        if numbers and type(value) in (list, tuple) and len(value) >= PACKED_INTS \
+                and all(type(v) is int for v in value):
+            try:
+                self.found.append((path + NUMBER_MARK.format("int"), torch.tensor(value, dtype=torch.int64)))
+                return
+            except (OverflowError, RuntimeError):  # (an int past 64 bits: taken one by one, as floats are not)
+                pass
         self.seen.add(id(value))
         self.held.append(value)
         numbers = numbers or training_state(value)
         try:
             for sub, item in self.items(value, path):
-                self.walk(item, sub, depth - 1, numbers)
+                self.walk(item, sub, depth - 1, numbers and not (self.numbers and timed(sub)))
         except Exception as exc:  # noqa: BLE001 - an object that fails when looked at (a proxy)
             self.missing(f"{path or self.what} could not be looked into ({type(exc).__name__}: {exc})"[:300])
 
@@ -151,7 +186,10 @@ class _Walk:
 
 
 def number_tensor(value) -> torch.Tensor:
-    """A Python int, float or bool as the 0-d tensor of its value (float64 or int64)."""
+    """A Python int, float or bool as the 0-d tensor of its value (float64 or int64); an int past 64
+    bits as the bytes of its digits."""
+    if type(value) is int and not -(1 << 63) <= value < (1 << 63):
+        return torch.frombuffer(bytearray(str(value).encode()), dtype=torch.uint8)
     return torch.tensor(value, dtype=torch.float64 if type(value) is float else torch.int64)
 
 
@@ -163,13 +201,14 @@ def training_state(value) -> bool:
 
 
 def tensors_in(obj, what: str = "the saved object", depth: int | None = None, tensors: int | None = None,
-               visits: int | None = None) -> tuple[list[tuple[str, torch.Tensor]], str | None]:
+               visits: int | None = None, numbers: bool = True) -> tuple[list[tuple[str, torch.Tensor]], str | None]:
     """(path, tensor) of every tensor `obj` holds, as the module docstring says, and why some may
     be missing (None: none is): what cannot be walked whole is marked, never taken for all it holds.
-    `what` names `obj` in the reasons; the limits are a saved object's unless given."""
+    `what` names `obj` in the reasons; the limits are a saved object's unless given. `numbers`: its
+    Python numbers too (but under a `timed` key), else only an optimizer's or a scheduler's."""
     walk = _Walk(what, MAX_DEPTH if depth is None else depth, MAX_TENSORS if tensors is None else tensors,
-                 MAX_VISITS if visits is None else visits)
-    walk.walk(obj, "", walk.depth)
+                 MAX_VISITS if visits is None else visits, numbers)
+    walk.walk(obj, "", walk.depth, numbers)
     return walk.found, walk.why
 
 

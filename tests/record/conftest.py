@@ -61,14 +61,18 @@ def as_schema_5(run_dir: Path) -> None:
 
 
 def as_older_schema(run_dir: Path, version: int) -> None:
-    """Make a single-rank run as bitguard wrote it at schema `version` (5 to 7): without `saved`
-    events and the final state of what only an optimizer held (before 8), the rows of the Python numbers modules returned and of a root's keyword
-    arguments in its batch event (before 7), and `params` events (before 6)."""
+    """Make a single-rank run as bitguard wrote it at schema `version` (5 to 8): a save's numbers but an
+    optimizer's and a scheduler's (before 9: here none), without `saved` events and the final state of
+    what only an optimizer held (before 8), the rows of the Python numbers modules returned and of a
+    root's keyword arguments in its batch event (before 7), and `params` events (before 6)."""
     con = duckdb.connect(str(Path(run_dir) / "rank-0.duckdb"))
     try:
-        newer = "kind = 'saved' OR (kind = 'final' AND module_type = 'optimizer')"
-        con.execute(f"DELETE FROM tensors WHERE seq IN (SELECT seq FROM events WHERE {newer})")
-        con.execute(f"DELETE FROM events WHERE {newer}")
+        con.execute(f"DELETE FROM tensors WHERE regexp_matches(path, '{NUMBER_PATH}') "
+                    "AND seq IN (SELECT seq FROM events WHERE kind = 'saved')")
+        if version < 8:
+            newer = "kind = 'saved' OR (kind = 'final' AND module_type = 'optimizer')"
+            con.execute(f"DELETE FROM tensors WHERE seq IN (SELECT seq FROM events WHERE {newer})")
+            con.execute(f"DELETE FROM events WHERE {newer}")
         if version < 7:
             con.execute(f"DELETE FROM tensors WHERE regexp_matches(path, '{NUMBER_PATH}')")
             con.execute("DELETE FROM tensors WHERE role = 'input' AND starts_with(path, ?) "

@@ -196,6 +196,45 @@ def test_what_the_training_saves_is_compared(tmp_path, what, boundary, differing
     assert _compare(tmp_path / "old", tmp_path / "a")[0] == 0
 
 
+def test_a_checkpoint_that_would_resume_differently_differs_by_its_numbers(tmp_path):
+    """Helper 17: an Opacus privacy accountant's history, a loss scale and Python's RNG state saved
+    beside the weights compared identical when they differed (only an optimizer's and a scheduler's
+    numbers were compared). Every number of a save is, but those under a key naming a time; a run
+    recorded before (schema 8) still compares identical with one recorded now."""
+    import random
+    import time
+
+    import torch
+
+    import bitguard
+
+    def train(out, noise, draws):
+        model, opt = _tiny()
+        random.seed(0)
+        with bitguard.record(out, determinism=False):
+            for _ in range(2):
+                opt.zero_grad()
+                model(torch.randn(2, 4)).pow(2).mean().backward()
+                opt.step()
+            for _ in range(draws):
+                random.random()
+            torch.save({"model": model.state_dict(), "accountant": {"history": [(noise, 0.01, 2)]},
+                        "scaler": {"scale": 65536.0}, "python_rng": random.getstate(), "time_elapsed": time.time()},
+                       out.parent / f"{out.name}.pt")
+
+    for name, noise, draws in (("a", 1.1, 0), ("b", 1.1, 0), ("c", 0.9, 0), ("d", 1.1, 1)):
+        train(tmp_path / name, noise, draws)
+    assert bitguard.compare(tmp_path / "a", tmp_path / "b").verdict == "identical"  # (the times differ)
+    for name, differing in (("c", ["['accountant']['history'][0][0] (python float)"]),
+                            ("d", ["['python_rng'][1] (python int)"])):
+        fd = bitguard.compare(tmp_path / "a", tmp_path / name).to_dict()["first_divergence"]
+        assert (fd["kind"], fd["boundary"]) == ("saved", "torch.save"), fd
+        assert [t["path"] for t in fd["tensors"] if t["differs"]][:2] == differing, fd["tensors"]
+    shutil.copytree(tmp_path / "c", tmp_path / "old")
+    as_older_schema(tmp_path / "old", 8)
+    assert bitguard.compare(tmp_path / "old", tmp_path / "a").verdict == "identical"
+
+
 def test_a_save_in_a_dataloader_worker_is_said_not_to_be_observed(tmp_path):
     """A forked DataLoader worker's collector is off: what it saved was seen by nothing and a
     difference there compared identical (helpers 11, 12). The worker now leaves a line for its

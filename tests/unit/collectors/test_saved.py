@@ -16,7 +16,7 @@ from bitguard.collectors import saved
 from bitguard.collectors.saved import SaveWatch, tensors_in
 
 
-def test_a_checkpoint_s_tensors_are_named_by_where_they_are_and_numbers_left_out():
+def test_a_checkpoint_s_tensors_and_numbers_are_named_by_where_they_are_and_times_and_strings_left_out():
     model = nn.Sequential(nn.Linear(2, 2), nn.BatchNorm1d(2))
     opt = torch.optim.Adam(model.parameters())
     model(torch.randn(3, 2)).sum().backward()
@@ -29,20 +29,41 @@ def test_a_checkpoint_s_tensors_are_named_by_where_they_are_and_numbers_left_out
     assert truncated is None
     assert paths[:3] == ["['model']['0.weight']", "['model']['0.bias']", "['model']['1.weight']"]
     assert "['optimizer']['state'][0]['exp_avg']" in paths and "['extra'][1][0]" in paths
-    assert not any("epoch" in p or "time" in p or "note" in p or "again" in p for p in paths)
+    assert not any("time" in p or "note" in p or "again" in p for p in paths)
     assert all(isinstance(t, torch.Tensor) for _, t in pairs)
-    # but an optimizer's state holds its numbers (helper 13: a Lightning checkpoint that would resume at
-    # another learning rate compared identical)
+    # its numbers are taken (helper 13: a Lightning checkpoint that would resume at another learning rate
+    # compared identical; helper 17: an Opacus accountant's history and Python's RNG state did too)
+    assert dict(pairs)["['epoch'] (python int)"].item() == 3
     lr = dict(pairs)["['optimizer']['param_groups'][0]['lr'] (python float)"]
     assert lr.dtype == torch.float64 and lr.item() == 1e-3
     assert "['optimizer']['param_groups'][0]['amsgrad'] (python bool)" in paths
     # a module saved whole: its parameters and buffers; a tensor saved alone
     assert [p for p, _ in tensors_in(model)[0]][:2] == [".0.weight", ".0.bias"]
     assert [p for p, _ in tensors_in(torch.ones(2))[0]] == ["[]"]
-    # NumPy arrays of numbers are taken (an object array is not); a long list of numbers is passed over
+    # NumPy arrays of numbers are taken (an object array is not); a long list of ints is one tensor
     pairs, truncated = tensors_in({"rng": ("MT19937", np.arange(4, dtype=np.uint32)), "objects": np.array([None]),
                                    "indices": list(range(2 * saved.MAX_VISITS))})
-    assert [(p, t.tolist()) for p, t in pairs] == [("['rng'][1]", [0, 1, 2, 3])] and truncated is None
+    assert [p for p, t in pairs] == ["['rng'][1]", "['indices'] (python int)"] and truncated is None
+    assert pairs[0][1].tolist() == [0, 1, 2, 3] and pairs[1][1].shape == (2 * saved.MAX_VISITS,)
+
+
+def test_every_number_of_a_save_is_taken_but_times_and_among_a_call_s_arguments_only_an_optimizer_s():
+    import random
+
+    state = {"accountant": {"history": [(1.1, 0.01, 5)], "mechanism": "rdp"}, "scaler": {"scale": np.float32(2.0)},
+             "python": random.getstate(), "seed": 2 ** 70, "train_runtime": 3.5, "stats": {"samples_per_second": 9.0},
+             "saved_at": 1.7e9, "last_update": 4, "optimizer": {"state": {}, "param_groups": [{"lr": 0.1}]}}
+    numbers = dict(tensors_in(state)[0])
+    assert [p for p in numbers] == [
+        "['accountant']['history'][0][0] (python float)", "['accountant']['history'][0][1] (python float)",
+        "['accountant']['history'][0][2] (python int)", "['scaler']['scale'] (python float)",
+        "['python'][0] (python int)", "['python'][1] (python int)", "['seed'] (python int)",
+        "['last_update'] (python int)", "['optimizer']['param_groups'][0]['lr'] (python float)"]
+    assert numbers["['python'][1] (python int)"].tolist() == list(state["python"][1])  # the generator's 625 words
+    assert numbers["['seed'] (python int)"].dtype == torch.uint8  # (past 64 bits: its digits)
+    assert saved.timed("['time_elapsed']") and saved.timed(".tokens_per_sec") and not saved.timed("['second_moment']")
+    among_arguments = [p for p, _ in tensors_in(state, numbers=False)[0]]  # (flatten.held_by)
+    assert among_arguments == ["['optimizer']['param_groups'][0]['lr'] (python float)"]
 
 
 def test_an_object_too_big_to_walk_is_marked_not_taken_whole(monkeypatch):
@@ -72,7 +93,8 @@ def test_what_pickle_writes_is_walked_and_what_cannot_be_is_named():
     model.scale = torch.ones(3)
     model.shadow = {"w": torch.zeros(1)}
     paths = [p for p, _ in tensors_in(model)[0]]
-    assert paths == [".weight", ".bias", ".scale", ".shadow['w']"]
+    assert paths == [".weight", ".bias", ".in_features (python int)", ".out_features (python int)", ".scale",
+                     ".shadow['w']"]
     assert [p for p, _ in tensors_in({"s": _Slotted(torch.ones(1))})[0]] == ["['s'].ema"]
     (path, t), = tensors_in(_Stated())[0]
     assert path == ".__getstate__()['half']" and t.dtype == torch.float16
