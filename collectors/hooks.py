@@ -30,6 +30,8 @@ Nothing here knows how rows are stored (see store.py) or compared (backend/).
 
 from __future__ import annotations
 
+import contextlib
+
 import sys
 import threading
 import time
@@ -110,6 +112,18 @@ def _transformed(t: torch.Tensor) -> bool:
         return bool(torch._C._functorch.is_functorch_wrapped_tensor(t))
     except Exception:  # noqa: BLE001 - a torch without the check
         return False
+
+
+def outside_transforms():
+    """A context in which torch ops run as outside every torch.func transform (vmap, grad): what
+    reads an unwrapped tensor's values (a contiguous copy) must not be wrapped again (helper 17: in
+    Opacus' functorch per-sample gradients an expanded gradient of ones was unobserved, every run
+    inconclusive)."""
+    try:
+        from torch._functorch.pyfunctorch import temporarily_clear_interpreter_stack
+    except ImportError:  # a torch without it: the copy may fail, and the tensor is marked unobserved
+        return contextlib.nullcontext()
+    return temporarily_clear_interpreter_stack()
 
 
 def _unwrapped(t: torch.Tensor) -> torch.Tensor | None:
@@ -458,8 +472,9 @@ class Collector(WeightEvents):
                     digest, unobserved = NO_DIGEST, self._unreadable(exc, t)
                 else:  # inside vmap or grad: the values of the whole batch it is a slice of, as they are
                     t, version = inner, None
-                    try:
-                        nbytes, digest = t.nbytes, digest_async(t)
+                    try:  # (with the transforms' interpreters active, the ops of a copy would wrap it again)
+                        with outside_transforms():
+                            nbytes, digest = t.nbytes, digest_async(t)
                     except Exception as inner_exc:  # noqa: BLE001
                         digest, unobserved = NO_DIGEST, self._unreadable(inner_exc, t)
         else:
