@@ -70,6 +70,9 @@ def _record_kwargs(args) -> dict:
                 digest_cache=args.digest_cache, budget=args.budget, sensors=args.sensors, check=args.check)
 
 
+_PYTHON_OPTIONS_WITH_VALUE = ("-W", "-X", "--check-hash-based-pycs")  # python's own, given as two words
+
+
 def cmd_record(args) -> int:
     from bitguard.recording import (MODES, bitguard_files, check_invariants, check_writable, online_options, parse_steps,
                                     run_script)
@@ -103,6 +106,8 @@ def cmd_record(args) -> int:
         if rest[0] in ("-m", "-c"):
             raise NotSupported(f"not supported yet: 'python {rest[0]} ...'; pass the script's path instead")
         py_opts.append(rest.pop(0))
+        if py_opts[-1] in _PYTHON_OPTIONS_WITH_VALUE and rest:  # (`-W ignore`, `-X dev`: the next word is its value)
+            py_opts.append(rest.pop(0))
     if not rest:
         raise BadInput("no script after python; give the training script, e.g. -- python train.py")
     script = rest[0]

@@ -88,3 +88,16 @@ def test_a_launcher_without_a_module_option_is_not_told_to_take_one(tmp_path, ca
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "-m bitguard" not in err and "bitguard.record(" in err, err
     assert not out.exists()
+
+
+def test_python_options_given_as_two_words_keep_their_value(tmp_path, monkeypatch):
+    """Helper 16: `-- python -W ignore train.py` took `ignore` for the script (exit 2, "script ignore not
+    found"); `-W`, `-X` and `--check-hash-based-pycs` take the next word as their value."""
+    script = tmp_path / "train.py"
+    script.write_text("pass\n")
+    launched = []
+    monkeypatch.setattr(cli, "_launch", lambda child, out, command: launched.append(child) or 0)
+    assert cli.main(["record", "--out", str(tmp_path / "run"), "--", sys.executable, "-W", "ignore", "-X", "dev",
+                     "-u", str(script), "--lr", "1"]) == 0
+    child = launched[0]
+    assert child[1:6] == ["-W", "ignore", "-X", "dev", "-u"] and child[-3:] == [str(script), "--lr", "1"]
