@@ -269,9 +269,12 @@ def _optimizer_detail(pivot: dict, events_a: pl.DataFrame, status: dict[int, str
     used_seen = used.height and not used["unknown"].any()
     used_differs = bool(used.height and (used["differs"] & ~used["ignored"]).any())
     if used_differs:
-        produced = ("while the gradient autograd produced on this rank matched: it changed between backward and "
-                    "step() (a reduction across ranks or an edit of .grad; a collective observed there would "
-                    "have been the first divergence)" if grad_ok else
+        between = ("a reduction across ranks or an edit of .grad; a collective observed there would have been the "
+                   "first divergence" if (pivot.get("world_size") or 1) > 1 else
+                   "an edit of .grad: clipping, noise or scaling added to it, by the training's code or by an "
+                   "optimizer wrapping this one, as Opacus' DPOptimizer does")
+        produced = (f"while the gradient autograd produced on this rank matched: it changed between backward and "
+                    f"step() ({between})" if grad_ok else
                     "and the gradient autograd produced on this rank was not observed or differs too")
         return f"the gradient step() used differs {produced}"
     if used_seen and prev_ok:

@@ -581,3 +581,27 @@ def test_a_ddp_model_dropped_without_destroy_process_group_keeps_its_final_state
     return drops the optimizer: no final event, and an edit after the last step compared identical."""
     fd = _planted(tmp_path, _ddp_dropped, 0.0, 1e-3)
     assert (fd["kind"], fd["boundary"], fd["module_type"]) == ("final", "SGD", "optimizer"), fd
+
+
+def test_a_gradient_edited_between_backward_and_step_on_one_rank_is_said_to_be_an_edit(tmp_path):
+    """Helper 17: on a single-rank run, noise or clipping added to .grad by a wrapping optimizer (Opacus'
+    DPOptimizer) was explained as "a reduction across ranks"; one rank has none."""
+    import torch
+
+    import bitguard
+
+    def train(out, clip):
+        model, opt = _tiny()
+        with bitguard.record(out, determinism=False):
+            for _ in range(2):
+                opt.zero_grad()
+                model(torch.randn(2, 4)).pow(2).mean().backward()
+                torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
+                opt.step()
+
+    for name, clip in (("a", 1e-3), ("b", 2e-3)):
+        train(tmp_path / name, clip)
+    fd = bitguard.compare(tmp_path / "a", tmp_path / "b").to_dict()["first_divergence"]
+    assert (fd["step"], fd["phase"], fd["blame"]) == (0, "optimizer", "consumer"), fd
+    detail = fd["blame_window"]["detail"]
+    assert "an edit of .grad: clipping" in detail and "across ranks" not in detail, detail
