@@ -47,6 +47,9 @@ def _render(c) -> str:
             if isinstance(window, list) and len(window) == 2 else ""
         out.append(f"VERDICT: identical — {al.identical_prefix} matched events{within}, {digests} "
                    f"(ranks {', '.join(map(str, r.ranks))}).")
+    elif r.verdict == "inconclusive" and not al.matched:  # (two runs of different programs: nothing compared)
+        out.append("VERDICT: inconclusive — no event of the two runs could be paired, so nothing was compared:")
+        out += [f"  • {_said(reason, r.ranks)}" for reason in r.inconclusive.reasons]
     elif r.verdict == "inconclusive":
         out.append(f"VERDICT: inconclusive — what could be compared is identical ({al.identical_prefix} matched "
                    f"events), but the runs cannot be certified identical:")
@@ -54,8 +57,11 @@ def _render(c) -> str:
     else:
         out += _divergence(fd)
     if r.api_differences is not None:
-        out.append(f"  note: the numbers compared match, but rank {r.api_differences.rank} of the two runs called the "
-                   f"training API differently (these settings had no effect on what was recorded):")
+        if r.verdict == "inconclusive" and not al.matched:
+            out.append(f"  rank {r.api_differences.rank} of the two runs also called the training API differently:")
+        else:
+            out.append(f"  note: the numbers compared match, but rank {r.api_differences.rank} of the two runs called "
+                       f"the training API differently (these settings had no effect on what was recorded):")
         out += api_diff.lines(r.api_differences.model_dump(), "  ", header=False)
     if r.verdict != "inconclusive":
         notes = [x for x in r.certification.reasons if x.code not in _NOTES]

@@ -134,6 +134,12 @@ def test_boundaries_renamed_by_a_prefix_pair_nothing_and_say_why(tmp_path):
     assert (c.verdict, c.exit_status) == ("inconclusive", 3)
     reason = c.to_dict()["inconclusive"]["reasons"][0]
     assert reason["code"] == "nothing_paired" and "'_orig_mod.'" in reason["message"]
+    # the text does not call what it could not compare identical (helper 17: two unrelated scripts)
+    from bitguard.backend.report import render_text
+
+    text = render_text(c)
+    assert "no event of the two runs could be paired, so nothing was compared" in text, text
+    assert "identical" not in text.split("VERDICT:")[1].splitlines()[0]
 
 
 @pytest.mark.parametrize("dropped_from, missing_side, fault_class", [("b", "b", "missing"), ("a", "a", "extra")])
