@@ -370,6 +370,12 @@ def _window(pivot: dict, events_a: pl.DataFrame, status: dict[int, str], diffs: 
         root = _root_window(pivot, events_a, diffs)
         if root is not None:
             return root
+    if phase == "backward" and pivot.get("depth") == 0:  # (a root's backward: its incoming gradient differs)
+        return {"module": None, "detail": f"the gradient reaching {pivot['boundary']}'s output already differs: it "
+                                          "was computed outside every observed module, by the loss (its code, or its "
+                                          "targets: labels are not among a model's inputs) or by code between the "
+                                          "output and backward(), such as a custom autograd function's backward "
+                                          "(a loss wrapper that weights or clips the gradient)"}
     return {"module": None, "detail": "no enclosing module had identical inputs: the fault is upstream of every "
                                       "observed boundary (e.g. in the data pipeline or in code outside modules)"}
 

@@ -3,7 +3,8 @@
 Edges run forward in time between divergent events of one rank:
 - dataflow: an event's output tensor is another's input (same tensor identity), forward
   (`output` -> `input`; a data event's batch -> the calls that read it) and backward
-  (`grad_input` of a consumer -> `grad_output` of its producer);
+  (`grad_input` of a consumer -> `grad_output` of its producer; one `grad_output` shared by a
+  module and the part it returns, from the first event to the later ones);
 - nesting: a divergent child forward call -> the enclosing call it belongs to;
 - forward -> backward of the same module in the same step (saved activations);
 - a module's backward -> its parameters' gradient events; gradient -> optimizer step of that
@@ -111,7 +112,10 @@ def graph(events: pl.DataFrame, tensors: pl.DataFrame, divergent, loss: bool = F
     # the batch: a data event's inputs are the root call's, the same tensors its first modules read
     data_seqs = info.filter(phase == "data")["seq"].implode()
     batch = tens.filter((pl.col("role") == "input") & (pl.col("tid") > 0))
+    # (a module and the last of its parts it returns get one gradient: the outer one's backward, first, reaches the inner)
+    shared = tens.filter((pl.col("role") == "grad_output") & (pl.col("tid") > 0))
     parts = [_dataflow(tens, "output", "input"), _dataflow(tens, "grad_input", "grad_output"), _nesting(fwd),
+             _pairs(shared, shared, ["tid"], "dataflow").filter(pl.col("src") < pl.col("dst")),
              _pairs(batch.filter(pl.col("seq").is_in(data_seqs)), batch.filter(~pl.col("seq").is_in(data_seqs)),
                     ["tid"], "dataflow").filter(pl.col("src") < pl.col("dst")),
              # a recompute's outputs are the activations backward uses

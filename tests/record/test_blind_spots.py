@@ -605,3 +605,31 @@ def test_a_gradient_edited_between_backward_and_step_on_one_rank_is_said_to_be_a
     assert (fd["step"], fd["phase"], fd["blame"]) == (0, "optimizer", "consumer"), fd
     detail = fd["blame_window"]["detail"]
     assert "an edit of .grad: clipping" in detail and "across ranks" not in detail, detail
+
+
+def test_a_target_changed_under_a_functional_loss_is_blamed_on_the_loss_and_reaches_the_whole_backward(tmp_path):
+    """Helper 16: a label changed under `F.cross_entropy` (no loss module) made the root's backward the
+    pivot, said to be "upstream of every observed boundary (the data pipeline)", and its propagation
+    reached 1 node: the root and its last part share their gradient, and nothing linked the two."""
+    import torch
+
+    import bitguard
+
+    def train(out, target):
+        model, opt = _tiny()
+        with bitguard.record(out, determinism=False):
+            for step in range(2):
+                opt.zero_grad()
+                y = torch.zeros(2, 1) + (target if step == 1 else 0.0)
+                torch.nn.functional.mse_loss(model(torch.randn(2, 4)), y).backward()
+                opt.step()
+
+    for name, target in (("a", 0.0), ("b", 0.5)):
+        train(tmp_path / name, target)
+    d = bitguard.compare(tmp_path / "a", tmp_path / "b").to_dict()
+    fd = d["first_divergence"]
+    assert (fd["step"], fd["phase"], fd["boundary"], fd["blame"]) == (1, "backward", "Sequential", "consumer"), fd
+    assert fd["blame_window"]["detail"].startswith("the gradient reaching Sequential's output already differs: it was "
+                                                   "computed outside every observed module, by the loss"), fd
+    reached = {n["boundary"] for n in d["propagation"]["nodes"] if n["phase"] == "backward"}
+    assert {"Sequential", "2", "0", "0.weight", "2.weight"} <= reached, reached
