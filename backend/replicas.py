@@ -53,7 +53,7 @@ def _states(run: LoadedRun, rank: int) -> dict[tuple, tuple[dict, dict]]:
     rows = run.tensors(rank).filter(pl.col("seq").is_in(events["seq"].implode()) & (pl.col("role") == "param")
                                     & pl.col("shard").is_null() & pl.col("unobserved").is_null())
     by_seq = defaultdict(dict)
-    for r in rows.select("seq", "path", "shape", "dtype", "xor", "pos").iter_rows(named=True):
+    for r in rows.select("seq", "idx", "path", "shape", "dtype", "xor", "pos").iter_rows(named=True):
         by_seq[r["seq"]][r["path"]] = r
     return {(e["step"], e["boundary"], e["call"]): (e, by_seq.get(e["seq"], {}))
             for e in events.select("seq", "step", "boundary", "module_type", "call").iter_rows(named=True)}
@@ -91,7 +91,7 @@ def _diffs(expected: dict, got: dict) -> list[TensorDiff]:
         if e is not None and g is not None and (e["xor"], e["pos"]) == (g["xor"], g["pos"]):
             continue
         r = g or e
-        out.append(TensorDiff(role="param", index=0, path=path, shape=list(r["shape"] or []), dtype=r["dtype"],
+        out.append(TensorDiff(role="param", index=r["idx"], path=path, shape=list(r["shape"] or []), dtype=r["dtype"],
                               expected=DigestPair(xor=hexdigest(e["xor"]) if e else None,
                                                   pos=hexdigest(e["pos"]) if e else None),
                               got=DigestPair(xor=hexdigest(g["xor"]) if g else None,

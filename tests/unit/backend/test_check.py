@@ -195,3 +195,13 @@ def test_a_recompute_that_drew_other_random_numbers_says_so():
                      "pos": 10, "unobserved": None}]
     (f,) = run.check().findings
     assert f.blame == "consumer" and f.differing_roles == ["output", "rng"] and "RNG state" in f.detail
+
+
+def test_a_replica_s_differing_parameter_keeps_its_index_in_the_event():
+    """Helper 17: `check` printed every differing parameter as `param[0]`, where compare printed the same
+    tensor as `param[4]`."""
+    from bitguard.backend.replicas import _diffs
+
+    row = {"idx": 4, "shape": [3, 32], "dtype": "float32", "xor": 1, "pos": 2}
+    (diff,) = _diffs({".module.fc2.weight": row}, {".module.fc2.weight": {**row, "xor": 5}})
+    assert (diff.role, diff.index, diff.path) == ("param", 4, ".module.fc2.weight")
