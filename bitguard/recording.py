@@ -283,7 +283,10 @@ def run_script(script: str, args: list[str], **record_kwargs) -> int:
             print(exc.code, file=sys.stderr)
     except BaseException as exc:  # noqa: BLE001 - the script's own failure, reported as python would
         failure = (type(exc), exc, exc.__traceback__)
-        traceback.print_exc()
+        shown = exc.__traceback__  # from the script's own frame, as python prints it (not runpy's and ours)
+        while shown is not None and shown.tb_frame.f_code.co_filename != str(path):
+            shown = shown.tb_next
+        traceback.print_exception(type(exc), exc, shown or exc.__traceback__)
     finally:
         recording.__exit__(*failure)
         del script_globals

@@ -254,6 +254,8 @@ def test_exception_in_script_exits_1_and_keeps_events(tmp_path):
     script.write_text("import torch\nm = torch.nn.Linear(2, 2)\nm(torch.ones(1, 2))\nraise ValueError('boom')\n")
     proc = record(tmp_path / "run", script=script, check=False)
     assert proc.returncode == 1 and "ValueError: boom" in proc.stderr
+    # python's own traceback: from the script's frame (helper 17: bitguard's and runpy's frames were in it)
+    assert f'Traceback (most recent call last):\n  File "{script}", line 4, in <module>' in proc.stderr, proc.stderr
     assert json.loads((tmp_path / "run" / "manifest.json").read_text())["status"] == "failed"
     assert len(events(tmp_path / "run")[0]) == 3
 
