@@ -31,7 +31,6 @@ Nothing here knows how rows are stored (see store.py) or compared (backend/).
 from __future__ import annotations
 
 import contextlib
-
 import sys
 import threading
 import time
