@@ -141,11 +141,14 @@ def _params_detail(pivot: dict, events_a: pl.DataFrame, diffs: pl.DataFrame) -> 
     stepped = steps.height
     differing = diffs.filter((pl.col("a_seq") == pivot["seq"]) & pl.col("differs") & (pl.col("role") == "param"))
     names = [p.lstrip(".") for p in differing["path"].to_list()]
-    if stepped and names and not steps.filter(pl.col("boundary").is_in(names)).height:
+    # (a part called alone names its parameters from itself, `2.weight`; its optimizer events are named from
+    # the model, `actor.2.weight`)
+    stepped_names = steps["boundary"].to_list()
+    if stepped and names and not any(b == n or b.endswith("." + n) for n in names for b in stepped_names):
         shown = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
-        return (f"{shown} {'differs' if len(names) == 1 else 'differ'} at the start of this step, and no optimizer step "
-                "before updated them: parameters new "
-                "to the model or to its training (a layer added, a parameter replaced or unfrozen) made differently "
+        return (f"{shown} {'differs' if len(names) == 1 else 'differ'} at the start of this step, and no optimizer "
+                "step before updated them: parameters new to the model or to its training (a layer added, a "
+                "parameter replaced or unfrozen) made differently "
                 "(their initialisation, the weights copied in), or frozen ones changed outside torch.optim")
     if pivot["call"] > 0 and stepped:
         return ("the parameters differ at this call of the step although they matched at an earlier call and every "
@@ -157,9 +160,9 @@ def _params_detail(pivot: dict, events_a: pl.DataFrame, diffs: pl.DataFrame) -> 
                 "hand-written update, load_state_dict, weights copied in)")
     if before.filter(pl.col("kind") == "grad").height:
         return ("the parameters differ at the start of this step although every gradient before matched, and no "
-                "optimizer step was recorded: the weights were updated outside torch.optim (by hand, through .data) "
-                "differently, or edited between steps (or an optimizer that calls its closure again, LBFGS, moved "
-                "them inside its first step())")
+                "optimizer step was recorded: the weights were updated outside torch.optim (by hand, through .data, "
+                "or by another library's optimizer, as Keras') differently, or edited between steps (or an optimizer "
+                "that calls its closure again, LBFGS, moved them inside its first step())")
     if pivot["step"] > 0:
         return (f"the parameters already differ at the model's first recorded call, in step {pivot['step']}: they "
                 f"differed before the recorded steps began (an earlier step, the initialisation, a loaded checkpoint)")

@@ -279,7 +279,7 @@ def _native_versions(torch) -> dict[str, str]:
 # SECRET, PASSWORD or CREDENTIAL), nor what a launcher sets per process (RANK, MASTER_ADDR, ...).
 # BITGUARD_RECORD_ENV="NAME,NAME2" records more names (a script's own switches).
 ENV_PREFIXES = ("CUDA_", "CUBLAS_", "CUDNN_", "NCCL_", "NVIDIA_", "TORCH", "PYTORCH_", "OMP_", "MKL_", "KMP_",
-                "OPENBLAS_", "HF_", "TRANSFORMERS_", "ACCELERATE_", "TOKENIZERS_", "XLA_", "TRITON_", "BITGUARD_")
+                "OPENBLAS_", "HF_", "TRANSFORMERS_", "ACCELERATE_", "TOKENIZERS_", "XLA_", "TRITON_", "KERAS_", "BITGUARD_")
 ENV_NAMES = ("PYTHONHASHSEED", "PYTHONPATH", "LD_PRELOAD", "CUBLASLT_WORKSPACE_SIZE")
 _SECRET = re.compile(r"TOKEN|KEY|SECRET|PASSW|CREDENTIAL", re.I)
 _PER_PROCESS = re.compile(r"^(RANK|LOCAL_RANK|WORLD_SIZE|LOCAL_WORLD_SIZE|GROUP_RANK|GROUP_WORLD_SIZE|ROLE_RANK|"

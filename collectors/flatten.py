@@ -118,6 +118,6 @@ def held_by(obj, prefix: str, walked: dict | None = None) -> list[tuple[str, tor
         except TypeError:  # (no weak reference to it: held until the collector forgets the step's objects)
             walked[id(obj)] = obj
     pairs, why = tensors_in(obj, f"{type(obj).__name__} {prefix}".rstrip(), CALL_DEPTH, CALL_TENSORS, CALL_VISITS,
-                            numbers=False)
+                            save=False)
     pairs = [(prefix + path if path != "[]" else prefix, t) for path, t in pairs]
     return pairs if why is None else NotFlattened(pairs, prefix, why)

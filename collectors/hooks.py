@@ -53,10 +53,11 @@ from bitguard.collectors.patching import Patch
 from bitguard.collectors.processes import ProcessWatch
 from bitguard.collectors.recompute import NON_REENTRANT, recompute_kind
 from bitguard.collectors.saved import SaveWatch
+from bitguard.collectors.keras_steps import KerasStepWatch
 from bitguard.collectors.scaler import ScalerWatch
 from bitguard.collectors.sharded import ShardedParams, clean_name
 from bitguard.collectors.store import MAX_REPORTED_ERRORS
-from bitguard.collectors.weights import WeightEvents, is_distributed
+from bitguard.collectors.weights import WeightEvents, is_distributed, module_versions
 from bitguard.cuda.fingerprint import digest_async, digest_host_at, in_place_on_host
 from bitguard.cuda.tensor_bytes import tensor_bytes
 from bitguard.errors import NotSupported
@@ -234,7 +235,7 @@ class Collector(WeightEvents):
                  "_next_param_tid", "_next_tid", "_grads", "_optimizers", "_optimizers_seen", "_steps_taken", "_param_in", "_params", "_params_at", "_pass_stack", "_pending", "_queued",
                  "_foreign", "_kept_lists", "_rng_free", "_root_names", "_roots", "_seq", "_sharded", "_stacks", "_thread_names",
                  "_tids", "_tids_limit", "_wrapper", "_depths", "_in_child", "_walked", "_finaled", "_unheld", "_held_optimizers",
-                 "_trainable", "_hooked_params")
+                 "_trainable", "_hooked_params", "_backwards")
 
     def __init__(self, store, mode: str = "full", steps: tuple[int, int | None] | None = None,
                  rank: int = 0, world_size: int = 1, dump: bool = False, digest_cache: bool = True):
@@ -266,6 +267,7 @@ class Collector(WeightEvents):
         self._optimizers_seen: dict[str, int] = {}  # class name -> the last `#i` given
         self._steps_taken = 0  # optimizer steps seen (collectors/scaler.py: a step skipped has none)
         self._grads = 0
+        self._backwards = 0  # module backward events emitted: gradients that reached no parameter say so at the end
         # Roots with parameters, held: a model local to the script's main() is gone when the
         # recording ends, and its final state with it. Let go of (its final state taken then) once
         # nothing else holds it (`_let_go`), and when the recording ends. Not held: a model inside
@@ -319,6 +321,8 @@ class Collector(WeightEvents):
         # a step the loss scaler skipped (an inf gradient) still ends the step
         self._handles.append(ScalerWatch(lambda: self._steps_taken, self._guard(self._skipped_step)).install())
         self._handles.append(SaveWatch(self._saved).install())  # what torch.save and the like write: `saved`
+        # a Keras optimizer's update (no torch.optim on Keras' PyTorch backend) ends the step too
+        self._handles.append(KerasStepWatch(lambda: self._steps_taken, self._guard(self._foreign_step)).install())
         if torch.distributed.is_available():  # the process group's end: the distributed models' final state
             self._handles.append(Patch(torch.distributed, "destroy_process_group", self._before_destroy))
         self._handles.append(optim.register_optimizer_step_post_hook(self._guard(self._on_optimizer_step)))
@@ -644,16 +648,17 @@ class Collector(WeightEvents):
             if entry is None or entry[0]() is not sub or id(sub) in renamed:
                 self._names[id(sub)] = (weakref.ref(sub), clean_name(eager_name(sub_name)) or name)
 
-    def _watch_changed(self, root: torch.nn.Module) -> None:
-        """At a root's params event: when its trainable parameters are not those it had (a backbone
+    def _watch_changed(self, root: torch.nn.Module) -> bool:
+        """At each call of a root: when its trainable parameters are not those it had (a backbone
         unfrozen after a warm-up, a layer added, a parameter replaced: `load_state_dict(assign=True)`,
-        `resize_token_embeddings`), the new ones are named and their gradients hooked. Their
-        gradient events were missing until then, and a difference in them was blamed on the
-        optimizer as "not observed"."""
+        `resize_token_embeddings`, Keras making its variables anew once a model is built), the new
+        ones are named and their gradients hooked, and True is returned (the call is due a params
+        event). Their gradient events were missing until then, and a difference in them was blamed
+        on the optimizer as "not observed", or on the first module that read them."""
         ids = _trainable_ids(root)
         known = self._trainable.get(id(root))
         if known is not None and known[0]() is root and known[1] == ids:
-            return
+            return False
         self._trainable[id(root)] = (weakref.ref(root), ids)
         entry = self._names.get(id(root))
         if entry is not None and entry[0]() is root:  # (a layer added: named by its path, as the others)
@@ -667,6 +672,7 @@ class Collector(WeightEvents):
                 self._hook_grad(p)
             else:
                 self._watch_at(root, p_name, p)
+        return known is not None
 
     def _watch_at(self, root: torch.nn.Module, p_name: str, p: torch.nn.Parameter) -> str:
         """Name parameter `p` by its path `p_name` in `root`, hook its gradient; its name."""
@@ -832,9 +838,15 @@ class Collector(WeightEvents):
                     frame.rng = torch.get_rng_state()
             digested = None
             if is_model_root:
+                try:
+                    changed = self._watch_changed(module)
+                except Exception as exc:  # noqa: BLE001 - the call is recorded all the same
+                    changed = False
+                    self._fail("_watch_changed", exc)
                 versions = self._params_due(module)
+                if versions is None and changed:
+                    versions = module_versions(module)
                 if versions is not None:
-                    self._guarded(self._watch_changed, module)
                     digested = self._start_params(module, name, type(region or module).__name__, t0)
                     self._params_at[id(module)] = (weakref.ref(module), self.step, self._grads, versions, module.training)
             if recompute is None and self.api is not None:  # its params and modes rows
@@ -980,6 +992,7 @@ class Collector(WeightEvents):
 
     def _finish_backward(self, state: _Backward) -> None:
         state.done = True
+        self._backwards += 1
         rows = state.rows
         if len(rows) > 1:
             rows = sorted(rows, key=_grad_order)  # outputs' gradients first

@@ -15,8 +15,9 @@ one 1-d tensor): a checkpoint that would resume at another learning rate, privac
 scale or random state is a different checkpoint. Strings are left out (a path, a version), and so
 are the numbers under a key that names a time (`timed`: `time_elapsed`, `train_runtime`,
 `samples_per_second`, `saved_at`), which differ from run to run by design. Among a call's
-arguments (`numbers=False`, flatten.py) only an optimizer's or an LR scheduler's state has its
-numbers taken (`training_state`). What it cannot walk whole (a
+arguments (`save=False`, flatten.py) only an optimizer's or an LR scheduler's state has its
+numbers taken (`training_state`), and a module is not walked (its weights are its own events').
+What it cannot walk whole (a
 set, which has no order; an object deeper or bigger than the limits) is named as the reason some
 tensors may be missing: the event then holds an unobserved row, and the run is not certified.
 
@@ -87,8 +88,8 @@ def timed(path: str) -> bool:
 
 
 class _Walk:
-    def __init__(self, what: str, depth: int, tensors: int, visits: int, numbers: bool):
-        self.numbers = numbers  # every Python number taken (a save), not only an optimizer's or a scheduler's
+    def __init__(self, what: str, depth: int, tensors: int, visits: int, save: bool):
+        self.save = save  # a save's walk: every Python number, modules whole; else a call's arguments
         self.what = what  # what is walked, in the reasons (`the saved object`)
         self.depth = depth
         self.tensors = tensors
@@ -119,6 +120,8 @@ class _Walk:
         if isinstance(value, torch.Tensor):
             self.found.append((path or "[]", value))
             return
+        if not self.save and isinstance(value, torch.nn.Module):  # among a call's arguments: its weights are
+            return  # its own events' (Keras' symbolic tensors hold the layers that made them, ever deeper)
         if isinstance(value, np.ndarray):  # saved beside the tensors (NumPy's RNG state, weights kept as arrays)
             if value.dtype.kind in "biufc":
                 self.found.append((path or "[]", torch.from_numpy(value if value.flags.writeable else value.copy())))
@@ -142,7 +145,7 @@ class _Walk:
         numbers = numbers or training_state(value)
         try:
             for sub, item in self.items(value, path):
-                self.walk(item, sub, depth - 1, numbers and not (self.numbers and timed(sub)))
+                self.walk(item, sub, depth - 1, numbers and not (self.save and timed(sub)))
         except Exception as exc:  # noqa: BLE001 - an object that fails when looked at (a proxy)
             self.missing(f"{path or self.what} could not be looked into ({type(exc).__name__}: {exc})"[:300])
 
@@ -201,14 +204,15 @@ def training_state(value) -> bool:
 
 
 def tensors_in(obj, what: str = "the saved object", depth: int | None = None, tensors: int | None = None,
-               visits: int | None = None, numbers: bool = True) -> tuple[list[tuple[str, torch.Tensor]], str | None]:
+               visits: int | None = None, save: bool = True) -> tuple[list[tuple[str, torch.Tensor]], str | None]:
     """(path, tensor) of every tensor `obj` holds, as the module docstring says, and why some may
     be missing (None: none is): what cannot be walked whole is marked, never taken for all it holds.
-    `what` names `obj` in the reasons; the limits are a saved object's unless given. `numbers`: its
-    Python numbers too (but under a `timed` key), else only an optimizer's or a scheduler's."""
+    `what` names `obj` in the reasons; the limits are a saved object's unless given. `save`: what a
+    save writes, its Python numbers too (but under a `timed` key) and a module's weights; else (an
+    object among a call's arguments) only an optimizer's or a scheduler's numbers, and no module."""
     walk = _Walk(what, MAX_DEPTH if depth is None else depth, MAX_TENSORS if tensors is None else tensors,
-                 MAX_VISITS if visits is None else visits, numbers)
-    walk.walk(obj, "", walk.depth, numbers)
+                 MAX_VISITS if visits is None else visits, save)
+    walk.walk(obj, "", walk.depth, save)
     return walk.found, walk.why
 
 
@@ -220,7 +224,7 @@ class SaveWatch:
         self._prepare = prepare
         self._patches: list[Patch] = []
         self._inside = threading.local()
-        self._finder: _AfterImport | None = None
+        self._finder: AfterImport | None = None
 
     def install(self) -> SaveWatch:
         lazy = []
@@ -236,7 +240,7 @@ class SaveWatch:
             elif module_name.startswith(_DCP):
                 lazy.append(module_name)
         if lazy:  # wrapped as soon as the training imports it
-            self._finder = _AfterImport(set(lazy), lambda m: self._wrap(m, _SAVERS[m.__name__]))
+            self._finder = AfterImport(set(lazy), lambda m: self._wrap(m, _SAVERS[m.__name__]))
             sys.meta_path.insert(0, self._finder)
         return self
 
@@ -276,7 +280,7 @@ class SaveWatch:
         return make
 
 
-class _AfterImport(importlib.abc.MetaPathFinder):
+class AfterImport(importlib.abc.MetaPathFinder):
     """Calls `then(module)` once each module named in `names` has been imported (its code run)."""
 
     def __init__(self, names: set[str], then):
@@ -299,7 +303,7 @@ class _AfterImport(importlib.abc.MetaPathFinder):
                 loader.exec_module(module)
                 try:
                     then(module)
-                except Exception:  # noqa: BLE001 - its saves are then not seen; the import itself stands
+                except Exception:  # noqa: BLE001 - what `then` adds is then missing; the import itself stands
                     pass
 
         spec.loader = _Then()

@@ -87,6 +87,12 @@ class WeightEvents:
             self._fail("final state", NotSupported(
                 f"{self._foreign} ran on tensors in place of its parameters (functional_call) and no optimizer step "
                 f"updated them: its final weights are not observed"))
+        elif self._backwards and not self._grads and not self._steps_taken:
+            self._fail("final state", NotSupported(
+                f"gradients flowed back through the recorded modules ({self._backwards} backward events), but none "
+                f"reached a parameter of theirs and no optimizer step ran: what was trained, if anything, is tensors "
+                f"the modules do not hold (Keras' stateless_call, torch.func.grad of weights kept apart), and its "
+                f"weights are not observed"))
 
     def _before_destroy(self, original, patch):
         """destroy_process_group, taking first the final state of the roots that hold a wrapper of
@@ -274,6 +280,15 @@ class WeightEvents:
                     self._register_root(value, key)
             except Exception as exc:  # noqa: BLE001 - one object that cannot be held: the others still are
                 self._fail("_adopt_kept", exc)
+
+    def _foreign_step(self) -> None:
+        """An optimizer that is not torch.optim's updated the weights (Keras', collectors/keras_steps.py):
+        the step ends as at torch.optim's; what it wrote is the next step's params event's."""
+        self._steps_taken += 1
+        try:
+            self._flush_backward(ended=False)
+        finally:
+            self._end_step()
 
     def _skipped_step(self) -> None:
         """`GradScaler.step` skipped the optimizer's step (an inf or NaN gradient): the step ends all

@@ -633,3 +633,96 @@ def test_a_target_changed_under_a_functional_loss_is_blamed_on_the_loss_and_reac
                                                    "computed outside every observed module, by the loss"), fd
     reached = {n["boundary"] for n in d["propagation"]["nodes"] if n["phase"] == "backward"}
     assert {"Sequential", "2", "0", "0.weight", "2.weight"} <= reached, reached
+
+
+KERAS_LIKE = '''
+class BaseOptimizer:  # (as Keras': its own update of the weights, no torch.optim)
+    def __init__(self, lr):
+        self.lr = lr
+
+    def apply(self, grads, variables):
+        import torch
+        with torch.no_grad():
+            for g, v in zip(grads, variables):
+                v -= self.lr * g
+'''
+
+
+def test_a_keras_optimizer_s_update_ends_the_step(tmp_path, monkeypatch):
+    """Helper 19: with Keras' own optimizers (its PyTorch backend: no torch.optim) the step never
+    moved, and a whole training was step 0. `BaseOptimizer.apply` ends a step, also when Keras is
+    imported after the recording began; what it wrote is the next step's params event's."""
+    import importlib
+    import sys
+
+    import duckdb
+    import torch
+
+    import bitguard
+
+    package = tmp_path / "pkgs" / "keras" / "src" / "optimizers"
+    package.mkdir(parents=True)
+    for folder in (package.parent.parent, package.parent, package):
+        (folder / "__init__.py").write_text("")
+    (package / "base_optimizer.py").write_text(KERAS_LIKE)
+    monkeypatch.syspath_prepend(str(tmp_path / "pkgs"))
+    for name in [m for m in sys.modules if m == "keras" or m.startswith("keras.")]:
+        monkeypatch.delitem(sys.modules, name)
+
+    def train(out, lr):
+        model, _ = _tiny()
+        with bitguard.record(out, determinism=False):
+            base = importlib.import_module("keras.src.optimizers.base_optimizer")  # (imported once recording)
+            opt = base.BaseOptimizer(0.1)
+            for step in range(3):
+                opt.lr = lr if step == 1 else 0.1
+                model.zero_grad()
+                model(torch.randn(2, 4)).pow(2).mean().backward()
+                opt.apply([p.grad for p in model.parameters()], list(model.parameters()))
+        for name in [m for m in sys.modules if m == "keras" or m.startswith("keras.")]:
+            del sys.modules[name]
+
+    for name, lr in (("a", 0.1), ("b", 0.1), ("c", 0.2)):
+        train(tmp_path / name, lr)
+    with duckdb.connect(str(tmp_path / "a" / "rank-0.duckdb"), read_only=True) as con:
+        assert con.sql("SELECT DISTINCT step FROM events WHERE kind = 'batch' ORDER BY step").fetchall() == \
+            [(0,), (1,), (2,)]
+    assert bitguard.compare(tmp_path / "a", tmp_path / "b").verdict == "identical"
+    fd = bitguard.compare(tmp_path / "a", tmp_path / "c").to_dict()["first_divergence"]
+    assert (fd["step"], fd["kind"], fd["blame"]) == (2, "params", "source"), fd
+    assert "another library's optimizer, as Keras'" in fd["blame_window"]["detail"], fd["blame_window"]
+
+
+
+def test_weights_a_module_reads_in_place_of_its_parameters_trained_by_hand_are_not_certified(tmp_path):
+    """Helper 19: Keras' stateless_call swaps values in for a layer's variables (no functional_call, the
+    parameters stay in place, untrained) and the training updates its own tensors by hand: a different
+    last update compared identical. Gradients that flowed through the modules yet reached none of their
+    parameters, with no optimizer step, make the run inconclusive."""
+    import torch
+
+    import bitguard
+
+    class Scoped(torch.nn.Linear):  # (as a Keras layer inside a StatelessScope: the scope's value is read)
+        scope = None
+
+        def forward(self, x):
+            return torch.nn.functional.linear(x, self.scope if self.scope is not None else self.weight)
+
+    def train(out, last_lr):
+        torch.manual_seed(0)
+        layer = Scoped(4, 1, bias=False)
+        weight = layer.weight.detach().clone().requires_grad_(True)
+        with bitguard.record(out, determinism=False):
+            for step in range(3):
+                layer.scope = weight
+                (grad,) = torch.autograd.grad(layer(torch.randn(2, 4)).pow(2).mean(), [weight])
+                with torch.no_grad():
+                    weight -= (last_lr if step == 2 else 0.1) * grad
+        torch.save(weight, out.parent / f"{out.name}.not-a-recorded-save")  # (after the recording)
+
+    for name, lr in (("a", 0.1), ("b", 0.2)):
+        train(tmp_path / name, lr)
+    c = bitguard.compare(tmp_path / "a", tmp_path / "b")
+    assert c.verdict == "inconclusive", c.to_dict()["verdict"]
+    assert "none reached a parameter of theirs" in " ".join(c.run_a.manifest["collector_errors"])

@@ -62,8 +62,27 @@ def test_every_number_of_a_save_is_taken_but_times_and_among_a_call_s_arguments_
     assert numbers["['python'][1] (python int)"].tolist() == list(state["python"][1])  # the generator's 625 words
     assert numbers["['seed'] (python int)"].dtype == torch.uint8  # (past 64 bits: its digits)
     assert saved.timed("['time_elapsed']") and saved.timed(".tokens_per_sec") and not saved.timed("['second_moment']")
-    among_arguments = [p for p, _ in tensors_in(state, numbers=False)[0]]  # (flatten.held_by)
+    among_arguments = [p for p, _ in tensors_in(state, save=False)[0]]  # (flatten.held_by)
     assert among_arguments == ["['optimizer']['param_groups'][0]['lr'] (python float)"]
+
+
+def test_a_module_among_a_call_s_arguments_is_not_walked_but_a_saved_one_is():
+    """Helper 19: Keras' symbolic tensors hold the layer that made them, whose inputs hold theirs: a
+    call's argument walked into modules ever deeper, past the depth limit, and every trusted-mode
+    Keras run was inconclusive. A module's weights are its own events'; a save still holds them."""
+
+    class Symbolic:  # (as a KerasTensor: the layer that made it, which holds its own input)
+        def __init__(self, layer):
+            self.history = (layer, 0, 0)
+
+    symbol = None
+    for _ in range(20):
+        layer = nn.Linear(2, 2)
+        layer.inputs = symbol
+        symbol = Symbolic(layer)
+    assert tensors_in(symbol, depth=8, save=False) == ([], None)
+    pairs, why = tensors_in({"model": nn.Linear(2, 2)})
+    assert [p for p, _ in pairs][:2] == ["['model'].weight", "['model'].bias"] and why is None
 
 
 def test_an_object_too_big_to_walk_is_marked_not_taken_whole(monkeypatch):
