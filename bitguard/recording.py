@@ -273,10 +273,11 @@ def run_script(script: str, args: list[str], **record_kwargs) -> int:
     recording.__enter__()  # bad input raises here, before the script runs
     sys.argv = [str(path), *args]
     sys.path.insert(0, str(path.resolve().parent))
+    main = os.path.abspath(path)  # the script's __file__, absolute as python makes it (helper 18: it was relative)
     failure = (None, None, None)
     script_globals = None  # held until the recording ends: its final event reads the script's models
     try:
-        script_globals = runpy.run_path(str(path), run_name="__main__")
+        script_globals = runpy.run_path(main, run_name="__main__")
     except SystemExit as exc:
         failure = (SystemExit, exc, exc.__traceback__)
         if not isinstance(exc.code, (int, type(None))):
@@ -284,7 +285,7 @@ def run_script(script: str, args: list[str], **record_kwargs) -> int:
     except BaseException as exc:  # noqa: BLE001 - the script's own failure, reported as python would
         failure = (type(exc), exc, exc.__traceback__)
         shown = exc.__traceback__  # from the script's own frame, as python prints it (not runpy's and ours)
-        while shown is not None and shown.tb_frame.f_code.co_filename != str(path):
+        while shown is not None and shown.tb_frame.f_code.co_filename != main:
             shown = shown.tb_next
         traceback.print_exception(type(exc), exc, shown or exc.__traceback__)
     finally:

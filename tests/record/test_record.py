@@ -249,6 +249,17 @@ def test_failing_script_leaves_a_run_marked_failed_with_its_exit_code(tmp_path):
 
 
 @pytest.mark.slow
+def test_a_script_given_by_a_relative_path_sees_its_file_as_python_gives_it(tmp_path):
+    """Helper 18: under `record` a script's `__file__` was the relative path it was given, where python
+    makes it absolute: a script that changes directory and then reads beside `__file__` broke."""
+    (tmp_path / "here.py").write_text("import os\nos.chdir('/')\nprint(__file__)\n")
+    proc = subprocess.run([*BITGUARD, "record", "--out", "run", "--", sys.executable, "here.py"], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines()[-1] == str(tmp_path / "here.py")
+
+
+@pytest.mark.slow
 def test_exception_in_script_exits_1_and_keeps_events(tmp_path):
     script = tmp_path / "raises.py"
     script.write_text("import torch\nm = torch.nn.Linear(2, 2)\nm(torch.ones(1, 2))\nraise ValueError('boom')\n")
