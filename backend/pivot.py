@@ -131,6 +131,12 @@ def blame(pivot: dict, events_a: pl.DataFrame, status: dict[int, str], diffs: pl
     elif inputs_differ:
         result["blame"] = "consumer"
         result["blame_window"] = _window(pivot, events_a, status, diffs)
+    elif phase == "forward" and differing == {"state"}:
+        result["blame_window"] = {"module": pivot["boundary"], "detail":
+                                  "only this module's buffers differ after its call, its inputs and outputs matched: "
+                                  "they were changed outside any module call since its last call (a buffer edited "
+                                  "between steps, set by hand), or its own code updated them differently in this "
+                                  "call (running statistics)"}
     return result
 
 

@@ -23,3 +23,17 @@ def test_a_parameter_stepped_under_its_model_s_name_is_not_new():
                                                              "although every optimizer step before matched")
     assert _detail(["actor.0.weight"], "2.weight").startswith("2.weight differs at the start of this step, and no "
                                                              "optimizer step before updated them")
+
+
+def test_a_forward_pivot_whose_buffers_alone_differ_says_where_they_may_have_changed():
+    """Helper 18: SAC's `actor.action_scale` edited between steps made the actor's forward the pivot, every
+    input and output equal, with no word of why: only its buffers differ."""
+    from bitguard.backend.pivot import blame
+
+    diffs = pl.DataFrame({"a_seq": [5, 5, 5], "role": ["input", "output", "state"], "idx": [0, 1, 2],
+                          "differs": [False, False, True], "ignored": [False, False, False]})
+    events = pl.DataFrame({"seq": [5], "phase": ["forward"], "kind": ["module"], "boundary": ["actor"], "step": [3]})
+    pivot = {"seq": 5, "phase": "forward", "kind": "module", "boundary": "actor", "step": 3, "call": 0, "depth": 0}
+    got = blame(pivot, events, {}, diffs)
+    assert (got["blame"], got["fault_class"]) == ("source", "forward")
+    assert got["blame_window"]["detail"].startswith("only this module's buffers differ after its call"), got
