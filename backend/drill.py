@@ -422,13 +422,18 @@ def _clear(directory: Path) -> None:
 
 
 def _not_reproduced(replays: list, checks: dict, problems: list) -> dict:
-    details = [f"run {s.upper()}: {checks[s]['detail']}" for s in ("a", "b") if not checks[s]["reproduced"]]
+    # a replay that failed says so first, with where its output is (helper 19: one that crashed on an
+    # import was reported as a replay that "never called the window module")
+    failed = [r for r in replays if r.exit_status not in (0, None) and not r.timed_out]
+    details = [f"run {r.side.upper()}'s replay failed with exit status {r.exit_status}: {replay.log_tail(r)} (its "
+               f"output: {r.out.parent / (r.out.name + '.' + replay.REPLAY_LOG)})" for r in failed]
+    details += [f"run {s.upper()}: {checks[s]['detail']}" for s in ("a", "b") if not checks[s]["reproduced"]]
     details += problems
     for s in ("a", "b"):
         if not checks[s]["reproduced"]:
             details += [f"run {s.upper()}: {n}" for n in checks[s]["notes"]]
             tail = replay.log_tail(next(r for r in replays if r.side == s))
-            if checks[s]["compared"] == 0 and tail:
+            if checks[s]["compared"] == 0 and tail and not any(r.side == s for r in failed):
                 details.append(f"run {s.upper()}'s replay said: {tail}")
     if any(checks[s]["compared"] and not checks[s]["reproduced"] for s in ("a", "b")):
         details.append("if the script reads environment variables bitguard does not record, record them with "

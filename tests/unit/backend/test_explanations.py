@@ -1,5 +1,6 @@
-"""What a `params` pivot says of its parameters: new ones (never stepped) apart from those an
-optimizer stepped before, whatever the root they are named from (backend/pivot.py)."""
+"""What a pivot's explanation says where helpers found it wrong or silent: a `params` pivot's new
+parameters apart from those an optimizer stepped (whatever root names them), a forward whose
+buffers alone differ (backend/pivot.py), and a drill whose replay failed (backend/drill.py)."""
 
 from __future__ import annotations
 
@@ -37,3 +38,21 @@ def test_a_forward_pivot_whose_buffers_alone_differ_says_where_they_may_have_cha
     got = blame(pivot, events, {}, diffs)
     assert (got["blame"], got["fault_class"]) == ("source", "forward")
     assert got["blame_window"]["detail"].startswith("only this module's buffers differ after its call"), got
+
+
+def test_a_replay_that_failed_says_so_first_and_where_its_output_is(tmp_path):
+    """Helper 19: a drill's replay that crashed on an import (an environment variable not recorded) was
+    reported as one that "never called the window module"."""
+    from types import SimpleNamespace
+
+    from bitguard.backend.drill import _not_reproduced
+    from bitguard.backend.replay import REPLAY_LOG
+
+    (tmp_path / f"a.{REPLAY_LOG}").write_text("Traceback ...\nModuleNotFoundError: No module named 'tensorflow'\n")
+    replays = [SimpleNamespace(side="a", exit_status=1, timed_out=False, out=tmp_path / "a"),
+               SimpleNamespace(side="b", exit_status=0, timed_out=False, out=tmp_path / "b")]
+    checks = {s: {"reproduced": s == "b", "compared": 0, "detail": "no event compared", "notes": []} for s in "ab"}
+    detail = _not_reproduced(replays, checks, ["run A's replay never called the window module in the step"])["detail"]
+    assert "(run A's replay failed with exit status 1: Traceback ... | ModuleNotFoundError: No module named " \
+           "'tensorflow' (its output: " in detail, detail
+    assert detail.count("tensorflow") == 1  # (not repeated as what the replay said)
