@@ -129,33 +129,26 @@ def since_filter(run_a, run_b, ea: pl.DataFrame, eb: pl.DataFrame, ta: pl.DataFr
     oldest = min(v if isinstance(v, int) else 1 for v in versions)
     if oldest >= 9:
         return ea, eb, ta, tb
-    if oldest == 8:  # (9: every number of a save; 8: an optimizer's and a scheduler's only: none on both sides)
-        sides = []
-        for events, tensors in ((ea, ta), (eb, tb)):
-            saves = events.filter(pl.col("kind") == "saved")["seq"]
-            rows = tensors.select(pl.col("seq").is_in(saves.implode())
-                                  & pl.col("path").str.contains(NUMBER_PATH).fill_null(False)).to_series()
-            if rows.any():
-                tensors = tensors.filter(~rows)
-                events = _rekey(events, tensors)
-            sides.append((events, tensors))
-        (ea, ta), (eb, tb) = sides
-        return ea, eb, ta, tb
     newer = pl.col("kind").is_in(["saved"] + (["params"] if oldest < 6 else [])) | (
         (pl.col("kind") == "final") & (pl.col("module_type") == "optimizer"))  # what only an optimizer held: 8
+    number = pl.col("path").str.contains(NUMBER_PATH).fill_null(False)
     sides = []
     for events, tensors in ((ea, ta), (eb, tb)):
-        if events.select(newer.any()).item():
+        if oldest < 8 and events.select(newer.any()).item():
             events = events.filter(~newer)
             tensors = tensors.filter(pl.col("seq").is_in(events["seq"].implode()))
-        if oldest < 7:
+        if oldest == 8:  # (9: every number of a save; 8: an optimizer's and a scheduler's only: none on both sides)
+            drop = number & pl.col("seq").is_in(events.filter(pl.col("kind") == "saved")["seq"].implode())
+        elif oldest < 7:
             batches = events.filter(pl.col("kind") == "batch")["seq"]
-            rows = tensors.select(pl.col("path").str.contains(NUMBER_PATH).fill_null(False) | (
-                pl.col("seq").is_in(batches.implode()) & (pl.col("role") == "input")
-                & pl.col("path").str.starts_with("['").fill_null(False))).to_series()
-            if rows.any():
-                tensors = tensors.filter(~rows)
-                events = _rekey(events, tensors)
+            drop = number | (pl.col("seq").is_in(batches.implode()) & (pl.col("role") == "input")
+                             & pl.col("path").str.starts_with("['").fill_null(False))
+        else:
+            drop = None
+        rows = None if drop is None else tensors.select(drop).to_series()
+        if rows is not None and rows.any():
+            tensors = tensors.filter(~rows)
+            events = _rekey(events, tensors)
         sides.append((events, tensors))
     (ea, ta), (eb, tb) = sides
     return ea, eb, ta, tb

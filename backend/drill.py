@@ -433,7 +433,7 @@ def _not_reproduced(replays: list, checks: dict, problems: list) -> dict:
         if not checks[s]["reproduced"]:
             details += [f"run {s.upper()}: {n}" for n in checks[s]["notes"]]
             tail = replay.log_tail(next(r for r in replays if r.side == s))
-            if checks[s]["compared"] == 0 and tail and not any(r.side == s for r in failed):
+            if checks[s]["compared"] == 0 and tail and s not in {r.side for r in failed}:
                 details.append(f"run {s.upper()}'s replay said: {tail}")
     if any(checks[s]["compared"] and not checks[s]["reproduced"] for s in ("a", "b")):
         details.append("if the script reads environment variables bitguard does not record, record them with "

@@ -38,6 +38,7 @@ def _render(c) -> str:
             out.append(f"Run {side.upper()} is incomplete ({why}): compared up to where it ends.")
         out.append("")
     fd = r.first_divergence
+    nothing = r.verdict == "inconclusive" and not al.matched  # (two runs of different programs: nothing compared)
     if r.verdict == "identical":
         accepted = sum(x.count for x in r.rules_fired)
         digests = (f"every digest equal or its difference accepted by a rule ({accepted} events matched a rule)"
@@ -47,17 +48,15 @@ def _render(c) -> str:
             if isinstance(window, list) and len(window) == 2 else ""
         out.append(f"VERDICT: identical — {al.identical_prefix} matched events{within}, {digests} "
                    f"(ranks {', '.join(map(str, r.ranks))}).")
-    elif r.verdict == "inconclusive" and not al.matched:  # (two runs of different programs: nothing compared)
-        out.append("VERDICT: inconclusive — no event of the two runs could be paired, so nothing was compared:")
-        out += [f"  • {_said(reason, r.ranks)}" for reason in r.inconclusive.reasons]
     elif r.verdict == "inconclusive":
-        out.append(f"VERDICT: inconclusive — what could be compared is identical ({al.identical_prefix} matched "
-                   f"events), but the runs cannot be certified identical:")
+        out.append("VERDICT: inconclusive — no event of the two runs could be paired, so nothing was compared:"
+                   if nothing else f"VERDICT: inconclusive — what could be compared is identical "
+                   f"({al.identical_prefix} matched events), but the runs cannot be certified identical:")
         out += [f"  • {_said(reason, r.ranks)}" for reason in r.inconclusive.reasons]
     else:
         out += _divergence(fd)
     if r.api_differences is not None:
-        if r.verdict == "inconclusive" and not al.matched:
+        if nothing:
             out.append(f"  rank {r.api_differences.rank} of the two runs also called the training API differently:")
         else:
             out.append(f"  note: the numbers compared match, but rank {r.api_differences.rank} of the two runs called "

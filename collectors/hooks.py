@@ -630,15 +630,27 @@ class Collector(WeightEvents):
         # go without a name and without gradient hooks.
         self._name_parts(module, name, renamed)
         flats = self._sharded.register(module)
-        for p_name, p in module.named_parameters():
+        for p_name, p in module.named_parameters() if renamed else ():
             entry = self._params.get(id(p))
-            if entry is not None and entry[0]() is p:
-                if renamed and id(_owner(module, p_name)) in renamed:  # named by an earlier root inside this one
-                    self._params[id(p)] = (entry[0], clean_name(eager_name(p_name)), entry[2], entry[3])
-            elif p.requires_grad and id(p) not in flats:
-                self._watch_at(module, p_name, p)
+            if entry is not None and entry[0]() is p and id(_owner(module, p_name)) in renamed:
+                # named by an earlier root inside this one
+                self._params[id(p)] = (entry[0], clean_name(eager_name(p_name)), entry[2], entry[3])
+        self._hook_trainable(module, flats)
         self._trainable[id(module)] = (root_ref, _trainable_ids(module))
         return name
+
+    def _hook_trainable(self, root: torch.nn.Module, flats: set[int]) -> None:
+        """Name and hook each parameter of `root` that requires a gradient and is not hooked yet (FSDP's
+        flat parameters, `flats`, are sharded.py's); one named already (as an optimizer stepped it) is
+        only hooked."""
+        for p_name, p in root.named_parameters():
+            if not p.requires_grad or id(p) in flats or self._hooked(p):
+                continue
+            entry = self._params.get(id(p))
+            if entry is not None and entry[0]() is p:
+                self._hook_grad(p)
+            else:
+                self._watch_at(root, p_name, p)
 
     def _name_parts(self, module: torch.nn.Module, name: str, renamed: set[int] = frozenset()) -> None:
         """Name each part of root `module` (called `name`) not named yet (or in `renamed`) by its path."""
@@ -663,15 +675,7 @@ class Collector(WeightEvents):
         entry = self._names.get(id(root))
         if entry is not None and entry[0]() is root:  # (a layer added: named by its path, as the others)
             self._name_parts(root, entry[1])
-        flats = {key for key, layout in self._sharded.flats.items() if layout.ref() is not None}
-        for p_name, p in root.named_parameters():
-            if not p.requires_grad or id(p) in flats or self._hooked(p):
-                continue
-            entry = self._params.get(id(p))
-            if entry is not None and entry[0]() is p:  # (named already: as an optimizer stepped it)
-                self._hook_grad(p)
-            else:
-                self._watch_at(root, p_name, p)
+        self._hook_trainable(root, self._sharded.flat_ids())
         return known is not None
 
     def _watch_at(self, root: torch.nn.Module, p_name: str, p: torch.nn.Parameter) -> str:

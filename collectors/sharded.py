@@ -244,6 +244,10 @@ class ShardedParams:
                 handle.append(module.register_forward_pre_hook(
                     partial(c._guarded, self._watch_unsharded, fsdp_params, handle)))
                 c._handles.append(handle[0])
+        return self.flat_ids()
+
+    def flat_ids(self) -> set[int]:
+        """The ids of the live FlatParameters (hooked here: the collector's parameter hooks leave them out)."""
         return {key for key, layout in self.flats.items() if layout.ref() is not None}
 
     def _new_tid(self) -> int:

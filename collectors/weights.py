@@ -236,13 +236,22 @@ class WeightEvents:
 
     # -- optimizer -------------------------------------------------------------------------
     def _on_optimizer_step(self, optimizer, args, kwargs) -> None:
-        """A training step ends: an event per parameter the step updated, then the step counter
-        advances and the step's events go to the store, whatever failed on the way (an error here
-        loses neither the step nor the other parameters' events)."""
+        self._step_ended(optimizer)
+
+    def _foreign_step(self) -> None:
+        """An optimizer that is not torch.optim's updated the weights (Keras', collectors/keras_steps.py):
+        the step ends as at torch.optim's; what it wrote is the next step's params event's."""
+        self._step_ended(None)
+
+    def _step_ended(self, optimizer) -> None:
+        """A training step ends: an event per parameter torch.optim's `optimizer` updated (None:
+        another library's, whose parameters are not known), then the step counter advances and the
+        step's events go to the store, whatever failed on the way (an error here loses neither the
+        step nor the other parameters' events)."""
         self._steps_taken += 1
         try:
             self._flush_backward(ended=False)
-            if self._in_window():
+            if optimizer is not None and self._in_window():
                 self._emit_steps(optimizer)
             taken = self._steps_taken  # looked for at the first four steps, then at every power of two (0.2 ms a look)
             if taken <= 4 or not taken & (taken - 1):
@@ -280,15 +289,6 @@ class WeightEvents:
                     self._register_root(value, key)
             except Exception as exc:  # noqa: BLE001 - one object that cannot be held: the others still are
                 self._fail("_adopt_kept", exc)
-
-    def _foreign_step(self) -> None:
-        """An optimizer that is not torch.optim's updated the weights (Keras', collectors/keras_steps.py):
-        the step ends as at torch.optim's; what it wrote is the next step's params event's."""
-        self._steps_taken += 1
-        try:
-            self._flush_backward(ended=False)
-        finally:
-            self._end_step()
 
     def _skipped_step(self) -> None:
         """`GradScaler.step` skipped the optimizer's step (an inf or NaN gradient): the step ends all

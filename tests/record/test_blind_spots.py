@@ -8,7 +8,7 @@ import textwrap
 
 import pytest
 
-from .conftest import BITGUARD, SCRIPTS, as_older_schema, as_schema_5, record, record_together, run
+from .conftest import BITGUARD, SCRIPTS, as_older_schema, as_schema_5, record_together, run
 
 pytestmark = pytest.mark.slow
 
@@ -22,6 +22,18 @@ def _tiny():
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1))
     return model, torch.optim.SGD(model.parameters(), lr=0.1)
+
+
+def _sgd_steps(model, opt, steps: int, batch: int = 2, clip: float | None = None) -> None:
+    """`steps` steps of `_tiny()`'s model on random batches (`clip`: its gradients' norm clipped first)."""
+    import torch
+
+    for _ in range(steps):
+        opt.zero_grad()
+        model(torch.randn(batch, 4)).pow(2).mean().backward()
+        if clip is not None:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
+        opt.step()
 
 
 def _compare(a, b) -> tuple[int, dict]:
@@ -212,10 +224,7 @@ def test_a_checkpoint_that_would_resume_differently_differs_by_its_numbers(tmp_p
         model, opt = _tiny()
         random.seed(0)
         with bitguard.record(out, determinism=False):
-            for _ in range(2):
-                opt.zero_grad()
-                model(torch.randn(2, 4)).pow(2).mean().backward()
-                opt.step()
+            _sgd_steps(model, opt, 2)
             for _ in range(draws):
                 random.random()
             torch.save({"model": model.state_dict(), "accountant": {"history": [(noise, 0.01, 2)]},
@@ -526,8 +535,6 @@ def test_what_a_distributed_checkpoint_writes_is_compared(tmp_path):
     torch.save calls, which are no events, and dcp.save itself was watched by nothing, so a
     difference only in what it wrote compared identical. Imported inside the recording, as a script
     does, it is wrapped once imported."""
-    import torch
-
     import bitguard
 
     def train(out, plant):
@@ -535,10 +542,7 @@ def test_what_a_distributed_checkpoint_writes_is_compared(tmp_path):
         with bitguard.record(out, determinism=False):
             import torch.distributed.checkpoint as dcp
 
-            for _ in range(2):
-                opt.zero_grad()
-                model(torch.randn(3, 4)).pow(2).mean().backward()
-                opt.step()
+            _sgd_steps(model, opt, 2, batch=3)
             state = {k: v.clone() for k, v in model.state_dict().items()}
             state["2.bias"] += plant
             dcp.save({"model": state}, checkpoint_id=str(out) + "-ckpt")
@@ -586,18 +590,12 @@ def test_a_ddp_model_dropped_without_destroy_process_group_keeps_its_final_state
 def test_a_gradient_edited_between_backward_and_step_on_one_rank_is_said_to_be_an_edit(tmp_path):
     """Helper 17: on a single-rank run, noise or clipping added to .grad by a wrapping optimizer (Opacus'
     DPOptimizer) was explained as "a reduction across ranks"; one rank has none."""
-    import torch
-
     import bitguard
 
     def train(out, clip):
         model, opt = _tiny()
         with bitguard.record(out, determinism=False):
-            for _ in range(2):
-                opt.zero_grad()
-                model(torch.randn(2, 4)).pow(2).mean().backward()
-                torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
-                opt.step()
+            _sgd_steps(model, opt, 2, clip=clip)
 
     for name, clip in (("a", 1e-3), ("b", 2e-3)):
         train(tmp_path / name, clip)
