@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import polars as pl
 
 from bitguard.backend.ingest import with_keys
-from bitguard.schema import DIGEST_BUILD, NUMBER_PATH
+from bitguard.schema import DIGEST_BUILD, JSON_FILE, NUMBER_PATH
 
 # What trusted mode observes of module calls (collectors/hooks.py records with the same pattern):
 # when the two runs were recorded in different modes, the other module calls are on one side only
@@ -124,17 +124,21 @@ def since_filter(run_a, run_b, ea: pl.DataFrame, eb: pl.DataFrame, ta: pl.DataFr
     (schema version 6), `saved` and the final state of what only an optimizer held (8); the rows of
     the Python numbers a module returned, and of a root call's keyword arguments in its batch event
     (7; both sides' alignment keys are then made again from what is kept); the number rows of saved
-    events (9: every number of a save, 8 only an optimizer's or a scheduler's)."""
+    events (9: every number of a save, 8 only an optimizer's or a scheduler's); the JSON files written
+    beside the saves (10)."""
     versions = [run.manifest.get("schema_version", 1) for run in (run_a, run_b)]
     oldest = min(v if isinstance(v, int) else 1 for v in versions)
-    if oldest >= 9:
+    if oldest >= 10:
         return ea, eb, ta, tb
     newer = pl.col("kind").is_in(["saved"] + (["params"] if oldest < 6 else [])) | (
         (pl.col("kind") == "final") & (pl.col("module_type") == "optimizer"))  # what only an optimizer held: 8
+    if oldest >= 8:  # the JSON files beside the saves: 10
+        newer = (pl.col("kind") == "saved") & (pl.col("module_type") == JSON_FILE)
+    newer = newer.fill_null(False)
     number = pl.col("path").str.contains(NUMBER_PATH).fill_null(False)
     sides = []
     for events, tensors in ((ea, ta), (eb, tb)):
-        if oldest < 8 and events.select(newer.any()).item():
+        if events.select(newer.any()).item():
             events = events.filter(~newer)
             tensors = tensors.filter(pl.col("seq").is_in(events["seq"].implode()))
         if oldest == 8:  # (9: every number of a save; 8: an optimizer's and a scheduler's only: none on both sides)

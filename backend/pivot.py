@@ -30,6 +30,7 @@ from __future__ import annotations
 import polars as pl
 
 from bitguard.backend import collectives
+from bitguard.schema import JSON_FILE
 
 # Which tensor roles are the inputs of an event's computation, per (phase, kind).
 INPUT_ROLES = {
@@ -86,11 +87,14 @@ def blame(pivot: dict, events_a: pl.DataFrame, status: dict[int, str], diffs: pl
                                   "in code no module call covers)"}
     elif kind == "saved":
         result.update(fault_class="saved")
-        result["blame_window"] = {"module": pivot["boundary"], "detail":
-                                  f"what this {pivot['boundary']} call wrote (a {pivot['module_type']}) differs although "
-                                  "every event before matched: the saved tensors were computed or changed outside the "
-                                  "observed boundaries (an EMA or averaged copy, a conversion, an edit after the last "
-                                  "optimizer step), or a different object was saved"}
+        result["blame_window"] = {"module": pivot["boundary"], "detail": (
+            f"the numbers of {pivot['boundary']}, a JSON file written beside the training's saves, differ although "
+            "every event before matched: a configuration or state written outside the save functions (peft's "
+            "adapter_config.json, the Hugging Face Trainer's trainer_state.json, a save_pretrained config.json) "
+            "holds other values" if pivot["module_type"] == JSON_FILE else
+            f"what this {pivot['boundary']} call wrote (a {pivot['module_type']}) differs although every event before "
+            "matched: the saved tensors were computed or changed outside the observed boundaries (an EMA or averaged "
+            "copy, a conversion, an edit after the last optimizer step), or a different object was saved")}
     elif kind == "params":
         result.update(fault_class="params")
         result["blame_window"] = {"module": pivot["boundary"], "detail": _params_detail(pivot, events_a, diffs)}

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-SCHEMA_VERSION = 9  # bump on any change to a table below; readers refuse newer versions
+SCHEMA_VERSION = 10  # bump on any change to a table below; readers refuse newer versions
 # 2: tensors.unobserved (version 1 files have no such column: read as NULL, every tensor digested)
 # 3: tensors.shard (older files have no such column: read as NULL, every digest covers its whole tensor)
 #    and phase comm (kind collective); optimizer step events hold a `grad` row (the gradient step() used)
@@ -31,6 +31,9 @@ SCHEMA_VERSION = 9  # bump on any change to a table below; readers refuse newer 
 # 9: a `saved` event holds every Python number of the saved object (but those under a key naming a time), not only
 #    an optimizer's or an LR scheduler's; a long list of ints (an RNG state) is one 1-d tensor; older files hold
 #    only the latter: a comparison with one leaves the number rows of `saved` events out of both sides
+# 10: `saved` events of module type JSON_FILE: the numbers of a JSON file written beside an observed save
+#    (collectors/beside.py); older files have none: a comparison with one leaves them out of both sides
+JSON_FILE = "json file"  # the module type of a JSON file's `saved` event (its boundary: the file's name)
 NUMBER_MARK = " (python {})"  # {}: int, float or bool
 NUMBER_PATH = r"(^| )\(python (int|float|bool)\)$"  # a path NUMBER_MARK ends (a regular expression)
 DIGEST = "xor64+pos-fmix64"  # names the digest definition (docs/DIGESTS.md); runs compare only under the same one

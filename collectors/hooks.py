@@ -43,6 +43,7 @@ import torch
 
 from bitguard.collectors import kept
 from bitguard.collectors.api_events import ApiRecorder, CollectorNaming
+from bitguard.collectors.beside import Destinations
 from bitguard.collectors.callstack import StackTable, _is_user
 from bitguard.collectors.comm import CommObserver
 from bitguard.collectors.compiled import (REGION_PATH, REGION_REASON, CompileWatch, eager_name, inner_call, is_compiling,
@@ -235,7 +236,7 @@ class Collector(WeightEvents):
                  "_next_param_tid", "_next_tid", "_grads", "_optimizers", "_optimizers_seen", "_steps_taken", "_param_in", "_params", "_params_at", "_pass_stack", "_pending", "_queued",
                  "_foreign", "_kept_lists", "_rng_free", "_root_names", "_roots", "_seq", "_sharded", "_stacks", "_thread_names",
                  "_tids", "_tids_limit", "_wrapper", "_depths", "_in_child", "_walked", "_finaled", "_unheld", "_held_optimizers",
-                 "_trainable", "_hooked_params", "_backwards")
+                 "_trainable", "_hooked_params", "_backwards", "_destinations")
 
     def __init__(self, store, mode: str = "full", steps: tuple[int, int | None] | None = None,
                  rank: int = 0, world_size: int = 1, dump: bool = False, digest_cache: bool = True):
@@ -304,6 +305,7 @@ class Collector(WeightEvents):
         self._depths: dict[str, int] = {}  # module name -> call depth of its last recorded forward (for a recompute)
         self._sharded = ShardedParams(self)  # FSDP parameters: flat parameters split, shards marked (sharded.py)
         self.api: ApiRecorder | None = None  # API-level events (collectors/api_events.py), once installed
+        self._destinations = Destinations(time.time_ns())  # where the saves wrote: JSON files beside them (beside.py)
 
     # -- installation ----------------------------------------------------------------------
     def install(self) -> None:
@@ -336,6 +338,7 @@ class Collector(WeightEvents):
         self._guard(self._flush_backward)()
         self._guard(self._child_saves)()
         if final_state:
+            self._guard(self._json_beside_saves)()
             self._guard(self._emit_final)()
         self._held.clear()
         self._held_optimizers.clear()

@@ -44,6 +44,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from bitguard.collectors.beside import destination
 from bitguard.collectors.patching import Patch
 from bitguard.schema import NUMBER_MARK
 
@@ -217,8 +218,9 @@ def tensors_in(obj, what: str = "the saved object", depth: int | None = None, te
 
 
 class SaveWatch:
-    """`prepare(boundary, obj)` before each save the user's code makes, while installed, and the
-    callable it returns (if any) once that save has returned: a save that raised wrote nothing."""
+    """`prepare(boundary, obj, path)` before each save the user's code makes, while installed (`path`:
+    where it writes, beside.destination), and the callable it returns (if any) once that save has
+    returned: a save that raised wrote nothing."""
 
     def __init__(self, prepare):
         self._prepare = prepare
@@ -269,7 +271,8 @@ class SaveWatch:
                 obj = args[0] if args else kwargs.get(first)
                 self._inside.on = True
                 try:
-                    done = self._prepare(boundary, obj)  # (never raises: the collector contains its failures)
+                    done = self._prepare(boundary, obj, destination(args, kwargs))  # (never raises: the collector
+                    # contains its failures)
                     result = original(*args, **kwargs)
                 finally:
                     self._inside.on = False

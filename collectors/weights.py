@@ -24,6 +24,7 @@ from bitguard.collectors.observation import plain_digests
 from bitguard.collectors.saved import child_saves, note_child_save, tensors_in
 from bitguard.collectors.sharded import clean_name, mark
 from bitguard.errors import NotSupported
+from bitguard.schema import JSON_FILE
 
 
 def module_versions(module: torch.nn.Module) -> int:
@@ -153,16 +154,18 @@ class WeightEvents:
         rows += self._rows(buffers, "state")
         self._emit("optimizer", "final", name, type(module).__name__, 0, t0, rows)
 
-    def _saved(self, boundary: str, obj):
+    def _saved(self, boundary: str, obj, path: str | None = None):
         """The `saved` event of a save the training makes (collectors/saved.py): every tensor the
         saved object holds, digested as the save begins; the event is queued by the function returned,
         once the save has returned (None: nothing to record). Its module type is the saved object's
-        type. Contains its own failures (SaveWatch calls it directly)."""
+        type. `path`: where it writes, whose folder is looked into when the recording ends
+        (`_json_beside_saves`). Contains its own failures (SaveWatch calls it directly)."""
         if not self.enabled or is_compiling():
             if self._in_child:  # a DataLoader worker's save: said to the parent, not observed
                 note_child_save(self.store.path, boundary)
             return None
         try:
+            self._destinations.note(path)
             self._maybe_advance()  # (a save after step k's update belongs to step k + 1, as the next forward)
             if not self._in_window():
                 return None
@@ -179,6 +182,21 @@ class WeightEvents:
         except Exception as exc:  # noqa: BLE001 - the training must go on
             self._fail("saved", exc)
             return None
+
+    def _json_beside_saves(self) -> None:
+        """When the recording ends: a `saved` event of module type JSON_FILE for each JSON file written
+        beside the saves (collectors/beside.py), named by the file's name, with its numbers as a
+        save's; one that could not be read holds an unobserved row saying why."""
+        if not self._in_window():
+            return
+        for name, value, why in self._destinations.json_files():
+            t0 = time.time_ns()
+            pairs, truncated = tensors_in(value, what=name) if why is None else ([], why)
+            if truncated is not None:
+                pairs = NotFlattened(pairs, "[...]", truncated)
+            elif not pairs:  # strings only: nothing compared
+                continue
+            self._emit("optimizer", "saved", name, JSON_FILE, 0, t0, self._rows(pairs, "state"))
 
     def _child_saves(self) -> None:
         """The saves processes the training started made (saved.note_child_save), as a collector error."""

@@ -244,6 +244,50 @@ def test_a_checkpoint_that_would_resume_differently_differs_by_its_numbers(tmp_p
     assert bitguard.compare(tmp_path / "old", tmp_path / "a").verdict == "identical"
 
 
+def test_a_json_file_written_beside_a_save_is_compared_by_its_numbers(tmp_path):
+    """Carried from helper 14: peft writes adapter_config.json with `json` beside the adapter's
+    weights, so a run whose saved `lora_alpha` differed compared identical. The JSON files written
+    beside an observed save are compared by their numbers (a time's left out, strings not
+    compared); one that cannot be read makes the run inconclusive; a run recorded before (schema 9)
+    compares with one recorded now without them."""
+    import torch
+
+    import bitguard
+
+    stale = tmp_path / "stale"
+    stale.mkdir()  # written before the recording: not read (a previous run's leftovers)
+    (stale / "old.json").write_text(json.dumps({"n": 1}))
+
+    def train(name, alpha, runtime, broken=False):
+        model, opt = _tiny()
+        out = tmp_path / f"{name}-ckpt"
+        out.mkdir()
+        with bitguard.record(tmp_path / name, determinism=False):
+            _sgd_steps(model, opt, 2)
+            torch.save(model.state_dict(), out / "adapter_model.bin")
+            config = {"r": 8, "lora_alpha": alpha, "target_modules": ["q"], "base_model_name_or_path": str(out),
+                      "train_runtime": runtime}
+            (out / "adapter_config.json").write_text(json.dumps(config))
+            (out / "README.md").write_text(f"trained in {runtime} s")  # not JSON: not read
+            torch.save(torch.ones(1), stale / "x.pt")
+            if broken:
+                (out / "metrics.json").write_text("{not json")
+
+    for name, alpha, runtime, broken in (("a", 16, 1.5, False), ("b", 16, 9.0, False), ("c", 32, 1.5, False),
+                                         ("d", 16, 1.5, True)):
+        train(name, alpha, runtime, broken)
+    assert bitguard.compare(tmp_path / "a", tmp_path / "b").verdict == "identical"  # (times and paths differ)
+    fd = bitguard.compare(tmp_path / "a", tmp_path / "c").to_dict()["first_divergence"]
+    assert (fd["kind"], fd["boundary"], fd["module_type"], fd["fault_class"], fd["blame"]) == \
+        ("saved", "adapter_config.json", "json file", "saved", "source"), fd
+    assert [t["path"] for t in fd["tensors"] if t["differs"]] == ["['lora_alpha'] (python int)"], fd["tensors"]
+    assert "written beside the training's saves" in fd["blame_window"]["detail"]
+    assert bitguard.compare(tmp_path / "d", tmp_path / "d").verdict == "inconclusive"
+    shutil.copytree(tmp_path / "c", tmp_path / "old")
+    as_older_schema(tmp_path / "old", 9)
+    assert bitguard.compare(tmp_path / "old", tmp_path / "a").verdict == "identical"
+
+
 def test_a_save_in_a_dataloader_worker_is_said_not_to_be_observed(tmp_path):
     """A forked DataLoader worker's collector is off: what it saved was seen by nothing and a
     difference there compared identical (helpers 11, 12). The worker now leaves a line for its

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import io
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -133,10 +134,11 @@ def test_a_long_list_is_marked_where_it_is_cut(monkeypatch):
 
 
 def test_each_save_of_the_user_is_seen_once_and_recorded_once_it_returned(tmp_path):
-    seen, done, original = [], [], torch.save
+    seen, done, paths, original = [], [], [], torch.save
 
-    def prepare(boundary, obj):
+    def prepare(boundary, obj, path):
         seen.append((boundary, type(obj).__name__))
+        paths.append(path and Path(path).name)
         return lambda: done.append(boundary)
 
     watch = SaveWatch(prepare).install()
@@ -157,6 +159,7 @@ def test_each_save_of_the_user_is_seen_once_and_recorded_once_it_returned(tmp_pa
     assert seen == [("torch.save", "dict"), ("torch.save", "Tensor"), ("safetensors.save_model", "Linear"),
                     ("safetensors.save_file", "dict"), ("torch.save", "Tensor")]
     assert done == ["torch.save", "torch.save", "safetensors.save_model", "safetensors.save_file"]
+    assert paths == [None, None, "m.safetensors", "a.safetensors", "dir.pt"]  # where each writes (beside.py)
     torch.save(torch.ones(1), io.BytesIO())
     assert len(seen) == 5 and torch.save is original  # removed: the original is back
 
