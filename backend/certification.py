@@ -23,6 +23,7 @@ import polars as pl
 
 from bitguard.backend.ingest import with_keys
 from bitguard.schema import DIGEST_BUILD, JSON_FILE, NUMBER_PATH
+from bitguard.timed import timed_before_10
 
 # What trusted mode observes of module calls (collectors/hooks.py records with the same pattern):
 # when the two runs were recorded in different modes, the other module calls are on one side only
@@ -124,16 +125,19 @@ def since_filter(run_a, run_b, ea: pl.DataFrame, eb: pl.DataFrame, ta: pl.DataFr
     (schema version 6), `saved` and the final state of what only an optimizer held (8); the rows of
     the Python numbers a module returned, and of a root call's keyword arguments in its batch event
     (7; both sides' alignment keys are then made again from what is kept); the number rows of saved
-    events (9: every number of a save, 8 only an optimizer's or a scheduler's); the JSON files written
-    beside the saves (10)."""
+    events (9: every number of a save, 8 only an optimizer's or a scheduler's); the JSON files the
+    training wrote, the params events of what only an optimizer holds, and a save's numbers under a
+    key with a time word not at its end (10: `time_embedding_dim`)."""
     versions = [run.manifest.get("schema_version", 1) for run in (run_a, run_b)]
     oldest = min(v if isinstance(v, int) else 1 for v in versions)
     if oldest >= 10:
         return ea, eb, ta, tb
-    newer = pl.col("kind").is_in(["saved"] + (["params"] if oldest < 6 else [])) | (
-        (pl.col("kind") == "final") & (pl.col("module_type") == "optimizer"))  # what only an optimizer held: 8
-    if oldest >= 8:  # the JSON files beside the saves: 10
-        newer = (pl.col("kind") == "saved") & (pl.col("module_type") == JSON_FILE)
+    # the JSON files beside the saves, and a params event of what only an optimizer holds: 10
+    newer = (((pl.col("kind") == "saved") & (pl.col("module_type") == JSON_FILE))
+             | ((pl.col("kind") == "params") & (pl.col("module_type") == "optimizer")))
+    if oldest < 8:
+        newer = newer | pl.col("kind").is_in(["saved"] + (["params"] if oldest < 6 else [])) | (
+            (pl.col("kind") == "final") & (pl.col("module_type") == "optimizer"))  # what only an optimizer held: 8
     newer = newer.fill_null(False)
     number = pl.col("path").str.contains(NUMBER_PATH).fill_null(False)
     sides = []
@@ -141,8 +145,12 @@ def since_filter(run_a, run_b, ea: pl.DataFrame, eb: pl.DataFrame, ta: pl.DataFr
         if events.select(newer.any()).item():
             events = events.filter(~newer)
             tensors = tensors.filter(pl.col("seq").is_in(events["seq"].implode()))
-        if oldest == 8:  # (9: every number of a save; 8: an optimizer's and a scheduler's only: none on both sides)
-            drop = number & pl.col("seq").is_in(events.filter(pl.col("kind") == "saved")["seq"].implode())
+        saves = pl.col("seq").is_in(events.filter(pl.col("kind") == "saved")["seq"].implode())
+        if oldest == 9:  # (10 compares `time_embedding_dim`: a key whose last word names no time, bitguard.timed)
+            paths = tensors.filter(number & saves)["path"].unique().to_list()
+            drop = pl.col("path").is_in([p for p in paths if timed_before_10(re.sub(NUMBER_PATH, "", p))]) & saves
+        elif oldest == 8:  # (9: every number of a save; 8: an optimizer's and a scheduler's only: none on both sides)
+            drop = number & saves
         elif oldest < 7:
             batches = events.filter(pl.col("kind") == "batch")["seq"]
             drop = number | (pl.col("seq").is_in(batches.implode()) & (pl.col("role") == "input")

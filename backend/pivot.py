@@ -88,10 +88,10 @@ def blame(pivot: dict, events_a: pl.DataFrame, status: dict[int, str], diffs: pl
     elif kind == "saved":
         result.update(fault_class="saved")
         result["blame_window"] = {"module": pivot["boundary"], "detail": (
-            f"the numbers of {pivot['boundary']}, a JSON file written beside the training's saves, differ although "
-            "every event before matched: a configuration or state written outside the save functions (peft's "
-            "adapter_config.json, the Hugging Face Trainer's trainer_state.json, a save_pretrained config.json) "
-            "holds other values" if pivot["module_type"] == JSON_FILE else
+            "the values of a JSON file the training wrote (its rows' paths begin with its name) differ although every "
+            "event before matched: a configuration or state written outside the save functions (peft's "
+            "adapter_config.json, the Hugging Face Trainer's trainer_state.json, a save_pretrained config.json or "
+            "scheduler_config.json) holds other numbers or strings" if pivot["module_type"] == JSON_FILE else
             f"what this {pivot['boundary']} call wrote (a {pivot['module_type']}) differs although every event before "
             "matched: the saved tensors were computed or changed outside the observed boundaries (an EMA or averaged "
             "copy, a conversion, an edit after the last optimizer step), or a different object was saved")}
@@ -126,7 +126,9 @@ def blame(pivot: dict, events_a: pl.DataFrame, status: dict[int, str], diffs: pl
             result.update(fault_class="backward")
             result["blame_window"] = {"module": _owner(pivot["boundary"]) or pivot["boundary"], "detail":
                                       "the gradient computed for this parameter differs while the gradient "
-                                      "reaching its module matched: the module's backward (weight gradient)"}
+                                      "reaching its module matched: the module's backward (weight gradient), or a "
+                                      "use of the parameter outside the module whose gradient autograd sums into "
+                                      "it (a regulariser in the loss such as an L2 term, a weight tied elsewhere)"}
         else:
             result.update(fault_class="accumulation")
             result["blame_window"] = {"module": pivot["boundary"], "detail":
@@ -151,6 +153,11 @@ def _params_detail(pivot: dict, events_a: pl.DataFrame, diffs: pl.DataFrame) -> 
     stepped = steps.height
     differing = diffs.filter((pl.col("a_seq") == pivot["seq"]) & pl.col("differs") & (pl.col("role") == "param"))
     names = [p.lstrip(".") for p in differing["path"].to_list()]
+    if pivot.get("module_type") == "optimizer":  # (collectors/weights.py, _orphan_params)
+        return (f"tensors that only {pivot['boundary']} steps and no module holds ({', '.join(names[:3])}: a learned "
+                "temperature such as SAC's log_alpha, weights stacked for vmap or given to functional_call) differ at the start of this step although every event "
+                "before matched: code outside torch.optim changed them after the last step() (an in-place edit under "
+                "no_grad, through .data, a clamp, load_state_dict)")
     # (a part called alone names its parameters from itself, `2.weight`; its optimizer events are named from
     # the model, `actor.2.weight`)
     stepped_names = steps["boundary"].to_list()

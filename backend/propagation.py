@@ -145,7 +145,8 @@ def graph(events: pl.DataFrame, tensors: pl.DataFrame, divergent, loss: bool = F
             pl.col("seq").alias("src"), pl.col("_first").alias("dst"), pl.lit("weights").alias("kind")))
     # a root's parameters as a step's first call meets them: the optimizer events before it -> it
     # (each to the first after it), and it -> the first divergent forward after it in its step
-    starts = info.filter((phase == "optimizer") & (kind == "params")).select("seq", "step", "boundary").sort("seq")
+    starts = info.filter((phase == "optimizer") & (kind == "params")).select(
+        "seq", "step", "boundary", (pl.col("module_type") == "optimizer").fill_null(False).alias("_held")).sort("seq")
     if starts.height:
         # and to the root's next one: weights that differ from the start but are read steps later (an
         # adapter used from step 3 on) reach what reads them through the params events between
@@ -154,11 +155,17 @@ def graph(events: pl.DataFrame, tensors: pl.DataFrame, divergent, loss: bool = F
         at = starts.select(pl.col("seq").alias("dst"), pl.col("seq").alias("_at"))
         hit = opt_steps.select(pl.col("seq").alias("src"), pl.col("seq").alias("_at")).sort("_at").join_asof(
             at, on="_at", strategy="forward")
-        after = fwd.select(pl.col("seq").alias("dst"), pl.col("seq").alias("_at"), "step").sort("_at")
-        hit_fwd = starts.select(pl.col("seq").alias("src"), pl.col("seq").alias("_at"), "step").join_asof(
-            after, on="_at", by="step", strategy="forward", check_sortedness=False)
+        # (what only an optimizer holds, a learned temperature, is read by code outside every module: -> the
+        # first divergent event after it in its step, whatever it is)
+        anything = info.filter(~((phase == "optimizer") & (kind == "params")))
+        hits = [hit]
+        for held, readers in ((False, fwd), (True, anything)):
+            after = readers.select(pl.col("seq").alias("dst"), pl.col("seq").alias("_at"), "step").sort("_at")
+            hits.append(starts.filter(pl.col("_held") == held).select(
+                pl.col("seq").alias("src"), pl.col("seq").alias("_at"), "step").join_asof(
+                after, on="_at", by="step", strategy="forward", check_sortedness=False))
         parts += [h.filter(pl.col("dst").is_not_null()).select("src", "dst", pl.lit("weights").alias("kind"))
-                  for h in (hit, hit_fwd)]
+                  for h in hits]
     # final, saved: each parameter's last optimizer event before a final-state or saved event -> that
     # event (such events are few: one per root model at its end, one per checkpoint written)
     for at in info.filter((phase == "optimizer") & kind.is_in(["final", "saved"]))["seq"].to_list():

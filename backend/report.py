@@ -39,13 +39,13 @@ def _render(c) -> str:
         out.append("")
     fd = r.first_divergence
     nothing = r.verdict == "inconclusive" and not al.matched  # (two runs of different programs: nothing compared)
+    window = c.run_a.manifest.get("steps")
+    within = f" within the recorded steps {window[0]}:{'' if window[1] is None else window[1]}" \
+        if isinstance(window, list) and len(window) == 2 else ""
     if r.verdict == "identical":
         accepted = sum(x.count for x in r.rules_fired)
         digests = (f"every digest equal or its difference accepted by a rule ({accepted} events matched a rule)"
                    if accepted else "every digest equal")
-        window = c.run_a.manifest.get("steps")
-        within = f" within the recorded steps {window[0]}:{'' if window[1] is None else window[1]}" \
-            if isinstance(window, list) and len(window) == 2 else ""
         out.append(f"VERDICT: identical — {al.identical_prefix} matched events{within}, {digests} "
                    f"(ranks {', '.join(map(str, r.ranks))}).")
     elif r.verdict == "inconclusive":
@@ -59,8 +59,10 @@ def _render(c) -> str:
         if nothing:
             out.append(f"  rank {r.api_differences.rank} of the two runs also called the training API differently:")
         else:
+            effect = (f"these settings had no effect{within}; a step outside them was not compared" if within
+                      else "these settings had no effect on what was recorded")
             out.append(f"  note: the numbers compared match, but rank {r.api_differences.rank} of the two runs called "
-                       f"the training API differently (these settings had no effect on what was recorded):")
+                       f"the training API differently ({effect}):")
         out += api_diff.lines(r.api_differences.model_dump(), "  ", header=False)
     if r.verdict != "inconclusive":
         notes = [x for x in r.certification.reasons if x.code not in _NOTES]

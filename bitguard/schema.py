@@ -31,8 +31,11 @@ SCHEMA_VERSION = 10  # bump on any change to a table below; readers refuse newer
 # 9: a `saved` event holds every Python number of the saved object (but those under a key naming a time), not only
 #    an optimizer's or an LR scheduler's; a long list of ints (an RNG state) is one 1-d tensor; older files hold
 #    only the latter: a comparison with one leaves the number rows of `saved` events out of both sides
-# 10: `saved` events of module type JSON_FILE: the numbers of a JSON file written beside an observed save
-#    (collectors/beside.py); older files have none: a comparison with one leaves them out of both sides
+# 10: `saved` events of module type JSON_FILE: the numbers and strings of a JSON file the training wrote with open()
+#    (collectors/beside.py), and `params` events of module type `optimizer` (the tensors an optimizer steps that no
+#    root module holds, at each step's first root call); older files have neither: a comparison with one leaves
+#    them out of both sides. A save's numbers under a key whose time word is not its last (`time_embedding_dim`)
+#    are taken (bitguard/timed.py); a comparison with a version-9 run leaves those rows out of both sides
 JSON_FILE = "json file"  # the module type of a JSON file's `saved` event (its boundary: the file's name)
 NUMBER_MARK = " (python {})"  # {}: int, float or bool
 NUMBER_PATH = r"(^| )\(python (int|float|bool)\)$"  # a path NUMBER_MARK ends (a regular expression)

@@ -1,96 +1,158 @@
-"""The JSON files a training writes beside its saves: peft's `adapter_config.json` next to the adapter
-weights, the HF Trainer's `trainer_state.json` in a checkpoint folder, a `config.json` by
-`save_pretrained`. They are written with `json` or a plain `write()`, which no save function sees,
-yet a run that would resume or load differently from them is a different run.
+"""The JSON files a training writes: peft's `adapter_config.json` beside the adapter's weights, the
+HF Trainer's `trainer_state.json`, the `config.json` and `scheduler_config.json` that
+`save_pretrained` writes (a diffusers pipeline's scheduler has no tensor at all). They are written
+with `open()` and `json` or a plain `write()`, which no save function sees, yet a run that would
+resume or load differently from them is a different run.
 
-`Destinations` remembers the folders the observed saves wrote into (`note`: the second argument of
-`torch.save` and safetensors' `save_file`, a distributed checkpoint's folder) and the files they
-wrote. When the recording ends, `json_files` lists each such folder's `*.json` files written since
-the recording began (not the saves' own files, not what was there before), in the order the
-folders were first written and then by name, each with what it holds or why it could not be read.
-Their Python numbers are compared as a save's are (collectors/saved.py: `tensors_in`, numbers under a
-key that names a time left out); strings are not. Other files beside the saves (a README, YAML,
-pickles written without torch.save) are not read. Knows nothing of events or digests.
+`JsonWrites` wraps `open` (the builtin, which `io.open` and `pathlib` use too) while a recording
+runs and notes each `*.json` file the training's code opens for writing (not bitguard's own, not
+a forked child's). `written()` gives those whose file object has been closed since (all of them
+when the recording ends), each with what it holds or why it could not be read, in the order they
+were opened; the collector reads them at each step's end. `json_values` gives a JSON value's
+numbers and strings as tensors named by where they are (`['lora_alpha'] (python int)`): the
+numbers as a save's are (collectors/saved.py; none under a key that names a time), and the
+strings as a 64-bit hash of their UTF-8 bytes (`['act_fn'] (python str)`), but a path or a URL, and the strings
+under a key that names a folder, a file's path or a host (`output_dir`, `_name_or_path`), which
+differ from run to run by design. Knows nothing of events or digests.
 """
 
 from __future__ import annotations
 
+import builtins
+import hashlib
+import io
 import json
 import os
-from pathlib import Path
+import re
+import sys
+import weakref
 
-MAX_FOLDERS = 256  # folders looked into when the recording ends
-MAX_ENTRIES = 20_000  # directory entries looked at in one folder
-MAX_FILES = 256  # JSON files read from one folder
+import torch
+
+from bitguard.collectors.patching import Patch
+from bitguard.collectors.saved import PACKED_INTS, number_tensor
+from bitguard.schema import NUMBER_MARK
+from bitguard.timed import clock_of, compared
+
+MAX_PENDING = 4096  # files noted and not yet read (a training that writes more: the oldest are read first)
 MAX_BYTES = 64 << 20  # a JSON file bigger than this is not read (marked)
-_DESTINATION_KEYWORDS = ("f", "filename", "checkpoint_id")
+MAX_VALUES = 100_000  # values taken from one file
+STRING_MARK = " (python str)"
+_WRITING = frozenset("wax+")
+_PLACE_WORDS = frozenset({"dir", "directory", "path", "paths", "folder", "url", "uri", "host", "hostname",
+                          "logdir", "cwd", "home"})
+_WORDS = re.compile(r"[^a-z]+")
 
 
-def destination(args: tuple, kwargs: dict) -> str | None:
-    """The path a save call writes to, from its arguments (None: to memory, a buffer, or unknown):
-    its second positional argument or `f=` / `filename=` / `checkpoint_id=`, a path or an open file
-    with a name, or a distributed checkpoint writer (its `.path`)."""
-    try:
-        where = args[1] if len(args) > 1 else next((kwargs[k] for k in _DESTINATION_KEYWORDS if k in kwargs),
-                                                   kwargs.get("storage_writer"))
-        if not isinstance(where, (str, os.PathLike)):  # an open file's name, a checkpoint writer's folder
-            where = getattr(where, "name", None) or getattr(where, "path", None)
-        if isinstance(where, os.PathLike):
-            where = os.fspath(where)
-        return where if isinstance(where, str) and where else None
-    except Exception:  # noqa: BLE001 - an object that fails when looked at: the save is still observed
-        return None
+class JsonWrites:
+    """Notes the JSON files the training opens for writing (`active()`: the collector records;
+    `outside`: a folder whose files are not noted, the run directory; `where(frame)`: what names the
+    code that opened one, given its frame)."""
 
+    def __init__(self, active, outside: str, where):
+        self._active, self._where = active, where
+        self._outside = os.path.abspath(outside) + os.sep
+        self._pending: list[tuple[str, weakref.ref | None, object]] = []
+        self._patches: list[Patch] = []
 
-class Destinations:
-    """The folders the observed saves wrote into, and their JSON files when the recording ends."""
+    @property
+    def noted(self) -> bool:
+        """Files are waiting to be read."""
+        return bool(self._pending)
 
-    def __init__(self, since_ns: int):
-        self.since_ns = since_ns  # files older than this (there before the recording) are not read
-        self._folders: dict[str, None] = {}  # in the order first written
-        self._written: set[str] = set()  # the saves' own files
+    def install(self) -> JsonWrites:
+        self._patches = [Patch(builtins, "open", self._wrap), Patch(io, "open", self._wrap)]
+        return self
 
-    def note(self, path: str | None) -> None:
-        """A save wrote to `path` (a file, or a distributed checkpoint's folder)."""
-        if path is None:
-            return
-        path = os.path.abspath(path)
-        self._written.add(path)
-        folder = path if os.path.isdir(path) else os.path.dirname(path)
-        if folder not in self._folders and len(self._folders) < MAX_FOLDERS:
-            self._folders[folder] = None
+    def remove(self) -> None:
+        for patch in self._patches:
+            patch.remove()
+        self._patches.clear()
 
-    def json_files(self) -> list[tuple[str, object, str | None]]:
-        """(file name, parsed value, None) or (file name, None, why it was not read) of each JSON file
-        written beside the saves since the recording began, as the module docstring says."""
-        found = []
-        for folder in self._folders:
-            names = []
+    def _wrap(self, original, patch):
+        def open(file, mode="r", *args, **kwargs):  # noqa: A001 - what it stands in for
+            f = original(file, mode, *args, **kwargs)
+            if patch.active and type(mode) is str and _WRITING.intersection(mode):
+                self._note(file, f, sys._getframe(1))
+            return f
+        return open
+
+    def _note(self, file, f, caller) -> None:
+        """Never raises: the file is the training's, opened as it asked."""
+        try:
+            if not isinstance(file, (str, os.PathLike)) or not self._active():
+                return
+            path = os.path.abspath(os.fspath(file))
+            if not path.endswith(".json") or path.startswith(self._outside):
+                return
+            if str(caller.f_globals.get("__name__", "")).startswith("bitguard."):  # (its own files: a manifest)
+                return
             try:
-                with os.scandir(folder) as entries:
-                    for i, entry in enumerate(entries):
-                        if i >= MAX_ENTRIES:
-                            found.append(("*.json", None, f"{folder} holds more than {MAX_ENTRIES:,} entries: "
-                                                        "the JSON files beside the saves were not all looked for"))
-                            break
-                        if entry.name.endswith(".json") and entry.path not in self._written \
-                                and entry.is_file() and entry.stat().st_mtime_ns >= self.since_ns:
-                            names.append(entry.name)
-            except OSError:  # a folder removed since (a temporary checkpoint): nothing left to compare
-                continue
-            names.sort()
-            if len(names) > MAX_FILES:
-                found.append(("*.json", None, f"{len(names):,} JSON files were written beside the saves in {folder}: "
-                                            f"the first {MAX_FILES} by name are compared"))
-            found += [_read(Path(folder, name)) for name in names[:MAX_FILES]]
-        return found
+                ref = weakref.ref(f)
+            except TypeError:
+                ref = None
+            self._pending = [entry for entry in self._pending if entry[0] != path] + [(path, ref, self._where(caller))]
+        except Exception:  # noqa: BLE001 - this file is then not compared; the training goes on
+            pass
+
+    def written(self, ended: bool = False) -> list[tuple[str, object, str | None, object]]:
+        """(file name, parsed value, None, where) or (file name, None, why it was not read, where) of
+        each noted file closed since (`ended`: every one noted), in the order they were opened; one
+        removed since (a temporary file) is left out."""
+        ready, waiting = [], []
+        for entry in self._pending:
+            f = entry[1]() if entry[1] is not None else None
+            closed = ended or f is None or f.closed or len(self._pending) > MAX_PENDING
+            (ready if closed else waiting).append(entry)
+        self._pending = waiting
+        return [read for read in (_read(path, where) for path, _, where in ready) if read is not None]
 
 
-def _read(path: Path) -> tuple[str, object, str | None]:
+def _read(path: str, where) -> tuple[str, object, str | None, object] | None:
+    name = os.path.basename(path)
     try:
-        size = path.stat().st_size
+        size = os.stat(path).st_size
         if size > MAX_BYTES:
-            return path.name, None, f"{path.name} ({size:,} bytes) is bigger than {MAX_BYTES >> 20} MiB: not read"
-        return path.name, json.loads(path.read_bytes()), None
+            return name, None, f"{name} ({size:,} bytes) is bigger than {MAX_BYTES >> 20} MiB: not read", where
+        with builtins.open(path, "rb") as f:
+            return name, json.loads(f.read()), None, where
+    except FileNotFoundError:
+        return None
     except (OSError, ValueError, RecursionError) as exc:
-        return path.name, None, f"{path.name} could not be read as JSON ({type(exc).__name__}: {exc})"[:300]
+        return name, None, f"{name} could not be read as JSON ({type(exc).__name__}: {exc})"[:300], where
+
+
+def _string_tensor(value: str) -> torch.Tensor:
+    """A string as the 0-d int64 tensor of a 64-bit hash of its UTF-8 bytes: one shape for every
+    string, so that another string differs by its value, not as another layout."""
+    digest = hashlib.blake2b(value.encode(errors="surrogatepass"), digest_size=8).digest()
+    return torch.tensor(int.from_bytes(digest, "little", signed=True), dtype=torch.int64)
+
+
+def json_values(value) -> tuple[list[tuple[str, torch.Tensor]], str | None]:
+    """(path, tensor) of a JSON value's numbers and strings, as the module docstring says, and why some
+    may be missing (None: none is)."""
+    found: list[tuple[str, torch.Tensor]] = []
+    # (value, its path, the name of the nearest key above it, what the nearest key naming a time names)
+    stack = [(value, "", "", None)]
+    while stack:
+        value, path, key, clock = stack.pop()
+        if len(found) >= MAX_VALUES:
+            return found, f"more than {MAX_VALUES:,} values: the rest was not looked at"
+        if isinstance(value, bool | int | float):
+            if compared(clock, value):
+                found.append((path + NUMBER_MARK.format(type(value).__name__), number_tensor(value)))
+        elif isinstance(value, str):
+            if clock is None and "/" not in value and "\\" not in value \
+                    and not _PLACE_WORDS.intersection(_WORDS.split(key.lower())):
+                found.append((path + STRING_MARK, _string_tensor(value)))
+        elif isinstance(value, dict):
+            items = [(v, f"{path}[{k!r}]", k) for k, v in value.items()]
+            stack += [(v, sub, k, clock_of(sub) or clock) for v, sub, k in reversed(items)]
+        elif isinstance(value, list):
+            if len(value) >= PACKED_INTS and all(type(v) is int and -(1 << 63) <= v < (1 << 63)
+                                                 and compared(clock, v) for v in value):
+                found.append((path + NUMBER_MARK.format("int"), torch.tensor(value, dtype=torch.int64)))
+            else:
+                stack += [(v, f"{path}[{i}]", key, clock) for i, v in reversed(list(enumerate(value)))]
+    return found, None

@@ -38,12 +38,14 @@ import weakref
 from collections import OrderedDict
 from ctypes import string_at as _string_at
 from functools import partial
+from pathlib import Path
 
 import torch
+from torch.nn.parameter import is_lazy
 
 from bitguard.collectors import kept
 from bitguard.collectors.api_events import ApiRecorder, CollectorNaming
-from bitguard.collectors.beside import Destinations
+from bitguard.collectors.beside import JsonWrites
 from bitguard.collectors.callstack import StackTable, _is_user
 from bitguard.collectors.comm import CommObserver
 from bitguard.collectors.compiled import (REGION_PATH, REGION_REASON, CompileWatch, eager_name, inner_call, is_compiling,
@@ -195,9 +197,10 @@ def _add_grad_hook(t: torch.Tensor, hook) -> None:
 
 
 def _trainable_ids(module: torch.nn.Module) -> int:
-    """The sum of the ids of `module`'s parameters that require a gradient: it moves when one is
-    unfrozen, added or replaced."""
-    return sum(id(p) for p in module.parameters() if p.requires_grad)
+    """The sum of the ids of `module`'s parameters that require a gradient and hold values: it moves
+    when one is unfrozen, added, replaced, or a lazy module's is made (`LazyLinear`, PyG's `-1` sizes:
+    materialized in place at the first call)."""
+    return sum(id(p) for p in module.parameters() if p.requires_grad and not is_lazy(p))
 
 
 def _rng_drawn(before: torch.Tensor) -> bool:
@@ -236,7 +239,7 @@ class Collector(WeightEvents):
                  "_next_param_tid", "_next_tid", "_grads", "_optimizers", "_optimizers_seen", "_steps_taken", "_param_in", "_params", "_params_at", "_pass_stack", "_pending", "_queued",
                  "_foreign", "_kept_lists", "_rng_free", "_root_names", "_roots", "_seq", "_sharded", "_stacks", "_thread_names",
                  "_tids", "_tids_limit", "_wrapper", "_depths", "_in_child", "_walked", "_finaled", "_unheld", "_held_optimizers",
-                 "_trainable", "_hooked_params", "_backwards", "_destinations")
+                 "_trainable", "_hooked_params", "_backwards", "_json", "_orphans", "_orphans_step")
 
     def __init__(self, store, mode: str = "full", steps: tuple[int, int | None] | None = None,
                  rank: int = 0, world_size: int = 1, dump: bool = False, digest_cache: bool = True):
@@ -281,6 +284,8 @@ class Collector(WeightEvents):
         self._param_in: dict[int, tuple] = {}  # pid -> (t0, grad_input row) while .grad accumulates
         self._accumulating: set[int] = set()  # parameters with a hook after accumulation
         self._hooked_params: dict[int, weakref.ref] = {}  # id -> ref of a parameter whose gradient is hooked
+        self._orphans: dict[int, tuple[weakref.ref, str]] = {}  # id -> (ref, name) of one only an optimizer holds
+        self._orphans_step = -1  # the step of their last params event (weights.py, _orphan_params)
         # id(root) -> (ref, `_trainable_ids` when last looked): its parameters hooked again when it moves
         self._trainable: dict[int, tuple[weakref.ref, int]] = {}
         self._tids: dict[int, list] = {}  # id -> [weakref, tid, (version, address, shape, strides) digested, digest]
@@ -305,7 +310,7 @@ class Collector(WeightEvents):
         self._depths: dict[str, int] = {}  # module name -> call depth of its last recorded forward (for a recompute)
         self._sharded = ShardedParams(self)  # FSDP parameters: flat parameters split, shards marked (sharded.py)
         self.api: ApiRecorder | None = None  # API-level events (collectors/api_events.py), once installed
-        self._destinations = Destinations(time.time_ns())  # where the saves wrote: JSON files beside them (beside.py)
+        self._json: JsonWrites | None = None  # the JSON files the training writes (beside.py), once installed
 
     # -- installation ----------------------------------------------------------------------
     def install(self) -> None:
@@ -323,6 +328,10 @@ class Collector(WeightEvents):
         # a step the loss scaler skipped (an inf gradient) still ends the step
         self._handles.append(ScalerWatch(lambda: self._steps_taken, self._guard(self._skipped_step)).install())
         self._handles.append(SaveWatch(self._saved).install())  # what torch.save and the like write: `saved`
+        # the JSON files the training writes with open(): `saved` too, read once closed (beside.py)
+        self._json = JsonWrites(lambda: self.enabled and not self._in_child, str(Path(self.store.path).parent),
+                                lambda frame: self._stacks.key_until(frame)[0]).install()
+        self._handles.append(self._json)
         # a Keras optimizer's update (no torch.optim on Keras' PyTorch backend) ends the step too
         self._handles.append(KerasStepWatch(lambda: self._steps_taken, self._guard(self._foreign_step)).install())
         if torch.distributed.is_available():  # the process group's end: the distributed models' final state
@@ -338,7 +347,7 @@ class Collector(WeightEvents):
         self._guard(self._flush_backward)()
         self._guard(self._child_saves)()
         if final_state:
-            self._guard(self._json_beside_saves)()
+            self._guard(self._json_written)(True)
             self._guard(self._emit_final)()
         self._held.clear()
         self._held_optimizers.clear()
@@ -397,6 +406,9 @@ class Collector(WeightEvents):
     def _maybe_advance(self) -> None:
         if self._advance:
             self._advance = False
+            steps = self.steps
+            if steps is not None and steps[1] == self.step + 1:  # the window's last step is over
+                self._guard(self._window_ends)()
             self.step += 1
 
     def _purge_dead(self) -> None:
@@ -647,7 +659,7 @@ class Collector(WeightEvents):
         flat parameters, `flats`, are sharded.py's); one named already (as an optimizer stepped it) is
         only hooked."""
         for p_name, p in root.named_parameters():
-            if not p.requires_grad or id(p) in flats or self._hooked(p):
+            if not p.requires_grad or id(p) in flats or self._hooked(p) or is_lazy(p):  # (a lazy one: once made)
                 continue
             entry = self._params.get(id(p))
             if entry is not None and entry[0]() is p:
@@ -787,9 +799,8 @@ class Collector(WeightEvents):
                 frames = self._local.frames
             except AttributeError:
                 frames = self._local.frames = []
-            if self._advance:  # (_maybe_advance)
-                self._advance = False
-                self.step += 1
+            if self._advance:
+                self._maybe_advance()
             if frames:
                 parent = frames[-1]
                 if parent.region is not None and inner_call(parent.module, module):
@@ -853,6 +864,8 @@ class Collector(WeightEvents):
                 versions = self._params_due(module)
                 if versions is None and changed:
                     versions = module_versions(module)
+                if self._orphans and self._orphans_step != self.step:
+                    self._orphan_params(t0)
                 if versions is not None:
                     digested = self._start_params(module, name, type(region or module).__name__, t0)
                     self._params_at[id(module)] = (weakref.ref(module), self.step, self._grads, versions, module.training)

@@ -13,7 +13,7 @@ are taken as the tensors of their memory. A saved object's Python numbers are ta
 0-d tensor whose path ends in NUMBER_MARK (a long list or tuple of ints, as `random.getstate()`, is
 one 1-d tensor): a checkpoint that would resume at another learning rate, privacy budget, loss
 scale or random state is a different checkpoint. Strings are left out (a path, a version), and so
-are the numbers under a key that names a time (`timed`: `time_elapsed`, `train_runtime`,
+are the numbers under a key that names a time (bitguard/timed.py: `time_elapsed`, `train_runtime`,
 `samples_per_second`, `saved_at`), which differ from run to run by design. Among a call's
 arguments (`save=False`, flatten.py) only an optimizer's or an LR scheduler's state has its
 numbers taken (`training_state`), and a module is not walked (its weights are its own events').
@@ -34,7 +34,6 @@ import importlib.abc
 import importlib.util
 import inspect
 import os
-import re
 import sys
 import threading
 import types
@@ -44,9 +43,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from bitguard.collectors.beside import destination
 from bitguard.collectors.patching import Patch
 from bitguard.schema import NUMBER_MARK
+from bitguard.timed import clock_of, compared
 
 MAX_DEPTH = 32  # containers looked into below the saved object
 MAX_TENSORS = 100_000  # tensors taken from one saved object
@@ -68,24 +67,7 @@ _SAVERS = {  # module -> (attribute, boundary) of the functions wrapped there
 }
 
 
-# The words of a key whose numbers differ from run to run by design (a time, a rate of work): its numbers
-# are not taken (`timed`); a key is split into its words at every character that is not a letter.
-_TIME_WORDS = frozenset({"time", "times", "timer", "timestamp", "timestamps", "elapsed", "duration", "durations",
-                         "runtime", "date", "datetime", "clock", "wall", "walltime", "seconds", "secs", "sec", "ms",
-                         "throughput", "speed", "now", "at", "tflops", "mfu"})
-_LAST_KEY = re.compile(r"(?:\[['\"](.*)['\"]\]|\.(\w+))$")
 PACKED_INTS = 16  # a list or tuple of at least this many ints (an RNG state) is one tensor
-
-
-def timed(path: str) -> bool:
-    """Whether the last key of `path` names a time or a rate of work (`['train_runtime']`, `.saved_at`,
-    `['samples_per_second']`): the numbers under it are not compared."""
-    found = _LAST_KEY.search(path)
-    if found is None:
-        return False
-    words = re.split(r"[^a-z]+", (found.group(1) or found.group(2) or "").lower())
-    return bool(_TIME_WORDS.intersection(words)) or any(a == "per" and b in ("second", "s") for a, b in
-                                                        zip(words, words[1:]))
 
 
 class _Walk:
@@ -104,12 +86,13 @@ class _Walk:
     def missing(self, why: str) -> None:
         self.why = self.why or why
 
-    def walk(self, value, path: str, depth: int, numbers: bool = False) -> None:
-        """`numbers`: inside an optimizer's or a scheduler's state, whose numbers are taken too."""
+    def walk(self, value, path: str, depth: int, numbers: bool = False, clock: str | None = None) -> None:
+        """`numbers`: inside an optimizer's or a scheduler's state, whose numbers are taken too; `clock`:
+        under a key that names a time (bitguard/timed.py, `clock_of`), whose numbers `compared` tells."""
         if isinstance(value, np.generic) and value.dtype.kind in "biuf":  # (a NumPy scalar: as its Python number)
             value = value.item()
         if isinstance(value, SCALARS):  # (not counted: a list of a dataset's indices is cheap to pass over)
-            if numbers and isinstance(value, (int, float)):
+            if numbers and isinstance(value, (int, float)) and compared(clock, value):
                 kind = bool if isinstance(value, bool) else int if isinstance(value, int) else float
                 self.found.append((path + NUMBER_MARK.format(kind.__name__), number_tensor(kind(value))))
             return
@@ -127,7 +110,7 @@ class _Walk:
             if value.dtype.kind in "biufc":
                 self.found.append((path or "[]", torch.from_numpy(value if value.flags.writeable else value.copy())))
             elif value.dtype.kind == "O":
-                self.walk(value.ravel().tolist(), path, depth, numbers)
+                self.walk(value.ravel().tolist(), path, depth, numbers, clock)
             return
         if id(value) in self.seen:
             return
@@ -135,7 +118,7 @@ class _Walk:
             self.missing(f"{path} is more than {self.depth} containers deep: not looked into")
             return
         if numbers and type(value) in (list, tuple) and len(value) >= PACKED_INTS \
-                and all(type(v) is int for v in value):
+                and all(type(v) is int and compared(clock, v) for v in value):
             try:
                 self.found.append((path + NUMBER_MARK.format("int"), torch.tensor(value, dtype=torch.int64)))
                 return
@@ -146,7 +129,7 @@ class _Walk:
         numbers = numbers or training_state(value)
         try:
             for sub, item in self.items(value, path):
-                self.walk(item, sub, depth - 1, numbers and not (self.save and timed(sub)))
+                self.walk(item, sub, depth - 1, numbers, (clock_of(sub) if self.save else None) or clock)
         except Exception as exc:  # noqa: BLE001 - an object that fails when looked at (a proxy)
             self.missing(f"{path or self.what} could not be looked into ({type(exc).__name__}: {exc})"[:300])
 
@@ -209,7 +192,7 @@ def tensors_in(obj, what: str = "the saved object", depth: int | None = None, te
     """(path, tensor) of every tensor `obj` holds, as the module docstring says, and why some may
     be missing (None: none is): what cannot be walked whole is marked, never taken for all it holds.
     `what` names `obj` in the reasons; the limits are a saved object's unless given. `save`: what a
-    save writes, its Python numbers too (but under a `timed` key) and a module's weights; else (an
+    save writes, its Python numbers too (but under a key that names a time) and a module's weights; else (an
     object among a call's arguments) only an optimizer's or a scheduler's numbers, and no module."""
     walk = _Walk(what, MAX_DEPTH if depth is None else depth, MAX_TENSORS if tensors is None else tensors,
                  MAX_VISITS if visits is None else visits, save)
@@ -218,9 +201,8 @@ def tensors_in(obj, what: str = "the saved object", depth: int | None = None, te
 
 
 class SaveWatch:
-    """`prepare(boundary, obj, path)` before each save the user's code makes, while installed (`path`:
-    where it writes, beside.destination), and the callable it returns (if any) once that save has
-    returned: a save that raised wrote nothing."""
+    """`prepare(boundary, obj)` before each save the user's code makes, while installed, and the
+    callable it returns (if any) once that save has returned: a save that raised wrote nothing."""
 
     def __init__(self, prepare):
         self._prepare = prepare
@@ -271,8 +253,7 @@ class SaveWatch:
                 obj = args[0] if args else kwargs.get(first)
                 self._inside.on = True
                 try:
-                    done = self._prepare(boundary, obj, destination(args, kwargs))  # (never raises: the collector
-                    # contains its failures)
+                    done = self._prepare(boundary, obj)  # (never raises: the collector contains its failures)
                     result = original(*args, **kwargs)
                 finally:
                     self._inside.on = False

@@ -15,8 +15,10 @@ import time
 import weakref
 
 import torch
+from torch.nn.parameter import is_lazy
 
 from bitguard.collectors import kept
+from bitguard.collectors.beside import json_values
 from bitguard.collectors.callstack import _is_user
 from bitguard.collectors.compiled import eager_name, is_compiling
 from bitguard.collectors.flatten import NotFlattened
@@ -68,16 +70,9 @@ class WeightEvents:
         EMA, an edit after the last step()) or a buffer (running statistics) is seen here at
         the latest."""
         self._maybe_advance()  # the final state belongs after the last step
-        if not self._in_window():  # a step window that ended before the training (--steps A:B)
+        if not self._in_window():  # a step window that ended before the training (--steps A:B): taken then
             return
-        if self._steps_taken:  # what was made after the last look (an EMA made at the end): the code ending a
-            self._guard(self._adopt_kept)(sys._getframe(1))  # `with bitguard.record()` still holds it
-        gc.collect()  # a model only a reference cycle kept alive is gone in every run alike, not by chance
-        for ref, name in self._roots:
-            module = ref()
-            if module is not None:
-                self._final(module, name)
-        self._final_stepped()
+        self._finals(sys._getframe(1))
         lost = [name for name, ids in self._unheld.items() if not ids <= self._finaled]
         if lost:
             self._fail("final state", NotSupported(
@@ -94,6 +89,27 @@ class WeightEvents:
                 f"reached a parameter of theirs and no optimizer step ran: what was trained, if anything, is tensors "
                 f"the modules do not hold (Keras' stateless_call, torch.func.grad of weights kept apart), and its "
                 f"weights are not observed"))
+
+    def _finals(self, frame) -> None:
+        """The `final` events of every root, kept model and tensor only an optimizer holds, as they are
+        now (`frame`: the user's code, where kept models made since the last look are found): when the
+        recording ends, or when a step window ends (`_window_ends`)."""
+        if self._steps_taken:  # what was made after the last look (an EMA made at the end): the code ending a
+            self._guard(self._adopt_kept)(frame)  # `with bitguard.record()` still holds it
+        gc.collect()  # a model only a reference cycle kept alive is gone in every run alike, not by chance
+        for ref, name in self._roots:
+            module = ref()
+            if module is not None:
+                self._final(module, name)
+        self._final_stepped()
+
+    def _window_ends(self) -> None:
+        """The last step of a step window (--steps A:B) is over, and the training goes on: the state it
+        left, which the steps after it, unrecorded, would read (an EMA updated after its optimizer's
+        step, weights edited between steps), is the window's final state. Without it a difference
+        there compared identical "within the recorded steps"."""
+        if self._in_window():
+            self._finals(sys._getframe(1))
 
     def _before_destroy(self, original, patch):
         """destroy_process_group, taking first the final state of the roots that hold a wrapper of
@@ -154,18 +170,16 @@ class WeightEvents:
         rows += self._rows(buffers, "state")
         self._emit("optimizer", "final", name, type(module).__name__, 0, t0, rows)
 
-    def _saved(self, boundary: str, obj, path: str | None = None):
+    def _saved(self, boundary: str, obj):
         """The `saved` event of a save the training makes (collectors/saved.py): every tensor the
         saved object holds, digested as the save begins; the event is queued by the function returned,
         once the save has returned (None: nothing to record). Its module type is the saved object's
-        type. `path`: where it writes, whose folder is looked into when the recording ends
-        (`_json_beside_saves`). Contains its own failures (SaveWatch calls it directly)."""
+        type. Contains its own failures (SaveWatch calls it directly)."""
         if not self.enabled or is_compiling():
             if self._in_child:  # a DataLoader worker's save: said to the parent, not observed
                 note_child_save(self.store.path, boundary)
             return None
         try:
-            self._destinations.note(path)
             self._maybe_advance()  # (a save after step k's update belongs to step k + 1, as the next forward)
             if not self._in_window():
                 return None
@@ -183,20 +197,23 @@ class WeightEvents:
             self._fail("saved", exc)
             return None
 
-    def _json_beside_saves(self) -> None:
-        """When the recording ends: a `saved` event of module type JSON_FILE for each JSON file written
-        beside the saves (collectors/beside.py), named by the file's name, with its numbers as a
-        save's; one that could not be read holds an unobserved row saying why."""
-        if not self._in_window():
-            return
-        for name, value, why in self._destinations.json_files():
-            t0 = time.time_ns()
-            pairs, truncated = tensors_in(value, what=name) if why is None else ([], why)
-            if truncated is not None:
-                pairs = NotFlattened(pairs, "[...]", truncated)
-            elif not pairs:  # strings only: nothing compared
+    def _json_written(self, ended: bool = False) -> None:
+        """At a step's end, and when the recording ends (`ended`): a `saved` event of module type
+        JSON_FILE for each JSON file the training wrote and closed since (collectors/beside.py), with the
+        call stack that opened it, holding its numbers and strings, their paths beginning with the
+        file's name (`adapter_config.json['r'] (python int)`); one that could not be read holds an
+        unobserved row saying why."""
+        written = self._json.written(ended) if self._json is not None else ()
+        for name, value, why, stack in written:
+            if not self._in_window():
                 continue
-            self._emit("optimizer", "saved", name, JSON_FILE, 0, t0, self._rows(pairs, "state"))
+            pairs, truncated = json_values(value) if why is None else ([], why)
+            pairs = [(name + path, t) for path, t in pairs]  # (the name is no key: a file named after its run pairs)
+            if truncated is not None:
+                pairs = NotFlattened(pairs, name + "[...]", truncated)
+            elif not pairs:  # nothing compared
+                continue
+            self._emit("optimizer", "saved", JSON_FILE, JSON_FILE, 0, time.time_ns(), self._rows(pairs, "state"), stack)
 
     def _child_saves(self) -> None:
         """The saves processes the training started made (saved.note_child_save), as a collector error."""
@@ -243,7 +260,7 @@ class WeightEvents:
     def _param_rows(self, module: torch.nn.Module) -> tuple[list, list]:
         """The `param` rows of every parameter of `module` (FSDP1 flat parameters split into the
         parameters they hold, `sharded.final_params`), and the (path, tensor) pairs they are of."""
-        params = [(f".{clean_name(eager_name(n))}", p) for n, p in module.named_parameters()]
+        params = [(f".{clean_name(eager_name(n))}", p) for n, p in module.named_parameters() if not is_lazy(p)]
         if not params:
             return [], []
         params, marks = self._sharded.final_params(params)
@@ -322,6 +339,8 @@ class WeightEvents:
         self._advance = True
         self._walked.clear()
         self._purge_dead()
+        if self._json is not None and self._json.noted:
+            self._guard(self._json_written)()
         self._drain()
         # End of a training step: the previous step is durable before this one's events go on.
         if not self.store.step_barrier():
@@ -387,7 +406,28 @@ class WeightEvents:
                 if q is p:
                     return self._watch_at(module, p_name, p)
         self._watch_param(p, where, "")
+        self._orphans[id(p)] = (weakref.ref(p), where)
         return where
+
+    def _orphan_params(self, t0: int) -> None:
+        """At a step's first root call: a `params` event per optimizer (module type `optimizer`) with
+        the tensors it steps that no root module holds (`_adopt`: a learned temperature, SAC's
+        `log_alpha`), as a root's params event has its parameters: an edit between two steps is
+        blamed there, not on the loss that reads them."""
+        self._orphans_step = self.step
+        by_optimizer: dict[str, list] = {}
+        for key, (ref, where) in list(self._orphans.items()):
+            p = ref()
+            entry = self._params.get(key)
+            if p is None or entry is None or entry[0]() is not p:  # gone, or its id reused
+                del self._orphans[key]
+                continue
+            label, _, place = where.partition(".param_groups")
+            by_optimizer.setdefault(label, []).append((".param_groups" + place, p))
+        for label, pairs in by_optimizer.items():
+            digests = plain_digests([t for _, t in pairs])
+            rows = [self._row(t, "param", i, path, d) for i, ((path, t), d) in enumerate(zip(pairs, digests))]
+            self._emit("optimizer", "params", label, "optimizer", 0, t0, rows)
 
     def _emit_step(self, tensors: list, name: str, marks: list | None, digests: list, opt_type: str, stack) -> None:
         t0 = time.time_ns()

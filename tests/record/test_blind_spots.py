@@ -244,48 +244,141 @@ def test_a_checkpoint_that_would_resume_differently_differs_by_its_numbers(tmp_p
     assert bitguard.compare(tmp_path / "old", tmp_path / "a").verdict == "identical"
 
 
-def test_a_json_file_written_beside_a_save_is_compared_by_its_numbers(tmp_path):
-    """Carried from helper 14: peft writes adapter_config.json with `json` beside the adapter's
-    weights, so a run whose saved `lora_alpha` differed compared identical. The JSON files written
-    beside an observed save are compared by their numbers (a time's left out, strings not
-    compared); one that cannot be read makes the run inconclusive; a run recorded before (schema 9)
-    compares with one recorded now without them."""
+def test_the_json_files_the_training_writes_are_compared(tmp_path):
+    """Carried from helper 14, and helper 20's diffusers pipeline: peft writes adapter_config.json with
+    `json` beside the adapter's weights, and `save_pretrained` a scheduler's scheduler_config.json
+    with no tensor at all, so runs whose saved `lora_alpha` or `prediction_type` differed compared
+    identical. The JSON files the training writes are compared by their numbers and strings (a
+    time's, a path's left out); one that cannot be read makes the run inconclusive; a run recorded
+    before (schema 9) compares with one recorded now without them."""
     import torch
 
     import bitguard
 
-    stale = tmp_path / "stale"
-    stale.mkdir()  # written before the recording: not read (a previous run's leftovers)
-    (stale / "old.json").write_text(json.dumps({"n": 1}))
-
-    def train(name, alpha, runtime, broken=False):
+    def train(name, alpha=16, runtime=1.5, prediction="epsilon", broken=False):
         model, opt = _tiny()
         out = tmp_path / f"{name}-ckpt"
-        out.mkdir()
+        (out / "scheduler").mkdir(parents=True)
         with bitguard.record(tmp_path / name, determinism=False):
             _sgd_steps(model, opt, 2)
             torch.save(model.state_dict(), out / "adapter_model.bin")
             config = {"r": 8, "lora_alpha": alpha, "target_modules": ["q"], "base_model_name_or_path": str(out),
-                      "train_runtime": runtime}
-            (out / "adapter_config.json").write_text(json.dumps(config))
+                      "train_runtime": runtime, "time_embedding_dim": 64}
+            with open(out / "adapter_config.json", "w") as f:
+                f.write(json.dumps(config))
             (out / "README.md").write_text(f"trained in {runtime} s")  # not JSON: not read
-            torch.save(torch.ones(1), stale / "x.pt")
+            (out / "scheduler" / "scheduler_config.json").write_text(json.dumps({"prediction_type": prediction}))
             if broken:
                 (out / "metrics.json").write_text("{not json")
+            (tmp_path / f"{name}.result.json").write_text(json.dumps({"loss": 0.5}))  # named after its run
+            _sgd_steps(model, opt, 1)
 
-    for name, alpha, runtime, broken in (("a", 16, 1.5, False), ("b", 16, 9.0, False), ("c", 32, 1.5, False),
-                                         ("d", 16, 1.5, True)):
-        train(name, alpha, runtime, broken)
+    for name, kwargs in (("a", {}), ("b", {"runtime": 9.0}), ("c", {"alpha": 32}), ("d", {"broken": True}),
+                         ("e", {"prediction": "v_prediction"})):
+        train(name, **kwargs)
     assert bitguard.compare(tmp_path / "a", tmp_path / "b").verdict == "identical"  # (times and paths differ)
-    fd = bitguard.compare(tmp_path / "a", tmp_path / "c").to_dict()["first_divergence"]
-    assert (fd["kind"], fd["boundary"], fd["module_type"], fd["fault_class"], fd["blame"]) == \
-        ("saved", "adapter_config.json", "json file", "saved", "source"), fd
-    assert [t["path"] for t in fd["tensors"] if t["differs"]] == ["['lora_alpha'] (python int)"], fd["tensors"]
-    assert "written beside the training's saves" in fd["blame_window"]["detail"]
+    for name, differing in (("c", "adapter_config.json['lora_alpha'] (python int)"),
+                            ("e", "scheduler_config.json['prediction_type'] (python str)")):
+        fd = bitguard.compare(tmp_path / "a", tmp_path / name).to_dict()["first_divergence"]
+        assert (fd["kind"], fd["boundary"], fd["module_type"], fd["step"], fd["fault_class"], fd["blame"]) == \
+            ("saved", "json file", "json file", 2, "saved", "source"), fd
+        assert [t["path"] for t in fd["tensors"] if t["differs"]] == [differing], fd["tensors"]
+        assert "a JSON file the training wrote" in fd["blame_window"]["detail"]
     assert bitguard.compare(tmp_path / "d", tmp_path / "d").verdict == "inconclusive"
     shutil.copytree(tmp_path / "c", tmp_path / "old")
     as_older_schema(tmp_path / "old", 9)
     assert bitguard.compare(tmp_path / "old", tmp_path / "a").verdict == "identical"
+
+
+def test_a_tensor_only_an_optimizer_holds_edited_between_steps_is_blamed_there(tmp_path):
+    """Helper 18: SAC's `log_alpha`, a learned temperature only its optimizer holds, edited between
+    two steps was blamed on the gradient reaching the model's output (the loss). Such tensors get a
+    params event at each step's first root call, as a root's parameters do."""
+    import torch
+
+    import bitguard
+
+    def train(name, edit):
+        model, opt = _tiny()
+        log_alpha = torch.zeros(1, requires_grad=True)
+        alpha_opt = torch.optim.Adam([log_alpha], lr=1e-2)
+        with bitguard.record(tmp_path / name, determinism=False):
+            for step in range(4):
+                if edit and step == 2:
+                    with torch.no_grad():
+                        log_alpha.add_(0.5)
+                loss = (model(torch.randn(2, 4)) * log_alpha.exp()).pow(2).mean()
+                opt.zero_grad()
+                alpha_opt.zero_grad()
+                loss.backward()
+                opt.step()
+                alpha_opt.step()
+
+    for name, edit in (("a", False), ("b", False), ("c", True)):
+        train(name, edit)
+    assert bitguard.compare(tmp_path / "a", tmp_path / "b").verdict == "identical"
+    fd = bitguard.compare(tmp_path / "a", tmp_path / "c").to_dict()["first_divergence"]
+    assert (fd["kind"], fd["boundary"], fd["module_type"], fd["step"], fd["fault_class"], fd["blame"]) == \
+        ("params", "Adam", "optimizer", 2, "params", "source"), fd
+    assert "only Adam steps" in fd["blame_window"]["detail"]
+    shutil.copytree(tmp_path / "b", tmp_path / "old")
+    as_older_schema(tmp_path / "old", 9)  # recorded before these events were: left out of both sides
+    assert bitguard.compare(tmp_path / "old", tmp_path / "a").verdict == "identical"
+
+
+def test_a_lazy_module_s_parameters_are_recorded_once_made(tmp_path):
+    """Helper 21: PyG's lazy layers (`-1` sizes), as torch's LazyLinear, hold uninitialized parameters
+    until their first call: hooking and digesting them were collector errors, and identical reruns
+    were inconclusive. They are hooked and recorded once made (materialized in place)."""
+    import torch
+
+    import bitguard
+
+    def train(name, edit):
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.LazyLinear(8), torch.nn.Tanh(), torch.nn.LazyLinear(1))
+        with bitguard.record(tmp_path / name, determinism=False):
+            with torch.no_grad():
+                model(torch.randn(2, 4))  # (made by a dummy batch, as PyG's examples do)
+            if edit:
+                with torch.no_grad():
+                    model[2].weight[0, 0] += 1e-3
+            _sgd_steps(model, torch.optim.SGD(model.parameters(), lr=0.1), 2)
+
+    for name, edit in (("a", False), ("b", False), ("c", True)):
+        train(name, edit)
+    assert bitguard.compare(tmp_path / "a", tmp_path / "b").verdict == "identical"  # (no collector error)
+    fd = bitguard.compare(tmp_path / "a", tmp_path / "c").to_dict()["first_divergence"]
+    assert (fd["kind"], fd["boundary"], fd["step"], fd["fault_class"]) == ("params", "Sequential", 0, "params"), fd
+    assert [t["path"] for t in fd["tensors"] if t["differs"]] == [".2.weight"], fd["tensors"]
+
+
+def test_a_step_window_ends_with_the_state_it_left(tmp_path):
+    """Helper 20: an EMA update skipped inside `--steps 2:4` compared identical "within the recorded
+    steps": the EMA is seen at the final state and at saves, both after the window. When a window
+    ends and the training goes on, the final state of what it holds is taken then."""
+    import copy
+
+    import torch
+
+    import bitguard
+
+    def train(name, skip):
+        model, opt = _tiny()
+        ema = copy.deepcopy(model).requires_grad_(False)
+        with bitguard.record(tmp_path / name, determinism=False, steps=(1, 3)):
+            for step in range(5):
+                _sgd_steps(model, opt, 1)
+                if not (skip and step == 2):
+                    with torch.no_grad():
+                        for e, p in zip(ema.parameters(), model.parameters()):
+                            e.lerp_(p, 0.1)
+
+    for name, skip in (("a", False), ("b", False), ("c", True)):
+        train(name, skip)
+    assert bitguard.compare(tmp_path / "a", tmp_path / "b").verdict == "identical"
+    fd = bitguard.compare(tmp_path / "a", tmp_path / "c").to_dict()["first_divergence"]
+    assert (fd["kind"], fd["boundary"], fd["step"], fd["fault_class"]) == ("final", "ema", 2, "final_state"), fd
 
 
 def test_a_save_in_a_dataloader_worker_is_said_not_to_be_observed(tmp_path):
@@ -303,7 +396,8 @@ def test_each_functional_call_of_a_step_has_the_weights_it_ran_on_recorded(tmp_p
     """An ensemble run member by member through functional_call (pytorch/tutorials' ensembling,
     without vmap): a params event was taken at a root's first call of a step only, so a member's
     edited weight was blamed on the first module reading it, `source (forward)`, as if that module
-    computed differently. Each such call now records the weights it ran on."""
+    computed differently. Each such call now records the weights it ran on; the stacked tensors,
+    which only the optimizer holds, have their own params event at the step's start, first."""
     import torch
     from torch.func import functional_call, stack_module_state
 
@@ -330,9 +424,9 @@ def test_each_functional_call_of_a_step_has_the_weights_it_ran_on_recorded(tmp_p
     for name, edit in (("a", False), ("b", True)):
         train(tmp_path / name, edit)
     fd = _compare(tmp_path / "a", tmp_path / "b")[1]["first_divergence"]
-    assert (fd["step"], fd["kind"], fd["call"], fd["blame"], fd["fault_class"]) == \
-        (1, "params", 2, "source", "params"), fd
-    assert [t["path"] for t in fd["tensors"] if t["differs"]] == [".2.weight"], fd["tensors"]
+    assert (fd["step"], fd["kind"], fd["boundary"], fd["blame"], fd["fault_class"]) == \
+        (1, "params", "SGD", "source", "params"), fd
+    assert [t["path"] for t in fd["tensors"] if t["differs"]] == [".param_groups[0][2]"], fd["tensors"]
 
 
 @pytest.mark.parametrize("change", ["unfreeze", "grow", "replace"])
@@ -531,7 +625,8 @@ def test_tensors_inside_a_torch_func_transform_are_digested_as_their_batch(tmp_p
 
 @pytest.mark.parametrize("plant, where", [
     (None, None),
-    ("middle", (2, "params", "Sequential", [".0.weight"])),  # member 2's weight, edited after step 1's update
+    # member 2's weight, edited after step 1's update: the stacked tensor only the optimizer holds
+    ("middle", (2, "params", "SGD", [".param_groups[0][0]"])),
     ("end", (3, "final", "SGD", [".param_groups[0][2]"]))])  # after the last step: only the optimizer held it
 def test_an_ensemble_trained_under_vmap_on_a_meta_base_model_is_compared(tmp_path, plant, where):
     """pytorch/tutorials' model ensembling (stack_module_state, a base model on the meta device,

@@ -1,56 +1,95 @@
-"""The JSON files written beside the saves (collectors/beside.py)."""
+"""The JSON files the training writes (collectors/beside.py) and the keys that name a time (bitguard/timed.py)."""
 
 from __future__ import annotations
 
+import builtins
 import io
 import json
-import os
-import time
-from pathlib import Path
+import pathlib
+
+import pytest
 
 from bitguard.collectors import beside
-from bitguard.collectors.beside import Destinations, destination
+from bitguard.collectors.beside import JsonWrites, json_values
+from bitguard.timed import clock_of, compared, timed_before_10
 
 
-class _Writer:
-    path = Path("/ckpt/step-10")
+def _values(value) -> dict:
+    pairs, why = json_values(value)
+    assert why is None
+    strings = {beside._string_tensor(s).item(): s for s in ("silu", "q", "v", "")}
+    return {path: (strings[t.item()] if path.endswith("(python str)") else t.tolist()) for path, t in pairs}
 
 
-def test_where_a_save_writes_is_read_from_its_arguments(tmp_path):
-    with open(tmp_path / "f.pt", "wb") as f:
-        assert destination((None, f), {}) == str(tmp_path / "f.pt")  # an open file: its name
-    assert destination((None, tmp_path / "m.pt"), {}) == str(tmp_path / "m.pt")
-    assert destination((None,), {"filename": "a.safetensors"}) == "a.safetensors"
-    assert destination((None,), {"checkpoint_id": "ckpt"}) == "ckpt"
-    assert destination((None,), {"storage_writer": _Writer()}) == "/ckpt/step-10"  # dcp's writer
-    assert destination((None, io.BytesIO()), {}) is None  # to memory
-    assert destination((None, {"format": "pt"}), {}) is None  # safetensors' `save(tensors, metadata)`
-    assert destination((None,), {}) is None
+def test_a_json_value_s_numbers_and_strings_are_taken_but_times_and_places():
+    got = _values({"r": 8, "lora_alpha": 16.0, "use_rslora": False, "act_fn": "silu", "target_modules": ["q", "v"],
+                   "output_dir": "out", "_name_or_path": "gpt2", "base": "/tmp/run-a/ckpt", "url": "x",
+                   "train_runtime": 1.5, "saved_at": "2026-12-05", "time_embedding_dim": 64, "dropout": None,
+                   "decay_at": 200, "started_at": 1733400000.5, "step_times": [0.1, 0.2],
+                   "log_history": [{"loss": 0.5, "train_samples_per_second": 9.0}], "state": list(range(20)), "e": ""})
+    assert got == {"['r'] (python int)": 8, "['lora_alpha'] (python float)": 16.0, "['use_rslora'] (python bool)": 0,
+                   "['act_fn'] (python str)": "silu", "['target_modules'][0] (python str)": "q",
+                   "['target_modules'][1] (python str)": "v", "['time_embedding_dim'] (python int)": 64,
+                   "['decay_at'] (python int)": 200,
+                   "['log_history'][0]['loss'] (python float)": 0.5, "['state'] (python int)": list(range(20)),
+                   "['e'] (python str)": ""}
+    assert list(got) == sorted(got, key=list(got).index)  # (in the file's order)
 
 
-def test_the_json_files_written_since_the_recording_began_beside_the_saves_are_read(tmp_path, monkeypatch):
-    old = tmp_path / "ckpt" / "old.json"
-    old.parent.mkdir()
-    old.write_text("{}")
-    past = time.time_ns() - 10**10
-    os.utime(old, ns=(past, past))  # there before the recording: not read
-    found = Destinations(time.time_ns() - 10**9)
-    (tmp_path / "ckpt" / "b.json").write_text(json.dumps({"lr": 0.1}))
-    (tmp_path / "ckpt" / "a.json").write_text("[1, 2")  # broken: said why
-    (tmp_path / "ckpt" / "w.json").write_text("{}")  # a save's own file (torch.save to a .json name)
-    (tmp_path / "ckpt" / "notes.txt").write_text("{}")
-    (tmp_path / "dcp").mkdir()
-    (tmp_path / "dcp" / "meta.json").write_text("{\"step\": 3}")
-    found.note(str(tmp_path / "ckpt" / "w.json"))
-    found.note(str(tmp_path / "ckpt" / "model.pt"))
-    found.note(str(tmp_path / "dcp"))  # a distributed checkpoint's folder: its own files
-    found.note(None)
-    files = found.json_files()
-    assert [(name, value) for name, value, _ in files] == [("a.json", None), ("b.json", {"lr": 0.1}),
-                                                           ("meta.json", {"step": 3})]
-    assert "could not be read as JSON" in files[0][2] and files[1][2] is None
-    monkeypatch.setattr(beside, "MAX_FILES", 1)
-    names = [name for name, _, why in found.json_files()]
-    assert names == ["*.json", "a.json", "meta.json"]  # the rest of a folder's files: said to be left out
-    monkeypatch.setattr(beside, "MAX_BYTES", 1)
-    assert "bigger than" in found.json_files()[-1][2]
+def test_a_json_value_too_big_is_marked(monkeypatch):
+    monkeypatch.setattr(beside, "MAX_VALUES", 3)
+    assert "more than 3 values" in json_values([[1], [2], [3], [4]])[1]
+
+
+@pytest.mark.parametrize("key, clock, before", [
+    ("train_runtime", "duration", True), ("saved_at", "instant", True), ("train_samples_per_second", "duration", True),
+    ("step_time_s", "duration", True), ("timestamp_start", "instant", True), ("tokens_per_sec", "duration", True),
+    ("decay_at", "instant", True), ("repeat_times", "instant", True), ("time_embedding_dim", None, True),
+    ("time_cond_proj_dim", None, True), ("lr", None, False)])
+def test_a_key_names_a_time_by_its_last_word(key, clock, before):
+    assert (clock_of(f"['{key}']"), clock_of(f".{key}"), timed_before_10(f"['{key}']")) == (clock, clock, before)
+    assert timed_before_10(f"['{key}'][0]['x'] (python int)") == before  # (a number below it, before: left out)
+
+
+def test_a_number_under_a_point_in_time_is_compared_when_it_is_no_timestamp():
+    """Helper 21: ignite's user scheduler state `{"decay_at": 200}` is a step, not a time, and a
+    checkpoint that would resume at another step compared identical."""
+    assert [compared("instant", v) for v in (100, -3, True, 1733400000, 1.5)] == [True, True, True, False, False]
+    assert not compared("duration", 100) and compared(None, 1.5)
+
+
+def test_the_json_files_the_training_opens_for_writing_are_read_once_closed(tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    on = [True]
+    writes = JsonWrites(lambda: on[0], str(run), lambda frame: frame.f_code.co_name).install()
+    try:
+        def save_config():
+            with open(tmp_path / "config.json", "w") as f:
+                json.dump({"lr": 0.1}, f)
+                assert writes.written() == []  # still open: read once closed
+        save_config()
+        log = io.open(str(tmp_path / "log.json"), "a")  # (io.open, as pathlib's write_text uses)
+        log.write("[1, 2")
+        (tmp_path / "state.json").write_text("{\"step\": 3}")
+        (run / "manifest.json").write_text("{}")  # the run directory's: not the training's
+        (tmp_path / "notes.txt").write_text("{}")
+        (tmp_path / "gone.json").write_text("{}")
+        (tmp_path / "gone.json").unlink()  # a temporary file, removed: nothing to compare
+        open(tmp_path / "config.json").close()  # read, not written
+        on[0] = False
+        (tmp_path / "paused.json").write_text("{}")  # written while the collector does not record
+        on[0] = True
+        assert [(name, value, where) for name, value, _, where in writes.written()] == [
+            ("config.json", {"lr": 0.1}, "save_config"), ("state.json", {"step": 3}, "open")]  # (Path.open's)
+        assert writes.noted and writes.written() == []  # the log is still open
+        (tmp_path / "config.json").write_text("{\"lr\": 0.2}")  # written again: read again
+        ended = writes.written(ended=True)  # the recording ends: every file noted, open or not
+        assert not writes.noted
+    finally:
+        writes.remove()
+        log.close()
+    assert [(name, value) for name, value, *_ in ended] == [("log.json", None), ("config.json", {"lr": 0.2})]
+    assert "could not be read as JSON" in ended[0][2]  # (the log, cut short)
+    assert builtins.open is io.open and open is builtins.open  # given back
+    assert pathlib.Path(tmp_path / "x.json").write_text("{}") and not writes.noted  # removed: nothing noted

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import dataclasses
 import io
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -62,7 +61,7 @@ def test_every_number_of_a_save_is_taken_but_times_and_among_a_call_s_arguments_
         "['last_update'] (python int)", "['optimizer']['param_groups'][0]['lr'] (python float)"]
     assert numbers["['python'][1] (python int)"].tolist() == list(state["python"][1])  # the generator's 625 words
     assert numbers["['seed'] (python int)"].dtype == torch.uint8  # (past 64 bits: its digits)
-    assert saved.timed("['time_elapsed']") and saved.timed(".tokens_per_sec") and not saved.timed("['second_moment']")
+    assert saved.clock_of("['time_elapsed']") and saved.clock_of(".tokens_per_sec") and not saved.clock_of("['second_moment']")
     among_arguments = [p for p, _ in tensors_in(state, save=False)[0]]  # (flatten.held_by)
     assert among_arguments == ["['optimizer']['param_groups'][0]['lr'] (python float)"]
 
@@ -134,11 +133,10 @@ def test_a_long_list_is_marked_where_it_is_cut(monkeypatch):
 
 
 def test_each_save_of_the_user_is_seen_once_and_recorded_once_it_returned(tmp_path):
-    seen, done, paths, original = [], [], [], torch.save
+    seen, done, original = [], [], torch.save
 
-    def prepare(boundary, obj, path):
+    def prepare(boundary, obj):
         seen.append((boundary, type(obj).__name__))
-        paths.append(path and Path(path).name)
         return lambda: done.append(boundary)
 
     watch = SaveWatch(prepare).install()
@@ -159,7 +157,6 @@ def test_each_save_of_the_user_is_seen_once_and_recorded_once_it_returned(tmp_pa
     assert seen == [("torch.save", "dict"), ("torch.save", "Tensor"), ("safetensors.save_model", "Linear"),
                     ("safetensors.save_file", "dict"), ("torch.save", "Tensor")]
     assert done == ["torch.save", "torch.save", "safetensors.save_model", "safetensors.save_file"]
-    assert paths == [None, None, "m.safetensors", "a.safetensors", "dir.pt"]  # where each writes (beside.py)
     torch.save(torch.ones(1), io.BytesIO())
     assert len(seen) == 5 and torch.save is original  # removed: the original is back
 

@@ -1,0 +1,73 @@
+"""Which keys of a saved object name a time: a duration or a rate of work (`train_runtime`,
+`samples_per_second`, `step_time_s`), whose numbers differ from run to run by design and are not
+compared, or a point in time (`saved_at`, `timestamp_start`), under which only an int smaller than a
+timestamp is (`decay_at: 200` is a step). The last word of a key says so (`time_embedding_dim` is a
+size). Used by collectors/saved.py and collectors/beside.py, and by the comparison of a run recorded
+before this rule (schema 10; backend/certification.py, `timed_before_10`). Torch-free: the backend
+reads it too."""
+
+from __future__ import annotations
+
+import re
+
+# The words of a key that name a time or a rate of work (`clock_of`); a key is split into its words at every
+# character that is not a letter.
+_TIME_WORDS = frozenset({"time", "times", "timer", "timestamp", "timestamps", "elapsed", "duration", "durations",
+                         "runtime", "date", "datetime", "clock", "wall", "walltime", "seconds", "secs", "sec", "ms",
+                         "throughput", "speed", "now", "at", "tflops", "mfu"})
+_INSTANT_WORDS = frozenset({"at", "now", "date", "datetime", "clock", "wall", "timestamp", "timestamps", "times"})
+_TIME_ENDS = frozenset({"s", "us", "ns", "min", "mins", "minutes", "h", "hours", "start", "end", "started", "ended",
+                        "total", "avg", "mean", "utc"})  # after a time word: `step_time_s`, `timestamp_start`
+_LAST_KEY = re.compile(r"(?:\[['\"](.*)['\"]\]|\.(\w+))$")
+_KEYS = re.compile(r"\[['\"]([^'\"]*)['\"]\]|\.(\w+)")
+
+
+def _last_words(path: str) -> list[str]:
+    """The words of the last key of `path` (`['train_runtime']`: train, runtime)."""
+    found = _LAST_KEY.search(path)
+    if found is None:
+        return []
+    return [w for w in re.split(r"[^a-z]+", (found.group(1) or found.group(2) or "").lower()) if w]
+
+
+def _per_second(words: list[str], units=("second", "s", "sec")) -> bool:
+    return any(a == "per" and b in units for a, b in zip(words, words[1:]))
+
+
+def clock_of(path: str) -> str | None:
+    """What the last key of `path` names: a time or a rate of work, "duration" (`['train_runtime']`,
+    `['samples_per_second']`, `['step_time_s']`: no number under it is compared), a point in time,
+    "instant" (`.saved_at`, `['timestamp_start']`, `['repeat_times']`: `compared` tells), or None.
+    Its last word says so (a time word, or a unit or an end after one): `time_embedding_dim` is a
+    size, not a time."""
+    words = _last_words(path)
+    if not words:
+        return None
+    if _per_second(words):
+        return "duration"
+    last = words[-1]
+    if last not in _TIME_WORDS:
+        earlier = _TIME_WORDS.intersection(words[:-1])
+        if last not in _TIME_ENDS or not earlier:
+            return None
+        return "instant" if earlier <= _INSTANT_WORDS else "duration"
+    return "instant" if last in _INSTANT_WORDS else "duration"
+
+
+def compared(clock: str | None, value) -> bool:
+    """Whether a number under a key of that `clock_of` is compared: under none, yes; under a duration,
+    no; under a point in time, an int smaller than a timestamp is (`decay_at: 100` is a step; a
+    float, or `saved_at: 1733400000`, is a time)."""
+    if clock is None:
+        return True
+    return clock == "instant" and isinstance(value, int) and -10**9 < value < 10**9
+
+
+def timed_before_10(path: str) -> bool:
+    """Whether a number at `path` was left out by runs recorded before schema 10: under a key (the
+    last or one above) any word of which is a time word (`time_embedding_dim`, `decay_at` too)."""
+    for key in _KEYS.finditer(path):
+        words = re.split(r"[^a-z]+", (key.group(1) or key.group(2) or "").lower())
+        if _TIME_WORDS.intersection(words) or _per_second(words, ("second", "s")):
+            return True
+    return False
