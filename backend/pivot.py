@@ -81,8 +81,8 @@ def blame(pivot: dict, events_a: pl.DataFrame, status: dict[int, str], diffs: pl
         result["blame_window"] = {"module": pivot["boundary"], "detail":
                                   "the " + ("buffers" if buffers and "param" not in differing else
                                             "parameters" + (" and buffers" if buffers else ""))
-                                  + " at the end of the recording differ although every event before matched: "
-                                  "something outside the observed boundaries changed them (an update outside "
+                                  + " at the end of the recording (of its step window, with --steps) differ although "
+                                  "every event before matched: something outside the observed boundaries changed them (an update outside "
                                   "torch.optim, an EMA, an edit after the last optimizer step, a buffer updated "
                                   "in code no module call covers)"}
     elif kind == "saved":
@@ -339,6 +339,14 @@ def structure_blame(event: dict, side: str, events: pl.DataFrame, twin: dict | N
         fault = "missing" if side == "a" else "extra"
         detail = (f"run {have} records {what} and run {lack} does not: the training saved at another point, "
                   f"a different number of times or not at all, or the save failed in run {lack}")
+    elif event["kind"] == "params" and event["call"] > 0:  # (taken at a later call only when the weights moved)
+        return {"blame": "source", "fault_class": "params", "differing_roles": ["param"],
+                "blame_window": {"module": event["boundary"], "detail": (
+                    f"run {have}'s parameters of {event['boundary']} changed between two of its calls in step "
+                    f"{event['step']} (a params event at a later call of a step is taken only when they moved since "
+                    f"the step's first call), and run {lack}'s did not: an edit between micro-batches or between a "
+                    f"forward and the next (through .data, under no_grad, by a callback), or a step() inside the "
+                    f"accumulation")}}
     else:
         fault = "missing" if side == "a" else "extra"
         detail = (f"run {have} records {what} and run {lack} does not: a module was skipped or added, a branch "

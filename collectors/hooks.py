@@ -144,8 +144,12 @@ def _unwrapped(t: torch.Tensor) -> torch.Tensor | None:
 
 
 def _owner(root: torch.nn.Module, p_name: str) -> torch.nn.Module:
-    """The module of `root` that holds the parameter at path `p_name`."""
-    return root.get_submodule(p_name.rpartition(".")[0]) if "." in p_name else root
+    """The module of `root` that holds the parameter at path `p_name` (walked by attribute, as a
+    TorchScript module, which refuses `get_submodule`, allows)."""
+    module = root
+    for part in p_name.split(".")[:-1]:
+        module = getattr(module, part)
+    return module
 
 
 # torch modules whose forward never draws random numbers (dropout-like modules are not here).

@@ -381,6 +381,60 @@ def test_a_step_window_ends_with_the_state_it_left(tmp_path):
     assert (fd["kind"], fd["boundary"], fd["step"], fd["fault_class"]) == ("final", "ema", 2, "final_state"), fd
 
 
+def test_a_torchscript_model_is_recorded_at_its_boundary(tmp_path):
+    """Helper 21: a `torch.jit.script` model's parameters were named through `get_submodule`, which
+    TorchScript refuses: collector errors made identical reruns inconclusive, and a learning rate
+    changed at step 3 was blamed at step 4 as a difference from before the recorded steps. (Its
+    executor's optimizations off: they would make a second training in one process compute other
+    bits, as a graph is optimized after its first runs.)"""
+    import torch
+
+    import bitguard
+
+    def train(name, lr3):
+        torch.manual_seed(0)
+        model = torch.jit.script(torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1)))
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        with bitguard.record(tmp_path / name, determinism=False), torch.jit.optimized_execution(False):
+            for step in range(5):
+                if step == 3:
+                    opt.param_groups[0]["lr"] = lr3
+                _sgd_steps(model, opt, 1)
+
+    for name, lr3 in (("a", 0.1), ("b", 0.1), ("c", 0.2)):
+        train(name, lr3)
+    assert bitguard.compare(tmp_path / "a", tmp_path / "b").verdict == "identical"  # (no collector error)
+    fd = bitguard.compare(tmp_path / "a", tmp_path / "c").to_dict()["first_divergence"]
+    assert (fd["kind"], fd["step"], fd["blame"], fd["fault_class"]) == ("step", 3, "source", "optimizer"), fd
+
+
+def test_a_weight_edited_between_micro_batches_is_blamed_on_the_edit(tmp_path):
+    """Helper 21 (ignite's gradient accumulation, an edit in a handler): the params event a later call
+    of a step gets when the weights moved since its first is on one side only, and was reported as
+    `structure (extra)`, "a module was skipped or added"; it is the edit's own place."""
+    import torch
+
+    import bitguard
+
+    def train(name, edit):
+        model, opt = _tiny()
+        with bitguard.record(tmp_path / name, determinism=False):
+            for step in range(3):
+                opt.zero_grad()
+                for micro in range(2):
+                    if edit and (step, micro) == (1, 1):
+                        with torch.no_grad():
+                            model[0].weight[0, 0] += 1e-3
+                    model(torch.randn(2, 4)).pow(2).mean().backward()
+                opt.step()
+
+    for name, edit in (("a", False), ("c", True)):
+        train(name, edit)
+    fd = bitguard.compare(tmp_path / "a", tmp_path / "c").to_dict()["first_divergence"]
+    assert (fd["kind"], fd["step"], fd["call"], fd["blame"], fd["fault_class"]) == ("params", 1, 1, "source", "params"), fd
+    assert "changed between two of its calls in step 1" in fd["blame_window"]["detail"]
+
+
 def test_a_save_in_a_dataloader_worker_is_said_not_to_be_observed(tmp_path):
     """A forked DataLoader worker's collector is off: what it saved was seen by nothing and a
     difference there compared identical (helpers 11, 12). The worker now leaves a line for its
