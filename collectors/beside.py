@@ -61,7 +61,10 @@ class JsonWrites:
         return bool(self._pending)
 
     def install(self) -> JsonWrites:
-        self._patches = [Patch(builtins, "open", self._wrap), Patch(io, "open", self._wrap)]
+        first = Patch(builtins, "open", self._wrap)
+        # the same function for io.open (pathlib's), as torch found them: `open is io.open` stays true
+        same = first.wrapper if io.open is first.original else None
+        self._patches = [first, Patch(io, "open", (lambda original, patch: same) if same else self._wrap)]
         return self
 
     def remove(self) -> None:

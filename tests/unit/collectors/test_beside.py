@@ -64,6 +64,7 @@ def test_the_json_files_the_training_opens_for_writing_are_read_once_closed(tmp_
     on = [True]
     writes = JsonWrites(lambda: on[0], str(run), lambda frame: frame.f_code.co_name).install()
     try:
+        assert open is io.open and open is not writes._patches[0].original  # (one wrapper: `open is io.open` holds)
         def save_config():
             with open(tmp_path / "config.json", "w") as f:
                 json.dump({"lr": 0.1}, f)
