@@ -126,7 +126,7 @@ def cmd_record(args) -> int:
         for p in bitguard_files(out):
             p.unlink()
     child = [python, *py_opts, "-m", "bitguard", "record", *_forwarded(args), "--", *rest]
-    return _launch(child, out, command)
+    return _launch(child, out, command, hash_seed=args.determinism is not False)
 
 
 def _launcher_command(out: str) -> list[str] | None:
@@ -201,10 +201,15 @@ def _forwarded(args) -> list[str]:
     return opts
 
 
-def _launch(child: list[str], out: Path, command: list[str]) -> int:
+def _launch(child: list[str], out: Path, command: list[str], hash_seed: bool = True) -> int:
+    """Run the recording child; with the determinism controls (`hash_seed`), Python's string hashes
+    are fixed (PYTHONHASHSEED=0, unless set): the order of a set of names (peft's target_modules, a
+    set of parameters) then is the same from run to run. The manifest records the variable."""
     from bitguard import manifest
 
     env = dict(os.environ, BITGUARD_LAUNCHER_COMMAND=json.dumps({"out": os.path.abspath(out), "command": command}))
+    if hash_seed:
+        env.setdefault("PYTHONHASHSEED", "0")
     proc = subprocess.Popen(child, env=env)
     forward = lambda signum, frame: proc.send_signal(signum)  # noqa: E731
     old = {s: signal.signal(s, forward) for s in (signal.SIGTERM, signal.SIGINT)}

@@ -45,12 +45,14 @@ _WORDS = re.compile(r"[^a-z]+")
 
 
 class JsonWrites:
-    """Notes the JSON files the training opens for writing (`active()`: the collector records;
-    `outside`: a folder whose files are not noted, the run directory; `where(frame)`: what names the
-    code that opened one, given its frame)."""
+    """Notes the JSON files the training opens for writing, or renames to a `.json` name (an atomic
+    write: `tmp` then `os.replace`). `active()`: the collector records; `outside`: a folder whose
+    files are not noted, the run directory; `where(frame)`: what names the code that opened one,
+    given its frame; `child(name)`: called instead in a forked child (a DataLoader worker), whose
+    writes are not observed, for the parent to say so."""
 
-    def __init__(self, active, outside: str, where):
-        self._active, self._where = active, where
+    def __init__(self, active, outside: str, where, child=None):
+        self._active, self._where, self._child = active, where, child
         self._outside = os.path.abspath(outside) + os.sep
         self._pending: list[tuple[str, weakref.ref | None, object]] = []
         self._patches: list[Patch] = []
@@ -64,7 +66,8 @@ class JsonWrites:
         first = Patch(builtins, "open", self._wrap)
         # the same function for io.open (pathlib's), as torch found them: `open is io.open` stays true
         same = first.wrapper if io.open is first.original else None
-        self._patches = [first, Patch(io, "open", (lambda original, patch: same) if same else self._wrap)]
+        self._patches = [first, Patch(io, "open", (lambda original, patch: same) if same else self._wrap),
+                         Patch(os, "replace", self._wrap_rename), Patch(os, "rename", self._wrap_rename)]
         return self
 
     def remove(self) -> None:
@@ -80,16 +83,31 @@ class JsonWrites:
             return f
         return open
 
-    def _note(self, file, f, caller) -> None:
-        """Never raises: the file is the training's, opened as it asked."""
+    def _wrap_rename(self, original, patch):
+        def rename(src, dst, *args, **kwargs):
+            result = original(src, dst, *args, **kwargs)
+            if patch.active:
+                self._note(dst, None, sys._getframe(1), renamed=src)
+            return result
+        return rename
+
+    def _note(self, file, f, caller, renamed=None) -> None:
+        """Never raises: the file is the training's, opened (or renamed from `renamed`) as it asked."""
         try:
-            if not isinstance(file, (str, os.PathLike)) or not self._active():
+            if not isinstance(file, (str, os.PathLike)):
                 return
             path = os.path.abspath(os.fspath(file))
-            if not path.endswith(".json") or path.startswith(self._outside):
+            if not path.lower().endswith(".json") or path.startswith(self._outside):
                 return
             if str(caller.f_globals.get("__name__", "")).startswith("bitguard."):  # (its own files: a manifest)
                 return
+            if not self._active():
+                if self._child is not None:
+                    self._child(os.path.basename(path))
+                return
+            if renamed is not None:  # (the temporary file's entry, if it was noted, is this one now)
+                gone = os.path.abspath(os.fspath(renamed))
+                self._pending = [entry for entry in self._pending if entry[0] != gone]
             try:
                 ref = weakref.ref(f)
             except TypeError:
@@ -106,6 +124,11 @@ class JsonWrites:
         for entry in self._pending:
             f = entry[1]() if entry[1] is not None else None
             closed = ended or f is None or f.closed or len(self._pending) > MAX_PENDING
+            if closed and f is not None and not f.closed:  # (still open as the recording ends: what it
+                try:  # wrote so far, as Python would flush it at exit)
+                    f.flush()
+                except Exception:  # noqa: BLE001 - read as it is on disk
+                    pass
             (ready if closed else waiting).append(entry)
         self._pending = waiting
         return [read for read in (_read(path, where) for path, _, where in ready) if read is not None]

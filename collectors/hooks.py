@@ -334,7 +334,7 @@ class Collector(WeightEvents):
         self._handles.append(SaveWatch(self._saved).install())  # what torch.save and the like write: `saved`
         # the JSON files the training writes with open(): `saved` too, read once closed (beside.py)
         self._json = JsonWrites(lambda: self.enabled and not self._in_child, str(Path(self.store.path).parent),
-                                lambda frame: self._stacks.key_until(frame)[0]).install()
+                                lambda frame: self._stacks.key_until(frame)[0], self._json_in_child).install()
         self._handles.append(self._json)
         # a Keras optimizer's update (no torch.optim on Keras' PyTorch backend) ends the step too
         self._handles.append(KerasStepWatch(lambda: self._steps_taken, self._guard(self._foreign_step)).install())

@@ -215,6 +215,11 @@ class WeightEvents:
                 continue
             self._emit("optimizer", "saved", JSON_FILE, JSON_FILE, 0, time.time_ns(), self._rows(pairs, "state"), stack)
 
+    def _json_in_child(self, name: str) -> None:
+        """A forked child (a DataLoader worker) wrote a JSON file: said to the parent, as its saves are."""
+        if self._in_child:
+            note_child_save(self.store.path, f"open() of the JSON file {name}")
+
     def _child_saves(self) -> None:
         """The saves processes the training started made (saved.note_child_save), as a collector error."""
         message = child_saves(self.store.path)

@@ -94,3 +94,35 @@ def test_the_json_files_the_training_opens_for_writing_are_read_once_closed(tmp_
     assert "could not be read as JSON" in ended[0][2]  # (the log, cut short)
     assert builtins.open is io.open and open is builtins.open  # given back
     assert pathlib.Path(tmp_path / "x.json").write_text("{}") and not writes.noted  # removed: nothing noted
+
+
+def test_a_json_file_written_atomically_or_left_open_or_by_a_child_is_not_lost(tmp_path):
+    """Helper 22: a JSON file written to a temporary name and renamed (`os.replace`), one left open
+    when the recording ends (its buffer not yet flushed), and one a forked child (a DataLoader
+    worker) writes were not compared: the first two compared identical when they differed or
+    inconclusive when they did not, the last identical."""
+    import os
+
+    children, originals = [], (os.replace, os.rename)
+    active = [True]
+    writes = JsonWrites(lambda: active[0], str(tmp_path / "run"), lambda frame: None, children.append).install()
+    try:
+        with open(tmp_path / "metrics.json.tmp", "w") as f:
+            json.dump({"loss": 0.5}, f)
+        os.replace(tmp_path / "metrics.json.tmp", tmp_path / "metrics.json")
+        with open(tmp_path / "tmp_state.json", "w") as f:
+            json.dump({"step": 1}, f)
+        os.rename(tmp_path / "tmp_state.json", tmp_path / "STATE.JSON")  # (any case)
+        kept = open(tmp_path / "open.json", "w")
+        kept.write('{"epoch": 2}')  # (buffered: not on disk yet)
+        active[0] = False  # a forked child: its collector is off
+        (tmp_path / "worker.json").write_text("{}")
+        active[0] = True
+        ended = writes.written(ended=True)
+    finally:
+        writes.remove()
+        kept.close()
+    assert [(name, value) for name, value, *_ in ended] == [("metrics.json", {"loss": 0.5}), ("STATE.JSON", {"step": 1}),
+                                                           ("open.json", {"epoch": 2})]
+    assert children == ["worker.json"]
+    assert os.replace is originals[0] and os.rename is originals[1]  # given back

@@ -96,8 +96,32 @@ def test_python_options_given_as_two_words_keep_their_value(tmp_path, monkeypatc
     script = tmp_path / "train.py"
     script.write_text("pass\n")
     launched = []
-    monkeypatch.setattr(cli, "_launch", lambda child, out, command: launched.append(child) or 0)
+    monkeypatch.setattr(cli, "_launch", lambda child, out, command, **options: launched.append(child) or 0)
     assert cli.main(["record", "--out", str(tmp_path / "run"), "--", sys.executable, "-W", "ignore", "-X", "dev",
                      "-u", str(script), "--lr", "1"]) == 0
     child = launched[0]
     assert child[1:6] == ["-W", "ignore", "-X", "dev", "-u"] and child[-3:] == [str(script), "--lr", "1"]
+
+
+@pytest.mark.parametrize("options, given, seed", [([], None, "0"), ([], "7", "7"), (["--no-determinism"], None, None)])
+def test_the_script_starts_with_python_s_string_hashes_fixed(tmp_path, monkeypatch, options, given, seed):
+    """Helper 22: peft writes `target_modules` as `list(set(...))`, whose order follows Python's
+    string hashing, random per process: identical reruns differed in adapter_config.json. With the
+    determinism controls the script starts with PYTHONHASHSEED=0, unless the user set it."""
+    script = tmp_path / "train.py"
+    script.write_text("pass\n")
+    envs = []
+
+    class Child:
+        def wait(self):
+            return 0
+
+    popen = cli.subprocess.Popen
+    monkeypatch.setattr(cli.subprocess, "Popen", lambda child, env=None, **kw: envs.append(env) or Child()
+                        if env is not None else popen(child, **kw))
+    if given is None:
+        monkeypatch.delenv("PYTHONHASHSEED", raising=False)
+    else:
+        monkeypatch.setenv("PYTHONHASHSEED", given)
+    cli.main(["record", "--out", str(tmp_path / "run"), *options, "--", sys.executable, str(script)])
+    assert envs[0].get("PYTHONHASHSEED") == seed
