@@ -203,6 +203,8 @@ class WeightEvents:
         call stack that opened it, holding its numbers and strings, their paths beginning with the
         file's name (`adapter_config.json['r'] (python int)`); one that could not be read holds an
         unobserved row saying why."""
+        if ended:
+            self._maybe_advance()  # (one written after the last step belongs after it, as a save there does)
         written = self._json.written(ended) if self._json is not None else ()
         for name, value, why, stack in written:
             if not self._in_window():
