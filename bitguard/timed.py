@@ -14,11 +14,11 @@ import re
 # character that is not a letter.
 _TIME_WORDS = frozenset({"time", "times", "timer", "timestamp", "timestamps", "elapsed", "duration", "durations",
                          "runtime", "date", "datetime", "clock", "wall", "walltime", "seconds", "secs", "sec", "ms",
-                         "throughput", "speed", "now", "at", "tflops", "mfu"})
+                         "throughput", "speed", "now", "at", "tflops", "mfu", "eta", "latency", "pid", "ppid"})
 _INSTANT_WORDS = frozenset({"at", "now", "date", "datetime", "clock", "wall", "timestamp", "timestamps", "times"})
 _TIME_ENDS = frozenset({"s", "us", "ns", "min", "mins", "minutes", "h", "hours", "start", "end", "started", "ended",
                         "total", "avg", "mean", "utc"})  # after a time word: `step_time_s`, `timestamp_start`
-_LAST_KEY = re.compile(r"(?:\[['\"](.*)['\"]\]|\.(\w+))$")
+_LAST_KEY = re.compile(r"(?:\[['\"]([^'\"]*)['\"]\]|\.(\w+))$")
 _KEYS = re.compile(r"\[['\"]([^'\"]*)['\"]\]|\.(\w+)")
 
 
@@ -54,10 +54,28 @@ def clock_of(path: str) -> str | None:
     return "instant" if last in _INSTANT_WORDS else "duration"
 
 
+def clock_below(path: str, clock: str | None) -> str | None:
+    """What `clock_of` says for an item at `path` inside a value under `clock`: a named item (a dict's
+    key, an attribute) by its own name (`{"runtime": {"seed": 0}}`: the seed is compared); an item of
+    a list or of what pickle writes of an object, by its container's (`"step_times": [0.1, 0.2]`)."""
+    return clock_of(path) if _LAST_KEY.search(path) else clock
+
+
+# A timestamp, whatever its key: a float of seconds or milliseconds since 1970 between 2017 and 2039
+# (`time.time()`), an int of nanoseconds (`time.time_ns()`); other ints in those ranges are counts.
+_STAMPS = (1.5e9, 2.2e9)
+
+
 def compared(clock: str | None, value) -> bool:
     """Whether a number under a key of that `clock_of` is compared: under none, yes; under a duration,
     no; under a point in time, an int smaller than a timestamp is (`decay_at: 100` is a step; a
     float, or `saved_at: 1733400000`, is a time)."""
+    if isinstance(value, bool):
+        return clock is None or clock == "instant"
+    low, high = _STAMPS
+    scales = (1e9,) if isinstance(value, int) else (1, 1e3)
+    if any(low * scale < value < high * scale for scale in scales):
+        return False  # (a time.time() or time_ns(), whatever its key: `t`, `ts`, `start`)
     if clock is None:
         return True
     return clock == "instant" and isinstance(value, int) and -10**9 < value < 10**9

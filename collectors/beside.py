@@ -24,6 +24,7 @@ import io
 import json
 import os
 import re
+import stat
 import sys
 import weakref
 
@@ -32,7 +33,7 @@ import torch
 from bitguard.collectors.patching import Patch
 from bitguard.collectors.saved import PACKED_INTS, number_tensor
 from bitguard.schema import NUMBER_MARK
-from bitguard.timed import clock_of, compared
+from bitguard.timed import clock_below, compared
 
 MAX_PENDING = 4096  # files noted and not yet read (a training that writes more: the oldest are read first)
 MAX_BYTES = 64 << 20  # a JSON file bigger than this is not read (marked)
@@ -40,7 +41,10 @@ MAX_VALUES = 100_000  # values taken from one file
 STRING_MARK = " (python str)"
 _WRITING = frozenset("wax+")
 _PLACE_WORDS = frozenset({"dir", "directory", "path", "paths", "folder", "url", "uri", "host", "hostname",
-                          "logdir", "cwd", "home"})
+                          "logdir", "cwd", "home", "run", "uuid"})
+# a string that is a date or time (ISO, or as strftime and log names write it), a UUID or a long hex id
+_STAMPED = re.compile(r"\d{4}-?\d{2}-?\d{2}[T _-]?\d{2}:?\d{2}|\d{4}-\d{2}-\d{2}$|\d{1,2}:\d{2}:\d{2}"
+                      r"|[0-9a-f]{8}-?[0-9a-f]{4}-?[0-9a-f]{4}-?[0-9a-f]{4}-?[0-9a-f]{12}$|[0-9a-f]{16,}$", re.IGNORECASE)
 _WORDS = re.compile(r"[^a-z]+")
 
 
@@ -53,8 +57,8 @@ class JsonWrites:
 
     def __init__(self, active, outside: str, where, child=None):
         self._active, self._where, self._child = active, where, child
-        self._outside = os.path.abspath(outside) + os.sep
-        self._pending: list[tuple[str, weakref.ref | None, object]] = []
+        self._own = os.path.abspath(outside)  # the run directory: its manifest and rank files are bitguard's
+        self._pending: dict[str, tuple[weakref.ref | None, object]] = {}  # path -> (its file, where), in order
         self._patches: list[Patch] = []
 
     @property
@@ -97,7 +101,8 @@ class JsonWrites:
             if not isinstance(file, (str, os.PathLike)):
                 return
             path = os.path.abspath(os.fspath(file))
-            if not path.lower().endswith(".json") or path.startswith(self._outside):
+            if not path.lower().endswith(".json") or (os.path.dirname(path) == self._own and (
+                    os.path.basename(path) == "manifest.json" or os.path.basename(path).startswith("rank-"))):
                 return
             if str(caller.f_globals.get("__name__", "")).startswith("bitguard."):  # (its own files: a manifest)
                 return
@@ -106,13 +111,13 @@ class JsonWrites:
                     self._child(os.path.basename(path))
                 return
             if renamed is not None:  # (the temporary file's entry, if it was noted, is this one now)
-                gone = os.path.abspath(os.fspath(renamed))
-                self._pending = [entry for entry in self._pending if entry[0] != gone]
+                self._pending.pop(os.path.abspath(os.fspath(renamed)), None)
             try:
                 ref = weakref.ref(f)
             except TypeError:
                 ref = None
-            self._pending = [entry for entry in self._pending if entry[0] != path] + [(path, ref, self._where(caller))]
+            self._pending.pop(path, None)  # (written again: read once, in the order of its last opening)
+            self._pending[path] = (ref, self._where(caller))
         except Exception:  # noqa: BLE001 - this file is then not compared; the training goes on
             pass
 
@@ -120,28 +125,37 @@ class JsonWrites:
         """(file name, parsed value, None, where) or (file name, None, why it was not read, where) of
         each noted file closed since (`ended`: every one noted), in the order they were opened; one
         removed since (a temporary file) is left out."""
-        ready, waiting = [], []
-        for entry in self._pending:
-            f = entry[1]() if entry[1] is not None else None
+        ready, waiting = [], {}
+        for path, (ref, where) in self._pending.items():
+            f = ref() if ref is not None else None
             closed = ended or f is None or f.closed or len(self._pending) > MAX_PENDING
             if closed and f is not None and not f.closed:  # (still open as the recording ends: what it
                 try:  # wrote so far, as Python would flush it at exit)
                     f.flush()
                 except Exception:  # noqa: BLE001 - read as it is on disk
                     pass
-            (ready if closed else waiting).append(entry)
+            if closed:
+                ready.append((path, where))
+            else:
+                waiting[path] = (ref, where)
         self._pending = waiting
-        return [read for read in (_read(path, where) for path, _, where in ready) if read is not None]
+        return [read for read in (_read(path, where) for path, where in ready) if read is not None]
 
 
 def _read(path: str, where) -> tuple[str, object, str | None, object] | None:
     name = os.path.basename(path)
     try:
-        size = os.stat(path).st_size
-        if size > MAX_BYTES:
-            return name, None, f"{name} ({size:,} bytes) is bigger than {MAX_BYTES >> 20} MiB: not read", where
+        info = os.stat(path)
+        if not stat.S_ISREG(info.st_mode):  # (a named pipe a log shipper reads: opening it would block)
+            return None
+        if info.st_size > MAX_BYTES:
+            return name, None, f"{name} ({info.st_size:,} bytes) is bigger than {MAX_BYTES >> 20} MiB: not read", where
         with builtins.open(path, "rb") as f:
-            return name, json.loads(f.read()), None, where
+            text = f.read()
+        try:
+            return name, json.loads(text), None, where
+        except ValueError:  # JSON Lines under a .json name (mmengine's scalars.json): a list of its lines
+            return name, [json.loads(line) for line in text.splitlines() if line.strip()], None, where
     except FileNotFoundError:
         return None
     except (OSError, ValueError, RecursionError) as exc:
@@ -169,12 +183,12 @@ def json_values(value) -> tuple[list[tuple[str, torch.Tensor]], str | None]:
             if compared(clock, value):
                 found.append((path + NUMBER_MARK.format(type(value).__name__), number_tensor(value)))
         elif isinstance(value, str):
-            if clock is None and "/" not in value and "\\" not in value \
+            if clock is None and "/" not in value and "\\" not in value and not _STAMPED.match(value) \
                     and not _PLACE_WORDS.intersection(_WORDS.split(key.lower())):
                 found.append((path + STRING_MARK, _string_tensor(value)))
         elif isinstance(value, dict):
             items = [(v, f"{path}[{k!r}]", k) for k, v in value.items()]
-            stack += [(v, sub, k, clock_of(sub) or clock) for v, sub, k in reversed(items)]
+            stack += [(v, sub, k, clock_below(sub, clock)) for v, sub, k in reversed(items)]
         elif isinstance(value, list):
             if len(value) >= PACKED_INTS and all(type(v) is int and -(1 << 63) <= v < (1 << 63)
                                                  and compared(clock, v) for v in value):

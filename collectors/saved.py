@@ -45,7 +45,7 @@ import torch
 
 from bitguard.collectors.patching import Patch
 from bitguard.schema import NUMBER_MARK
-from bitguard.timed import clock_of, compared
+from bitguard.timed import clock_below, compared
 
 MAX_DEPTH = 32  # containers looked into below the saved object
 MAX_TENSORS = 100_000  # tensors taken from one saved object
@@ -101,6 +101,8 @@ class _Walk:
             self.missing(f"{self.what} holds more than {self.tensors:,} tensors or {self.max_visits:,} values: "
                          "the rest was not looked at")
             return
+        if clock == "duration" and isinstance(value, (torch.Tensor, np.ndarray)):  # (times kept as an array)
+            return
         if isinstance(value, torch.Tensor):
             self.found.append((path or "[]", value))
             return
@@ -129,7 +131,7 @@ class _Walk:
         numbers = numbers or training_state(value)
         try:
             for sub, item in self.items(value, path):
-                self.walk(item, sub, depth - 1, numbers, (clock_of(sub) if self.save else None) or clock)
+                self.walk(item, sub, depth - 1, numbers, clock_below(sub, clock) if self.save else clock)
         except Exception as exc:  # noqa: BLE001 - an object that fails when looked at (a proxy)
             self.missing(f"{path or self.what} could not be looked into ({type(exc).__name__}: {exc})"[:300])
 

@@ -17,7 +17,7 @@ from bitguard.timed import clock_of, compared, timed_before_10
 def _values(value) -> dict:
     pairs, why = json_values(value)
     assert why is None
-    strings = {beside._string_tensor(s).item(): s for s in ("silu", "q", "v", "")}
+    strings = {beside._string_tensor(s).item(): s for s in ("silu", "q", "v", "", "adamw")}
     return {path: (strings[t.item()] if path.endswith("(python str)") else t.tolist()) for path, t in pairs}
 
 
@@ -126,3 +126,37 @@ def test_a_json_file_written_atomically_or_left_open_or_by_a_child_is_not_lost(t
                                                            ("open.json", {"epoch": 2})]
     assert children == ["worker.json"]
     assert os.replace is originals[0] and os.rename is originals[1]  # given back
+
+
+def test_what_helper_22_found_names_a_time_or_a_run_and_what_it_does_not():
+    """Helper 22: a nested key was read whole as the last key (`['speed_perturb']['min']` as a time),
+    a section named `runtime` hid its seed and optimizer, and stamps and ids under plain keys (`t`,
+    `run_id`, `created`) made identical reruns differ."""
+    got = _values({"augment": {"speed_perturb": {"min": 0.9}}, "runtime": {"seed": 0, "optimizer": "adamw"},
+                   "t": 1733400000.25, "nanos": 1733400000123456789, "run_id": "0f3e9a1c2b4d5e6f7a8b9c0d",
+                   "id": "3b241101-e2bb-4255-8caf-4136c566a962", "created": "2026-12-05T22:56:05",
+                   "logged": "20261205_225605", "run_name": "exp-a", "act": "silu", "step_times": [0.1, 0.2]})
+    assert got == {"['augment']['speed_perturb']['min'] (python float)": 0.9, "['runtime']['seed'] (python int)": 0,
+                   "['runtime']['optimizer'] (python str)": "adamw", "['act'] (python str)": "silu"}
+
+
+def test_a_json_file_that_is_no_regular_file_is_not_read_and_json_lines_are(tmp_path):
+    import os
+
+    os.mkfifo(tmp_path / "pipe.json")  # (a log shipper's pipe: opening it to read would block)
+    (tmp_path / "scalars.json").write_text('{"lr": 0.1, "time": 3.2}\n{"lr": 0.2, "time": 3.4}\n')
+    writes = JsonWrites(lambda: True, str(tmp_path / "run"), lambda frame: None)
+    for name in ("pipe.json", "scalars.json"):
+        writes._note(str(tmp_path / name), None, __import__("sys")._getframe())
+    assert [(name, value) for name, value, *_ in writes.written()] == [
+        ("scalars.json", [{"lr": 0.1, "time": 3.2}, {"lr": 0.2, "time": 3.4}])]
+
+
+def test_the_training_s_own_json_files_in_the_run_directory_are_read_but_bitguard_s(tmp_path):
+    run = tmp_path / "run"
+    (run / "out").mkdir(parents=True)
+    writes = JsonWrites(lambda: True, str(run), lambda frame: None)
+    for path in (run / "manifest.json", run / "rank-0.json", run / "out" / "metrics.json", run / "metrics.json"):
+        path.write_text("{}")
+        writes._note(str(path), None, __import__("sys")._getframe())
+    assert [name for name, *_ in writes.written()] == ["metrics.json", "metrics.json"]

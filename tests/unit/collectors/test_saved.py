@@ -14,6 +14,7 @@ import torch.nn as nn
 
 from bitguard.collectors import saved
 from bitguard.collectors.saved import SaveWatch, tensors_in
+from bitguard.timed import clock_of
 
 
 def test_a_checkpoint_s_tensors_and_numbers_are_named_by_where_they_are_and_times_and_strings_left_out():
@@ -61,7 +62,7 @@ def test_every_number_of_a_save_is_taken_but_times_and_among_a_call_s_arguments_
         "['last_update'] (python int)", "['optimizer']['param_groups'][0]['lr'] (python float)"]
     assert numbers["['python'][1] (python int)"].tolist() == list(state["python"][1])  # the generator's 625 words
     assert numbers["['seed'] (python int)"].dtype == torch.uint8  # (past 64 bits: its digits)
-    assert saved.clock_of("['time_elapsed']") and saved.clock_of(".tokens_per_sec") and not saved.clock_of("['second_moment']")
+    assert clock_of("['time_elapsed']") and clock_of(".tokens_per_sec") and not clock_of("['second_moment']")
     among_arguments = [p for p, _ in tensors_in(state, save=False)[0]]  # (flatten.held_by)
     assert among_arguments == ["['optimizer']['param_groups'][0]['lr'] (python float)"]
 
