@@ -15,7 +15,8 @@ import re
 _TIME_WORDS = frozenset({"time", "times", "timer", "timestamp", "timestamps", "elapsed", "duration", "durations",
                          "runtime", "date", "datetime", "clock", "wall", "walltime", "seconds", "secs", "sec", "ms",
                          "throughput", "speed", "now", "at", "tflops", "mfu", "eta", "latency", "pid", "ppid"})
-_INSTANT_WORDS = frozenset({"at", "now", "date", "datetime", "clock", "wall", "timestamp", "timestamps", "times"})
+_INSTANT_WORDS = frozenset({"at", "now", "date", "datetime", "clock", "wall", "timestamp", "timestamps"})
+_COUNT_WORDS = frozenset({"times"})  # `repeat_times: 3` is a count, `step_times: [0.12, 0.15]` durations
 _TIME_ENDS = frozenset({"s", "us", "ns", "min", "mins", "minutes", "h", "hours", "start", "end", "started", "ended",
                         "total", "avg", "mean", "utc"})  # after a time word: `step_time_s`, `timestamp_start`
 _LAST_KEY = re.compile(r"(?:\[['\"]([^'\"]*)['\"]\]|\.(\w+))$")
@@ -37,7 +38,8 @@ def _per_second(words: list[str], units=("second", "s", "sec")) -> bool:
 def clock_of(path: str) -> str | None:
     """What the last key of `path` names: a time or a rate of work, "duration" (`['train_runtime']`,
     `['samples_per_second']`, `['step_time_s']`: no number under it is compared), a point in time,
-    "instant" (`.saved_at`, `['timestamp_start']`, `['repeat_times']`: `compared` tells), or None.
+    "instant" (`.saved_at`, `['timestamp_start']`) or "count" (`['repeat_times']`): `compared` tells;
+    or None.
     Its last word says so (a time word, or a unit or an end after one): `time_embedding_dim` is a
     size, not a time."""
     words = _last_words(path)
@@ -51,7 +53,7 @@ def clock_of(path: str) -> str | None:
         if last not in _TIME_ENDS or not earlier:
             return None
         return "instant" if earlier <= _INSTANT_WORDS else "duration"
-    return "instant" if last in _INSTANT_WORDS else "duration"
+    return "instant" if last in _INSTANT_WORDS else "count" if last in _COUNT_WORDS else "duration"
 
 
 def clock_below(path: str, clock: str | None) -> str | None:
@@ -67,18 +69,20 @@ _STAMPS = (1.5e9, 2.2e9)
 
 
 def compared(clock: str | None, value) -> bool:
-    """Whether a number under a key of that `clock_of` is compared: under none, yes; under a duration,
-    no; under a point in time, an int smaller than a timestamp is (`decay_at: 100` is a step; a
-    float, or `saved_at: 1733400000`, is a time)."""
+    """Whether a number under a key of that `clock_of` is compared: under none, yes, but a timestamp
+    (below); under a duration, no; under a point in time, what is no timestamp (`decay_at: 100` is a
+    step, `clip_at: 0.5` a fraction; `saved_at: 1733400000.5`, or an int of seconds, is a time); under
+    `times`, an int (a count, not a float of seconds)."""
     if isinstance(value, bool):
-        return clock is None or clock == "instant"
+        return clock != "duration"
     low, high = _STAMPS
     scales = (1e9,) if isinstance(value, int) else (1, 1e3)
-    if any(low * scale < value < high * scale for scale in scales):
+    if any(low * scale <= value < high * scale for scale in scales):
         return False  # (a time.time() or time_ns(), whatever its key: `t`, `ts`, `start`)
     if clock is None:
         return True
-    return clock == "instant" and isinstance(value, int) and -10**9 < value < 10**9
+    small = isinstance(value, int) and -10**9 < value < 10**9
+    return clock == "instant" and (small or not isinstance(value, int)) or clock == "count" and small
 
 
 def timed_before_10(path: str) -> bool:

@@ -25,12 +25,12 @@ def test_a_json_value_s_numbers_and_strings_are_taken_but_times_and_places():
     got = _values({"r": 8, "lora_alpha": 16.0, "use_rslora": False, "act_fn": "silu", "target_modules": ["q", "v"],
                    "output_dir": "out", "_name_or_path": "gpt2", "base": "/tmp/run-a/ckpt", "url": "x",
                    "train_runtime": 1.5, "saved_at": "2026-12-05", "time_embedding_dim": 64, "dropout": None,
-                   "decay_at": 200, "started_at": 1733400000.5, "step_times": [0.1, 0.2],
+                   "decay_at": 200, "started_at": 1733400000.5, "step_times": [0.1, 0.2], "clip_at": 0.5,
                    "log_history": [{"loss": 0.5, "train_samples_per_second": 9.0}], "state": list(range(20)), "e": ""})
     assert got == {"['r'] (python int)": 8, "['lora_alpha'] (python float)": 16.0, "['use_rslora'] (python bool)": 0,
                    "['act_fn'] (python str)": "silu", "['target_modules'][0] (python str)": "q",
                    "['target_modules'][1] (python str)": "v", "['time_embedding_dim'] (python int)": 64,
-                   "['decay_at'] (python int)": 200,
+                   "['decay_at'] (python int)": 200, "['clip_at'] (python float)": 0.5,
                    "['log_history'][0]['loss'] (python float)": 0.5, "['state'] (python int)": list(range(20)),
                    "['e'] (python str)": ""}
     assert list(got) == sorted(got, key=list(got).index)  # (in the file's order)
@@ -44,7 +44,7 @@ def test_a_json_value_too_big_is_marked(monkeypatch):
 @pytest.mark.parametrize("key, clock, before", [
     ("train_runtime", "duration", True), ("saved_at", "instant", True), ("train_samples_per_second", "duration", True),
     ("step_time_s", "duration", True), ("timestamp_start", "instant", True), ("tokens_per_sec", "duration", True),
-    ("decay_at", "instant", True), ("repeat_times", "instant", True), ("time_embedding_dim", None, True),
+    ("decay_at", "instant", True), ("repeat_times", "count", True), ("time_embedding_dim", None, True),
     ("time_cond_proj_dim", None, True), ("lr", None, False)])
 def test_a_key_names_a_time_by_its_last_word(key, clock, before):
     assert (clock_of(f"['{key}']"), clock_of(f".{key}"), timed_before_10(f"['{key}']")) == (clock, clock, before)
@@ -53,9 +53,11 @@ def test_a_key_names_a_time_by_its_last_word(key, clock, before):
 
 def test_a_number_under_a_point_in_time_is_compared_when_it_is_no_timestamp():
     """Helper 21: ignite's user scheduler state `{"decay_at": 200}` is a step, not a time, and a
-    checkpoint that would resume at another step compared identical."""
-    assert [compared("instant", v) for v in (100, -3, True, 1733400000, 1.5)] == [True, True, True, False, False]
-    assert not compared("duration", 100) and compared(None, 1.5)
+    checkpoint that would resume at another step compared identical; helper 22: `clip_at: 0.5` too."""
+    assert [compared("instant", v) for v in (100, -3, True, 1733400000, 0.5, 1733400000.5)] == \
+        [True, True, True, False, True, False]
+    assert [compared("count", v) for v in (3, 0.12)] == [True, False]
+    assert not compared("duration", 100) and compared(None, 1.5) and not compared(None, 1733400000.5)
 
 
 def test_the_json_files_the_training_opens_for_writing_are_read_once_closed(tmp_path):
