@@ -82,9 +82,9 @@ def blame(pivot: dict, events_a: pl.DataFrame, status: dict[int, str], diffs: pl
                                   "the " + ("buffers" if buffers and "param" not in differing else
                                             "parameters" + (" and buffers" if buffers else ""))
                                   + " at the end of the recording (of its step window, with --steps) differ although "
-                                  "every event before matched: something outside the observed boundaries changed them (an update outside "
-                                  "torch.optim, an EMA, an edit after the last optimizer step, a buffer updated "
-                                  "in code no module call covers)"}
+                                  "every event before matched: something outside the observed boundaries changed "
+                                  "them (an update outside torch.optim, an EMA, an edit after the last optimizer "
+                                  "step, a buffer updated in code no module call covers)"}
     elif kind == "saved":
         result.update(fault_class="saved")
         result["blame_window"] = {"module": pivot["boundary"], "detail": (
@@ -155,9 +155,9 @@ def _params_detail(pivot: dict, events_a: pl.DataFrame, diffs: pl.DataFrame) -> 
     names = [p.lstrip(".") for p in differing["path"].to_list()]
     if pivot.get("module_type") == "optimizer":  # (collectors/weights.py, _orphan_params)
         return (f"tensors that only {pivot['boundary']} steps and no module holds ({', '.join(names[:3])}: a learned "
-                "temperature such as SAC's log_alpha, weights stacked for vmap or given to functional_call) differ at the start of this step although every event "
-                "before matched: code outside torch.optim changed them after the last step() (an in-place edit under "
-                "no_grad, through .data, a clamp, load_state_dict)")
+                "temperature such as SAC's log_alpha, weights stacked for vmap or given to functional_call) differ "
+                "at the start of this step although every event before matched: code outside torch.optim changed "
+                "them after the last step() (an in-place edit under no_grad, through .data, a clamp, load_state_dict)")
     # (a part called alone names its parameters from itself, `2.weight`; its optimizer events are named from
     # the model, `actor.2.weight`)
     stepped_names = steps["boundary"].to_list()

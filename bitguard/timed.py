@@ -1,8 +1,8 @@
-"""Which keys of a saved object name a time: a duration or a rate of work (`train_runtime`,
-`samples_per_second`, `step_time_s`), whose numbers differ from run to run by design and are not
-compared, or a point in time (`saved_at`, `timestamp_start`), under which only an int smaller than a
-timestamp is (`decay_at: 200` is a step). The last word of a key says so (`time_embedding_dim` is a
-size). Used by collectors/saved.py and collectors/beside.py, and by the comparison of a run recorded
+"""Which numbers of a saved object or a JSON file name a time, and are not compared: under a key
+naming a duration or a rate of work (`train_runtime`, `samples_per_second`, `step_time_s`), all;
+under a point in time (`saved_at`, `timestamp_start`), a timestamp (`decay_at: 200` is a step);
+under `times`, a float (`repeat_times: 3` is a count); under any key, a `time.time()` or
+`time.time_ns()` by its value. The last word of a key says so (`time_embedding_dim` is a size). Used by collectors/saved.py and collectors/beside.py, and by the comparison of a run recorded
 before this rule (schema 10; backend/certification.py, `timed_before_10`). Torch-free: the backend
 reads it too."""
 
@@ -81,8 +81,10 @@ def compared(clock: str | None, value) -> bool:
         return False  # (a time.time() or time_ns(), whatever its key: `t`, `ts`, `start`)
     if clock is None:
         return True
-    small = isinstance(value, int) and -10**9 < value < 10**9
-    return clock == "instant" and (small or not isinstance(value, int)) or clock == "count" and small
+    seconds = isinstance(value, int) and not -10**9 < value < 10**9  # (an int of seconds since 1970, or more)
+    if clock == "instant":
+        return not seconds
+    return clock == "count" and isinstance(value, int) and not seconds
 
 
 def timed_before_10(path: str) -> bool:

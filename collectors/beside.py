@@ -50,14 +50,14 @@ _WORDS = re.compile(r"[^a-z]+")
 
 class JsonWrites:
     """Notes the JSON files the training opens for writing, or renames to a `.json` name (an atomic
-    write: `tmp` then `os.replace`). `active()`: the collector records; `outside`: a folder whose
-    files are not noted, the run directory; `where(frame)`: what names the code that opened one,
+    write: `tmp` then `os.replace`). `active()`: the collector records; `run`: the run directory,
+    whose manifest and rank files are bitguard's own (not noted); `where(frame)`: what names the code that opened one,
     given its frame; `child(name)`: called instead in a forked child (a DataLoader worker), whose
     writes are not observed, for the parent to say so."""
 
-    def __init__(self, active, outside: str, where, child=None):
+    def __init__(self, active, run: str, where, child=None):
         self._active, self._where, self._child = active, where, child
-        self._own = os.path.abspath(outside)  # the run directory: its manifest and rank files are bitguard's
+        self._own = os.path.abspath(run)
         self._pending: dict[str, tuple[weakref.ref | None, object]] = {}  # path -> (its file, where), in order
         self._patches: list[Patch] = []
 

@@ -206,9 +206,7 @@ class WeightEvents:
         if ended:
             self._maybe_advance()  # (one written after the last step belongs after it, as a save there does)
         written = self._json.written(ended) if self._json is not None else ()
-        for name, value, why, stack in written:
-            if not self._in_window():
-                continue
+        for name, value, why, stack in written if self._in_window() else ():
             pairs, truncated = json_values(value) if why is None else ([], why)
             pairs = [(name + path, t) for path, t in pairs]  # (the name is no key: a file named after its run pairs)
             if truncated is not None:
@@ -271,10 +269,14 @@ class WeightEvents:
         if not params:
             return [], []
         params, marks = self._sharded.final_params(params)
-        digests = plain_digests([t for _, t in params])
-        rows = [self._row(t, "param", i, path, d) for i, ((path, t), d) in enumerate(zip(params, digests))]
+        rows = self._param_digested(params)
         mark(rows, marks)
         return rows, params
+
+    def _param_digested(self, pairs: list) -> list:
+        """The `param` rows of (path, tensor) pairs, their host tensors digested in one call."""
+        digests = plain_digests([t for _, t in pairs])
+        return [self._row(t, "param", i, path, d) for i, ((path, t), d) in enumerate(zip(pairs, digests))]
 
     # -- optimizer -------------------------------------------------------------------------
     def _on_optimizer_step(self, optimizer, args, kwargs) -> None:
@@ -432,9 +434,7 @@ class WeightEvents:
             label, _, place = where.partition(".param_groups")
             by_optimizer.setdefault(label, []).append((".param_groups" + place, p))
         for label, pairs in by_optimizer.items():
-            digests = plain_digests([t for _, t in pairs])
-            rows = [self._row(t, "param", i, path, d) for i, ((path, t), d) in enumerate(zip(pairs, digests))]
-            self._emit("optimizer", "params", label, "optimizer", 0, t0, rows)
+            self._emit("optimizer", "params", label, "optimizer", 0, t0, self._param_digested(pairs))
 
     def _emit_step(self, tensors: list, name: str, marks: list | None, digests: list, opt_type: str, stack) -> None:
         t0 = time.time_ns()
