@@ -54,6 +54,15 @@ def rss_mib() -> float:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
 
 
+def peak_rss_of(pid: int | None) -> float:
+    """Another process's peak RSS so far (VmHWM), MiB; 0 when there is none or it is gone."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            return next(int(line.split()[1]) / 1024 for line in f if line.startswith("VmHWM:"))
+    except (OSError, StopIteration, TypeError):
+        return 0.0
+
+
 MODELS = ("gpt", "modules")
 
 
@@ -611,12 +620,14 @@ def memory(steps: int) -> dict:
     from bitguard.collectors import store
 
     model, opt, data = build(layers=2, width=64, seq=32, batch=4, vocab=128)
-    peak_queue = 0
+    peak_queue, stores = 0, []
     original_push = store.RankStore._push
 
     def push(self, marker=None):
         nonlocal peak_queue
         peak_queue = max(peak_queue, self._queue.qsize())
+        if not stores:
+            stores.append(self)
         original_push(self, marker)
 
     store.RankStore._push = push
@@ -633,13 +644,15 @@ def memory(steps: int) -> dict:
     warmup()
     with tempfile.TemporaryDirectory() as tmp:
         base = rss_mib()
-        peak, peak_step = base, 0
+        peak, peak_step, folder_peak = base, 0, 0.0
         with bitguard.record(Path(tmp) / "long", determinism=False):
             for i in range(steps):
                 step(model, opt, data)
                 now = rss_mib()  # every step: the writer's folds and DuckDB's checkpoints make a sawtooth
                 if now > peak:
                     peak, peak_step = now, i
+                if stores:  # the fold process (collectors/folder.py): its memory is the recording's too
+                    folder_peak = max(folder_peak, peak_rss_of(stores[0].folder_pid))
                 if i in (20, steps // 8, steps // 4, steps // 2, steps - 1):
                     samples[i] = now
         size = sum(p.stat().st_size for p in (Path(tmp) / "long").iterdir()) / 2**20
@@ -649,7 +662,7 @@ def memory(steps: int) -> dict:
             "growth_step20_to_end_mib": last - first, "extra_over_plain_at_end_mib": last - base,
             "max_extra_over_plain_mib": peak - base, "max_at_step": peak_step,
             "rss_plain_steady_mib": base, "libraries_mib": base - before_libraries,
-            "peak_queue_batches": peak_queue, "run_dir_mib": size,
+            "peak_queue_batches": peak_queue, "run_dir_mib": size, "fold_process_peak_rss_mib": folder_peak,
             "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
 
 
@@ -817,7 +830,8 @@ def main() -> None:
           f"{m['max_extra_over_plain_mib']:.1f} MiB (step {m['max_at_step']}), at the end "
           f"{m['extra_over_plain_at_end_mib']:.1f} MiB; growth step 20 -> end "
           f"{m['growth_step20_to_end_mib']:.1f} MiB; peak writer queue "
-          f"{m['peak_queue_batches']} batches; run dir {m['run_dir_mib']:.1f} MiB")
+          f"{m['peak_queue_batches']} batches; run dir {m['run_dir_mib']:.1f} MiB; the fold process's peak RSS "
+          f"{m.get('fold_process_peak_rss_mib', 0.0):.1f} MiB (0: it did not start)")
     print("  RSS by recorded step (MiB): " + ", ".join(f"{k}: {v:.0f}" for k, v in m["rss_at_step_mib"].items())
           + f"; plain steady state with the libraries loaded {m['rss_plain_steady_mib']:.0f} "
           f"(loading DuckDB, Arrow and the compiled kernels: {m['libraries_mib']:.0f} MiB, once)")

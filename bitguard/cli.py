@@ -249,10 +249,16 @@ def _fold_journals(out: Path) -> None:
     from bitguard.collectors.store import recover
 
     for journal in sorted(out.glob("rank-*.journal")):
-        try:
-            recover(journal.with_suffix(".duckdb"))
-        except Exception as exc:  # noqa: BLE001 - the journal stays; every reader tries again
-            print(f"bitguard: could not fold {journal} into its rank file yet: {exc}", file=sys.stderr)
+        for wait in (0.2, 0.5, 1, 2, 4, 8, None):  # a fold process ends its fold in hand first (collectors/folder.py)
+            try:
+                recover(journal.with_suffix(".duckdb"))
+                break
+            except Exception as exc:  # noqa: BLE001 - the journal stays; every reader tries again
+                if wait is not None and "lock" in str(exc).lower():
+                    time.sleep(wait)
+                    continue
+                print(f"bitguard: could not fold {journal} into its rank file yet: {exc}", file=sys.stderr)
+                break
 
 
 def cmd_compare(args) -> int:

@@ -10,10 +10,14 @@ seconds, or once the journal passes two megabytes, it folds what the journal hol
 rows in memory), checks that the rank file gained exactly the rows the folded groups hold, and
 only then empties the journal. A DuckDB statement costs about a millisecond whatever
 its size, and a fold has a fixed cost of a few milliseconds: too much to pay per step (online
-mode, whose rows are few, folds every 30 s: `fold_seconds`). Folds cost a recorded step 2-3
-points of its time on a 2-core machine, more than their CPU time (docs/PERFORMANCE.md, "Folds");
-rarer, bigger folds cost less CPU a row, but DuckDB holds about 1.4 times a fold's journal in memory
-until it commits, which the collector's memory bound does not allow. The writer counts its own CPU time
+mode, whose rows are few, folds every 30 s: `fold_seconds`). Folds on the writer thread cost a
+recorded step 2-3 points of its time on a 2-core machine, more than their CPU time, by holding the
+training's interpreter (docs/PERFORMANCE.md, "Folds"); rarer, bigger folds cost less CPU a row, but
+DuckDB holds about 1.4 times a fold's journal in memory until it commits, which the collector's
+memory bound does not allow. So from the first fold on, the writer hands the rank file to a fold
+process (folder.py) and only asks it to fold the journal's first whole groups (at most FOLD_CHUNK
+bytes a time); once a fold is verified the writer drops those bytes from the journal itself, since
+it alone appends to it. Online mode, whose budget charges the writer's CPU, keeps its folds here. The writer counts its own CPU time
 (`writer_cpu_s`, thread time of its journal writes and folds), which online mode's budget charges.
 `step_barrier()`, called at the end of each training step, waits for the previous step's journal
 write only (the writer marks a step done before it folds): a killed run keeps every step before its
@@ -49,6 +53,7 @@ import pyarrow as pa
 
 from bitguard import db, runfiles
 from bitguard.collectors import journal as journal_format
+from bitguard.collectors.folder import FoldProcess, FolderGone
 from bitguard.collectors.journal import ROW_TABLES as _ROW_TABLES
 from bitguard.collectors.journal import SCHEMAS as _SCHEMAS
 from bitguard.collectors.journal import arrow_schema, encode_group  # noqa: F401 - arrow_schema: public here
@@ -59,9 +64,18 @@ _POS = TENSORS.names.index("pos")
 
 FOLD_SECONDS = 5.0  # fold the journal into DuckDB at least this often ...
 FOLD_BYTES = 2 << 20  # ... or once the journal holds this many bytes
+FOLD_CHUNK = 4 << 20  # the fold process folds at most this much journal at a time (whole groups; at least one) ...
+JOURNAL_HIGH = 32 << 20  # ... and while the journal holds more than this, the writer waits for it (back-pressure)
 FOLDED_KEY = "journal_folded"
 DAMAGE_KEY = "journal_damage"
 MAX_REPORTED_ERRORS = 20  # the store's and the collector's failures share one list (store.errors)
+# The recording's connection to its rank file (the writer's, or the fold process's). One DuckDB
+# thread and a small buffer pool: a guest beside the training's own threads and memory (collector
+# memory must stay bounded whatever the run length). Rows not yet checkpointed stay in memory until
+# the write-ahead log reaches the checkpoint threshold: 4 MB instead of DuckDB's 16 MB takes about
+# 4 MiB off the collector's peak. (8 MB of buffer pool is too little: a checkpoint then fails,
+# fatally for the connection.)
+RANK_DB_CONFIG = {"threads": 1, "memory_limit": "16MB", "checkpoint_threshold": "4MB"}
 _COUNTS = "SELECT " + ", ".join(f"(SELECT count(*) FROM {t.name})" for t in _ROW_TABLES)
 
 
@@ -82,6 +96,11 @@ class Fold:
 def journal_path(rank_path: str | os.PathLike) -> Path:
     """`rank-N.journal` beside `rank-N.duckdb`."""
     return Path(rank_path).with_suffix(".journal")
+
+
+def _spare(journal: Path) -> Path:
+    """Where the writer copies what follows the groups a fold process folded (RankStore._drop_folded)."""
+    return journal.with_name(f".{journal.name}.rest")
 
 
 def kept_name(journal: Path) -> str:
@@ -117,13 +136,18 @@ def _last_step(con: duckdb.DuckDBPyConnection) -> int | None:
     return con.execute(f"SELECT max(step) FROM {EVENTS.name}").fetchall()[0][0]
 
 
-def fold_journal(con: duckdb.DuckDBPyConnection, journal: Path, upto: int, written: int | None = None) -> Fold:
+def fold_journal(con: duckdb.DuckDBPyConnection, journal: Path, upto: int, written: int | None = None,
+                 limit: int | None = None) -> Fold:
     """Insert the journal's whole groups numbered above `upto` into `con`, in one transaction that
     also records the last one's number as `journal_folded` (and, when groups are lost, what and
     from which step as `journal_damage`), then check the rank file gained exactly their rows.
     When groups are lost, journal_folded also covers them (and `written`, the last group the
-    writer wrote, when it says): their loss is on record, and a later fold must not report it again."""
-    data = runfiles.read(journal.parent, journal) or b""
+    writer wrote, when it says): their loss is on record, and a later fold must not report it again.
+    `limit`: read only the journal's first bytes (the fold process: the writer appends meanwhile)."""
+    if limit is None:
+        data = runfiles.read(journal.parent, journal) or b""
+    else:
+        data = runfiles.head(journal.parent, journal, limit) or b""
     decoded = journal_format.decode(data)
     groups = [g for g in decoded.groups if g.number > upto]
     damage = decoded.damage(upto, lambda: _last_step(con))
@@ -222,6 +246,9 @@ def recover(rank_path: str | os.PathLike) -> int:
 
     rank_path = Path(rank_path)
     journal = journal_path(rank_path)
+    spare = _spare(journal)  # a copy of the journal's end a killed writer had not put in its place yet
+    if runfiles.member(spare.parent, spare) is not None and runfiles.member(journal.parent, journal) is not None:
+        spare.unlink()
     if runfiles.member(journal.parent, journal) is None:
         return 0
     head = runfiles.head(rank_path.parent, rank_path, db.HEADER_BYTES)
@@ -249,9 +276,16 @@ class RankStore:
     """Owns `rank-N.duckdb` and its journal for the life of a recording."""
 
     def __init__(self, path: str, meta: dict, batch_events: int = 256, queue_batches: int = 32,
-                 fold_seconds: float | None = None):
+                 fold_seconds: float | None = None, fold_process: bool | None = None):
         self.path = path
         self._fold_seconds = fold_seconds  # None: FOLD_SECONDS
+        # folds in another process once the recording first folds (folder.py); None: unless
+        # BITGUARD_FOLD_PROCESS=0. False, or a folder that cannot start or dies: on the writer thread
+        self._fold_process = (os.name == "posix" and os.environ.get("BITGUARD_FOLD_PROCESS", "1") != "0"
+                              if fold_process is None else fold_process)
+        self._folder: FoldProcess | None = None
+        self._asked = 0  # the journal bytes the request out covers
+        self.folder_pid: int | None = None  # the fold process's pid, once started
         self.writer_cpu_s = 0.0  # the writer thread's CPU time so far (written by it alone)
         self.errors: list[str] = []
         self._batch_events = batch_events
@@ -261,12 +295,7 @@ class RankStore:
         self._dumps: list[tuple] = []
         self._rows: dict[str, list] = {}  # add_rows: further row tables (alerts, sensor_stats), by name
         self._queue: queue.Queue = queue.Queue(maxsize=queue_batches)
-        # One DuckDB thread and a small buffer pool: the writer is a guest beside the training's
-        # own threads and memory (collector memory must stay bounded whatever the run length).
-        # Rows not yet checkpointed stay in memory until the write-ahead log reaches the checkpoint
-        # threshold: 4 MB instead of DuckDB's 16 MB takes about 4 MiB off the collector's peak.
-        # (8 MB of buffer pool is too little: a checkpoint then fails, fatally for the connection.)
-        self._con = db.connect(path, config={"threads": 1, "memory_limit": "16MB", "checkpoint_threshold": "4MB"})
+        self._con = db.connect(path, config=RANK_DB_CONFIG)
         for table in TABLES:
             self._con.execute(table.ddl())
         self.set_meta({"schema_version": SCHEMA_VERSION, "status": "running", **meta})
@@ -274,6 +303,7 @@ class RankStore:
         self._journal = os.open(self._journal_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND, 0o644)
         self._group = 0
         self._journal_bytes = 0  # what the journal file holds
+        self._ends: list[int] = []  # where each group the journal holds ends (what a fold request may cover)
         self._folded = -1  # the last group in DuckDB
         self._folded_at = time.monotonic()
         self._fold_failed = False
@@ -336,8 +366,10 @@ class RankStore:
         self._queue.put(None)
         self._thread.join(timeout=120)
         self._closed = True
-        if self._fold_failed:  # the journal holds the run: leave it, and the rank file, for recover()
-            self._con.close()
+        self._take_back()
+        if self._fold_failed or self._con is None:  # the journal holds the run: leave it, and the rank file,
+            if self._con is not None:  # for recover()
+                self._con.close()
             return
         try:
             self._fold()
@@ -371,9 +403,12 @@ class RankStore:
                 if marker is not None:
                     marker.set()
             try:
+                if self._folder is not None and self._folder.busy:  # (waits when the fold process lags far behind)
+                    self._answered(120.0 if self._journal_bytes > JOURNAL_HIGH else 0.0)
                 every = FOLD_SECONDS if self._fold_seconds is None else self._fold_seconds
                 if time.monotonic() - self._folded_at >= every or self._journal_bytes >= FOLD_BYTES:
-                    self._fold()
+                    if not self._fold_elsewhere():
+                        self._fold()
             except Exception as exc:  # noqa: BLE001
                 self._report(f"folding {self._journal_path.name} into {self.path} failed ({exc}); the journal keeps "
                              f"every batch from here on (readers read it as it is; the launcher folds it)")
@@ -395,9 +430,12 @@ class RankStore:
             if os.write(self._journal, group) != len(group):
                 raise OSError(f"short write ({len(group)} bytes asked)")
             self._journal_bytes += len(group)
+            self._ends.append(self._journal_bytes)
         except OSError as exc:  # disk full, ...: commit this batch to DuckDB directly instead
             self._report(f"cannot append to {self._journal_path} ({getattr(exc, 'strerror', None) or exc}); "
                          f"committing to {self.path} directly")
+            self._fold_process = False
+            self._take_back()
             try:
                 os.ftruncate(self._journal, self._journal_bytes)  # a group cut short would hide later ones
             except OSError:
@@ -430,12 +468,22 @@ class RankStore:
             return
         try:
             os.ftruncate(self._journal, 0)  # O_APPEND: the next group starts the file again
-            self._journal_bytes = 0
+            self._journal_bytes, self._ends = 0, []
         except OSError:
             pass  # harmless: the groups it holds are at most `_folded` (and `journal_folded`): skipped
 
-    def _keep_journal(self, name: str) -> None:
-        """Set the journal aside under `name` (it holds a bad group) and go on in a new one."""
+    def _keep_journal(self, name: str, done: int | None = None) -> None:
+        """Set the journal aside under `name` (it holds a bad group) and go on in a new one; with
+        `done` (the fold process folded the first `done` bytes), the new one starts with what was
+        appended after those, and the journal is set aside by a link first: at every moment one of
+        the two names holds what is not folded yet."""
+        if done is not None and done < self._journal_bytes:
+            try:
+                os.link(self._journal_path, self._journal_path.parent / name)
+            except OSError as exc:
+                self._report(f"could not keep {self._journal_path.name} as {name} ({exc.strerror or exc})")
+            self._drop_folded(done)
+            return
         os.close(self._journal)
         try:
             os.replace(self._journal_path, self._journal_path.parent / name)
@@ -443,6 +491,137 @@ class RankStore:
             self._report(f"could not keep {self._journal_path.name} as {name} ({exc.strerror or exc})")
         self._journal = os.open(self._journal_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
         self._journal_bytes = os.fstat(self._journal).st_size
+        self._ends = [self._journal_bytes] if self._journal_bytes else []  # (whole groups)
+
+    # -- the fold process (folder.py) ---------------------------------------------------------
+    def _fold_elsewhere(self) -> bool:
+        """Ask the fold process to fold what the journal holds (started at the first fold; the
+        writer closes its own connection for it): False when folding stays on this thread."""
+        if not self._fold_process or self._fold_failed:
+            return False
+        self._folded_at = time.monotonic()
+        if self._folder is None:
+            try:
+                self._con.close()
+                self._con = None
+                self._folder = FoldProcess(self.path)
+                self.folder_pid = self._folder.pid
+            except Exception as exc:  # noqa: BLE001 - fold here, as before
+                print(f"bitguard: folding on the writer thread: the fold process did not start ({exc})",
+                      file=sys.stderr)
+                self._fold_process = False
+                self._reconnect()
+                return False
+        if self._folder.busy or not self._journal_bytes:
+            return True
+        fits = [end for end in self._ends if end <= FOLD_CHUNK]
+        self._asked = fits[-1] if fits else self._ends[0] if self._ends else self._journal_bytes
+        try:
+            self._folder.request(self._asked, self._folded, self._group)
+        except FolderGone as exc:
+            self._folder_gone(exc)
+            return False
+        return True
+
+    def _answered(self, timeout: float) -> None:
+        """Apply the fold process's reply when it has come: drop the folded bytes from the journal."""
+        try:
+            reply = self._folder.poll(timeout)
+        except FolderGone as exc:
+            self._folder_gone(exc)
+            return
+        if reply is not None:
+            self._folded_by_folder(reply)
+
+    def _folded_by_folder(self, reply: dict) -> None:
+        if "error" in reply:  # as a failed fold on this thread: the journal keeps the run from here on
+            self._fold_failed = True
+            raise RuntimeError(reply["error"])
+        self._folded = reply["last"]
+        self.folds += 1
+        if reply["damage"] is not None:
+            damage = reply["damage"]
+            self._report(f"{damage['reason']} (events from step {damage['from_step']} on may be missing)")
+        if reply["keep_as"]:
+            self._keep_journal(reply["keep_as"], self._asked)
+        else:
+            self._drop_folded(self._asked)
+
+    def _read_journal(self, start: int) -> bytes:
+        """The journal's bytes from `start` to its end (what the writer appended since)."""
+        fd = os.open(self._journal_path, os.O_RDONLY)
+        try:
+            return os.pread(fd, self._journal_bytes - start, start)
+        finally:
+            os.close(fd)
+
+    def _drop_folded(self, done: int) -> None:
+        """The journal's first `done` bytes are folded: keep what was appended after them only. A
+        copy of the rest replaces the journal at once (os.replace); a process killed before that
+        leaves a journal whose folded groups every fold skips (journal_folded)."""
+        try:
+            if done >= self._journal_bytes:
+                os.ftruncate(self._journal, 0)  # O_APPEND: the next group starts the file again
+                self._journal_bytes, self._ends = 0, []
+                return
+            tail = self._read_journal(done)
+            spare = _spare(self._journal_path)
+            fd = os.open(spare, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND, 0o644)
+            try:  # (the new journal's descriptor, opened before it takes the journal's name)
+                if os.write(fd, tail) != len(tail):
+                    raise OSError(f"short write to {spare.name}")
+                os.replace(spare, self._journal_path)
+            except OSError:
+                os.close(fd)
+                raise
+            os.close(self._journal)
+            self._journal = fd
+            self._journal_bytes = len(tail)
+            self._ends = [end - done for end in self._ends if end > done]
+        except OSError:
+            pass  # harmless: the groups it holds are at most `_folded` (and `journal_folded`): skipped
+
+    def _folder_gone(self, exc: BaseException) -> None:
+        """The fold process died: take the rank file back (its last fold, if it committed, is in
+        journal_folded) and fold on this thread from now on."""
+        print(f"bitguard: folding on the writer thread from now on: {exc}", file=sys.stderr)
+        self._fold_process = False
+        try:
+            self._folder.stop(timeout=10)
+        except Exception:  # noqa: BLE001 - it is gone already
+            pass
+        self._folder = None
+        self._reconnect()
+
+    def _reconnect(self) -> None:
+        try:
+            self._con = db.connect(self.path, config=RANK_DB_CONFIG)
+            self._folded = folded_upto(self._con)
+        except Exception:
+            self._fold_failed = True  # the journal keeps the run; recover() folds it after the run
+            raise
+
+    def _take_back(self) -> None:
+        """Stop the fold process (after its fold in hand) and own the rank file again."""
+        if self._folder is None:
+            return
+        folder, self._folder = self._folder, None
+        try:
+            reply = folder.stop()
+        except FolderGone as exc:  # what it folded is on record (journal_folded); the rest is still journaled
+            print(f"bitguard: folding on the writer thread from now on: {exc}", file=sys.stderr)
+            reply = None
+        try:
+            if reply is not None:
+                self._folded_by_folder(reply)
+        except Exception as exc:  # noqa: BLE001 - the journal keeps every batch
+            self._report(f"folding {self._journal_path.name} into {self.path} failed ({exc}); the journal keeps "
+                         f"every batch (readers read it as it is; the launcher folds it)")
+        try:
+            self._reconnect()
+        except Exception as exc:  # noqa: BLE001
+            self._report(f"could not reopen {self.path} after the fold process ({exc}); the journal keeps "
+                         f"every batch (the launcher folds it)")
 
     def _report(self, message: str) -> None:
         """Record and print a failure, each message once and at most MAX_REPORTED_ERRORS of them."""

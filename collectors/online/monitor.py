@@ -347,7 +347,8 @@ def start(recording, rank: int, world: int, rank_path, settings: dict):
         manifest.write(recording.out, data)
     store = RankStore(str(rank_path), {
         "rank": rank, "world_size": world, "mode": recording.mode, "determinism": settings, "steps": recording.steps,
-        "start_time_ns": time.time_ns(), "pid": os.getpid(), "online": options}, fold_seconds=FOLD_SECONDS)
+        "start_time_ns": time.time_ns(), "pid": os.getpid(), "online": options}, fold_seconds=FOLD_SECONDS,
+        fold_process=False)  # (its CPU budget charges the writer's folds: they stay on its thread)
     monitor = OnlineMonitor(store, rank, world, recording.budget, build(recording.sensors), simulator)
     monitor.install()
     if simulator is not None:

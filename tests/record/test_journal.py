@@ -396,6 +396,7 @@ def test_a_fold_that_fails_is_reported_once_and_the_journal_keeps_the_run(tmp_pa
 
     monkeypatch.setattr(store, "FOLD_SECONDS", 0.0)  # fold after every batch
     monkeypatch.setattr(store, "fold_journal", broken)
+    monkeypatch.setenv("BITGUARD_FOLD_PROCESS", "0")  # on the writer thread (the fold process's: below)
     model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 1))
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     with bitguard.record(tmp_path / "run", determinism=False):
@@ -496,6 +497,7 @@ def test_the_step_barrier_waits_for_the_journal_not_for_a_fold(tmp_path, monkeyp
 
     monkeypatch.setattr(store, "FOLD_SECONDS", 0.0)  # fold after every batch
     monkeypatch.setattr(store.RankStore, "_fold", slow_fold)
+    monkeypatch.setenv("BITGUARD_FOLD_PROCESS", "0")  # on the writer thread (the fold process: test_folder.py)
     s = store.RankStore(str(tmp_path / "rank-0.duckdb"), {"rank": 0, "world_size": 1})
     try:
         events, tensors, _, _ = _rows(0, 3, step=0)
