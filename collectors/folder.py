@@ -13,8 +13,9 @@ The protocol is one JSON line each way on the process's stdin and stdout, one re
     folder -> writer   {"groups": N, "last": GROUP, "damage": {...} | null, "keep_as": NAME | null}
                        or {"error": "..."}
 
-`limit` is the journal's size when the request was made: whole groups only, since the writer is
-the journal's one writer and asks between its appends. The folder folds those bytes exactly as
+`limit` ends a group the writer appended before it asked (whole groups only, at most
+store.FOLD_CHUNK bytes but at least one group): the writer is the journal's one writer, and it
+goes on appending while the folder folds. The folder folds those bytes exactly as
 `store.fold_journal` does in process (one verified transaction that also records the last group
 folded); the writer then drops the folded bytes from the journal itself (store.py). A folder that
 meets the end of its stdin (the writer asked it to stop, or the training died) finishes the fold in
@@ -53,7 +54,7 @@ class FoldProcess:
         self.busy = False  # a request is out and its reply not yet read
         self._got = b""
         self._proc = subprocess.Popen(
-            [sys.executable, "-m", "bitguard.collectors.folder", os.fspath(rank_path)],
+            [sys.executable, "-P", "-m", "bitguard.collectors.folder", os.fspath(rank_path)],  # (-P: not the cwd's)
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, close_fds=True, bufsize=0)
         _LIVE.add(self)
 
