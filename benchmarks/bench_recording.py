@@ -297,7 +297,6 @@ def determinism_cost(rounds: int, steps: int, model: str = "gpt") -> dict:
             with user_settings():
                 if v != "plain":
                     det.apply(det.DeterminismConfig())
-                    det.unpatch_dataloader()
                     torch.utils.deterministic.fill_uninitialized_memory = v == "controls"
                 try:
                     medians[v] = statistics.median(timed_steps(net, opt, data, steps)[1:])
@@ -542,7 +541,6 @@ def breakdown(rounds: int, steps: int, model: str = "gpt", determinism: bool = T
                             from bitguard.collectors import determinism as det
 
                             det.apply(det.DeterminismConfig())
-                            det.unpatch_dataloader()
                         medians[name] = statistics.median(timed_steps(net, opt, data, steps)[1:])
                     continue
                 variant(name)

@@ -103,9 +103,14 @@ def bitguard_files(directory: Path) -> list[Path]:
 
 
 class record:
-    """`with bitguard.record(DIR, mode="full"):` records everything the block trains."""
+    """`with bitguard.record(DIR, mode="full"):` records everything the block trains.
 
-    def __init__(self, out: str | os.PathLike, mode: str = "full", seed: int = 0,
+    `seed`: reseed Python's, NumPy's and torch's generators as the block begins. None (the default)
+    leaves them as the script left them: a script seeds itself before its model and data, and a
+    recording must not change what it trains (`bitguard record --seed N`, 0 by default, seeds before
+    the script runs instead, where the script's own seeding overrides it)."""
+
+    def __init__(self, out: str | os.PathLike, mode: str = "full", seed: int | None = None,
                  steps: str | tuple | None = None, force: bool = False, determinism: bool | None = None,
                  warn_only: bool = False, threads: int | None = None, command: list[str] | None = None,
                  dump: bool = False, digest_cache: bool = True, budget: float | None = None, sensors=None,
@@ -208,7 +213,7 @@ class record:
         return False
 
     def finish(self, status: str, exit_status: int | None) -> None:
-        from bitguard.collectors.determinism import give_back, unpatch_dataloader
+        from bitguard.collectors.determinism import give_back
 
         collector, self.collector = self.collector, None
         if self.monitor is not None:
@@ -219,7 +224,6 @@ class record:
             steps_seen, events = collector.step + (1 if collector._advance else 0), collector._seq
         if self.drill is not None:
             self.drill.close()
-        unpatch_dataloader()
         try:  # the user's settings again (a notebook trains on after the recording)
             give_back(self._settings_before, self._settings_applied)
         except Exception as exc:  # noqa: BLE001 - the end of a recording must not fail on a setting (nor is it the record's)

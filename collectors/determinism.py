@@ -8,11 +8,10 @@ bitguard should expose).
 
 from __future__ import annotations
 
-import inspect
 import os
 import random
 from dataclasses import dataclass
-from functools import partial, wraps
+from functools import partial
 
 import torch
 
@@ -20,68 +19,9 @@ import torch
 @dataclass
 class DeterminismConfig:
     enabled: bool = True  # False: record the settings as found, change nothing
-    seed: int = 0  # seed for Python, NumPy and torch CPU/CUDA RNGs
+    seed: int | None = 0  # seed for Python, NumPy and torch CPU/CUDA RNGs (None: leave them as they are)
     warn_only: bool = False  # torch.use_deterministic_algorithms(..., warn_only=)
     threads: int | None = None  # intra-op threads; None keeps the value the script would get
-
-
-def _seed_worker(worker_id: int) -> None:  # DataLoader worker_init_fn
-    import numpy as np
-
-    seed = torch.initial_seed() % 2**32
-    random.seed(seed)
-    np.random.seed(seed)
-
-
-class _WorkerInit:
-    """A DataLoader's `worker_init_fn` under the determinism controls: the worker seeded, then the
-    user's own function. A class at module level, not a closure: a spawn or forkserver worker gets it
-    pickled (a closure made every such DataLoader, and Lightning's ddp_spawn, fail to start)."""
-
-    def __init__(self, user_fn):
-        self.user_fn = user_fn
-
-    def __call__(self, worker_id: int) -> None:
-        _seed_worker(worker_id)
-        if self.user_fn is not None:
-            self.user_fn(worker_id)
-
-
-def _patch_dataloader() -> None:
-    """DataLoader.__init__ giving every loader a `_WorkerInit`. The wrapper keeps the original's
-    signature (`wraps`): Lightning rebuilds a loader with a DistributedSampler from what
-    `inspect.signature(DataLoader.__init__)` names, and a bare `*args, **kwargs` lost its batch size
-    (every recorded DDP run trained on batches of one), and takes `worker_init_fn` wherever it was
-    given, by position too."""
-    from torch.utils.data import DataLoader
-
-    if getattr(DataLoader.__init__, "_bitguard", False):
-        return
-    original = DataLoader.__init__
-    signature = inspect.signature(original)
-
-    @wraps(original)
-    def __init__(self, *args, **kwargs):
-        try:
-            bound = signature.bind(self, *args, **kwargs)
-        except TypeError:  # (the call's own error, as torch raises it)
-            return original(self, *args, **kwargs)
-        user_fn = bound.arguments.get("worker_init_fn")
-        if type(user_fn) is not _WorkerInit:  # (a loader rebuilt from another one's arguments has one)
-            bound.arguments["worker_init_fn"] = _WorkerInit(user_fn)
-        original(*bound.args, **bound.kwargs)
-
-    __init__._bitguard = True
-    __init__._original = original
-    DataLoader.__init__ = __init__
-
-
-def unpatch_dataloader() -> None:
-    from torch.utils.data import DataLoader
-
-    original = getattr(DataLoader.__init__, "_original", None)
-    if original is not None:
-        DataLoader.__init__ = original
 
 
 def _use_deterministic_algorithms(warn_only: bool) -> None:
@@ -204,9 +144,10 @@ def apply(config: DeterminismConfig) -> dict:
         return {"enabled": False, **current_settings()}
     import numpy as np
 
-    random.seed(config.seed)
-    np.random.seed(config.seed % 2**32)
-    torch.manual_seed(config.seed)  # seeds CUDA generators too
+    if config.seed is not None:
+        random.seed(config.seed)
+        np.random.seed(config.seed % 2**32)
+        torch.manual_seed(config.seed)  # seeds CUDA generators too
     _use_deterministic_algorithms(config.warn_only)
     torch.backends.cudnn.deterministic = True
     torch.backends.cudnn.benchmark = False
@@ -219,11 +160,13 @@ def apply(config: DeterminismConfig) -> dict:
     # On CPU the thread count alone changes reduction order: pin it (to the default unless told)
     # so both runs state, and use, the same value.
     torch.set_num_threads(config.threads or torch.get_num_threads())
-    _patch_dataloader()
+    # DataLoader workers: torch seeds each one's torch, Python and NumPy generators from the main
+    # process's torch generator (seeded above, or by the script). bitguard once reseeded Python's and
+    # NumPy's with a seed of its own, which changed what a seeded script's workers drew (helper 23).
     return {
         "enabled": True,
         "seed": config.seed,
-        "seeded": ["python", "numpy", "torch_cpu", "torch_cuda"],
-        "dataloader_worker_seeding": True,
+        "seeded": ["python", "numpy", "torch_cpu", "torch_cuda"] if config.seed is not None else [],
+        "dataloader_worker_seeding": "torch",  # (True in older runs: bitguard reseeded Python's and NumPy's)
         **current_settings(),
     }
