@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import polars as pl
 
 from bitguard.backend.ingest import with_keys
-from bitguard.schema import DIGEST_BUILD, JSON_FILE, NUMBER_PATH
+from bitguard.schema import DIGEST_BUILD, JSON_FILE, NUMBER_PATH, STRING_PATH
 from bitguard.timed import timed_before_10
 
 # What trusted mode observes of module calls (collectors/hooks.py records with the same pattern):
@@ -127,25 +127,30 @@ def since_filter(run_a, run_b, ea: pl.DataFrame, eb: pl.DataFrame, ta: pl.DataFr
     (7; both sides' alignment keys are then made again from what is kept); the number rows of saved
     events (9: every number of a save, 8 only an optimizer's or a scheduler's); the JSON files the
     training wrote, the params events of what only an optimizer holds, and a save's numbers under a
-    key with a time word not at its end (10: `time_embedding_dim`)."""
+    key with a time word not at its end (10: `time_embedding_dim`); the string rows of saves other
+    than JSON files (11)."""
     versions = [run.manifest.get("schema_version", 1) for run in (run_a, run_b)]
     oldest = min(v if isinstance(v, int) else 1 for v in versions)
-    if oldest >= 10:
+    if oldest >= 11:
         return ea, eb, ta, tb
-    # the JSON files beside the saves, and a params event of what only an optimizer holds: 10
-    newer = (((pl.col("kind") == "saved") & (pl.col("module_type") == JSON_FILE))
-             | ((pl.col("kind") == "params") & (pl.col("module_type") == "optimizer")))
+    newer = pl.lit(False)  # events left out
+    if oldest < 10:  # the JSON files beside the saves, and a params event of what only an optimizer holds
+        newer = (((pl.col("kind") == "saved") & (pl.col("module_type") == JSON_FILE))
+                 | ((pl.col("kind") == "params") & (pl.col("module_type") == "optimizer")))
     if oldest < 8:
         newer = newer | pl.col("kind").is_in(["saved"] + (["params"] if oldest < 6 else [])) | (
             (pl.col("kind") == "final") & (pl.col("module_type") == "optimizer"))  # what only an optimizer held: 8
     newer = newer.fill_null(False)
     number = pl.col("path").str.contains(NUMBER_PATH).fill_null(False)
+    string = pl.col("path").str.contains(STRING_PATH).fill_null(False)
     sides = []
     for events, tensors in ((ea, ta), (eb, tb)):
         if events.select(newer.any()).item():
             events = events.filter(~newer)
             tensors = tensors.filter(pl.col("seq").is_in(events["seq"].implode()))
         saves = pl.col("seq").is_in(events.filter(pl.col("kind") == "saved")["seq"].implode())
+        pickled = pl.col("seq").is_in(events.filter((pl.col("kind") == "saved")
+                                                    & (pl.col("module_type") != JSON_FILE))["seq"].implode())
         if oldest == 9:  # (10 compares `time_embedding_dim`: a key whose last word names no time, bitguard.timed)
             paths = tensors.filter(number & saves)["path"].unique().to_list()
             drop = pl.col("path").is_in([p for p in paths if timed_before_10(re.sub(NUMBER_PATH, "", p))]) & saves
@@ -156,9 +161,9 @@ def since_filter(run_a, run_b, ea: pl.DataFrame, eb: pl.DataFrame, ta: pl.DataFr
             drop = number | (pl.col("seq").is_in(batches.implode()) & (pl.col("role") == "input")
                              & pl.col("path").str.starts_with("['").fill_null(False))
         else:
-            drop = None
-        rows = None if drop is None else tensors.select(drop).to_series()
-        if rows is not None and rows.any():
+            drop = pl.lit(False)
+        rows = tensors.select(drop | (string & pickled)).to_series()  # (and a save's strings: 11)
+        if rows.any():
             tensors = tensors.filter(~rows)
             events = _rekey(events, tensors)
         sides.append((events, tensors))

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-SCHEMA_VERSION = 10  # bump on any change to a table below; readers refuse newer versions
+SCHEMA_VERSION = 11  # bump on any change to a table below; readers refuse newer versions
 # 2: tensors.unobserved (version 1 files have no such column: read as NULL, every tensor digested)
 # 3: tensors.shard (older files have no such column: read as NULL, every digest covers its whole tensor)
 #    and phase comm (kind collective); optimizer step events hold a `grad` row (the gradient step() used)
@@ -36,9 +36,14 @@ SCHEMA_VERSION = 10  # bump on any change to a table below; readers refuse newer
 #    root module holds, at each step's first root call); older files have neither: a comparison with one leaves
 #    them out of both sides. A save's numbers under a key whose time word is not its last (`time_embedding_dim`)
 #    are taken (bitguard/timed.py); a comparison with a version-9 run leaves those rows out of both sides
+# 11: a save's strings (collectors/saved.py), as a JSON file's: rows whose path ends in STRING_PATH (the 0-d int64
+#    tensor of a 64-bit hash; a long list of strings, one 1-d tensor); older files have none in other `saved`
+#    events than JSON files': a comparison with one leaves them out of both sides
 JSON_FILE = "json file"  # the module type of a JSON file's `saved` event (its boundary: the file's name)
 NUMBER_MARK = " (python {})"  # {}: int, float or bool
 NUMBER_PATH = r"(^| )\(python (int|float|bool)\)$"  # a path NUMBER_MARK ends (a regular expression)
+STRING_MARK = " (python str)"  # the end of a compared string's path (a save's or a JSON file's)
+STRING_PATH = r"(^| )\(python str\)$"  # a path STRING_MARK ends (a regular expression)
 DIGEST = "xor64+pos-fmix64"  # names the digest definition (docs/DIGESTS.md); runs compare only under the same one
 # the host digest kernel's revision: 2 keeps the OpenMP team's chunk table alive while the team reads it
 # (2abed93); a run recorded before it (no `digest_build`) with more than one torch thread may hold wrong

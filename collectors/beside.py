@@ -19,11 +19,9 @@ differ from run to run by design. Knows nothing of events or digests.
 from __future__ import annotations
 
 import builtins
-import hashlib
 import io
 import json
 import os
-import re
 import stat
 import sys
 import weakref
@@ -31,21 +29,14 @@ import weakref
 import torch
 
 from bitguard.collectors.patching import Patch
-from bitguard.collectors.saved import PACKED_INTS, number_tensor
-from bitguard.schema import NUMBER_MARK
+from bitguard.collectors.saved import PACKED_INTS, number_tensor, string_compared, string_tensor
+from bitguard.schema import NUMBER_MARK, STRING_MARK
 from bitguard.timed import clock_below, compared
 
 MAX_PENDING = 4096  # files noted and not yet read (a training that writes more: the oldest are read first)
 MAX_BYTES = 64 << 20  # a JSON file bigger than this is not read (marked)
 MAX_VALUES = 100_000  # values taken from one file
-STRING_MARK = " (python str)"
 _WRITING = frozenset("wax+")
-_PLACE_WORDS = frozenset({"dir", "directory", "path", "paths", "folder", "url", "uri", "host", "hostname",
-                          "logdir", "cwd", "home", "run", "uuid"})
-# a string that is a date or time (ISO, or as strftime and log names write it), a UUID or a long hex id
-_STAMPED = re.compile(r"\d{4}-?\d{2}-?\d{2}[T _-]?\d{2}:?\d{2}|\d{4}-\d{2}-\d{2}$|\d{1,2}:\d{2}:\d{2}"
-                      r"|[0-9a-f]{8}-?[0-9a-f]{4}-?[0-9a-f]{4}-?[0-9a-f]{4}-?[0-9a-f]{12}$|[0-9a-f]{16,}$", re.IGNORECASE)
-_WORDS = re.compile(r"[^a-z]+")
 
 
 class JsonWrites:
@@ -162,13 +153,6 @@ def _read(path: str, where) -> tuple[str, object, str | None, object] | None:
         return name, None, f"{name} could not be read as JSON ({type(exc).__name__}: {exc})"[:300], where
 
 
-def _string_tensor(value: str) -> torch.Tensor:
-    """A string as the 0-d int64 tensor of a 64-bit hash of its UTF-8 bytes: one shape for every
-    string, so that another string differs by its value, not as another layout."""
-    digest = hashlib.blake2b(value.encode(errors="surrogatepass"), digest_size=8).digest()
-    return torch.tensor(int.from_bytes(digest, "little", signed=True), dtype=torch.int64)
-
-
 def json_values(value) -> tuple[list[tuple[str, torch.Tensor]], str | None]:
     """(path, tensor) of a JSON value's numbers and strings, as the module docstring says, and why some
     may be missing (None: none is)."""
@@ -183,9 +167,8 @@ def json_values(value) -> tuple[list[tuple[str, torch.Tensor]], str | None]:
             if compared(clock, value):
                 found.append((path + NUMBER_MARK.format(type(value).__name__), number_tensor(value)))
         elif isinstance(value, str):
-            if clock is None and "/" not in value and "\\" not in value and not _STAMPED.match(value) \
-                    and not _PLACE_WORDS.intersection(_WORDS.split(key.lower())):
-                found.append((path + STRING_MARK, _string_tensor(value)))
+            if string_compared(value, key, clock):
+                found.append((path + STRING_MARK, string_tensor(value)))
         elif isinstance(value, dict):
             items = [(v, f"{path}[{k!r}]", k) for k, v in value.items()]
             stack += [(v, sub, k, clock_below(sub, clock)) for v, sub, k in reversed(items)]

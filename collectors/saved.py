@@ -12,9 +12,13 @@ what a class's own `__getstate__` gives pickle, `MAX_DEPTH` levels down; NumPy a
 are taken as the tensors of their memory. A saved object's Python numbers are taken too, each a
 0-d tensor whose path ends in NUMBER_MARK (a long list or tuple of ints, as `random.getstate()`, is
 one 1-d tensor): a checkpoint that would resume at another learning rate, privacy budget, loss
-scale or random state is a different checkpoint. Strings are left out (a path, a version), and so
-are the numbers under a key that names a time (bitguard/timed.py: `time_elapsed`, `train_runtime`,
-`samples_per_second`, `saved_at`), which differ from run to run by design. Among a call's
+scale or random state is a different checkpoint. So are its strings (schema 11), each as a 64-bit
+hash whose path ends in STRING_MARK (a long list or tuple of them, a vocabulary, as one 1-d
+tensor): an exported model whose class names differ labels its predictions differently. Left out:
+a path, a URL, a date, a UUID, a hex id or an address, the strings under a key that names a place
+(`output_dir`, `hostname`, `run_name`: `string_compared`), and the numbers and strings under a key
+that names a time (bitguard/timed.py: `time_elapsed`, `train_runtime`, `samples_per_second`,
+`saved_at`), which differ from run to run by design. Among a call's
 arguments (`save=False`, flatten.py) only an optimizer's or an LR scheduler's state has its
 numbers taken (`training_state`), and a module is not walked (its weights are its own events').
 What it cannot walk whole (a
@@ -30,10 +34,12 @@ of its own. A forked child's saves, which it cannot record, are written down for
 
 from __future__ import annotations
 
+import hashlib
 import importlib.abc
 import importlib.util
 import inspect
 import os
+import re
 import sys
 import threading
 import types
@@ -44,7 +50,7 @@ import numpy as np
 import torch
 
 from bitguard.collectors.patching import Patch
-from bitguard.schema import NUMBER_MARK
+from bitguard.schema import NUMBER_MARK, STRING_MARK
 from bitguard.timed import clock_below, compared
 
 MAX_DEPTH = 32  # containers looked into below the saved object
@@ -68,6 +74,16 @@ _SAVERS = {  # module -> (attribute, boundary) of the functions wrapped there
 
 
 PACKED_INTS = 16  # a list or tuple of at least this many ints (an RNG state) is one tensor
+# Strings not compared: under a key with one of these words (a folder, a file's path, a host, a run's
+# name), and those with a slash (a path, a URL), a date or time (ISO, or as strftime and log names
+# write it), a UUID, a long hex id, or a memory address (`<object at 0x7f...>`): they differ from
+# run to run by design.
+_PLACE_WORDS = frozenset({"dir", "directory", "path", "paths", "folder", "url", "uri", "host", "hostname",
+                          "logdir", "cwd", "home", "run", "uuid"})
+_STAMPED = re.compile(r"\d{4}-?\d{2}-?\d{2}[T _-]?\d{2}:?\d{2}|\d{4}-\d{2}-\d{2}$|\d{1,2}:\d{2}:\d{2}"
+                      r"|[0-9a-f]{8}-?[0-9a-f]{4}-?[0-9a-f]{4}-?[0-9a-f]{4}-?[0-9a-f]{12}$|[0-9a-f]{16,}$", re.IGNORECASE)
+_ADDRESS = re.compile(r"0x[0-9a-f]{6,}", re.IGNORECASE)
+_WORDS = re.compile(r"[^a-z]+")
 
 
 class _Walk:
@@ -86,15 +102,19 @@ class _Walk:
     def missing(self, why: str) -> None:
         self.why = self.why or why
 
-    def walk(self, value, path: str, depth: int, numbers: bool = False, clock: str | None = None) -> None:
+    def walk(self, value, path: str, depth: int, numbers: bool = False, clock: str | None = None,
+             key: str = "") -> None:
         """`numbers`: inside an optimizer's or a scheduler's state, whose numbers are taken too; `clock`:
-        under a key that names a time (bitguard/timed.py, `clock_of`), whose numbers `compared` tells."""
+        under a key that names a time (bitguard/timed.py, `clock_of`), whose numbers `compared` tells;
+        `key`: the name of the nearest key or attribute above (a save's strings: `string_compared`)."""
         if isinstance(value, np.generic) and value.dtype.kind in "biuf":  # (a NumPy scalar: as its Python number)
             value = value.item()
         if isinstance(value, SCALARS):  # (not counted: a list of a dataset's indices is cheap to pass over)
             if numbers and isinstance(value, (int, float)) and compared(clock, value):
                 kind = bool if isinstance(value, bool) else int if isinstance(value, int) else float
                 self.found.append((path + NUMBER_MARK.format(kind.__name__), number_tensor(kind(value))))
+            elif self.save and type(value) is str and string_compared(value, key, clock):
+                self.found.append((path + STRING_MARK, string_tensor(value)))
             return
         self.visits -= 1
         if len(self.found) >= self.tensors or self.visits < 0:
@@ -126,12 +146,17 @@ class _Walk:
                 return
             except (OverflowError, RuntimeError):  # (an int past 64 bits: taken one by one, as floats are not)
                 pass
+        if self.save and type(value) in (list, tuple) and len(value) >= PACKED_INTS \
+                and all(type(v) is str and string_compared(v, key, clock) for v in value):  # (a vocabulary)
+            self.found.append((path + STRING_MARK, string_tensor(list(value))))
+            return
         self.seen.add(id(value))
         self.held.append(value)
         numbers = numbers or training_state(value)
         try:
             for sub, item in self.items(value, path):
-                self.walk(item, sub, depth - 1, numbers, clock_below(sub, clock) if self.save else clock)
+                self.walk(item, sub, depth - 1, numbers, clock_below(sub, clock) if self.save else clock,
+                          _key_of(sub[len(path):], key))
         except Exception as exc:  # noqa: BLE001 - an object that fails when looked at (a proxy)
             self.missing(f"{path or self.what} could not be looked into ({type(exc).__name__}: {exc})"[:300])
 
@@ -180,6 +205,36 @@ def number_tensor(value) -> torch.Tensor:
     if type(value) is int and not -(1 << 63) <= value < (1 << 63):
         return torch.frombuffer(bytearray(str(value).encode()), dtype=torch.uint8)
     return torch.tensor(value, dtype=torch.float64 if type(value) is float else torch.int64)
+
+
+def _key_of(step: str, above: str) -> str:
+    """The key a path step names (`['lr']`, `.vocab`; a list's index: the key above it)."""
+    if step.startswith("."):
+        return step[1:]
+    if step[:2] in ("['", '["'):
+        return step[2:-2]
+    return above
+
+
+def string_compared(value: str, key: str, clock: str | None) -> bool:
+    """Is string `value`, under the nearest key named `key`, compared? Not under a key that names a
+    time (`clock`) or a place, nor a path, a URL, a date, a UUID, a hex id or an address."""
+    return (clock is None and "/" not in value and "\\" not in value and not _STAMPED.match(value)
+            and not _ADDRESS.search(value) and not _PLACE_WORDS.intersection(_WORDS.split(key.lower())))
+
+
+def string_tensor(value: str | list[str]) -> torch.Tensor:
+    """A string as the 0-d int64 tensor of a 64-bit hash of its UTF-8 bytes (one shape for every
+    string, so that another string differs by its value, not as another layout); a list of
+    strings as the 1-d tensor of theirs."""
+    if isinstance(value, list):
+        return torch.tensor([_hashed(v) for v in value], dtype=torch.int64)
+    return torch.tensor(_hashed(value), dtype=torch.int64)
+
+
+def _hashed(value: str) -> int:
+    digest = hashlib.blake2b(value.encode(errors="surrogatepass"), digest_size=8).digest()
+    return int.from_bytes(digest, "little", signed=True)
 
 
 def training_state(value) -> bool:

@@ -290,6 +290,43 @@ def test_the_json_files_the_training_writes_are_compared(tmp_path):
     assert bitguard.compare(tmp_path / "old", tmp_path / "a").verdict == "identical"
 
 
+def test_the_strings_a_save_holds_are_compared(tmp_path):
+    """Helper 23: fastai's `learn.export` pickles the Learner with its class names; two exports whose
+    class 3 was `pig` in one and `owl` in the other compared identical (a save's strings were left
+    out). They are compared now, as a JSON file's are; a vocabulary as one row. Paths, run names,
+    dates and memory addresses are not: reruns that differ only there stay identical."""
+    import argparse
+    import time
+
+    import torch
+
+    import bitguard
+
+    def train(name, classes=("cat", "dog", "fox", "pig"), act="gelu", token="<pad>"):
+        model, opt = _tiny()
+        with bitguard.record(tmp_path / name, determinism=False):
+            _sgd_steps(model, opt, 2)
+            args = argparse.Namespace(act=act, output_dir=str(tmp_path / name), run_name=f"{name}-{time.time_ns()}",
+                                      started=time.strftime("%Y-%m-%d %H:%M:%S"), handle=repr(object()))
+            vocab = [f"tok{i}" for i in range(30)] + [token]
+            torch.save({"model": model.state_dict(), "classes": list(classes), "vocab": vocab, "args": args},
+                       tmp_path / f"{name}.pt")
+            _sgd_steps(model, opt, 1)
+
+    for name, kwargs in (("a", {}), ("b", {}), ("c", {"classes": ("cat", "dog", "fox", "owl")}),
+                         ("d", {"act": "silu"}), ("e", {"token": "<unk>"})):
+        train(name, **kwargs)
+    assert bitguard.compare(tmp_path / "a", tmp_path / "b").verdict == "identical"  # (paths, names, times differ)
+    for name, differing in (("c", "['classes'][3] (python str)"), ("d", "['args'].act (python str)"),
+                            ("e", "['vocab'] (python str)")):
+        fd = bitguard.compare(tmp_path / "a", tmp_path / name).to_dict()["first_divergence"]
+        assert (fd["kind"], fd["boundary"], fd["step"], fd["blame"]) == ("saved", "torch.save", 2, "source"), fd
+        assert [t["path"] for t in fd["tensors"] if t["differs"]] == [differing], fd["tensors"]
+    shutil.copytree(tmp_path / "c", tmp_path / "old")
+    as_older_schema(tmp_path / "old", 10)  # recorded before a save's strings were: left out of both sides
+    assert bitguard.compare(tmp_path / "old", tmp_path / "a").verdict == "identical"
+
+
 def test_a_tensor_only_an_optimizer_holds_edited_between_steps_is_blamed_there(tmp_path):
     """Helper 18: SAC's `log_alpha`, a learned temperature only its optimizer holds, edited between
     two steps was blamed on the gradient reaching the model's output (the loss). Such tensors get a

@@ -9,7 +9,7 @@ import pathlib
 
 import pytest
 
-from bitguard.collectors import beside
+from bitguard.collectors import beside, saved
 from bitguard.collectors.beside import JsonWrites, json_values
 from bitguard.timed import clock_of, compared, timed_before_10
 
@@ -17,7 +17,7 @@ from bitguard.timed import clock_of, compared, timed_before_10
 def _values(value) -> dict:
     pairs, why = json_values(value)
     assert why is None
-    strings = {beside._string_tensor(s).item(): s for s in ("silu", "q", "v", "", "adamw")}
+    strings = {saved.string_tensor(s).item(): s for s in ("silu", "q", "v", "", "adamw")}
     return {path: (strings[t.item()] if path.endswith("(python str)") else t.tolist()) for path, t in pairs}
 
 
