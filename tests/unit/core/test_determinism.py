@@ -68,3 +68,33 @@ def test_a_recording_gives_back_the_settings_it_changed_but_not_the_scripts_own(
     the script itself changed inside the recording stays as the script left it."""
     got = subprocess.run([sys.executable, "-c", PROBE_GIVE_BACK], capture_output=True, text=True, timeout=120)
     assert got.returncode == 0 and got.stdout.strip().endswith("ok"), got.stderr[-2000:]
+
+
+PROBE_NO_RESEED = """
+import os, random, sys, tempfile, numpy as np, torch, bitguard
+def draws():
+    return torch.rand(3).tolist(), random.random(), float(np.random.rand())
+def seeded():
+    torch.manual_seed(7); random.seed(7); np.random.seed(7)
+seeded()
+plain = draws()
+out = tempfile.mkdtemp()
+seeded()
+with bitguard.record(os.path.join(out, "a")):
+    recorded = draws()
+assert recorded == plain, (recorded, plain)
+seeded()
+with bitguard.record(os.path.join(out, "b"), seed=0):  # asked for: reseeded as the block begins
+    reseeded = draws()
+torch.manual_seed(0); random.seed(0); np.random.seed(0)
+assert reseeded == draws()
+print("ok")
+"""
+
+
+def test_a_recording_block_draws_what_the_script_seeded():
+    """Helper 23: `with bitguard.record()` reseeded Python's, NumPy's and torch's generators as it
+    began, overriding the script's own seeding (fastai's `set_seed` before the block): the recorded
+    training differed from the plain one. It reseeds only when given `seed=`."""
+    got = subprocess.run([sys.executable, "-c", PROBE_NO_RESEED], capture_output=True, text=True, timeout=120)
+    assert got.returncode == 0 and got.stdout.strip().endswith("ok"), got.stderr[-2000:]
