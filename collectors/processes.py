@@ -36,6 +36,10 @@ _HELPERS = frozenset({
 # (inductor's compile workers); started from the script's code they may train
 _POOL_WORKERS = frozenset({"concurrent.futures.process._process_worker", "multiprocessing.pool.worker"})
 _TORCH_OWN = ("torch._inductor", "torch._dynamo", "torch.utils.data")
+# Data preparation whose processes (forked, or a pool's) only compute what the training then reads as
+# batches, which its events compare: Hugging Face datasets' `map`/`filter` with `num_proc` (through the
+# `multiprocess` package, whose processes fork outside multiprocessing's start; helper 24)
+_DATA_PREP = ("datasets",)
 _ACTIVE: list[weakref.ref] = []  # the installed watches (one per recording in this process)
 _starting = threading.local()  # inside a watched Process.start: its fork is that process's, not os.fork's
 
@@ -50,7 +54,7 @@ def _in_child() -> None:
 
 
 def _in_parent() -> None:
-    if not getattr(_starting, "now", False):
+    if not getattr(_starting, "now", False) and not _called_from(_DATA_PREP):
         for watch in _watches():
             watch.report("the script forked (os.fork): what the child computes is not observed nor compared")
 
@@ -59,13 +63,16 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_in_child, after_in_parent=_in_parent)
 
 
-def _from_torch() -> bool:
-    """Whether torch's own code (not the script's) is starting the process."""
+def _called_from(modules: tuple[str, ...], frames: int = 60) -> bool:
+    """Whether code of `modules` (packages or modules, and what is in them) is among the callers of
+    the caller."""
     f = sys._getframe(2)
-    for _ in range(40):
+    within = tuple(m + "." for m in modules)
+    for _ in range(frames):
         if f is None:
             return False
-        if f.f_globals.get("__name__", "").startswith(_TORCH_OWN):
+        name = f.f_globals.get("__name__", "")
+        if name in modules or name.startswith(within):
             return True
         f = f.f_back
     return False
@@ -117,7 +124,7 @@ class ProcessWatch:
 
     def started(self, process) -> None:
         name = target_name(process)
-        if name is None or name in _HELPERS or (name in _POOL_WORKERS and _from_torch()):
+        if name is None or name in _HELPERS or (name in _POOL_WORKERS and _called_from(_TORCH_OWN + _DATA_PREP)):
             return
         method = getattr(process, "_start_method", None) or multiprocessing.get_start_method(allow_none=True) \
             or "default"

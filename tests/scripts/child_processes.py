@@ -5,6 +5,8 @@
     python child_processes.py loader             a DataLoader with two worker processes feeds the training
     python child_processes.py pool               a multiprocessing pool (fork) trains two models
     python child_processes.py forked             an os.fork() child trains a step and leaves through the script's end
+    python child_processes.py prepared           data prepared in forked children and a pool by a `datasets` stand-in
+                                                 (prep/datasets), then trained on
 """
 
 import os
@@ -26,6 +28,10 @@ def train(lr: float, steps: int = 3) -> float:
     return m[0].weight.sum().item()
 
 
+def tokens(i: int) -> list:
+    return [float(i * j % 7) for j in range(8)]
+
+
 def child(lr, queue):
     queue.put(train(lr))
 
@@ -44,6 +50,18 @@ if __name__ == "__main__":
     elif what == "pool":
         with mp.get_context("fork").Pool(2) as pool:
             print(pool.map(train, [0.1, 0.2]))
+    elif what == "prepared":
+        sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "prep"))
+        import datasets
+
+        rows = datasets.map_forked(tokens, list(range(16)), 2) + datasets.map_pooled(tokens, list(range(16)), 2)
+        m = torch.nn.Linear(8, 1)
+        opt = torch.optim.SGD(m.parameters(), lr=0.1)
+        for i in range(0, 32, 8):
+            loss = m(torch.tensor(rows[i:i + 8])).pow(2).mean()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
     elif what == "loader":
         data = torch.utils.data.TensorDataset(torch.randn(32, 8))
         m = torch.nn.Linear(8, 1)
