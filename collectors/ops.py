@@ -84,7 +84,8 @@ def _kind(code) -> int:
         if code in _TRANSPARENT:
             kind = TRANSPARENT
         elif real.startswith(_TORCH_DIR) or path.startswith(_TORCH_DIR):
-            kind = DYNAMO if real.startswith(_DYNAMO_DIR) or path.startswith(_DYNAMO_DIR) else TORCH
+            in_dynamo = real.startswith(_DYNAMO_DIR) or path.startswith(_DYNAMO_DIR)
+            kind = DYNAMO if in_dynamo and not _disabling(code) else TORCH
         elif real.startswith(_OWN_DIRS) and not real.startswith(_SAMPLE_DIRS):
             names = _TRANSPARENT_NAMES.get(os.path.basename(real), ())
             kind = TRANSPARENT if code.co_name in names and os.path.basename(os.path.dirname(real)) == "collectors" \
@@ -93,6 +94,13 @@ def _kind(code) -> int:
             kind = USER
         _kinds[code] = kind
     return kind
+
+
+def _disabling(code) -> bool:
+    """Is `code` the wrapper `torch._dynamo.disable` puts around a function (`torch.utils.checkpoint`
+    runs through one: helper 24)? It turns compiling off; nothing compiled runs in it."""
+    context = getattr(sys.modules.get("torch._dynamo.eval_frame"), "DisableContext", None)
+    return code in getattr(getattr(getattr(context, "__call__", None), "__code__", None), "co_consts", ())
 
 
 # -- names -------------------------------------------------------------------------------------

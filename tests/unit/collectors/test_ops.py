@@ -367,3 +367,28 @@ def test_compiled_code_run_with_the_tracer_on_is_said_and_the_trace_not_complete
     assert [op["op"] for op in trace["ops"]] == ["torch.Tensor.mul", "torch.nn.functional.linear", "torch.tanh",
                                                  "torch.Tensor.add"]
     assert not trace["complete"] and len(trace["errors"]) == 1 and "compiled code" in trace["errors"][0]
+
+
+class _Checkpointed(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.inner = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Tanh())
+
+    def forward(self, x):
+        return torch.utils.checkpoint.checkpoint(self.inner, x * 2, use_reentrant=False) + 1
+
+
+def test_gradient_checkpointing_in_the_window_is_no_compiled_code(tmp_path, monkeypatch):
+    """Helper 24: torch.utils.checkpoint runs through `torch._dynamo.disable`'s wrapper, a frame of
+    dynamo's files: the trace was said incomplete, "compiled code ran inside the window", and a
+    drill of TRL's default (gradient checkpointing on) could not reproduce anything."""
+    _set_spec(tmp_path, monkeypatch, _spec(tmp_path / "run", step=0, keep=[],
+                                           window={"boundary": "_Checkpointed", "phase": "forward", "call": 0}))
+    torch.manual_seed(0)
+    net = _Checkpointed()
+    with bitguard.record(tmp_path / "run"):
+        net(torch.randn(2, 4, requires_grad=True)).sum().backward()
+    trace = json.loads((tmp_path / "run" / "ops-rank-0.json").read_text())
+    assert trace["found"] and trace["complete"] and not trace["errors"], trace["errors"]
+    assert [op["op"] for op in trace["ops"]][:1] == ["torch.Tensor.mul"]
+    assert "torch.nn.functional.linear" in [op["op"] for op in trace["ops"]]
