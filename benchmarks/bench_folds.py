@@ -11,13 +11,24 @@ cadence: folds, steps a fold, the writer's CPU a step (journal writes and folds;
 the close's wall time, and the peak RSS over the RSS before the store opened (VmHWM reset first).
 A single fold of a journal of `--fold-mb` MB is then profiled alone: its CPU, and its peak RSS over
 the RSS before it. The machine is shared: run it under the heavy-work lock.
+
+    python benchmarks/bench_folds.py --gil [--steps 300] [--rounds 3]
+
+instead feeds the store at the default cadence with the folds on the writer thread and in the fold
+process (collectors/folder.py), alternated `--rounds` times, while a probe thread asks for the
+interpreter every 0.1 ms: how long it waited beyond its sleep (the longest wait, and the 99.9th
+percentile) is how long the recorder's writer held the interpreter a training thread needs; with
+the writer's CPU a step and the fold process's own (user + system, from /proc).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
+import statistics
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -84,15 +95,60 @@ def feed(store_module, events: list, by: dict, steps: int, pause: float):
     return s
 
 
+def cpu_of(pid: int | None) -> float:
+    """Another process's CPU time so far (user + system), s; 0 when there is none or it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, TypeError, IndexError):
+        return 0.0
+
+
+def gil_waits(store_module, events: list, by: dict, steps: int, rounds: int) -> None:
+    """Alternate folds on the writer thread and in the fold process (module docstring)."""
+    store_module.FOLD_SECONDS = 5.0 * 0.030 / 0.300  # the default cadence, in bench-step time
+    for r in range(rounds):
+        for process in ((True, False) if r % 2 == 0 else (False, True)):
+            os.environ["BITGUARD_FOLD_PROCESS"] = "1" if process else "0"
+            waits, stop = [], threading.Event()
+
+            def probe():
+                while not stop.is_set():
+                    t = time.perf_counter()
+                    time.sleep(0.0001)
+                    waits.append(time.perf_counter() - t - 0.0001)
+
+            thread = threading.Thread(target=probe, daemon=True)
+            thread.start()
+            s = feed(store_module, events, by, steps, 0.030)
+            stop.set()
+            thread.join()
+            folder_cpu = cpu_of(s.folder_pid)
+            s.close("complete")
+            waits.sort()
+            print(f"round {r + 1}, folds {'in the fold process' if process else 'on the writer thread'}: {s.folds} "
+                  f"folds; the probe's wait for the interpreter: longest {1e3 * waits[-1]:.2f} ms, 99.9th percentile "
+                  f"{1e3 * waits[int(len(waits) * 0.999)]:.2f} ms, median {1e3 * statistics.median(waits):.3f} ms; "
+                  f"writer CPU {1e3 * s.writer_cpu_s / steps:.2f} ms a step, fold process CPU "
+                  f"{1e3 * folder_cpu / steps:.2f} ms a step", flush=True)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=300)
     ap.add_argument("--cadence", default="5s,2MB,8MB,16MB,close")
     ap.add_argument("--fold-mb", type=int, default=16, help="the journal of the fold profiled alone, MB")
+    ap.add_argument("--gil", action="store_true", help="only measure how long the writer holds the interpreter")
+    ap.add_argument("--rounds", type=int, default=3, help="with --gil: rounds of the two variants")
     args = ap.parse_args()
     from bitguard.collectors import store
 
     events, by = one_step()
+    if args.gil:
+        print(f"{len(events)} events and {sum(map(len, by.values()))} tensor rows a step", flush=True)
+        gil_waits(store, events, by, args.steps, args.rounds)
+        return 0
     print(f"{len(events)} events and {sum(map(len, by.values()))} tensor rows a step", flush=True)
     defaults = store.FOLD_SECONDS, store.FOLD_BYTES
     for cadence in args.cadence.split(","):

@@ -4,7 +4,7 @@ A fold (store.py) decodes journal groups and inserts them into DuckDB: tens of m
 few seconds. Done on the writer thread it held the training's interpreter in stretches of up to
 the switch interval, and cost a recorded step more than its CPU time (docs/PERFORMANCE.md,
 "Folds"). So once a recording has lived long enough to fold, the writer hands the rank file to a
-fresh Python (`python -m bitguard.collectors.folder RANK_FILE`: DuckDB and pyarrow, never torch),
+fresh Python (`main()` below, at a lower priority: DuckDB and pyarrow, never torch),
 which owns the DuckDB connection from then on while the writer only appends to the journal.
 
 The protocol is one JSON line each way on the process's stdin and stdout, one request at a time:
@@ -44,6 +44,13 @@ class FolderGone(RuntimeError):
     """The fold process exited or its pipe broke."""
 
 
+# The fold process's first lines: a lower priority before its imports (half a second of CPU beside the
+# training's threads), then serve(); -P: a folder named `bitguard` in the training's working directory
+# is not imported.
+_START = ("import os\ntry:\n    os.nice(5)\nexcept (AttributeError, OSError):\n    pass\n"
+          "from bitguard.collectors.folder import main\nmain()\n")
+
+
 class FoldProcess:
     """The writer's side: start the folder, send a request, poll for its reply, stop it. The pipes
     are unbuffered (a request is one write, well under PIPE_BUF), and a forked child of the
@@ -54,7 +61,7 @@ class FoldProcess:
         self.busy = False  # a request is out and its reply not yet read
         self._got = b""
         self._proc = subprocess.Popen(
-            [sys.executable, "-P", "-m", "bitguard.collectors.folder", os.fspath(rank_path)],  # (-P: not the cwd's)
+            [sys.executable, "-P", "-c", _START, os.fspath(rank_path)],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, close_fds=True, bufsize=0)
         _LIVE.add(self)
 
@@ -158,11 +165,6 @@ def serve(rank_path: Path, requests, replies) -> None:
 
 def main() -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    if hasattr(os, "nice"):
-        try:
-            os.nice(5)  # a guest beside the training's own threads
-        except OSError:
-            pass
     serve(Path(sys.argv[1]), sys.stdin.buffer, sys.stdout.buffer)
 
 
