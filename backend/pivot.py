@@ -111,7 +111,15 @@ def blame(pivot: dict, events_a: pl.DataFrame, status: dict[int, str], diffs: pl
                                   "detail": _optimizer_detail(pivot, events_a, status, used)}
     elif kind == "grad":
         owner = _owner_backward(pivot, events_a, diffs)
-        if owner is not None and owner["grad_output_differs"]:
+        root = _root_backward_differing(pivot, events_a, diffs) if owner is None else None
+        if owner is None and root is not None:  # (the parameter is read outside any call of its module)
+            result.update(blame="consumer", fault_class="backward")
+            window = _window(root, events_a, status, diffs)
+            window["detail"] = (f"no backward of {_owner(pivot['boundary']) or 'its module'} was recorded in this step: "
+                                f"the parameter is used outside a call of its module (a fused loss reading "
+                                f"{pivot['boundary']} directly); " + window["detail"])
+            result["blame_window"] = window
+        elif owner is not None and owner["grad_output_differs"]:
             result.update(blame="consumer", fault_class="backward")
             # the window: up from its module, the innermost module whose incoming gradient matched
             window = _window(owner["event"], events_a, status, diffs)
@@ -124,11 +132,13 @@ def blame(pivot: dict, events_a: pl.DataFrame, status: dict[int, str], diffs: pl
             result["blame_window"] = window
         elif "grad_input" in differing:
             result.update(fault_class="backward")
+            reaching = "while the gradient reaching its module matched" if owner is not None else \
+                "and no backward of its module was recorded in this step (it is used outside a call of the module)"
             result["blame_window"] = {"module": _owner(pivot["boundary"]) or pivot["boundary"], "detail":
-                                      "the gradient computed for this parameter differs while the gradient "
-                                      "reaching its module matched: the module's backward (weight gradient), or a "
-                                      "use of the parameter outside the module whose gradient autograd sums into "
-                                      "it (a regulariser in the loss such as an L2 term, a weight tied elsewhere)"}
+                                      f"the gradient computed for this parameter differs {reaching}: the module's "
+                                      "backward (weight gradient), or a use of the parameter outside the module "
+                                      "whose gradient autograd sums into it (a regulariser in the loss such as an "
+                                      "L2 term, a weight tied elsewhere)"}
         else:
             result.update(fault_class="accumulation")
             result["blame_window"] = {"module": pivot["boundary"], "detail":
@@ -375,6 +385,17 @@ def _owner_backward(pivot: dict, events_a: pl.DataFrame, diffs: pl.DataFrame) ->
                      & ~pl.col("ignored"))
     event = rows.filter(pl.col("seq") == d["a_seq"].min()).row(0, named=True) if d.height else None
     return {"boundary": owner, "grad_output_differs": not d.is_empty(), "event": event}
+
+
+def _root_backward_differing(pivot: dict, events_a: pl.DataFrame, diffs: pl.DataFrame) -> dict | None:
+    """A root's backward event of the pivot's step whose incoming gradient differs (the first), or None."""
+    roots = events_a.filter((pl.col("phase") == "backward") & (pl.col("kind") == "module") & (pl.col("depth") == 0)
+                            & (pl.col("step") == pivot["step"]))
+    if roots.is_empty():
+        return None
+    d = diffs.filter(pl.col("a_seq").is_in(roots["seq"].implode()) & (pl.col("role") == "grad_output")
+                     & pl.col("differs") & ~pl.col("ignored"))
+    return roots.filter(pl.col("seq") == d["a_seq"].min()).row(0, named=True) if d.height else None
 
 
 def _window(pivot: dict, events_a: pl.DataFrame, status: dict[int, str], diffs: pl.DataFrame) -> dict:

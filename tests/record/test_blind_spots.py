@@ -954,3 +954,41 @@ def test_weights_a_module_reads_in_place_of_its_parameters_trained_by_hand_are_n
     c = bitguard.compare(tmp_path / "a", tmp_path / "b")
     assert c.verdict == "inconclusive", c.to_dict()["verdict"]
     assert "none reached a parameter of theirs" in " ".join(c.run_a.manifest["collector_errors"])
+
+
+def test_a_weight_read_outside_its_module_with_a_changed_loss_is_blamed_on_the_loss(tmp_path):
+    """Helper 24: TRL's fused log-prob reads `lm_head.weight` directly (lm_head is never called),
+    and the root's backward event ends only with the pass (an output, `entropy`, gets no gradient).
+    A changed DPO beta was then blamed on lm_head's weight gradient, "while the gradient reaching its
+    module matched": no backward of lm_head exists to say so. The root's incoming gradient differed."""
+    import torch
+
+    import bitguard
+
+    class Fused(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.body = torch.nn.Linear(4, 4)
+            self.head = torch.nn.Linear(4, 3)
+
+        def forward(self, x):
+            h = torch.tanh(self.body(x))
+            return {"logits": h @ self.head.weight.t(), "aux": h.sum(-1)}  # (aux: no gradient ever reaches it)
+
+    def train(name, beta):
+        torch.manual_seed(0)
+        model = Fused()
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        with bitguard.record(tmp_path / name, determinism=False):
+            for _ in range(2):
+                opt.zero_grad()
+                (model(torch.randn(2, 4))["logits"].pow(2).mean() * beta).backward()
+                opt.step()
+
+    for name, beta in (("a", 0.1), ("b", 0.11)):
+        train(name, beta)
+    fd = bitguard.compare(tmp_path / "a", tmp_path / "b").to_dict()["first_divergence"]
+    assert (fd["step"], fd["blame"], fd["fault_class"]) == (0, "consumer", "backward"), fd
+    detail = fd["blame_window"]["detail"]
+    assert "no backward of head was recorded" in detail and "by the loss" in detail, detail
+    assert "matched" not in detail, detail
