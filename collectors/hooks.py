@@ -56,7 +56,7 @@ from bitguard.collectors.patching import Patch
 from bitguard.collectors.processes import ProcessWatch
 from bitguard.collectors.recompute import NON_REENTRANT, recompute_kind
 from bitguard.collectors.saved import SaveWatch
-from bitguard.collectors.keras_steps import KerasStepWatch
+from bitguard.collectors.foreign_steps import ForeignStepWatch
 from bitguard.collectors.scaler import ScalerWatch
 from bitguard.collectors.sharded import ShardedParams, clean_name
 from bitguard.collectors.store import MAX_REPORTED_ERRORS
@@ -336,8 +336,8 @@ class Collector(WeightEvents):
         self._json = JsonWrites(lambda: self.enabled and not self._in_child, str(Path(self.store.path).parent),
                                 lambda frame: self._stacks.key_until(frame)[0], self._json_in_child).install()
         self._handles.append(self._json)
-        # a Keras optimizer's update (no torch.optim on Keras' PyTorch backend) ends the step too
-        self._handles.append(KerasStepWatch(lambda: self._steps_taken, self._guard(self._foreign_step)).install())
+        # a Keras or fastai optimizer's update (no torch.optim) ends the step too
+        self._handles.append(ForeignStepWatch(lambda: self._steps_taken, self._guard(self._foreign_step)).install())
         if torch.distributed.is_available():  # the process group's end: the distributed models' final state
             self._handles.append(Patch(torch.distributed, "destroy_process_group", self._before_destroy))
         self._handles.append(optim.register_optimizer_step_post_hook(self._guard(self._on_optimizer_step)))

@@ -283,7 +283,7 @@ class WeightEvents:
         self._step_ended(optimizer)
 
     def _foreign_step(self) -> None:
-        """An optimizer that is not torch.optim's updated the weights (Keras', collectors/keras_steps.py):
+        """An optimizer that is not torch.optim's updated the weights (Keras', fastai's: collectors/foreign_steps.py):
         the step ends as at torch.optim's; what it wrote is the next step's params event's."""
         self._step_ended(None)
 

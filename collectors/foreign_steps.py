@@ -1,12 +1,15 @@
-"""A Keras optimizer's update ends a training step, as torch.optim's `step()` does.
+"""An optimizer that is not torch.optim's ends a training step with its update, as `step()` does.
 
 On Keras' PyTorch backend, `model.fit` updates the weights with Keras' own optimizers (torch ops
-on the variables, no torch.optim): no optimizer step hook ran, the collector's step counter never
-moved, and a whole training was step 0 (helper 19), nothing made durable step by step.
-`KerasStepWatch` wraps `BaseOptimizer.apply` (and the wrappers that call another optimizer's,
-`LossScaleOptimizer` and `MultiOptimizer`) once Keras is imported, and calls `ended()` when the
-outermost call returns without a torch.optim step having run in it (`stepped()` counts those).
-The weights it wrote are the next step's `params` event's. Knows nothing of events.
+on the variables, no torch.optim), and fastai's `Learner` with fastai's own `Optimizer` by
+default: no optimizer step hook ran, the collector's step counter never moved, and a whole
+training was step 0 (helpers 19 and 23), nothing made durable step by step, and `--steps`
+recorded nothing. `ForeignStepWatch` wraps the update method of each class in OPTIMIZERS (Keras'
+`BaseOptimizer.apply` and the wrappers that call another optimizer's, `LossScaleOptimizer` and
+`MultiOptimizer`; fastai's `Optimizer.step`) once its library is imported, and calls `ended()`
+when the outermost call returns without a torch.optim step having run in it (`stepped()` counts
+those: fastai's `OptimWrapper` steps a torch.optim optimizer). The weights it wrote are the next
+step's `params` event's. Knows nothing of events.
 """
 
 from __future__ import annotations
@@ -17,13 +20,14 @@ import threading
 from bitguard.collectors.patching import Patch
 from bitguard.collectors.saved import AfterImport
 
-# module -> the class whose own `apply` is wrapped there
-OPTIMIZERS = {"keras.src.optimizers.base_optimizer": "BaseOptimizer",
-              "keras.src.optimizers.loss_scale_optimizer": "LossScaleOptimizer",
-              "keras.src.optimizers.multi_optimizer": "MultiOptimizer"}
+# module -> (the class, its own method that updates the weights), wrapped there
+OPTIMIZERS = {"keras.src.optimizers.base_optimizer": ("BaseOptimizer", "apply"),
+              "keras.src.optimizers.loss_scale_optimizer": ("LossScaleOptimizer", "apply"),
+              "keras.src.optimizers.multi_optimizer": ("MultiOptimizer", "apply"),
+              "fastai.optimizer": ("Optimizer", "step")}
 
 
-class KerasStepWatch:
+class ForeignStepWatch:
     def __init__(self, stepped, ended):
         self._stepped = stepped  # () -> a count of the torch.optim steps seen so far
         self._ended = ended
@@ -31,7 +35,7 @@ class KerasStepWatch:
         self._local = threading.local()  # how deep in `apply` calls this thread is
         self._finder: AfterImport | None = None
 
-    def install(self) -> KerasStepWatch:
+    def install(self) -> ForeignStepWatch:
         lazy = set()
         for name in OPTIMIZERS:
             module = sys.modules.get(name)
@@ -45,13 +49,14 @@ class KerasStepWatch:
         return self
 
     def _wrap(self, module) -> None:
-        owner = getattr(module, OPTIMIZERS[module.__name__], None)
-        if owner is None or "apply" not in owner.__dict__:
+        name, method = OPTIMIZERS[module.__name__]
+        owner = getattr(module, name, None)
+        if owner is None or method not in owner.__dict__:
             return
         watch = self
 
         def make(original, patch):
-            def apply(optimizer, *args, **kwargs):
+            def update(optimizer, *args, **kwargs):
                 if not patch.active:
                     return original(optimizer, *args, **kwargs)
                 depth = getattr(watch._local, "depth", 0)
@@ -63,9 +68,9 @@ class KerasStepWatch:
                     watch._local.depth = depth
                     if depth == 0 and watch._stepped() == before:
                         watch._ended()
-            return apply
+            return update
 
-        self._patches.append(Patch(owner, "apply", make))
+        self._patches.append(Patch(owner, method, make))
 
     def remove(self) -> None:
         for patch in self._patches:

@@ -1,0 +1,101 @@
+"""A Keras optimizer's update ends a step once, however its optimizers nest, and not when a
+torch.optim step ran inside it (collectors/foreign_steps.py)."""
+
+from __future__ import annotations
+
+import sys
+import types
+
+from bitguard.collectors import foreign_steps
+
+
+def _fake_keras(monkeypatch):
+    """Keras' three optimizer classes whose `apply` the watch wraps: a base, and two that call another's."""
+    made = {}
+
+    class BaseOptimizer:
+        def __init__(self, torch_steps=0):
+            self.torch_steps = torch_steps
+
+        def apply(self, grads, variables=None):
+            stepped[0] += self.torch_steps  # (a torch.optim step inside)
+
+    class LossScaleOptimizer(BaseOptimizer):
+        def __init__(self, inner):
+            self.inner = inner
+
+        def apply(self, grads, variables=None):
+            self.inner.apply(grads, variables)
+
+    class MultiOptimizer(BaseOptimizer):
+        def __init__(self, inner):
+            self.inner = inner
+
+        def apply(self, grads, variables=None):
+            for optimizer in self.inner:
+                optimizer.apply(grads, variables)
+
+    for name, cls in zip(foreign_steps.OPTIMIZERS, (BaseOptimizer, LossScaleOptimizer, MultiOptimizer)):
+        module = types.ModuleType(name)
+        setattr(module, cls.__name__, cls)
+        monkeypatch.setitem(sys.modules, name, module)
+        made[cls.__name__] = cls
+    return made
+
+
+stepped = [0]
+
+
+def test_each_outermost_update_ends_one_step(monkeypatch):
+    k = _fake_keras(monkeypatch)
+    ended = []
+    watch = foreign_steps.ForeignStepWatch(lambda: stepped[0], lambda: ended.append(1)).install()
+    try:
+        k["BaseOptimizer"]().apply([])
+        k["LossScaleOptimizer"](k["BaseOptimizer"]()).apply([])
+        k["MultiOptimizer"]([k["BaseOptimizer"](), k["BaseOptimizer"]()]).apply([])
+        assert len(ended) == 3  # one a step, however many optimizers the update ran
+        k["BaseOptimizer"](torch_steps=1).apply([])
+        assert len(ended) == 3  # a torch.optim step ended it already
+    finally:
+        watch.remove()
+    k["BaseOptimizer"]().apply([])
+    assert len(ended) == 3  # removed: nothing wrapped
+
+
+def test_fastai_s_own_optimizer_ends_each_step(monkeypatch, tmp_path):
+    """Helper 23: a fastai Learner steps with fastai's own `Optimizer` (not torch.optim): every event
+    of a training was step 0 and `--steps 2:4` recorded nothing. Its `step` ends a step now."""
+    import torch
+
+    import bitguard
+    from bitguard.backend.ingest import load_rank, open_run
+
+    class Optimizer:  # (fastai.optimizer.Optimizer's shape: param groups of tensors, `step` updates them)
+        def __init__(self, params, lr):
+            self.params, self.lr = list(params), lr
+
+        def step(self):
+            with torch.no_grad():
+                for p in self.params:
+                    p -= self.lr * p.grad
+
+        def zero_grad(self):
+            for p in self.params:
+                p.grad = None
+
+    module = types.ModuleType("fastai.optimizer")
+    module.Optimizer = Optimizer
+    monkeypatch.setitem(sys.modules, "fastai.optimizer", module)
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Tanh(), torch.nn.Linear(4, 1))
+    opt = Optimizer(model.parameters(), 0.1)
+    for name, steps in (("all", None), ("window", "1:2")):
+        with bitguard.record(tmp_path / name, determinism=False, steps=steps):
+            for _ in range(3):
+                model(torch.randn(2, 4)).pow(2).mean().backward()
+                opt.step()
+                opt.zero_grad()
+    steps_of = {name: sorted(set(load_rank(open_run(tmp_path / name), 0)[0]["step"].to_list())) for name in ("all", "window")}
+    assert steps_of["all"][:3] == [0, 1, 2], steps_of
+    assert 1 in steps_of["window"] and 0 not in steps_of["window"], steps_of
