@@ -109,6 +109,8 @@ class _Walk:
         `key`: the name of the nearest key or attribute above (a save's strings: `string_compared`)."""
         if isinstance(value, np.generic) and value.dtype.kind in "biuf":  # (a NumPy scalar: as its Python number)
             value = value.item()
+        if isinstance(value, os.PathLike):  # (a path: its parts, pathlib's `_parts`, differ from run to run by design)
+            return
         if isinstance(value, SCALARS):  # (not counted: a list of a dataset's indices is cheap to pass over)
             if numbers and isinstance(value, (int, float)) and compared(clock, value):
                 kind = bool if isinstance(value, bool) else int if isinstance(value, int) else float

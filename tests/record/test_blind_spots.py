@@ -307,7 +307,8 @@ def test_the_strings_a_save_holds_are_compared(tmp_path):
         with bitguard.record(tmp_path / name, determinism=False):
             _sgd_steps(model, opt, 2)
             args = argparse.Namespace(act=act, output_dir=str(tmp_path / name), run_name=f"{name}-{time.time_ns()}",
-                                      started=time.strftime("%Y-%m-%d %H:%M:%S"), handle=repr(object()))
+                                      started=time.strftime("%Y-%m-%d %H:%M:%S"), handle=repr(object()),
+                                      export=tmp_path / name / "export.pkl")  # (fastai's Learner.path: a Path)
             vocab = [f"tok{i}" for i in range(30)] + [token]
             torch.save({"model": model.state_dict(), "classes": list(classes), "vocab": vocab, "args": args},
                        tmp_path / f"{name}.pt")
