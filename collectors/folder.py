@@ -1,9 +1,10 @@
 """The fold process: a rank's journal folded into its DuckDB file by another process.
 
 A fold (store.py) decodes journal groups and inserts them into DuckDB: tens of milliseconds every
-few seconds. Done on the writer thread it held the training's interpreter in stretches of up to
-the switch interval, and cost a recorded step more than its CPU time (docs/PERFORMANCE.md,
-"Folds"). So once a recording has lived long enough to fold, the writer hands the rank file to a
+few seconds, DuckDB's native code and its buffers (about 1.4 times the fold's journal). Done on the
+writer thread, all of that was the training's process: its memory, and any fatal error of DuckDB's
+(docs/PERFORMANCE.md, "The fold process", measures what moving it does and does not change). So
+once a recording has lived long enough to fold, the writer hands the rank file to a
 fresh Python (`main()` below, at a lower priority: DuckDB and pyarrow, never torch),
 which owns the DuckDB connection from then on while the writer only appends to the journal.
 

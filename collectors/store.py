@@ -10,14 +10,14 @@ seconds, or once the journal passes two megabytes, it folds what the journal hol
 rows in memory), checks that the rank file gained exactly the rows the folded groups hold, and
 only then empties the journal. A DuckDB statement costs about a millisecond whatever
 its size, and a fold has a fixed cost of a few milliseconds: too much to pay per step (online
-mode, whose rows are few, folds every 30 s: `fold_seconds`). Folds on the writer thread cost a
-recorded step 2-3 points of its time on a 2-core machine, more than their CPU time, by holding the
-training's interpreter (docs/PERFORMANCE.md, "Folds"); rarer, bigger folds cost less CPU a row, but
-DuckDB holds about 1.4 times a fold's journal in memory until it commits, which the collector's
-memory bound does not allow. So from the first fold on, the writer hands the rank file to a fold
-process (folder.py) and only asks it to fold the journal's first whole groups (at most FOLD_CHUNK
-bytes a time); once a fold is verified the writer drops those bytes from the journal itself, since
-it alone appends to it. Online mode, whose budget charges the writer's CPU, keeps its folds here. The writer counts its own CPU time
+mode, whose rows are few, folds every 30 s: `fold_seconds`). Folds cost a recorded step 2-3 points
+of its time on a 2-core machine, their CPU beside torch's threads (docs/PERFORMANCE.md, "Folds" and
+"The fold process"); rarer, bigger folds cost less CPU a row, but DuckDB holds about 1.4 times a
+fold's journal in memory until it commits. So from the first fold on, the writer hands the rank
+file to a fold process (folder.py: DuckDB's memory and native code out of the training's process)
+and only asks it to fold the journal's first whole groups (at most FOLD_CHUNK bytes a time); once
+a fold is verified the writer drops those bytes from the journal itself, since it alone appends to
+it. Online mode, whose budget charges the writer's CPU, keeps its folds here. The writer counts its own CPU time
 (`writer_cpu_s`, thread time of its journal writes and folds), which online mode's budget charges.
 `step_barrier()`, called at the end of each training step, waits for the previous step's journal
 write only (the writer marks a step done before it folds): a killed run keeps every step before its
