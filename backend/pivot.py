@@ -307,12 +307,14 @@ def _optimizer_detail(pivot: dict, events_a: pl.DataFrame, status: dict[int, str
                     f"step() ({between})" if grad_ok else
                     "and the gradient autograd produced on this rank was not observed or differs too")
         return f"the gradient step() used differs {produced}"
+    # (an optimizer's state is recorded as step() leaves it: an edit of it since is seen only here)
+    state = ("the optimizer update computed differently (its hyperparameters, its code), or its state "
+             "(momentum, Adam's moments) changed since its last step(): edited, or loaded from a checkpoint")
     if used_seen and prev_ok:
         return ("the parameter differs after step() while the gradient step() used and the previous parameters "
-                "matched: the optimizer update computed differently")
+                f"matched: {state}")
     if grad_ok and prev_ok and (pivot.get("world_size") or 1) == 1 and not used.height:
-        return ("the parameter differs after step() while its gradient and the previous parameters matched: "
-                "the optimizer update computed differently")
+        return f"the parameter differs after step() while its gradient and the previous parameters matched: {state}"
     known = []
     if used_seen:
         known.append("the gradient step() used matched")

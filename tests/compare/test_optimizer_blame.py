@@ -61,6 +61,8 @@ def test_an_update_that_differs_on_a_matching_used_gradient_blames_the_optimizer
     detail = _detail(a, b)
     assert detail.startswith("the parameter differs after step() while the gradient step() used and the previous "
                              "parameters matched"), detail
+    # (helper 24: an edit of AdamW's moments between steps reads the same: the state is recorded after step())
+    assert "or its state (momentum, Adam's moments) changed since its last step()" in detail, detail
 
 
 def test_a_used_gradient_that_could_not_be_observed_is_not_called_matched(tmp_path):
