@@ -121,6 +121,12 @@ def plan(run_a: RunInfo, run_b: RunInfo, fd: dict) -> Window:
     a = _window_event(ea, step, target, None if backward else fd.get("a_seq"))
     b = _window_event(eb, step, target, None if backward else fd.get("b_seq"))
     if a is None and b is None:
+        if kind == "grad" and all(run.manifest.get("mode") == "full" for run in (run_a, run_b)):
+            # (helper 24: TRL's fused log-prob reads lm_head.weight and never calls lm_head)
+            raise NotSupported(f"not supported yet: {target}, whose parameter is the pivot ({where}), is never called "
+                               f"as a module in step {step} of either run: its weights are used directly (a fused "
+                               f"loss, a tied weight), so there is no module call to replay; the blame window of "
+                               f"'bitguard compare' says where the gradient came from")
         raise NotSupported(f"not supported yet: the window {target} of the pivot ({where}) is not a recorded module "
                            f"call in step {step} of either run (trusted mode or a compiled region?); record in full mode")
     if backward:

@@ -993,3 +993,9 @@ def test_a_weight_read_outside_its_module_with_a_changed_loss_is_blamed_on_the_l
     detail = fd["blame_window"]["detail"]
     assert "no backward of head was recorded" in detail and "by the loss" in detail, detail
     assert "matched" not in detail, detail
+    from bitguard.backend.drill import plan
+    from bitguard.backend.ingest import open_run
+    from bitguard.errors import NotSupported
+
+    with pytest.raises(NotSupported, match="head, whose parameter is the pivot .* is never called as a module"):
+        plan(open_run(tmp_path / "a"), open_run(tmp_path / "b"), fd)  # (it told the user to record in full mode)
