@@ -123,9 +123,16 @@ def blame(pivot: dict, events_a: pl.DataFrame, status: dict[int, str], diffs: pl
             result.update(blame="consumer", fault_class="backward")
             # the window: up from its module, the innermost module whose incoming gradient matched
             window = _window(owner["event"], events_a, status, diffs)
-            if window["module"] is None:
-                window = {"module": owner["boundary"], "detail": "the gradient reaching this module's output "
-                                                                 "already differed"}
+            if window["module"] is None:  # no module around it had a matching incoming gradient: where did it come from?
+                root = _root_backward_differing(pivot, events_a, diffs)
+                if root is not None and root["seq"] != owner["event"]["seq"]:
+                    window = _window(root, events_a, status, diffs)
+                    window["detail"] = f"the gradient reaching {owner['boundary']}'s output already differed; " \
+                                       + window["detail"]
+                else:  # (trusted mode: the root and the modules after it may not be observed)
+                    window = {"module": None, "detail": f"the gradient reaching {owner['boundary']}'s output already "
+                              "differed, and no observed module after it says where it arose: the loss, or code or "
+                              "modules the recording did not observe (trusted mode observes heavy modules only)"}
             else:
                 window["detail"] = f"the gradient reaching {owner['boundary']}'s output already differed; " \
                                    + window["detail"]

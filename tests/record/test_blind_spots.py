@@ -999,3 +999,32 @@ def test_a_weight_read_outside_its_module_with_a_changed_loss_is_blamed_on_the_l
 
     with pytest.raises(NotSupported, match="head, whose parameter is the pivot .* is never called as a module"):
         plan(open_run(tmp_path / "a"), open_run(tmp_path / "b"), fd)  # (it told the user to record in full mode)
+
+
+def test_a_changed_loss_in_trusted_mode_is_not_blamed_on_the_last_observed_module(tmp_path):
+    """Helper 23: in trusted mode (the root is not observed) a label-smoothing change was blamed on
+    the window `fc`, the last Linear, which computed correctly: the gradient reaching its output
+    already differed, and nothing observed after it says where it arose. The window is now none."""
+    import torch
+
+    import bitguard
+
+    def train(name, smoothing):
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 3))
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        with bitguard.record(tmp_path / name, mode="trusted", determinism=False):
+            for _ in range(2):
+                opt.zero_grad()
+                loss = torch.nn.functional.cross_entropy(model(torch.randn(4, 4)), torch.tensor([0, 1, 2, 0]),
+                                                         label_smoothing=smoothing)
+                loss.backward()
+                opt.step()
+
+    for name, smoothing in (("a", 0.1), ("b", 0.11)):
+        train(name, smoothing)
+    fd = bitguard.compare(tmp_path / "a", tmp_path / "b").to_dict()["first_divergence"]
+    assert (fd["step"], fd["phase"], fd["blame"]) == (0, "backward", "consumer"), fd
+    window = fd["blame_window"]
+    assert window["module"] is None and "already differed" in window["detail"] and "trusted mode" in window["detail"], \
+        window
