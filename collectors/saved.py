@@ -12,11 +12,14 @@ what a class's own `__getstate__` gives pickle, `MAX_DEPTH` levels down; NumPy a
 are taken as the tensors of their memory. A saved object's Python numbers are taken too, each a
 0-d tensor whose path ends in NUMBER_MARK (a long list or tuple of ints, as `random.getstate()`, is
 one 1-d tensor): a checkpoint that would resume at another learning rate, privacy budget, loss
-scale or random state is a different checkpoint. So are its strings (schema 11), each as a 64-bit
-hash whose path ends in STRING_MARK (a long list or tuple of them, a vocabulary, as one 1-d
-tensor): an exported model whose class names differ labels its predictions differently. Left out:
+scale or random state is a different checkpoint. So are its strings that mean something to the
+training (schema 11: `saved_string_compared`), each as a 64-bit hash whose path ends in STRING_MARK
+(a long list or tuple of them, a vocabulary, as one 1-d tensor): those in a list or tuple (class
+names: an exported model whose class names differ labels its predictions differently) and those
+under a key naming an activation, a type, a mode, a token, a label... (_MEANING_WORDS). Left out:
 a path, a URL, a date, a UUID, a hex id or an address, the strings under a key that names a place
-(`output_dir`, `hostname`, `run_name`: `string_compared`), and the numbers and strings under a key
+(`output_dir`, `outdir`, `hostname`, `run_name`), other names (`experiment`, `wandb_id`: helper 25),
+pathlib objects, and the numbers and strings under a key
 that names a time (bitguard/timed.py: `time_elapsed`, `train_runtime`, `samples_per_second`,
 `saved_at`), which differ from run to run by design. Among a call's
 arguments (`save=False`, flatten.py) only an optimizer's or an LR scheduler's state has its
@@ -83,7 +86,21 @@ _PLACE_WORDS = frozenset({"dir", "directory", "path", "paths", "folder", "url", 
 _STAMPED = re.compile(r"\d{4}-?\d{2}-?\d{2}[T _-]?\d{2}:?\d{2}|\d{4}-\d{2}-\d{2}$|\d{1,2}:\d{2}:\d{2}"
                       r"|[0-9a-f]{8}-?[0-9a-f]{4}-?[0-9a-f]{4}-?[0-9a-f]{4}-?[0-9a-f]{12}$|[0-9a-f]{16,}$", re.IGNORECASE)
 _ADDRESS = re.compile(r"0x[0-9a-f]{6,}", re.IGNORECASE)
+_TOKEN = re.compile(r"<[^<>\s]{1,30}>")  # a special token (`</s>`, `<|endoftext|>`): its slash is no path's
 _WORDS = re.compile(r"[^a-z]+")
+# A save's single strings are compared only under a key that names what they mean to the training
+# (helper 25: a save holds names that differ from run to run under any key, `experiment`, `out`,
+# `wandb_id`, `exp_name`, `created`, a temporary file's name; a JSON file's rule, above, is wider).
+# Strings in a list or tuple (class names, a vocabulary, target modules) are compared under any key
+# but a place's.
+_MEANING_WORDS = frozenset({
+    "act", "activation", "activations", "nonlinearity", "fn", "func", "function", "mode", "type", "kind",
+    "method", "scheduler", "sched", "optimizer", "optim", "loss", "criterion", "objective", "norm",
+    "normalization", "pool", "pooling", "padding", "pad", "token", "tokens", "label", "labels", "class",
+    "classes", "vocab", "precision", "dtype", "strategy", "init", "initializer", "reduction", "arch",
+    "backbone", "template", "metric", "prediction", "interpolation", "attention", "attn", "encoding",
+    "embedding", "position", "aggregation", "gate", "bias", "eos", "bos", "unk", "sep", "cls", "mask"})
+_CAMEL = re.compile(r"(?<=[a-z])(?=[A-Z])")
 
 
 class _Walk:
@@ -103,10 +120,11 @@ class _Walk:
         self.why = self.why or why
 
     def walk(self, value, path: str, depth: int, numbers: bool = False, clock: str | None = None,
-             key: str = "") -> None:
+             key: str = "", listed: bool = False) -> None:
         """`numbers`: inside an optimizer's or a scheduler's state, whose numbers are taken too; `clock`:
         under a key that names a time (bitguard/timed.py, `clock_of`), whose numbers `compared` tells;
-        `key`: the name of the nearest key or attribute above (a save's strings: `string_compared`)."""
+        `key`: the name of the nearest key or attribute above, `listed`: an item of a list or tuple (a
+        save's strings: `saved_string_compared`)."""
         if isinstance(value, np.generic) and value.dtype.kind in "biuf":  # (a NumPy scalar: as its Python number)
             value = value.item()
         if isinstance(value, os.PathLike):  # (a path: its parts, pathlib's `_parts`, differ from run to run by design)
@@ -115,7 +133,7 @@ class _Walk:
             if numbers and isinstance(value, (int, float)) and compared(clock, value):
                 kind = bool if isinstance(value, bool) else int if isinstance(value, int) else float
                 self.found.append((path + NUMBER_MARK.format(kind.__name__), number_tensor(kind(value))))
-            elif self.save and type(value) is str and string_compared(value, key, clock):
+            elif self.save and type(value) is str and saved_string_compared(value, key, clock, listed):
                 self.found.append((path + STRING_MARK, string_tensor(value)))
             return
         self.visits -= 1
@@ -149,16 +167,17 @@ class _Walk:
             except (OverflowError, RuntimeError):  # (an int past 64 bits: taken one by one, as floats are not)
                 pass
         if self.save and type(value) in (list, tuple) and len(value) >= PACKED_INTS \
-                and all(type(v) is str and string_compared(v, key, clock) for v in value):  # (a vocabulary)
+                and all(type(v) is str and saved_string_compared(v, key, clock, True) for v in value):  # (a vocabulary)
             self.found.append((path + STRING_MARK, string_tensor(list(value))))
             return
         self.seen.add(id(value))
         self.held.append(value)
         numbers = numbers or training_state(value)
         try:
+            listed = type(value) in (list, tuple)
             for sub, item in self.items(value, path):
                 self.walk(item, sub, depth - 1, numbers, clock_below(sub, clock) if self.save else clock,
-                          _key_of(sub[len(path):], key))
+                          _key_of(sub[len(path):], key), listed)
         except Exception as exc:  # noqa: BLE001 - an object that fails when looked at (a proxy)
             self.missing(f"{path or self.what} could not be looked into ({type(exc).__name__}: {exc})"[:300])
 
@@ -210,18 +229,40 @@ def number_tensor(value) -> torch.Tensor:
 
 
 def _key_of(step: str, above: str) -> str:
-    """The key a path step names (`['lr']`, `.vocab`; a list's index: the key above it)."""
-    if step.startswith("."):
-        return step[1:]
-    if step[:2] in ("['", '["'):
-        return step[2:-2]
-    return above
+    """The key a path step names (`['lr']`, `.vocab`); a list's index, `.__getstate__()` and an
+    object's own attributes (`._val`, `._content` of an OmegaConf node: helper 25) keep the key above."""
+    name = step[1:] if step.startswith(".") else step[2:-2] if step[:2] in ("['", '["') else ""
+    return above if not name or name.startswith("_") else name
+
+
+def _key_words(key: str) -> set[str]:
+    """The words of a key: `outputDir` and `output_dir` are `output` and `dir`."""
+    return set(_WORDS.split(_CAMEL.sub("_", key).lower())) - {""}
+
+
+def _names_a_place(words: set[str]) -> bool:
+    """A place's key, its words read whole or by their ends (`outdir`, `savedir`, `logfile`, `ckptpath`)."""
+    return any(w in _SAVE_PLACES or w.endswith(_PLACE_ENDS) for w in words)
+
+
+_SAVE_PLACES = _PLACE_WORDS | {"file", "filename", "files", "argv"}
+_PLACE_ENDS = ("dir", "path", "file", "folder", "url", "host")
+
+
+def saved_string_compared(value: str, key: str, clock: str | None, listed: bool) -> bool:
+    """Is a save's string `value` compared? As `string_compared` says, not under a place's key, and,
+    unless it is an item of a list or tuple, only under a key that names what it means to the
+    training (_MEANING_WORDS)."""
+    words = _key_words(key)
+    return string_compared(value, key, clock) and not _names_a_place(words) and (
+        listed or bool(_MEANING_WORDS.intersection(words)))
 
 
 def string_compared(value: str, key: str, clock: str | None) -> bool:
     """Is string `value`, under the nearest key named `key`, compared? Not under a key that names a
     time (`clock`) or a place, nor a path, a URL, a date, a UUID, a hex id or an address."""
-    return (clock is None and "/" not in value and "\\" not in value and not _STAMPED.match(value)
+    return (clock is None and ("/" not in value and "\\" not in value or _TOKEN.fullmatch(value) is not None)
+            and not _STAMPED.match(value)
             and not _ADDRESS.search(value) and not _PLACE_WORDS.intersection(_WORDS.split(key.lower())))
 
 

@@ -290,6 +290,11 @@ def test_the_json_files_the_training_writes_are_compared(tmp_path):
     assert bitguard.compare(tmp_path / "old", tmp_path / "a").verdict == "identical"
 
 
+class Node:  # (an OmegaConf node: its value under `_val`, a config's under `_content`; module level: pickled)
+    def __init__(self, **attributes):
+        self.__dict__.update(attributes)
+
+
 def test_the_strings_a_save_holds_are_compared(tmp_path):
     """Helper 23: fastai's `learn.export` pickles the Learner with its class names; two exports whose
     class 3 was `pig` in one and `owl` in the other compared identical (a save's strings were left
@@ -302,12 +307,17 @@ def test_the_strings_a_save_holds_are_compared(tmp_path):
 
     import bitguard
 
-    def train(name, classes=("cat", "dog", "fox", "pig"), act="gelu", token="<pad>"):
+    def train(name, classes=("cat", "dog", "fox", "pig"), act="gelu", token="<pad>", eos="</s>"):
         model, opt = _tiny()
         with bitguard.record(tmp_path / name, determinism=False):
             _sgd_steps(model, opt, 2)
-            args = argparse.Namespace(act=act, output_dir=str(tmp_path / name), run_name=f"{name}-{time.time_ns()}",
-                                      started=time.strftime("%Y-%m-%d %H:%M:%S"), handle=repr(object()),
+            # what differs from run to run by design (helper 25): folders, names, ids, times
+            args = argparse.Namespace(act=act, eos_token=eos, output_dir=str(tmp_path / name), experiment=name,
+                                      out=f"out_{name}", outputDir=f"o_{name}", logfile=f"{name}.log",
+                                      wandb_id=f"{time.time_ns() % 10**8:x}", created=time.ctime(),
+                                      run_name=f"{name}-{time.time_ns()}", started=time.strftime("%Y-%m-%d %H:%M:%S"),
+                                      handle=repr(object()), worker=f"worker-{time.time_ns() % 99991}",
+                                      cfg=Node(_content={"output_dir": Node(_val=f"logs_{name}")}),
                                       export=tmp_path / name / "export.pkl")  # (fastai's Learner.path: a Path)
             vocab = [f"tok{i}" for i in range(30)] + [token]
             torch.save({"model": model.state_dict(), "classes": list(classes), "vocab": vocab, "args": args},
@@ -315,11 +325,11 @@ def test_the_strings_a_save_holds_are_compared(tmp_path):
             _sgd_steps(model, opt, 1)
 
     for name, kwargs in (("a", {}), ("b", {}), ("c", {"classes": ("cat", "dog", "fox", "owl")}),
-                         ("d", {"act": "silu"}), ("e", {"token": "<unk>"})):
+                         ("d", {"act": "silu"}), ("e", {"token": "<unk>"}), ("f", {"eos": "</eos>"})):
         train(name, **kwargs)
     assert bitguard.compare(tmp_path / "a", tmp_path / "b").verdict == "identical"  # (paths, names, times differ)
     for name, differing in (("c", "['classes'][3] (python str)"), ("d", "['args'].act (python str)"),
-                            ("e", "['vocab'] (python str)")):
+                            ("e", "['vocab'] (python str)"), ("f", "['args'].eos_token (python str)")):
         fd = bitguard.compare(tmp_path / "a", tmp_path / name).to_dict()["first_divergence"]
         assert (fd["kind"], fd["boundary"], fd["step"], fd["blame"]) == ("saved", "torch.save", 2, "source"), fd
         assert [t["path"] for t in fd["tensors"] if t["differs"]] == [differing], fd["tensors"]
