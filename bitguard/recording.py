@@ -117,7 +117,9 @@ class record:
                  check: str | os.PathLike | None = None):
         if mode not in MODES:
             raise BadInput(f"unknown mode {mode!r}; use one of: {', '.join(MODES)}")
-        self.out = Path(out)
+        # absolute: a script that changes its working directory (Hydra's @main, os.chdir) must not move the
+        # run under it (helper 26: a relative --out lost every event, the journal's and manifest's paths gone)
+        self.out = Path(os.path.abspath(out))
         self.mode = mode
         self.seed = seed
         self.steps = parse_steps(steps) if isinstance(steps, str) or steps is None else tuple(steps)

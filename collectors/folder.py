@@ -99,20 +99,22 @@ class FoldProcess:
         self.busy = False
         return json.loads(line)
 
-    def stop(self, timeout: float = 120.0) -> dict | None:
-        """Let the fold in hand finish (its reply, if one was out) and the process exit; killed after
-        `timeout` seconds. FolderGone when a reply was due and did not come."""
-        reply = None
+    def stop(self, timeout: float = 30.0) -> dict | None:
+        """Let the fold in hand finish (its reply, if one was out) and the process exit, within
+        `timeout` seconds in all; killed then (its fold's transaction is all or nothing: the journal
+        still holds what it did not commit). FolderGone when a reply was due and did not come."""
+        reply, deadline = None, time.monotonic() + timeout
         try:
             if self.busy:
                 reply = self.poll(timeout)
                 if reply is None:
-                    raise FolderGone(f"the fold process (pid {self.pid}) did not reply within {timeout:.0f} s")
+                    raise FolderGone(f"the fold process (pid {self.pid}) did not reply within {timeout:.0f} s; "
+                                     f"it was stopped")
         finally:
             _LIVE.discard(self)
             self._proc.stdin.close()
             try:
-                self._proc.wait(timeout)
+                self._proc.wait(max(1.0, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
                 self._proc.kill()
                 self._proc.wait()

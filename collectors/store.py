@@ -13,9 +13,9 @@ its size, and a fold has a fixed cost of a few milliseconds: too much to pay per
 mode, whose rows are few, folds every 30 s: `fold_seconds`). Folds cost a recorded step 2-3 points
 of its time on a 2-core machine, their CPU beside torch's threads (docs/PERFORMANCE.md, "Folds" and
 "The fold process"); rarer, bigger folds cost less CPU a row, but DuckDB holds about 1.4 times a
-fold's journal in memory until it commits. So from the first fold on, the writer hands the rank
-file to a fold process (folder.py: DuckDB's memory and native code out of the training's process)
-and only asks it to fold the journal's first whole groups (at most FOLD_CHUNK bytes a time); once
+fold's journal in memory until it commits. With BITGUARD_FOLD_PROCESS=1 (not the default:
+docs/PERFORMANCE.md), from the first fold on, the writer hands the rank file to a fold process
+(folder.py: DuckDB's memory and native code out of the training's process) and only asks it to fold the journal's first whole groups (at most FOLD_CHUNK bytes a time); once
 a fold is verified the writer drops those bytes from the journal itself, since it alone appends to
 it. Online mode, whose budget charges the writer's CPU, keeps its folds here. The writer counts its own CPU time
 (`writer_cpu_s`, thread time of its journal writes and folds), which online mode's budget charges.
@@ -144,10 +144,9 @@ def fold_journal(con: duckdb.DuckDBPyConnection, journal: Path, upto: int, writt
     When groups are lost, journal_folded also covers them (and `written`, the last group the
     writer wrote, when it says): their loss is on record, and a later fold must not report it again.
     `limit`: read only the journal's first bytes (the fold process: the writer appends meanwhile)."""
-    if limit is None:
-        data = runfiles.read(journal.parent, journal) or b""
-    else:
-        data = runfiles.head(journal.parent, journal, limit) or b""
+    data = runfiles.read(journal.parent, journal) if limit is None else runfiles.head(journal.parent, journal, limit)
+    if data is None:  # (not an empty journal: what it held would be taken as folded, and the journal emptied)
+        raise FileNotFoundError(f"{journal} is gone; nothing was folded")
     decoded = journal_format.decode(data)
     groups = [g for g in decoded.groups if g.number > upto]
     damage = decoded.damage(upto, lambda: _last_step(con))
@@ -279,9 +278,10 @@ class RankStore:
                  fold_seconds: float | None = None, fold_process: bool | None = None):
         self.path = path
         self._fold_seconds = fold_seconds  # None: FOLD_SECONDS
-        # folds in another process once the recording first folds (folder.py); None: unless
-        # BITGUARD_FOLD_PROCESS=0. False, or a folder that cannot start or dies: on the writer thread
-        self._fold_process = (os.name == "posix" and os.environ.get("BITGUARD_FOLD_PROCESS", "1") != "0"
+        # folds in another process once the recording first folds (folder.py); None: when
+        # BITGUARD_FOLD_PROCESS=1 (not the default: docs/PERFORMANCE.md, "The fold process"). False,
+        # or a folder that cannot start or dies: on the writer thread
+        self._fold_process = (os.name == "posix" and os.environ.get("BITGUARD_FOLD_PROCESS", "0") == "1"
                               if fold_process is None else fold_process)
         self._folder: FoldProcess | None = None
         self._asked = 0  # the journal bytes the request out covers

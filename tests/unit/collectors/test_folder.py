@@ -201,3 +201,42 @@ def test_recover_removes_a_copy_the_killed_writer_had_not_put_in_place(tmp_path)
     os.close(s._journal)
     assert store.recover(path) == 1 and not spare.exists() and not store.journal_path(path).exists()
     assert _seqs(path) == [0, 1, 2]
+
+
+def test_a_journal_that_vanished_is_an_error_not_an_empty_fold(tmp_path):
+    """Helper 26: a script that changed its working directory under a relative run path made the
+    journal's path point nowhere; the fold read nothing, called it folded, and emptied the journal
+    through its open descriptor: every event lost. A journal that is gone is now an error."""
+    path = tmp_path / "rank-0.duckdb"
+    s = store.RankStore(str(path), {}, fold_process=False)
+    s._queue.put(None)
+    s._thread.join()
+    s._write(*_batch(0, 3, 0), [], [], ends_step=True)
+    store.journal_path(path).rename(tmp_path / "moved.journal")
+    with pytest.raises(FileNotFoundError, match="is gone"):
+        s._fold()
+    assert (tmp_path / "moved.journal").stat().st_size > 0  # (not emptied through the descriptor)
+    s._con.close()
+    os.close(s._journal)
+
+
+CHDIR = """
+import os, sys, torch, bitguard
+os.makedirs("elsewhere", exist_ok=True)
+model, opt = torch.nn.Linear(4, 1), None
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+with bitguard.record("runs/rel", determinism=False):
+    os.chdir("elsewhere")  # (Hydra's @main does this)
+    for _ in range(3):
+        opt.zero_grad(); model(torch.randn(2, 4)).sum().backward(); opt.step()
+print("ok")
+"""
+
+
+def test_a_relative_run_directory_survives_the_script_changing_its_working_directory(tmp_path):
+    got = subprocess.run([sys.executable, "-c", CHDIR], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert got.returncode == 0 and "ok" in got.stdout, got.stderr[-2000:]
+    manifest = (tmp_path / "runs" / "rel" / "manifest.json").read_text()
+    assert '"status": "complete"' in manifest and '"collector_errors": []' in manifest, manifest
+    assert len(_seqs(tmp_path / "runs" / "rel" / "rank-0.duckdb")) > 0
+    assert not (tmp_path / "elsewhere" / "runs").exists()
