@@ -35,6 +35,9 @@ def test_p90_of_the_other_ranks_gaps():
     assert p90([float(i) for i in range(1, 11)]) == 9.0
 
 
+TORN_DOWN = "terminate called without an active exception"
+
+
 def _torchrun(out: Path, env: dict, online: bool = True) -> dict:
     result = out.parent / f"{out.name}.result.json"
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
@@ -43,9 +46,12 @@ def _torchrun(out: Path, env: dict, online: bool = True) -> dict:
     # started), and the planted step might fall between two exchanges
     cmd += ["-m", "bitguard", "record", "--mode", "online", "--budget", "1", "--out", str(out), "--"] if online else []
     cmd += [str(HERE / "ddp_replica.py")]
-    proc = subprocess.run(cmd, env={**os.environ, "PYTHONPATH": str(ROOT), "ONLINE_RESULT": str(result),
-                                          "ONLINE_WIDTH": "256", **env},
-                          capture_output=True, text=True, timeout=600, cwd=str(ROOT))
+    for _ in range(2):  # torch's own gloo teardown can abort a plain run at exit (std::terminate), once in a
+        proc = subprocess.run(cmd, env={**os.environ, "PYTHONPATH": str(ROOT), "ONLINE_RESULT": str(result),
+                                              "ONLINE_WIDTH": "256", **env},
+                              capture_output=True, text=True, timeout=600, cwd=str(ROOT))
+        if online or proc.returncode == 0 or TORN_DOWN not in proc.stderr:  # while (seen in CI, unrecorded):
+            break  # a plain run is run again then (tests/record/test_comm.py does the same)
     assert proc.returncode == 0, proc.stderr[-4000:]
     return {"stderr": proc.stderr, "result": [json.loads(Path(f"{result}{s}").read_text()) for s in ("", ".r1")]}
 
