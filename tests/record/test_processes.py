@@ -40,7 +40,7 @@ def test_pool_tasks_and_a_raw_fork_are_never_certified_but_dataloader_workers_ar
     record(tmp_path / "loader", "loader", script=SCRIPT, cli=True)
     assert _errors(tmp_path / "loader") == []
     # (helper 24: HF datasets' map with num_proc forks through `multiprocess`: it prepares batches, which are compared)
-    record(tmp_path / "prepared", "prepared", script=SCRIPT, cli=True)
+    record(tmp_path / "prepared", "prepared", script=SCRIPT)  # (forked from the warm recorder: no launcher under test)
     assert _errors(tmp_path / "prepared") == []
     record(tmp_path / "pool", "pool", script=SCRIPT, cli=True)
     assert _errors(tmp_path / "pool") == [
