@@ -54,8 +54,9 @@ def _in_child() -> None:
 
 
 def _in_parent() -> None:
-    if not getattr(_starting, "now", False) and not _called_from(_DATA_PREP):
-        for watch in _watches():
+    watches = _watches()  # (every fork of the process comes here: no stack walk when nothing records)
+    if watches and not getattr(_starting, "now", False) and not _called_from(_DATA_PREP):
+        for watch in watches:
             watch.report("the script forked (os.fork): what the child computes is not observed nor compared")
 
 
