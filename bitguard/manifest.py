@@ -228,13 +228,38 @@ def _normalized(name: str) -> str:
     return re.sub(r"[-_.]+", "-", name).lower()  # PEP 503: flash_attn and Flash-Attn are one name
 
 
+_owners: tuple[tuple, dict[str, list[str]]] | None = None  # (the search path it was read on, what it read)
+
+
+def distribution_owners() -> dict[str, list[str]]:
+    """Top-level import name -> the installed distributions that provide it. Reading it scans every
+    installed distribution's files (0.1 to 0.3 s), so it is read again only when the search path
+    changed: its folders, or one of their times of change (a distribution installed there since);
+    a process that forks recordings reads it once before forking."""
+    global _owners
+    key = tuple((entry, _changed_at(entry)) for entry in sys.path)
+    if _owners is None or _owners[0] != key:
+        from importlib import metadata
+
+        try:
+            owners = metadata.packages_distributions()
+        except Exception:  # noqa: BLE001 - a broken installed distribution: fall back to the modules' own versions
+            owners = {}
+        _owners = (key, owners)
+    return _owners[1]
+
+
+def _changed_at(entry: str) -> int | None:
+    try:
+        return os.stat(entry or ".").st_mtime_ns
+    except (OSError, ValueError):
+        return None
+
+
 def _imported_distributions() -> dict[str, str]:
     from importlib import metadata
 
-    try:
-        owners = metadata.packages_distributions()  # top-level import name -> distributions
-    except Exception:  # noqa: BLE001 - a broken installed distribution: fall back to the modules' own versions
-        owners = {}
+    owners = distribution_owners()
     out = {}
     for top in sorted({name.partition(".")[0] for name in list(sys.modules)}):
         for dist in owners.get(top, ()):
@@ -331,20 +356,35 @@ def sources(cwd: str | None, command) -> dict[str, str]:
     script = script_of(command)
     roots = {Path(r).resolve() for r in (cwd, Path(cwd or ".", script).parent if script else None) if r}
     out = {}
+    folders: dict[str, Path | None] = {}  # a module's folder, resolved: None where none of its files is kept
     for key, module in list(sys.modules.items()):
         name = getattr(module, "__file__", None)
         if key == "bitguard" or key.startswith("bitguard.") or not isinstance(name, str) or not name.endswith(".py"):
             continue
-        path = Path(name).resolve()
-        if "site-packages" in path.parts or "dist-packages" in path.parts \
-                or not any(path.is_relative_to(r) for r in roots):
+        folder, file = os.path.split(name)
+        if folder not in folders:  # (thousands of modules in a few hundred folders: each resolved once)
+            where = Path(folder).resolve()
+            folders[folder] = where if _users_own(where, roots) else None
+        if os.path.islink(name):  # (the file itself links elsewhere: resolved whole)
+            path = Path(name).resolve()
+            if not _users_own(path, roots):
+                continue
+        elif folders[folder] is None:
             continue
+        else:
+            path = folders[folder] / file
         digest = file_sha256(path)
         if digest:
             out[str(path)] = digest
         if len(out) >= MAX_SOURCES:
             break
     return dict(sorted(out.items()))
+
+
+def _users_own(path: Path, roots: set[Path]) -> bool:
+    """Is the resolved `path` under one of `roots` and outside installed packages?"""
+    return "site-packages" not in path.parts and "dist-packages" not in path.parts and \
+        any(path.is_relative_to(r) for r in roots)
 
 
 def write(directory: str | os.PathLike, data: dict) -> None:

@@ -11,6 +11,7 @@ import pytest
 import bitguard
 import recorded
 import warm
+from incli import run_cli
 
 pytestmark = pytest.mark.slow  # records tiny GPT runs (forked from a warm recorder: tests/warm.py)
 
@@ -46,7 +47,11 @@ def runs(tmp_path_factory):
     return base
 
 
-def compare_cli(*args):
+def compare_cli(*args, process: bool = False):
+    """`bitguard compare ARGS`: in this process (tests/incli.py), or in its own (`process`: what a
+    shell sees, stderr whole)."""
+    if not process:
+        return run_cli("compare", *args)
     return subprocess.run([*BITGUARD, "compare", *map(str, args)], capture_output=True, text=True, timeout=120)
 
 
@@ -176,7 +181,7 @@ def test_bad_input_gets_one_line_and_exit_2(runs, tmp_path, case, needle):
     if case == "bad-rules":
         (tmp_path / "r.json").write_text(json.dumps({"rules": [{"id": "x", "action": "hide"}]}))
         args += ["--rules", tmp_path / "r.json"]
-    proc = compare_cli(*args)
+    proc = compare_cli(*args, process=True)
     assert proc.returncode == 2, proc.stdout + proc.stderr
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("bitguard compare: error: ") and needle in lines[0], proc.stderr

@@ -8,7 +8,9 @@ import textwrap
 
 import pytest
 
-from .conftest import BITGUARD, SCRIPTS, as_older_schema, as_schema_5, record_together, run
+from incli import cli_json, run_cli
+
+from .conftest import SCRIPTS, as_older_schema, as_schema_5, record_together
 
 pytestmark = pytest.mark.slow
 
@@ -37,8 +39,7 @@ def _sgd_steps(model, opt, steps: int, batch: int = 2, clip: float | None = None
 
 
 def _compare(a, b) -> tuple[int, dict]:
-    proc = run([*BITGUARD, "compare", "--json", a, b])
-    return proc.returncode, json.loads(proc.stdout)
+    return cli_json("compare", "--json", a, b)
 
 
 def _planted(tmp_path, make, same, changed) -> dict:
@@ -626,7 +627,7 @@ def test_identical_across_a_module_type_change_says_so(tmp_path):
     assert code == 0, d["verdict"]
     notes = [r for r in d["certification"]["reasons"] if r["code"] == "retyped"]
     assert len(notes) == 1 and "(PixelShuffle in A, PixelShuffleView in B)" in notes[0]["message"], notes
-    text = run([*BITGUARD, "compare", tmp_path / "a", tmp_path / "b"]).stdout
+    text = run_cli("compare", tmp_path / "a", tmp_path / "b").stdout
     assert "note: " in text and "paired across a change of module type" in text, text
 
 
@@ -640,7 +641,7 @@ def test_identical_numbers_from_different_settings_say_so(tmp_path):
     api = d["api_differences"]
     assert api["rank"] == 0 and {(x["kind"], x["field"], x["a"], x["b"]) for x in api["differences"]} == \
         {("optimizer_step", "groups[0].lr", 0.1, 0.2)}, api
-    text = run([*BITGUARD, "compare", tmp_path / "a", tmp_path / "b"]).stdout
+    text = run_cli("compare", tmp_path / "a", tmp_path / "b").stdout
     assert "called the training API differently" in text and "groups[0].lr 0.1 (A) vs 0.2 (B)" in text, text
 
 

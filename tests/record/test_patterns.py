@@ -19,7 +19,9 @@ import torch
 import bitguard
 from bitguard.cuda.fingerprint import digest
 from bitguard.schema import EVENTS, TENSORS
-from .conftest import BITGUARD, SCRIPTS, record, run
+from incli import run_cli
+
+from .conftest import SCRIPTS, record, run
 
 pytestmark = pytest.mark.slow
 
@@ -122,7 +124,7 @@ def test_an_edit_of_a_view_under_no_grad_is_seen_at_its_step(corpus, full):
     events, _ = full
     steps = {e["step"] for e in _pattern_events(events, corpus, "edit_nograd_replaced_3d", "c_fc")}
     assert steps == {0, 1, 2, 3}, steps
-    proc = run([*BITGUARD, "compare", "--json", corpus["no-edit"][2], corpus["full"][2]])
+    proc = run_cli("compare", "--json", corpus["no-edit"][2], corpus["full"][2])
     assert proc.returncode == 1, f"exit {proc.returncode} (1: diverged)\n{proc.stdout[-2000:]}{proc.stderr[-2000:]}"
     fd = json.loads(proc.stdout)["first_divergence"]
     assert (fd["step"], fd["phase"], fd["boundary"]) == (2, "forward", "c_fc"), fd

@@ -6,7 +6,9 @@ import json
 
 import pytest
 
-from .conftest import BITGUARD, SCRIPTS, record, run
+from incli import run_cli
+
+from .conftest import SCRIPTS, record
 
 pytestmark = pytest.mark.slow
 
@@ -30,7 +32,7 @@ def test_training_in_a_child_process_is_never_certified(tmp_path, start):
         errors = _errors(tmp_path / name)
         assert errors == [f"child process: NotSupported: __main__.child ran in another process ({start}), not "
                       f"observed: what it computed is not compared"], errors
-    proc = run([*BITGUARD, "compare", tmp_path / "a", tmp_path / "b"])
+    proc = run_cli("compare", tmp_path / "a", tmp_path / "b")
     assert proc.returncode == 3 and "__main__.child ran in another process" in proc.stdout, proc.stdout
 
 

@@ -7,23 +7,23 @@ rerun compares identical, and an injected fault (env `STACK_FAULT`, script-speci
 localized to its step, rank, boundary and blame. Everything runs through the documented CLI, as a
 user would: the recordings in subprocesses (`bitguard record`, `torchrun -m bitguard record`),
 `bitguard compare --json` and `bitguard check --json` through the CLI's own `main` in the test's
-process (the same parser, exit code and printed document, without a second of interpreter and
-imports per call; tests/compare and tests/record run them as subprocesses).
+process (tests/incli.py: the same parser, exit code and printed document, without a fresh
+Python's start per call).
 
 A result is {rank: {"losses": [...], "params": {name: sha256}}}, one entry per rank.
 """
 
 from __future__ import annotations
 
-import io
 import json
 import os
 import subprocess
 import sys
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import redirect_stderr, redirect_stdout
 from pathlib import Path
+
+from incli import cli_json
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPTS = Path(__file__).resolve().parent / "scripts"
@@ -107,20 +107,6 @@ def together(jobs: dict[str, Callable]) -> dict:
 def stderr_of(out) -> Path:
     out = Path(out)
     return out.parent / f"{out.name}.stderr"
-
-
-def cli_json(*argv) -> tuple[int, dict]:
-    """`bitguard ARGV` (ending in --json) through the CLI's main in this process: its exit code and
-    printed document ({"error": stderr} when it printed no JSON, e.g. exit 2)."""
-    from bitguard.cli import main
-
-    out, err = io.StringIO(), io.StringIO()
-    with redirect_stdout(out), redirect_stderr(err):
-        code = main([str(a) for a in argv])
-    try:
-        return code, json.loads(out.getvalue())
-    except json.JSONDecodeError:
-        return code, {"error": err.getvalue()[-4000:]}
 
 
 def compare(a, b, *args) -> tuple[int, dict]:

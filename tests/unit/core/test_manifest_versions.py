@@ -35,6 +35,19 @@ def test_a_distribution_the_script_imports_during_the_run_is_in_the_manifest(tmp
     manifest.load(tmp_path / "run")  # and the manifest validates
 
 
+def test_a_distribution_installed_while_the_process_runs_is_found(tmp_path, monkeypatch):
+    """Which distribution provides which module is read once per search path (a scan of every
+    installed distribution): one installed into a folder already on the path is found all the same."""
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert "late_lib" not in manifest.distribution_owners()
+    _fake_distribution(tmp_path, "late_lib", "0.4")
+    monkeypatch.delitem(sys.modules, "late_lib", raising=False)
+    import late_lib  # noqa: F401
+
+    assert manifest.distribution_owners()["late_lib"] == ["late-lib"]
+    assert manifest.versions()["late-lib"] == "0.4"
+
+
 def test_a_library_not_imported_is_not_listed(tmp_path, monkeypatch):
     _fake_distribution(tmp_path, "never_imported_lib")
     monkeypatch.syspath_prepend(str(tmp_path))
