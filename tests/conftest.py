@@ -12,8 +12,14 @@
   a session fixture (a server, a browser) is made once per worker;
 - torch.compile's inductor caches (FX graphs, AOT autograd) go to a folder made fresh for the
   session and shared by its workers (TORCHINDUCTOR_CACHE_DIR, unless set): a compiled test run
-  compiles from scratch once, and never reads a cache an earlier session left in /tmp."""
+  compiles from scratch once, and never reads a cache an earlier session left in /tmp;
+- once the tests are collected, what the process holds then (torch, polars, the test modules) is
+  moved out of the cyclic garbage collector's reach (`gc.freeze()`): the end of every recording
+  made in the test's process runs a full collection (collectors/weights.py `_finals`), which
+  walked those few hundred thousand objects each time (0.3 s a recording here); what a test
+  makes afterwards is collected as before."""
 
+import gc
 import os
 import shutil
 import tempfile
@@ -39,6 +45,11 @@ def pytest_unconfigure(config):
     if folder:
         os.environ.pop("TORCHINDUCTOR_CACHE_DIR", None)
         shutil.rmtree(folder, ignore_errors=True)
+
+
+def pytest_collection_finish(session):
+    gc.collect()
+    gc.freeze()
 
 
 def _rank(item) -> int:
