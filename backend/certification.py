@@ -22,8 +22,8 @@ from dataclasses import dataclass
 import polars as pl
 
 from bitguard.backend.ingest import with_keys
-from bitguard.schema import DIGEST_BUILD, JSON_FILE, NUMBER_PATH, STRING_PATH
-from bitguard.timed import timed_before_10
+from bitguard.schema import DIGEST_BUILD, JSON_FILE, NAMES_PATH, NUMBER_PATH, STRING_PATH
+from bitguard.timed import clock_at, timed_before_10
 
 # What trusted mode observes of module calls (collectors/hooks.py records with the same pattern):
 # when the two runs were recorded in different modes, the other module calls are on one side only
@@ -128,10 +128,12 @@ def since_filter(run_a, run_b, ea: pl.DataFrame, eb: pl.DataFrame, ta: pl.DataFr
     events (9: every number of a save, 8 only an optimizer's or a scheduler's); the JSON files the
     training wrote, the params events of what only an optimizer holds, and a save's numbers under a
     key with a time word not at its end (10: `time_embedding_dim`); the string rows of saves other
-    than JSON files (11)."""
+    than JSON files (11, and 12: a NumPy string is one); the names (enum members, dtypes, classes)
+    and dict keys of saves and JSON files, and their values under a key that names a duration by a
+    word that is one since 12 (`dur`, `time_taken`)."""
     versions = [run.manifest.get("schema_version", 1) for run in (run_a, run_b)]
     oldest = min(v if isinstance(v, int) else 1 for v in versions)
-    if oldest >= 11:
+    if oldest >= 12:
         return ea, eb, ta, tb
     newer = pl.lit(False)  # events left out
     if oldest < 10:  # the JSON files beside the saves, and a params event of what only an optimizer holds
@@ -162,7 +164,10 @@ def since_filter(run_a, run_b, ea: pl.DataFrame, eb: pl.DataFrame, ta: pl.DataFr
                              & pl.col("path").str.starts_with("['").fill_null(False))
         else:
             drop = pl.lit(False)
-        rows = tensors.select(drop | (string & pickled)).to_series()  # (and a save's strings: 11)
+        drop = drop | (string & pickled) | (pl.col("path").str.contains(NAMES_PATH).fill_null(False) & saves)  # 11, 12
+        timed = [p for p in tensors.filter((number | string) & saves)["path"].unique().to_list()
+                 if clock_at(re.sub(f"{NUMBER_PATH}|{STRING_PATH}", "", p)) == "duration"]  # (12: `['dur']`)
+        rows = tensors.select(drop | (pl.col("path").is_in(timed) & saves)).to_series()
         if rows.any():
             tensors = tensors.filter(~rows)
             events = _rekey(events, tensors)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-SCHEMA_VERSION = 11  # bump on any change to a table below; readers refuse newer versions
+SCHEMA_VERSION = 12  # bump on any change to a table below; readers refuse newer versions
 # 2: tensors.unobserved (version 1 files have no such column: read as NULL, every tensor digested)
 # 3: tensors.shard (older files have no such column: read as NULL, every digest covers its whole tensor)
 #    and phase comm (kind collective); optimizer step events hold a `grad` row (the gradient step() used)
@@ -39,11 +39,20 @@ SCHEMA_VERSION = 11  # bump on any change to a table below; readers refuse newer
 # 11: a save's strings (collectors/saved.py), as a JSON file's: rows whose path ends in STRING_PATH (the 0-d int64
 #    tensor of a 64-bit hash; a long list of strings, one 1-d tensor); older files have none in other `saved`
 #    events than JSON files': a comparison with one leaves them out of both sides
+# 12: a save's enum members, dtypes, classes and functions are rows whose path ends in NAME_MARK (the hash of
+#    their qualified name), a NumPy string is a string, and the keys of a dict (a save's or a JSON file's) that
+#    holds string keys are a row whose path ends in KEYS_MARK (the hashes of its keys as strings are compared);
+#    a key ending in `dur`, `taken` or `spent` names a time (bitguard/timed.py); older files have none of
+#    these: a comparison with one leaves out of both sides those rows, the string rows of saves other than
+#    JSON files, and the rows under a key that names a duration
 JSON_FILE = "json file"  # the module type of a JSON file's `saved` event (its boundary: the file's name)
 NUMBER_MARK = " (python {})"  # {}: int, float or bool
 NUMBER_PATH = r"(^| )\(python (int|float|bool)\)$"  # a path NUMBER_MARK ends (a regular expression)
 STRING_MARK = " (python str)"  # the end of a compared string's path (a save's or a JSON file's)
 STRING_PATH = r"(^| )\(python str\)$"  # a path STRING_MARK ends (a regular expression)
+NAME_MARK = " (python name)"  # the end of the path of a save's enum member, dtype, class or function (12)
+KEYS_MARK = " (python keys)"  # the end of the path of a dict's string keys, in order (12)
+NAMES_PATH = r"(^| )\(python (name|keys)\)$"  # a path NAME_MARK or KEYS_MARK ends (a regular expression)
 DIGEST = "xor64+pos-fmix64"  # names the digest definition (docs/DIGESTS.md); runs compare only under the same one
 # the host digest kernel's revision: 2 keeps the OpenMP team's chunk table alive while the team reads it
 # (2abed93); a run recorded before it (no `digest_build`) with more than one torch thread may hold wrong

@@ -13,12 +13,14 @@ import re
 # The words of a key that name a time or a rate of work (`clock_of`); a key is split into its words at every
 # character that is not a letter.
 _TIME_WORDS = frozenset({"time", "times", "timer", "timestamp", "timestamps", "elapsed", "duration", "durations",
-                         "runtime", "date", "datetime", "clock", "wall", "walltime", "seconds", "secs", "sec", "ms",
-                         "throughput", "speed", "now", "at", "tflops", "mfu", "eta", "latency", "pid", "ppid"})
+                         "dur", "durs", "runtime", "date", "datetime", "clock", "wall", "walltime", "seconds", "secs",
+                         "sec", "ms", "throughput", "speed", "now", "at", "tflops", "mfu", "eta", "latency", "pid",
+                         "ppid", "fps"})
 _INSTANT_WORDS = frozenset({"at", "now", "date", "datetime", "clock", "wall", "timestamp", "timestamps"})
 _COUNT_WORDS = frozenset({"times"})  # `repeat_times: 3` is a count, `step_times: [0.12, 0.15]` durations
 _TIME_ENDS = frozenset({"s", "us", "ns", "min", "mins", "minutes", "h", "hours", "start", "end", "started", "ended",
-                        "total", "avg", "mean", "utc"})  # after a time word: `step_time_s`, `timestamp_start`
+                        "total", "avg", "mean", "utc", "taken", "spent"})  # after a time word: `step_time_s`,
+# `timestamp_start`, `time_taken`
 _LAST_KEY = re.compile(r"(?:\[['\"]([^'\"]*)['\"]\]|\.(\w+))$")
 _KEYS = re.compile(r"\[['\"]([^'\"]*)['\"]\]|\.(\w+)")
 
@@ -85,6 +87,15 @@ def compared(clock: str | None, value) -> bool:
     if clock == "instant":
         return not seconds
     return clock == "count" and isinstance(value, int) and not seconds
+
+
+def clock_at(path: str) -> str | None:
+    """The `clock_of` a value at `path` (a row's path, its mark taken off) was taken under: its last
+    named key's (an item of a list under it, that key's; `clock_below`)."""
+    last = None
+    for last in _KEYS.finditer(path):
+        pass
+    return None if last is None else clock_of(path[:last.end()])
 
 
 def timed_before_10(path: str) -> bool:

@@ -13,7 +13,8 @@ numbers and strings as tensors named by where they are (`['lora_alpha'] (python 
 numbers as a save's are (collectors/saved.py; none under a key that names a time), and the
 strings as a 64-bit hash of their UTF-8 bytes (`['act_fn'] (python str)`), but a path or a URL, and the strings
 under a key that names a folder, a file's path or a host (`output_dir`, `_name_or_path`), which
-differ from run to run by design. Knows nothing of events or digests.
+differ from run to run by design; and the keys of each object, as one list of such strings
+(`['label2id'] (python keys)`). Knows nothing of events or digests.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ import torch
 
 from bitguard.collectors.patching import Patch
 from bitguard.collectors.saved import PACKED_INTS, number_tensor, string_compared, string_tensor
-from bitguard.schema import NUMBER_MARK, STRING_MARK
+from bitguard.schema import KEYS_MARK, NUMBER_MARK, STRING_MARK
 from bitguard.timed import clock_below, compared
 
 MAX_PENDING = 4096  # files noted and not yet read (a training that writes more: the oldest are read first)
@@ -170,6 +171,9 @@ def json_values(value) -> tuple[list[tuple[str, torch.Tensor]], str | None]:
             if string_compared(value, key, clock):
                 found.append((path + STRING_MARK, string_tensor(value)))
         elif isinstance(value, dict):
+            keys = [k for k in value if string_compared(k, key, clock)]  # (`label2id` with two labels swapped)
+            if keys:
+                found.append((path + KEYS_MARK, string_tensor(keys)))
             items = [(v, f"{path}[{k!r}]", k) for k, v in value.items()]
             stack += [(v, sub, k, clock_below(sub, clock)) for v, sub, k in reversed(items)]
         elif isinstance(value, list):

@@ -37,6 +37,7 @@ of its own. A forked child's saves, which it cannot record, are written down for
 
 from __future__ import annotations
 
+import enum
 import hashlib
 import importlib.abc
 import importlib.util
@@ -53,7 +54,7 @@ import numpy as np
 import torch
 
 from bitguard.collectors.patching import Patch
-from bitguard.schema import NUMBER_MARK, STRING_MARK
+from bitguard.schema import KEYS_MARK, NAME_MARK, NUMBER_MARK, STRING_MARK
 from bitguard.timed import clock_below, compared
 
 MAX_DEPTH = 32  # containers looked into below the saved object
@@ -125,9 +126,12 @@ class _Walk:
         under a key that names a time (bitguard/timed.py, `clock_of`), whose numbers `compared` tells;
         `key`: the name of the nearest key or attribute above, `listed`: an item of a list or tuple (a
         save's strings: `saved_string_compared`)."""
-        if isinstance(value, np.generic) and value.dtype.kind in "biuf":  # (a NumPy scalar: as its Python number)
+        if isinstance(value, np.generic) and value.dtype.kind in "biufU":  # (a NumPy scalar: as its Python value)
             value = value.item()
         if isinstance(value, os.PathLike):  # (a path: its parts, pathlib's `_parts`, differ from run to run by design)
+            return
+        if self.save and isinstance(value, NAMED):  # (what a setting names: an enum member, a dtype, a class)
+            self.found.append((path + NAME_MARK, string_tensor(name_of(value))))
             return
         if isinstance(value, SCALARS):  # (not counted: a list of a dataset's indices is cheap to pass over)
             if numbers and isinstance(value, (int, float)) and compared(clock, value):
@@ -151,8 +155,8 @@ class _Walk:
         if isinstance(value, np.ndarray):  # saved beside the tensors (NumPy's RNG state, weights kept as arrays)
             if value.dtype.kind in "biufc":
                 self.found.append((path or "[]", torch.from_numpy(value if value.flags.writeable else value.copy())))
-            elif value.dtype.kind == "O":
-                self.walk(value.ravel().tolist(), path, depth, numbers, clock)
+            elif value.dtype.kind in "OU":  # (objects; strings: as a list of them)
+                self.walk(value.ravel().tolist(), path, depth, numbers, clock, key)
             return
         if id(value) in self.seen:
             return
@@ -172,6 +176,10 @@ class _Walk:
             return
         self.seen.add(id(value))
         self.held.append(value)
+        if self.save and isinstance(value, dict):  # (its keys: `label2id` with two labels swapped has the same values)
+            keys = [k for k in islice(value, MAX_ITEMS) if type(k) is str and saved_string_compared(k, key, clock, True)]
+            if keys:
+                self.found.append((path + KEYS_MARK, string_tensor(keys)))
         numbers = numbers or training_state(value)
         try:
             listed = type(value) in (list, tuple)
@@ -218,6 +226,21 @@ class _Walk:
         if any(not isinstance(v, SCALARS) for _, v in pairs):  # (past the limit, only numbers are passed over)
             self.missing(f"a container holds more than {MAX_ITEMS:,} items, not all of them numbers or strings: "
                          "the rest was not looked at")
+
+
+NAMED = (enum.Enum, type, torch.dtype, np.dtype, types.FunctionType, types.BuiltinFunctionType, types.MethodType)
+
+
+def name_of(value) -> str:
+    """What a setting held as an object names, the same in every run: an enum member's class and
+    name (`SchedulerType.COSINE`), a dtype's name, a class's or a function's module and qualified
+    name (`torch.nn.modules.activation.GELU`)."""
+    if isinstance(value, enum.Enum):
+        return f"{type(value).__qualname__}.{value.name}"
+    if isinstance(value, (torch.dtype, np.dtype)):
+        return str(value)
+    value = getattr(value, "__func__", value)  # (a bound method: its function)
+    return f"{getattr(value, '__module__', None)}.{getattr(value, '__qualname__', None) or type(value).__qualname__}"
 
 
 def number_tensor(value) -> torch.Tensor:

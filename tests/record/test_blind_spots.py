@@ -2,6 +2,7 @@
 statistics) and parameters updated outside torch.optim. Buffers are recorded with each call of
 their module, and every root module's parameters and buffers once more when the recording ends."""
 
+import enum
 import json
 import shutil
 import textwrap
@@ -336,6 +337,52 @@ def test_the_strings_a_save_holds_are_compared(tmp_path):
         assert [t["path"] for t in fd["tensors"] if t["differs"]] == [differing], fd["tensors"]
     shutil.copytree(tmp_path / "c", tmp_path / "old")
     as_older_schema(tmp_path / "old", 10)  # recorded before a save's strings were: left out of both sides
+    assert bitguard.compare(tmp_path / "old", tmp_path / "a").verdict == "identical"
+
+
+class Schedule(enum.Enum):  # (an HF Trainer's `SchedulerType`; module level: pickled)
+    COSINE = "cosine"
+    LINEAR = "linear"
+
+
+def test_the_names_and_keys_a_save_holds_are_compared(tmp_path):
+    """Helper 25: `label2id` with two labels swapped (a save's dict, a config.json's object: the same
+    values), an enum member (the HF Trainer's `lr_scheduler_type`) and a dtype held as settings
+    compared identical when they differed; helper 29: skorch's history.json holds each epoch's wall
+    time under `dur`, and reruns diverged there. Schema 12 compares names and keys; a run recorded
+    before (11) compares with one recorded now without them."""
+    import time
+
+    import torch
+
+    import bitguard
+
+    def train(name, labels=("cat", "dog"), json_labels=("cat", "dog"), schedule=Schedule.COSINE,
+              dtype=torch.bfloat16):
+        model, opt = _tiny()
+        with bitguard.record(tmp_path / name, determinism=False):
+            _sgd_steps(model, opt, 2)
+            torch.save({"model": model.state_dict(), "label2id": {k: i for i, k in enumerate(labels)},
+                        "args": {"schedule": schedule, "dtype": dtype}}, tmp_path / f"{name}.pt")
+            history = [{"epoch": 1, "dur": time.perf_counter() % 1, "label2id": {k: i for i, k in enumerate(json_labels)}}]
+            (tmp_path / f"{name}-out").mkdir()
+            (tmp_path / f"{name}-out" / "history.json").write_text(json.dumps(history))
+            _sgd_steps(model, opt, 1)
+
+    runs = {"a": {}, "b": {}, "keys": {"labels": ("dog", "cat")}, "json": {"json_labels": ("dog", "cat")},
+            "enum": {"schedule": Schedule.LINEAR}, "dtype": {"dtype": torch.float16}}
+    for name, kwargs in runs.items():
+        train(name, **kwargs)
+    assert bitguard.compare(tmp_path / "a", tmp_path / "b").verdict == "identical"  # (the `dur` times differ)
+    for name, (boundary, differing) in {"keys": ("torch.save", "['label2id'] (python keys)"),
+                                        "json": ("json file", "history.json[0]['label2id'] (python keys)"),
+                                        "enum": ("torch.save", "['args']['schedule'] (python name)"),
+                                        "dtype": ("torch.save", "['args']['dtype'] (python name)")}.items():
+        fd = bitguard.compare(tmp_path / "a", tmp_path / name).to_dict()["first_divergence"]
+        assert (fd["kind"], fd["boundary"], fd["blame"]) == ("saved", boundary, "source"), fd
+        assert [t["path"] for t in fd["tensors"] if t["differs"]] == [differing], fd["tensors"]
+    shutil.copytree(tmp_path / "keys", tmp_path / "old")
+    as_older_schema(tmp_path / "old", 11)  # recorded before names and keys were: left out of both sides
     assert bitguard.compare(tmp_path / "old", tmp_path / "a").verdict == "identical"
 
 

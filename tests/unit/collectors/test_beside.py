@@ -11,14 +11,17 @@ import pytest
 
 from bitguard.collectors import beside, saved
 from bitguard.collectors.beside import JsonWrites, json_values
+from bitguard.schema import KEYS_MARK
 from bitguard.timed import clock_of, compared, timed_before_10
 
 
-def _values(value) -> dict:
+def _values(value, keys: bool = False) -> dict:
+    """A JSON value's rows, {path: number or string}; the rows of its objects' keys (`keys`) too."""
     pairs, why = json_values(value)
     assert why is None
     strings = {saved.string_tensor(s).item(): s for s in ("silu", "q", "v", "", "adamw")}
-    return {path: (strings[t.item()] if path.endswith("(python str)") else t.tolist()) for path, t in pairs}
+    return {path: (strings[t.item()] if path.endswith("(python str)") else t.tolist()) for path, t in pairs
+            if keys or not path.endswith(KEYS_MARK)}
 
 
 def test_a_json_value_s_numbers_and_strings_are_taken_but_times_and_places():
@@ -162,3 +165,17 @@ def test_the_training_s_own_json_files_in_the_run_directory_are_read_but_bitguar
         path.write_text("{}")
         writes._note(str(path), None, __import__("sys")._getframe())
     assert [name for name, *_ in writes.written()] == ["metrics.json", "metrics.json"]
+
+
+def test_an_object_s_keys_are_taken_and_a_duration_s_shorter_names_are_times():
+    """A config.json's `label2id` with two labels swapped has the same values (schema 12: its keys are a
+    row); skorch's history `dur` and SB3's `time/fps` are wall-clock times, not compared (helpers 27-29)."""
+    got = _values({"label2id": {"cat": 0, "dog": 1}, "history": [{"epoch": 1, "dur": 0.52}], "time/fps": 311,
+                   "time_taken": 2.5, "output_dir": {"x": 1}}, keys=True)
+    swapped = _values({"label2id": {"dog": 0, "cat": 1}, "history": [{"epoch": 1, "dur": 0.61}], "time/fps": 290,
+                       "time_taken": 2.9, "output_dir": {"x": 1}}, keys=True)
+    assert set(got) == {KEYS_MARK, f"['label2id']{KEYS_MARK}", "['label2id']['cat'] (python int)",
+                        "['label2id']['dog'] (python int)", f"['history'][0]{KEYS_MARK}",
+                        "['history'][0]['epoch'] (python int)", "['output_dir']['x'] (python int)"}
+    assert got[f"['label2id']{KEYS_MARK}"] != swapped[f"['label2id']{KEYS_MARK}"]
+    assert {p: v for p, v in got.items() if "label2id" not in p} == {p: v for p, v in swapped.items() if "label2id" not in p}

@@ -14,7 +14,14 @@ import torch.nn as nn
 
 from bitguard.collectors import saved
 from bitguard.collectors.saved import SaveWatch, tensors_in
+from bitguard.schema import KEYS_MARK, NAME_MARK
 from bitguard.timed import clock_of
+
+
+def _values_of(obj, **kwargs):
+    """`tensors_in`, without the rows of dicts' keys (schema 12: their own test below)."""
+    pairs, why = tensors_in(obj, **kwargs)
+    return [(p, t) for p, t in pairs if not p.endswith(KEYS_MARK)], why
 
 
 def test_a_checkpoint_s_tensors_numbers_and_strings_are_named_by_where_they_are_and_times_and_paths_left_out():
@@ -26,7 +33,7 @@ def test_a_checkpoint_s_tensors_numbers_and_strings_are_named_by_where_they_are_
                   "note": "x", "act": "gelu", "saved_to": "/runs/a/ckpt.pt", "output_dir": "runs", "at": repr(object()),
                   "extra": [torch.ones(1), (torch.zeros(2),)]}
     checkpoint["again"] = checkpoint  # a container holding itself is walked once
-    pairs, truncated = tensors_in(checkpoint)
+    pairs, truncated = _values_of(checkpoint)
     paths = [p for p, _ in pairs]
     assert truncated is None
     assert paths[:3] == ["['model']['0.weight']", "['model']['0.bias']", "['model']['1.weight']"]
@@ -44,7 +51,7 @@ def test_a_checkpoint_s_tensors_numbers_and_strings_are_named_by_where_they_are_
     assert [p for p, _ in tensors_in(model)[0]][:2] == [".0.weight", ".0.bias"]
     assert [p for p, _ in tensors_in(torch.ones(2))[0]] == ["[]"]
     # NumPy arrays of numbers are taken (an object array is not); a long list of ints is one tensor
-    pairs, truncated = tensors_in({"rng": ("MT19937", np.arange(4, dtype=np.uint32)), "objects": np.array([None]),
+    pairs, truncated = _values_of({"rng": ("MT19937", np.arange(4, dtype=np.uint32)), "objects": np.array([None]),
                                    "indices": list(range(2 * saved.MAX_VISITS))})
     assert [p for p, t in pairs] == ["['rng'][0] (python str)", "['rng'][1]", "['indices'] (python int)"]
     assert truncated is None and pairs[1][1].tolist() == [0, 1, 2, 3] and pairs[2][1].shape == (2 * saved.MAX_VISITS,)
@@ -56,7 +63,7 @@ def test_every_number_of_a_save_is_taken_but_times_and_among_a_call_s_arguments_
     state = {"accountant": {"history": [(1.1, 0.01, 5)], "mechanism": "rdp"}, "scaler": {"scale": np.float32(2.0)},
              "python": random.getstate(), "seed": 2 ** 70, "train_runtime": 3.5, "stats": {"samples_per_second": 9.0},
              "saved_at": 1.7e9, "last_update": 4, "optimizer": {"state": {}, "param_groups": [{"lr": 0.1}]}}
-    numbers = dict(tensors_in(state)[0])
+    numbers = dict(_values_of(state)[0])
     assert [p for p in numbers] == [
         "['accountant']['history'][0][0] (python float)", "['accountant']['history'][0][1] (python float)",
         "['accountant']['history'][0][2] (python int)", "['scaler']['scale'] (python float)",
@@ -84,7 +91,7 @@ def test_a_module_among_a_call_s_arguments_is_not_walked_but_a_saved_one_is():
         layer.inputs = symbol
         symbol = Symbolic(layer)
     assert tensors_in(symbol, depth=8, save=False) == ([], None)
-    pairs, why = tensors_in({"model": nn.Linear(2, 2)})
+    pairs, why = _values_of({"model": nn.Linear(2, 2)})
     assert [p for p, _ in pairs][:2] == ["['model'].weight", "['model'].bias"] and why is None
 
 
@@ -114,14 +121,14 @@ def test_what_pickle_writes_is_walked_and_what_cannot_be_is_named():
     model = nn.Linear(2, 2)
     model.scale = torch.ones(3)
     model.shadow = {"w": torch.zeros(1)}
-    paths = [p for p, _ in tensors_in(model)[0]]
+    paths = [p for p, _ in _values_of(model)[0]]
     assert paths == [".weight", ".bias", ".in_features (python int)", ".out_features (python int)", ".scale",
                      ".shadow['w']"]
-    assert [p for p, _ in tensors_in({"s": _Slotted(torch.ones(1))})[0]] == ["['s'].ema"]
-    (path, t), = tensors_in(_Stated())[0]
+    assert [p for p, _ in _values_of({"s": _Slotted(torch.ones(1))})[0]] == ["['s'].ema"]
+    (path, t), = _values_of(_Stated())[0]
     assert path == ".__getstate__()['half']" and t.dtype == torch.float16
     # each __getstate__() is a new dict: one walked and freed must not hide the next (its id is reused)
-    assert [p for p, _ in tensors_in([_Stated() for _ in range(3)])[0]] == [
+    assert [p for p, _ in _values_of([_Stated() for _ in range(3)])[0]] == [
         f"[{i}].__getstate__()['half']" for i in range(3)]
     assert "no order" in tensors_in({"s": {torch.ones(1)}})[1]
     deep = torch.ones(1)
@@ -169,6 +176,40 @@ def test_a_scheduler_s_state_holds_its_numbers():
     sched = torch.optim.lr_scheduler.StepLR(opt, 1, gamma=0.5)
     opt.step()
     sched.step()
-    numbers = {p: t.item() for p, t in tensors_in({"scheduler": sched.state_dict(), "seen_at": 1.5e9})[0]}
+    numbers = {p: t.item() for p, t in _values_of({"scheduler": sched.state_dict(), "seen_at": 1.5e9})[0]}
     assert numbers["['scheduler']['_last_lr'][0] (python float)"] == 0.05
     assert numbers["['scheduler']['last_epoch'] (python int)"] == 1 and not any("seen_at" in p for p in numbers)
+
+
+def test_what_a_setting_names_and_a_dict_s_keys_are_taken():
+    """Helper 25: a save's enum members (the HF Trainer's `lr_scheduler_type`), dtypes, classes and
+    functions held as settings, NumPy strings, and the keys of a dict (`label2id` with two labels
+    swapped has the same values) compared identical when they differed (schema 12)."""
+    import enum
+
+    class Schedule(str, enum.Enum):
+        COSINE = "cosine"
+        LINEAR = "linear"
+
+    def names(**settings):
+        return dict(tensors_in(settings)[0])
+
+    base = dict(schedule=Schedule.COSINE, dtype=torch.bfloat16, act=nn.GELU, fn=torch.tanh, np_dtype=np.dtype("f4"),
+                label2id={"cat": 0, "dog": 1}, labels=np.array(["cat", "dog"]), label=np.str_("cat"))
+    got = names(**base)
+    assert {p for p in got if p.endswith((NAME_MARK, KEYS_MARK))} == {
+        f"['schedule']{NAME_MARK}", f"['dtype']{NAME_MARK}", f"['act']{NAME_MARK}", f"['fn']{NAME_MARK}",
+        f"['np_dtype']{NAME_MARK}", KEYS_MARK, f"['label2id']{KEYS_MARK}"}
+    assert "['labels'][0] (python str)" in got and "['label'] (python str)" in got
+    assert saved.name_of(Schedule.COSINE) == "test_what_a_setting_names_and_a_dict_s_keys_are_taken.<locals>." \
+        "Schedule.COSINE" and saved.name_of(nn.GELU) == "torch.nn.modules.activation.GELU"
+    for change in (dict(schedule=Schedule.LINEAR), dict(dtype=torch.float16), dict(act=nn.SiLU), dict(fn=torch.sigmoid),
+                   dict(np_dtype=np.dtype("f8")), dict(label2id={"dog": 0, "cat": 1}),
+                   dict(labels=np.array(["cat", "owl"])), dict(label=np.str_("owl"))):
+        other = names(**{**base, **change})
+        assert other.keys() == got.keys(), change
+        assert any(not torch.equal(other[p], got[p]) for p in got), change
+    assert all(torch.equal(names(**base)[p], t) for p, t in got.items())  # the same in another run
+    # a dict's keys that are places, times or paths are not taken, nor any under a place's key
+    assert f"['d']{KEYS_MARK}" not in names(d={"/data/a.bin": 1, "2026-12-06 04:00": 2})
+    assert f"['output_dir']{KEYS_MARK}" not in names(output_dir={"a": 1})
