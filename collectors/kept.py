@@ -4,8 +4,8 @@ whose `shadow_params` list of tensors is updated in place), a dict of shadow ten
 name. No module call meets them, so without this their final state, the weights a user saves, was
 never compared.
 
-`found_in(frame, shapes)` looks through a frame's variables, its `self`'s attributes, and one level
-into the dicts, lists, tuples, plain objects and modules they hold (a module's own attributes: an
+`found_in(frame, shapes)` looks through a frame's variables, its `self`'s attributes, and, DEPTH
+containers down, the dicts, lists, tuples, plain objects and modules they hold (a module's own attributes: an
 EMA object kept as `model.ema`), for modules, and for lists or dicts of tensors that need no
 gradient and have, in order, the shapes of a model's parameters (`shapes`: an EMA's shadow weights,
 not a batch of data); each named by where it was found (`state.ema`, `self.ema.m` as `ema.m`,
@@ -23,6 +23,8 @@ from itertools import islice
 import torch
 
 MAX_ITEMS = 64  # items of one container looked at (a list of a dataset's batches is not walked)
+DEPTH = 4  # containers looked into below a variable (skorch's `net.callbacks_[i][1]` is a callback: its `shadow`)
+MAX_VISITS = 4096  # values looked at in one look (an HF Trainer's attributes are not walked whole)
 _MODULE_INTERNALS = frozenset(torch.nn.Module().__dict__)  # what every module holds: not looked into
 
 
@@ -45,6 +47,24 @@ class KeptTensors(torch.nn.Module):
                 self.register_buffer(str(i), t)
 
 
+def marks(frames) -> tuple:
+    """What the frames hold, cheaply: each one's code, its variables' names and types, and the names
+    and types of its `self`'s attributes. A model or shadow weights made since the last look (`ema =
+    [p.clone() ...]`, `self.ema = deepcopy(model)`) changes it; a step's new batch and loss do not."""
+    out = []
+    for frame in frames:
+        try:
+            variables = frame.f_locals
+            owner = variables.get("self")
+            attributes = getattr(owner, "__dict__", None) if owner is not None else None
+            out.append((frame.f_code, tuple(variables), tuple(map(type, variables.values())),
+                        tuple(attributes) if type(attributes) is dict else (),
+                        tuple(map(type, attributes.values())) if type(attributes) is dict else ()))
+        except Exception:  # noqa: BLE001 - an odd frame or `self`: it marks nothing
+            out.append(None)
+    return tuple(out)
+
+
 def found_in(frame, shapes: set[tuple] = frozenset()) -> list[tuple[str, object]]:
     """(name, module or list or dict of tensors) of what `frame`'s variables keep, as the module
     docstring says (`shapes`: the parameters' shapes of each model the training holds, in order);
@@ -53,16 +73,20 @@ def found_in(frame, shapes: set[tuple] = frozenset()) -> list[tuple[str, object]
         variables = list(frame.f_locals.items())
     except Exception:  # noqa: BLE001 - nothing found is the safe answer
         return []
-    found = []
+    found, budget = [], [MAX_VISITS]
     for key, value in variables:
         if isinstance(key, str) and key.isidentifier():
-            found += _kept(key, value, 2, shapes, owner=key == "self")
+            found += _kept(key, value, DEPTH, shapes, budget, owner=key == "self")
     return found
 
 
-def _kept(name: str, value, depth: int, shapes, owner: bool = False) -> list[tuple[str, object]]:
-    """What `value` (found as `name`) keeps, `depth` containers down; `owner`: the frame's `self`,
-    whose attributes are named by themselves (a method's `self.ema` is `ema`)."""
+def _kept(name: str, value, depth: int, shapes, budget: list[int], owner: bool = False) -> list[tuple[str, object]]:
+    """What `value` (found as `name`) keeps, `depth` containers down, looking at `budget[0]` values
+    more at most; `owner`: the frame's `self`, whose attributes are named by themselves (a
+    method's `self.ema` is `ema`)."""
+    budget[0] -= 1
+    if budget[0] < 0:
+        return []
     try:
         if type(value) in weakref.ProxyTypes:  # (Lightning's profiler holds one of the model)
             return []
@@ -70,7 +94,7 @@ def _kept(name: str, value, depth: int, shapes, owner: bool = False) -> list[tup
             return [(name, value)]
         if _is_module(value):
             here = [] if owner else [(name, value)]
-            return here + (_attributes(name, value, depth, shapes, owner, _MODULE_INTERNALS) if depth > 0 else [])
+            return here + (_attributes(name, value, depth, shapes, budget, owner, _MODULE_INTERNALS) if depth > 0 else [])
         if depth <= 0 or isinstance(value, (torch.Tensor, type, types.ModuleType, types.FunctionType)):
             return []
         if type(value) is dict:
@@ -78,13 +102,14 @@ def _kept(name: str, value, depth: int, shapes, owner: bool = False) -> list[tup
         elif type(value) in (list, tuple):
             items = [(f"{name}.{i}", v) for i, v in enumerate(islice(value, MAX_ITEMS))]
         else:
-            return _attributes(name, value, depth, shapes, owner)
-        return [found for n, v in items for found in _kept(n, v, depth - 1, shapes)]
+            return _attributes(name, value, depth, shapes, budget, owner)
+        return [found for n, v in items for found in _kept(n, v, depth - 1, shapes, budget)]
     except Exception:  # noqa: BLE001 - __slots__ only, an object whose lookups raise: nothing kept there
         return []
 
 
-def _attributes(name: str, value, depth: int, shapes, owner: bool, skip: frozenset = frozenset()) -> list:
+def _attributes(name: str, value, depth: int, shapes, budget: list[int], owner: bool,
+                skip: frozenset = frozenset()) -> list:
     """What the attributes of object `value` keep (but those named in `skip`)."""
     attributes = object.__getattribute__(value, "__dict__")  # (bypassing the class's own lookups)
     if type(attributes) is not dict:
@@ -92,7 +117,7 @@ def _attributes(name: str, value, depth: int, shapes, owner: bool, skip: frozens
     found = []
     for key, v in islice(((k, v) for k, v in attributes.items() if isinstance(k, str) and k not in skip), MAX_ITEMS):
         n = key if owner else f"{name}.{key}"
-        found += _kept(n, v, depth - 1, shapes)
+        found += _kept(n, v, depth - 1, shapes, budget)
     return found
 
 

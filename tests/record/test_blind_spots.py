@@ -141,7 +141,12 @@ def test_an_averaged_model_never_called_has_its_final_state(tmp_path):
     # for shadow weights
     ("ema_attr", "m.ema.shadow_params", "KeptTensors"),
     # a dict of shadow tensors by name, each replaced by a new tensor at every update
-    ("ema_dict", "shadow", "KeptTensors")])
+    ("ema_dict", "shadow", "KeptTensors"),
+    # helpers 27 and 29: made after the fifth of seven steps, between two of the looks (steps 1-4, then powers
+    # of two): found at the next step, since the frames hold a variable of another type than at the last look
+    ("ema_late", "late", "KeptTensors"),
+    # helper 27: skorch's callbacks, [(name, callback)] in the trainer object, were deeper than the look went
+    ("ema_callback", "net.callbacks_.0.1.shadow", "KeptTensors")])
 def test_what_the_training_keeps_but_never_calls_has_its_final_state(tmp_path, mode, boundary, module_type):
     """Never called (saved, or evaluated after the recording): no root call met it, and another decay
     compared identical. It is found among the variables of the code that called step() and named by

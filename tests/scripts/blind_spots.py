@@ -19,6 +19,10 @@
                                              a weak proxy of the model and a batch list that an object holds (Lightning)
     python blind_spots.py ema_dict DECAY     a dict of shadow tensors by parameter name, replaced (not updated in
                                              place) after each step, with DECAY
+    python blind_spots.py ema_late DECAY     a list of shadow weights made after the fifth of seven steps, a global
+                                             updated in place (torch._foreach_lerp_), only printed
+    python blind_spots.py ema_callback DECAY a dict of shadow weights a callback keeps, the callback in a list of
+                                             (name, callback) pairs a trainer object holds (skorch)
     python blind_spots.py scaler INF_AT      a GradScaler that skips step INF_AT (an inf put in a gradient; -1: none)
     python blind_spots.py shuffle VIEW       nn.PixelShuffle, or (VIEW 1) a subclass of it that computes the same
     python blind_spots.py saved DECAY        an average of the weights made once training is done, in a function,
@@ -167,6 +171,45 @@ elif what == "ema":
             return sum(p.double().sum().item() for p in self.ema.parameters())
 
     print(Trainer().fit())
+elif what == "ema_late":
+    m = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 1))
+    opt = torch.optim.SGD(m.parameters(), lr=0.1)
+    late = None
+
+    def update():  # (a list of shadow weights made after the fifth of seven steps, only printed)
+        global late
+        with torch.no_grad():
+            if update.steps == 5:
+                late = [p.detach().clone() for p in m.parameters()]
+            elif late is not None:
+                torch._foreach_lerp_(late, [p.detach() for p in m.parameters()], 1 - value)
+        update.steps += 1
+    update.steps = 1
+    train(m, opt, steps=7, after=update)
+    print(sum(s.double().sum().item() for s in late))
+elif what == "ema_callback":
+    class Ema:  # (skorch's callbacks: a trainer holds [(name, callback)], the callback the shadow weights)
+        def begin(self, model):
+            self.shadow = {n: p.detach().clone() for n, p in model.named_parameters()}
+
+        def batch_end(self, model):
+            with torch.no_grad():
+                for n, p in model.named_parameters():
+                    self.shadow[n].mul_(value).add_(p, alpha=1 - value)
+
+    class Net:
+        def __init__(self):
+            self.module_ = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 1))
+            self.callbacks_ = [("ema", Ema())]
+
+    def fit(net):  # (the library's own code calls step(): a frame of the user's holds `net` alone)
+        opt = torch.optim.SGD(net.module_.parameters(), lr=0.1)
+        net.callbacks_[0][1].begin(net.module_)
+        train(net.module_, opt, after=lambda: net.callbacks_[0][1].batch_end(net.module_))
+
+    net = Net()
+    fit(net)
+    print(sum(s.double().sum().item() for s in net.callbacks_[0][1].shadow.values()))
 elif what == "scaler":
     m = nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 1))
     opt = torch.optim.SGD(m.parameters(), lr=0.1)
