@@ -44,25 +44,27 @@ def _decode(text):
         return text  # shown as recorded; the invariants' reader is the one that refuses damage
 
 
-def _flat(value, kind: str, path: str = "", out: dict | None = None) -> dict:
-    """{field path: scalar} of one event's value, computed fields left out."""
+def _flat(value, kind: str, path: str = "", out: dict | None = None, computed: bool = False) -> dict:
+    """{field path: scalar} of one event's value: the computed fields left out, or (`computed`) only they."""
     out = {} if out is None else out
     if isinstance(value, dict):
         for k, v in value.items():
             leaf = k if not path else f"{path}.{k}"
             if k in COMPUTED.get(kind, ()):
+                if computed:
+                    out[leaf] = v
                 continue
-            _flat(v, kind, leaf, out)
+            _flat(v, kind, leaf, out, computed)
     elif isinstance(value, list) and any(isinstance(v, (dict, list)) for v in value):
         for i, v in enumerate(value):
-            _flat(v, kind, f"{path}[{i}]", out)
-    else:
+            _flat(v, kind, f"{path}[{i}]", out, computed)
+    elif not computed:
         out[path] = value
     return out
 
 
-def _by_step(rows: list[dict], last_step: int) -> dict[int, dict[tuple, dict]]:
-    """{step: {(kind, target, n-th in the step): flat value}} up to last_step."""
+def _by_step(rows: list[dict], last_step: int, computed: bool = False) -> dict[int, dict[tuple, dict]]:
+    """{step: {(kind, target, n-th in the step): flat value}} up to last_step (`computed`: see `_flat`)."""
     out: dict[int, dict[tuple, dict]] = defaultdict(dict)
     seen: dict[tuple, int] = defaultdict(int)
     for r in rows:
@@ -72,7 +74,7 @@ def _by_step(rows: list[dict], last_step: int) -> dict[int, dict[tuple, dict]]:
         key = (step, r["kind"], r["target"])
         n = seen[key]
         seen[key] = n + 1
-        out[step][(r["kind"], r["target"], n)] = _flat(_decode(r["value"]), r["kind"])
+        out[step][(r["kind"], r["target"], n)] = _flat(_decode(r["value"]), r["kind"], computed=computed)
     return out
 
 
@@ -83,22 +85,23 @@ def _show(value) -> str:
     return "absent" if value is None else json.dumps(value) if isinstance(value, str) else str(value)
 
 
-def _pair(a, b) -> tuple[str, str]:
+def value_pair(a, b) -> tuple[str, str]:
     """Two floats short where six digits tell them apart (0.0002 vs 0.0001), exact where not."""
     if isinstance(a, float) and isinstance(b, float) and f"{a:.6g}" != f"{b:.6g}":
         return f"{a:.6g}", f"{b:.6g}"
     return _show(a), _show(b)
 
 
-def differences(run_a, run_b, rank: int, step: int) -> dict:
+def differences(run_a, run_b, rank: int, step: int, computed: bool = False) -> dict:
     """`{available, differences: [{step, kind, target, call, field, a, b}], more}`: rank `rank`'s
     API events of runs A and B (ingest.RunInfo) that differ at steps ≤ `step`, earliest first. A
-    call made in one run only has field None and a/b "called" / "not called"."""
+    call made in one run only has field None and a/b "called" / "not called". `computed`: the
+    values the training computed (the loss backward() started from) instead of what it asked for."""
     rows_a, rows_b = _api_rows(run_a, rank), _api_rows(run_b, rank)
     if not rows_a or not rows_b:
         missing = [side for side, rows in (("a", rows_a), ("b", rows_b)) if not rows]
         return {"available": False, "differences": [], "more": 0, "missing": missing}
-    a, b = _by_step(rows_a, step), _by_step(rows_b, step)
+    a, b = _by_step(rows_a, step, computed), _by_step(rows_b, step, computed)
     found: list[dict] = []
     for s in sorted(set(a) | set(b)):
         calls_a, calls_b = a.get(s, {}), b.get(s, {})
@@ -133,7 +136,7 @@ def lines(diff: dict, indent: str = "  ", header: bool = True) -> list[str]:
             change = change or "the same items, in another order"
             out.append(f"{indent}  step {d['step']}: {what}: {d['field']}: {change}")
         else:
-            a, b = _pair(d["a"], d["b"])
+            a, b = value_pair(d["a"], d["b"])
             out.append(f"{indent}  step {d['step']}: {what}: {d['field']} {a} (A) vs {b} (B)")
     if diff.get("more"):
         out.append(f"{indent}  … and {diff['more']} more (--json lists the first {SHOWN})")

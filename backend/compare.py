@@ -552,7 +552,27 @@ class Comparison:
         return self._reasons
 
     def _collect_reasons(self) -> list[dict]:
-        return list(self.reasons) + [r for rc in self.ranks.values() for r in rc.summary.reasons]
+        return list(self.reasons) + [r for rc in self.ranks.values() for r in rc.summary.reasons] + \
+            self._computed_differs()
+
+    def _computed_differs(self) -> list[dict]:
+        """When no event differs: a value the training computed that differs all the same (helper 28:
+        a constant added to the loss changes no gradient, yet the loss backward() started from, and
+        the curve the user watches, differ): not identical; what computed it is outside every
+        recorded boundary. The first rank's first such value."""
+        if self._first is not None:
+            return []
+        for rank in sorted(self.ranks):
+            found = api_diff.differences(self.run_a, self.run_b, rank, api_diff.EVERY_STEP, computed=True)
+            if found["differences"]:
+                d = found["differences"][0]
+                a, b = api_diff.value_pair(d["a"], d["b"])
+                return [certification.reason("computed", (
+                    f"{d['kind']} ({d['target']}): {d['field']} differs at step {d['step']} ({a} in A, {b} in B) "
+                    f"while every recorded tensor is equal: what computed it runs outside the recorded "
+                    f"boundaries (a term of the loss without gradient, a constant, code between the model's "
+                    f"output and backward())"), rank=rank)]
+        return []
 
     def blocking_reasons(self) -> list[dict]:
         return [r for r in self.certification_reasons() if r["code"] not in _INFORMATIONAL]

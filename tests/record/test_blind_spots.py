@@ -345,6 +345,31 @@ def test_the_strings_a_save_holds_are_compared(tmp_path):
     assert bitguard.compare(tmp_path / "old", tmp_path / "a").verdict == "identical"
 
 
+def test_a_loss_that_differs_where_every_tensor_is_equal_is_not_identical(tmp_path):
+    """Helper 28: a constant added to the loss (SB3's `F.mse_loss` wrapped) changes no gradient, yet
+    the loss backward() started from, and the curve the user watches, differ; it compared identical.
+    Nothing recorded differs but that value: inconclusive, naming it (reason `computed`)."""
+    import torch
+
+    import bitguard
+
+    def train(name, constant):
+        model, opt = _tiny()
+        with bitguard.record(tmp_path / name, determinism=False):
+            for _ in range(2):
+                opt.zero_grad()
+                (model(torch.randn(2, 4)).pow(2).mean() + constant).backward()
+                opt.step()
+
+    for name, constant in (("a", 0.0), ("b", 0.0), ("c", 1.0)):
+        train(name, constant)
+    assert bitguard.compare(tmp_path / "a", tmp_path / "b").verdict == "identical"
+    doc = bitguard.compare(tmp_path / "a", tmp_path / "c").to_dict()
+    assert doc["verdict"] == "inconclusive" and doc["first_divergence"] is None, doc["verdict"]
+    (why,) = [r for r in doc["inconclusive"]["reasons"] if r["code"] == "computed"]
+    assert why["message"].startswith("backward (loss): value differs at step 0 (") and why["rank"] == 0, why
+
+
 class Schedule(enum.Enum):  # (an HF Trainer's `SchedulerType`; module level: pickled)
     COSINE = "cosine"
     LINEAR = "linear"
