@@ -5,7 +5,8 @@ name. No module call meets them, so without this their final state, the weights 
 never compared.
 
 `found_in(frame, shapes)` looks through a frame's variables, its `self`'s attributes, and, DEPTH
-containers down, the dicts, lists, tuples, plain objects and modules they hold (a module's own attributes: an
+containers down, the dicts, lists, tuples, plain objects, modules and functions' closures (a hook's)
+they hold (a module's own attributes: an
 EMA object kept as `model.ema`), for modules, and for lists or dicts of tensors that need no
 gradient and have, in order, the shapes of a model's parameters (`shapes`: an EMA's shadow weights,
 not a batch of data); each named by where it was found (`state.ema`, `self.ema.m` as `ema.m`,
@@ -94,11 +95,19 @@ def _kept(name: str, value, depth: int, shapes, budget: list[int], owner: bool =
             return [(name, value)]
         if _is_module(value):
             here = [] if owner else [(name, value)]
-            return here + (_attributes(name, value, depth, shapes, budget, owner, _MODULE_INTERNALS) if depth > 0 else [])
-        if depth <= 0 or isinstance(value, (torch.Tensor, type, types.ModuleType, types.FunctionType)):
+            inside = _attributes(name, value, depth, shapes, budget, owner, _MODULE_INTERNALS) if depth > 0 else []
+            return here + inside
+        if depth <= 0 or isinstance(value, (torch.Tensor, type, types.ModuleType)):
             return []
-        if type(value) is dict:
-            items = [(f"{name}.{k}", v) for k, v in islice(value.items(), MAX_ITEMS) if isinstance(k, str)]
+        if isinstance(value, types.FunctionType):  # (a hook's closure: `register_step_post_hook(update)`)
+            cells = islice(zip(value.__code__.co_freevars, value.__closure__ or ()), MAX_ITEMS)
+            items = [(f"{name}.{var}", _contents(cell)) for var, cell in cells if var != "__class__"]
+        elif isinstance(value, types.MethodType):  # (a bound method kept as a hook: its object)
+            items = [(name, value.__self__)]
+        elif isinstance(value, dict):  # (string keys; int keys, a module's or an optimizer's hooks by the number
+            # of their handle, which counts every hook the process made, by position)
+            pairs = enumerate(islice(value.items(), MAX_ITEMS))
+            items = [(f"{name}.{k if type(k) is str else i}", v) for i, (k, v) in pairs if type(k) in (str, int)]
         elif type(value) in (list, tuple):
             items = [(f"{name}.{i}", v) for i, v in enumerate(islice(value, MAX_ITEMS))]
         else:
@@ -106,6 +115,13 @@ def _kept(name: str, value, depth: int, shapes, budget: list[int], owner: bool =
         return [found for n, v in items for found in _kept(n, v, depth - 1, shapes, budget)]
     except Exception:  # noqa: BLE001 - __slots__ only, an object whose lookups raise: nothing kept there
         return []
+
+
+def _contents(cell):
+    try:
+        return cell.cell_contents
+    except ValueError:  # (a cell not yet filled)
+        return None
 
 
 def _attributes(name: str, value, depth: int, shapes, budget: list[int], owner: bool,

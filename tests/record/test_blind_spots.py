@@ -146,7 +146,10 @@ def test_an_averaged_model_never_called_has_its_final_state(tmp_path):
     # of two): found at the next step, since the frames hold a variable of another type than at the last look
     ("ema_late", "late", "KeptTensors"),
     # helper 27: skorch's callbacks, [(name, callback)] in the trainer object, were deeper than the look went
-    ("ema_callback", "net.callbacks_.0.1.shadow", "KeptTensors")])
+    ("ema_callback", "net.callbacks_.0.1.shadow", "KeptTensors"),
+    # helper 29: held by an optimizer step post-hook's closure alone (the hook's dict keys are handle numbers,
+    # which count the process's hooks: named by position)
+    ("ema_hook", "opt._optimizer_step_post_hooks.0.shadow", "KeptTensors")])
 def test_what_the_training_keeps_but_never_calls_has_its_final_state(tmp_path, mode, boundary, module_type):
     """Never called (saved, or evaluated after the recording): no root call met it, and another decay
     compared identical. It is found among the variables of the code that called step() and named by

@@ -23,6 +23,7 @@
                                              updated in place (torch._foreach_lerp_), only printed
     python blind_spots.py ema_callback DECAY a dict of shadow weights a callback keeps, the callback in a list of
                                              (name, callback) pairs a trainer object holds (skorch)
+    python blind_spots.py ema_hook DECAY     a list of shadow weights only an optimizer step post-hook's closure holds
     python blind_spots.py scaler INF_AT      a GradScaler that skips step INF_AT (an inf put in a gradient; -1: none)
     python blind_spots.py shuffle VIEW       nn.PixelShuffle, or (VIEW 1) a subclass of it that computes the same
     python blind_spots.py saved DECAY        an average of the weights made once training is done, in a function,
@@ -210,6 +211,23 @@ elif what == "ema_callback":
     net = Net()
     fit(net)
     print(sum(s.double().sum().item() for s in net.callbacks_[0][1].shadow.values()))
+elif what == "ema_hook":
+    m = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 1))
+    opt = torch.optim.SGD(m.parameters(), lr=0.1)
+
+    def ema_hook(model):  # (the shadow weights only the hook's closure holds)
+        shadow = [p.detach().clone() for p in model.parameters()]
+
+        def update(optimizer, args, kwargs):
+            with torch.no_grad():
+                torch._foreach_lerp_(shadow, [p.detach() for p in model.parameters()], 1 - value)
+        return update
+
+    opt.register_step_post_hook(ema_hook(m))
+    train(m, opt)
+    (hook,) = opt._optimizer_step_post_hooks.values()
+    shadow = next(c.cell_contents for c in hook.__closure__ if type(c.cell_contents) is list)
+    print(sum(s.double().sum().item() for s in shadow))
 elif what == "scaler":
     m = nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 1))
     opt = torch.optim.SGD(m.parameters(), lr=0.1)
