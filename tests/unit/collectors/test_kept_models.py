@@ -46,7 +46,8 @@ class _Owner:
 
     def frame(self):
         model = nn.Linear(3, 3)  # noqa: F841 - found as a local
-        state = {"ema": nn.Linear(4, 4), 1: nn.Linear(4, 4)}  # noqa: F841 - a dict's string keys only
+        state = {"ema": nn.Linear(4, 4), 1: nn.Linear(4, 4), (2,): nn.Linear(4, 4)}  # noqa: F841 - string and
+        # int keys (by position: a hook's handle number counts the process's hooks), no other
         emas = [nn.Linear(5, 5)]  # noqa: F841
         shadow = _ShadowEMA(nn.Linear(6, 6))  # noqa: F841
         by_name = {n: p.detach().clone() for n, p in nn.Linear(6, 6).named_parameters()}  # noqa: F841
@@ -60,8 +61,8 @@ class _Owner:
 def test_locals_containers_objects_and_the_attributes_of_self_are_found_by_name():
     owner = _Owner()
     found = dict(found_in(owner.frame(), shapes={((6, 6), (6,))}))
-    assert set(found) == {"model", "ema", "in_dict.m", "state.ema", "emas.0", "shadow.shadow_params", "by_name",
-                          "net", "net.ema.shadow_params"}, set(found)
+    assert set(found) == {"model", "ema", "in_dict.m", "state.ema", "state.1", "emas.0", "shadow.shadow_params",
+                          "by_name", "net", "net.ema.shadow_params"}, set(found)
     assert found["ema"] is owner.ema and isinstance(found["shadow.shadow_params"], list)
     assert isinstance(found["by_name"], dict)
     # lists of tensors are shadow weights only where their shapes are a model's parameters'
