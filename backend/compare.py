@@ -559,8 +559,9 @@ class Comparison:
         """When no event differs: a value the training computed that differs all the same (helper 28:
         a constant added to the loss changes no gradient, yet the loss backward() started from, and
         the curve the user watches, differ): not identical; what computed it is outside every
-        recorded boundary. The first rank's first such value."""
-        if self._first is not None:
+        recorded boundary. The first rank's first such value. Not where a rule accepted a difference
+        (what follows it, the loss too, differs by consent)."""
+        if self._first is not None or self.rules_fired:
             return []
         for rank in sorted(self.ranks):
             found = api_diff.differences(self.run_a, self.run_b, rank, api_diff.EVERY_STEP, computed=True)

@@ -154,6 +154,15 @@ def blame(pivot: dict, events_a: pl.DataFrame, status: dict[int, str], diffs: pl
     elif inputs_differ:
         result["blame"] = "consumer"
         result["blame_window"] = _window(pivot, events_a, status, diffs)
+        if phase == "forward" and result["blame_window"]["module"] is None:
+            # no enclosing call had identical inputs and none produced them (every event before matched): they come
+            # from outside every observed boundary (helper 28: SB3 calls a parameterless extractor first, on the
+            # observations, so no batch event was taken, and a module that was not even its parent was blamed)
+            result.update(blame="data", fault_class="data")
+            result["blame_window"] = {"module": None, "detail": (
+                f"the inputs of {pivot['boundary']} differ, and no call around it had identical inputs nor did any "
+                "recorded module produce them (every event before matched): they come from the training's own code "
+                "or data (a batch, an observation, a replay buffer's sample, code between module calls)")}
     elif phase == "forward" and differing == {"state"}:
         result["blame_window"] = {"module": pivot["boundary"], "detail":
                                   "only this module's buffers differ after its call, its inputs and outputs matched: "
@@ -447,7 +456,11 @@ def _root_window(pivot: dict, events_a: pl.DataFrame, diffs: pl.DataFrame) -> di
                            & (pl.col("seq") < pivot["seq"]) & (pl.col("depth") < pivot["depth"]))
     if data.is_empty():
         return None
-    anc = data.sort("seq").row(-1, named=True)  # the forward pass the pivot is in
+    anc = data.sort("seq").row(-1, named=True)  # the forward pass the pivot is in, if its call is not over
+    over = events_a.filter((pl.col("phase") == "forward") & (pl.col("kind") == "module") & (pl.col("depth") == 0)
+                           & (pl.col("t_start_ns") >= anc["t_start_ns"]) & (pl.col("t_end_ns") <= pivot["t_start_ns"]))
+    if not over.is_empty():  # (a top-level call began and ended since: the root's call had ended; calls nest)
+        return None
     if not diffs.filter((pl.col("a_seq") == anc["seq"]) & pl.col("differs") & ~pl.col("ignored")).is_empty():
         return None
     later = events_a.filter((pl.col("phase") == "data") & (pl.col("seq") > anc["seq"]))

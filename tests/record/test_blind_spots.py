@@ -373,6 +373,38 @@ def test_a_loss_that_differs_where_every_tensor_is_equal_is_not_identical(tmp_pa
     assert why["message"].startswith("backward (loss): value differs at step 0 (") and why["rank"] == 0, why
 
 
+def test_inputs_no_recorded_module_produced_are_blamed_on_the_data(tmp_path):
+    """Helper 28: SB3 calls its value head, then a parameterless extractor on the observations (no
+    batch event: it holds no parameters); a changed observation was blamed on the value head, an
+    earlier call that does not enclose it ("its own code"). Inputs that no enclosing call had
+    identical and no recorded module produced come from the data."""
+    import torch
+
+    import bitguard
+
+    def train(name, shift):
+        torch.manual_seed(0)
+        flatten, head = torch.nn.Flatten(), torch.nn.Linear(8, 1)
+        value = torch.nn.Linear(8, 1)
+        opt = torch.optim.SGD([*head.parameters(), *value.parameters()], lr=0.1)
+        with bitguard.record(tmp_path / name, determinism=False):
+            for step in range(3):
+                obs = torch.randn(4, 2, 4)
+                if step == 1:
+                    obs[0, 0, 0] += shift  # (an observation the replay buffer changed)
+                opt.zero_grad()
+                loss = value(torch.ones(4, 8)).sum() + head(flatten(obs)).pow(2).mean()
+                loss.backward()
+                opt.step()
+
+    for name, shift in (("a", 0.0), ("b", 1.0)):
+        train(name, shift)
+    fd = bitguard.compare(tmp_path / "a", tmp_path / "b").to_dict()["first_divergence"]
+    assert (fd["step"], fd["phase"], fd["boundary"], fd["blame"], fd["fault_class"]) == \
+        (1, "forward", "Flatten", "data", "data"), fd
+    assert fd["blame_window"]["module"] is None and "training's own code or data" in fd["blame_window"]["detail"], fd
+
+
 class Schedule(enum.Enum):  # (an HF Trainer's `SchedulerType`; module level: pickled)
     COSINE = "cosine"
     LINEAR = "linear"
