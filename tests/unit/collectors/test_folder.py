@@ -156,6 +156,7 @@ def test_a_forked_child_closes_its_copies_of_the_pipes(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.extended  # (the fold process is off by default: BITGUARD_FOLD_PROCESS=1; 9 s of the suite)
 def test_a_killed_training_leaves_nothing_the_launcher_cannot_fold(tmp_path):
     """SIGKILL while the fold process folds: the launcher's fold (`_fold_journals`, which waits for
     the fold in hand to end) leaves every journaled event in the rank file, no gap, no damage."""
