@@ -109,6 +109,8 @@ def differences(run_a, run_b, rank: int, step: int, computed: bool = False) -> d
             kind, target, n = key
             where = {"step": s, "kind": kind, "target": target, "call": n}
             if key not in calls_a or key not in calls_b:
+                if computed:  # (a call one run made and the other did not: a killed run's last steps)
+                    continue
                 found.append({**where, "field": None, "a": "called" if key in calls_a else "not called",
                               "b": "called" if key in calls_b else "not called"})
                 continue

@@ -193,10 +193,12 @@ def _params_detail(pivot: dict, events_a: pl.DataFrame, diffs: pl.DataFrame) -> 
                 "step before updated them: parameters new to the model or to its training (a layer added, a "
                 "parameter replaced or unfrozen) made differently "
                 "(their initialisation, the weights copied in), or frozen ones changed outside torch.optim")
-    if pivot["call"] > 0 and stepped:
+    optimized = stepped or not events_a.filter((pl.col("phase") == "optimizer") & (pl.col("kind") == "step")).is_empty()
+    if pivot["call"] > 0 and optimized:  # (in step 0 too: helpers 27 and 29, SAM's perturbation was said to be an update)
         return ("the parameters differ at this call of the step although they matched at an earlier call and every "
                 "event since matched: they changed inside the step, where an optimizer that calls its closure "
-                "again (LBFGS) moves them inside step(), or by code between the two calls (through .data, by hand)")
+                "again (LBFGS) moves them inside step(), or by code between the two calls (a perturbation such as "
+                "SAM's first step, an edit through .data or by hand)")
     if stepped:
         return ("the parameters differ at the start of this step although every optimizer step before matched: code "
                 "outside torch.optim changed them after the last step() (a clamp or an update through .data, a "
@@ -517,22 +519,33 @@ def unstepped_note(pivot: dict, events_a: pl.DataFrame) -> list[str]:
 
 def midstep_note(pivot: dict, events_a: pl.DataFrame) -> list[str]:
     """A module call blamed as a source after a backward inside its step (a later micro-batch of
-    gradient accumulation): the weights were last recorded as the step began (its params event) and
-    are recorded again only when a version counter moves or the model's mode changes, so an edit
-    through .data between the two (peft's merge_adapter/unmerge_adapter) shows first here."""
+    gradient accumulation), or after other calls of the model in its step (a rollout's): the weights
+    were last recorded as the step began (its params event) and are recorded again only when a
+    version counter moves or the model's mode changes, and only after a backward, so an edit
+    between the two (peft's merge_adapter/unmerge_adapter, a callback's) shows first here."""
     if pivot["phase"] not in ("forward", "recompute") or pivot["kind"] != "module":
         return []
     step = events_a.filter((pl.col("step") == pivot["step"]) & (pl.col("seq") < pivot["seq"]))
     params = step.filter(pl.col("kind") == "params")
     if params.is_empty():
         return []
-    since = step.filter((pl.col("seq") > params["seq"].max()) & (pl.col("phase") == "backward"))
-    if since.is_empty():
+    after = step.filter(pl.col("seq") > params["seq"].max())
+    if not after.filter(pl.col("phase") == "backward").is_empty():
+        return [f"a backward ran in step {pivot['step']} after its parameters were last recorded (their params "
+                f"event) and before this call: weights changed since then without moving their version counters "
+                f"(through .data, as merging and unmerging an adapter does) are not observed, and a difference "
+                f"there also shows first here, as if this module computed differently"]
+    ended = after.filter((pl.col("phase") == "forward") & (pl.col("kind") == "module") & (pl.col("depth") == 0)
+                         & (pl.col("t_end_ns") <= pivot["t_start_ns"]))
+    if ended.is_empty():
         return []
-    return [f"a backward ran in step {pivot['step']} after its parameters were last recorded (their params event) "
-            f"and before this call: weights changed since then without moving their version counters (through "
-            f".data, as merging and unmerging an adapter does) are not observed, and a difference there also "
-            f"shows first here, as if this module computed differently"]
+    # (helper 28: SB3's rollout calls its policy many times a step in eval mode, and a callback edited a weight
+    # between two of them: blamed on the Linear as if it computed differently)
+    return [f"{ended.height} earlier call(s) of the model ran in step {pivot['step']} after its parameters were "
+            f"last recorded (their params event), with no backward nor change of mode since, which is when a step "
+            f"records them again: weights edited between two calls (a callback, an in-place update under no_grad, "
+            f"through .data) are not observed, and a difference there also shows first here, as if this module "
+            f"computed differently"]
 
 
 def _prefixes(boundary: str) -> list[str]:

@@ -42,7 +42,7 @@ SCHEMA_VERSION = 12  # bump on any change to a table below; readers refuse newer
 # 12: a save's enum members, dtypes, classes and functions are rows whose path ends in NAME_MARK (the hash of
 #    their qualified name), a NumPy string is a string, and the keys of a dict (a save's or a JSON file's) that
 #    holds string keys are a row whose path ends in KEYS_MARK (the hashes of its keys as strings are compared);
-#    a key ending in `dur`, `taken` or `spent` names a time (bitguard/timed.py); older files have none of
+#    `dur` and `fps` name a time, and `taken` or `spent` after a time word (bitguard/timed.py); older files have none of
 #    these: a comparison with one leaves out of both sides those rows, the string rows of saves other than
 #    JSON files, and the rows under a key that names a duration
 JSON_FILE = "json file"  # the module type of a JSON file's `saved` event (its boundary: the file's name)

@@ -26,3 +26,36 @@ def test_a_source_after_a_backward_in_its_step_says_what_is_not_observed_there(t
     fd = bitguard.compare(tmp_path / "a", tmp_path / "b").first_divergence
     assert (fd["step"], fd["phase"], fd["boundary"], fd["call"], fd["blame"]) == (1, "forward", "2", 1, "source"), fd
     assert any("after its parameters were last recorded" in n for n in fd["notes"]), fd["notes"]
+
+
+def _rollout(path, edit: float):
+    """SB3's shape: each step, the policy is called several times without gradients (a rollout, eval
+    mode), a callback between two calls, then trained once."""
+    import torch
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 4), nn.Tanh(), nn.Linear(4, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with bitguard.record(path, determinism=False):
+        for step in range(2):
+            model.eval()
+            with torch.no_grad():
+                for call in range(3):
+                    model(torch.randn(3, 4))
+                    if step == 1 and call == 0:
+                        model[2].weight[0, 1] += edit  # (a callback's in-place edit, under no_grad)
+            model.train()
+            opt.zero_grad()
+            model(torch.randn(3, 4)).pow(2).mean().backward()
+            opt.step()
+
+
+def test_a_source_after_other_calls_in_its_step_says_what_is_not_observed_there(tmp_path):
+    """Helper 28: a weight edited by a callback between two rollout calls of a step (no backward, no
+    change of mode between them) was blamed on the Linear as a source, reading as a faulty kernel."""
+    _rollout(tmp_path / "a", 0.0)
+    _rollout(tmp_path / "b", 1e-3)
+    fd = bitguard.compare(tmp_path / "a", tmp_path / "b").first_divergence
+    assert (fd["step"], fd["phase"], fd["boundary"], fd["call"], fd["blame"]) == (1, "forward", "2", 1, "source"), fd
+    assert any("earlier call(s) of the model ran in step 1 after its parameters were last recorded" in n
+               for n in fd["notes"]), fd["notes"]

@@ -405,6 +405,38 @@ def test_inputs_no_recorded_module_produced_are_blamed_on_the_data(tmp_path):
     assert fd["blame_window"]["module"] is None and "training's own code or data" in fd["blame_window"]["detail"], fd
 
 
+def test_a_perturbation_inside_the_first_step_is_said_to_be_one(tmp_path):
+    """Helpers 27 and 29: SAM perturbs the weights between two forward passes of a step; a changed
+    rho at step 0 was said to be "no optimizer step was recorded: updated outside torch.optim"."""
+    import torch
+
+    import bitguard
+
+    def train(name, rho):
+        model, opt = _tiny()
+        with bitguard.record(tmp_path / name, determinism=False):
+            for _ in range(2):
+                x = torch.randn(2, 4)
+                opt.zero_grad()
+                model(x).pow(2).mean().backward()
+                with torch.no_grad():  # (SAM's first step: towards the sharpest nearby weights)
+                    moved = [p.grad * rho for p in model.parameters()]
+                    for p, e in zip(model.parameters(), moved):
+                        p.add_(e)
+                opt.zero_grad()
+                model(x).pow(2).mean().backward()
+                with torch.no_grad():  # (its second step: back, then the base optimizer's)
+                    for p, e in zip(model.parameters(), moved):
+                        p.sub_(e)
+                opt.step()
+
+    for name, rho in (("a", 0.05), ("b", 0.1)):
+        train(name, rho)
+    fd = bitguard.compare(tmp_path / "a", tmp_path / "b").to_dict()["first_divergence"]
+    assert (fd["step"], fd["kind"], fd["call"], fd["fault_class"]) == (0, "params", 1, "params"), fd
+    assert "changed inside the step" in fd["blame_window"]["detail"], fd["blame_window"]
+
+
 class Schedule(enum.Enum):  # (an HF Trainer's `SchedulerType`; module level: pickled)
     COSINE = "cosine"
     LINEAR = "linear"
