@@ -92,12 +92,18 @@ def value_pair(a, b) -> tuple[str, str]:
     return _show(a), _show(b)
 
 
-def differences(run_a, run_b, rank: int, step: int, computed: bool = False) -> dict:
+def rows_of(run_a, run_b, rank: int) -> tuple:
+    """Rank `rank`'s API event rows of runs A and B, read once for several `differences` calls."""
+    return _api_rows(run_a, rank), _api_rows(run_b, rank)
+
+
+def differences(run_a, run_b, rank: int, step: int, computed: bool = False, rows: tuple | None = None) -> dict:
     """`{available, differences: [{step, kind, target, call, field, a, b}], more}`: rank `rank`'s
     API events of runs A and B (ingest.RunInfo) that differ at steps ≤ `step`, earliest first. A
     call made in one run only has field None and a/b "called" / "not called". `computed`: the
-    values the training computed (the loss backward() started from) instead of what it asked for."""
-    rows_a, rows_b = _api_rows(run_a, rank), _api_rows(run_b, rank)
+    values the training computed (the loss backward() started from) instead of what it asked for;
+    `rows`: what `rows_of` read."""
+    rows_a, rows_b = rows if rows is not None else rows_of(run_a, run_b, rank)
     if not rows_a or not rows_b:
         missing = [side for side, rows in (("a", rows_a), ("b", rows_b)) if not rows]
         return {"available": False, "differences": [], "more": 0, "missing": missing}

@@ -534,6 +534,7 @@ class Comparison:
         self.reasons = list(reasons or [])  # whole-run reasons; the ranks add theirs (certification.py)
         self._result: CompareResult | None = None
         self._reasons: list[dict] | None = None
+        self._api_rows_read: dict[int, tuple] = {}  # rank -> both runs' API events (`_api_rows`)
 
     @property
     def verdict(self) -> str:
@@ -555,6 +556,12 @@ class Comparison:
         return list(self.reasons) + [r for rc in self.ranks.values() for r in rc.summary.reasons] + \
             self._computed_differs()
 
+    def _api_rows(self, rank: int) -> tuple:
+        """Rank `rank`'s API events of both runs, read once (api_diff.rows_of)."""
+        if rank not in self._api_rows_read:
+            self._api_rows_read[rank] = api_diff.rows_of(self.run_a, self.run_b, rank)
+        return self._api_rows_read[rank]
+
     def _computed_differs(self) -> list[dict]:
         """When no event differs: a value the training computed that differs all the same (helper 28:
         a constant added to the loss changes no gradient, yet the loss backward() started from, and
@@ -564,7 +571,8 @@ class Comparison:
         if self._first is not None or self.rules_fired:
             return []
         for rank in sorted(self.ranks):
-            found = api_diff.differences(self.run_a, self.run_b, rank, api_diff.EVERY_STEP, computed=True)
+            found = api_diff.differences(self.run_a, self.run_b, rank, api_diff.EVERY_STEP, computed=True,
+                                         rows=self._api_rows(rank))
             if found["differences"]:
                 d = found["differences"][0]
                 a, b = api_diff.value_pair(d["a"], d["b"])
@@ -655,7 +663,7 @@ class Comparison:
         if self._first is not None:
             return None
         for rank in sorted(self.ranks):
-            diff = api_diff.differences(self.run_a, self.run_b, rank, api_diff.EVERY_STEP)
+            diff = api_diff.differences(self.run_a, self.run_b, rank, api_diff.EVERY_STEP, rows=self._api_rows(rank))
             if diff["differences"]:
                 return {**diff, "rank": rank}
         return None
