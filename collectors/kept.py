@@ -23,6 +23,8 @@ from itertools import islice
 
 import torch
 
+from bitguard.collectors.callstack import _is_user
+
 MAX_ITEMS = 64  # items of one container looked at (a list of a dataset's batches is not walked)
 DEPTH = 4  # containers looked into below a variable (skorch's `net.callbacks_[i][1]` is a callback: its `shadow`)
 MAX_VISITS = 4096  # values looked at in one look (an HF Trainer's attributes are not walked whole)
@@ -46,6 +48,17 @@ class KeptTensors(torch.nn.Module):
         for i, t in enumerate(values):
             if isinstance(t, torch.Tensor):
                 self.register_buffer(str(i), t)
+
+
+def user_frames(frame) -> list:
+    """`frame` and the frames that called it, innermost first, but bitguard's, torch's, the standard
+    library's and installed packages' (callstack.py)."""
+    out = []
+    while frame is not None:
+        if _is_user(frame.f_code.co_filename):
+            out.append(frame)
+        frame = frame.f_back
+    return out
 
 
 def marks(frames) -> tuple:

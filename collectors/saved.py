@@ -47,6 +47,7 @@ import re
 import sys
 import threading
 import types
+from functools import lru_cache
 from itertools import islice
 from pathlib import Path
 
@@ -272,13 +273,20 @@ _SAVE_PLACES = _PLACE_WORDS | {"file", "filename", "files", "argv"}
 _PLACE_ENDS = ("dir", "path", "file", "folder", "url", "host")
 
 
+@lru_cache(maxsize=4096)
+def _key_kind(key: str) -> tuple[bool, bool]:
+    """(names a place, names a meaning) of a key: read once per key, not once per string under it
+    (a vocabulary's, a dict's keys)."""
+    words = _key_words(key)
+    return _names_a_place(words), bool(_MEANING_WORDS.intersection(words))
+
+
 def saved_string_compared(value: str, key: str, clock: str | None, listed: bool) -> bool:
     """Is a save's string `value` compared? As `string_compared` says, not under a place's key, and,
     unless it is an item of a list or tuple, only under a key that names what it means to the
     training (_MEANING_WORDS)."""
-    words = _key_words(key)
-    return string_compared(value, key, clock) and not _names_a_place(words) and (
-        listed or bool(_MEANING_WORDS.intersection(words)))
+    place, meaning = _key_kind(key)
+    return not place and (listed or meaning) and string_compared(value, key, clock)
 
 
 def string_compared(value: str, key: str, clock: str | None) -> bool:

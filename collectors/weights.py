@@ -19,7 +19,6 @@ from torch.nn.parameter import is_lazy
 
 from bitguard.collectors import kept
 from bitguard.collectors.beside import json_values
-from bitguard.collectors.callstack import _is_user
 from bitguard.collectors.compiled import eager_name, is_compiling
 from bitguard.collectors.flatten import NotFlattened
 from bitguard.collectors.observation import plain_digests
@@ -43,13 +42,6 @@ def is_distributed(module: torch.nn.Module) -> bool:
     own lifetime for it, since destroyed after the script's destroy_process_group() its threads
     abort the process ("terminate called without an active exception")."""
     return type(module).__module__.startswith(("torch.nn.parallel", "torch.distributed"))
-
-
-def _frames(frame):
-    """`frame` and the frames that called it, innermost first."""
-    while frame is not None:
-        yield frame
-        frame = frame.f_back
 
 
 class WeightEvents:
@@ -102,7 +94,7 @@ class WeightEvents:
         now (`frame`: the user's code, where kept models made since the last look are found): when the
         recording ends, or when a step window ends (`_window_ends`)."""
         if self._steps_taken:  # what was made after the last look (an EMA made at the end): the code ending a
-            self._guard(self._adopt_kept)(frame)  # `with bitguard.record()` still holds it
+            self._guard(self._adopt_kept)(kept.user_frames(frame))  # `with bitguard.record()` still holds it
         gc.collect()  # a model only a reference cycle kept alive is gone in every run alike, not by chance
         for ref, name in self._roots:
             module = ref()
@@ -306,26 +298,27 @@ class WeightEvents:
                 self._emit_steps(optimizer)
             # Looked for at the first four steps, at every power of two, and at each step whose user frames hold
             # a variable or an attribute of their `self` the last look did not see (or one of another type):
-            # an EMA made at step 5 of 7 was never found (helpers 27 and 29). A look costs about 0.2 ms, the
-            # check about 10 us.
-            taken, frame = self._steps_taken, sys._getframe(1)
-            if taken <= 4 or not taken & (taken - 1) or self._kept_changed(frame):
-                self._guard(self._adopt_kept)(frame)
+            # an EMA made at step 5 of 7 was never found (helpers 27 and 29). A look costs 0.5 to 0.9 ms, the
+            # check 5 to 30 us (a 12-layer MLP, 2026-12-06).
+            taken, users = self._steps_taken, kept.user_frames(sys._getframe(1))
+            if taken <= 4 or not taken & (taken - 1) or self._kept_changed(users):
+                self._guard(self._adopt_kept)(users)
         finally:
             self._end_step()
 
-    def _kept_changed(self, frame) -> bool:
-        """Do the user's frames from `frame` up hold what they did not at the last look (`kept.marks`)?
-        (It contains its failures: no, then.)"""
+    def _kept_changed(self, users: list) -> bool:
+        """Do the user's frames hold what they did not at the last look (`kept.marks`)? (It contains
+        its failures: no, then.)"""
         try:
-            return kept.marks(f for f in _frames(frame) if _is_user(f.f_code.co_filename)) != self._kept_marks
+            return kept.marks(users) != self._kept_marks
         except Exception as exc:  # noqa: BLE001 - the training must go on
             self._fail("_kept_changed", exc)
             return False
 
-    def _adopt_kept(self, frame) -> None:
+    def _adopt_kept(self, users: list) -> None:
         """Models the training keeps but never calls, found among the variables of the user's code
-        that called step() (a frame's locals or globals, and the attributes of its `self`): a
+        that called step() (`users`, `kept.user_frames`: their locals or globals, and the attributes
+        of their `self`): a
         hand-written EMA copy, updated in place under no_grad and saved at the end, is one. Each is
         made a root and held, so that its final state is recorded; a model called later is a root
         already, named the same. Wrappers of torch.distributed's are left alone (not held)."""
@@ -335,7 +328,6 @@ class WeightEvents:
                 params = list(module.parameters())
                 shapes.add(tuple(tuple(p.shape) for p in params))
                 shapes.add(tuple(tuple(p.shape) for p in params if p.requires_grad))
-        users = [f for f in _frames(frame) if _is_user(f.f_code.co_filename)]
         self._kept_marks = kept.marks(users)
         for user in users:
             found += kept.found_in(user, shapes)
