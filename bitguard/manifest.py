@@ -228,25 +228,44 @@ def _normalized(name: str) -> str:
     return re.sub(r"[-_.]+", "-", name).lower()  # PEP 503: flash_attn and Flash-Attn are one name
 
 
-_owners: tuple[tuple, dict[str, list[str]]] | None = None  # (the search path it was read on, what it read)
+_owners_at: dict[tuple[str, int | None], dict[str, list[str]]] = {}  # (folder, its time of change) -> its owners
 
 
 def distribution_owners() -> dict[str, list[str]]:
-    """Top-level import name -> the installed distributions that provide it. Reading it scans every
-    installed distribution's files (0.1 to 0.3 s), so it is read again only when the search path
-    changed: its folders, or one of their times of change (a distribution installed there since);
-    a process that forks recordings reads it once before forking."""
-    global _owners
-    key = tuple((entry, _changed_at(entry)) for entry in sys.path)
-    if _owners is None or _owners[0] != key:
-        from importlib import metadata
+    """Top-level import name -> the installed distributions that provide it, in the order of the
+    search path (as `importlib.metadata.packages_distributions()` gives them). Reading a folder's
+    distributions reads their files (0.1 to 0.3 s for a site-packages), so each folder of the path is
+    read again only when it changed (a distribution installed there since); a folder new on the path
+    (a script's, the working directory a recording writes into) is read alone. A process that forks
+    recordings reads the rest once before forking."""
+    out: dict[str, list[str]] = {}
+    for entry in sys.path:
+        where = os.path.abspath(entry or ".")
+        key = (where, _changed_at(where))
+        owners = _owners_at.get(key)
+        if owners is None:
+            owners = _owners_at[key] = _folder_owners(where)
+        for top, dists in owners.items():
+            out.setdefault(top, []).extend(dists)
+    return out
 
-        try:
-            owners = metadata.packages_distributions()
-        except Exception:  # noqa: BLE001 - a broken installed distribution: fall back to the modules' own versions
-            owners = {}
-        _owners = (key, owners)
-    return _owners[1]
+
+def _folder_owners(folder: str) -> dict[str, list[str]]:
+    """The owners of the distributions installed in one folder: the names a distribution declares
+    (top_level.txt), else the first part of each Python file it installed."""
+    from importlib import metadata
+
+    owners: dict[str, list[str]] = {}
+    try:
+        for dist in metadata.distributions(path=[folder]):
+            tops = (dist.read_text("top_level.txt") or "").split() or \
+                {f.parts[0] if len(f.parts) > 1 else f.with_suffix("").name
+                 for f in dist.files or () if f.suffix == ".py"}
+            for top in tops:
+                owners.setdefault(top, []).append(dist.metadata["Name"])
+    except Exception:  # noqa: BLE001 - a broken installed distribution: fall back to the modules' own versions
+        return {}
+    return owners
 
 
 def _changed_at(entry: str) -> int | None:
