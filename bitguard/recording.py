@@ -246,6 +246,18 @@ class record:
         if self.store.errors:
             print(f"bitguard: {len(self.store.errors)} collector error(s) recorded in {self.out}",
                   file=sys.stderr)
+        if self.rank == 0 and self.steps is not None and steps_seen <= self.steps[0]:
+            print(_window_never_opened(self.steps, steps_seen, status), file=sys.stderr)
+
+
+def _window_never_opened(window: tuple[int, int | None], steps_seen: int, status: str) -> str:
+    """The line a recording whose --steps window the training never reached ends with (helper 29: a
+    loop that updates its weights by hand is all step 0, and it learned so only from compare)."""
+    a, b = window
+    ran = f"the training {'ran' if status == 'complete' else status + ' after'} {steps_seen} step(s)"
+    return (f"bitguard: --steps {a}:{'' if b is None else b} recorded no step: {ran} as bitguard counts them "
+            f"(one per optimizer step(); a loop that updates the weights without torch.optim is one step); "
+            f"give a window that starts below {max(steps_seen, 1)}, or no --steps")
 
 
 def _sources(m: dict) -> dict:

@@ -574,6 +574,30 @@ def test_a_step_window_ends_with_the_state_it_left(tmp_path):
     assert (fd["kind"], fd["boundary"], fd["step"], fd["fault_class"]) == ("final", "ema", 2, "final_state"), fd
 
 
+def test_a_window_the_training_never_reaches_is_said_at_the_end_of_the_recording(tmp_path, capsys):
+    """Helper 29: a loop that updates its weights by hand is all step 0, so `--steps 2:4` recorded
+    nothing and the user learned it only from compare; the recording's end says so, once."""
+    import torch
+
+    import bitguard
+
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 2)
+    with bitguard.record(tmp_path / "hand", determinism=False, steps=(2, 4)):
+        for _ in range(5):
+            model.zero_grad()
+            model(torch.ones(3, 4)).sum().backward()
+            with torch.no_grad():
+                for p in model.parameters():
+                    p -= 0.1 * p.grad
+    lines = [line for line in capsys.readouterr().err.splitlines() if "--steps" in line]
+    assert len(lines) == 1 and "--steps 2:4 recorded no step" in lines[0] and "without torch.optim" in lines[0], lines
+    model, opt = _tiny()
+    with bitguard.record(tmp_path / "optim", determinism=False, steps=(2, 4)):
+        _sgd_steps(model, opt, 5)
+    assert "--steps" not in capsys.readouterr().err
+
+
 def test_a_torchscript_model_is_recorded_at_its_boundary(tmp_path):
     """Helper 21: a `torch.jit.script` model's parameters were named through `get_submodule`, which
     TorchScript refuses: collector errors made identical reruns inconclusive, and a learning rate
