@@ -439,8 +439,12 @@ def _window(pivot: dict, events_a: pl.DataFrame, status: dict[int, str], diffs: 
         root = _root_window(pivot, events_a, diffs)
         if root is not None:
             return root
-    if phase == "backward" and pivot.get("depth") == 0:  # (a root's backward: its incoming gradient differs)
-        return {"module": None, "detail": f"the gradient reaching {pivot['boundary']}'s output already differs: it "
+    # a root's backward whose incoming gradient differs: the pivot's own, or the step's first (helper 28: DQN's
+    # root returns its Sequential's output, so the child's backward comes first, and no prefix names the root)
+    root = (pivot if pivot.get("depth") == 0 else _root_backward_differing(pivot, events_a, diffs)) \
+        if phase == "backward" else None
+    if root is not None:
+        return {"module": None, "detail": f"the gradient reaching {root['boundary']}'s output already differs: it "
                                           "was computed outside every observed module, by the loss (its code, or its "
                                           "targets: labels are not among a model's inputs) or by code between the "
                                           "output and backward(), such as a custom autograd function's backward "

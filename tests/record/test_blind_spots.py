@@ -1056,6 +1056,42 @@ class BaseOptimizer:  # (as Keras': its own update of the weights, no torch.opti
 '''
 
 
+def test_a_target_changed_behind_a_root_that_returns_its_child_s_output_is_blamed_on_the_loss(tmp_path):
+    """Helper 28: DQN's QNetwork returns its Sequential's output, so that child's backward is the
+    pivot and no name prefix leads to the root: a changed discount (the target's) was said to be
+    "upstream of every observed boundary (e.g. in the data pipeline)" though every input matched."""
+    import torch
+
+    import bitguard
+
+    class QNet(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.q_net = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
+
+        def forward(self, x):
+            return self.q_net(x)
+
+    def train(out, gamma):
+        torch.manual_seed(0)
+        q = QNet()
+        opt = torch.optim.SGD(q.parameters(), lr=0.1)
+        with bitguard.record(out, determinism=False):
+            for _ in range(2):
+                x = torch.randn(5, 4)
+                target = 1.0 + gamma * x.sum(1)
+                loss = torch.nn.functional.smooth_l1_loss(q(x).max(1).values, target)
+                opt.zero_grad()
+                loss.backward()
+                opt.step()
+
+    for name, gamma in (("a", 0.99), ("b", 0.98)):
+        train(tmp_path / name, gamma)
+    fd = bitguard.compare(tmp_path / "a", tmp_path / "b").to_dict()["first_divergence"]
+    assert (fd["step"], fd["phase"], fd["boundary"], fd["blame"]) == (0, "backward", "q_net", "consumer"), fd
+    assert fd["blame_window"]["detail"].startswith("the gradient reaching QNet's output already differs"), fd
+
+
 def test_a_keras_optimizer_s_update_ends_the_step(tmp_path, monkeypatch):
     """Helper 19: with Keras' own optimizers (its PyTorch backend: no torch.optim) the step never
     moved, and a whole training was step 0. `BaseOptimizer.apply` ends a step, also when Keras is
