@@ -54,7 +54,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from bitguard.collectors.patching import Patch
+from bitguard.collectors.patching import Patch, bound_elsewhere
 from bitguard.schema import KEYS_MARK, NAME_MARK, NUMBER_MARK, STRING_MARK
 from bitguard.timed import clock_below, compared
 
@@ -340,6 +340,7 @@ class SaveWatch:
         self._patches: list[Patch] = []
         self._inside = threading.local()
         self._finder: AfterImport | None = None
+        self._defined: dict[int, str] = {}  # id of a saver wrapped where it is defined -> its boundary
 
     def install(self) -> SaveWatch:
         lazy = []
@@ -357,6 +358,12 @@ class SaveWatch:
         if lazy:  # wrapped as soon as the training imports it
             self._finder = AfterImport(set(lazy), lambda m: self._wrap(m, _SAVERS[m.__name__]))
             sys.meta_path.insert(0, self._finder)
+        # the names other modules gave the savers before the recording began (helper 30: accelerate's
+        # `from safetensors.torch import save_file as safe_save_file`, imported before `with bitguard.record()`);
+        # torch's own code is not (its saves are not the user's: see `save` below)
+        for module, name, original in bound_elsewhere([p.original for p in self._patches],
+                                                      skip=("torch.", "bitguard.", "safetensors.")):
+            self._patches.append(Patch(module, name, self._make(self._defined[id(original)])))
         return self
 
     def remove(self) -> None:
@@ -370,6 +377,7 @@ class SaveWatch:
         for attribute, boundary in savers:
             if callable(getattr(module, attribute, None)):
                 self._patches.append(Patch(module, attribute, self._make(boundary)))
+                self._defined[id(self._patches[-1].original)] = boundary
 
     def _make(self, boundary: str):
         def make(original, patch):

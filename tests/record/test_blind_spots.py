@@ -218,6 +218,42 @@ def test_what_the_training_saves_is_compared(tmp_path, what, boundary, differing
     assert _compare(tmp_path / "old", tmp_path / "a")[0] == 0
 
 
+def test_a_saver_a_library_bound_before_the_recording_began_is_observed(tmp_path, monkeypatch):
+    """Helper 30: accelerate binds `from safetensors.torch import save_file as safe_save_file` when it
+    is imported; with `with bitguard.record()` begun after that import, its saves (`save_model`,
+    `save_state`) went through the unwrapped function: no `saved` event, and an export in bf16
+    instead of fp16 compared identical. The names a loaded module gave a saver are wrapped too."""
+    import importlib
+
+    import torch
+
+    import bitguard
+
+    (tmp_path / "exporter.py").write_text(
+        "from safetensors.torch import save_file as safe_save_file\n"
+        "from torch import save as torch_save\n\n\n"
+        "def export(tensors, path, dtype):\n"
+        "    safe_save_file({k: v.to(dtype).contiguous() for k, v in tensors.items()}, path)\n"
+        "    torch_save({k: v.to(dtype) for k, v in tensors.items()}, str(path) + '.pt')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    exporter = importlib.import_module("exporter")
+
+    def train(out, dtype):
+        model, opt = _tiny()
+        out.mkdir()
+        with bitguard.record(out / "run", determinism=False):
+            _sgd_steps(model, opt, 2)
+            exporter.export(model.state_dict(), out / "model.safetensors", dtype)
+
+    for name, dtype in (("a", torch.float16), ("b", torch.float16), ("c", torch.bfloat16)):
+        train(tmp_path / name, dtype)
+    assert exporter.safe_save_file.__module__ == "safetensors.torch" and not hasattr(exporter.safe_save_file, "__wrapped__")
+    assert _compare(tmp_path / "a" / "run", tmp_path / "b" / "run")[0] == 0
+    code, d = _compare(tmp_path / "a" / "run", tmp_path / "c" / "run")
+    fd = d["first_divergence"]
+    assert code == 1 and (fd["kind"], fd["boundary"]) == ("saved", "safetensors.save_file"), fd
+
+
 def test_a_checkpoint_that_would_resume_differently_differs_by_its_numbers(tmp_path):
     """Helper 17: an Opacus privacy accountant's history, a loss scale and Python's RNG state saved
     beside the weights compared identical when they differed (only an optimizer's and a scheduler's
