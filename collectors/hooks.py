@@ -243,7 +243,8 @@ class Collector(WeightEvents):
                  "_next_param_tid", "_next_tid", "_grads", "_optimizers", "_optimizers_seen", "_steps_taken", "_param_in", "_params", "_params_at", "_pass_stack", "_pending", "_queued",
                  "_foreign", "_kept_lists", "_rng_free", "_root_names", "_roots", "_seq", "_sharded", "_stacks", "_thread_names",
                  "_tids", "_tids_limit", "_wrapper", "_depths", "_in_child", "_walked", "_finaled", "_unheld", "_held_optimizers",
-                 "_trainable", "_hooked_params", "_backwards", "_json", "_orphans", "_orphans_step", "_kept_marks")
+                 "_trainable", "_hooked_params", "_backwards", "_json", "_orphans", "_orphans_step", "_kept_marks",
+                 "_kept_places", "_kept_holders")
 
     def __init__(self, store, mode: str = "full", steps: tuple[int, int | None] | None = None,
                  rank: int = 0, world_size: int = 1, dump: bool = False, digest_cache: bool = True):
@@ -285,6 +286,8 @@ class Collector(WeightEvents):
         self._in_child = False  # a forked child's copy of this collector (`_forked`): it only reports saves
         self._kept_lists: dict[int, kept.KeptTensors] = {}  # id of a list or dict of shadow weights -> its root, held
         self._kept_marks: tuple | None = None  # what the user's frames held at the last look (kept.marks)
+        self._kept_places: dict[tuple[int, str], kept.KeptTensors] = {}  # (id of an object, attribute) -> its root
+        self._kept_holders: frozenset = frozenset()  # the variables and attributes the last look found kept models in
         self._params: dict[int, tuple[weakref.ref, str, str, int]] = {}  # id -> (ref, name, owner type, tid)
         self._param_in: dict[int, tuple] = {}  # pid -> (t0, grad_input row) while .grad accumulates
         self._accumulating: set[int] = set()  # parameters with a hook after accumulation

@@ -35,14 +35,21 @@ class KeptTensors(torch.nn.Module):
     """A list or dict of tensors an object keeps (`ema.shadow_params`), as the buffers of a module
     (named by position), so that its final state is recorded as a root's; the tensors are the
     container's own, not copies, taken again by `refresh` (an EMA that puts a new tensor in its
-    place)."""
+    place), and so is the container, from the attribute that held it (`place`: the object and the
+    attribute's name; diffusers' `EMAModel.to()` makes a new list, as an EMA offloaded between
+    steps does at every step, helper 30)."""
 
-    def __init__(self, tensors: list | dict):
+    def __init__(self, tensors: list | dict, place: tuple[object, str] | None = None):
         super().__init__()
         self.kept = tensors  # (the container itself, held: a later look finds it again by identity)
+        self.place = place  # (the object holding it, held too: what the training still updates)
         self.refresh()
 
     def refresh(self) -> None:
+        if self.place is not None:
+            now = held_at(self.place)
+            if type(now) is type(self.kept):
+                self.kept = now
         values = list(self.kept.values()) if type(self.kept) is dict else list(self.kept)
         self._buffers.clear()
         for i, t in enumerate(values):
@@ -61,28 +68,43 @@ def user_frames(frame) -> list:
     return out
 
 
-def marks(frames) -> tuple:
+def held_at(place: tuple[object, str]):
+    """What attribute `place[1]` of object `place[0]` holds now (None: nothing)."""
+    try:
+        attributes = object.__getattribute__(place[0], "__dict__")
+    except Exception:  # noqa: BLE001 - an object without its own attributes
+        return None
+    return attributes.get(place[1]) if type(attributes) is dict else None
+
+
+def marks(frames, holders: frozenset = frozenset()) -> tuple:
     """What the frames hold, cheaply: each one's code, its variables' names and types, and the names
     and types of its `self`'s attributes. A model or shadow weights made since the last look (`ema =
-    [p.clone() ...]`, `self.ema = deepcopy(model)`) changes it; a step's new batch and loss do not."""
+    [p.clone() ...]`, `self.ema = deepcopy(model)`) changes it; a step's new batch and loss do not.
+    Of the variables and attributes named in `holders` (those the last look found a kept model
+    through), the objects themselves: one made anew in the same variable (`ema = EMAModel(...)` again,
+    helper 30) changes it too."""
     out = []
     for frame in frames:
         try:
             variables = frame.f_locals
             owner = variables.get("self")
             attributes = getattr(owner, "__dict__", None) if owner is not None else None
+            attributes = attributes if type(attributes) is dict else {}
+            held = tuple(id(where[name]) for where in (variables, attributes) for name in holders if name in where) \
+                if holders else ()
             out.append((frame.f_code, tuple(variables), tuple(map(type, variables.values())),
-                        tuple(attributes) if type(attributes) is dict else (),
-                        tuple(map(type, attributes.values())) if type(attributes) is dict else ()))
+                        tuple(attributes), tuple(map(type, attributes.values())), held))
         except Exception:  # noqa: BLE001 - an odd frame or `self`: it marks nothing
             out.append(None)
     return tuple(out)
 
 
-def found_in(frame, shapes: set[tuple] = frozenset()) -> list[tuple[str, object]]:
-    """(name, module or list or dict of tensors) of what `frame`'s variables keep, as the module
-    docstring says (`shapes`: the parameters' shapes of each model the training holds, in order);
-    an object that fails when looked at (a lazy import) is passed over."""
+def found_in(frame, shapes: set[tuple] = frozenset()) -> list[tuple[str, object, tuple | None]]:
+    """(name, module or list or dict of tensors, place) of what `frame`'s variables keep, as the
+    module docstring says (`shapes`: the parameters' shapes of each model the training holds, in
+    order; `place`: the object and attribute holding a list or dict, None for the rest); an object
+    that fails when looked at (a lazy import) is passed over."""
     try:
         variables = list(frame.f_locals.items())
     except Exception:  # noqa: BLE001 - nothing found is the safe answer
@@ -94,10 +116,11 @@ def found_in(frame, shapes: set[tuple] = frozenset()) -> list[tuple[str, object]
     return found
 
 
-def _kept(name: str, value, depth: int, shapes, budget: list[int], owner: bool = False) -> list[tuple[str, object]]:
-    """What `value` (found as `name`) keeps, `depth` containers down, looking at `budget[0]` values
-    more at most; `owner`: the frame's `self`, whose attributes are named by themselves (a
-    method's `self.ema` is `ema`)."""
+def _kept(name: str, value, depth: int, shapes, budget: list[int], owner: bool = False,
+          place: tuple | None = None) -> list[tuple[str, object, tuple | None]]:
+    """What `value` (found as `name`, as attribute `place[1]` of `place[0]` where it is one) keeps,
+    `depth` containers down, looking at `budget[0]` values more at most; `owner`: the frame's
+    `self`, whose attributes are named by themselves (a method's `self.ema` is `ema`)."""
     budget[0] -= 1
     if budget[0] < 0:
         return []
@@ -105,9 +128,9 @@ def _kept(name: str, value, depth: int, shapes, budget: list[int], owner: bool =
         if type(value) in weakref.ProxyTypes:  # (Lightning's profiler holds one of the model)
             return []
         if _shadow(value, shapes):
-            return [(name, value)]
+            return [(name, value, place)]
         if _is_module(value):
-            here = [] if owner else [(name, value)]
+            here = [] if owner else [(name, value, None)]
             inside = _attributes(name, value, depth, shapes, budget, owner, _MODULE_INTERNALS) if depth > 0 else []
             return here + inside
         if depth <= 0 or isinstance(value, (torch.Tensor, type, types.ModuleType)):
@@ -146,7 +169,7 @@ def _attributes(name: str, value, depth: int, shapes, budget: list[int], owner: 
     found = []
     for key, v in islice(((k, v) for k, v in attributes.items() if isinstance(k, str) and k not in skip), MAX_ITEMS):
         n = key if owner else f"{name}.{key}"
-        found += _kept(n, v, depth - 1, shapes, budget)
+        found += _kept(n, v, depth - 1, shapes, budget, place=(value, key))
     return found
 
 

@@ -310,7 +310,7 @@ class WeightEvents:
         """Do the user's frames hold what they did not at the last look (`kept.marks`)? (It contains
         its failures: no, then.)"""
         try:
-            return kept.marks(users) != self._kept_marks
+            return kept.marks(users, self._kept_holders) != self._kept_marks
         except Exception as exc:  # noqa: BLE001 - the training must go on
             self._fail("_kept_changed", exc)
             return False
@@ -328,16 +328,28 @@ class WeightEvents:
                 params = list(module.parameters())
                 shapes.add(tuple(tuple(p.shape) for p in params))
                 shapes.add(tuple(tuple(p.shape) for p in params if p.requires_grad))
-        self._kept_marks = kept.marks(users)
         for user in users:
             found += kept.found_in(user, shapes)
-        for key, value in found:
+        # one object found along several paths is named by the shortest (helper 30: accelerate's save hook's
+        # closure holds the EMA too, and a run that registers no hook named it otherwise)
+        found.sort(key=lambda item: item[0].count("."))
+        self._kept_holders = frozenset(key.partition(".")[0] for key, _, _ in found)
+        self._kept_marks = kept.marks(users, self._kept_holders)
+        for key, value, place in found:
             try:
                 if type(value) in (list, dict):  # an object's shadow weights (diffusers' EMAModel): a root of its own
                     entry = self._kept_lists.get(id(value))
-                    if entry is None or entry.kept is not value:
-                        self._kept_lists[id(value)] = holder = kept.KeptTensors(value)
-                        self._register_root(holder, key)
+                    if entry is not None and entry.kept is value:
+                        continue
+                    entry = self._kept_places.get((id(place[0]), place[1])) if place is not None else None
+                    if entry is not None and entry.place[0] is place[0]:  # a new list in the same place: the same root
+                        entry.refresh()
+                    else:
+                        entry = kept.KeptTensors(value, place)
+                        self._register_root(entry, key)
+                        if place is not None:
+                            self._kept_places[(id(place[0]), place[1])] = entry
+                    self._kept_lists[id(value)] = entry
                     continue
                 entry = names.get(id(value))
                 if (entry is None or entry[0]() is not value) and any(True for _ in value.parameters()) \

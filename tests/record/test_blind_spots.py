@@ -610,6 +610,69 @@ def test_a_step_window_ends_with_the_state_it_left(tmp_path):
     assert (fd["kind"], fd["boundary"], fd["step"], fd["fault_class"]) == ("final", "ema", 2, "final_state"), fd
 
 
+class _ShadowEMA:
+    """diffusers' EMAModel in small: a list of shadow tensors updated in place, which `to()`
+    replaces by a new list (as an EMA offloaded between steps is moved at every step)."""
+
+    def __init__(self, model):
+        self.shadow_params = [p.detach().clone() for p in model.parameters()]
+
+    def step(self, model):
+        import torch
+
+        with torch.no_grad():
+            for s, p in zip(self.shadow_params, model.parameters()):
+                s.lerp_(p, 0.1)
+
+    def to(self, dtype):
+        self.shadow_params = [s.to(dtype) for s in self.shadow_params]
+
+
+@pytest.mark.parametrize("how", ["moved", "made-anew", "hooked"])
+def test_an_ema_whose_list_or_object_is_replaced_after_the_last_look_is_compared(tmp_path, how):
+    """Helper 30: diffusers' EMAModel moved between steps (`to()` makes a new list of shadow weights)
+    or made anew in the same variable at step 9 of 12, then edited at step 10: identical, exit 0. The
+    look held the list it found, and no look came after (steps 1-4, 8). A kept list is read again from
+    the attribute that held it, and a variable the last look found an EMA through, bound anew, makes
+    a look. And one EMA also held by a hook's closure is named by its shortest path: a run that
+    registers no hook (`hooked`) names it as the others do."""
+    import torch
+
+    import bitguard
+
+    def train(edit):
+        model, opt = _tiny()
+        ema = _ShadowEMA(model)
+        if how == "hooked" and edit:
+            def hook(*_):  # (a closure over the EMA, walked before the variable: as accelerate's save hook)
+                return ema
+        for step in range(12):
+            _sgd_steps(model, opt, 1)
+            if how == "made-anew" and step == 9:
+                ema = _ShadowEMA(model)
+            ema.step(model)
+            if how == "moved":
+                ema.to(torch.float64)
+                ema.to(torch.float32)
+            if edit and how != "hooked" and step == 10:
+                with torch.no_grad():
+                    ema.shadow_params[1].add_(1e-3)
+
+    def run(out, edit):  # (the EMA is local to train(): gone when the recording ends, as under `bitguard record`)
+        with bitguard.record(out, determinism=False):
+            train(edit)
+
+    for name, edit in (("a", False), ("b", False), ("c", True)):
+        run(tmp_path / name, edit)
+    assert _compare(tmp_path / "a", tmp_path / "b")[0] == 0
+    code, d = _compare(tmp_path / "a", tmp_path / "c")
+    if how == "hooked":
+        assert code == 0, d["first_divergence"]
+        return
+    fd = d["first_divergence"]
+    assert code == 1 and (fd["kind"], fd["boundary"].partition("#")[0]) == ("final", "ema.shadow_params"), fd
+
+
 def test_a_window_the_training_never_reaches_is_said_at_the_end_of_the_recording(tmp_path, capsys):
     """Helper 29: a loop that updates its weights by hand is all step 0, so `--steps 2:4` recorded
     nothing and the user learned it only from compare; the recording's end says so, once."""

@@ -60,13 +60,17 @@ class _Owner:
 
 def test_locals_containers_objects_and_the_attributes_of_self_are_found_by_name():
     owner = _Owner()
-    found = dict(found_in(owner.frame(), shapes={((6, 6), (6,))}))
+    triples = found_in(owner.frame(), shapes={((6, 6), (6,))})
+    found = {name: value for name, value, _ in triples}
     assert set(found) == {"model", "ema", "in_dict.m", "state.ema", "state.1", "emas.0", "shadow.shadow_params",
                           "by_name", "net", "net.ema.shadow_params"}, set(found)
     assert found["ema"] is owner.ema and isinstance(found["shadow.shadow_params"], list)
     assert isinstance(found["by_name"], dict)
+    places = {name: place for name, _, place in triples}  # (where a list is held: read again at the end)
+    assert places["net.ema.shadow_params"][1] == "shadow_params" and places["model"] is None
+    assert places["net.ema.shadow_params"][0].shadow_params is found["net.ema.shadow_params"]
     # lists of tensors are shadow weights only where their shapes are a model's parameters'
-    assert {"shadow.shadow_params", "by_name", "net.ema.shadow_params"}.isdisjoint(dict(found_in(owner.frame())))
+    assert {"shadow.shadow_params", "by_name", "net.ema.shadow_params"}.isdisjoint(name for name, _, _ in found_in(owner.frame()))
 
 
 def test_a_proxy_that_raises_and_an_owner_without_a_dict_are_passed_over():
