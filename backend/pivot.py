@@ -3,7 +3,8 @@
 Given one rank's aligned pairs with their per-tensor digest differences, `blame` says where the
 fault most likely sits:
 
-- `data`     the model's input batch differs;
+- `data`     the model's input batch differs (where one run feeds it what another observed model
+             returned, a GAN's steps swapped, the window's detail names that model: `fed_by_model`);
 - `source`   every input of the boundary matched and an output differs: this boundary computed
              differently (`fault_class` says which part: forward, backward, accumulation for a
              parameter whose incoming gradient matched but whose .grad did not, optimizer for a
@@ -170,6 +171,44 @@ def blame(pivot: dict, events_a: pl.DataFrame, status: dict[int, str], diffs: pl
                                   "between steps, set by hand), or its own code updated them differently in this "
                                   "call (running statistics)"}
     return result
+
+
+def fed_by_model(pivot: dict, sides: tuple[tuple, tuple], diffs: pl.DataFrame) -> str | None:
+    """For a batch pivot (`data` blame): where a differing input holds what an observed module
+    returned earlier in the same run (a GAN's discriminator given the generator's output after the
+    order of its steps changed, helper 33), the sentence that says so, else None: the batch is then
+    what the training loaded. `sides`: A's and B's (events, tensors). A module's output is known by
+    its digests, so a detached or copied output is found too."""
+    differing = diffs.filter((pl.col("a_seq") == pivot["seq"]) & pl.col("differs") & ~pl.col("ignored")
+                             & (pl.col("role") == "input"))
+    if not differing.height or pivot.get("b_seq") is None:
+        return None
+    row = differing.row(0, named=True)
+    said = [_returned(events, tensors, seq, xor, pos) for (events, tensors), seq, xor, pos in
+            ((sides[0], pivot["seq"], row["xor"], row["pos"]), (sides[1], pivot["b_seq"], row["xor_b"], row["pos_b"]))]
+    if said == [None, None]:
+        return None
+    where = "; ".join(f"in run {run} it holds " + (f"what {made} returned" if made else "no recorded module's output")
+                      for run, made in zip("AB", said))
+    return (f"input {row['path'] or row['idx']} of {pivot['boundary']} differs, and it is not a batch the training "
+            f"loaded: {where}. The training feeds {pivot['boundary']} another model's output here in one run: the "
+            "order of the models' calls, or what the code between them passes on, differs (a GAN's steps swapped), not "
+            "the data pipeline")
+
+
+def _returned(events: pl.DataFrame, tensors: pl.DataFrame, seq: int, xor, pos) -> str | None:
+    """The latest event before `seq` whose output holds a tensor of these digests, in words."""
+    if xor is None or pos is None:
+        return None
+    hit = tensors.filter((pl.col("seq") < seq) & (pl.col("role") == "output") & (pl.col("xor") == xor)
+                         & (pl.col("pos") == pos))
+    if not hit.height:
+        return None
+    event = events.filter(pl.col("seq") == hit["seq"].max())
+    if not event.height:
+        return None
+    e = event.row(0, named=True)
+    return f"{e['boundary']} ({e['phase']} at step {e['step']}, call {e['call']})"
 
 
 def _params_detail(pivot: dict, events_a: pl.DataFrame, diffs: pl.DataFrame) -> str:

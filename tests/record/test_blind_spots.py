@@ -441,6 +441,47 @@ def test_inputs_no_recorded_module_produced_are_blamed_on_the_data(tmp_path):
     assert fd["blame_window"]["module"] is None and "training's own code or data" in fd["blame_window"]["detail"], fd
 
 
+def test_a_model_fed_another_model_s_output_is_not_said_to_have_a_new_batch(tmp_path):
+    """Helper 33 (Lightning's manual optimization): with a GAN's two steps swapped from step 2 on,
+    the discriminator's first call takes the generator's output instead of the real batch, and the
+    pivot, its batch event, read as "the model's input batch differs" with nothing more: the user
+    was sent to the data pipeline. The input is known, by its digests, as what G returned."""
+    import torch
+
+    import bitguard
+
+    def train(name, swap_from):
+        torch.manual_seed(0)
+        g, d = torch.nn.Linear(2, 4), torch.nn.Linear(4, 1)
+        opt_g, opt_d = torch.optim.SGD(g.parameters(), lr=0.1), torch.optim.SGD(d.parameters(), lr=0.1)
+
+        def d_step(x, z):
+            fake = g(z).detach()
+            opt_d.zero_grad()
+            (d(x).mean() - d(fake).mean()).backward()
+            opt_d.step()
+
+        def g_step(z):
+            opt_g.zero_grad()
+            d(g(z)).mean().backward()
+            opt_g.step()
+
+        with bitguard.record(tmp_path / name, determinism=False):
+            for i in range(3):
+                x, z = torch.randn(3, 4), torch.randn(3, 2)
+                if i >= swap_from:
+                    g_step(z), d_step(x, z)
+                else:
+                    d_step(x, z), g_step(z)
+
+    train("a", 9), train("b", 1)
+    fd = bitguard.compare(tmp_path / "a", tmp_path / "b").to_dict()["first_divergence"]
+    assert (fd["phase"], fd["boundary"], fd["blame"]) == ("data", "Linear#2", "data"), fd
+    detail = fd["blame_window"]["detail"]
+    assert "in run A it holds no recorded module's output; in run B it holds what Linear (forward" in detail, detail
+    assert "not the data pipeline" in detail, detail
+
+
 def test_a_perturbation_inside_the_first_step_is_said_to_be_one(tmp_path):
     """Helpers 27 and 29: SAM perturbs the weights between two forward passes of a step; a changed
     rho at step 0 was said to be "no optimizer step was recorded: updated outside torch.optim"."""
