@@ -99,10 +99,16 @@ def _reasons(rc) -> list[dict]:
     if retyped.height:  # informational: compared by their tensors, the numbers decide
         a = rc.events_a.row(int(retyped["a_pos"][0]), named=True)
         b = rc.events_b.row(int(retyped["b_pos"][0]), named=True)
+        if a["module_type"] != b["module_type"]:
+            what = f"{a['module_type']} in A, {b['module_type']} in B"
+        elif retyped["resigned"][0]:  # (paired by place: the same module, other tensors: helper 33's GAN)
+            what = f"{a['module_type']} in both, with tensors that differ in number, shape or path"
+        else:
+            what = f"{a['module_type']} in both, with tensors of another dtype"
         out.append(certification.reason("retyped", rank=rc.rank, message=
-                   f"{retyped.height} event(s) on rank {rc.rank} were paired across a change of module type or dtype "
-                   f"and compared by their tensors, first the {pivot_mod.phase_words(a['phase'], a['kind'])} of "
-                   f"{a['boundary']} at step {a['step']} ({a['module_type']} in A, {b['module_type']} in B)"))
+                   f"{retyped.height} event(s) on rank {rc.rank} were paired across a change of module type, dtype "
+                   f"or tensors and compared by their tensors, first the {pivot_mod.phase_words(a['phase'], a['kind'])} "
+                   f"of {a['boundary']} at step {a['step']} ({what})"))
     follows = rc.pairs.filter(pl.col("status") == "follows")
     if follows.height:
         rules = sorted(set(follows["rule_id"].drop_nulls().to_list()))

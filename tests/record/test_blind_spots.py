@@ -475,11 +475,16 @@ def test_a_model_fed_another_model_s_output_is_not_said_to_have_a_new_batch(tmp_
                     d_step(x, z), g_step(z)
 
     train("a", 9), train("b", 1)
-    fd = bitguard.compare(tmp_path / "a", tmp_path / "b").to_dict()["first_divergence"]
+    doc = bitguard.compare(tmp_path / "a", tmp_path / "b").to_dict()
+    fd = doc["first_divergence"]
     assert (fd["phase"], fd["boundary"], fd["blame"]) == ("data", "Linear#2", "data"), fd
     detail = fd["blame_window"]["detail"]
     assert "in run A it holds no recorded module's output; in run B it holds what Linear (forward" in detail, detail
     assert "not the data pipeline" in detail, detail
+    # the backwards paired at their places (the discriminator's input now needs a gradient) are not
+    # said to have changed module type or dtype: neither did
+    notes = [r["message"] for r in doc["certification"]["reasons"] if r["code"] == "retyped"]
+    assert notes and "(Linear in both, with tensors that differ in number, shape or path)" in notes[0], notes
 
 
 def test_a_perturbation_inside_the_first_step_is_said_to_be_one(tmp_path):
