@@ -408,6 +408,12 @@ def structure_blame(event: dict, side: str, events: pl.DataFrame, twin: dict | N
         fault = "missing" if side == "a" else "extra"
         detail = (f"run {have} records {what} and run {lack} does not: the training saved at another point, "
                   f"a different number of times or not at all, or the save failed in run {lack}")
+    elif event["kind"] == "final":  # (the first gap: the other run records more of this step, or ends later)
+        fault = "missing" if side == "a" else "extra"
+        detail = (f"run {have}'s recording ends here, with {what}, while run {lack} goes on: the runs trained a "
+                  f"different number of steps (an early stop, another max_steps or epoch count, a loop that ended on "
+                  f"another condition, an exception the training caught), or run {lack}'s recording ended without "
+                  f"its final state")
     elif event["kind"] == "params" and event["call"] > 0:  # (taken at a later call only when the weights moved)
         return {"blame": "source", "fault_class": "params", "differing_roles": ["param"],
                 "blame_window": {"module": event["boundary"], "detail": (

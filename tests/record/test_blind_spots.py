@@ -487,6 +487,24 @@ def test_a_model_fed_another_model_s_output_is_not_said_to_have_a_new_batch(tmp_
     assert notes and "(Linear in both, with tensors that differ in number, shape or path)" in notes[0], notes
 
 
+def test_a_run_that_stops_early_is_said_to_end_where_the_other_goes_on(tmp_path):
+    """Helper 33 (Lightning's EarlyStopping): the run that stopped after fewer steps read as "run A
+    lacks the final state of M that the other run records", A being the run that trained on."""
+    import bitguard
+
+    def train(name, steps):
+        model, opt = _tiny()
+        with bitguard.record(tmp_path / name, determinism=False):
+            _sgd_steps(model, opt, steps)
+
+    train("a", 4), train("b", 2)
+    fd = bitguard.compare(tmp_path / "a", tmp_path / "b").to_dict()["first_divergence"]
+    assert (fd["step"], fd["kind"], fd["cause"], fd["missing_side"]) == (2, "final", "structure", "a"), fd
+    assert fd["blame_window"]["detail"].startswith("run B's recording ends here"), fd
+    text = run_cli("compare", tmp_path / "a", tmp_path / "b").stdout
+    assert "step 2: run B ends here (the final state of Sequential, Sequential) where run A goes on" in text, text
+
+
 def test_a_perturbation_inside_the_first_step_is_said_to_be_one(tmp_path):
     """Helpers 27 and 29: SAM perturbs the weights between two forward passes of a step; a changed
     rho at step 0 was said to be "no optimizer step was recorded: updated outside torch.optim"."""
