@@ -22,7 +22,8 @@ import json
 from collections import defaultdict
 
 # what the training computes (a consequence of a divergence, never its cause), per kind
-COMPUTED = {"backward": {"value"}, "clip_grad_norm": {"total_norm"}, "params": {"xor"}}
+COMPUTED = {"backward": {"value"}, "clip_grad_norm": {"total_norm"}, "params": {"xor"},
+            "read": {"value"}}  # (a `read`: a number the training took out of a tensor, `.item()`, `float()`)
 SHOWN = 12  # differences kept in the document; `more` counts the rest
 EVERY_STEP = 2**62  # `differences(..., step)`: no step left out
 

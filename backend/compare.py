@@ -580,11 +580,16 @@ class Comparison:
             if found["differences"]:
                 d = found["differences"][0]
                 a, b = api_diff.value_pair(d["a"], d["b"])
+                what = (f"a value the training read out of a tensor ({d['target']}(), read {d['call']} of the step: "
+                        "a metric, an evaluation's loss or predictions, a logged number)" if d["kind"] == "read" else
+                        f"{d['kind']} ({d['target']}): {d['field']}")
+                where = ("the code that computed it from the model's outputs (an evaluation's metric, post-processing "
+                         "of predictions) or from anything else" if d["kind"] == "read" else
+                         "what computed it (a term of the loss without gradient, a constant, code between the "
+                         "model's output and backward())")
                 return [certification.reason("computed", (
-                    f"{d['kind']} ({d['target']}): {d['field']} differs at step {d['step']} ({a} in A, {b} in B) "
-                    f"while every recorded tensor is equal: what computed it runs outside the recorded "
-                    f"boundaries (a term of the loss without gradient, a constant, code between the model's "
-                    f"output and backward())"), rank=rank)]
+                    f"{what} differs at step {d['step']} ({a} in A, {b} in B) while every recorded tensor is equal: "
+                    f"{where} runs outside the recorded boundaries"), rank=rank)]
         return []
 
     def blocking_reasons(self) -> list[dict]:

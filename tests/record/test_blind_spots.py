@@ -409,6 +409,37 @@ def test_a_loss_that_differs_where_every_tensor_is_equal_is_not_identical(tmp_pa
     assert why["message"].startswith("backward (loss): value differs at step 0 (") and why["rank"] == 0, why
 
 
+@pytest.mark.parametrize("read", ["item", "float", "format", "numpy", "tolist", "array"])
+def test_an_evaluation_metric_that_differs_where_every_tensor_is_equal_is_not_identical(tmp_path, read):
+    """Helper 33 (Lightning): a change only in what an evaluation makes of the model's outputs (a
+    metric's scale, predictions post-processed) touches no recorded tensor and no gradient; it
+    compared identical with no word. What the training reads out of a tensor is compared."""
+    import numpy as np
+    import torch
+
+    import bitguard
+
+    reads = {"item": lambda t: t.mean().item(), "float": lambda t: float(t.mean()), "format": lambda t: f"{t.mean():.6f}",
+             "numpy": lambda t: t.numpy().sum(), "tolist": lambda t: sum(t.tolist()),
+             "array": lambda t: np.asarray(t).sum()}
+
+    def train(name, scale):
+        model, opt = _tiny()
+        with bitguard.record(tmp_path / name, determinism=False):
+            _sgd_steps(model, opt, 2)
+            model.eval()
+            with torch.no_grad():
+                reads[read]((model(torch.randn(3, 4)) * scale).flatten())
+
+    for name, scale in (("a", 1.0), ("b", 1.0), ("c", 1.5)):
+        train(name, scale)
+    assert bitguard.compare(tmp_path / "a", tmp_path / "b").verdict == "identical"
+    doc = bitguard.compare(tmp_path / "a", tmp_path / "c").to_dict()
+    assert doc["verdict"] == "inconclusive" and doc["first_divergence"] is None, doc["verdict"]
+    (why,) = [r for r in doc["inconclusive"]["reasons"] if r["code"] == "computed"]
+    assert why["message"].startswith(f"a value the training read out of a tensor ({read}(), read 0 of the step"), why
+
+
 def test_inputs_no_recorded_module_produced_are_blamed_on_the_data(tmp_path):
     """Helper 28: SB3 calls its value head, then a parameterless extractor on the observations (no
     batch event: it holds no parameters); a changed observation was blamed on the value head, an

@@ -119,9 +119,14 @@ def test_rows_hold_what_the_calls_were_given_and_returned(tmp_path):
         train(seen=seen)
     rows = api_rows(tmp_path / "run")
     assert [r["ord"] for r in rows] == list(range(len(rows)))
-    by_step = {}
-    for r in rows:
-        by_step.setdefault(r["step"], []).append(r)
+    by_step, reads = {}, {}
+    for r in rows:  # (the numbers the loop reads, `loss.item()` and `norm.item()`, apart: below)
+        (reads if r["kind"] == "read" else by_step).setdefault(r["step"], []).append(r)
+    # the loop's own reads, in order, after the step that made them ended (torch's own, GradScaler's
+    # `get_scale()` and AdamW's step counts, are not rows)
+    for step in (0, 1, 2):
+        assert [(r["target"], r["value"]["value"]) for r in reads[step + 1]] == \
+            [("item", seen[step]["loss"]), ("item", seen[step]["norm"])], reads
     # step 0 has no update or scheduler step before it; later steps begin with the previous step's
     # calls after optimizer.step() ended (as events count steps)
     assert [r["kind"] for r in by_step[0]] == ["scheduler_init", "zero_grad", "params", "modes", "backward", "clip_grad_norm",
