@@ -400,13 +400,22 @@ def test_a_loss_that_differs_where_every_tensor_is_equal_is_not_identical(tmp_pa
                 (model(torch.randn(2, 4)).pow(2).mean() + constant).backward()
                 opt.step()
 
-    for name, constant in (("a", 0.0), ("b", 0.0), ("c", 1.0)):
-        train(name, constant)
+    why = _computed_only(tmp_path, train, 0.0, 1.0)
+    assert why["message"].startswith("backward (loss): value differs at step 0 (") and why["rank"] == 0, why
+
+
+def _computed_only(tmp_path, train, same, changed) -> dict:
+    """`train(name, value)` twice with `same` (runs a, b) and once with `changed` (c): a and b are
+    identical, a and c inconclusive with nothing but a computed value differing; that reason."""
+    import bitguard
+
+    for name, value in (("a", same), ("b", same), ("c", changed)):
+        train(name, value)
     assert bitguard.compare(tmp_path / "a", tmp_path / "b").verdict == "identical"
     doc = bitguard.compare(tmp_path / "a", tmp_path / "c").to_dict()
     assert doc["verdict"] == "inconclusive" and doc["first_divergence"] is None, doc["verdict"]
     (why,) = [r for r in doc["inconclusive"]["reasons"] if r["code"] == "computed"]
-    assert why["message"].startswith("backward (loss): value differs at step 0 (") and why["rank"] == 0, why
+    return why
 
 
 @pytest.mark.parametrize("read", ["item", "float", "format", "numpy", "tolist", "array"])
@@ -431,12 +440,7 @@ def test_an_evaluation_metric_that_differs_where_every_tensor_is_equal_is_not_id
             with torch.no_grad():
                 reads[read]((model(torch.randn(3, 4)) * scale).flatten())
 
-    for name, scale in (("a", 1.0), ("b", 1.0), ("c", 1.5)):
-        train(name, scale)
-    assert bitguard.compare(tmp_path / "a", tmp_path / "b").verdict == "identical"
-    doc = bitguard.compare(tmp_path / "a", tmp_path / "c").to_dict()
-    assert doc["verdict"] == "inconclusive" and doc["first_divergence"] is None, doc["verdict"]
-    (why,) = [r for r in doc["inconclusive"]["reasons"] if r["code"] == "computed"]
+    why = _computed_only(tmp_path, train, 1.0, 1.5)
     assert why["message"].startswith(f"a value the training read out of a tensor ({read}(), read 0 of the step"), why
 
 
