@@ -62,8 +62,10 @@ def _owner(param_name: str) -> str:
     return param_name.rpartition(".")[0]
 
 
-def blame(pivot: dict, events_a: pl.DataFrame, status: dict[int, str], diffs: pl.DataFrame) -> dict:
-    """Blame for the pivot event (a dict of its A-side event fields plus b_seq)."""
+def blame(pivot: dict, events_a: pl.DataFrame, status: dict[int, str], diffs: pl.DataFrame,
+          tensors_a: pl.DataFrame | None = None) -> dict:
+    """Blame for the pivot event (a dict of its A-side event fields plus b_seq; `tensors_a`: A's
+    tensor rows, to tell the parameters an optimizer steps from the others)."""
     phase, kind = pivot["phase"], pivot["kind"]
     differing = _differing_roles(diffs, pivot["seq"])
     inputs = INPUT_ROLES.get((phase, kind), ())
@@ -98,7 +100,7 @@ def blame(pivot: dict, events_a: pl.DataFrame, status: dict[int, str], diffs: pl
             "copy, a conversion, an edit after the last optimizer step), or a different object was saved")}
     elif kind == "params":
         result.update(fault_class="params")
-        result["blame_window"] = {"module": pivot["boundary"], "detail": _params_detail(pivot, events_a, diffs)}
+        result["blame_window"] = {"module": pivot["boundary"], "detail": _params_detail(pivot, events_a, diffs, tensors_a)}
     elif phase == "comm":
         result.update(fault_class="comm")
         if inputs_differ:
@@ -211,7 +213,8 @@ def _returned(events: pl.DataFrame, tensors: pl.DataFrame, seq: int, xor, pos) -
     return f"{e['boundary']} ({e['phase']} at step {e['step']}, call {e['call']})"
 
 
-def _params_detail(pivot: dict, events_a: pl.DataFrame, diffs: pl.DataFrame) -> str:
+def _params_detail(pivot: dict, events_a: pl.DataFrame, diffs: pl.DataFrame,
+                   tensors_a: pl.DataFrame | None = None) -> str:
     """A root's parameters differ as a call of a step meets them, every event before matched."""
     before = events_a.filter(pl.col("seq") < pivot["seq"])
     steps = before.filter((pl.col("phase") == "optimizer") & (pl.col("kind") == "step"))
@@ -232,6 +235,13 @@ def _params_detail(pivot: dict, events_a: pl.DataFrame, diffs: pl.DataFrame) -> 
                 "step before updated them: parameters new to the model or to its training (a layer added, a "
                 "parameter replaced or unfrozen) made differently "
                 "(their initialisation, the weights copied in), or frozen ones changed outside torch.optim")
+    if stepped and names and tensors_a is not None and not _stepped_before(pivot, steps, tensors_a):
+        # (by the parameters' identities: an EMA's have the trained model's names, helper 34's ModelEmaV2)
+        return (f"the parameters of {pivot['boundary']} differ at the start of this step, and no optimizer step before "
+                "updated them: they are not the trained parameters but a copy the training keeps beside them (an EMA "
+                "or averaged model, a teacher or target network) or frozen weights: what updates them outside "
+                "torch.optim (an EMA's decay or update, an averaging, a copy from the trained model) computed "
+                "differently, or they were changed by hand")
     optimized = stepped or not events_a.filter((pl.col("phase") == "optimizer") & (pl.col("kind") == "step")).is_empty()
     if pivot["call"] > 0 and optimized:  # (in step 0 too: helpers 27 and 29, SAM's perturbation was said to be an update)
         return ("the parameters differ at this call of the step although they matched at an earlier call and every "
@@ -252,6 +262,15 @@ def _params_detail(pivot: dict, events_a: pl.DataFrame, diffs: pl.DataFrame) -> 
                 f"differed before the recorded steps began (an earlier step, the initialisation, a loaded checkpoint)")
     return ("the parameters differ before the model's first recorded call, although everything before matched: "
             "they were made differently (the initialisation, its seed, a loaded checkpoint, weights copied in)")
+
+
+def _stepped_before(pivot: dict, steps: pl.DataFrame, tensors_a: pl.DataFrame) -> bool:
+    """Is any of the pivot's parameters (by its tensor identity) one an optimizer step before it
+    updated? (Not one: a model the training keeps beside the trained one. One weight replaced by a
+    new tensor in a trained model is not that: its other weights were stepped.)"""
+    mine = tensors_a.filter((pl.col("seq") == pivot["seq"]) & (pl.col("role") == "param"))["tid"]
+    updated = tensors_a.filter(pl.col("seq").is_in(steps["seq"].implode()) & (pl.col("role") == "param"))["tid"]
+    return bool(mine.is_in(updated.implode()).any())
 
 
 def _comm_detail(pivot: dict, inputs_differ: bool) -> str:

@@ -629,6 +629,7 @@ class Collector(WeightEvents):
         frees an earlier model, which may differ from run to run.)"""
         if self._held:
             self._let_go()  # the final state of a model the script dropped comes before this one's events
+        kept_name = base is not None
         base = base or type(module).__name__  # (a kept model found by its variable: that name)
         name, n = base, 1
         while name in self._root_names:
@@ -651,7 +652,9 @@ class Collector(WeightEvents):
         # An id already known may be a dead module's or parameter's, reused by a new one (a model
         # built after an earlier one was freed): that entry is replaced, or the new parameter would
         # go without a name and without gradient hooks.
-        self._name_parts(module, name, renamed)
+        # a kept model's parts are named under its name (`ema.module`: timm's ModelEmaV2 called for an
+        # evaluation read as `module`, helper 34); a called root's, by their paths in it, as ever
+        self._name_parts(module, name, renamed, prefix=name if kept_name else None)
         flats = self._sharded.register(module)
         for p_name, p in module.named_parameters() if renamed else ():
             entry = self._params.get(id(p))
@@ -675,13 +678,16 @@ class Collector(WeightEvents):
             else:
                 self._watch_at(root, p_name, p)
 
-    def _name_parts(self, module: torch.nn.Module, name: str, renamed: set[int] = frozenset()) -> None:
-        """Name each part of root `module` (called `name`) not named yet (or in `renamed`) by its path."""
+    def _name_parts(self, module: torch.nn.Module, name: str, renamed: set[int] = frozenset(),
+                    prefix: str | None = None) -> None:
+        """Name each part of root `module` (called `name`) not named yet (or in `renamed`) by its path
+        (after `prefix.` when one is given)."""
         for sub_name, sub in module.named_modules():
             entry = self._names.get(id(sub))
             # (a compiled submodule known already: named as its eager module)
             if entry is None or entry[0]() is not sub or id(sub) in renamed:
-                self._names[id(sub)] = (weakref.ref(sub), clean_name(eager_name(sub_name)) or name)
+                path = clean_name(eager_name(sub_name))
+                self._names[id(sub)] = (weakref.ref(sub), (f"{prefix}.{path}" if prefix else path) if path else name)
 
     def _watch_changed(self, root: torch.nn.Module) -> bool:
         """At each call of a root: when its trainable parameters are not those it had (a backbone

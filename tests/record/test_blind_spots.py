@@ -540,6 +540,45 @@ def test_a_run_that_stops_early_is_said_to_end_where_the_other_goes_on(tmp_path)
     assert "step 2: run B ends here (the final state of Sequential, Sequential) where run A goes on" in text, text
 
 
+def test_a_kept_ema_called_for_an_evaluation_is_named_and_blamed_as_one(tmp_path):
+    """Helper 34 (timm's ModelEmaV2): an EMA kept as `ema` and called as `ema.module(x)` for an
+    evaluation was named `module`, its parameters by the trained model's names, and a changed decay
+    read as "code outside torch.optim changed them after the last step() (a clamp ...)"."""
+    import copy
+
+    import torch
+
+    import bitguard
+
+    class Ema(torch.nn.Module):
+        def __init__(self, model, decay):
+            super().__init__()
+            self.module, self.decay = copy.deepcopy(model), decay
+
+        @torch.no_grad()
+        def update(self, model):
+            for e, m in zip(self.module.parameters(), model.parameters()):
+                e.mul_(self.decay).add_(m, alpha=1 - self.decay)
+
+    def train(name, decay):
+        model, opt = _tiny()
+        ema = Ema(model, decay)
+        with bitguard.record(tmp_path / name, determinism=False):
+            for step in range(4):
+                _sgd_steps(model, opt, 1)
+                ema.update(model)
+                if step == 2:
+                    with torch.no_grad():
+                        ema.module(torch.randn(2, 4))
+
+    train("a", 0.9), train("b", 0.98)
+    fd = bitguard.compare(tmp_path / "a", tmp_path / "b").to_dict()["first_divergence"]
+    assert (fd["kind"], fd["boundary"], fd["blame"], fd["fault_class"]) == ("params", "ema.module", "source", "params"), fd
+    assert fd["blame_window"]["detail"].startswith(
+        "the parameters of ema.module differ at the start of this step, and no optimizer step before updated them: "
+        "they are not the trained parameters but a copy the training keeps"), fd
+
+
 def test_a_perturbation_inside_the_first_step_is_said_to_be_one(tmp_path):
     """Helpers 27 and 29: SAM perturbs the weights between two forward passes of a step; a changed
     rho at step 0 was said to be "no optimizer step was recorded: updated outside torch.optim"."""
