@@ -519,6 +519,9 @@ def _first_pivot(ranks: dict[int, RankComparison]) -> RankComparison | None:
 
 # Reasons that stop a verdict from being `identical`; the others only describe what was compared.
 _INFORMATIONAL = {"modes", "granularity", "recompute", "retyped"}
+# reasons after which no computed value is compared: nothing was paired, or the steps are not the same steps
+# (helper 33: a run recorded with --steps 4: against a resumed one said "every recorded tensor is equal")
+_UNPAIRED = {"empty", "nothing_paired", "step_window"}
 
 
 class Comparison:
@@ -557,8 +560,10 @@ class Comparison:
         return self._reasons
 
     def _collect_reasons(self) -> list[dict]:
-        return list(self.reasons) + [r for rc in self.ranks.values() for r in rc.summary.reasons] + \
-            self._computed_differs()
+        reasons = list(self.reasons) + [r for rc in self.ranks.values() for r in rc.summary.reasons]
+        if any(r["code"] in _UNPAIRED for r in reasons):  # ("every recorded tensor is equal" would be said of none)
+            return reasons
+        return reasons + self._computed_differs()
 
     def _api_rows(self, rank: int) -> tuple:
         """Rank `rank`'s API events of both runs, read once (api_diff.rows_of)."""

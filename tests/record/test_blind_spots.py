@@ -444,6 +444,27 @@ def test_an_evaluation_metric_that_differs_where_every_tensor_is_equal_is_not_id
     assert why["message"].startswith(f"a value the training read out of a tensor ({read}(), read 0 of the step"), why
 
 
+def test_nothing_paired_is_not_said_to_have_every_recorded_tensor_equal(tmp_path):
+    """Helper 33 (Lightning, a resumed run against the tail of an uninterrupted one): no event paired
+    (the steps are counted from each process's start), and a bullet still said a loss "differs ...
+    while every recorded tensor is equal"."""
+    import torch
+
+    import bitguard
+
+    def train(name, steps, window, seed):
+        model, opt = _tiny()
+        torch.manual_seed(seed)
+        with bitguard.record(tmp_path / name, determinism=False, steps=window):
+            _sgd_steps(model, opt, steps)
+
+    train("a", 4, "2:", 0), train("b", 2, None, 1)
+    doc = bitguard.compare(tmp_path / "a", tmp_path / "b").to_dict()
+    assert doc["verdict"] == "inconclusive", doc["verdict"]
+    codes = [r["code"] for r in doc["inconclusive"]["reasons"]]
+    assert "step_window" in codes and "computed" not in codes, doc["inconclusive"]["reasons"]
+
+
 def test_inputs_no_recorded_module_produced_are_blamed_on_the_data(tmp_path):
     """Helper 28: SB3 calls its value head, then a parameterless extractor on the observations (no
     batch event: it holds no parameters); a changed observation was blamed on the value head, an
