@@ -7,9 +7,7 @@ takes a global optimizer step post hook for the optimizer's param groups. At eac
 forward (the Collector tells it: `root_forward`) it also writes, once per step and root, the
 `params` row (every parameter's requires_grad, dtype, device, xor digest and storage) and at
 every root forward the `modes` row (which mode-sensitive modules are in training mode), and a
-`read` row for each value the training's own code reads out of a tensor (`item()`, `float()`,
-`int()`, an f-string, `tolist()`, `numpy()`, `np.asarray()`: an evaluation's metric or predictions, a logged loss,
-which no module boundary and no gradient carries; not torch's own reads, nor bitguard's). Row
+`read` row for each value the training reads out of a tensor (collectors/reads.py). Row
 formats, one JSON `value` per kind, are in docs/INVARIANTS_CONTRACT (section 1) and below.
 
 Scalars (a loss, a clipping norm, the loss scale) are kept as tensors and read when the step
@@ -29,19 +27,16 @@ but `clip_grad_value_` and the public `clip_grads_with_norm_` only through their
 attributes (a `from torch.nn.utils import clip_grad_value_` made before the recording started
 is not seen); an optimizer or scheduler subclass whose own `zero_grad`/`step` does not call
 torch's is not seen; FSDP's `clip_grad_norm_` method is its own code (not seen); modules added
-to a model after its first forward are not in its `modes` rows; a value read as a condition
-(`if loss > x:`, `Tensor.__bool__`) or as an index is not a `read` row. It knows nothing of how rows are
+to a model after its first forward are not in its `modes` rows. It knows nothing of how rows are
 stored or of what an invariant is.
 """
 
 from __future__ import annotations
 
 import functools
-import importlib.util
 import inspect
 import json
 import math
-import os
 import re
 import sys
 import threading
@@ -52,8 +47,9 @@ import torch
 
 from bitguard.collectors.compiled import eager_name, is_compiling
 from bitguard.collectors.guarded import Guarded
+from bitguard.collectors.reads import Reads
 from bitguard.collectors.sharded import clean_name
-from bitguard.cuda.fingerprint import digest_async, digest_many, resolve
+from bitguard.cuda.fingerprint import digest_many, resolve
 from bitguard.schema import API_EVENTS, EVENTS, TENSORS, VIOLATIONS
 
 _MODE_CLASSES = re.compile(r"Dropout|BatchNorm")  # modules whose mode matters even if forward hides it
@@ -61,12 +57,6 @@ MAX_PRINTED_VIOLATIONS = 200  # stderr lines; every violation is in the table wh
 MAX_PENDING_ROWS = 4096  # rows held for their step's end before they are written regardless
 MAX_KEPT_EVENTS = 200_000  # with --check: events kept for the steps not checked yet (a loop that never steps)
 _FACT_KINDS = ("grad", "step", "batch")  # event kinds step facts read (and root module forwards)
-READS = ("item", "__float__", "__int__", "__format__", "tolist", "numpy", "__array__")  # Tensor methods whose values are `read` rows
-MAX_READS = 1024  # `read` rows a step at most
-# whose reads are not rows: torch's own (Adam reads its step count), bitguard's (its packages, wherever installed)
-_OWN_CODE = tuple(dict.fromkeys(os.path.join(folder, "") for name in ("torch", "bitguard", "bitguard.collectors",
-                                                                      "bitguard.backend", "bitguard.cuda")
-                                for folder in importlib.util.find_spec(name).submodule_search_locations))
 
 
 class CollectorNaming:
@@ -239,7 +229,7 @@ class ApiRecorder(Guarded):
         self._kept_events: list[tuple] = []
         self._kept_tensors: list[list] = []
         self._checked = -1
-        self._reads = (None, 0)  # (step, values read in it so far): _on_read
+        self._reads: Reads | None = None  # what the training reads out of its tensors (collectors/reads.py)
         self._store_add = None
         self._overflow = False
 
@@ -279,8 +269,7 @@ class ApiRecorder(Guarded):
         self._handles.append(optim.register_optimizer_step_post_hook(self.guard(self._on_optimizer_step)))
         # the numbers the training reads out of tensors (an evaluation's loss or accuracy, a logged metric,
         # a prediction's score): what it makes of the model's outputs outside every module (helper 33)
-        for attr in READS:
-            self._wrap_read(attr)
+        self._reads = Reads(self, _num).install()
 
     def remove(self) -> None:
         """Write what the last step left, check it, and put every wrapped function back."""
@@ -289,6 +278,8 @@ class ApiRecorder(Guarded):
         for handle in self._handles:
             handle.remove()
         self._handles.clear()
+        if self._reads is not None:
+            self._reads.remove()
         for owner, attr, original, wrapper in reversed(self._restore):
             if owner.__dict__.get(attr) is wrapper:  # (wrapped again since by someone else: ours passes through)
                 setattr(owner, attr, original)
@@ -355,52 +346,6 @@ class ApiRecorder(Guarded):
         return f"api events {getattr(fn, '__name__', 'hook')}"
 
     # -- rows ------------------------------------------------------------------------------
-    def _wrap_read(self, attr: str) -> None:
-        """Wrap `torch.Tensor.<attr>` (`item`, `__float__`, `__int__`, `__format__`, an f-string's text,
-        whose own `item` is torch's; `tolist`, `numpy` and `__array__`, NumPy's way in, as the digests of
-        the tensor read) so that each value the training's code reads on the main thread, not torch's
-        own nor bitguard's, becomes a `read` row, its value computed (backend/api_diff.py): the first
-        `MAX_READS` a step. The original runs first, with the caller's arguments."""
-        original = getattr(torch.Tensor, attr)
-        local, on_read = self._local, self._on_read
-        main = threading.main_thread().ident  # (another thread's reads interleave differently from run to run)
-
-        def wrapper(*args, **kwargs):
-            value = original(*args, **kwargs)
-            if self.enabled and threading.get_ident() == main and not getattr(local, "reading", False) \
-                    and not is_compiling():
-                caller = sys._getframe(1).f_code.co_filename
-                if not caller.startswith(_OWN_CODE):
-                    local.reading = True  # (what the row's making reads is not the training's)
-                    try:
-                        self._guarded(on_read, attr, value, args[0] if args else None)
-                    finally:
-                        local.reading = False
-            return value
-
-        functools.update_wrapper(wrapper, original)
-        setattr(torch.Tensor, attr, wrapper)
-        self._restore.append((torch.Tensor, attr, original, wrapper))
-
-    def _on_read(self, attr: str, value, tensor) -> None:
-        step = self.naming.step()
-        n = self._reads[1] + 1 if self._reads[0] == step else 0
-        self._reads = (step, n)
-        if n < MAX_READS:
-            if attr in ("tolist", "numpy", "__array__"):  # (many numbers: their digests, now, before the memory changes)
-                read = {"shape": list(tensor.shape), "dtype": str(tensor.dtype).removeprefix("torch.")}
-                try:
-                    xor, pos = resolve([digest_async(tensor.detach())])[0]
-                    read["value"] = f"{xor:016x}:{pos:016x}"
-                except Exception as exc:  # noqa: BLE001 - a layout the digest refuses: the read is noted, not compared
-                    read["unread"] = type(exc).__name__
-            else:
-                read = {"value": [_num(value.real), _num(value.imag)] if isinstance(value, complex) else
-                        _num(value) if isinstance(value, float) else value}
-            self._add("read", attr.strip("_"), read, step=step)
-        elif n == MAX_READS:  # (an evaluation that reads every sample: the step's first values say enough)
-            self._add("read", "more", {"beyond": MAX_READS}, step=step)
-
     def _add(self, kind: str, target: str, value: dict, later=(), step: int | None = None) -> None:
         step = self.naming.step() if step is None else step
         if self.checker is not None and step > self._checked + 1:

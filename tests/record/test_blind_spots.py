@@ -444,6 +444,62 @@ def test_an_evaluation_metric_that_differs_where_every_tensor_is_equal_is_not_id
     assert why["message"].startswith(f"a value the training read out of a tensor ({read}(), read 0 of the step"), why
 
 
+def test_a_torchmetrics_metric_computed_differently_is_not_identical(tmp_path, monkeypatch):
+    """Helper 33 (Lightning + torchmetrics): `self.vacc.update(out, y); self.log("val_acc", self.vacc)`
+    with another averaging compared identical: update() and compute() are no module calls, and no
+    code of the user's reads the value (Lightning computes and logs it). Each metric's compute() is
+    a read. torchmetrics is not a dependency: a stand-in with its Metric's own wrapping of
+    `compute` at construction (torchmetrics/metric.py `_wrap_compute`), imported before the
+    recording (the real one imported after it was tried by hand: helper 33's script)."""
+    import functools
+    import sys
+    import types
+
+    import torch
+
+    import bitguard
+
+    class Metric(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.compute = self._wrap_compute(self.compute)
+
+        def _wrap_compute(self, compute):
+            @functools.wraps(compute)
+            def wrapped(*args, **kwargs):
+                return compute(*args, **kwargs).clone()
+            return wrapped
+
+    class Accuracy(Metric):
+        def __init__(self, macro):
+            super().__init__()
+            self.macro, self.hits = macro, []
+
+        def update(self, out, y):
+            self.hits.append((out.argmax(1) == y).float())
+
+        def compute(self):
+            hits = torch.cat(self.hits)
+            return hits.mean() if not self.macro else (hits[:1].mean() + hits[1:].mean()) / 2
+
+    package, module = types.ModuleType("torchmetrics"), types.ModuleType("torchmetrics.metric")
+    module.Metric, package.metric = Metric, module
+    monkeypatch.setitem(sys.modules, "torchmetrics", package)
+    monkeypatch.setitem(sys.modules, "torchmetrics.metric", module)
+
+    def train(name, macro):
+        model, opt = _tiny()
+        with bitguard.record(tmp_path / name, determinism=False):
+            _sgd_steps(model, opt, 2)
+            metric = Accuracy(macro)
+            with torch.no_grad():
+                metric.update(torch.cat([model(torch.randn(4, 4)), torch.zeros(4, 1)], 1), torch.tensor([0, 1, 1, 0]))
+            metric.compute()
+
+    why = _computed_only(tmp_path, train, False, True)
+    assert why["message"].startswith("a value the training read out of a tensor (Accuracy.compute(), read 0"), why
+
+
 def test_nothing_paired_is_not_said_to_have_every_recorded_tensor_equal(tmp_path):
     """Helper 33 (Lightning, a resumed run against the tail of an uninterrupted one): no event paired
     (the steps are counted from each process's start), and a bullet still said a loss "differs ...

@@ -1,0 +1,156 @@
+"""The values a training reads out of its tensors: an evaluation's loss or accuracy, a logged metric,
+predictions turned into NumPy. No module boundary and no gradient carries them, so a change only in
+what the code makes of a model's outputs (a metric's averaging, predictions post-processed) left
+every recorded tensor equal and compared identical (helper 33). Each becomes a `read` row of
+`api_events`, its value a computed field (backend/api_diff.py): runs whose tensors all match and
+whose reads differ are inconclusive (`computed`), not identical.
+
+`Reads(recorder)` wraps, while a recording runs, `torch.Tensor.item`, `__float__`, `__int__`,
+`__format__` (an f-string's text: its own `item` call is torch's), `tolist`, `numpy` and `__array__`
+(NumPy's way in): a read made on the main thread by code outside torch's and bitguard's folders (Adam
+reads each parameter's step count with `.item()`: not a row) is a row, a number as it is, many
+numbers as the digests of the tensor read, taken at once, before its memory changes. And each
+torchmetrics `Metric.compute()`'s value (Lightning computes and logs it, so no user code reads it):
+the wrapper torchmetrics puts around every metric's `compute` at its construction is wrapped again,
+once torchmetrics is imported. The first `MAX_READS` a step; a thread's reads other than the main
+one's are not rows (they interleave differently from run to run), nor a value read as a condition
+(`Tensor.__bool__`) or an index. Knows nothing of how rows are stored.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+import os
+import sys
+import threading
+
+import torch
+
+from bitguard.collectors.compiled import is_compiling
+from bitguard.collectors.patching import Patch
+from bitguard.collectors.saved import AfterImport
+from bitguard.cuda.fingerprint import digest_async, resolve
+
+METHODS = ("item", "__float__", "__int__", "__format__", "tolist", "numpy", "__array__")  # Tensor methods read
+MANY = ("tolist", "numpy", "__array__")  # reads of many numbers: their digests
+MAX_READS = 1024  # `read` rows a step at most
+METRICS = "torchmetrics.metric"  # the module whose Metric wraps each instance's compute
+# whose reads are not rows: torch's own (Adam reads its step count), bitguard's (its packages, wherever installed)
+_OWN_CODE = tuple(dict.fromkeys(os.path.join(folder, "") for name in ("torch", "bitguard", "bitguard.collectors",
+                                                                      "bitguard.backend", "bitguard.cuda")
+                                for folder in importlib.util.find_spec(name).submodule_search_locations))
+
+
+class Reads:
+    """`recorder` (collectors/api_events.py ApiRecorder) gives `enabled`, `naming.step()`, `_add`,
+    `_guarded`, `_local` and `_restore` (what its `remove()` puts back)."""
+
+    def __init__(self, recorder, number):
+        self._recorder, self._number = recorder, number  # number: a float as JSON holds it
+        self._count = (None, 0)  # (step, reads in it so far)
+        self._main = threading.main_thread().ident
+        self._patches: list[Patch] = []
+        self._finder: AfterImport | None = None
+
+    def install(self) -> Reads:
+        for attr in METHODS:
+            self._wrap(attr)
+        module = sys.modules.get(METRICS)
+        if module is not None:
+            self._wrap_metrics(module)
+        else:  # wrapped as soon as the training imports torchmetrics
+            self._finder = AfterImport({METRICS}, self._wrap_metrics)
+            sys.meta_path.insert(0, self._finder)
+        return self
+
+    def remove(self) -> None:
+        for patch in self._patches:
+            patch.remove()
+        self._patches.clear()
+        if self._finder is not None and self._finder in sys.meta_path:
+            sys.meta_path.remove(self._finder)
+
+    def _reading(self) -> bool:
+        """A read to record now: recording, on the main thread, not inside a row's making nor dynamo."""
+        return (self._recorder.enabled and threading.get_ident() == self._main
+                and not getattr(self._recorder._local, "reading", False) and not is_compiling())
+
+    def _record(self, target: str, value, tensor) -> None:
+        local = self._recorder._local
+        local.reading = True  # (what the row's making reads is not the training's)
+        try:
+            self._recorder._guarded(self._row, target, value, tensor)
+        finally:
+            local.reading = False
+
+    def _wrap(self, attr: str) -> None:
+        original = getattr(torch.Tensor, attr)
+        reads = self
+
+        def wrapper(*args, **kwargs):
+            value = original(*args, **kwargs)
+            if reads._reading() and not sys._getframe(1).f_code.co_filename.startswith(_OWN_CODE):
+                reads._record(attr, value, args[0] if args else None)
+            return value
+
+        functools.update_wrapper(wrapper, original)
+        setattr(torch.Tensor, attr, wrapper)
+        self._recorder._restore.append((torch.Tensor, attr, original, wrapper))
+
+    def _wrap_metrics(self, module) -> None:
+        metric = getattr(module, "Metric", None)
+        if metric is None or "_wrap_compute" not in metric.__dict__:
+            return
+        reads = self
+
+        def make(original, patch):
+            def wrap_compute(self, compute):
+                wrapped = original(self, compute)
+
+                @functools.wraps(wrapped)
+                def computed(*args, **kwargs):
+                    value = wrapped(*args, **kwargs)
+                    if patch.active and reads._reading():
+                        reads._record(f"{type(self).__name__}.compute", value, None)
+                    return value
+                return computed
+            return wrap_compute
+
+        self._patches.append(Patch(metric, "_wrap_compute", make))
+
+    def _row(self, target: str, value, tensor) -> None:
+        step = self._recorder.naming.step()
+        n = self._count[1] + 1 if self._count[0] == step else 0
+        self._count = (step, n)
+        if n < MAX_READS:
+            self._recorder._add("read", target.strip("_"), self._value(target, value, tensor), step=step)
+        elif n == MAX_READS:  # (an evaluation that reads every sample: the step's first values say enough)
+            self._recorder._add("read", "more", {"beyond": MAX_READS}, step=step)
+
+    def _value(self, target: str, value, tensor) -> dict:
+        if target in MANY:
+            return self._digested(tensor)
+        if isinstance(value, torch.Tensor):  # (a metric's value: one number, or many)
+            return {"value": self._plain(value.item())} if value.numel() == 1 else self._digested(value)
+        if isinstance(value, dict):  # (a metric collection's, or a metric of several values)
+            return {"value": {str(k): self._value(target, v, None).get("value") for k, v in value.items()}}
+        if isinstance(value, (list, tuple)):
+            return {"value": [self._value(target, v, None).get("value") for v in value]}
+        return {"value": self._plain(value)}
+
+    def _plain(self, value):
+        if isinstance(value, complex):
+            return [self._number(value.real), self._number(value.imag)]
+        return self._number(value) if isinstance(value, float) else value if isinstance(value, (int, bool, str)) \
+            or value is None else repr(value)
+
+    @staticmethod
+    def _digested(tensor: torch.Tensor) -> dict:
+        read = {"shape": list(tensor.shape), "dtype": str(tensor.dtype).removeprefix("torch.")}
+        try:
+            xor, pos = resolve([digest_async(tensor.detach())])[0]
+            read["value"] = f"{xor:016x}:{pos:016x}"
+        except Exception as exc:  # noqa: BLE001 - a layout the digest refuses: the read is noted, not compared
+            read["unread"] = type(exc).__name__
+        return read
