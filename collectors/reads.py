@@ -8,7 +8,8 @@ whose reads differ are inconclusive (`computed`), not identical.
 `Reads(recorder)` wraps, while a recording runs, `torch.Tensor.item`, `__float__`, `__int__`,
 `__format__` (an f-string's text: its own `item` call is torch's), `tolist`, `numpy` and `__array__`
 (NumPy's way in): a read made on the main thread by code outside torch's and bitguard's folders (Adam
-reads each parameter's step count with `.item()`: not a row) is a row, a number as it is, many
+reads each parameter's step count with `.item()`: not a row), or by torch's TensorBoard writer (what the
+user logs with `add_scalar`), is a row, a number as it is, many
 numbers as the digests of the tensor read, taken at once, before its memory changes. And each
 torchmetrics `Metric.compute()`'s value (Lightning computes and logs it, so no user code reads it):
 the wrapper torchmetrics puts around every metric's `compute` at its construction is wrapped again,
@@ -40,6 +41,9 @@ METRICS = "torchmetrics.metric"  # the module whose Metric wraps each instance's
 _OWN_CODE = tuple(dict.fromkeys(os.path.join(folder, "") for name in ("torch", "bitguard", "bitguard.collectors",
                                                                       "bitguard.backend", "bitguard.cuda")
                                 for folder in importlib.util.find_spec(name).submodule_search_locations))
+# but what torch's TensorBoard writer reads is what the user logs (`writer.add_scalar("loss", loss)`)
+_LOGGED = tuple(os.path.join(folder, "utils", "tensorboard", "")
+                for folder in importlib.util.find_spec("torch").submodule_search_locations)
 
 
 class Reads:
@@ -90,8 +94,10 @@ class Reads:
 
         def wrapper(*args, **kwargs):
             value = original(*args, **kwargs)
-            if reads._reading() and not sys._getframe(1).f_code.co_filename.startswith(_OWN_CODE):
-                reads._record(attr, value, args[0] if args else None)
+            if reads._reading():
+                caller = sys._getframe(1).f_code.co_filename
+                if not caller.startswith(_OWN_CODE) or caller.startswith(_LOGGED):
+                    reads._record(attr, value, args[0] if args else None)
             return value
 
         functools.update_wrapper(wrapper, original)

@@ -319,3 +319,19 @@ def test_a_loop_that_never_steps_writes_its_rows_as_they_pile_up(tmp_path):
     rows = api_rows(tmp_path / "run")
     assert [r["kind"] for r in rows].count("modes") == MAX_PENDING_ROWS + 10
     assert [r["kind"] for r in rows].count("params") == 1 and {r["step"] for r in rows} == {0}
+
+
+def test_torch_s_own_reads_are_not_rows_but_its_tensorboard_writer_s_are(tmp_path):
+    """A read is the training's when its code makes it: Adam's `.item()` of its step counts (torch's
+    folder) is not a row; torch's TensorBoard writer's `.numpy()` of what the user logs is."""
+    import os
+
+    folder = os.path.dirname(torch.__file__)
+    space: dict = {}
+    for name, where in (("optim", ("optim", "bench.py")), ("board", ("utils", "tensorboard", "bench.py"))):
+        exec(compile(f"def {name}(t):\n    return t.item(), t.numpy()\n", os.path.join(folder, *where), "exec"), space)
+    with bitguard.record(tmp_path / "run", determinism=False):
+        space["optim"](torch.tensor(1.5))
+        space["board"](torch.tensor(2.5))
+    reads = [(r["target"], r["value"].get("value")) for r in api_rows(tmp_path / "run") if r["kind"] == "read"]
+    assert [t for t, _ in reads] == ["item", "numpy"] and reads[0][1] == 2.5, reads
