@@ -130,7 +130,11 @@ class ProcessWatch:
         method = getattr(process, "_start_method", None) or multiprocessing.get_start_method(allow_none=True) \
             or "default"
         what = "a process pool's tasks" if name in _POOL_WORKERS else name
-        self.report(f"{what} ran in another process ({method}), not observed: what it computed is not compared")
+        # (helper 33: Lightning's ddp_spawn said what was not observed, not what to do instead)
+        self.report(f"{what} ran in another process ({method}), not observed: what it computed is not compared; "
+                    f"to record training that runs in several processes, launch them with "
+                    f"'torchrun --nproc-per-node N -m bitguard record --out DIR -- SCRIPT' (Lightning and Fabric: "
+                    f"strategy 'ddp', which uses the processes torchrun started)")
 
     def report(self, message: str) -> None:
         self._report(message)
