@@ -495,6 +495,9 @@ def manifest_differences(a: dict, b: dict) -> list[dict]:
     check("world_size", a.get("world_size"), b.get("world_size"), "a different parallel layout changes reductions")
     check("mode", a.get("mode"), b.get("mode"), "recording modes observe different boundaries (gaps expected)")
     check("steps", a.get("steps"), b.get("steps"), "different recorded step windows")
+    if a.get("recorder") and b.get("recorder"):  # (runs recorded before the field: unknown, not different)
+        check("recorder", a["recorder"], b["recorder"], "recorded by different builds of bitguard: what one records "
+              "and the other does not (a kind of row, a name) can differ by itself; record both with one build")
     return out
 
 

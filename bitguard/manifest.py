@@ -52,6 +52,7 @@ class Manifest(BaseModel):
     schema_version: int = _field(f"an integer between 1 and {_INT32}", ..., ge=1, le=_INT32)
     digest: str | None = _field("the name of a digest definition (a string)")
     digest_build: int | None = _field("the host digest kernel's revision (an integer)")
+    recorder: str | None = _field("16 hex digits naming the build of bitguard's recording code (a string)")
     command: list[str] | str | None = _field("the recorded command, a list of strings")
     cwd: str | None = _field("a folder path (a string)")
     python: str | None = _field("the interpreter's path (a string)")
@@ -178,6 +179,23 @@ def tool_version() -> str:
         return version("bitguard")
     except PackageNotFoundError:
         return "0+unknown"
+
+
+def recorder_build() -> str:
+    """16 hex digits of the SHA-256 of the recording code's sources (bitguard's own package, its
+    collectors and digest kernels): two runs recorded by different builds of one version (a
+    development checkout, an upgrade between the reference and the suspect) say so, since what
+    one build records and the other does not can differ by itself."""
+    import hashlib
+    import importlib.util
+
+    digest = hashlib.sha256()
+    for name in ("bitguard", "bitguard.collectors", "bitguard.cuda"):
+        spec = importlib.util.find_spec(name)
+        for folder in (spec.submodule_search_locations or []) if spec is not None else []:
+            for path in sorted(Path(folder).rglob("*.py")):
+                digest.update(path.relative_to(folder).as_posix().encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()[:16]
 
 
 def environment() -> dict:
@@ -435,6 +453,7 @@ def new(command: list[str], mode: str, world_size: int, determinism: dict, steps
         "schema_version": SCHEMA_VERSION,
         "digest": DIGEST,
         "digest_build": DIGEST_BUILD,
+        "recorder": recorder_build(),
         "command": command,
         "cwd": os.getcwd(),
         **replay_facts(command),

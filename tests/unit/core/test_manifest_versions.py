@@ -103,3 +103,16 @@ def test_a_killed_run_that_never_listed_its_imports_differs_only_in_what_both_li
     assert [d["field"] for d in manifest_differences(b, a)] == ["versions.numpy"]
     b["end_time"] = "2026-12-04T23:31:00+0000"  # ended: what it lacks, it did not import
     assert [d["field"] for d in manifest_differences(a, b)] == ["versions.numpy", "versions.duckdb", "versions.polars"]
+
+
+def test_runs_recorded_by_different_builds_of_bitguard_say_so():
+    """Helper 32: a run recorded before a change of the recorder (a `read` row kind added) and one
+    after differed in their API rows with nothing to say why: the tool version of a development
+    build does not change. The manifest names the recording code's build; a run without it is unknown."""
+    from bitguard.manifest import new, recorder_build
+
+    made = new(["train.py"], "full", 1, {}, None)
+    assert made["recorder"] == recorder_build() and len(made["recorder"]) == 16
+    a, b = {"recorder": "0" * 16}, {"recorder": "1" * 16}
+    assert [(d["field"], d["a"], d["b"]) for d in manifest_differences(a, b)] == [("recorder", "0" * 16, "1" * 16)]
+    assert manifest_differences(a, {}) == [] and manifest_differences(a, dict(a)) == []
