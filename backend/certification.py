@@ -50,6 +50,13 @@ class Scope:
         return inside
 
 
+def first_error(errors: list) -> str:
+    """A run's first collector error as a reason quotes it: whole up to 600 characters (the advice an
+    error ends with, helper 33: it was cut at 200, mid-word, before it), else cut at a word with an ellipsis."""
+    text = str(errors[0])
+    return text if len(text) <= 600 else text[:600].rsplit(" ", 1)[0] + " …"
+
+
 def reason(code: str, message: str, side: str | None = None, rank: int | None = None) -> dict:
     """A `Reason` document (result.py)."""
     return {"code": code, "message": message, "side": side, "rank": rank}
@@ -237,7 +244,7 @@ def run_reasons(run_a, run_b, ranks: list[int], rank_selected: bool) -> list[dic
             errors += [e for e in (run.rank_meta.get(rank, {}).get("collector_errors") or []) if e not in errors]
         if errors:
             reasons.append(reason("collector_errors", f"run {label}'s recording reported {len(errors)} collector "
-                                                       f"error(s), so events may be missing (first: {str(errors[0])[:200]})",
+                                                       f"error(s), so events may be missing (first: {first_error(errors)})",
                                    side))
     return reasons
 

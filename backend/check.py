@@ -39,6 +39,7 @@ from typing import Literal
 import polars as pl
 from pydantic import ConfigDict, Field
 
+from bitguard.backend.certification import first_error
 from bitguard.backend.result import Against, DigestPair, Finding, TensorDiff, _Model
 
 __all__ = ["Against", "CheckResult", "DigestPair", "Finding", "LoadedRun", "Outcome", "TensorDiff", "register",
@@ -169,7 +170,7 @@ def _run_reasons(info, ranks: list[int]) -> list[CheckReason]:
     if errors:
         out.append(CheckReason(code="collector_errors", message=f"the recording reported {len(errors)} collector "
                                                                 f"error(s), so events may be missing (first: "
-                                                                f"{str(errors[0])[:200]})"))
+                                                                f"{first_error(errors)})"))
     return out
 
 

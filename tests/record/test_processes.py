@@ -36,6 +36,8 @@ def test_training_in_a_child_process_is_never_certified(tmp_path, start):
             f"'torchrun --nproc-per-node N -m bitguard record"), errors
     proc = run_cli("compare", tmp_path / "a", tmp_path / "b")
     assert proc.returncode == 3 and "__main__.child ran in another process" in proc.stdout, proc.stdout
+    # (quoted whole: it was cut at 200 characters, mid-word, before the advice: helper 33)
+    assert "launch them with 'torchrun --nproc-per-node N -m bitguard record --out DIR -- SCRIPT'" in proc.stdout
 
 
 def test_pool_tasks_and_a_raw_fork_are_never_certified_but_dataloader_workers_are_fine(tmp_path):
