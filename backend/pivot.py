@@ -585,7 +585,7 @@ def unstepped_note(pivot: dict, events_a: pl.DataFrame) -> list[str]:
             f"here, as if this module computed differently"]
 
 
-def midstep_note(pivot: dict, events_a: pl.DataFrame) -> list[str]:
+def midstep_note(pivot: dict, events_a: pl.DataFrame, tensors_a: pl.DataFrame | None = None) -> list[str]:
     """A module call blamed as a source after a backward inside its step (a later micro-batch of
     gradient accumulation), or after other calls of the model in its step (a rollout's): the weights
     were last recorded as the step began (its params event) and are recorded again only when a
@@ -595,7 +595,7 @@ def midstep_note(pivot: dict, events_a: pl.DataFrame) -> list[str]:
         return []
     step = events_a.filter((pl.col("step") == pivot["step"]) & (pl.col("seq") < pivot["seq"]))
     params = step.filter(pl.col("kind") == "params")
-    if params.is_empty():
+    if params.is_empty() or not _holds_parameters(pivot, params, tensors_a):
         return []
     after = step.filter(pl.col("seq") > params["seq"].max())
     if not after.filter(pl.col("phase") == "backward").is_empty():
@@ -614,6 +614,19 @@ def midstep_note(pivot: dict, events_a: pl.DataFrame) -> list[str]:
             f"records them again: weights edited between two calls (a callback, an in-place update under no_grad, "
             f"through .data) are not observed, and a difference there also shows first here, as if this module "
             f"computed differently"]
+
+
+def _holds_parameters(pivot: dict, params: pl.DataFrame, tensors_a: pl.DataFrame | None) -> bool:
+    """Could weights edited between calls explain the pivot module's output: does it hold parameters,
+    by the paths of its root's last params event (helper 33: a torchmetrics metric, none, was given
+    the note)? True when the tensors are not at hand."""
+    if tensors_a is None:
+        return True
+    last = params.filter(pl.col("seq") == params["seq"].max()).row(0, named=True)
+    if last["boundary"] == pivot["boundary"]:
+        return True
+    paths = tensors_a.filter((pl.col("seq") == last["seq"]) & (pl.col("role") == "param"))["path"]
+    return bool(paths.str.starts_with(f".{pivot['boundary']}.").any())
 
 
 def _prefixes(boundary: str) -> list[str]:

@@ -150,7 +150,7 @@ def _divergence(rc) -> dict | None:
     notes += retype.note(rc.pairs, None if structure else p["seq"], rc.diffs)
     notes += granularity.note(rc.regions, p)
     if not structure and rc.blame and rc.blame.get("blame") == "source":
-        notes += pivot_mod.unstepped_note(p, rc.events_a) + pivot_mod.midstep_note(p, rc.events_a)
+        notes += pivot_mod.unstepped_note(p, rc.events_a) + pivot_mod.midstep_note(p, rc.events_a, rc.tensors_a)
     return {
         "cause": p["cause"], "missing_side": None if not structure else ("b" if p["side"] == "a" else "a"),
         "rank": rc.rank, "step": p["step"], "phase": p["phase"], "kind": p["kind"],

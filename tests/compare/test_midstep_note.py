@@ -59,3 +59,38 @@ def test_a_source_after_other_calls_in_its_step_says_what_is_not_observed_there(
     assert (fd["step"], fd["phase"], fd["boundary"], fd["call"], fd["blame"]) == (1, "forward", "2", 1, "source"), fd
     assert any("earlier call(s) of the model ran in step 1 after its parameters were last recorded" in n
                for n in fd["notes"]), fd["notes"]
+
+
+def test_a_module_without_parameters_is_not_said_to_have_had_its_weights_edited(tmp_path):
+    """Helper 33 (a torchmetrics metric called as a module after the model): the note on weights
+    edited between two calls was attached to a module that holds none."""
+    import torch
+
+    class Scaled(nn.Module):  # (no parameters: its own code alone makes its output)
+        def __init__(self, scale):
+            super().__init__()
+            self.scale = scale
+
+        def forward(self, x):
+            return x * self.scale
+
+    def run(path, changed):
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(4, 4), Scaled(1.0), nn.Linear(4, 1))
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        with bitguard.record(path, determinism=False):
+            for step in range(2):
+                with torch.no_grad():
+                    model(torch.randn(3, 4))
+                    if step == 1 and changed:
+                        model[1].scale = 2.0  # (not a weight: an attribute its forward reads)
+                    model(torch.randn(3, 4))
+                opt.zero_grad()
+                model(torch.randn(3, 4)).pow(2).mean().backward()
+                opt.step()
+
+    run(tmp_path / "a", False)
+    run(tmp_path / "b", True)
+    fd = bitguard.compare(tmp_path / "a", tmp_path / "b").first_divergence
+    assert (fd["step"], fd["phase"], fd["boundary"], fd["call"], fd["blame"]) == (1, "forward", "1", 1, "source"), fd
+    assert not any("weights edited between two calls" in n for n in fd["notes"]), fd["notes"]
