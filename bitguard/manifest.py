@@ -189,12 +189,14 @@ def recorder_build() -> str:
     import hashlib
     import importlib.util
 
-    digest = hashlib.sha256()
+    digest, seen = hashlib.sha256(), set()
     for name in ("bitguard", "bitguard.collectors", "bitguard.cuda"):
         spec = importlib.util.find_spec(name)
         for folder in (spec.submodule_search_locations or []) if spec is not None else []:
             for path in sorted(Path(folder).rglob("*.py")):
-                digest.update(path.relative_to(folder).as_posix().encode() + b"\0" + path.read_bytes())
+                if path not in seen:  # (installed from a wheel, the subpackages are inside bitguard's own folder)
+                    seen.add(path)
+                    digest.update(path.relative_to(folder).as_posix().encode() + b"\0" + path.read_bytes())
     return digest.hexdigest()[:16]
 
 

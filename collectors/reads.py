@@ -47,13 +47,14 @@ _LOGGED = tuple(os.path.join(folder, "utils", "tensorboard", "")
 
 
 class Reads:
-    """`recorder` (collectors/api_events.py ApiRecorder) gives `enabled`, `naming.step()`, `_add`,
-    `_guarded`, `_local` and `_restore` (what its `remove()` puts back)."""
+    """`recorder` (collectors/api_events.py ApiRecorder) gives `enabled`, `naming.step()`, `_add` and
+    `_guarded`; `remove()` puts back what `install()` wrapped."""
 
     def __init__(self, recorder, number):
         self._recorder, self._number = recorder, number  # number: a float as JSON holds it
         self._count = (None, 0)  # (step, reads in it so far)
         self._main = threading.main_thread().ident
+        self._local = threading.local()  # `inside`: a row in the making (what it reads is not the training's)
         self._patches: list[Patch] = []
         self._finder: AfterImport | None = None
 
@@ -78,31 +79,29 @@ class Reads:
     def _reading(self) -> bool:
         """A read to record now: recording, on the main thread, not inside a row's making nor dynamo."""
         return (self._recorder.enabled and threading.get_ident() == self._main
-                and not getattr(self._recorder._local, "reading", False) and not is_compiling())
+                and not getattr(self._local, "inside", False) and not is_compiling())
 
     def _record(self, target: str, value, tensor) -> None:
-        local = self._recorder._local
-        local.reading = True  # (what the row's making reads is not the training's)
+        self._local.inside = True
         try:
             self._recorder._guarded(self._row, target, value, tensor)
         finally:
-            local.reading = False
+            self._local.inside = False
 
     def _wrap(self, attr: str) -> None:
-        original = getattr(torch.Tensor, attr)
         reads = self
 
-        def wrapper(*args, **kwargs):
-            value = original(*args, **kwargs)
-            if reads._reading():
-                caller = sys._getframe(1).f_code.co_filename
-                if not caller.startswith(_OWN_CODE) or caller.startswith(_LOGGED):
-                    reads._record(attr, value, args[0] if args else None)
-            return value
+        def make(original, patch):
+            def wrapper(*args, **kwargs):
+                value = original(*args, **kwargs)
+                if patch.active and reads._reading():
+                    caller = sys._getframe(1).f_code.co_filename
+                    if not caller.startswith(_OWN_CODE) or caller.startswith(_LOGGED):
+                        reads._record(attr, value, args[0] if args else None)
+                return value
+            return wrapper
 
-        functools.update_wrapper(wrapper, original)
-        setattr(torch.Tensor, attr, wrapper)
-        self._recorder._restore.append((torch.Tensor, attr, original, wrapper))
+        self._patches.append(Patch(torch.Tensor, attr, make))
 
     def _wrap_metrics(self, module) -> None:
         metric = getattr(module, "Metric", None)
@@ -146,10 +145,13 @@ class Reads:
         return {"value": self._plain(value)}
 
     def _plain(self, value):
+        """A Python value as JSON holds it: floats through `number`, a complex number as two, other
+        objects as their repr."""
         if isinstance(value, complex):
             return [self._number(value.real), self._number(value.imag)]
-        return self._number(value) if isinstance(value, float) else value if isinstance(value, (int, bool, str)) \
-            or value is None else repr(value)
+        if isinstance(value, float):
+            return self._number(value)
+        return value if value is None or isinstance(value, (int, bool, str)) else repr(value)
 
     @staticmethod
     def _digested(tensor: torch.Tensor) -> dict:
