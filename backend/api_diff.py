@@ -86,6 +86,12 @@ def _show(value) -> str:
     return "absent" if value is None else json.dumps(value) if isinstance(value, str) else str(value)
 
 
+def _numbers(a, b) -> bool:
+    """Two lists of numbers of one length: compared position by position."""
+    return (isinstance(a, list) and isinstance(b, list) and len(a) == len(b)
+            and all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in a + b))
+
+
 def value_pair(a, b) -> tuple[str, str]:
     """Two floats short where six digits tell them apart (0.0002 vs 0.0001), exact where not."""
     if isinstance(a, float) and isinstance(b, float) and f"{a:.6g}" != f"{b:.6g}":
@@ -137,6 +143,10 @@ def lines(diff: dict, indent: str = "  ", header: bool = True) -> list[str]:
         what = f"{d['kind']} ({d['target']})" + (f" call {d['call']}" if d["call"] else "")
         if d["field"] is None:
             out.append(f"{indent}  step {d['step']}: {what}: {d['a']} in A, {d['b']} in B")
+        elif _numbers(d["a"], d["b"]):  # per position (a learning rate per group), not a set of names
+            pairs = [value_pair(x, y) for x, y in zip(d["a"], d["b"])]
+            a, b = (_show([p[i] for p in pairs]) for i in (0, 1))
+            out.append(f"{indent}  step {d['step']}: {what}: {d['field']} {a} (A) vs {b} (B)")
         elif isinstance(d["a"], list) and isinstance(d["b"], list):
             only_a = [x for x in d["a"] if x not in d["b"]]
             only_b = [x for x in d["b"] if x not in d["a"]]

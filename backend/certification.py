@@ -62,12 +62,16 @@ def reason(code: str, message: str, side: str | None = None, rank: int | None = 
     return {"code": code, "message": message, "side": side, "rank": rank}
 
 
-def _window(manifest: dict) -> tuple[int | None, int | None]:
-    steps = manifest.get("steps")
+def _window(run) -> tuple[int | None, int | None]:
+    """The steps `run` recorded (`--steps`; None: from the start, to the end), in the step numbers
+    compare reads (RunInfo.step_shift added: a resumed process's step 0 is its run's step STEP)."""
+    steps, shift = run.manifest.get("steps"), run.step_shift
+    first = end = None
     if isinstance(steps, (list, tuple)) and len(steps) == 2:
-        first, end = steps
-        return (first if isinstance(first, int) else None, end if isinstance(end, int) else None)
-    return None, None
+        first, end = (v if isinstance(v, int) else None for v in steps)
+    if shift:
+        first, end = (first or 0) + shift, None if end is None else end + shift
+    return first, end
 
 
 def rank_scope(rank: int, run_a, run_b, ea: pl.DataFrame, eb: pl.DataFrame) -> tuple[Scope, list[dict]]:
@@ -97,7 +101,9 @@ def rank_scope(rank: int, run_a, run_b, ea: pl.DataFrame, eb: pl.DataFrame) -> t
         damage = (getattr(run, "damage", None) or {}).get(rank)
         if damage:
             from_step = damage.get("from_step")
-            lost = 0 if from_step is None else int(from_step)
+            if from_step is not None:
+                from_step = int(from_step) + run.step_shift
+            lost = run.step_shift if from_step is None else from_step
             cut(lost)
             damaged = lost if damaged is None else min(damaged, lost)
             where = "from the start" if from_step is None else f"from step {from_step} on"
@@ -109,7 +115,9 @@ def rank_scope(rank: int, run_a, run_b, ea: pl.DataFrame, eb: pl.DataFrame) -> t
             reasons.append(reason("online", f"run {side.upper()} was recorded in online mode: it holds alerts, not "
                                             f"boundary events (bitguard alerts reads them); record with --mode full to "
                                             f"compare", side, rank))
-    wa, wb = _window(run_a.manifest), _window(run_b.manifest)
+    wa, wb = _window(run_a), _window(run_b)
+    if run_b.step_shift:  # A's steps before B resumed are left out by the user's choice (run_reasons says so)
+        wa = (max(wa[0] or 0, wb[0]), wa[1])
     first = max((w[0] for w in (wa, wb) if w[0] is not None), default=None)
     for w in (wa, wb):
         if w[1] is not None:
@@ -239,6 +247,10 @@ def run_reasons(run_a, run_b, ranks: list[int], rank_selected: bool) -> list[dic
             reasons.append(reason("missing_ranks", f"run {label} declares world size {run.world_size} but has no "
                                                     f"rank file for rank(s) {', '.join(map(str, missing))}: those "
                                                     f"ranks are not compared", side))
+        if run.step_shift:
+            reasons.append(reason("resumed", f"run {label} resumed at step {run.step_shift} (--resumed-at): its step s "
+                                             f"is compared with the other run's step {run.step_shift} + s, and that "
+                                             f"run's steps before {run.step_shift} are not compared", side))
         errors = list(run.manifest.get("collector_errors") or [])
         for rank in ranks:
             errors += [e for e in (run.rank_meta.get(rank, {}).get("collector_errors") or []) if e not in errors]

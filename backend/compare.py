@@ -17,6 +17,7 @@ from __future__ import annotations
 import fnmatch
 import threading
 from concurrent.futures import ThreadPoolExecutor
+import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -32,7 +33,7 @@ from bitguard.backend.ingest import RunInfo, in_order, load_rank, open_run
 from bitguard.backend.rank_summary import RankSummary, hex16 as _hex, unobserved as _unobserved
 from bitguard.backend.result import COMPARE_SCHEMA, EXIT_STATUS, CompareResult
 from bitguard.backend.rules import RuleSet
-from bitguard.errors import BitguardError, IncompatibleRuns, NotFound
+from bitguard.errors import BadInput, BitguardError, IncompatibleRuns, NotFound
 
 __all__ = ["COMPARE_SCHEMA", "Comparison", "compare"]
 DEFAULT_BAND = 64
@@ -521,7 +522,7 @@ def _first_pivot(ranks: dict[int, RankComparison]) -> RankComparison | None:
 
 
 # Reasons that stop a verdict from being `identical`; the others only describe what was compared.
-_INFORMATIONAL = {"modes", "granularity", "recompute", "retyped"}
+_INFORMATIONAL = {"modes", "granularity", "recompute", "retyped", "resumed"}
 # reasons after which no computed value is compared: nothing was paired, or the steps are not the same steps
 # (helper 33: a run recorded with --steps 4: against a resumed one said "every recorded tensor is equal")
 _UNPAIRED = {"empty", "nothing_paired", "step_window"}
@@ -665,7 +666,7 @@ class Comparison:
             rules_fired=self.rules_fired,
             manifest_diffs=self.manifest_diffs,
             incomplete=self.incomplete(),
-            analysis={"fingerprint": self.fingerprint, "probes": self.probes},
+            analysis={"fingerprint": self.fingerprint, "probes": self.probes, "resumed_at": self.run_b.step_shift},
             inconclusive={"reasons": blocking} if verdict == "inconclusive" else None,
             certification={"reasons": reasons, "compared_steps": {
                 str(r): [rc.scope.first, rc.scope.end] for r, rc in self.ranks.items()}},
@@ -844,18 +845,25 @@ class Comparison:
 
 def compare(a, b, rules=None, rank: int | None = None, band: int = DEFAULT_BAND, fingerprint: str = "xor+pos",
             probes: list[str] | None = None, jobs: int | None = None, ray: str | None = None,
-            frames: bool = True) -> Comparison:
+            frames: bool = True, resumed_at: int = 0) -> Comparison:
     """Compare run A (reference) with run B (suspect). `fingerprint` and `probes` are analysis
     options for ablations (see the module docstring); the defaults are bitguard's method. `jobs`:
     worker processes for the ranks (rank_pool.py; None: the cores, for a big enough comparison);
     `ray`: compare the ranks on a Ray cluster instead (its address, or "auto"). `frames` False:
     for a caller that reads only the verdict and the document (the CLI), no rank keeps its frames
     past its comparison (a frame read later compares that rank again): the memory of a run of
-    many ranks is that of its biggest rank."""
+    many ranks is that of its biggest rank. `resumed_at`: run B is a process that resumed the training
+    at that step (of run A's count) and counted its own steps from 0: its step s is compared with A's
+    step `resumed_at` + s, A's steps before it are not compared."""
     equivalence.check(fingerprint)
+    if isinstance(resumed_at, bool) or not isinstance(resumed_at, int) or resumed_at < 0:
+        raise BadInput(f"--resumed-at must be a step number of 0 or more, not {resumed_at!r}")
     probes = None if probes is None else list(probes)
     run_a = a if isinstance(a, RunInfo) else open_run(a)
     run_b = b if isinstance(b, RunInfo) else open_run(b)
+    if resumed_at:  # (RunInfo objects of an earlier comparison keep theirs: drill, a rank compared again)
+        run_a = dataclasses.replace(run_a, step_shift=0, resume_from=resumed_at)
+        run_b = dataclasses.replace(run_b, step_shift=resumed_at, resume_from=resumed_at)
     rule_set = RuleSet.load(rules)
     ranks_a, ranks_b = set(run_a.ranks), set(run_b.ranks)
     if rank is not None:

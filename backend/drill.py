@@ -331,6 +331,10 @@ def drill_comparison(comparison, *, rank: int | None = None, out: str | Path | N
         raise BadInput(f"the runs compare {verdict}: there is no pivot to drill into" +
                        ("; 'bitguard compare' says what could not be certified" if verdict == "inconclusive" else ""))
     run_a, run_b = comparison.run_a, comparison.run_b
+    if run_b.step_shift:
+        raise NotSupported(f"drilling into a comparison of a resumed run (--resumed-at {run_b.step_shift}) is not "
+                           f"supported yet: the replay would re-run run B at A's step numbers; drill a pair recorded "
+                           f"with the same step count")
     w = plan(run_a, run_b, fd)
     name = f"step-{w.step}-rank-{w.rank}"
     # absolute: the replays run in each run's recorded working directory, not in this one

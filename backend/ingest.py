@@ -65,6 +65,12 @@ class RunInfo:
     #          "reason": what was found}
     damage: dict[int, dict] = field(default_factory=dict)
     event_counts: dict[int, int] = field(default_factory=dict)  # rank -> events (rank file and journal)
+    # added to every step number read from this run (`bitguard compare --resumed-at`): a process that
+    # resumed a training from a checkpoint counted its own steps from 0
+    step_shift: int = 0
+    # `bitguard compare --resumed-at`: the step (after the shift) where the comparison of a resumed run
+    # begins; each side's records before its first batch of that step are left out (resume_cut)
+    resume_from: int | None = None
 
     @property
     def name(self) -> str:
@@ -369,6 +375,16 @@ def _select(table, present: set[str], source: str | None = None) -> str:
     return f"SELECT {', '.join(out)} FROM {source or table.name}"
 
 
+def _union(con: duckdb.DuckDBPyConnection, table, present: set[str], leftover: _Leftover) -> str:
+    """The SELECT of `table`'s rows in the rank file and, registered on `con`, in its journal."""
+    sql = _select(table, present)
+    rows = _journal_rows(leftover, table)
+    if rows.num_rows:
+        con.register(f"_journal_{table.name}", rows)
+        sql += f" UNION ALL {_select(table, present, f'_journal_{table.name}')}"
+    return sql
+
+
 def load_rank(run: RunInfo, rank: int) -> tuple[pl.DataFrame, pl.DataFrame, dict[int, list[str]]]:
     """(events, tensors, stacks) of one rank, rank file and journal together. events are in seq
     order with a uint64 `key` column: the alignment key hash(step, phase, kind, boundary,
@@ -387,22 +403,20 @@ def load_rank(run: RunInfo, rank: int) -> tuple[pl.DataFrame, pl.DataFrame, dict
         with _reading(path):
             meta, present = _read_rank(con, path, run.manifest.get("schema_version", 1))
             leftover = _leftover(decoded, _folded(meta), con, path)
-            union = {}
-            for t in (EVENTS, TENSORS, STACKS):
-                union[t.name] = _select(t, present[t.name])
-                rows = _journal_rows(leftover, t)
-                if rows.num_rows:
-                    con.register(f"_journal_{t.name}", rows)
-                    union[t.name] += f" UNION ALL {_select(t, present[t.name], f'_journal_{t.name}')}"
+            union = {t.name: _union(con, t, present[t.name], leftover) for t in (EVENTS, TENSORS, STACKS)}
             # no ORDER BY: the rows come in the order they were written, nearly always already in
             # order (DuckDB's sort cost more than reading); in_order sorts only what is not
-            events = compact(in_order(con.sql(union[EVENTS.name]).pl(), ("seq",)), _ONE_VALUE[EVENTS.name])
+            events = compact(in_order(_shifted(con.sql(union[EVENTS.name]).pl(), run.step_shift), ("seq",)),
+                             _ONE_VALUE[EVENTS.name])
             tensors = compact(in_order(con.sql(union[TENSORS.name]).pl(), ("seq", "role", "idx")),
                               _ONE_VALUE[TENSORS.name])
             frames = con.sql(f"SELECT stack_id, frames FROM ({union[STACKS.name]})").fetchall()
     finally:
         con.close()
     _check_values(events, tensors, path)
+    if run.resume_from is not None:
+        events = events.filter(pl.col("seq") >= resume_cut(events, run.resume_from)[0])
+        tensors = tensors.filter(pl.col("seq").is_in(events["seq"].implode()))
     return with_keys(events, tensors), tensors, _stacks(frames, path)
 
 
@@ -431,9 +445,40 @@ def rank_table(run: RunInfo, rank: int, table) -> pl.DataFrame | None:
             if rows.num_rows:
                 con.register(f"_journal_{table.name}", rows)
                 parts.append(_select(table, set(table.names), f"_journal_{table.name}"))
-            return con.sql(" UNION ALL ".join(parts)).pl() if parts else None
+            frame = _shifted(con.sql(" UNION ALL ".join(parts)).pl(), run.step_shift) if parts else None
+            if frame is not None and run.resume_from is not None and "step" in frame.columns:
+                events = _shifted(con.sql(_union(con, EVENTS, set(found.get(EVENTS.name, ())), leftover)).pl(),
+                                  run.step_shift)
+                step, t_ns = resume_cut(events, run.resume_from)[1:]
+                kept = pl.col("step") >= step
+                if t_ns is not None and "t_ns" in frame.columns:
+                    kept = (pl.col("step") > step) | (kept & (pl.col("t_ns") >= t_ns))
+                frame = frame.filter(kept.fill_null(False))
+            return frame
     finally:
         con.close()
+
+
+def resume_cut(events: pl.DataFrame, step: int) -> tuple[int, int, int | None]:
+    """(seq, step, time) where the comparison of a resumed run begins (RunInfo.resume_from, `step` in
+    compare's numbering): the first batch event (else event) of step `step` or later. What a side
+    recorded before it is the old process's tail (the checkpoint it saved, its scheduler's last step)
+    or the new one's setup (loading it), not a training step of either."""
+    later = events.filter(pl.col("step") >= step)
+    first = later.filter(pl.col("phase") == "data").head(1)
+    if not first.height:
+        first = later.head(1)
+    if not first.height:  # nothing from there on: everything is cut
+        return (int(events["seq"].max()) + 1 if events.height else 0), step, None
+    row = first.row(0, named=True)
+    return row["seq"], row["step"], row["t_start_ns"]
+
+
+def _shifted(frame: pl.DataFrame, shift: int) -> pl.DataFrame:
+    """`frame` with `shift` added to its `step` column (RunInfo.step_shift), as it is otherwise."""
+    if not shift or "step" not in frame.columns:
+        return frame
+    return frame.with_columns(pl.col("step") + pl.lit(shift, dtype=frame.schema["step"]))
 
 
 # Columns that hold one value in every row of most rank files (one rank, one thread and device, no

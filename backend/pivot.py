@@ -257,11 +257,33 @@ def _params_detail(pivot: dict, events_a: pl.DataFrame, diffs: pl.DataFrame,
                 "optimizer step was recorded: the weights were updated outside torch.optim (by hand, through .data, "
                 "or by another library's optimizer, as Keras') differently, or edited between steps (or an optimizer "
                 "that calls its closure again, LBFGS, moved them inside its first step())")
+    resumed = _resumed_at(pivot, diffs, events_a, tensors_a)
+    if resumed is not None:  # (a resume in a new process counts its steps from 0 again)
+        return (f"run B's parameters at step {pivot['step']} are run A's at step {resumed}: B resumed from a checkpoint "
+                f"of A's step {resumed} in a new process, which counted its steps from 0? `bitguard compare --resumed-at "
+                f"{resumed - pivot['step']}` compares B's steps with A's from there")
     if pivot["step"] > 0:
         return (f"the parameters already differ at the model's first recorded call, in step {pivot['step']}: they "
                 f"differed before the recorded steps began (an earlier step, the initialisation, a loaded checkpoint)")
     return ("the parameters differ before the model's first recorded call, although everything before matched: "
             "they were made differently (the initialisation, its seed, a loaded checkpoint, weights copied in)")
+
+
+def _resumed_at(pivot: dict, diffs: pl.DataFrame, events_a: pl.DataFrame, tensors_a: pl.DataFrame | None) -> int | None:
+    """The later step of run A at whose same event (boundary and kind) A's parameters are, digest
+    for digest, run B's at the pivot; None when there is none."""
+    if tensors_a is None or "xor_b" not in diffs.columns:
+        return None
+    b = diffs.filter((pl.col("a_seq") == pivot["seq"]) & (pl.col("role") == "param")).select(
+        "idx", pl.col("xor_b").alias("xor"), pl.col("pos_b").alias("pos"))
+    if not b.height or b["xor"].null_count():
+        return None
+    later = events_a.filter((pl.col("step") > pivot["step"]) & (pl.col("boundary") == pivot["boundary"])
+                            & (pl.col("kind") == pivot["kind"]) & (pl.col("phase") == pivot["phase"])).select("seq", "step")
+    rows = tensors_a.filter(pl.col("seq").is_in(later["seq"].implode()) & (pl.col("role") == "param"))
+    same = rows.join(b, on=["idx", "xor", "pos"], how="semi").group_by("seq").len()
+    whole = same.filter(pl.col("len") == b.height).join(later, on="seq").sort("seq")
+    return int(whole["step"][0]) if whole.height else None
 
 
 def _stepped_before(pivot: dict, steps: pl.DataFrame, tensors_a: pl.DataFrame) -> bool:

@@ -153,7 +153,7 @@ class AlignmentSummary(_Model):
 class Reason(_Model):
     code: Literal["incomplete", "missing_ranks", "damaged", "unobserved", "collector_errors", "nothing_paired",
                   "empty", "step_window", "modes", "follows_accepted", "granularity", "recompute",
-                  "online", "digest_build", "retyped", "computed"]
+                  "online", "digest_build", "retyped", "computed", "resumed"]
     message: str = Field(description="what could not be certified and why, in one sentence")
     side: Literal["a", "b"] | None = None
     rank: int | None = None
@@ -214,6 +214,8 @@ class RuleFired(_Model):
 class Analysis(_Model):
     fingerprint: str
     probes: list[str] | None
+    resumed_at: int = Field(0, description="`compare --resumed-at`: run B's step s was compared with run A's step "
+                                           "resumed_at + s (0: step for step)")
 
 
 class TensorDiff(_Model):

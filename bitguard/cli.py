@@ -266,7 +266,7 @@ def cmd_compare(args) -> int:
     from bitguard.backend.report import render_text
 
     comparison = compare(args.run_a, args.run_b, rules=args.rules, rank=args.rank, jobs=args.jobs,
-                         ray=args.ray, frames=False)  # (the report reads no frame)
+                         ray=args.ray, frames=False, resumed_at=args.resumed_at)  # (the report reads no frame)
     if args.json:
 
         _print(json.dumps(comparison.to_dict(), indent=2))
@@ -373,6 +373,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="compare the ranks on a Ray cluster: its address (host:port), or 'auto' for the one "
                         "'ray start' runs here; the run directories must be at the same path on every node "
                         "(needs the ray extra)")
+    p.add_argument("--resumed-at", type=int, default=0, metavar="STEP",
+                   help="run B resumed the training from a checkpoint at STEP in a new process that counted its steps "
+                        "from 0: compare B's step s with A's step STEP+s, and leave A's steps before STEP out")
     p.set_defaults(func=cmd_compare)
 
     what = ("check one run against itself, with no reference run (each activation recompute against its original "

@@ -1,0 +1,100 @@
+"""A training resumed from a checkpoint in a new process counts its steps from 0 again: compared
+step for step with the uninterrupted run it diverged at step 0 ("the parameters ... were made
+differently"), and nothing compared its steps with the run's tail. `compare --resumed-at STEP`
+compares B's step s with A's step STEP + s and leaves out what each side recorded before its first
+batch there (the checkpoint A saved, its scheduler's step; B's setup); without it, the pivot says
+which step of A B's parameters are."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn as nn
+
+import bitguard
+from bitguard.backend.drill import drill_comparison
+from bitguard.errors import BadInput, NotSupported
+from incli import run_cli
+
+STEPS, SAVE_AT = 6, 3
+
+
+def _train(path, checkpoint, resume: bool = False, load_scheduler: bool = True) -> None:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 1))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    sched = torch.optim.lr_scheduler.StepLR(opt, 2, 0.5)
+    g = torch.Generator().manual_seed(1)
+    data = [(torch.randn(4, 8, generator=g), torch.randn(4, 1, generator=g)) for _ in range(STEPS)]
+    with bitguard.record(path, determinism=False):
+        start = 0
+        if resume:
+            state = torch.load(checkpoint)
+            model.load_state_dict(state["model"])
+            opt.load_state_dict(state["opt"])
+            if load_scheduler:
+                sched.load_state_dict(state["sched"])
+            start = state["step"]
+        for step in range(start, STEPS):
+            x, y = data[step]
+            loss = nn.functional.mse_loss(model(x), y)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            sched.step()
+            loss.item()
+            if step + 1 == SAVE_AT and not resume:
+                torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "sched": sched.state_dict(),
+                            "step": SAVE_AT}, checkpoint)
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("resumed")
+    checkpoint = root / "ckpt.pt"
+    _train(root / "a", checkpoint)
+    _train(root / "resumed", checkpoint, resume=True)
+    _train(root / "no_scheduler", checkpoint, resume=True, load_scheduler=False)
+    return root
+
+
+def test_step_for_step_the_pivot_says_which_step_of_a_the_resumed_run_starts_from(runs):
+    c = bitguard.compare(runs / "a", runs / "resumed")
+    fd = c.first_divergence
+    assert (c.verdict, fd["step"], fd["kind"]) == ("diverged", 0, "params"), fd
+    assert "are run A's at step 3" in fd["blame_window"]["detail"] and "--resumed-at 3" in fd["blame_window"]["detail"]
+
+
+def test_a_resumed_run_compares_identical_with_the_tail_it_resumed(runs):
+    c = bitguard.compare(runs / "a", runs / "resumed", resumed_at=SAVE_AT)
+    assert c.verdict == "identical", c.first_divergence or c.blocking_reasons()
+    doc = c.to_dict()
+    assert doc["analysis"]["resumed_at"] == SAVE_AT
+    assert [r["code"] for r in doc["certification"]["reasons"]] == ["resumed"], doc["certification"]
+    # every step of B paired, A's before the resume left out, A's save of the checkpoint too
+    al = doc["alignment"]
+    assert al["gaps_a"] == al["gaps_b"] == 0 and al["matched"] == al["events_a"] == al["events_b"] > 0, al
+    assert doc["certification"]["compared_steps"] == {"0": [SAVE_AT, None]}
+
+
+def test_a_wrong_resume_step_is_no_identical(runs):
+    c = bitguard.compare(runs / "a", runs / "resumed", resumed_at=SAVE_AT - 1)
+    assert c.verdict == "diverged", c.verdict
+
+
+def test_a_scheduler_not_restored_diverges_at_its_first_effect_and_names_it(runs):
+    c = bitguard.compare(runs / "a", runs / "no_scheduler", resumed_at=SAVE_AT)
+    fd = c.first_divergence
+    assert (c.verdict, fd["step"], fd["phase"]) == ("diverged", 4, "optimizer"), fd
+    diffs = fd["api_differences"]["differences"]
+    assert any(d["kind"] == "scheduler_step" and d["field"] == "last_lr" for d in diffs), diffs
+    done = run_cli("compare", runs / "a", runs / "no_scheduler", "--resumed-at", SAVE_AT)
+    assert done.returncode == 1 and "last_lr [0.0025] (A) vs [0.005] (B)" in done.stdout, done.stdout
+
+
+def test_bad_resume_steps_and_the_drill_are_refused(runs):
+    with pytest.raises(BadInput, match="--resumed-at must be a step number"):
+        bitguard.compare(runs / "a", runs / "resumed", resumed_at=-1)
+    c = bitguard.compare(runs / "a", runs / "no_scheduler", resumed_at=SAVE_AT)
+    with pytest.raises(NotSupported, match="resumed run"):
+        drill_comparison(c)
