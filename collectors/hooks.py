@@ -1099,7 +1099,9 @@ class Collector(WeightEvents):
             self._grads += 1
             t0 = time.time_ns()
             row_in = self._row(grad, "grad_input", 0, "")
-            if param.grad is None:
+            # (a tensor standing in for a parameter, functional_call's fast weights, is no leaf: its .grad
+            # stays empty, and reading it makes torch warn, an error under -W error: helper 36, MAML)
+            if not (param.is_leaf or param.retains_grad) or param.grad is None:
                 row = list(row_in)
                 row[1] = "grad"
                 self._emit("backward", "grad", entry[1], entry[2], 0, t0, [row_in, row], self._backward_stack())

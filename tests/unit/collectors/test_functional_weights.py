@@ -1,0 +1,44 @@
+"""Tensors standing in for parameters that are no leaves (MAML's fast weights given to
+functional_call) get their gradient events without the collector reading their `.grad`: torch warns
+on that read, an error under `-W error` that made two identical reruns compare inconclusive
+(helper 36)."""
+
+from __future__ import annotations
+
+import warnings
+
+import torch
+import torch.nn as nn
+from torch.func import functional_call
+
+import bitguard
+from bitguard.backend.ingest import open_run
+
+
+def _maml(path) -> None:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 1))
+    opt = torch.optim.Adam(model.parameters(), 1e-3)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with bitguard.record(path, determinism=False):
+            for _ in range(2):
+                x, y = torch.randn(5, 4), torch.randn(5, 1)
+                fast = dict(model.named_parameters())
+                loss = (functional_call(model, fast, (x,)) - y).pow(2).mean()
+                grads = torch.autograd.grad(loss, list(fast.values()), create_graph=True)
+                fast = {n: p - 0.1 * g for (n, p), g in zip(fast.items(), grads)}
+                meta = (functional_call(model, fast, (x,)) - y).pow(2).mean()
+                opt.zero_grad()
+                meta.backward()
+                opt.step()
+
+
+def test_fast_weights_record_no_collector_error_under_warnings_as_errors(tmp_path):
+    _maml(tmp_path / "a")
+    _maml(tmp_path / "b")
+    run = open_run(tmp_path / "a")
+    errors = list(run.manifest.get("collector_errors") or []) + [
+        e for meta in run.rank_meta.values() for e in meta.get("collector_errors") or []]
+    assert errors == []
+    assert bitguard.compare(tmp_path / "a", tmp_path / "b").verdict == "identical"
