@@ -155,7 +155,7 @@ _PAIRED_A = ("seq", "role", "idx", "path", "shape", "dtype", "xor", "pos", "unob
 
 def _gathered(frame: pl.DataFrame, column: pl.Expr, at: pl.Series, name: str) -> pl.Expr | pl.Series:
     """`column` of `frame` gathered at the rows `at` (NULL: a NULL row). A column of one value
-    (ingest.compact) stays that one value when every row has a partner, not 16 bytes a row."""
+    (ingest._read_compact) stays that one value when every row has a partner, not 16 bytes a row."""
     if frame.height and not at.has_nulls() and frame.select(column.eq_missing(column.first()).all()).item():
         return pl.lit(frame.select(column.first()).item(), dtype=frame.select(column).dtypes[0]).alias(name)
     return frame.select(column.gather(at).alias(name)).to_series()

@@ -76,7 +76,7 @@ def _place(step, phase, kind, boundary, module_type, sig, shapes, shards, key, l
 
 def _hash(frame: pl.DataFrame, name: str) -> np.ndarray:
     return frame.select(pl.col(name).hash()).to_series().to_numpy()  # (an expression: a column held as
-    # one value, ingest.compact, stays one value in the frame)
+    # one value, ingest._read_compact, stays one value in the frame)
 
 
 def with_keys(events: pl.DataFrame, tensors: pl.DataFrame) -> pl.DataFrame:

@@ -3,7 +3,7 @@
 `open_run` validates a run directory (manifest, schema version, every rank file and journal) and
 says in one line what is wrong when it is not usable. `load_rank` reads one rank's events and
 tensor digests into polars frames, with the alignment key of each event; a column that holds one
-value in every row (one thread, one device, nothing unobserved) is held as that value (`compact`).
+value in every row (one thread, one device, nothing unobserved) is held as that value (`_read_compact`).
 
 Reading never writes and never needs a write lock: a rank file is opened read-only (any number
 of readers at once), and what a killed recording left in `rank-N.journal` is read beside it, in
@@ -406,10 +406,9 @@ def load_rank(run: RunInfo, rank: int) -> tuple[pl.DataFrame, pl.DataFrame, dict
             union = {t.name: _union(con, t, present[t.name], leftover) for t in (EVENTS, TENSORS, STACKS)}
             # no ORDER BY: the rows come in the order they were written, nearly always already in
             # order (DuckDB's sort cost more than reading); in_order sorts only what is not
-            events = compact(in_order(_shifted(con.sql(union[EVENTS.name]).pl(), run.step_shift), ("seq",)),
-                             _ONE_VALUE[EVENTS.name])
-            tensors = compact(in_order(con.sql(union[TENSORS.name]).pl(), ("seq", "role", "idx")),
-                              _ONE_VALUE[TENSORS.name])
+            events = in_order(_shifted(_read_compact(con, union[EVENTS.name], _ONE_VALUE[EVENTS.name]),
+                                       run.step_shift), ("seq",))
+            tensors = in_order(_read_compact(con, union[TENSORS.name], _ONE_VALUE[TENSORS.name]), ("seq", "role", "idx"))
             frames = con.sql(f"SELECT stack_id, frames FROM ({union[STACKS.name]})").fetchall()
     finally:
         con.close()
@@ -482,26 +481,32 @@ def _shifted(frame: pl.DataFrame, shift: int) -> pl.DataFrame:
 
 
 # Columns that hold one value in every row of most rank files (one rank, one thread and device, no
-# stream on CPU, one dtype, every tensor observed, nothing sharded): `compact` keeps those as that value.
+# stream on CPU, one dtype, every tensor observed, nothing sharded): `_read_compact` holds those as that value.
 _ONE_VALUE = {EVENTS.name: ("rank", "world_size", "thread", "device", "stream"),
               TENSORS.name: ("dtype", "unobserved", "shard")}
 
 
-def compact(frame: pl.DataFrame, columns: tuple[str, ...]) -> pl.DataFrame:
-    """`frame` with each of `columns` that holds the same value in every row (NULL counted as a
+def _read_compact(con: duckdb.DuckDBPyConnection, sql: str, columns: tuple[str, ...]) -> pl.DataFrame:
+    """The rows of `sql`, each of `columns` that holds the same value in every row (NULL counted as a
     value) held as that one value: polars keeps such a column as a scalar instead of a slot a row
-    (16 bytes a row for a string: ~100 MB of a million-event rank), and every expression, filter,
-    join and row reads it as before. (A column taken out as a Series, `frame[name]`, is made whole
-    and kept so: read these through expressions.)"""
-    present = [c for c in columns if c in frame.columns]
-    if frame.height < 2 or not present:
-        return frame
-    same = frame.select(pl.col(c).eq_missing(pl.col(c).first()).all() for c in present).row(0)
-    one = [c for c, s in zip(present, same) if s]
+    (16 bytes a row for a string), and every expression, filter, join and row reads it as before. (A
+    column taken out as a Series, `frame[name]`, is made whole and kept so: read these through
+    expressions.) Those columns are never read: one dropped from a frame DuckDB made keeps its memory
+    (a batch's columns are freed together; docs/PERFORMANCE.md). DuckDB says first which they are."""
+    schema = con.sql(f"SELECT * FROM ({sql}) LIMIT 0").pl().schema
+    present = [c for c in columns if c in schema]
+    one = {}
+    if present:
+        stats = con.sql(f"SELECT count(*), {', '.join(f'min({c}), max({c}), count({c})' for c in present)} "
+                        f"FROM ({sql})").fetchall()[0]
+        for i, c in enumerate(present):
+            low, high, count = stats[1 + 3 * i:4 + 3 * i]
+            if stats[0] >= 2 and (count == 0 or (count == stats[0] and low == high)):
+                one[c] = None if count == 0 else low
     if not one:
-        return frame
-    first = frame.select(pl.col(c).first() for c in one).row(0)
-    return frame.with_columns(pl.lit(v, dtype=frame.schema[c]).alias(c) for c, v in zip(one, first))
+        return con.sql(sql).pl()
+    frame = con.sql(f"SELECT * EXCLUDE ({', '.join(one)}) FROM ({sql})").pl()
+    return frame.with_columns(pl.lit(v, dtype=schema[c]).alias(c) for c, v in one.items()).select(list(schema))
 
 
 def in_order(frame: pl.DataFrame, columns: tuple[str, ...]) -> pl.DataFrame:
