@@ -491,6 +491,8 @@ class Collector(WeightEvents):
                 # a host tensor in its own memory (the common case): digested at the address read above
                 digest = digest_host_at(address, nbytes) if address and in_place_on_host(t) else digest_async(t)
             except Exception as exc:  # noqa: BLE001 - a tensor that cannot be read is marked, never dropped
+                if t.is_quantized:  # (checked here, not before every digest: rare, and refused by the plain path)
+                    return self._other_row(t, role, idx, path, dtype, tid, storage)
                 inner = None if address or t.is_meta else _unwrapped(t)
                 if t.is_meta:  # no values to read, nor to differ: the digest of no bytes (shape and dtype say the rest)
                     digest = (0, 0)

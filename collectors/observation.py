@@ -28,7 +28,7 @@ import torch
 
 from bitguard.collectors.sharded import shard_of
 from bitguard.cuda.fingerprint import digest_async, digest_many, local_values
-from bitguard.cuda.tensor_bytes import tensor_bytes
+from bitguard.cuda.tensor_bytes import nested_bytes, quantized_bytes, tensor_bytes
 
 NO_DIGEST = (0, 0)  # the digest an unobserved row carries (it means nothing)
 PLAIN = (torch.Tensor, torch.nn.Parameter)  # the tensor types `Collector._row` digests itself (if dense strided)
@@ -48,9 +48,12 @@ def observe(t: torch.Tensor) -> tuple[list[int], list[int], int, object, str | N
     """(shape, strides, nbytes, digest, unobserved, values, shard) of a tensor that is not plain
     dense: `values` is the tensor whose bytes the digest read (for --dump), None when unobserved;
     `shard` which part of the tensor they are (None: all of it)."""
-    if t.is_nested:
-        why = "nested tensor: its components have no single byte order (not digested)"
-        return dims(t), [], 0, NO_DIGEST, why, None, None
+    if t.is_nested:  # (TransformerEncoder's fast path with a padding mask, jagged batches)
+        values = nested_bytes(t)
+        return dims(t), [], values.numel(), digest_async(values), None, values, None
+    if t.is_quantized:  # (QAT converted to int8, a quantized model's weights): its integers and parameters
+        values = quantized_bytes(t)
+        return dims(t), list(t.stride()), values.numel(), digest_async(values), None, values, None
     layout = t.layout
     if layout is torch.sparse_coo:
         with torch.no_grad():
