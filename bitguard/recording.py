@@ -211,6 +211,9 @@ class record:
             status = "interrupted"
         else:
             status = "failed"
+        if self.determinism and not self.warn_only and isinstance(exc, RuntimeError) \
+                and "does not have a deterministic implementation" in str(exc):
+            print(NONDETERMINISTIC_OP, file=sys.stderr)
         self.finish(status, _exit_code(exc_type, exc))
         return False
 
@@ -248,6 +251,14 @@ class record:
                   file=sys.stderr)
         if self.rank == 0 and self.steps is not None and steps_seen <= self.steps[0]:
             print(_window_never_opened(self.steps, steps_seen, status), file=sys.stderr)
+
+
+# What a training that failed on torch's refusal of an operator without a deterministic implementation
+# is told (helper 36: a quantized model's eval, `quantized_resize_cpu_`): the refusal is bitguard's doing.
+NONDETERMINISTIC_OP = ("bitguard: this error comes from the determinism controls bitguard turned on "
+                       "(torch.use_deterministic_algorithms(True)); record with --warn-only (warn_only=True in "
+                       "Python) to have torch warn instead where an operator has no deterministic implementation "
+                       "(the runs may then differ there), or with --no-determinism")
 
 
 def _window_never_opened(window: tuple[int, int | None], steps_seen: int, status: str) -> str:

@@ -98,3 +98,22 @@ def test_a_recording_block_draws_what_the_script_seeded():
     training differed from the plain one. It reseeds only when given `seed=`."""
     got = subprocess.run([sys.executable, "-c", PROBE_NO_RESEED], capture_output=True, text=True, timeout=120)
     assert got.returncode == 0 and got.stdout.strip().endswith("ok"), got.stderr[-2000:]
+
+
+def test_a_training_refused_an_operator_without_a_deterministic_implementation_is_told_why(tmp_path, capsys):
+    """Helper 36: a quantized model's eval failed under `bitguard record` on torch's refusal
+    (`quantized_resize_cpu_ does not have a deterministic implementation`) with no word that the
+    setting was bitguard's."""
+    import pytest
+    import torch
+
+    import bitguard
+
+    message = "quantized_resize_cpu_ does not have a deterministic implementation, but you set ..."
+    for name, kw in (("on", {}), ("warn", {"warn_only": True}), ("off", {"determinism": False})):
+        with pytest.raises(RuntimeError):
+            with bitguard.record(tmp_path / name, **kw):
+                torch.nn.Linear(2, 2)(torch.ones(1, 2))
+                raise RuntimeError(message)
+        told = "--warn-only" in capsys.readouterr().err
+        assert told == (name == "on"), name
