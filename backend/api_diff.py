@@ -38,6 +38,19 @@ def _api_rows(info, rank: int):
     return None if frame is None else frame.sort("ord").to_dicts()
 
 
+def param_names(run, rank: int, step: int) -> set[str]:
+    """Every name the parameters of run `run`'s models have at `step` (rank `rank`), tied ones under each
+    of their names (the API recorder's `params` rows); empty without those rows."""
+    rows = _api_rows(run, rank) or []
+    names: set[str] = set()
+    for r in rows:
+        if r["kind"] == "params" and r["step"] == step:
+            value = _decode(r["value"])
+            if isinstance(value, dict):
+                names.update(value)
+    return names
+
+
 def _decode(text):
     try:
         return json.loads(text) if text is not None else None

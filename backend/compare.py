@@ -76,6 +76,7 @@ class RankComparison:
     summary: RankSummary | None = None  # what the document reads of this rank (rank_summary.py)
     again: tuple | None = None  # compact: (run_a, run_b, rules, band, fingerprint, probes) to compare it again
     fed_by: list = field(default_factory=list)  # ranks whose different input made this rank's collective differ (confirm_comm)
+    digest_cache: bool = True  # either run reused digests of unchanged tensors (record's default; --no-digest-cache)
 
     def compact(self) -> RankComparison:
         """This rank without its frames (what a pool worker sends back); set `again` to read them."""
@@ -349,9 +350,10 @@ def _compare_rank(rank: int, run_a: RunInfo, run_b: RunInfo, rules: RuleSet, fir
     reasons = reasons + recompute_reasons
     gaps, region_reasons = granularity.inside(gaps, ea, eb, pairs, regions, rank)  # not observed in the other run
     rc = RankComparison(rank, ea, eb, ta, tb, sa, sb, al, pairs, diffs, gaps, reasons=reasons + region_reasons,
-                        scope=scope, regions=regions)
+                        scope=scope, regions=regions, digest_cache=any(run.manifest.get("digest_cache", True) is not False
+                                                                       for run in (run_a, run_b)))
     _find_pivot(rc)
-    rc.summary = rank_summary.summarize(rc)  # before confirm_comm: its blame's fields are read after
+    rc.summary = rank_summary.summarize(rc, run_a)  # before confirm_comm: its blame's fields are read after
     return rc
 
 

@@ -607,7 +607,8 @@ def unstepped_note(pivot: dict, events_a: pl.DataFrame) -> list[str]:
             f"here, as if this module computed differently"]
 
 
-def midstep_note(pivot: dict, events_a: pl.DataFrame, tensors_a: pl.DataFrame | None = None) -> list[str]:
+def midstep_note(pivot: dict, events_a: pl.DataFrame, tensors_a: pl.DataFrame | None = None,
+                 names=None) -> list[str]:
     """A module call blamed as a source after a backward inside its step (a later micro-batch of
     gradient accumulation), or after other calls of the model in its step (a rollout's): the weights
     were last recorded as the step began (its params event) and are recorded again only when a
@@ -617,7 +618,7 @@ def midstep_note(pivot: dict, events_a: pl.DataFrame, tensors_a: pl.DataFrame | 
         return []
     step = events_a.filter((pl.col("step") == pivot["step"]) & (pl.col("seq") < pivot["seq"]))
     params = step.filter(pl.col("kind") == "params")
-    if params.is_empty() or not _holds_parameters(pivot, params, tensors_a):
+    if params.is_empty() or not _holds_parameters(pivot, params, tensors_a, names):
         return []
     after = step.filter(pl.col("seq") > params["seq"].max())
     if not after.filter(pl.col("phase") == "backward").is_empty():
@@ -638,17 +639,44 @@ def midstep_note(pivot: dict, events_a: pl.DataFrame, tensors_a: pl.DataFrame | 
             f"computed differently"]
 
 
-def _holds_parameters(pivot: dict, params: pl.DataFrame, tensors_a: pl.DataFrame | None) -> bool:
+def cached_input_note(pivot: dict, events_a: pl.DataFrame, tensors_a: pl.DataFrame | None) -> list[str]:
+    """A module call blamed as a source whose input is a tensor an earlier call of its step returned:
+    the recorder digested it there and reused that digest here, its version counter unchanged
+    (collectors/hooks.py `_row`), so an edit through `.data` or `.numpy()` between the two calls is
+    not observed and shows first here, as if this module computed differently (helper 36)."""
+    if tensors_a is None or pivot["phase"] != "forward" or pivot["kind"] != "module" \
+            or not str(pivot.get("device") or "cpu").startswith("cpu"):  # (a GPU tensor is digested at every observation)
+        return []
+    inputs = tensors_a.filter((pl.col("seq") == pivot["seq"]) & (pl.col("role") == "input") & (pl.col("tid") > 0))
+    if inputs.is_empty():
+        return []
+    earlier = events_a.filter((pl.col("step") == pivot["step"]) & (pl.col("seq") < pivot["seq"]))["seq"]
+    made = tensors_a.filter(pl.col("seq").is_in(earlier.implode()) & (pl.col("role") == "output")).join(
+        inputs.select("tid", "xor", "pos"), on=["tid", "xor", "pos"], how="semi")
+    if made.is_empty():
+        return []
+    producers = events_a.filter(pl.col("seq").is_in(made["seq"].implode()))["boundary"].unique(maintain_order=True)
+    return [f"its input is the tensor {', '.join(producers.to_list()[:2])} returned, digested there and not again "
+            f"(its version counter had not moved): an edit of it between the two calls through .data or .numpy() "
+            f"is not observed and would show first here, as if this module computed differently; record with "
+            f"--no-digest-cache to digest every observation"]
+
+
+def _holds_parameters(pivot: dict, params: pl.DataFrame, tensors_a: pl.DataFrame | None, names=None) -> bool:
     """Could weights edited between calls explain the pivot module's output: does it hold parameters,
     by the paths of its root's last params event (helper 33: a torchmetrics metric, none, was given
-    the note)? True when the tensors are not at hand."""
+    the note), or by `names()`, every name of the root's parameters (a params event names a tied
+    weight once, by its first name: helper 36's output layer tied to its embedding)? True when the
+    tensors are not at hand."""
     if tensors_a is None:
         return True
     last = params.filter(pl.col("seq") == params["seq"].max()).row(0, named=True)
     if last["boundary"] == pivot["boundary"]:
         return True
     paths = tensors_a.filter((pl.col("seq") == last["seq"]) & (pl.col("role") == "param"))["path"]
-    return bool(paths.str.starts_with(f".{pivot['boundary']}.").any())
+    if paths.str.starts_with(f".{pivot['boundary']}.").any():
+        return True
+    return names is not None and any(n.startswith(f"{pivot['boundary']}.") for n in names())
 
 
 def _prefixes(boundary: str) -> list[str]:

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import polars as pl
 
-from bitguard.backend import certification, check, granularity, retype
+from bitguard.backend import api_diff, certification, check, granularity, retype
 from bitguard.backend import pivot as pivot_mod
 
 GAPS_LISTED = 50  # unallowed gaps before the pivot listed per rank (AlignmentSummary.gaps_before_pivot)
@@ -46,10 +46,11 @@ class RankSummary:
     checks: dict  # "a" / "b" -> (events, tensors): the rows the in-run checks read (check.rows_read)
 
 
-def summarize(rc) -> RankSummary:
-    """The summary of a compared rank (compare.py `RankComparison`, pivot found)."""
+def summarize(rc, run_a=None) -> RankSummary:
+    """The summary of a compared rank (compare.py `RankComparison`, pivot found); `run_a` (ingest.RunInfo)
+    for what only its API events say (the names of tied parameters)."""
     return RankSummary(
-        alignment=_alignment(rc), reasons=rc.reasons + _reasons(rc), divergence=_divergence(rc),
+        alignment=_alignment(rc), reasons=rc.reasons + _reasons(rc), divergence=_divergence(rc, run_a),
         comm=pivot_mod.collective_rows(rc.events_a, rc.tensors_a, rc.pairs, rc.diffs),
         checks={"a": check.rows_read(rc.events_a, rc.tensors_a), "b": check.rows_read(rc.events_b, rc.tensors_b)})
 
@@ -119,7 +120,7 @@ def _reasons(rc) -> list[dict]:
     return out
 
 
-def _divergence(rc) -> dict | None:
+def _divergence(rc, run_a=None) -> dict | None:
     p = rc.pivot
     if p is None:
         return None
@@ -150,7 +151,10 @@ def _divergence(rc) -> dict | None:
     notes += retype.note(rc.pairs, None if structure else p["seq"], rc.diffs)
     notes += granularity.note(rc.regions, p)
     if not structure and rc.blame and rc.blame.get("blame") == "source":
-        notes += pivot_mod.unstepped_note(p, rc.events_a) + pivot_mod.midstep_note(p, rc.events_a, rc.tensors_a)
+        names = None if run_a is None else (lambda: api_diff.param_names(run_a, rc.rank, p["step"]))
+        notes += pivot_mod.unstepped_note(p, rc.events_a) + pivot_mod.midstep_note(p, rc.events_a, rc.tensors_a, names)
+        if rc.digest_cache:
+            notes += pivot_mod.cached_input_note(p, rc.events_a, rc.tensors_a)
     return {
         "cause": p["cause"], "missing_side": None if not structure else ("b" if p["side"] == "a" else "a"),
         "rank": rc.rank, "step": p["step"], "phase": p["phase"], "kind": p["kind"],

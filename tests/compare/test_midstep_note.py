@@ -94,3 +94,41 @@ def test_a_module_without_parameters_is_not_said_to_have_had_its_weights_edited(
     fd = bitguard.compare(tmp_path / "a", tmp_path / "b").first_divergence
     assert (fd["step"], fd["phase"], fd["boundary"], fd["call"], fd["blame"]) == (1, "forward", "1", 1, "source"), fd
     assert not any("weights edited between two calls" in n for n in fd["notes"]), fd["notes"]
+
+
+class _Tied(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.emb, self.mid, self.head = nn.Embedding(10, 4), nn.Linear(4, 4), nn.Linear(4, 10, bias=False)
+        self.head.weight = self.emb.weight  # tied: a params event names it once, `.emb.weight`
+
+    def forward(self, idx):
+        return self.head(self.mid(self.emb(idx)))
+
+
+def _tied(path, edit: float):
+    import torch
+
+    torch.manual_seed(0)
+    model = _Tied()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    idx = torch.tensor([[1, 2, 4]])  # (row 3 of the embedding is not looked up: only the head reads it)
+    with bitguard.record(path, determinism=False):
+        for step in range(2):
+            with torch.no_grad():
+                model(idx)
+                if step == 1:
+                    model.head.weight[3] += edit  # the tied weight, between the two calls of the step
+            opt.zero_grad()
+            model(idx).pow(2).mean().backward()
+            opt.step()
+
+
+def test_a_tied_weight_edited_between_two_calls_gets_the_note(tmp_path):
+    """Helper 36: the output layer tied to the embedding held no parameter by the params event's paths,
+    so an edit of the tied weight between two calls was blamed on the head without the note."""
+    _tied(tmp_path / "a", 0.0)
+    _tied(tmp_path / "b", 1e-3)
+    fd = bitguard.compare(tmp_path / "a", tmp_path / "b").first_divergence
+    assert (fd["step"], fd["phase"], fd["boundary"], fd["blame"]) == (1, "forward", "head", "source"), fd
+    assert any("after its parameters were last recorded" in n for n in fd["notes"]), fd["notes"]
