@@ -284,7 +284,10 @@ def empty_or_unpaired(rank: int, ea: pl.DataFrame, eb: pl.DataFrame, matched: in
     """A reason when a rank has nothing to compare: a side without events, or no event paired."""
     if not ea.height or not eb.height:
         if not ea.height and not eb.height:
-            return reason("empty", f"neither run recorded an event on rank {rank}", rank=rank)
+            return reason("empty", f"neither run recorded an event on rank {rank}: bitguard observes calls of "
+                                   f"torch.nn modules, torch.optim steps and their tensors, so a script that trains "
+                                   f"tensors by hand with neither has no boundary to record (wrap the computation "
+                                   f"in an nn.Module, or step it with a torch.optim optimizer)", rank=rank)
         side = "a" if not ea.height else "b"
         other = eb if side == "a" else ea
         return reason("empty", f"run {side.upper()} recorded no events on rank {rank} (the other run recorded "
