@@ -166,6 +166,14 @@ def blame(pivot: dict, events_a: pl.DataFrame, status: dict[int, str], diffs: pl
                 f"the inputs of {pivot['boundary']} differ, and no call around it had identical inputs nor did any "
                 "recorded module produce them (every event before matched): they come from the training's own code "
                 "or data (a batch, an observation, a replay buffer's sample, code between module calls)")}
+    elif phase == "backward" and kind == "module" and "grad_input" in differing:
+        # (helper 35: a clamp in a Tensor.register_hook on the module's input, blamed on the module with no word)
+        result["blame_window"] = {"module": pivot["boundary"], "detail":
+                                  "the gradient this call's backward returned (grad_input) differs while the gradient "
+                                  "it started from (grad_output) matched: its backward computed differently (a kernel, "
+                                  "a custom autograd Function), or the training changed that gradient before it was "
+                                  "read here: a hook on the input tensor (Tensor.register_hook, a gradient clamp or "
+                                  "scale) or the module's own backward hook (register_full_backward_hook)"}
     elif phase == "forward" and differing == {"state"}:
         result["blame_window"] = {"module": pivot["boundary"], "detail":
                                   "only this module's buffers differ after its call, its inputs and outputs matched: "

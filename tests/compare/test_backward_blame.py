@@ -40,3 +40,32 @@ def test_the_window_of_a_gradient_whose_module_got_a_different_one_is_where_the_
     window = fd["blame_window"]
     assert window["module"] == "0" and "0.up" in window["excluding_children"], window
     assert window["detail"].startswith("the gradient reaching 0.up's output already differed"), window
+
+
+class _Hooked(nn.Module):
+    def __init__(self, clamp: float):
+        super().__init__()
+        self.l1, self.l2 = nn.Linear(4, 8), nn.Linear(8, 1)
+        self.clamp = clamp
+
+    def forward(self, x):
+        h = self.l1(x).tanh()
+        if h.requires_grad:
+            h.register_hook(lambda g: g.clamp(-self.clamp, self.clamp))  # the training's own, on l2's input
+        return self.l2(h)
+
+
+def test_a_backward_source_names_a_hook_on_its_input_as_a_cause(tmp_path):
+    """Helper 35: a gradient clamp in a Tensor.register_hook on l2's input was blamed on l2's backward
+    as a source with no word of what could do that besides its kernel."""
+    import torch
+
+    for name, clamp in (("a", 0.01), ("b", 0.011)):
+        torch.manual_seed(0)
+        model = _Hooked(clamp)
+        with bitguard.record(tmp_path / name, determinism=False):
+            model(torch.randn(8, 4)).pow(2).sum().backward()
+    fd = bitguard.compare(tmp_path / "a", tmp_path / "b").first_divergence
+    assert (fd["phase"], fd["boundary"], fd["blame"]) == ("backward", "l2", "source"), fd
+    assert "Tensor.register_hook" in fd["blame_window"]["detail"], fd["blame_window"]
+
