@@ -131,6 +131,18 @@ def graph(events: pl.DataFrame, tensors: pl.DataFrame, divergent, loss: bool = F
     parts.append(fwd.select(pl.col("seq").shift().alias("src"), pl.col("seq").alias("dst"),
                             pl.lit("inferred").alias("kind"), (pl.col("step").shift() == pl.col("step")).alias("_same"))
                  .filter(pl.col("dst").is_in(orphans.implode()) & pl.col("_same").fill_null(False)).drop("_same"))
+    # the same in backward: a divergent backward whose incoming gradient no observed backward returned (a
+    # functional op between modules, torch.relu, made it) hangs off the divergent backward just before it
+    # (helper 35: a fault in l2's backward "reached 1 node" with a relu before l1)
+    first_in = (tensors.select("seq", "role", "tid").filter((pl.col("role") == "grad_input") & (pl.col("tid") > 0))
+                .group_by("tid").agg(pl.col("seq").min().alias("producer")))
+    outs = tens.filter((pl.col("role") == "grad_output") & (pl.col("tid") > 0)).join(first_in, on="tid", how="left")
+    orphans = outs.filter(pl.col("producer").is_null() | (pl.col("producer") >= pl.col("seq")))["seq"].unique()
+    parts.append(back.select(pl.col("seq").shift().alias("src"), pl.col("seq").alias("dst"),
+                             pl.lit("inferred").alias("kind"), (pl.col("step").shift() == pl.col("step")).alias("_same"),
+                             (pl.col("depth") > 0).alias("_inner"))  # (a root's gradient comes from its loss)
+                 .filter(pl.col("dst").is_in(orphans.implode()) & pl.col("_same").fill_null(False) & pl.col("_inner"))
+                 .drop("_same", "_inner"))
     # weights: a parameter's (last) optimizer event of a step -> the owner's first divergent forward of a later step
     params = (opt_steps.group_by("boundary", "step").agg(pl.col("seq").max())
               .select("seq", _owner(pl.col("boundary")).alias("owner"), (pl.col("step") + 1).alias("_after")))

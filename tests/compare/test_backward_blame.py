@@ -69,3 +69,31 @@ def test_a_backward_source_names_a_hook_on_its_input_as_a_cause(tmp_path):
     assert (fd["phase"], fd["boundary"], fd["blame"]) == ("backward", "l2", "source"), fd
     assert "Tensor.register_hook" in fd["blame_window"]["detail"], fd["blame_window"]
 
+
+class _Scaled(nn.Module):
+    def __init__(self, scale: float):
+        super().__init__()
+        self.l1, self.l2 = nn.Linear(4, 8), nn.Linear(8, 1)
+        self.l2.register_full_backward_hook(lambda m, gin, gout: (gin[0] * scale,))
+
+    def forward(self, x):
+        import torch
+
+        return self.l2(torch.relu(self.l1(x)))  # (a functional op between the two: no observed event made l2's input)
+
+
+def test_a_backward_fault_propagates_through_a_functional_op_to_the_modules_before(tmp_path):
+    """Helper 35: a backward hook scaling l2's input gradient was found at l2, and its propagation
+    "reached 1 node": l1's gradient is relu's, which no observed event returned."""
+    import torch
+
+    for name, scale in (("a", 0.5), ("b", 0.51)):
+        torch.manual_seed(0)
+        model = _Scaled(scale)
+        with bitguard.record(tmp_path / name, determinism=False):
+            model(torch.randn(8, 4)).pow(2).sum().backward()
+    c = bitguard.compare(tmp_path / "a", tmp_path / "b")
+    fd = c.first_divergence
+    assert (fd["phase"], fd["boundary"]) == ("backward", "l2"), fd
+    edges = {(e["source"], e["target"], e["kind"]) for e in c.to_dict()["propagation"]["edges"]}
+    assert any("l2" in s and "l1" in t and kind == "inferred" for s, t, kind in edges), edges
