@@ -180,6 +180,13 @@ def blame(pivot: dict, events_a: pl.DataFrame, status: dict[int, str], diffs: pl
                                   "they were changed outside any module call since its last call (a buffer edited "
                                   "between steps, set by hand), or its own code updated them differently in this "
                                   "call (running statistics)"}
+    elif phase == "forward" and "state" in differing:
+        # (helper 35: a pruning mask flipped between steps, a spectral norm's weight_u edited: "computed differently")
+        result["blame_window"] = {"module": pivot["boundary"], "detail":
+                                  "this module's output and buffers differ, its inputs matched: its computation, or "
+                                  "a buffer it reads (recorded as each call leaves it, not as the call found it) "
+                                  "changed since its last call outside any module call: a pruning mask, a spectral "
+                                  "norm's vectors or running statistics edited or set by hand"}
     return result
 
 
