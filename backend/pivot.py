@@ -167,8 +167,9 @@ def blame(pivot: dict, events_a: pl.DataFrame, status: dict[int, str], diffs: pl
                 "recorded module produce them (every event before matched): they come from the training's own code "
                 "or data (a batch, an observation, a replay buffer's sample, code between module calls)")}
     elif phase == "backward" and kind == "module" and "grad_input" in differing:
-        # (helper 35: a clamp in a Tensor.register_hook on the module's input, blamed on the module with no word)
-        result["blame_window"] = {"module": pivot["boundary"], "detail":
+        # (helper 35: a clamp in a Tensor.register_hook on the module's input, blamed on the module with no word;
+        # no window module: a source's place is the pivot itself)
+        result["blame_window"] = {"module": None, "detail":
                                   "the gradient this call's backward returned (grad_input) differs while the gradient "
                                   "it started from (grad_output) matched: its backward computed differently (a kernel, "
                                   "a custom autograd Function), or the training changed that gradient before it was "
@@ -182,7 +183,7 @@ def blame(pivot: dict, events_a: pl.DataFrame, status: dict[int, str], diffs: pl
                                   "call (running statistics)"}
     elif phase == "forward" and "state" in differing:
         # (helper 35: a pruning mask flipped between steps, a spectral norm's weight_u edited: "computed differently")
-        result["blame_window"] = {"module": pivot["boundary"], "detail":
+        result["blame_window"] = {"module": None, "detail":
                                   "this module's output and buffers differ, its inputs matched: its computation, or "
                                   "a buffer it reads (recorded as each call leaves it, not as the call found it) "
                                   "changed since its last call outside any module call: a pruning mask, a spectral "

@@ -105,7 +105,7 @@ def test_compare_options_on_the_demo_pair():
     full = compare(a, b)
     xor = compare(a, b, fingerprint="xor")
     assert xor.first_divergence["a_seq"] == full.first_divergence["a_seq"]
-    assert xor.to_dict()["analysis"] == {"fingerprint": "xor", "probes": None}
+    assert xor.to_dict()["analysis"] == {"fingerprint": "xor", "probes": None, "resumed_at": 0}
     few = compare(a, b, probes=["GPT", "lm_head.weight"])
     assert set(few.events()["boundary"].unique()) == {"GPT", "lm_head.weight"}
     p = few.first_divergence
