@@ -25,6 +25,7 @@ import json
 import os
 import stat
 import sys
+import time
 import weakref
 
 import torch
@@ -109,16 +110,18 @@ class JsonWrites:
             except TypeError:
                 ref = None
             self._pending.pop(path, None)  # (written again: read once, in the order of its last opening)
-            self._pending[path] = (ref, self._where(caller))
+            self._pending[path] = (ref, self._where(caller), time.time_ns())
         except Exception:  # noqa: BLE001 - this file is then not compared; the training goes on
             pass
 
-    def written(self, ended: bool = False) -> list[tuple[str, object, str | None, object]]:
-        """(file name, parsed value, None, where) or (file name, None, why it was not read, where) of
-        each noted file closed since (`ended`: every one noted), in the order they were opened; one
-        removed since (a temporary file) is left out."""
+    def written(self, ended: bool = False) -> list[tuple[str, object, str | None, object, int]]:
+        """(file name, parsed value, None, where, opened) or (file name, None, why it was not read,
+        where, opened) of each noted file closed since (`ended`: every one noted), in the order they
+        were opened (`opened`: when, in ns: a file read at a step's end was written before it, as a
+        checkpoint's config is before the next step's batch); one removed since (a temporary file)
+        is left out."""
         ready, waiting = [], {}
-        for path, (ref, where) in self._pending.items():
+        for path, (ref, where, opened) in self._pending.items():
             f = ref() if ref is not None else None
             closed = ended or f is None or f.closed or len(self._pending) > MAX_PENDING
             if closed and f is not None and not f.closed:  # (still open as the recording ends: what it
@@ -127,11 +130,12 @@ class JsonWrites:
                 except Exception:  # noqa: BLE001 - read as it is on disk
                     pass
             if closed:
-                ready.append((path, where))
+                ready.append((path, where, opened))
             else:
-                waiting[path] = (ref, where)
+                waiting[path] = (ref, where, opened)
         self._pending = waiting
-        return [read for read in (_read(path, where) for path, where in ready) if read is not None]
+        return [(*read, opened) for read, opened in ((_read(path, where), opened) for path, where, opened in ready)
+                if read is not None]
 
 
 def _read(path: str, where) -> tuple[str, object, str | None, object] | None:

@@ -205,14 +205,14 @@ class WeightEvents:
         if ended:
             self._maybe_advance()  # (one written after the last step belongs after it, as a save there does)
         written = self._json.written(ended) if self._json is not None else ()
-        for name, value, why, stack in written if self._in_window() else ():
+        for name, value, why, stack, opened in written if self._in_window() else ():
             pairs, truncated = json_values(value) if why is None else ([], why)
             pairs = [(name + path, t) for path, t in pairs]  # (the name is no key: a file named after its run pairs)
             if truncated is not None:
                 pairs = NotFlattened(pairs, name + "[...]", truncated)
             elif not pairs:  # nothing compared
                 continue
-            self._emit("optimizer", "saved", JSON_FILE, JSON_FILE, 0, time.time_ns(), self._rows(pairs, "state"), stack)
+            self._emit("optimizer", "saved", JSON_FILE, JSON_FILE, 0, opened, self._rows(pairs, "state"), stack)
 
     def _json_in_child(self, name: str) -> None:
         """A forked child (a DataLoader worker) wrote a JSON file: said to the parent, as its saves are."""

@@ -86,7 +86,7 @@ def test_the_json_files_the_training_opens_for_writing_are_read_once_closed(tmp_
         on[0] = False
         (tmp_path / "paused.json").write_text("{}")  # written while the collector does not record
         on[0] = True
-        assert [(name, value, where) for name, value, _, where in writes.written()] == [
+        assert [(name, value, where) for name, value, _, where, _ in writes.written()] == [
             ("config.json", {"lr": 0.1}, "save_config"), ("state.json", {"step": 3}, "open")]  # (Path.open's)
         assert writes.noted and writes.written() == []  # the log is still open
         (tmp_path / "config.json").write_text("{\"lr\": 0.2}")  # written again: read again
