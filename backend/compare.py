@@ -77,6 +77,7 @@ class RankComparison:
     again: tuple | None = None  # compact: (run_a, run_b, rules, band, fingerprint, probes) to compare it again
     fed_by: list = field(default_factory=list)  # ranks whose different input made this rank's collective differ (confirm_comm)
     digest_cache: bool = True  # either run reused digests of unchanged tensors (record's default; --no-digest-cache)
+    step_shift: int = 0  # compare --resumed-at: added to run B's steps
 
     def compact(self) -> RankComparison:
         """This rank without its frames (what a pool worker sends back); set `again` to read them."""
@@ -350,8 +351,8 @@ def _compare_rank(rank: int, run_a: RunInfo, run_b: RunInfo, rules: RuleSet, fir
     reasons = reasons + recompute_reasons
     gaps, region_reasons = granularity.inside(gaps, ea, eb, pairs, regions, rank)  # not observed in the other run
     rc = RankComparison(rank, ea, eb, ta, tb, sa, sb, al, pairs, diffs, gaps, reasons=reasons + region_reasons,
-                        scope=scope, regions=regions, digest_cache=any(run.manifest.get("digest_cache", True) is not False
-                                                                       for run in (run_a, run_b)))
+                        scope=scope, regions=regions, step_shift=run_b.step_shift,
+                        digest_cache=any(run.manifest.get("digest_cache", True) is not False for run in (run_a, run_b)))
     _find_pivot(rc)
     rc.summary = rank_summary.summarize(rc, run_a)  # before confirm_comm: its blame's fields are read after
     return rc
@@ -441,7 +442,7 @@ def _find_pivot(rc: RankComparison) -> None:
         event = rc.events_a.row(first["a_pos"], named=True)
         rc.pivot = {**event, "cause": "digest", "side": None, "b_seq": first["b_seq"], "a_pos": first["a_pos"],
                     "b_pos": first["b_pos"], "order": digest_at, "retyped": first["retyped"]}
-        rc.blame = pivot_mod.blame(rc.pivot, rc.events_a, _StatusOf(rc.pairs), rc.diffs, rc.tensors_a)
+        rc.blame = pivot_mod.blame(rc.pivot, rc.events_a, _StatusOf(rc.pairs), rc.diffs, rc.tensors_a, rc.step_shift)
         if rc.blame["fault_class"] == "data" and rc.pivot["phase"] == "data":  # another model's output, not a batch?
             fed = pivot_mod.fed_by_model(rc.pivot, ((rc.events_a, rc.tensors_a), (rc.events_b, rc.tensors_b)), rc.diffs)
             if fed is not None:

@@ -63,9 +63,10 @@ def _owner(param_name: str) -> str:
 
 
 def blame(pivot: dict, events_a: pl.DataFrame, status: dict[int, str], diffs: pl.DataFrame,
-          tensors_a: pl.DataFrame | None = None) -> dict:
+          tensors_a: pl.DataFrame | None = None, shift: int = 0) -> dict:
     """Blame for the pivot event (a dict of its A-side event fields plus b_seq; `tensors_a`: A's
-    tensor rows, to tell the parameters an optimizer steps from the others)."""
+    tensor rows, to tell the parameters an optimizer steps from the others; `shift`: compare's
+    --resumed-at, added to B's steps)."""
     phase, kind = pivot["phase"], pivot["kind"]
     differing = _differing_roles(diffs, pivot["seq"])
     inputs = INPUT_ROLES.get((phase, kind), ())
@@ -100,7 +101,7 @@ def blame(pivot: dict, events_a: pl.DataFrame, status: dict[int, str], diffs: pl
             "copy, a conversion, an edit after the last optimizer step), or a different object was saved")}
     elif kind == "params":
         result.update(fault_class="params")
-        result["blame_window"] = {"module": pivot["boundary"], "detail": _params_detail(pivot, events_a, diffs, tensors_a)}
+        result["blame_window"] = {"module": pivot["boundary"], "detail": _params_detail(pivot, events_a, diffs, tensors_a, shift)}
     elif phase == "comm":
         result.update(fault_class="comm")
         if inputs_differ:
@@ -230,7 +231,7 @@ def _returned(events: pl.DataFrame, tensors: pl.DataFrame, seq: int, xor, pos) -
 
 
 def _params_detail(pivot: dict, events_a: pl.DataFrame, diffs: pl.DataFrame,
-                   tensors_a: pl.DataFrame | None = None) -> str:
+                   tensors_a: pl.DataFrame | None = None, shift: int = 0) -> str:
     """A root's parameters differ as a call of a step meets them, every event before matched."""
     before = events_a.filter(pl.col("seq") < pivot["seq"])
     steps = before.filter((pl.col("phase") == "optimizer") & (pl.col("kind") == "step"))
@@ -275,9 +276,20 @@ def _params_detail(pivot: dict, events_a: pl.DataFrame, diffs: pl.DataFrame,
                 "that calls its closure again, LBFGS, moved them inside its first step())")
     resumed = _resumed_at(pivot, diffs, events_a, tensors_a)
     if resumed is not None:  # (a resume in a new process counts its steps from 0 again)
+        better = shift + resumed - pivot["step"]
+        how = f"`bitguard compare --resumed-at {better}`" if better else "`bitguard compare` without --resumed-at"
+        if shift:
+            return (f"run B's parameters at step {pivot['step']} (its own step {pivot['step'] - shift}) are run A's at "
+                    f"step {resumed}: --resumed-at {shift} pairs B's steps with the wrong ones of A; {how} compares "
+                    f"them with A's from there")
         return (f"run B's parameters at step {pivot['step']} are run A's at step {resumed}: B resumed from a checkpoint "
-                f"of A's step {resumed} in a new process, which counted its steps from 0? `bitguard compare --resumed-at "
-                f"{resumed - pivot['step']}` compares B's steps with A's from there")
+                f"of A's step {resumed} in a new process, which counted its steps from 0? {how} compares B's steps "
+                f"with A's from there")
+    if shift and pivot["step"] == shift:  # (B's first step: what it resumed from)
+        return (f"the parameters run B resumed with differ from run A's at step {shift} (B's first, --resumed-at "
+                f"{shift}) and at every later step: the checkpoint did not restore them (the model's state not loaded, "
+                f"loaded from another run), or it is an earlier step's than --resumed-at says (A's steps before "
+                f"{shift} are not compared: compare without --resumed-at to find the step of A they are)")
     if pivot["step"] > 0:
         return (f"the parameters already differ at the model's first recorded call, in step {pivot['step']}: they "
                 f"differed before the recorded steps began (an earlier step, the initialisation, a loaded checkpoint)")
@@ -286,19 +298,20 @@ def _params_detail(pivot: dict, events_a: pl.DataFrame, diffs: pl.DataFrame,
 
 
 def _resumed_at(pivot: dict, diffs: pl.DataFrame, events_a: pl.DataFrame, tensors_a: pl.DataFrame | None) -> int | None:
-    """The later step of run A at whose same event (boundary and kind) A's parameters are, digest
-    for digest, run B's at the pivot; None when there is none."""
+    """The other step of run A, the nearest, at whose same event (boundary and kind) A's parameters
+    are, digest for digest, run B's at the pivot; None when there is none."""
     if tensors_a is None or "xor_b" not in diffs.columns:
         return None
     b = diffs.filter((pl.col("a_seq") == pivot["seq"]) & (pl.col("role") == "param")).select(
         "idx", pl.col("xor_b").alias("xor"), pl.col("pos_b").alias("pos"))
     if not b.height or b["xor"].null_count():
         return None
-    later = events_a.filter((pl.col("step") > pivot["step"]) & (pl.col("boundary") == pivot["boundary"])
+    later = events_a.filter((pl.col("step") != pivot["step"]) & (pl.col("boundary") == pivot["boundary"])
                             & (pl.col("kind") == pivot["kind"]) & (pl.col("phase") == pivot["phase"])).select("seq", "step")
     rows = tensors_a.filter(pl.col("seq").is_in(later["seq"].implode()) & (pl.col("role") == "param"))
     same = rows.join(b, on=["idx", "xor", "pos"], how="semi").group_by("seq").len()
-    whole = same.filter(pl.col("len") == b.height).join(later, on="seq").sort("seq")
+    whole = same.filter(pl.col("len") == b.height).join(later, on="seq").with_columns(
+        (pl.col("step") - pivot["step"]).abs().alias("_far")).sort("_far", "seq")
     return int(whole["step"][0]) if whole.height else None
 
 

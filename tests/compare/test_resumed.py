@@ -7,6 +7,8 @@ which step of A B's parameters are."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 import torch.nn as nn
@@ -19,7 +21,7 @@ from incli import run_cli
 STEPS, SAVE_AT = 6, 3
 
 
-def _train(path, checkpoint, resume: bool = False, load_scheduler: bool = True) -> None:
+def _train(path, checkpoint, resume: bool = False, load_scheduler: bool = True, load_model: bool = True) -> None:
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 1))
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
@@ -30,7 +32,8 @@ def _train(path, checkpoint, resume: bool = False, load_scheduler: bool = True) 
         start = 0
         if resume:
             state = torch.load(checkpoint)
-            model.load_state_dict(state["model"])
+            if load_model:
+                model.load_state_dict(state["model"])
             opt.load_state_dict(state["opt"])
             if load_scheduler:
                 sched.load_state_dict(state["sched"])
@@ -43,9 +46,12 @@ def _train(path, checkpoint, resume: bool = False, load_scheduler: bool = True) 
             opt.step()
             sched.step()
             loss.item()
-            if step + 1 == SAVE_AT and not resume:
+            if step + 1 == SAVE_AT and not resume:  # (as the Hugging Face Trainer: evaluate, then save, with a JSON)
+                with torch.no_grad():
+                    model(data[0][0])
                 torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "sched": sched.state_dict(),
                             "step": SAVE_AT}, checkpoint)
+                checkpoint.with_suffix(".json").write_text(json.dumps({"step": SAVE_AT}))
 
 
 @pytest.fixture(scope="module")
@@ -55,6 +61,7 @@ def runs(tmp_path_factory):
     _train(root / "a", checkpoint)
     _train(root / "resumed", checkpoint, resume=True)
     _train(root / "no_scheduler", checkpoint, resume=True, load_scheduler=False)
+    _train(root / "no_model", checkpoint, resume=True, load_model=False)
     return root
 
 
@@ -71,15 +78,25 @@ def test_a_resumed_run_compares_identical_with_the_tail_it_resumed(runs):
     doc = c.to_dict()
     assert doc["analysis"]["resumed_at"] == SAVE_AT
     assert [r["code"] for r in doc["certification"]["reasons"]] == ["resumed"], doc["certification"]
-    # every step of B paired, A's before the resume left out, A's save of the checkpoint too
+    # every step of B paired; A's before the resume left out, and its evaluation, save and JSON file before it
     al = doc["alignment"]
     assert al["gaps_a"] == al["gaps_b"] == 0 and al["matched"] == al["events_a"] == al["events_b"] > 0, al
     assert doc["certification"]["compared_steps"] == {"0": [SAVE_AT, None]}
 
 
-def test_a_wrong_resume_step_is_no_identical(runs):
+def test_a_wrong_resume_step_is_no_identical_and_the_right_one_is_named(runs):
     c = bitguard.compare(runs / "a", runs / "resumed", resumed_at=SAVE_AT - 1)
-    assert c.verdict == "diverged", c.verdict
+    fd = c.first_divergence
+    assert (c.verdict, fd["step"], fd["kind"]) == ("diverged", SAVE_AT - 1, "params"), fd
+    assert f"`bitguard compare --resumed-at {SAVE_AT}`" in fd["blame_window"]["detail"], fd["blame_window"]
+
+
+def test_weights_not_restored_are_the_pivot_at_the_resume_step(runs):
+    """Helper 37: the params event of the resume step was cut with what came before the batch, and
+    the first forward was blamed as if the Linear computed differently."""
+    fd = bitguard.compare(runs / "a", runs / "no_model", resumed_at=SAVE_AT).first_divergence
+    assert (fd["step"], fd["kind"], fd["blame"]) == (SAVE_AT, "params", "source"), fd
+    assert "the checkpoint did not restore them" in fd["blame_window"]["detail"], fd["blame_window"]
 
 
 def test_a_scheduler_not_restored_diverges_at_its_first_effect_and_names_it(runs):
