@@ -251,11 +251,11 @@ def _apply_ignore(diffs: pl.DataFrame, events: pl.DataFrame, rules: RuleSet, ran
     differing = diffs.filter(pl.col("differs")).join(
         events.select(pl.col("seq").alias("a_seq"), "boundary", "module_type", "phase", "step"), on="a_seq")
     hits: dict[tuple[int, str, int], str] = {}
-    for row in differing.select("a_seq", "role", "idx", "dtype", "boundary", "module_type", "phase",
+    for row in differing.select("a_seq", "role", "idx", "path", "dtype", "boundary", "module_type", "phase",
                                 "step").iter_rows(named=True):
         for rule in ignore:
             if rule.matches(boundary=row["boundary"], module_type=row["module_type"], phase=row["phase"],
-                            step=row["step"], rank=rank, role=row["role"], dtype=row["dtype"]):
+                            step=row["step"], rank=rank, role=row["role"], dtype=row["dtype"], path=row["path"]):
                 hits[(row["a_seq"], row["role"], row["idx"])] = rule.id
                 break
     if not hits:

@@ -9,6 +9,7 @@ A rules file is JSON:
 
 `match` fields (all optional, all must hold): boundary (fnmatch glob on the dotted path),
 module_type (glob), phase, role (ignore rules: the tensor role whose difference is benign),
+path (ignore rules: glob on the tensor's path in its event, `['config']['init_from'] (python str)`),
 dtype, steps ([first, last] inclusive, either may be null), rank. Actions: `ignore` (a digest
 difference on a matching tensor is not a divergence) and `allow-gap` (a matching event present
 on one side only is expected). This module validates and matches; it does not compare runs.
@@ -27,7 +28,7 @@ from bitguard.schema import PHASES, ROLES
 
 RULES_SCHEMA = "bitguard.rules/1"
 ACTIONS = ("ignore", "allow-gap")
-MATCH_FIELDS = ("boundary", "module_type", "phase", "role", "dtype", "steps", "rank")
+MATCH_FIELDS = ("boundary", "module_type", "phase", "role", "path", "dtype", "steps", "rank")
 RULE_FIELDS = ("id", "match", "action", "note", "author", "created")
 _ID = re.compile(r"^[A-Za-z0-9_.:-]{1,80}$")
 MAX_RULES_BYTES = 8 << 20  # a rules file larger than this is not a rules file
@@ -74,7 +75,7 @@ class Rule:
     created: str = ""  # when (ISO date)
 
     def matches(self, *, boundary: str, module_type: str, phase: str, step: int, rank: int,
-                role: str | None = None, dtype: str | None = None) -> bool:
+                role: str | None = None, dtype: str | None = None, path: str | None = None) -> bool:
         m = self.match
         if "boundary" in m and not fnmatch.fnmatchcase(boundary, m["boundary"]):
             return False
@@ -91,6 +92,8 @@ class Rule:
         if role is not None and "role" in m and role != m["role"]:
             return False
         if dtype is not None and "dtype" in m and dtype != m["dtype"]:
+            return False
+        if "path" in m and (path is None or not fnmatch.fnmatchcase(path, m["path"])):
             return False
         return True
 
@@ -120,7 +123,7 @@ def _check_rule(raw, position: int) -> Rule:
     if unknown:
         raise RulesError(f"{where}: unknown match field(s) {', '.join(sorted(unknown))}; "
                          f"allowed: {', '.join(MATCH_FIELDS)}")
-    for key in ("boundary", "module_type", "dtype"):
+    for key in ("boundary", "module_type", "dtype", "path"):
         if key in match and not isinstance(match[key], str):
             raise RulesError(f"{where}: match.{key} must be a string (got {match[key]!r})")
     if "phase" in match and match["phase"] not in PHASES:
@@ -136,8 +139,9 @@ def _check_rule(raw, position: int) -> Rule:
         if not ok or (None not in steps and steps[0] > steps[1]):
             raise RulesError(f"{where}: match.steps must be [first, last] with 0 <= first <= last (null for open), "
                              f"got {steps!r}")
-    if action == "allow-gap" and "role" in match:
-        raise RulesError(f"{where}: match.role applies to 'ignore' rules only; remove it from this allow-gap rule")
+    for key in ("role", "path"):
+        if action == "allow-gap" and key in match:
+            raise RulesError(f"{where}: match.{key} applies to 'ignore' rules only; remove it from this allow-gap rule")
     for key in ("note", "author", "created"):
         if key in raw and not isinstance(raw[key], str):
             raise RulesError(f"{where}: field '{key}' must be a string")

@@ -124,6 +124,7 @@ function editor() {
     ...field("module type", el("input", { type: "text", id: "rule-module-type", value: m.module_type ?? "", placeholder: "glob, e.g. Dropout" })),
     ...field("phase", select("rule-phase", [["", "any"], ...v.phases.map((p) => [p, p])], m.phase)),
     ...field("role", select("rule-role", [["", "any"], ...v.roles.map((p) => [p, p])], m.role)),
+    ...field("path", el("input", { type: "text", id: "rule-path", value: m.path ?? "", placeholder: "glob on a tensor's path (ignore only), e.g. *init_from*" })),
     ...field("dtype", el("input", { type: "text", id: "rule-dtype", value: m.dtype ?? "", placeholder: "any" })),
     ...field("steps", el("div", { class: "row2" },
       el("input", { type: "number", id: "rule-step-first", min: 0, value: steps[0] ?? "", placeholder: "first" }),
@@ -142,7 +143,7 @@ function readEditor() {
   const val = (id) => $(`#${id}`).value.trim();
   const num = (id) => (val(id) === "" ? null : Number(val(id)));
   const match = {};
-  for (const [key, id] of [["boundary", "rule-boundary"], ["module_type", "rule-module-type"], ["phase", "rule-phase"], ["role", "rule-role"], ["dtype", "rule-dtype"]]) {
+  for (const [key, id] of [["boundary", "rule-boundary"], ["module_type", "rule-module-type"], ["phase", "rule-phase"], ["role", "rule-role"], ["path", "rule-path"], ["dtype", "rule-dtype"]]) {
     if (val(id)) match[key] = val(id);
   }
   const first = num("rule-step-first");

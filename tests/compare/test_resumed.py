@@ -115,3 +115,27 @@ def test_bad_resume_steps_and_the_drill_are_refused(runs):
     c = bitguard.compare(runs / "a", runs / "no_scheduler", resumed_at=SAVE_AT)
     with pytest.raises(NotSupported, match="resumed run"):
         drill_comparison(c)
+
+
+def test_a_rule_ignores_one_path_inside_a_save(tmp_path):
+    """Helper 37: a resumed nanoGPT saves its config with `init_from: 'resume'` where the run it resumed
+    saved 'scratch'; a rule could accept the whole save only. `match.path` accepts that one row."""
+    for name, how in (("a", "scratch"), ("b", "resume")):
+        torch.manual_seed(0)
+        model = nn.Linear(2, 2)
+        with bitguard.record(tmp_path / name, determinism=False):
+            torch.save({"model": model.state_dict(), "config": {"init_from": how, "lr": 0.1}},
+                       tmp_path / f"{name}.pt")
+    assert bitguard.compare(tmp_path / "a", tmp_path / "b").verdict == "diverged"
+    rules = tmp_path / "rules.json"
+    rule = {"id": "init-from", "action": "ignore", "match": {"boundary": "torch.save", "path": "*init_from*"}}
+    rules.write_text(json.dumps({"schema": "bitguard.rules/1", "rules": [rule]}))
+    c = bitguard.compare(tmp_path / "a", tmp_path / "b", rules=str(rules))
+    assert c.verdict == "identical" and c.rules_fired == [{"id": "init-from", "count": 1}], c.first_divergence
+    rule["match"]["path"] = "*[[]'lr'[]]*"  # (another row: a literal bracket is [[] in a glob)
+    rules.write_text(json.dumps({"schema": "bitguard.rules/1", "rules": [rule]}))
+    assert bitguard.compare(tmp_path / "a", tmp_path / "b", rules=str(rules)).verdict == "diverged"
+    rule["action"] = "allow-gap"
+    rules.write_text(json.dumps({"schema": "bitguard.rules/1", "rules": [rule]}))
+    with pytest.raises(bitguard.errors.RulesError, match="match.path applies to 'ignore' rules only"):
+        bitguard.compare(tmp_path / "a", tmp_path / "b", rules=str(rules))
