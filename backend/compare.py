@@ -524,6 +524,8 @@ def _first_pivot(ranks: dict[int, RankComparison]) -> RankComparison | None:
     return chosen
 
 
+# API calls whose values outlive the last optimizer step (what the next step would use): _final_settings_differ
+SETTINGS_AFTER = ("scheduler_step", "loss_scale")
 # Reasons that stop a verdict from being `identical`; the others only describe what was compared.
 _INFORMATIONAL = {"modes", "granularity", "recompute", "retyped", "resumed"}
 # reasons after which no computed value is compared: nothing was paired, or the steps are not the same steps
@@ -602,6 +604,37 @@ class Comparison:
                 return [certification.reason("computed", (
                     f"{what} differs at step {d['step']} ({a} in A, {b} in B) while every recorded tensor is equal: "
                     f"{where} runs outside the recorded boundaries"), rank=rank)]
+        return self._final_settings_differ()
+
+    def _final_settings_differ(self) -> list[dict]:
+        """A setting the training's API calls made after its last optimizer step (a scheduler's
+        step() after the last update, a GradScaler's update) that differs: no recorded tensor used
+        it, so every one can be equal, yet a training that went on, or resumed from this state, would
+        differ (helper 37: a scheduler not restored by a resume that ended one step later). Not
+        identical."""
+        for rank in sorted(self.ranks):
+            rows_a, rows_b = (rows or [] for rows in self._api_rows(rank))
+            last = max((r["step"] for r in rows_a + rows_b if r["step"] is not None), default=None)
+            if last is None or any(r["kind"] == "optimizer_step" and r["step"] == last for r in rows_a + rows_b):
+                continue
+            tail = [[r for r in rows if r["step"] == last and r["kind"] in SETTINGS_AFTER] for rows in (rows_a, rows_b)]
+            if not tail[0] and not tail[1]:
+                continue
+            found = api_diff.differences(self.run_a, self.run_b, rank, api_diff.EVERY_STEP, rows=tuple(tail)) \
+                if tail[0] and tail[1] else {"differences": [{"kind": r["kind"], "target": r["target"], "field": None}
+                                                             for r in tail[0] or tail[1]]}
+            if found["differences"]:
+                d = found["differences"][0]
+                what = f"{d['kind']} ({d['target']})"
+                if d["field"] is None:
+                    side = "A" if tail[0] else "B"
+                    what += f" is called after the last optimizer step (step {last}) in run {side} only"
+                else:
+                    a, b = api_diff.value_pair(d["a"], d["b"])
+                    what += f": {d['field']} differs after the last optimizer step (step {last}: {a} in A, {b} in B)"
+                return [certification.reason("final_settings", (
+                    f"{what} while every recorded tensor is equal: no recorded step used it, but a training that "
+                    f"went on, or resumed from this state, would differ"), rank=rank)]
         return []
 
     def blocking_reasons(self) -> list[dict]:

@@ -139,3 +139,24 @@ def test_a_rule_ignores_one_path_inside_a_save(tmp_path):
     rules.write_text(json.dumps({"schema": "bitguard.rules/1", "rules": [rule]}))
     with pytest.raises(bitguard.errors.RulesError, match="match.path applies to 'ignore' rules only"):
         bitguard.compare(tmp_path / "a", tmp_path / "b", rules=str(rules))
+
+
+def test_a_setting_that_differs_only_after_the_last_step_is_no_identical(tmp_path):
+    """Helper 37: a scheduler not restored, whose first effect would be the step after the recording's
+    last, compared identical (with a note): every tensor is equal, but the training's state is not."""
+    for name, gamma in (("a", 0.5), ("b", 0.5), ("c", 0.25)):
+        torch.manual_seed(0)
+        model = nn.Linear(4, 1)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        sched = torch.optim.lr_scheduler.StepLR(opt, 2, gamma)  # (its first decay: after the second, last, step)
+        with bitguard.record(tmp_path / name, determinism=False):
+            for _ in range(2):
+                opt.zero_grad()
+                model(torch.ones(2, 4)).sum().backward()
+                opt.step()
+                sched.step()
+    assert bitguard.compare(tmp_path / "a", tmp_path / "b").verdict == "identical"
+    c = bitguard.compare(tmp_path / "a", tmp_path / "c")
+    assert c.verdict == "inconclusive" and [r["code"] for r in c.blocking_reasons()] == ["final_settings"], \
+        c.blocking_reasons()
+    assert "last_lr differs after the last optimizer step" in c.blocking_reasons()[0]["message"]
