@@ -471,6 +471,21 @@ def _find_pivot(rc: RankComparison) -> None:
         rc.propagation = propagation.build(rc.rank, rc.events_a, rc.tensors_a, divergent, seed)
 
 
+def _in_a_steps(run_a: RunInfo, run_b: RunInfo) -> tuple[dict, dict]:
+    """The two manifests with their recorded step windows as compare reads them (--resumed-at: B's
+    steps shifted, A's window from the step B resumed at)."""
+    shift = run_b.step_shift
+    a, b = run_a.manifest, run_b.manifest
+    if not shift:
+        return a, b
+    wa, wb = a.get("steps"), b.get("steps")
+    if isinstance(wb, list) and len(wb) == 2:
+        b = {**b, "steps": [None if s is None else s + shift for s in wb]}
+    if isinstance(wa, list) and len(wa) == 2:
+        a = {**a, "steps": [max(wa[0] or 0, shift), wa[1]]}
+    return a, b
+
+
 def manifest_differences(a: dict, b: dict) -> list[dict]:
     """Differences between two manifests that can by themselves explain a divergence."""
     out = []
@@ -546,7 +561,7 @@ class Comparison:
         self.probes = probes  # boundary globs kept, None for every recorded event
         self.rules_fired = [{"id": k, "count": v} for k, v in sorted(fired.items())]
         self._first = _first_pivot(ranks)
-        self.manifest_diffs = manifest_differences(run_a.manifest, run_b.manifest)
+        self.manifest_diffs = manifest_differences(*_in_a_steps(run_a, run_b))
         self.reasons = list(reasons or [])  # whole-run reasons; the ranks add theirs (certification.py)
         self._result: CompareResult | None = None
         self._reasons: list[dict] | None = None
@@ -897,6 +912,10 @@ def compare(a, b, rules=None, rank: int | None = None, band: int = DEFAULT_BAND,
     probes = None if probes is None else list(probes)
     run_a = a if isinstance(a, RunInfo) else open_run(a)
     run_b = b if isinstance(b, RunInfo) else open_run(b)
+    done = run_a.manifest.get("steps_completed")
+    if resumed_at and isinstance(done, int) and not isinstance(done, bool) and resumed_at >= done > 0:
+        raise BadInput(f"--resumed-at {resumed_at} is past run A's last step ({done - 1}: it completed {done} "
+                       f"step(s)); give the step of A whose checkpoint run B resumed from")
     if resumed_at:  # (RunInfo objects of an earlier comparison keep theirs: drill, a rank compared again)
         run_a = dataclasses.replace(run_a, step_shift=0, resume_from=resumed_at)
         run_b = dataclasses.replace(run_b, step_shift=resumed_at, resume_from=resumed_at)

@@ -112,6 +112,8 @@ def test_a_scheduler_not_restored_diverges_at_its_first_effect_and_names_it(runs
 def test_bad_resume_steps_and_the_drill_are_refused(runs):
     with pytest.raises(BadInput, match="--resumed-at must be a step number"):
         bitguard.compare(runs / "a", runs / "resumed", resumed_at=-1)
+    with pytest.raises(BadInput, match=f"past run A's last step \\({STEPS - 1}"):
+        bitguard.compare(runs / "a", runs / "resumed", resumed_at=STEPS)
     c = bitguard.compare(runs / "a", runs / "no_scheduler", resumed_at=SAVE_AT)
     with pytest.raises(NotSupported, match="resumed run"):
         drill_comparison(c)
