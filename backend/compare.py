@@ -27,7 +27,7 @@ from numba import njit
 
 from bitguard.backend import api_diff, certification, check, collectives, content_pairs, equivalence, granularity
 from bitguard.backend import pivot as pivot_mod
-from bitguard.backend import recompute
+from bitguard.backend import recompute, resumed
 from bitguard.backend import propagation, rank_pool, rank_summary, retype
 from bitguard.backend.ingest import RunInfo, in_order, load_rank, open_run
 from bitguard.backend.rank_summary import RankSummary, hex16 as _hex, unobserved as _unobserved
@@ -945,6 +945,8 @@ def compare(a, b, rules=None, rank: int | None = None, band: int = DEFAULT_BAND,
                                            frames)
     pivot_mod.confirm_comm(ranks, rank_selected=rank is not None)  # a collective's blame, seen from its group
     reasons = certification.run_reasons(run_a, run_b, selected, rank_selected=rank is not None)
+    if run_b.step_shift:  # what B did on resuming, against A's tail (resumed.py)
+        reasons += [r for rk in selected for r in resumed.region_reasons(run_a, run_b, rk, rule_set)]
     if rank is None:
         reasons += certification.group_reasons(run_a, run_b, _group_members(ranks))
     return Comparison(run_a, run_b, rule_set, ranks, fired, band, fingerprint, probes, reasons)

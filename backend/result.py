@@ -153,7 +153,7 @@ class AlignmentSummary(_Model):
 class Reason(_Model):
     code: Literal["incomplete", "missing_ranks", "damaged", "unobserved", "collector_errors", "nothing_paired",
                   "empty", "step_window", "modes", "follows_accepted", "granularity", "recompute",
-                  "online", "digest_build", "retyped", "computed", "resumed", "final_settings"]
+                  "online", "digest_build", "retyped", "computed", "resumed", "final_settings", "resume_setup"]
     message: str = Field(description="what could not be certified and why, in one sentence")
     side: Literal["a", "b"] | None = None
     rank: int | None = None

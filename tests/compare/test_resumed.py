@@ -21,7 +21,8 @@ from incli import run_cli
 STEPS, SAVE_AT = 6, 3
 
 
-def _train(path, checkpoint, resume: bool = False, load_scheduler: bool = True, load_model: bool = True) -> None:
+def _train(path, checkpoint, resume: bool = False, load_scheduler: bool = True, load_model: bool = True,
+           rng_late: bool = False) -> None:
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 1))
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
@@ -38,6 +39,12 @@ def _train(path, checkpoint, resume: bool = False, load_scheduler: bool = True, 
             if load_scheduler:
                 sched.load_state_dict(state["sched"])
             start = state["step"]
+            if not rng_late:
+                torch.set_rng_state(state["rng"])
+            with torch.no_grad():  # (as nanoGPT: an evaluation at the resume step, in both processes)
+                model(torch.randn(4, 8))
+            if rng_late:  # (the RNG put back only after it, as it was after A's: the evaluation differs, the training not)
+                torch.set_rng_state(state["rng_after"])
         for step in range(start, STEPS):
             x, y = data[step]
             loss = nn.functional.mse_loss(model(x), y)
@@ -46,11 +53,13 @@ def _train(path, checkpoint, resume: bool = False, load_scheduler: bool = True, 
             opt.step()
             sched.step()
             loss.item()
-            if step + 1 == SAVE_AT and not resume:  # (as the Hugging Face Trainer: evaluate, then save, with a JSON)
+            torch.rand(1)  # (a draw a step: the RNG state moves with the training)
+            if step + 1 == SAVE_AT and not resume:  # (evaluate, then save with a JSON, as the HF Trainer does)
+                rng = torch.get_rng_state()
                 with torch.no_grad():
-                    model(data[0][0])
+                    model(torch.randn(4, 8))
                 torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "sched": sched.state_dict(),
-                            "step": SAVE_AT}, checkpoint)
+                            "step": SAVE_AT, "rng": rng, "rng_after": torch.get_rng_state()}, checkpoint)
                 checkpoint.with_suffix(".json").write_text(json.dumps({"step": SAVE_AT}))
 
 
@@ -62,6 +71,7 @@ def runs(tmp_path_factory):
     _train(root / "resumed", checkpoint, resume=True)
     _train(root / "no_scheduler", checkpoint, resume=True, load_scheduler=False)
     _train(root / "no_model", checkpoint, resume=True, load_model=False)
+    _train(root / "rng_late", checkpoint, resume=True, rng_late=True)
     return root
 
 
@@ -162,3 +172,12 @@ def test_a_setting_that_differs_only_after_the_last_step_is_no_identical(tmp_pat
     assert c.verdict == "inconclusive" and [r["code"] for r in c.blocking_reasons()] == ["final_settings"], \
         c.blocking_reasons()
     assert "last_lr differs after the last optimizer step" in c.blocking_reasons()[0]["message"]
+
+
+def test_what_the_resumed_run_did_before_its_first_batch_is_checked_against_a(runs):
+    """Helper 38: both runs evaluated at the resume step (nanoGPT), the resumed one before putting its
+    RNG state back; the region before the first training batch was left out, and it compared identical."""
+    c = bitguard.compare(runs / "a", runs / "rng_late", resumed_at=SAVE_AT)
+    assert c.verdict == "inconclusive" and [r["code"] for r in c.blocking_reasons()] == ["resume_setup"], \
+        (c.verdict, c.first_divergence, c.blocking_reasons())
+    assert bitguard.compare(runs / "a", runs / "resumed", resumed_at=SAVE_AT).verdict == "identical"
