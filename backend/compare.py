@@ -638,8 +638,10 @@ class Comparison:
             found = api_diff.differences(self.run_a, self.run_b, rank, api_diff.EVERY_STEP, rows=tuple(tail)) \
                 if tail[0] and tail[1] else {"differences": [{"kind": r["kind"], "target": r["target"], "field": None}
                                                              for r in tail[0] or tail[1]]}
-            if found["differences"]:
-                d = found["differences"][0]
+            # (a field one build records and the other not is no difference of the runs: the manifests say so)
+            found = [d for d in found["differences"] if d["field"] is None or (d["a"] is not None and d["b"] is not None)]
+            if found:
+                d = found[0]
                 what = f"{d['kind']} ({d['target']})"
                 if d["field"] is None:
                     side = "A" if tail[0] else "B"

@@ -457,6 +457,9 @@ class ApiRecorder(Guarded):
         last = sched.get_last_lr() if hasattr(sched, "get_last_lr") else []
         value = {"last_lr": [_plain(x) for x in last], "class": type(sched).__name__,
                  "optimizer": self._index(sched.optimizer) if hasattr(sched, "optimizer") else None}
+        epoch = getattr(sched, "last_epoch", None)  # (its count: a scheduler a resume did not restore differs here
+        if type(epoch) is int:  # first, steps before its learning rate does: helper 38)
+            value["last_epoch"] = epoch
         # the scheduler's constructor steps it once: a scheduler exists, it was not stepped by the loop
         self._add("scheduler_init" if initial else "scheduler_step", self._index(sched), value)
 

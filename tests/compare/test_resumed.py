@@ -181,3 +181,33 @@ def test_what_the_resumed_run_did_before_its_first_batch_is_checked_against_a(ru
     assert c.verdict == "inconclusive" and [r["code"] for r in c.blocking_reasons()] == ["resume_setup"], \
         (c.verdict, c.first_divergence, c.blocking_reasons())
     assert bitguard.compare(runs / "a", runs / "resumed", resumed_at=SAVE_AT).verdict == "identical"
+
+
+def test_a_scheduler_not_restored_whose_rate_matches_at_the_end_is_no_identical(tmp_path):
+    """Helper 38: StepLR(3) not restored by a resume at step 7 of 8 had the same last_lr at the end, and
+    compared identical; its count (last_epoch) differs."""
+    checkpoint = tmp_path / "ck.pt"
+    for name, resume, load in (("a", False, True), ("b", True, False)):
+        torch.manual_seed(0)
+        model = nn.Linear(4, 1)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        sched = torch.optim.lr_scheduler.StepLR(opt, 3, 0.5)
+        start = 0
+        with bitguard.record(tmp_path / name, determinism=False):
+            if resume:
+                state = torch.load(checkpoint)
+                model.load_state_dict(state["model"])
+                opt.load_state_dict(state["opt"])
+                if load:
+                    sched.load_state_dict(state["sched"])
+                start = 7
+            for step in range(start, 8):
+                opt.zero_grad()
+                model(torch.ones(2, 4)).sum().backward()
+                opt.step()
+                sched.step()
+                if step == 6 and not resume:
+                    torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "sched": sched.state_dict()},
+                               checkpoint)
+    c = bitguard.compare(tmp_path / "a", tmp_path / "b", resumed_at=7)
+    assert c.verdict != "identical", c.to_dict()["api_differences"]
