@@ -346,7 +346,8 @@ def _compare_rank(rank: int, run_a: RunInfo, run_b: RunInfo, rules: RuleSet, fir
     pairs = _follows_accepted(pairs, diffs, ea, ta)
     nothing = certification.empty_or_unpaired(rank, ea, eb, pairs.height)
     reasons = mode_reasons + reasons + ([nothing] if nothing else [])
-    gaps = _gaps(rank, ea, eb, al, rules, fired, scope, counted=nothing is None)
+    gaps = _gaps(rank, ea, eb, al, rules, fired, scope, counted=nothing is None,
+                 resumed_at=run_b.resume_from if run_b.step_shift else None)
     gaps, recompute_reasons = recompute.one_sided(gaps, ea, eb, rank)  # checkpointing on one side only
     reasons = reasons + recompute_reasons
     gaps, region_reasons = granularity.inside(gaps, ea, eb, pairs, regions, rank)  # not observed in the other run
@@ -394,26 +395,35 @@ def _follows_accepted(pairs: pl.DataFrame, diffs: pl.DataFrame, ea: pl.DataFrame
         pl.when(is_follow).then(pl.col("_src_rule")).otherwise(pl.col("rule_id")).alias("rule_id")).drop("_src_rule")
 
 
-def _gaps(rank, ea, eb, al, rules: RuleSet, fired: dict, scope, counted: bool = True) -> pl.DataFrame:
+def _gaps(rank, ea, eb, al, rules: RuleSet, fired: dict, scope, counted: bool = True,
+          resumed_at: int | None = None) -> pl.DataFrame:
     """Events on one side only: their A-order position, the rule that allows them, and whether they
-    count as a structural divergence (inside the certified scope, not allowed, the rank paired)."""
+    count as a structural divergence (inside the certified scope, not allowed, the rank paired; not
+    a params event of the step a resumed run began at, `resumed_at`, nor the gradient of a tensor
+    only an optimizer holds there: a process takes params events at its first step's every call,
+    and finds such tensors at its first optimizer step, which the run it resumed had made; helper
+    38. What they hold is compared at the steps after)."""
     rows = []
     allow = rules.of("allow-gap")
     for side, events, positions in (("a", ea, al.gaps_a), ("b", eb, al.gaps_b)):
         if not len(positions):
             continue
         order = positions.astype(np.float64) if side == "a" else b_gap_order(al, positions)
-        sub = events[positions.tolist()].select("seq", "step", "phase", "boundary", "module_type")
+        sub = events[positions.tolist()].select("seq", "step", "phase", "kind", "boundary", "module_type")
         for pos, at, r in zip(positions.tolist(), order.tolist(), sub.iter_rows(named=True)):
             rid = next((rule.id for rule in allow if rule.matches(
                 boundary=r["boundary"], module_type=r["module_type"], phase=r["phase"], step=r["step"],
                 rank=rank)), None)
             if rid is not None:
                 fired[rid] = fired.get(rid, 0) + 1
-            rows.append((side, r["seq"], pos, at, r["step"], rid is not None, rid))
+            resumed = resumed_at is not None and r["step"] == resumed_at and (
+                r["kind"] == "params" or (r["kind"] == "grad" and ".param_groups[" in r["boundary"]))
+            rows.append((side, r["seq"], pos, at, r["step"], rid is not None, rid, resumed))
     gaps = pl.DataFrame(rows, schema={"side": pl.String, "seq": pl.Int64, "pos": pl.Int64, "order": pl.Float64,
-                                      "step": pl.Int64, "allowed": pl.Boolean, "rule_id": pl.String}, orient="row")
-    return gaps.with_columns((~pl.col("allowed") & scope.contains(pl.col("step")) & pl.lit(counted)).alias("counted"))
+                                      "step": pl.Int64, "allowed": pl.Boolean, "rule_id": pl.String,
+                                      "_resumed": pl.Boolean}, orient="row")
+    return gaps.with_columns((~pl.col("allowed") & scope.contains(pl.col("step")) & pl.lit(counted)
+                              & ~pl.col("_resumed")).alias("counted")).drop("_resumed")
 
 
 class _StatusOf:

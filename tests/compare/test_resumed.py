@@ -211,3 +211,41 @@ def test_a_scheduler_not_restored_whose_rate_matches_at_the_end_is_no_identical(
                                checkpoint)
     c = bitguard.compare(tmp_path / "a", tmp_path / "b", resumed_at=7)
     assert c.verdict != "identical", c.to_dict()["api_differences"]
+
+
+def _accumulating(path, checkpoint, resume: bool, held: bool = False) -> None:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 1))
+    temperature = nn.Parameter(torch.ones(()))  # (a tensor only the optimizer holds: SAC's log_alpha)
+    params = list(model.parameters()) + ([temperature] if held else [])
+    opt = torch.optim.AdamW(params, lr=1e-2)
+    g = torch.Generator().manual_seed(1)
+    data = [torch.randn(2, 4, generator=g) for _ in range(8)]
+    start = 0
+    with bitguard.record(path, determinism=False):
+        if resume:
+            state = torch.load(checkpoint)
+            model.load_state_dict(state["model"])
+            opt.load_state_dict(state["opt"])
+            temperature.data.copy_(state["t"])
+            start = 2
+        for step in range(start, 4):
+            opt.zero_grad()
+            for micro in range(2):  # gradient accumulation: two calls of the model a step
+                (model(data[2 * step + micro]) * temperature).pow(2).mean().backward()
+            opt.step()
+            if step == 1 and not resume:
+                torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "t": temperature.detach()},
+                           checkpoint)
+
+
+def test_a_correct_resume_with_accumulation_and_a_tensor_only_the_optimizer_holds_is_identical(tmp_path):
+    """Helper 38: a resumed process takes a params event at every call of its first step, and finds the
+    tensors only an optimizer holds at its first step(); the run it resumed did neither at that step,
+    so every correct resume with gradient accumulation (HF Trainer, nanoGPT) compared diverged."""
+    for held in (False, True):
+        ck = tmp_path / f"ck{held}.pt"
+        _accumulating(tmp_path / f"a{held}", ck, False, held)
+        _accumulating(tmp_path / f"b{held}", ck, True, held)
+        c = bitguard.compare(tmp_path / f"a{held}", tmp_path / f"b{held}", resumed_at=2)
+        assert c.verdict == "identical", (held, c.first_divergence)
