@@ -347,7 +347,8 @@ def _compare_rank(rank: int, run_a: RunInfo, run_b: RunInfo, rules: RuleSet, fir
     nothing = certification.empty_or_unpaired(rank, ea, eb, pairs.height)
     reasons = mode_reasons + reasons + ([nothing] if nothing else [])
     gaps = _gaps(rank, ea, eb, al, rules, fired, scope, counted=nothing is None,
-                 resumed_at=run_b.resume_from if run_b.step_shift else None)
+                 resumed_at=run_b.resume_from if run_b.step_shift else None,
+                 windowed=any(r["code"] == "step_window" for r in reasons))
     gaps, recompute_reasons = recompute.one_sided(gaps, ea, eb, rank)  # checkpointing on one side only
     reasons = reasons + recompute_reasons
     gaps, region_reasons = granularity.inside(gaps, ea, eb, pairs, regions, rank)  # not observed in the other run
@@ -396,13 +397,15 @@ def _follows_accepted(pairs: pl.DataFrame, diffs: pl.DataFrame, ea: pl.DataFrame
 
 
 def _gaps(rank, ea, eb, al, rules: RuleSet, fired: dict, scope, counted: bool = True,
-          resumed_at: int | None = None) -> pl.DataFrame:
+          resumed_at: int | None = None, windowed: bool = False) -> pl.DataFrame:
     """Events on one side only: their A-order position, the rule that allows them, and whether they
     count as a structural divergence (inside the certified scope, not allowed, the rank paired; not
     a params event of the step a resumed run began at, `resumed_at`, nor the gradient of a tensor
     only an optimizer holds there: a process takes params events at its first step's every call,
     and finds such tensors at its first optimizer step, which the run it resumed had made; helper
-    38. What they hold is compared at the steps after)."""
+    38. What they hold is compared at the steps after); nor, where the runs recorded different step
+    windows (`windowed`), a final state, which a window's end records (helper 38: A recorded with
+    --steps 0:3 against the whole run "ended here"; the step_window reason says what was compared)."""
     rows = []
     allow = rules.of("allow-gap")
     for side, events, positions in (("a", ea, al.gaps_a), ("b", eb, al.gaps_b)):
@@ -416,8 +419,9 @@ def _gaps(rank, ea, eb, al, rules: RuleSet, fired: dict, scope, counted: bool = 
                 rank=rank)), None)
             if rid is not None:
                 fired[rid] = fired.get(rid, 0) + 1
-            resumed = resumed_at is not None and r["step"] == resumed_at and (
-                r["kind"] == "params" or (r["kind"] == "grad" and ".param_groups[" in r["boundary"]))
+            resumed = (resumed_at is not None and r["step"] == resumed_at and (
+                r["kind"] == "params" or (r["kind"] == "grad" and ".param_groups[" in r["boundary"]))) \
+                or (windowed and r["kind"] == "final")
             rows.append((side, r["seq"], pos, at, r["step"], rid is not None, rid, resumed))
     gaps = pl.DataFrame(rows, schema={"side": pl.String, "seq": pl.Int64, "pos": pl.Int64, "order": pl.Float64,
                                       "step": pl.Int64, "allowed": pl.Boolean, "rule_id": pl.String,

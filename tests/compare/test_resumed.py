@@ -249,3 +249,20 @@ def test_a_correct_resume_with_accumulation_and_a_tensor_only_the_optimizer_hold
         _accumulating(tmp_path / f"b{held}", ck, True, held)
         c = bitguard.compare(tmp_path / f"a{held}", tmp_path / f"b{held}", resumed_at=2)
         assert c.verdict == "identical", (held, c.first_divergence)
+
+
+def test_a_window_against_the_whole_run_is_inconclusive_not_ended(tmp_path):
+    """Helper 38: a run recorded with --steps 0:2 against the whole run diverged as "run B ends here"
+    at its window's final state; the windows differ, which the step_window reason says."""
+    for name, steps in (("a", None), ("b", "0:2")):
+        torch.manual_seed(0)
+        model = nn.Linear(4, 1)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        with bitguard.record(tmp_path / name, determinism=False, steps=steps):
+            for _ in range(4):
+                opt.zero_grad()
+                model(torch.ones(2, 4)).sum().backward()
+                opt.step()
+    c = bitguard.compare(tmp_path / "a", tmp_path / "b")
+    assert c.verdict == "inconclusive" and [r["code"] for r in c.blocking_reasons()] == ["step_window"], \
+        (c.first_divergence, c.blocking_reasons())
