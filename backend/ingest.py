@@ -38,7 +38,7 @@ from bitguard.backend.event_keys import with_keys
 from bitguard.collectors import journal as journal_format
 from bitguard.collectors.store import DAMAGE_KEY, FOLDED_KEY, journal_path
 from bitguard.errors import BadInput, CorruptRun, NotARun, SchemaMismatch
-from bitguard.schema import EVENTS, JSON_FILE, KINDS, META, PHASES, REQUIRED, ROLES, SCHEMA_VERSION, STACKS, TENSORS, Column
+from bitguard.schema import EVENTS, KINDS, META, PHASES, REQUIRED, ROLES, SCHEMA_VERSION, STACKS, TENSORS, Column
 
 # polars imports numpy on its first use through a proxy whose import is not thread-safe (polars
 # 2.1: the proxy copies numpy's attributes over its own, numpy's `_globals` submodule among them,
@@ -477,19 +477,14 @@ def _start_of_step(kept: pl.DataFrame, step: int, kind: str, name: str) -> pl.Ex
 def resume_cut(events: pl.DataFrame, step: int) -> tuple[int, int, int | None]:
     """(seq, step, time) where the comparison of a resumed run begins (RunInfo.resume_from, `step` in
     compare's numbering): the first training batch of that step or later (a batch a backward follows
-    before the next one; after the step's last save, the checkpoint a resume loads), from its params
-    event on (taken as the batch's call began, just before it). What a side recorded before it is the
+    before the next one: not an evaluation's), from its params event on (taken as the batch's call
+    began, just before it). What a side recorded before it is the
     old process's tail (an evaluation, the checkpoint it saved, its scheduler's last step) or the new
     one's setup (loading it), not a training step of either (helper 37: an evaluation before the save
     and the params event before the batch were compared, or cut)."""
     later = events.filter(pl.col("step") >= step).select("seq", "step", "phase", "kind", "module_type", "t_start_ns")
     if not later.height:  # nothing from there on: everything is cut
         return (int(events["seq"].max()) + 1 if events.height else 0), step, None
-    first_step = later["step"][0]
-    saves = later.filter((pl.col("step") == first_step) & (pl.col("kind") == "saved")
-                         & (pl.col("module_type") != JSON_FILE))  # (a JSON file's event comes at its step's end)
-    if saves.height:
-        later = later.filter(pl.col("seq") > saves["seq"].max())
     batch = (pl.col("phase") == "data").fill_null(False)
     marked = later.with_columns(batch.cum_sum().alias("_batch"), (pl.col("phase") == "backward").alias("_back"))
     trained = marked.filter(pl.col("_batch") > 0).group_by("_batch").agg(pl.col("_back").any()).filter("_back")
