@@ -38,6 +38,7 @@ from bitguard.backend.event_keys import with_keys
 from bitguard.collectors import journal as journal_format
 from bitguard.collectors.store import DAMAGE_KEY, FOLDED_KEY, journal_path
 from bitguard.errors import BadInput, CorruptRun, NotARun, SchemaMismatch
+from bitguard.backend.resumed import resume_cut, start_of_step
 from bitguard.schema import EVENTS, KINDS, META, PHASES, REQUIRED, ROLES, SCHEMA_VERSION, STACKS, TENSORS, Column
 
 # polars imports numpy on its first use through a proxy whose import is not thread-safe (polars
@@ -417,7 +418,7 @@ def load_rank(run: RunInfo, rank: int) -> tuple[pl.DataFrame, pl.DataFrame, dict
         seq, step, t_ns = resume_cut(events, run.resume_from)
         # (and a JSON file opened before it, whose event its step's end wrote: a checkpoint's config)
         kept = (pl.col("seq") >= seq) & ~((pl.col("step") == step) & (pl.col("t_start_ns") < (t_ns or 0)))
-        events = events.filter(kept | _start_of_step(events.filter(kept), step, "kind", "boundary"))
+        events = events.filter(kept | start_of_step(events.filter(kept), step, "kind", "boundary"))
         tensors = tensors.filter(pl.col("seq").is_in(events["seq"].implode()))
     return with_keys(events, tensors), tensors, _stacks(frames, path)
 
@@ -457,44 +458,11 @@ def rank_table(run: RunInfo, rank: int, table) -> pl.DataFrame | None:
                     kept = (pl.col("step") > step) | (kept & (pl.col("t_ns") >= t_ns))
                 kept = kept.fill_null(False)
                 if "kind" in frame.columns and "target" in frame.columns:
-                    kept = kept | _start_of_step(frame.filter(kept), step, "kind", "target")
+                    kept = kept | start_of_step(frame.filter(kept), step, "kind", "target")
                 frame = frame.filter(kept)
             return frame
     finally:
         con.close()
-
-
-def _start_of_step(kept: pl.DataFrame, step: int, kind: str, name: str) -> pl.Expr:
-    """The `params` records of `step` that come before a resume's cut, of a model with none after it
-    (`kept`: what the cut keeps): a step's parameters are taken at its first call of the model, and
-    that call may be one before the cut (an evaluation before the checkpoint was saved), while the
-    resumed run's first call is its training batch."""
-    after = kept.filter((pl.col("step") == step) & (pl.col(kind) == "params"))[name].unique().implode()
-    first = (pl.col("step") == step) & (pl.col(kind) == "params") & ~pl.col(name).is_in(after)
-    return (first & (pl.int_range(pl.len()).over(first, name) == 0)).fill_null(False)
-
-
-def resume_cut(events: pl.DataFrame, step: int) -> tuple[int, int, int | None]:
-    """(seq, step, time) where the comparison of a resumed run begins (RunInfo.resume_from, `step` in
-    compare's numbering): the first training batch of that step or later (a batch a backward follows
-    before the next one: not an evaluation's), from its params event on (taken as the batch's call
-    began, just before it). What a side recorded before it is the
-    old process's tail (an evaluation, the checkpoint it saved, its scheduler's last step) or the new
-    one's setup (loading it), not a training step of either (helper 37: an evaluation before the save
-    and the params event before the batch were compared, or cut)."""
-    later = events.filter(pl.col("step") >= step).select("seq", "step", "phase", "kind", "module_type", "t_start_ns")
-    if not later.height:  # nothing from there on: everything is cut
-        return (int(events["seq"].max()) + 1 if events.height else 0), step, None
-    batch = (pl.col("phase") == "data").fill_null(False)
-    marked = later.with_columns(batch.cum_sum().alias("_batch"), (pl.col("phase") == "backward").alias("_back"))
-    trained = marked.filter(pl.col("_batch") > 0).group_by("_batch").agg(pl.col("_back").any()).filter("_back")
-    firsts = marked.filter(batch)
-    if trained.height:
-        firsts = firsts.filter(pl.col("_batch") == trained["_batch"].min())
-    row = (firsts if firsts.height else later).row(0, named=True)
-    at = later.filter((pl.col("step") == row["step"]) & (pl.col("t_start_ns") >= row["t_start_ns"])
-                      & (pl.col("seq") <= row["seq"]))
-    return int(at["seq"].min()), row["step"], row["t_start_ns"]
 
 
 def _shifted(frame: pl.DataFrame, shift: int) -> pl.DataFrame:

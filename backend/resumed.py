@@ -1,8 +1,8 @@
-"""What a resumed run did before its first training batch, checked against the run it resumed.
+"""A run resumed from a checkpoint in a new process, compared with the run it resumed.
 
-`compare --resumed-at N` leaves out of the alignment what each side recorded at step N before its
-first training batch (ingest.resume_cut): the old process's tail (an evaluation, the checkpoint it
-saved) and the new one's setup (loading it). Many trainings do the same thing there on both sides
+`compare --resumed-at N` shifts B's steps by N (ingest, `RunInfo.step_shift`) and leaves out of the
+alignment what each side recorded at step N before its first training batch (`resume_cut`): the old
+process's tail (an evaluation, the checkpoint it saved) and the new one's setup (loading it). Many trainings do the same thing there on both sides
 (nanoGPT evaluates and saves at the resume step in both processes), and a resume that restored less
 than it should shows first there: helper 38's B put its RNG state back only after that evaluation,
 and compared identical. So B's events of that region are looked for in A's: one whose alignment key
@@ -17,14 +17,13 @@ import dataclasses
 
 import polars as pl
 
-from bitguard.backend.certification import reason
-from bitguard.backend.ingest import load_rank, resume_cut
-
 
 def region_reasons(run_a, run_b, rank: int, rules=None) -> list[dict]:
     """A `resume_setup` reason when an event of B's resume region differs from A's events of the
     same key there (a tensor an `ignore` rule accepts left out); none otherwise. Reads the rank
     again (only a resumed comparison asks)."""
+    from bitguard.backend.certification import reason  # (certification reads ingest, which reads this module)
+
     ignore = rules.of("ignore") if rules is not None else []
     regions = [_region(run, rank, ignore) for run in (run_a, run_b)]
     (_, digests_a), (events_b, digests_b) = regions
@@ -41,6 +40,8 @@ def region_reasons(run_a, run_b, rank: int, rules=None) -> list[dict]:
 
 def _region(run, rank: int, ignore: list) -> tuple[pl.DataFrame, dict]:
     """(the region's events, {seq: digests} for B's side / {key: [digests, ...]} for A's)."""
+    from bitguard.backend.ingest import load_rank  # (ingest reads resume_cut from here)
+
     events, tensors, _ = load_rank(dataclasses.replace(run, resume_from=None), rank)
     seq, step, t_ns = resume_cut(events, run.resume_from)
     region = events.filter((pl.col("step") == step) & ((pl.col("seq") < seq) | (pl.col("t_start_ns") < (t_ns or 0)))
@@ -60,3 +61,36 @@ def _region(run, rank: int, ignore: list) -> tuple[pl.DataFrame, dict]:
     for s, k in region.select("seq", "key").iter_rows():
         by_key.setdefault(k, []).append(digests.get(s, ()))
     return region, by_key
+
+
+def start_of_step(kept: pl.DataFrame, step: int, kind: str, name: str) -> pl.Expr:
+    """The `params` records of `step` that come before a resume's cut, of a model with none after it
+    (`kept`: what the cut keeps): a step's parameters are taken at its first call of the model, and
+    that call may be one before the cut (an evaluation before the checkpoint was saved), while the
+    resumed run's first call is its training batch."""
+    after = kept.filter((pl.col("step") == step) & (pl.col(kind) == "params"))[name].unique().implode()
+    first = (pl.col("step") == step) & (pl.col(kind) == "params") & ~pl.col(name).is_in(after)
+    return (first & (pl.int_range(pl.len()).over(first, name) == 0)).fill_null(False)
+
+
+def resume_cut(events: pl.DataFrame, step: int) -> tuple[int, int, int | None]:
+    """(seq, step, time) where the comparison of a resumed run begins (RunInfo.resume_from, `step` in
+    compare's numbering): the first training batch of that step or later (a batch a backward follows
+    before the next one: not an evaluation's), from its params event on (taken as the batch's call
+    began, just before it). What a side recorded before it is the old process's tail (an evaluation,
+    the checkpoint it saved, its scheduler's last step) or the new one's setup (loading it), not a
+    training step of either (helper 37: an evaluation before the save and the params event before
+    the batch were compared, or cut)."""
+    later = events.filter(pl.col("step") >= step).select("seq", "step", "phase", "kind", "module_type", "t_start_ns")
+    if not later.height:  # nothing from there on: everything is cut
+        return (int(events["seq"].max()) + 1 if events.height else 0), step, None
+    batch = (pl.col("phase") == "data").fill_null(False)
+    marked = later.with_columns(batch.cum_sum().alias("_batch"), (pl.col("phase") == "backward").alias("_back"))
+    trained = marked.filter(pl.col("_batch") > 0).group_by("_batch").agg(pl.col("_back").any()).filter("_back")
+    firsts = marked.filter(batch)
+    if trained.height:
+        firsts = firsts.filter(pl.col("_batch") == trained["_batch"].min())
+    row = (firsts if firsts.height else later).row(0, named=True)
+    at = later.filter((pl.col("step") == row["step"]) & (pl.col("t_start_ns") >= row["t_start_ns"])
+                      & (pl.col("seq") <= row["seq"]))
+    return int(at["seq"].min()), row["step"], row["t_start_ns"]
