@@ -115,9 +115,7 @@ def rank_scope(rank: int, run_a, run_b, ea: pl.DataFrame, eb: pl.DataFrame) -> t
             reasons.append(reason("online", f"run {side.upper()} was recorded in online mode: it holds alerts, not "
                                             f"boundary events (bitguard alerts reads them); record with --mode full to "
                                             f"compare", side, rank))
-    wa, wb = _window(run_a), _window(run_b)
-    if run_b.step_shift:  # A's steps before B resumed are left out by the user's choice (run_reasons says so)
-        wa = (max(wa[0] or 0, wb[0]), wa[1])
+    wa, wb = compared_windows(run_a, run_b)
     first = max((w[0] for w in (wa, wb) if w[0] is not None), default=None)
     for w in (wa, wb):
         if w[1] is not None:
@@ -126,6 +124,16 @@ def rank_scope(rank: int, run_a, run_b, ea: pl.DataFrame, eb: pl.DataFrame) -> t
         reasons.append(reason("step_window", f"the runs recorded different step windows (A {_fmt(wa)}, B {_fmt(wb)}): "
                                               f"only steps {_fmt((first, end))} are compared", rank=rank))
     return Scope(first, end, damaged), reasons
+
+
+def compared_windows(run_a, run_b) -> tuple[tuple, tuple]:
+    """The step windows the two runs recorded, in the step numbers compare reads: B's shifted by
+    --resumed-at, and A's from the step B resumed at (A's steps before it are left out by the
+    user's choice; run_reasons says so)."""
+    wa, wb = _window(run_a), _window(run_b)
+    if run_b.step_shift:
+        wa = (max(wa[0] or 0, wb[0]), wa[1])
+    return wa, wb
 
 
 def _fmt(window) -> str:

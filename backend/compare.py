@@ -419,15 +419,15 @@ def _gaps(rank, ea, eb, al, rules: RuleSet, fired: dict, scope, counted: bool = 
                 rank=rank)), None)
             if rid is not None:
                 fired[rid] = fired.get(rid, 0) + 1
-            resumed = (resumed_at is not None and r["step"] == resumed_at and (
+            expected = (resumed_at is not None and r["step"] == resumed_at and (
                 r["kind"] == "params" or (r["kind"] == "grad" and ".param_groups[" in r["boundary"]))) \
                 or (windowed and r["kind"] == "final")
-            rows.append((side, r["seq"], pos, at, r["step"], rid is not None, rid, resumed))
+            rows.append((side, r["seq"], pos, at, r["step"], rid is not None, rid, expected))
     gaps = pl.DataFrame(rows, schema={"side": pl.String, "seq": pl.Int64, "pos": pl.Int64, "order": pl.Float64,
                                       "step": pl.Int64, "allowed": pl.Boolean, "rule_id": pl.String,
-                                      "_resumed": pl.Boolean}, orient="row")
+                                      "_expected": pl.Boolean}, orient="row")
     return gaps.with_columns((~pl.col("allowed") & scope.contains(pl.col("step")) & pl.lit(counted)
-                              & ~pl.col("_resumed")).alias("counted")).drop("_resumed")
+                              & ~pl.col("_expected")).alias("counted")).drop("_expected")
 
 
 class _StatusOf:
@@ -486,18 +486,12 @@ def _find_pivot(rc: RankComparison) -> None:
 
 
 def _in_a_steps(run_a: RunInfo, run_b: RunInfo) -> tuple[dict, dict]:
-    """The two manifests with their recorded step windows as compare reads them (--resumed-at: B's
-    steps shifted, A's window from the step B resumed at)."""
-    shift = run_b.step_shift
-    a, b = run_a.manifest, run_b.manifest
-    if not shift:
-        return a, b
-    wa, wb = a.get("steps"), b.get("steps")
-    if isinstance(wb, list) and len(wb) == 2:
-        b = {**b, "steps": [None if s is None else s + shift for s in wb]}
-    if isinstance(wa, list) and len(wa) == 2:
-        a = {**a, "steps": [max(wa[0] or 0, shift), wa[1]]}
-    return a, b
+    """The two manifests with their recorded step windows as compare reads them (--resumed-at:
+    certification.compared_windows)."""
+    if not run_b.step_shift:
+        return run_a.manifest, run_b.manifest
+    return tuple({**run.manifest, "steps": None if w == (None, None) else list(w)}
+                 for run, w in zip((run_a, run_b), certification.compared_windows(run_a, run_b)))
 
 
 def manifest_differences(a: dict, b: dict) -> list[dict]:
