@@ -13,6 +13,7 @@ does not change the exit status.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import re
@@ -168,10 +169,15 @@ def _interpreter(python: str) -> str:
                    f"environment (pip install bitguard) or give its python, e.g. -- {sys.executable} ...")
 
 
+PROBED = "bitguard.collectors"
+
+
 def _imports_bitguard(exe: str, python: str) -> bool:
     # bitguard.collectors, not just bitguard: in a checkout's root a python without bitguard installed
     # finds the bitguard/ folder itself, but not the packages the install maps beside it
-    probe = "import importlib.util, sys; sys.exit(importlib.util.find_spec('bitguard.collectors') is None)"
+    if os.path.abspath(exe) == os.path.abspath(sys.executable or "") and importlib.util.find_spec(PROBED):
+        return True  # the interpreter running this (by its own path: a venv's, not what it links to): no probe
+    probe = f"import importlib.util, sys; sys.exit(importlib.util.find_spec({PROBED!r}) is None)"
     try:
         return subprocess.run([exe, "-c", probe], capture_output=True, timeout=60).returncode == 0
     except (OSError, subprocess.TimeoutExpired) as exc:

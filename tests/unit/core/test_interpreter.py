@@ -46,6 +46,20 @@ def test_a_bare_python_on_path_with_bitguard_is_kept(tmp_path, monkeypatch, caps
     assert capsys.readouterr().err == ""
 
 
+def test_bitguards_own_interpreter_is_not_started_to_be_probed(tmp_path, monkeypatch):
+    """The interpreter bitguard runs under, given by its path (as torchrun's and the tests' launches
+    give it), imports bitguard: a second Python (0.4 s) is not started to find out; a symlink to it
+    (a venv's python is one) is another interpreter, probed."""
+    started = []
+    monkeypatch.setattr(cli.subprocess, "run", lambda cmd, **kw: started.append(cmd) or type("P", (), {"returncode": 1}))
+    assert cli._interpreter(sys.executable) == sys.executable and started == []
+    link = tmp_path / "python"
+    link.symlink_to(sys.executable)
+    with pytest.raises(BadInput, match="cannot import bitguard"):
+        cli._interpreter(str(link))
+    assert [cmd[0] for cmd in started] == [str(link)]
+
+
 def test_a_python_given_by_its_path_is_used_as_given_or_refused(tmp_path):
     fake = _python_without_bitguard(tmp_path / "bin")
     with pytest.raises(BadInput, match="cannot import bitguard"):
