@@ -27,7 +27,7 @@ def routes(ws, config) -> APIRouter:
               responses=errors)
     def create_comparison(body: m.ComparisonCreate):
         """Start comparing two runs; poll GET /api/comparisons/{id} until status is ready."""
-        return ws.create_comparison(body.run_a, body.run_b, body.rule_set_id)
+        return ws.create_comparison(body.run_a, body.run_b, body.rule_set_id, body.resumed_at)
 
     @router.get("/api/comparisons", tags=["comparisons"], response_model=list[m.ComparisonPublic])
     def list_comparisons():

@@ -102,6 +102,9 @@ class ComparisonCreate(BaseModel):
     run_a: str = Field(description="id of the reference run")
     run_b: str = Field(description="id of the suspect run")
     rule_set_id: str | None = Field(None, description="rule set whose latest version applies")
+    resumed_at: int = Field(0, ge=0, description="run B is a process that resumed run A's training from a checkpoint "
+                                                 "of step RESUMED_AT: B's step s is compared with A's step "
+                                                 "RESUMED_AT + s (`compare --resumed-at`); 0: step for step")
 
 
 class ComparisonRerun(BaseModel):
@@ -132,6 +135,7 @@ class ComparisonPublic(BaseModel):
     run_a: NamedRef
     run_b: NamedRef
     rule_set: RuleSetRef | None
+    resumed_at: int = Field(0, description="the step of run A that run B resumed at (0: compared step for step)")
     status: Literal["queued", "running", "ready", "failed", "stale"]
     revision: int = Field(description="bumped by every rerun")
     error: ErrorInfo | None

@@ -56,6 +56,7 @@ CREATE TABLE IF NOT EXISTS rule_set_versions (
 CREATE TABLE IF NOT EXISTS comparisons (
   id VARCHAR PRIMARY KEY, run_a VARCHAR, run_b VARCHAR, rule_set VARCHAR, rule_set_version INTEGER,
   created DOUBLE, updated DOUBLE, revision INTEGER, status VARCHAR, error VARCHAR, summary VARCHAR);
+ALTER TABLE comparisons ADD COLUMN IF NOT EXISTS resumed_at INTEGER DEFAULT 0;
 """
 
 _NAME_RE = re.compile(r"^[\w .,:+()@#-]{1,80}$")
@@ -330,24 +331,27 @@ class Catalogue:
         return [u["id"] for u in users]
 
     # -- comparison records ------------------------------------------------------------------
-    def add_comparison(self, run_a: str, run_b: str, rule_set_id: str | None = None) -> str:
+    def add_comparison(self, run_a: str, run_b: str, rule_set_id: str | None = None, resumed_at: int = 0) -> str:
         """A new comparison record at revision 1, queued; the runs are checked and the record written
         in one step under the catalogue lock, so a run deleted meanwhile leaves no comparison behind
-        (see delete_run)."""
+        (see delete_run). `resumed_at`: run B resumed A's training at that step (`compare --resumed-at`)."""
+        if isinstance(resumed_at, bool) or not isinstance(resumed_at, int) or resumed_at < 0:
+            raise BadInput(f"resumed_at must be a step number of 0 or more (0: step for step), not {resumed_at!r}")
         with self._lock:
             for run in (self.run(run_a), self.run(run_b)):
                 if run["problem"]:
                     raise BadInput(f"run {run['name']!r} cannot be compared: {run['problem']}")
             version = self.rule_set(rule_set_id)["version"] if rule_set_id else None
             cid, now = _new_id("c"), _now()
-            self._exec("INSERT INTO comparisons VALUES (?, ?, ?, ?, ?, ?, ?, 1, 'queued', NULL, NULL)",
-                       (cid, run_a, run_b, rule_set_id, version, now, now))
+            self._exec("INSERT INTO comparisons (id, run_a, run_b, rule_set, rule_set_version, created, updated, "
+                       "revision, status, resumed_at) VALUES (?, ?, ?, ?, ?, ?, ?, 1, 'queued', ?)",
+                       (cid, run_a, run_b, rule_set_id, version, now, now, resumed_at))
             return cid
 
     def latest_comparison(self, run_a: str, run_b: str) -> str | None:
-        """The latest comparison of these two runs without rules, if any."""
+        """The latest comparison of these two runs without rules, step for step, if any."""
         rows = self._query("SELECT id FROM comparisons WHERE run_a = ? AND run_b = ? AND rule_set IS NULL "
-                           "ORDER BY created DESC LIMIT 1", (run_a, run_b))
+                           "AND coalesce(resumed_at, 0) = 0 ORDER BY created DESC LIMIT 1", (run_a, run_b))
         return rows[0]["id"] if rows else None
 
     def comparison_records(self) -> list[dict]:
@@ -361,7 +365,8 @@ class Catalogue:
             log.warning("comparison %s: its catalogue record cannot be read", rec.get("id"), exc_info=exc)
             unknown = {"id": "", "name": "?"}
             return {"id": rec["id"], "run_a": {**unknown, "id": str(rec.get("run_a"))},
-                    "run_b": {**unknown, "id": str(rec.get("run_b"))}, "rule_set": None, "status": "failed",
+                    "run_b": {**unknown, "id": str(rec.get("run_b"))}, "rule_set": None, "resumed_at": 0,
+                    "status": "failed",
                     "revision": int(rec.get("revision") or 1),
                     "error": {"type": "CorruptRun", "message": f"its catalogue record cannot be read "
                                                                f"({type(exc).__name__}); delete it and compare again"},
@@ -390,6 +395,7 @@ class Catalogue:
             "run_a": runs["run_a"][0] if runs["run_a"] else {"id": rec["run_a"], "name": "?"},
             "run_b": runs["run_b"][0] if runs["run_b"] else {"id": rec["run_b"], "name": "?"},
             "rule_set": rule_set,
+            "resumed_at": int(rec.get("resumed_at") or 0),
             "status": rec["status"],
             "revision": rec["revision"],
             "error": json.loads(rec["error"]) if rec["error"] else None,

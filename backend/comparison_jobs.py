@@ -26,13 +26,13 @@ if TYPE_CHECKING:
     from bitguard.backend.catalogue import Catalogue
 
 
-def _engine_compare(dir_a: str, dir_b: str, rules):
+def _engine_compare(dir_a: str, dir_b: str, rules, resumed_at: int = 0):
     import bitguard
 
     compare = getattr(bitguard, "compare", None)
     if compare is None:  # the package root may not re-export it
         from bitguard.backend.compare import compare
-    return compare(dir_a, dir_b, rules=rules)
+    return compare(dir_a, dir_b, rules=rules, resumed_at=resumed_at)
 
 
 def _warm_engine() -> None:
@@ -90,7 +90,7 @@ class ComparisonJobs:
         try:
             rules = cat.rules_body(rec["rule_set"], rec["rule_set_version"]) if rec["rule_set"] else None
             engine_obj = _engine_compare(str(cat.root / "runs" / rec["run_a"]), str(cat.root / "runs" / rec["run_b"]),
-                                         rules)
+                                         rules, int(rec.get("resumed_at") or 0))
             result = Result(engine_obj, revision, self.raw_event_limit, cat.path_names())
             divergences.table_of(result)  # the divergences table is ready with the result, not at its first page
         except Exception as exc:  # noqa: BLE001 - recorded on the comparison and shown to the user

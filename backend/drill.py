@@ -332,9 +332,7 @@ def drill_comparison(comparison, *, rank: int | None = None, out: str | Path | N
                        ("; 'bitguard compare' says what could not be certified" if verdict == "inconclusive" else ""))
     run_a, run_b = comparison.run_a, comparison.run_b
     if run_b.step_shift:
-        raise NotSupported(f"drilling into a comparison of a resumed run (--resumed-at {run_b.step_shift}) is not "
-                           f"supported yet: the replay would re-run run B at A's step numbers; drill a pair recorded "
-                           f"with the same step count")
+        raise resumed_refusal(run_b.step_shift)
     w = plan(run_a, run_b, fd)
     name = f"step-{w.step}-rank-{w.rank}"
     # absolute: the replays run in each run's recorded working directory, not in this one
@@ -524,6 +522,13 @@ def _rank_pivot(comparison, rank: int) -> dict | None:
 
     sub = compare(comparison.run_a, comparison.run_b, rules=comparison.rules, rank=rank)
     return sub.first_divergence
+
+
+def resumed_refusal(resumed_at: int) -> NotSupported:
+    """Why a comparison of a resumed run (`--resumed-at`) is not drilled."""
+    return NotSupported(f"drilling into a comparison of a resumed run (--resumed-at {resumed_at}) is not supported "
+                        f"yet: the replay would re-run run B at A's step numbers; drill a pair recorded with the same "
+                        f"step count")
 
 
 def drill(a, b, *, rank: int | None = None, rules=None, out: str | Path | None = None,

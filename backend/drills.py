@@ -90,6 +90,10 @@ class Drills:
         if not result.summary.get("first_divergence"):
             raise BadInput(f"comparison {cid} has no pivot (verdict {comparison['verdict']}): there is nothing to "
                            "drill down into")
+        if comparison["resumed_at"]:
+            from bitguard.backend.drill import resumed_refusal  # (the engine, imported only when a drill is asked for)
+
+            raise resumed_refusal(comparison["resumed_at"])
         if rank is not None and rank not in (result.ranks or []):
             raise BadInput(f"rank {rank} is not one of the compared ranks {result.ranks}; leave rank out to "
                            "drill the pivot's rank")

@@ -43,10 +43,10 @@ class Workspace(Catalogue):
                 self.rerun(cid)
 
     # -- comparisons ---------------------------------------------------------------------
-    def create_comparison(self, run_a: str, run_b: str, rule_set_id: str | None = None) -> dict:
+    def create_comparison(self, run_a: str, run_b: str, rule_set_id: str | None = None, resumed_at: int = 0) -> dict:
         """Queue a comparison (see Catalogue.add_comparison)."""
         with self.lock:
-            cid = self.add_comparison(run_a, run_b, rule_set_id)
+            cid = self.add_comparison(run_a, run_b, rule_set_id, resumed_at)
             self.jobs.schedule(cid, 1)
             return self.comparison(cid)
 

@@ -179,6 +179,7 @@ function header(c) {
     el("span", { class: "side-tag a" }, "A"), el("span", { class: "run", title: c.run_a.id }, c.run_a.name),
     el("span", { class: "vs" }, "vs"),
     el("span", { class: "side-tag b" }, "B"), el("span", { class: "run", title: c.run_b.id }, c.run_b.name),
+    c.resumed_at ? el("span", { class: "note", id: "resumed-at", title: `B's step s is compared with A's step ${c.resumed_at} + s` }, `resumed at step ${c.resumed_at}`) : null,
     c.verdict ? el("span", { class: `badge ${c.verdict}`, id: "verdict" }, c.verdict) : null,
   ));
   const link = $(SEL.perfetto);

@@ -20,6 +20,7 @@ export const SEL = {
   progressA: "#progress-a",
   progressB: "#progress-b",
   homeRuleSet: "#home-ruleset",
+  homeResumedAt: "#home-resumed-at",
   compare: "#compare",
   comparisonsTable: "#comparisons-table",
   runsTable: "#runs-table",

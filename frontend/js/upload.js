@@ -86,7 +86,9 @@ async function startComparison() {
   button.disabled = true;
   try {
     const ruleSet = $(SEL.homeRuleSet).value || null;
-    const c = await api.post("/api/comparisons", { run_a: chosen.a.id, run_b: chosen.b.id, rule_set_id: ruleSet });
+    const resumed = $(SEL.homeResumedAt).value.trim();
+    if (resumed !== "" && !/^\d+$/.test(resumed)) throw new Error(`"B resumed A at step" takes a step number of 0 or more (or nothing: step for step), not ${resumed}`);
+    const c = await api.post("/api/comparisons", { run_a: chosen.a.id, run_b: chosen.b.id, rule_set_id: ruleSet, resumed_at: resumed === "" ? 0 : Number(resumed) });
     location.hash = `#/c/${c.id}`;
   } catch (e) {
     toast(e.message, "error");
@@ -107,7 +109,7 @@ async function refreshLists() {
     const fd = c.summary && c.summary.first_divergence;
     const state = c.status === "ready" ? c.verdict : c.status;
     ct.append(el("tr", { class: "link", onclick: () => (location.hash = `#/c/${c.id}`) },
-      el("td", {}, c.run_a.name), el("td", {}, c.run_b.name),
+      el("td", {}, c.run_a.name), el("td", {}, c.run_b.name, c.resumed_at ? el("div", { class: "note" }, `resumed at step ${c.resumed_at}`) : null),
       el("td", {}, el("span", { class: `badge ${state}` }, state)),
       el("td", { class: "mono" }, fd ? `${fd.boundary} · step ${fd.step}` : ""),
       el("td", {}, c.rule_set ? `${c.rule_set.name} v${c.rule_set.version}` : ""),

@@ -113,6 +113,26 @@ def test_a_folder_that_is_not_a_run_shows_why(page, explorer, tmp_path):
     assert page.get_attribute(".picker[data-side=a]", "class").split() == ["picker", "error"]
 
 
+def test_a_resumed_run_is_compared_from_the_step_it_resumed(page, explorer, tmp_path):
+    """The home view's "B resumed A at step" field is `compare --resumed-at`: the resumed run compares
+    identical with the tail of the run it resumed, and the header and the list say from which step."""
+    from compare.test_resumed import SAVE_AT, _train
+
+    _train(tmp_path / "uninterrupted", tmp_path / "ckpt.pt")
+    _train(tmp_path / "resumed", tmp_path / "ckpt.pt", resume=True)
+    page.goto(explorer.url + "/")
+    page.set_input_files(SEL["pickA"], str(tmp_path / "uninterrupted"))
+    page.set_input_files(SEL["pickB"], str(tmp_path / "resumed"))
+    page.wait_for_selector(f"{SEL['statusA']}[data-state=ok]")
+    page.wait_for_selector(f"{SEL['statusB']}[data-state=ok]")
+    page.fill("#home-resumed-at", str(SAVE_AT))
+    page.click(SEL["compare"])
+    page.wait_for_selector("#verdict")
+    assert page.inner_text("#verdict") == "identical"
+    assert page.inner_text("#resumed-at") == f"resumed at step {SAVE_AT}"
+    page.goto(explorer.url + "/")
+    page.wait_for_selector(f"{SEL['comparisonsTable']} td >> text=resumed at step {SAVE_AT}")
+
 def test_a_gap_is_a_structure_pivot_naming_the_side_that_lacks_it(page, explorer, scenario_dirs):
     with httpx.Client(base_url=explorer.url, timeout=30) as client:
         c = api_compare(client, scenario_dirs["gap"])
