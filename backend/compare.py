@@ -350,7 +350,9 @@ def _compare_rank(rank: int, run_a: RunInfo, run_b: RunInfo, rules: RuleSet, fir
                  resumed_at=run_b.resume_from if run_b.step_shift else None,
                  windowed=any(r["code"] == "step_window" for r in reasons))
     gaps, recompute_reasons = recompute.one_sided(gaps, ea, eb, rank)  # checkpointing on one side only
-    reasons = reasons + recompute_reasons
+    gaps, loaded_reasons = resumed.loaded_checkpoint(gaps, ea, ta, eb, tb, run_b.resume_from if run_b.step_shift else None,
+                                                     rank)
+    reasons = reasons + recompute_reasons + loaded_reasons
     gaps, region_reasons = granularity.inside(gaps, ea, eb, pairs, regions, rank)  # not observed in the other run
     rc = RankComparison(rank, ea, eb, ta, tb, sa, sb, al, pairs, diffs, gaps, reasons=reasons + region_reasons,
                         scope=scope, regions=regions, step_shift=run_b.step_shift,

@@ -94,3 +94,35 @@ def resume_cut(events: pl.DataFrame, step: int) -> tuple[int, int, int | None]:
     at = later.filter((pl.col("step") == row["step"]) & (pl.col("t_start_ns") >= row["t_start_ns"])
                       & (pl.col("seq") <= row["seq"]))
     return int(at["seq"].min()), row["step"], row["t_start_ns"]
+
+
+def loaded_checkpoint(gaps: pl.DataFrame, ea: pl.DataFrame, ta: pl.DataFrame, eb: pl.DataFrame, tb: pl.DataFrame,
+                      resumed_at: int | None, rank: int) -> tuple[pl.DataFrame, list[dict]]:
+    """Run B's final states that A lacks and that hold, tensor for tensor, A's parameters at the
+    resume step: the checkpoint B loaded, kept alive to its end (`ck = torch.load(...)` at the
+    script's top level, its list of weights found as an EMA's would be; helper 38: "run B ends
+    here" on a correct resume). Not counted, and said so (an informational `resumed` reason)."""
+    if resumed_at is None or not gaps.height:
+        return gaps, []
+    extra = gaps.filter((pl.col("side") == "b") & pl.col("counted")).select("seq").join(
+        eb.select("seq", "kind", "boundary"), on="seq").filter(pl.col("kind") == "final")
+    if not extra.height:
+        return gaps, []
+    at_resume = ea.filter((pl.col("kind") == "params") & (pl.col("step") == resumed_at))["seq"]
+    weights = set(ta.filter(pl.col("seq").is_in(at_resume.implode())).select("xor", "pos").iter_rows())
+    loaded = []
+    for seq, boundary in extra.select("seq", "boundary").iter_rows():
+        held = tb.filter(pl.col("seq") == seq)
+        if held.height and held["unobserved"].is_null().all() and set(held.select("xor", "pos").iter_rows()) <= weights:
+            loaded.append((seq, boundary))
+    if not loaded:
+        return gaps, []
+    from bitguard.backend.certification import reason  # (certification reads ingest, which reads this module)
+
+    seqs = [seq for seq, _ in loaded]
+    gaps = gaps.with_columns((pl.col("counted") & ~((pl.col("side") == "b") & pl.col("seq").is_in(seqs))).alias("counted"))
+    names = ", ".join(boundary for _, boundary in loaded)
+    return gaps, [reason("resumed", f"run B keeps the checkpoint it resumed from to its end ({names}: run A's parameters "
+                                    f"at step {resumed_at}, tensor for tensor): its final state is not one of B's "
+                                    f"training, and is not compared", "b", rank)]
+

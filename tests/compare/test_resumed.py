@@ -266,3 +266,44 @@ def test_a_window_against_the_whole_run_is_inconclusive_not_ended(tmp_path):
     c = bitguard.compare(tmp_path / "a", tmp_path / "b")
     assert c.verdict == "inconclusive" and [r["code"] for r in c.blocking_reasons()] == ["step_window"], \
         (c.first_divergence, c.blocking_reasons())
+
+
+def _keeping(path, checkpoint, resume: bool, kept: str) -> dict | None:
+    """A loop whose checkpoint holds its weights as a list too (as an EMA's are saved); resumed, the
+    loaded checkpoint is kept to the end (`kept` "checkpoint"), or a list of the final weights is
+    (`kept` "weights": B keeps a state A does not)."""
+    torch.manual_seed(0)
+    model = nn.Linear(4, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    state = torch.load(checkpoint) if resume else None
+    with bitguard.record(path, determinism=False):
+        if resume:
+            model.load_state_dict(state["model"])
+        for step in range(state["step"] if resume else 0, 4):
+            opt.zero_grad()
+            model(torch.full((2, 4), float(step))).sum().backward()
+            opt.step()
+            if step + 1 == 2 and not resume:
+                torch.save({"model": model.state_dict(), "step": 2,
+                            "weights": [p.detach().clone() for p in model.parameters()]}, checkpoint)
+        final = [p.detach().clone() for p in model.parameters()] if kept == "weights" else None
+    return state if kept == "checkpoint" else final
+
+
+def test_a_checkpoint_kept_to_the_end_is_no_end_of_the_resumed_run_but_other_kept_weights_are(tmp_path):
+    """Helper 38: a resumed script holding the checkpoint it loaded (`ck = torch.load(...)` at its top
+    level) to the end has its list of weights found as a kept model, in B only: "run B ends here" on
+    a correct resume. Weights that are A's parameters at the resume step, tensor for tensor, are that
+    checkpoint; weights B keeps that are not (its own final ones) still end run B."""
+    _keeping(tmp_path / "a", tmp_path / "ck.pt", False, "")
+    for kept in ("checkpoint", "weights"):
+        held = _keeping(tmp_path / kept, tmp_path / "ck.pt", True, kept)
+        c = bitguard.compare(tmp_path / "a", tmp_path / kept, resumed_at=2)
+        assert held is not None
+        notes = [r["message"] for r in c.certification_reasons() if "keeps the checkpoint" in r["message"]]
+        if kept == "checkpoint":
+            assert c.verdict == "identical", c.first_divergence
+            assert len(notes) == 1 and "run A's parameters at step 2" in notes[0], c.certification_reasons()
+        else:
+            fd = c.first_divergence  # (the checkpoint is held there too: it is not what ends run B)
+            assert (c.verdict, fd["kind"], fd["blame"], fd["boundary"]) == ("diverged", "final", "structure", "final"), fd
