@@ -14,13 +14,13 @@ import signal
 import sys
 import threading
 import time
-import traceback
 from pathlib import Path
 
 from bitguard import manifest
 from bitguard.errors import BadInput
 from bitguard.modes import MODES
 from bitguard.schema import MANIFEST_NAME, RANK_FILE
+from bitguard.tracebacks import print_failure
 
 
 def disabled() -> bool:
@@ -316,7 +316,7 @@ def run_script(script: str, args: list[str], **record_kwargs) -> int:
         shown = exc.__traceback__  # from the script's own frame, as python prints it (not runpy's and ours)
         while shown is not None and shown.tb_frame.f_code.co_filename != main:
             shown = shown.tb_next
-        traceback.print_exception(type(exc), exc, shown or exc.__traceback__)
+        print_failure(exc, shown or exc.__traceback__)  # (bitguard's module-call wrapper frames left out)
     finally:
         recording.__exit__(*failure)
         del script_globals

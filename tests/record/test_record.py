@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import signal
 import struct
 import subprocess
@@ -270,6 +271,19 @@ def test_exception_in_script_exits_1_and_keeps_events(tmp_path):
     assert json.loads((tmp_path / "run" / "manifest.json").read_text())["status"] == "failed"
     assert len(events(tmp_path / "run")[0]) == 3
 
+
+@pytest.mark.slow
+def test_an_error_in_a_models_forward_is_shown_without_the_recorders_frames(tmp_path):
+    """A user read `collectors/hooks.py` twice in the traceback of an error in their model's forward
+    and took bitguard for its cause: its module-call wrapper's frames are left out, and counted."""
+    script = tmp_path / "forward_raises.py"
+    script.write_text("import torch\nclass Boom(torch.nn.Module):\n    def forward(self, x):\n"
+                      "        raise ValueError('boom')\ntorch.nn.Sequential(torch.nn.Linear(2, 2), Boom())(torch.ones(1, 2))\n")
+    proc = record(tmp_path / "run", script=script, check=False)
+    assert proc.returncode == 1 and "collectors/" not in proc.stderr, proc.stderr
+    tail = proc.stderr.strip().splitlines()[-3:]
+    assert tail[0].strip() == "raise ValueError('boom')" and tail[1] == "ValueError: boom", proc.stderr
+    assert re.match(r"\(\d+ frames of bitguard's recorder left out", tail[2]), proc.stderr
 
 @pytest.mark.slow
 @pytest.mark.parametrize("case", ["non-empty", "unwritable", "missing-script", "unknown-mode", "bad-steps",

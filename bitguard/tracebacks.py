@@ -1,0 +1,59 @@
+"""The traceback of a recorded script's own failure, as python prints it, without bitguard's frames.
+
+The recorder wraps every module call (collectors/hooks.py `_call_impl`): an error raised in a
+model's forward passed through two of its frames per module on the way out, and a user reading
+`collectors/hooks.py` in their traceback took bitguard for the cause. Those frames are left out and
+counted in a last line (`BITGUARD_TRACEBACK=full` shows them), unless the error was raised in
+bitguard's own code: then every frame stays, for the report.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import traceback
+from pathlib import Path
+from types import TracebackType
+
+# where bitguard's packages live (the install maps bitguard, collectors, cuda and backend apart)
+_OURS = tuple(str(Path(p).resolve()) + os.sep for p in {
+    Path(__file__).parent, Path(__file__).parent.parent / "collectors", Path(__file__).parent.parent / "cuda",
+    Path(__file__).parent.parent / "backend"})
+
+
+def _ours(filename: str) -> bool:
+    try:
+        return str(Path(filename).resolve()).startswith(_OURS)
+    except (OSError, ValueError):
+        return False
+
+
+def _trimmed(te: traceback.TracebackException, seen: set[int]) -> int:
+    """Leave bitguard's frames out of `te` and the exceptions chained to it; how many were left out."""
+    if id(te) in seen:
+        return 0
+    seen.add(id(te))
+    left = 0
+    frames = list(te.stack)
+    if frames and not _ours(frames[-1].filename):  # (raised in bitguard's code: every frame is kept)
+        kept = [f for f in frames if not _ours(f.filename)]
+        left = len(frames) - len(kept)
+        te.stack = traceback.StackSummary.from_list(kept)
+    for chained in (te.__cause__, te.__context__):
+        if chained is not None:
+            left += _trimmed(chained, seen)
+    for group in getattr(te, "exceptions", None) or ():
+        left += _trimmed(group, seen)
+    return left
+
+
+def print_failure(exc: BaseException, tb: TracebackType | None, file=None) -> None:
+    """Print `exc` from traceback `tb` on stderr as python would, without bitguard's frames."""
+    file = file or sys.stderr
+    te = traceback.TracebackException(type(exc), exc, tb)
+    left = 0 if os.environ.get("BITGUARD_TRACEBACK") == "full" else _trimmed(te, set())
+    for line in te.format():
+        print(line, end="", file=file)
+    if left:
+        print(f"({left} frames of bitguard's recorder left out: it passes module calls through and did not raise "
+              f"this; BITGUARD_TRACEBACK=full shows them)", file=file)

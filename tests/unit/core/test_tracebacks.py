@@ -1,0 +1,52 @@
+"""A recorded script's own error is printed without the frames of bitguard's module-call wrapper
+(bitguard/tracebacks.py): a user read `collectors/hooks.py` in the traceback of a shape error in
+their model and took bitguard for the cause. An error raised in bitguard's own code keeps them."""
+
+from __future__ import annotations
+
+import io
+
+import pytest
+import torch
+import torch.nn as nn
+
+import bitguard
+from bitguard.errors import BitguardError
+from bitguard.tracebacks import print_failure
+
+
+class Bad(nn.Module):
+    def forward(self, x):
+        return x @ torch.ones(3, 3)
+
+
+def _printed(exc: BaseException) -> str:
+    out = io.StringIO()
+    print_failure(exc, exc.__traceback__, file=out)
+    return out.getvalue()
+
+
+def _raised_in_a_recorded_model(tmp_path) -> BaseException:
+    model = nn.Sequential(nn.Linear(4, 4), Bad())
+    with pytest.raises(RuntimeError) as info, bitguard.record(tmp_path / "run", determinism=False):
+        model(torch.randn(2, 4))
+    return info.value
+
+
+def test_the_wrapper_frames_are_left_out_and_counted(tmp_path, monkeypatch):
+    monkeypatch.delenv("BITGUARD_TRACEBACK", raising=False)
+    exc = _raised_in_a_recorded_model(tmp_path)
+    text = _printed(exc)
+    assert "collectors/hooks.py" not in text and "in forward" in text and "x @ torch.ones(3, 3)" in text, text
+    assert text.splitlines()[-2].startswith("RuntimeError: mat1 and mat2 shapes cannot be multiplied"), text
+    assert text.splitlines()[-1].startswith("(2 frames of bitguard's recorder left out"), text
+    monkeypatch.setenv("BITGUARD_TRACEBACK", "full")
+    text = _printed(exc)
+    assert text.count("collectors/hooks.py") == 2 and "left out" not in text, text
+
+
+def test_an_error_raised_in_bitguards_code_keeps_every_frame(tmp_path):
+    with pytest.raises(BitguardError) as info:
+        bitguard.compare(tmp_path / "nowhere", tmp_path / "nowhere")
+    text = _printed(info.value)
+    assert "backend/" in text and "left out" not in text, text
