@@ -15,7 +15,8 @@ torchmetrics `Metric.compute()`'s value (Lightning computes and logs it, so no u
 the wrapper torchmetrics puts around every metric's `compute` at its construction is wrapped again,
 once torchmetrics is imported. The first `MAX_READS` a step; a thread's reads other than the main
 one's are not rows (they interleave differently from run to run), nor a value read as a condition
-(`Tensor.__bool__`) or an index. Knows nothing of how rows are stored.
+(`Tensor.__bool__`) or an index. A warning torch gives on a read by the training's code is
+the reader's line's, as without the wrapper. Knows nothing of how rows are stored.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import importlib.util
 import os
 import sys
 import threading
+import warnings
 
 import torch
 
@@ -93,11 +95,20 @@ class Reads:
 
         def make(original, patch):
             def wrapper(*args, **kwargs):
-                value = original(*args, **kwargs)
-                if patch.active and reads._reading():
-                    caller = sys._getframe(1).f_code.co_filename
-                    if not caller.startswith(_OWN_CODE) or caller.startswith(_LOGGED):
-                        reads._record(attr, value, args[0] if args else None)
+                caller = sys._getframe(1)
+                users = not caller.f_code.co_filename.startswith(_OWN_CODE) or caller.f_code.co_filename.startswith(_LOGGED)
+                if not (users and patch.active) or threading.get_ident() != reads._main:
+                    value = original(*args, **kwargs)
+                else:  # (a warning torch gives here is the caller's line's, as without this wrapper)
+                    with warnings.catch_warnings(record=True) as caught:
+                        warnings.simplefilter("always")
+                        value = original(*args, **kwargs)
+                    for w in caught:
+                        warnings.warn_explicit(w.message, w.category, caller.f_code.co_filename, caller.f_lineno,
+                                               caller.f_globals.get("__name__"),
+                                               caller.f_globals.setdefault("__warningregistry__", {}), caller.f_globals)
+                if users and patch.active and reads._reading():
+                    reads._record(attr, value, args[0] if args else None)
                 return value
             return wrapper
 

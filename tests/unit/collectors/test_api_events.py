@@ -335,3 +335,32 @@ def test_torch_s_own_reads_are_not_rows_but_its_tensorboard_writer_s_are(tmp_pat
         space["board"](torch.tensor(2.5))
     reads = [(r["target"], r["value"].get("value")) for r in api_rows(tmp_path / "run") if r["kind"] == "read"]
     assert [t for t, _ in reads] == ["item", "numpy"] and reads[0][1] == 2.5, reads
+
+
+def test_a_warning_torch_gives_on_a_read_is_the_readers_line_s(tmp_path, monkeypatch):
+    """`float(loss)` of a tensor that requires grad makes torch warn; under a recording the warning was
+    attributed to collectors/reads.py (the wrapper of `__float__`), where python names the line that
+    read it: its filters (`-W error`, a module's `ignore`) and its once-per-line registry saw another
+    place. (torch gives that warning once a process: a read that warns every time stands in for it.)"""
+    import warnings
+
+    real = torch.Tensor.item
+
+    def item(self):
+        warnings.warn("a read torch warns about", UserWarning, stacklevel=2)
+        return real(self)
+
+    monkeypatch.setattr(torch.Tensor, "item", item)
+    t = torch.tensor(1.5)
+    with bitguard.record(tmp_path / "run", determinism=False):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            line = sys._getframe().f_lineno + 1
+            value = t.item()
+        with warnings.catch_warnings():
+            warnings.filterwarnings("error", message="a read torch warns about", module=__name__)
+            with pytest.raises(UserWarning, match="a read torch warns about"):
+                t.item()
+    assert value == 1.5
+    assert [(w.filename, w.lineno) for w in caught] == [(__file__, line)]
+    assert [r["kind"] for r in api_rows(tmp_path / "run")].count("read") == 1
