@@ -102,7 +102,7 @@ class ComparisonCreate(BaseModel):
     run_a: str = Field(description="id of the reference run")
     run_b: str = Field(description="id of the suspect run")
     rule_set_id: str | None = Field(None, description="rule set whose latest version applies")
-    resumed_at: int = Field(0, ge=0, description="run B is a process that resumed run A's training from a checkpoint "
+    resumed_at: int = Field(0, ge=0, le=2**31 - 1, strict=True, description="run B is a process that resumed run A's training from a checkpoint "
                                                  "of step RESUMED_AT: B's step s is compared with A's step "
                                                  "RESUMED_AT + s (`compare --resumed-at`); 0: step for step")
 

@@ -61,6 +61,7 @@ ALTER TABLE comparisons ADD COLUMN IF NOT EXISTS resumed_at INTEGER DEFAULT 0;
 
 _NAME_RE = re.compile(r"^[\w .,:+()@#-]{1,80}$")
 KEEP = object()  # rerun(): keep the comparison's rule set
+MAX_STEP = 2**31 - 1  # a step number, as rank files store it (INTEGER)
 
 
 def _new_id(prefix: str) -> str:
@@ -335,8 +336,8 @@ class Catalogue:
         """A new comparison record at revision 1, queued; the runs are checked and the record written
         in one step under the catalogue lock, so a run deleted meanwhile leaves no comparison behind
         (see delete_run). `resumed_at`: run B resumed A's training at that step (`compare --resumed-at`)."""
-        if isinstance(resumed_at, bool) or not isinstance(resumed_at, int) or resumed_at < 0:
-            raise BadInput(f"resumed_at must be a step number of 0 or more (0: step for step), not {resumed_at!r}")
+        if isinstance(resumed_at, bool) or not isinstance(resumed_at, int) or not 0 <= resumed_at <= MAX_STEP:
+            raise BadInput(f"resumed_at must be a step number from 0 to {MAX_STEP} (0: step for step), not {resumed_at!r}")
         with self._lock:
             for run in (self.run(run_a), self.run(run_b)):
                 if run["problem"]:

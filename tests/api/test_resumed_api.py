@@ -36,7 +36,8 @@ def test_a_resumed_run_compares_identical_with_the_tail_it_resumed_and_keeps_the
 
 def test_a_resume_step_past_a_or_below_zero_is_refused_and_a_drill_is_not_supported_yet(client, runs):
     a, b = upload(client, str(runs / "a")), upload(client, str(runs / "resumed"))
-    assert_error(_create(client, a, b, resumed_at=-1), 400, "BadInput", "resumed_at")
+    for bad in (-1, 2**40, 3.5, True, "3"):  # (a step too large for a rank file's INTEGER was a 500)
+        assert_error(_create(client, a, b, resumed_at=bad), 400, "BadInput", "resumed_at")
     c = wait_ready(client, _create(client, a, b, resumed_at=99).json()["id"])
     assert c["status"] == "failed" and c["error"]["type"] == "BadInput", c
     assert "past run A's last step" in c["error"]["message"], c["error"]
