@@ -4,10 +4,17 @@ workspace made before the field opens with its comparisons step for step."""
 
 from __future__ import annotations
 
+import pytest
+
 from api.conftest import assert_error, upload, wait_ready
 from bitguard.backend.catalogue import Catalogue
 from bitguard.db import connect
-from compare.test_resumed import SAVE_AT, runs  # noqa: F401 - runs: the recorded pairs, a fixture
+from compare.test_resumed import SAVE_AT, record_runs
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    return record_runs(tmp_path_factory.mktemp("resumed-api"))
 
 
 def _create(client, a: dict, b: dict, **body):

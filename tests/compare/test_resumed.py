@@ -65,7 +65,11 @@ def _train(path, checkpoint, resume: bool = False, load_scheduler: bool = True, 
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    root = tmp_path_factory.mktemp("resumed")
+    return record_runs(tmp_path_factory.mktemp("resumed"))
+
+
+def record_runs(root):
+    """The uninterrupted run `a` and its resumes from SAVE_AT: correct, and with parts not restored."""
     checkpoint = root / "ckpt.pt"
     _train(root / "a", checkpoint)
     _train(root / "resumed", checkpoint, resume=True)
