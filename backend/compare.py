@@ -458,7 +458,8 @@ def _find_pivot(rc: RankComparison) -> None:
         event = rc.events_a.row(first["a_pos"], named=True)
         rc.pivot = {**event, "cause": "digest", "side": None, "b_seq": first["b_seq"], "a_pos": first["a_pos"],
                     "b_pos": first["b_pos"], "order": digest_at, "retyped": first["retyped"]}
-        rc.blame = pivot_mod.blame(rc.pivot, rc.events_a, _StatusOf(rc.pairs), rc.diffs, rc.tensors_a, rc.step_shift)
+        rc.blame = pivot_mod.blame(rc.pivot, rc.events_a, _StatusOf(rc.pairs), rc.diffs, rc.tensors_a, rc.step_shift,
+                                   rc.events_b, rc.tensors_b)
         if rc.blame["fault_class"] == "data" and rc.pivot["phase"] == "data":  # another model's output, not a batch?
             fed = pivot_mod.fed_by_model(rc.pivot, ((rc.events_a, rc.tensors_a), (rc.events_b, rc.tensors_b)), rc.diffs)
             if fed is not None:

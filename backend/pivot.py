@@ -63,10 +63,12 @@ def _owner(param_name: str) -> str:
 
 
 def blame(pivot: dict, events_a: pl.DataFrame, status: dict[int, str], diffs: pl.DataFrame,
-          tensors_a: pl.DataFrame | None = None, shift: int = 0) -> dict:
+          tensors_a: pl.DataFrame | None = None, shift: int = 0, events_b: pl.DataFrame | None = None,
+          tensors_b: pl.DataFrame | None = None) -> dict:
     """Blame for the pivot event (a dict of its A-side event fields plus b_seq; `tensors_a`: A's
     tensor rows, to tell the parameters an optimizer steps from the others; `shift`: compare's
-    --resumed-at, added to B's steps)."""
+    --resumed-at, added to B's steps; B's events and tensors: to find a resume given the other way
+    round)."""
     phase, kind = pivot["phase"], pivot["kind"]
     differing = _differing_roles(diffs, pivot["seq"])
     inputs = INPUT_ROLES.get((phase, kind), ())
@@ -101,7 +103,8 @@ def blame(pivot: dict, events_a: pl.DataFrame, status: dict[int, str], diffs: pl
             "copy, a conversion, an edit after the last optimizer step), or a different object was saved")}
     elif kind == "params":
         result.update(fault_class="params")
-        result["blame_window"] = {"module": pivot["boundary"], "detail": _params_detail(pivot, events_a, diffs, tensors_a, shift)}
+        result["blame_window"] = {"module": pivot["boundary"], "detail": _params_detail(pivot, events_a, diffs, tensors_a, shift,
+                                                                                                  events_b, tensors_b)}
     elif phase == "comm":
         result.update(fault_class="comm")
         if inputs_differ:
@@ -231,7 +234,8 @@ def _returned(events: pl.DataFrame, tensors: pl.DataFrame, seq: int, xor, pos) -
 
 
 def _params_detail(pivot: dict, events_a: pl.DataFrame, diffs: pl.DataFrame,
-                   tensors_a: pl.DataFrame | None = None, shift: int = 0) -> str:
+                   tensors_a: pl.DataFrame | None = None, shift: int = 0, events_b: pl.DataFrame | None = None,
+                   tensors_b: pl.DataFrame | None = None) -> str:
     """A root's parameters differ as a call of a step meets them, every event before matched."""
     before = events_a.filter(pl.col("seq") < pivot["seq"])
     steps = before.filter((pl.col("phase") == "optimizer") & (pl.col("kind") == "step"))
@@ -275,6 +279,11 @@ def _params_detail(pivot: dict, events_a: pl.DataFrame, diffs: pl.DataFrame,
                 "or by another library's optimizer, as Keras') differently, or edited between steps (or an optimizer "
                 "that calls its closure again, LBFGS, moved them inside its first step())")
     resumed = _resumed_at(pivot, diffs, events_a, tensors_a)
+    swapped = None if resumed is not None or shift else _resumed_at(pivot, diffs, events_b, tensors_b, side="a")
+    if swapped is not None and swapped > pivot["step"]:  # (the resumed run given as A)
+        return (f"run A's parameters at step {pivot['step']} are run B's at step {swapped}: A is the run that resumed "
+                f"from a checkpoint of B's step {swapped}? Give the resumed run as B: `bitguard compare B A --resumed-at "
+                f"{swapped - pivot['step']}` compares its steps with B's from there")
     if resumed is not None:  # (a resume in a new process counts its steps from 0 again)
         better = shift + resumed - pivot["step"]
         how = f"`bitguard compare --resumed-at {better}`" if better else "`bitguard compare` without --resumed-at"
@@ -297,13 +306,16 @@ def _params_detail(pivot: dict, events_a: pl.DataFrame, diffs: pl.DataFrame,
             "they were made differently (the initialisation, its seed, a loaded checkpoint, weights copied in)")
 
 
-def _resumed_at(pivot: dict, diffs: pl.DataFrame, events_a: pl.DataFrame, tensors_a: pl.DataFrame | None) -> int | None:
+def _resumed_at(pivot: dict, diffs: pl.DataFrame, events_a: pl.DataFrame, tensors_a: pl.DataFrame | None,
+                side: str = "b") -> int | None:
     """The other step of run A, the nearest, at whose same event (boundary and kind) A's parameters
-    are, digest for digest, run B's at the pivot; None when there is none."""
-    if tensors_a is None or "xor_b" not in diffs.columns:
+    are, digest for digest, run B's at the pivot; None when there is none. (`side` "a", with B's events
+    and tensors: the step of B whose parameters are A's at the pivot.)"""
+    xor, pos = ("xor_b", "pos_b") if side == "b" else ("xor", "pos")
+    if tensors_a is None or events_a is None or xor not in diffs.columns:
         return None
     b = diffs.filter((pl.col("a_seq") == pivot["seq"]) & (pl.col("role") == "param")).select(
-        "idx", pl.col("xor_b").alias("xor"), pl.col("pos_b").alias("pos"))
+        "idx", pl.col(xor).alias("xor"), pl.col(pos).alias("pos"))
     if not b.height or b["xor"].null_count():
         return None
     later = events_a.filter((pl.col("step") != pivot["step"]) & (pl.col("boundary") == pivot["boundary"])

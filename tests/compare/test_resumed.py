@@ -98,6 +98,14 @@ def test_a_resumed_run_compares_identical_with_the_tail_it_resumed(runs):
     assert doc["certification"]["compared_steps"] == {"0": [SAVE_AT, None]}
 
 
+def test_the_resumed_run_given_as_a_is_named_with_the_order_that_works(runs):
+    """The resumed run given as A, the run it resumed as B: the pivot said the parameters "were made
+    differently" (A's step 0 weights are B's at step SAVE_AT, which only B's side shows)."""
+    fd = bitguard.compare(runs / "resumed", runs / "a").first_divergence
+    assert (fd["step"], fd["kind"]) == (0, "params"), fd
+    assert f"run A's parameters at step 0 are run B's at step {SAVE_AT}" in fd["blame_window"]["detail"], fd
+    assert f"`bitguard compare B A --resumed-at {SAVE_AT}`" in fd["blame_window"]["detail"], fd
+
 def test_a_wrong_resume_step_is_no_identical_and_the_right_one_is_named(runs):
     c = bitguard.compare(runs / "a", runs / "resumed", resumed_at=SAVE_AT - 1)
     fd = c.first_divergence
