@@ -9,6 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from bitguard.backend import api_diff
+from bitguard.backend.certification import compared_windows
 from bitguard.backend.pivot import phase_words
 from bitguard.backend.check import CheckResult, Finding
 from bitguard.backend.result import CompareResult, FirstDivergence
@@ -27,6 +28,24 @@ def render_text(c) -> str:
     return _render(c).translate(_CONTROL)
 
 
+def _within(c) -> str:
+    """The steps the verdict covers, as the headline says them: the recorded window of run A, or,
+    for a resumed run B, A's steps from the one B resumed at (with B's own numbers beside them)."""
+    shift = c.run_b.step_shift
+    if not shift:
+        window = c.run_a.manifest.get("steps")
+        return (f" within the recorded steps {window[0]}:{'' if window[1] is None else window[1]}"
+                if isinstance(window, list) and len(window) == 2 else "")
+    wa, wb = compared_windows(c.run_a, c.run_b)
+    first = max(w[0] or 0 for w in (wa, wb))
+    ends = [w[1] for w in (wa, wb) if w[1] is not None]
+    end = min(ends) if ends else None
+    if end is None:
+        return f" from run A's step {first} on (run B resumed A at step {shift}: B's step s is A's step {shift} + s)"
+    return (f" within run A's steps {first}:{end} (run B resumed A at step {shift}: its steps "
+            f"{first - shift}:{end - shift})")
+
+
 def _render(c) -> str:
     r: CompareResult = c.result
     al = r.alignment
@@ -39,9 +58,7 @@ def _render(c) -> str:
         out.append("")
     fd = r.first_divergence
     nothing = r.verdict == "inconclusive" and not al.matched  # (two runs of different programs: nothing compared)
-    window = c.run_a.manifest.get("steps")
-    within = f" within the recorded steps {window[0]}:{'' if window[1] is None else window[1]}" \
-        if isinstance(window, list) and len(window) == 2 else ""
+    within = _within(c)
     if r.verdict == "identical":
         accepted = sum(x.count for x in r.rules_fired)
         digests = (f"every digest equal or its difference accepted by a rule ({accepted} events matched a rule)"

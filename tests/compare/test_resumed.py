@@ -96,6 +96,10 @@ def test_a_resumed_run_compares_identical_with_the_tail_it_resumed(runs):
     al = doc["alignment"]
     assert al["gaps_a"] == al["gaps_b"] == 0 and al["matched"] == al["events_a"] == al["events_b"] > 0, al
     assert doc["certification"]["compared_steps"] == {"0": [SAVE_AT, None]}
+    # the headline names the steps compared, not run A's whole recording
+    done = run_cli("compare", runs / "a", runs / "resumed", "--resumed-at", SAVE_AT)
+    assert done.returncode == 0 and f"identical — {al['matched']} matched events from run A's step {SAVE_AT} on " \
+        f"(run B resumed A at step {SAVE_AT}" in done.stdout, done.stdout
 
 
 def test_the_resumed_run_given_as_a_is_named_with_the_order_that_works(runs):
@@ -105,6 +109,7 @@ def test_the_resumed_run_given_as_a_is_named_with_the_order_that_works(runs):
     assert (fd["step"], fd["kind"]) == (0, "params"), fd
     assert f"run A's parameters at step 0 are run B's at step {SAVE_AT}" in fd["blame_window"]["detail"], fd
     assert f"`bitguard compare B A --resumed-at {SAVE_AT}`" in fd["blame_window"]["detail"], fd
+
 
 def test_a_wrong_resume_step_is_no_identical_and_the_right_one_is_named(runs):
     c = bitguard.compare(runs / "a", runs / "resumed", resumed_at=SAVE_AT - 1)
@@ -319,3 +324,17 @@ def test_a_checkpoint_kept_to_the_end_is_no_end_of_the_resumed_run_but_other_kep
         else:
             fd = c.first_divergence  # (the checkpoint is held there too: it is not what ends run B)
             assert (c.verdict, fd["kind"], fd["blame"], fd["boundary"]) == ("diverged", "final", "structure", "final"), fd
+
+
+def test_the_headline_of_a_resumed_comparison_names_the_steps_compared():
+    """Under --resumed-at the headline said "within the recorded steps 0:8", run A's window, of a
+    comparison that left A's steps before the resume out (helper 38)."""
+    from types import SimpleNamespace
+
+    from bitguard.backend.report import _within
+
+    a, b = SimpleNamespace(manifest={"steps": [0, 8]}, step_shift=0), SimpleNamespace(manifest={}, step_shift=3)
+    assert _within(SimpleNamespace(run_a=a, run_b=b)) == \
+        " within run A's steps 3:8 (run B resumed A at step 3: its steps 0:5)"
+    assert _within(SimpleNamespace(run_a=a, run_b=SimpleNamespace(manifest={}, step_shift=0))) == \
+        " within the recorded steps 0:8"
