@@ -95,7 +95,7 @@ class _Frame:
 class _Backward:
     """A module call waiting for the gradients of its outputs and inputs."""
 
-    __slots__ = ("name", "module_type", "depth", "t0", "expected", "rows", "arrived", "done", "step")
+    __slots__ = ("name", "module_type", "depth", "t0", "expected", "rows", "arrived", "outputs", "done", "step")
 
     def __init__(self, name: str, module_type: str, depth: int, t0: int, expected: int, step: int):
         self.name = name
@@ -105,6 +105,7 @@ class _Backward:
         self.expected = expected
         self.rows: list = []
         self.arrived = 0
+        self.outputs = 0  # of the gradients arrived, those of its outputs
         self.done = False
         self.step = step  # of its forward
 
@@ -187,8 +188,12 @@ def _add_grad_hook(t: torch.Tensor, hook) -> None:
     `Tensor.register_hook` itself does), the node then holds the dict twice, once from the
     regeneration and once from `_register_hook_dict`, and the backward pass dies in
     PyFunctionTensorPreHook (SIGSEGV, issue 12). Read first, the regeneration is over before there
-    is a dict to carry. tests/record/test_patterns.py holds both ways to the pattern corpus."""
+    is a dict to carry. tests/record/test_patterns.py holds both ways to the pattern corpus.
+
+    `hook` is a partial given one more argument here: whether `t` is a leaf (no grad_fn), read now
+    (a hook must not read grad_fn: the same regeneration)."""
     grad_fn = t.grad_fn  # first: see above
+    hook = partial(hook, grad_fn is None)
     if type(t) is not torch.Tensor:
         t.register_hook(hook)
         return
@@ -994,12 +999,12 @@ class Collector(WeightEvents):
                         listeners.append(listener)
                     continue
                 listeners = [listener]
-                _add_grad_hook(t, partial(on_grad, listeners))
+                _add_grad_hook(t, partial(on_grad, listeners))  # (which adds whether t is a leaf)
                 watched[id(t)] = (weakref.ref(t), listeners)
         with self._lock:
             self._pending.append(state)
 
-    def _on_grad(self, listeners: list, grad) -> None:
+    def _on_grad(self, listeners: list, leaf: bool, grad) -> None:
         """A watched tensor's gradient arrives: a row for each module call waiting for it. A tensor
         hook torch calls directly (it contains its own failures, as `_guarded` would). The calls
         that read the tensor (it is their grad_input: their backward made this gradient) come
@@ -1009,18 +1014,28 @@ class Collector(WeightEvents):
             return
         try:
             for state, role, idx, path in listeners:
+                if role == "grad_input" and leaf and (state.done or not state.outputs) and not any(
+                        x[0] is state and x[1] == "grad_output" for x in listeners):
+                    # No gradient of the call's outputs came first, and this input is a leaf (a parameter
+                    # the call was given): its gradient came from a later graph, not through the call
+                    # (a parametrization's check as it is registered, a call whose output was dropped).
+                    # (A non-leaf input's gradient is the call's own even then: an output edited in
+                    # place outside autograd loses its hook, not its gradient.)
+                    continue
                 if state.done:
                     if state.step != self.step or not self.enabled:
                         continue
                     # a second backward through a retained graph (`retain_graph=True`, a gradient
                     # penalty, a saliency map): the call's gradients again, a new backward event
-                    state.done, state.rows, state.arrived = False, [], 0
+                    state.done, state.rows, state.arrived, state.outputs = False, [], 0, 0
                     with self._lock:
                         self._pending.append(state)
                 if state.arrived == 0:
                     state.t0 = time.time_ns()
                 state.rows.append(self._row(grad, role, idx, path))
                 state.arrived += 1
+                if role == "grad_output":
+                    state.outputs += 1
                 if state.arrived >= state.expected:
                     self._finish_backward(state)
         except Exception as exc:  # noqa: BLE001 - the training must go on

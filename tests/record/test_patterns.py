@@ -118,6 +118,20 @@ def test_every_parameter_of_every_pattern_is_named_and_has_its_gradients(corpus,
         assert not missing, f"{name}: optimizer steps without a gradient event: {sorted(missing)}"
 
 
+def test_every_module_backward_event_starts_from_its_outputs_gradients(corpus, full):
+    """A call's backward event holds the gradients of its outputs: a parameter given to a call as an
+    argument (a parametrization's check as it is registered) had its gradient in a later, unrelated
+    backward taken for that call's, a backward event of a call no gradient went through."""
+    events, tensors = full
+    outputs = {t["seq"] for t in tensors if t["role"] == "grad_output"}
+    # (but one: `inner`'s output edited in place outside autograd loses its hook, not the gradient
+    # that goes through `inner` to its input, a non-leaf: that backward event is kept)
+    edited = {e["seq"] for e in _pattern_events(events, corpus, "edit_in_own_forward", "inner", "backward")}
+    lone = [(e["step"], e["boundary"], e["module_type"]) for e in events
+            if e["phase"] == "backward" and e["kind"] == "module" and e["seq"] not in outputs | edited]
+    assert not lone, f"backward events without an output's gradient: {lone}"
+
+
 def test_an_edit_of_a_view_under_no_grad_is_seen_at_its_step(corpus, full):
     """Issue 12's script (the first pattern): the edited module's step-2 event exists, and against
     the recording without the edit the first divergence is that event."""
