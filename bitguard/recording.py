@@ -20,6 +20,7 @@ from bitguard import manifest
 from bitguard.errors import BadInput
 from bitguard.modes import MODES
 from bitguard.schema import MANIFEST_NAME, RANK_FILE
+from bitguard import tracebacks
 from bitguard.tracebacks import print_failure
 
 
@@ -215,6 +216,8 @@ class record:
                 and "does not have a deterministic implementation" in str(exc):
             print(NONDETERMINISTIC_OP, file=sys.stderr)
         self.finish(status, _exit_code(exc_type, exc))
+        if exc is not None:
+            tracebacks.trim(exc)  # (the recorder's module-call frames are not the user's to read)
         return False
 
     def finish(self, status: str, exit_status: int | None) -> None:

@@ -4,7 +4,9 @@ The recorder wraps every module call (collectors/hooks.py `_call_impl`): an erro
 model's forward passed through two of its frames per module on the way out, and a user reading
 `collectors/hooks.py` in their traceback took bitguard for the cause. Those frames are left out and
 counted in a last line (`BITGUARD_TRACEBACK=full` shows them), unless the error was raised in
-bitguard's own code: then every frame stays, for the report.
+bitguard's own code: then every frame stays, for the report. An error leaving a `with
+bitguard.record()` block, which Python prints itself, has those frames taken out of its traceback
+(`trim`) and the count added as a note.
 """
 
 from __future__ import annotations
@@ -57,3 +59,29 @@ def print_failure(exc: BaseException, tb: TracebackType | None, file=None) -> No
     if left:
         print(f"({left} frames of bitguard's recorder left out: it passes module calls through and did not raise "
               f"this; BITGUARD_TRACEBACK=full shows them)", file=file)
+
+
+def trim(exc: BaseException) -> None:
+    """Take bitguard's frames out of the traceback of `exc` leaving a `with bitguard.record()` block
+    (Python prints it, or the code around the block catches it), with a note saying how many: as
+    `print_failure` does, only for an error raised outside bitguard's code."""
+    if os.environ.get("BITGUARD_TRACEBACK") == "full" or not isinstance(exc, Exception):
+        return
+    frames, tb = [], exc.__traceback__
+    while tb is not None:
+        frames.append(tb)
+        tb = tb.tb_next
+    if not frames or _ours(frames[-1].tb_frame.f_code.co_filename):
+        return
+    kept = [t for t in frames if not _ours(t.tb_frame.f_code.co_filename)]
+    left = len(frames) - len(kept)
+    if not left:
+        return
+    try:
+        for outer, inner in zip(kept, kept[1:] + [None]):
+            outer.tb_next = inner
+        exc.__traceback__ = kept[0]
+        exc.add_note(f"({left} frames of bitguard's recorder left out of this traceback: it passes module calls "
+                     f"through and did not raise this; BITGUARD_TRACEBACK=full keeps them)")
+    except (AttributeError, TypeError, ValueError):  # an exception that refuses notes or a traceback: left as it is
+        pass

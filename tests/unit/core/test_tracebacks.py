@@ -5,6 +5,7 @@ their model and took bitguard for the cause. An error raised in bitguard's own c
 from __future__ import annotations
 
 import io
+import traceback
 
 import pytest
 import torch
@@ -34,15 +35,26 @@ def _raised_in_a_recorded_model(tmp_path) -> BaseException:
 
 
 def test_the_wrapper_frames_are_left_out_and_counted(tmp_path, monkeypatch):
-    monkeypatch.delenv("BITGUARD_TRACEBACK", raising=False)
+    """As the CLI prints a recorded script's error (the frames kept while it was raised)."""
+    monkeypatch.setenv("BITGUARD_TRACEBACK", "full")
     exc = _raised_in_a_recorded_model(tmp_path)
+    text = _printed(exc)
+    assert text.count("collectors/hooks.py") == 2 and "left out" not in text, text
+    monkeypatch.delenv("BITGUARD_TRACEBACK")
     text = _printed(exc)
     assert "collectors/hooks.py" not in text and "in forward" in text and "x @ torch.ones(3, 3)" in text, text
     assert text.splitlines()[-2].startswith("RuntimeError: mat1 and mat2 shapes cannot be multiplied"), text
     assert text.splitlines()[-1].startswith("(2 frames of bitguard's recorder left out"), text
-    monkeypatch.setenv("BITGUARD_TRACEBACK", "full")
-    text = _printed(exc)
-    assert text.count("collectors/hooks.py") == 2 and "left out" not in text, text
+
+
+def test_an_error_leaving_a_with_block_loses_the_wrapper_frames_with_a_note(tmp_path, monkeypatch):
+    """Python prints an error leaving `with bitguard.record()` itself: it showed the wrapper's frames."""
+    monkeypatch.delenv("BITGUARD_TRACEBACK", raising=False)
+    exc = _raised_in_a_recorded_model(tmp_path)
+    text = "".join(traceback.format_exception(exc))
+    assert "collectors/hooks.py" not in text and "x @ torch.ones(3, 3)" in text, text
+    assert text.splitlines()[-1].startswith("(2 frames of bitguard's recorder left out of this traceback"), text
+    assert _printed(exc) == text  # (nothing left for the CLI's printer to take out)
 
 
 def test_an_error_raised_in_bitguards_code_keeps_every_frame(tmp_path):
