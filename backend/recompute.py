@@ -9,10 +9,13 @@ outputs differ from its original forward's is silent data corruption or nondeter
 inside one run, with no reference run.
 
 Pairing: a recompute of module M at step s is paired with a forward of M at step s recorded
-before it and not yet paired: the first one whose inputs (tensors and RNG state) are bitwise the
-recompute's, else the first in order (the n-th recompute with the n-th forward). Inputs decide
-first because a reentrant checkpoint recomputes its regions in backward order, so a module
-shared by two regions is recomputed last-region first.
+before it and not yet paired: the first one whose inputs (tensors and RNG state) and outputs are
+bitwise the recompute's, else the first whose inputs are, else the first in order (the n-th
+recompute with the n-th forward). Inputs decide first because a reentrant checkpoint recomputes its
+regions in backward order, so a module shared by two regions is recomputed last-region first; among
+calls on the same inputs, one that computed what the recompute did is the call it repeats (a
+reference pass under no_grad with an adapter switched off, then the checkpointed call: the same
+inputs, two computations).
 
 Compared: the outputs. A recompute whose inputs matched and whose outputs differ is a `source`
 finding (it computed differently); one whose inputs already differed is a `consumer` (the
@@ -82,7 +85,12 @@ def _pair(recomputes: list[dict], forwards: list[dict], digests: dict) -> list[t
     out = []
     for r in recomputes:
         earlier = [f for f in free if f["seq"] < r["seq"]]
-        match = next((f for f in earlier if _same(digests[f["seq"]], digests[r["seq"]], INPUT_ROLES)), None)
+        same_inputs = [f for f in earlier if _same(digests[f["seq"]], digests[r["seq"]], INPUT_ROLES)]
+        # (a call on the same inputs that computed something else, an adapter switched off for a
+        # reference pass under no_grad, is another computation: the one the recompute repeats is
+        # preferred, helper 44's PEFT case)
+        match = next((f for f in same_inputs if _same(digests[f["seq"]], digests[r["seq"]], COMPARED_ROLES)),
+                     same_inputs[0] if same_inputs else None)
         if match is None and earlier:
             match = earlier[0]
         if match is not None:

@@ -89,6 +89,23 @@ def test_a_module_shared_by_two_regions_pairs_by_inputs_not_by_order():
     assert (out.compared, out.findings) == (2, [])
 
 
+def test_of_two_calls_on_the_same_inputs_the_recompute_pairs_with_the_one_it_repeats():
+    """Helper 44 (PEFT): a reference pass under no_grad with the adapter off, then the checkpointed
+    call, on the same inputs: the recompute was paired with the first, a false "same inputs, different
+    output" finding; a recompute that matches neither is still one."""
+    run = _Run()
+    run.add("forward", "proj", [1], [10])  # adapter off
+    checkpointed = run.add("forward", "proj", [1], [11])
+    run.add("recompute", "proj", [1], [11])
+    out = run.check()
+    assert (out.compared, out.findings) == (1, []), out.findings
+    run.add("forward", "proj", [1], [10], step=1)
+    run.add("forward", "proj", [1], [11], step=1)
+    rec = run.add("recompute", "proj", [1], [12], step=1)
+    (f,) = run.check().findings
+    assert (f.seq, f.blame, f.step) == (rec, "source", 1) and checkpointed != f.against.seq
+
+
 def test_without_matching_inputs_the_nth_recompute_pairs_with_the_nth_forward():
     run = _Run()
     first = run.add("forward", "m", [1], [10])
