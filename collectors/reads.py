@@ -6,8 +6,8 @@ every recorded tensor equal and compared identical (helper 33). Each becomes a `
 whose reads differ are inconclusive (`computed`), not identical.
 
 `Reads(recorder)` wraps, while a recording runs, `torch.Tensor.item`, `__float__`, `__int__`,
-`__format__` (an f-string's text: its own `item` call is torch's), `tolist`, `numpy` and `__array__`
-(NumPy's way in): a read made on the main thread by code outside torch's and bitguard's folders (Adam
+`__format__` (an f-string's text: its own `item` call is torch's), `tolist`, `numpy`, `__array__`
+(NumPy's way in) and `__repr__` (a tensor printed or logged as text: helper 44): a read made on the main thread by code outside torch's and bitguard's folders (Adam
 reads each parameter's step count with `.item()`: not a row), or by torch's TensorBoard writer (what the
 user logs with `add_scalar`), is a row, a number as it is, many
 numbers as the digests of the tensor read, taken at once, before its memory changes. And each
@@ -35,8 +35,9 @@ from bitguard.collectors.patching import Patch
 from bitguard.collectors.saved import AfterImport
 from bitguard.cuda.fingerprint import digest_async, resolve
 
-METHODS = ("item", "__float__", "__int__", "__format__", "tolist", "numpy", "__array__")  # Tensor methods read
-MANY = ("tolist", "numpy", "__array__")  # reads of many numbers: their digests
+# Tensor methods read (`__repr__`: `print(t)`, `str(t)`, logging's `%s`, what a metric logged as a tensor shows)
+METHODS = ("item", "__float__", "__int__", "__format__", "tolist", "numpy", "__array__", "__repr__")
+MANY = ("tolist", "numpy", "__array__", "__repr__")  # reads of many numbers: their digests
 MAX_READS = 1024  # `read` rows a step at most
 METRICS = "torchmetrics.metric"  # the module whose Metric wraps each instance's compute
 # whose reads are not rows: torch's own (Adam reads its step count), bitguard's (its packages, wherever installed)

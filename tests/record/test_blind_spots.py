@@ -418,11 +418,13 @@ def _computed_only(tmp_path, train, same, changed) -> dict:
     return why
 
 
-@pytest.mark.parametrize("read", ["item", "float", "format", "numpy", "tolist", "array"])
+@pytest.mark.parametrize("read", ["item", "float", "format", "numpy", "tolist", "array", "repr"])
 def test_an_evaluation_metric_that_differs_where_every_tensor_is_equal_is_not_identical(tmp_path, read):
     """Helper 33 (Lightning): a change only in what an evaluation makes of the model's outputs (a
     metric's scale, predictions post-processed) touches no recorded tensor and no gradient; it
     compared identical with no word. What the training reads out of a tensor is compared."""
+    import io
+
     import numpy as np
     import torch
 
@@ -430,7 +432,9 @@ def test_an_evaluation_metric_that_differs_where_every_tensor_is_equal_is_not_id
 
     reads = {"item": lambda t: t.mean().item(), "float": lambda t: float(t.mean()), "format": lambda t: f"{t.mean():.6f}",
              "numpy": lambda t: t.numpy().sum(), "tolist": lambda t: sum(t.tolist()),
-             "array": lambda t: np.asarray(t).sum()}
+             "array": lambda t: np.asarray(t).sum(),
+             # a metric printed or logged as a tensor (`print(acc)`, logging's %s: helper 44)
+             "repr": lambda t: print(t.mean(), file=io.StringIO())}
 
     def train(name, scale):
         model, opt = _tiny()
