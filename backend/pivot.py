@@ -80,7 +80,8 @@ def blame(pivot: dict, events_a: pl.DataFrame, status: dict[int, str], diffs: pl
             result["blame_window"] = {"module": None, "detail":
                                       "the batch matched but the RNG state at the start of this step differs: "
                                       "random numbers were drawn a different number of times before it (an extra "
-                                      "draw, a changed sampler or dropout)"}
+                                      "draw, a changed sampler or dropout), or the generator was seeded or its state "
+                                      "set differently (manual_seed, set_rng_state)"}
     elif kind == "final":
         buffers = "state" in differing
         result.update(fault_class="final_state")
