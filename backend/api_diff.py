@@ -144,7 +144,36 @@ def differences(run_a, run_b, rank: int, step: int, computed: bool = False, rows
             for f in sorted(set(fa) | set(fb)):
                 if fa.get(f) != fb.get(f):
                     found.append({**where, "field": f, "a": fa.get(f), "b": fb.get(f)})
+    found = _merged(found)
     return {"available": True, "differences": found[:SHOWN], "more": max(0, len(found) - SHOWN), "missing": []}
+
+
+def _merged(found: list[dict]) -> list[dict]:
+    """The same difference at several steps (a parameter group that differs, a zero_grad option) is
+    one entry, at its first step, with every step in `steps`: listed step by step, it filled the list
+    and left the cause at a later step out (helper 44)."""
+    out, first = [], {}
+    for d in found:
+        key = (d["kind"], d["target"], d["call"], d["field"], repr(d["a"]), repr(d["b"]))
+        seen = first.get(key)
+        if seen is None:
+            first[key] = {**d, "steps": [d["step"]]}
+            out.append(first[key])
+        else:
+            seen["steps"].append(d["step"])
+    return out
+
+
+def _steps(steps: list[int]) -> str:
+    """`step 3`, `steps 0-4`, `steps 0-2, 5`."""
+    runs: list[list[int]] = []
+    for s in steps:
+        if runs and s == runs[-1][1] + 1:
+            runs[-1][1] = s
+        else:
+            runs.append([s, s])
+    text = ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in runs)
+    return f"step {text}" if len(steps) == 1 else f"steps {text}"
 
 
 def lines(diff: dict, indent: str = "  ", header: bool = True) -> list[str]:
@@ -153,23 +182,28 @@ def lines(diff: dict, indent: str = "  ", header: bool = True) -> list[str]:
         return []
     out = [f"{indent}training API calls that differ (at or before this step; the likely cause):"] if header else []
     for d in diff["differences"]:
+        when = _steps(d.get("steps") or [d["step"]])
         what = f"{d['kind']} ({d['target']})" + (f" call {d['call']}" if d["call"] else "")
-        if d["field"] is None:
-            out.append(f"{indent}  step {d['step']}: {what}: {d['a']} in A, {d['b']} in B")
+        if d["field"] is None and d["kind"] == "modes":  # (the row each call of a root module begins with)
+            more = "A" if d["a"] == "called" else "B"
+            out.append(f"{indent}  {when}: root module {d['target']}: run {more} calls it more often in the step "
+                       f"(its call {d['call']}, counted from 0, is made in {more} only)")
+        elif d["field"] is None:
+            out.append(f"{indent}  {when}: {what}: {d['a']} in A, {d['b']} in B")
         elif _numbers(d["a"], d["b"]):  # per position (a learning rate per group), not a set of names
             pairs = [value_pair(x, y) for x, y in zip(d["a"], d["b"])]
             a, b = (_show([p[i] for p in pairs]) for i in (0, 1))
-            out.append(f"{indent}  step {d['step']}: {what}: {d['field']} {a} (A) vs {b} (B)")
+            out.append(f"{indent}  {when}: {what}: {d['field']} {a} (A) vs {b} (B)")
         elif isinstance(d["a"], list) and isinstance(d["b"], list):
             only_a = [x for x in d["a"] if x not in d["b"]]
             only_b = [x for x in d["b"] if x not in d["a"]]
             change = "; ".join(part for part in (f"only in A {_show(only_a)}" if only_a else "",
                                                   f"only in B {_show(only_b)}" if only_b else "") if part)
             change = change or "the same items, in another order"
-            out.append(f"{indent}  step {d['step']}: {what}: {d['field']}: {change}")
+            out.append(f"{indent}  {when}: {what}: {d['field']}: {change}")
         else:
             a, b = value_pair(d["a"], d["b"])
-            out.append(f"{indent}  step {d['step']}: {what}: {d['field']} {a} (A) vs {b} (B)")
+            out.append(f"{indent}  {when}: {what}: {d['field']} {a} (A) vs {b} (B)")
     if diff.get("more"):
         out.append(f"{indent}  … and {diff['more']} more (--json lists the first {SHOWN})")
     return out

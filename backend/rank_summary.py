@@ -134,8 +134,12 @@ def _divergence(rc, run_a=None) -> dict | None:
         module_type_b = p["module_type"] if p["side"] == "b" else None
     else:
         tensors = _tensor_pairs(rc, p["seq"])
-        module_type_b = rc.events_b.row(p["b_pos"], named=True)["module_type"]
-    notes = []
+        event_b = rc.events_b.row(p["b_pos"], named=True)
+        module_type_b = event_b["module_type"]
+    stack = stacks.get(p["stack_id"], [])
+    stack_b = None if structure else rc.stacks_b.get(event_b["stack_id"], [])
+    stack_b = stack_b if stack_b and stack and stack_b != stack else None  # (only where it says more)
+    notes = [] if stack_b is None else _extra_call_note(rc, p, event_b, stack, stack_b)
     if p["side"] is None or p["side"] == "a":
         earlier = rc.pairs.filter((pl.col("status") == "unobserved") & (pl.col("a_pos") < p["order"]))
         if earlier.height:
@@ -159,11 +163,39 @@ def _divergence(rc, run_a=None) -> dict | None:
         "cause": p["cause"], "missing_side": None if not structure else ("b" if p["side"] == "a" else "a"),
         "rank": rc.rank, "step": p["step"], "phase": p["phase"], "kind": p["kind"],
         "boundary": p["boundary"], "module_type": p["module_type"], "call": p["call"],
-        "stack": stacks.get(p["stack_id"], []), "a_seq": p["seq"], "b_seq": p["b_seq"],
+        "stack": stack, "stack_b": stack_b, "a_seq": p["seq"], "b_seq": p["b_seq"],
         # paired although the module type or a dtype differs (e.g. a norm swapped for a subclass)
         "retyped": p.get("retyped", False), "module_type_b": module_type_b,
         "tensors": tensors, "notes": notes,
     }
+
+
+def _extra_call_note(rc, p: dict, event_b: dict, stack: list[str], stack_b: list[str]) -> list[str]:
+    """Where the pivot's two calls were made from different places and one run makes a later call of
+    the same boundary in the step from the other's place, that run made a call the other did not (a
+    "sanity" forward, an evaluation): the calls after it are paired one off (helper 43). (Stacks that
+    differ only because a script's lines moved match no call of the other run: no note then. Places are
+    compared by the innermost frame: the same line reached from two callers is one place.)"""
+    same = ((pl.col("step") == p["step"]) & (pl.col("phase") == p["phase"]) & (pl.col("kind") == p["kind"])
+            & (pl.col("boundary") == p["boundary"]))
+
+    if stack[-1] == stack_b[-1]:  # (the same line, called from different places further out)
+        return []
+
+    def calls_from(events, stacks, where: list[str], other_than: int) -> list[int]:
+        """The calls made at the innermost line of `where` (a function called from two places is one)."""
+        rows = events.filter(same & (pl.col("call") != other_than)).select("call", "stack_id")
+        return [r["call"] for r in rows.iter_rows(named=True) if (stacks.get(r["stack_id"]) or [None])[-1] == where[-1]]
+
+    for extra, other, calls, call, place, theirs in (
+            ("B", "A", calls_from(rc.events_b, rc.stacks_b, stack, event_b["call"]), event_b["call"], stack_b, stack),
+            ("A", "B", calls_from(rc.events_a, rc.stacks_a, stack_b, p["call"]), p["call"], stack, stack_b)):
+        if calls:
+            return [f"run {extra} calls {p['boundary']} from {place[-1]} (its call {call}), where run {other} calls it "
+                    f"from {theirs[-1]}, and run {extra}'s call {calls[0]} is made from that place: run {extra} makes a "
+                    f"call run {other} does not (an extra forward, an evaluation), and the calls after it are paired "
+                    f"one off; see both stacks"]
+    return []
 
 
 def _tensor_pairs(rc, a_seq: int) -> list[dict]:

@@ -202,8 +202,11 @@ def _divergence(fd: FirstDivergence) -> list[str]:
         out.append(f"    … and {len(left)} more tensor(s)" + (f", {differ} of them differing" if differ else ", all equal")
                    + " (--json lists every one)")
     if fd.stack:
-        out.append("  call stack (innermost last):")
+        out.append("  call stack (innermost last):" if fd.stack_b is None else "  call stack in A (innermost last):")
         out += [f"    {f}" for f in fd.stack[-8:]]
+    if fd.stack_b:
+        out.append("  call stack in B, which differs (innermost last):")
+        out += [f"    {f}" for f in fd.stack_b[-8:]]
     return out
 
 

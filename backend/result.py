@@ -75,6 +75,8 @@ class ApiDifference(_Model):
     field: str | None = Field(description="the value's field that differs (e.g. groups[0].lr); None: called in one run only")
     a: Any = Field(description="run A's value (or 'called' / 'not called')")
     b: Any = Field(description="run B's value (or 'called' / 'not called')")
+    steps: list[int] = Field(default_factory=list, description="every step at which this same difference is found, "
+                                                                "`step` the first: it is listed once")
 
 
 class ApiDifferences(_Model):
@@ -102,6 +104,8 @@ class FirstDivergence(_Model):
     blame_window: BlameWindow | None
     differing_roles: list[str]
     stack: list[str] = Field(description="user call stack of the event, outermost first")
+    stack_b: list[str] | None = Field(None, description="run B's user call stack of the paired event, where it "
+                                                         "differs from run A's (`stack`); null otherwise")
     a_seq: int | None
     b_seq: int | None
     retyped: bool = Field(description="paired although the module type or a dtype differs")

@@ -92,8 +92,9 @@ function render(c) {
     apiDifferences(fd.api_differences),
     el("h3", {}, "Input and output digests"),
     digestTable(rows),
-    el("h3", {}, "Call stack"),
+    el("h3", {}, fd.stack_b ? "Call stack in A" : "Call stack"),
     stackBlock(fd.stack),
+    fd.stack_b ? [el("h3", { id: "pivot-stack-b" }, "Call stack in B, which differs"), stackBlock(fd.stack_b)] : null,
     c.verdict === "inconclusive" ? el("div", {}, el("h3", {}, "Not certified"), reasonList(inconclusiveReasons(c.summary))) : null,
     el("div", { class: "panel-actions" },
       el("button", { class: "btn small", onclick: () => selectPivot() }, "Show in timeline"),
@@ -110,10 +111,21 @@ function apiValue(v) {
   return v === null || v === undefined ? "absent" : String(v);
 }
 
+// `step 3`, `steps 0-4`, `steps 0-2, 5` (as the terminal report says them: backend/api_diff.py)
+function stepsText(steps) {
+  const runs = [];
+  for (const s of steps) {
+    if (runs.length && s === runs[runs.length - 1][1] + 1) runs[runs.length - 1][1] = s;
+    else runs.push([s, s]);
+  }
+  const text = runs.map(([a, b]) => (a === b ? `${a}` : `${a}-${b}`)).join(", ");
+  return steps.length === 1 ? `step ${text}` : `steps ${text}`;
+}
+
 function apiDifferences(d) {
   if (!d || !d.differences || !d.differences.length) return null;
   const rows = d.differences.map((x) => el("tr", {},
-    el("td", {}, `step ${x.step}`),
+    el("td", {}, stepsText(x.steps && x.steps.length ? x.steps : [x.step])),
     el("td", { class: "mono" }, `${x.kind} (${x.target})${x.call ? ` call ${x.call}` : ""}`, x.field ? el("br") : null, x.field ? x.field : null),
     el("td", { class: "mono" }, apiValue(x.a)), el("td", { class: "mono" }, apiValue(x.b))));
   return el("div", { id: "pivot-api" },

@@ -55,10 +55,21 @@ def test_a_run_without_api_events_is_unavailable_not_equal(tmp_path):
     assert got["available"] is False and got["missing"] == ["a"] and api_diff.lines(got) == []
 
 
-def test_many_differences_are_capped_and_counted(tmp_path):
+def test_the_same_difference_at_every_step_is_one_entry(tmp_path):
+    """Helper 44: one line a step for the same difference filled the list, and the cause at a later
+    step was left out."""
     got = _diff(tmp_path, Loop(steps=14), Loop(steps=14, bugs={"no_zero_grad"}), step=14)  # steps 0-13 lack it
-    assert len(got["differences"]) == api_diff.SHOWN and got["more"] == 14 - api_diff.SHOWN
+    assert [(d["step"], d["kind"], d["steps"]) for d in got["differences"]] == [(0, "zero_grad", list(range(14)))]
+    assert got["more"] == 0
+    assert api_diff.lines(got)[1].startswith("    steps 0-13: zero_grad (")
+
+
+def test_many_differences_are_capped_and_counted(tmp_path):
+    # a scheduler not stepped: a learning rate that differs by another value at every step
+    got = _diff(tmp_path, Loop(steps=16), Loop(steps=16, bugs={"no_scheduler_step"}), step=16)
+    assert len(got["differences"]) == api_diff.SHOWN and got["more"] > 0, got
     assert api_diff.lines(got)[-1].endswith(f"(--json lists the first {api_diff.SHOWN})")
+    assert api_diff._steps([0, 1, 2, 5, 7, 8]) == "steps 0-2, 5, 7-8" and api_diff._steps([3]) == "step 3"
 
 
 def test_compare_puts_them_under_the_pivot_in_the_json_and_the_report(tmp_path, capsys):

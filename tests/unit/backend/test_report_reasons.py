@@ -35,7 +35,7 @@ def test_a_blame_window_without_a_module_keeps_its_heading():
 
     fd = SimpleNamespace(
         cause="digest", fault_class="backward", rank=0, step=0, phase="backward", kind="module", boundary="MSELoss",
-        module_type="MSELoss", call=0, blame="consumer", retyped=False, notes=[], tensors=[], stack=[],
+        module_type="MSELoss", call=0, blame="consumer", retyped=False, notes=[], tensors=[], stack=[], stack_b=None,
         api_differences=SimpleNamespace(model_dump=lambda: {"differences": [
             {"step": 0, "kind": "backward", "target": "loss", "call": 0, "field": "scaled_by", "a": None,
              "b": 65536.0}]}),
