@@ -481,7 +481,12 @@ def _find_pivot(rc: RankComparison) -> None:
                                  & (pl.col("boundary") == event["boundary"]))
             twin = same.row(0, named=True) if same.height else None
         rc.pivot["twin_seq"] = None if twin is None else twin["seq"]  # (its tensors shown beside the pivot's)
-        rc.blame = pivot_mod.structure_blame(event, side, events, twin)
+        change = ""
+        if twin is not None:
+            seq_a, seq_b = (event["seq"], twin["seq"]) if side == "a" else (twin["seq"], event["seq"])
+            change = pivot_mod.signature_change(rc.tensors_a.filter(pl.col("seq") == seq_a),
+                                                rc.tensors_b.filter(pl.col("seq") == seq_b))
+        rc.blame = pivot_mod.structure_blame(event, side, events, twin, change)
         seed = event["seq"] if side == "a" else None
     if seed is not None:
         divergent = pl.concat([diverged["a_seq"], pl.Series([seed], dtype=pl.Int64)]).unique().to_numpy()

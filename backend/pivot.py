@@ -31,7 +31,7 @@ from __future__ import annotations
 import polars as pl
 
 from bitguard.backend import collectives
-from bitguard.schema import JSON_FILE
+from bitguard.schema import JSON_FILE, KEYS_MARK
 
 # Which tensor roles are the inputs of an event's computation, per (phase, kind).
 INPUT_ROLES = {
@@ -478,15 +478,40 @@ def _optimizer_detail(pivot: dict, events_a: pl.DataFrame, status: dict[int, str
             + ": the optimizer update, or an input of it that was not observed, computed differently")
 
 
-def structure_blame(event: dict, side: str, events: pl.DataFrame, twin: dict | None) -> dict:
+def signature_change(rows_a: pl.DataFrame, rows_b: pl.DataFrame, shown: int = 3) -> str:
+    """What differs between the tensors of an event and of its twin in the other run, by role and
+    path: those one run alone records, and those of another shape or dtype (a dict's keys: how many)."""
+    def layout(rows):
+        return {(r["role"], r["path"]): (r["dtype"], list(r["shape"] or []))
+                for r in rows.select("role", "path", "dtype", "shape").iter_rows(named=True)}
+
+    a, b = layout(rows_a), layout(rows_b)
+    parts = []
+    for label, mine, theirs in (("only in A", a, b), ("only in B", b, a)):
+        alone = [path or role for role, path in mine if (role, path) not in theirs]
+        if alone:
+            parts.append(f"{label}: {', '.join(alone[:shown])}" + (f" and {len(alone) - shown} more" if len(alone) > shown else ""))
+    changed = [(k, a[k], b[k]) for k in a if k in b and a[k] != b[k]]
+    for (role, path), (dtype_a, shape_a), (dtype_b, shape_b) in changed[:shown]:
+        if path.endswith(KEYS_MARK) and shape_a and shape_b:
+            parts.append(f"the dict {path[:-len(KEYS_MARK)] or 'saved'} holds {shape_a[0]} keys in A and {shape_b[0]} in B")
+        else:
+            parts.append(f"{path or role}: {dtype_a}{shape_a} in A, {dtype_b}{shape_b} in B")
+    if len(changed) > shown:
+        parts.append(f"and {len(changed) - shown} more of another shape or dtype")
+    return "; ".join(parts)
+
+
+def structure_blame(event: dict, side: str, events: pl.DataFrame, twin: dict | None, change: str = "") -> dict:
     """Blame for an event present in one run only (`side` has it): which run lacks what, and the
-    module whose code decided it (the innermost enclosing call, or the boundary's owner)."""
+    module whose code decided it (the innermost enclosing call, or the boundary's owner). `change`:
+    what differs from its twin (`signature_change`), where the other run records the event too."""
     have, lack = side.upper(), "B" if side == "a" else "A"
     what = f"the {phase_words(event['phase'], event['kind'])} of {event['boundary']} (call {event['call']}) at step {event['step']}"
     if twin is not None:
         fault = "signature"
-        detail = (f"both runs record {what}, with different tensors (roles, shapes or dtypes): the data layout "
-                  f"or the code path changed")
+        detail = (f"both runs record {what}, with different tensors ({change or 'roles, shapes or dtypes'}): the "
+                  f"data layout or the code path changed")
     elif event["kind"] == "saved":
         fault = "missing" if side == "a" else "extra"
         detail = (f"run {have} records {what} and run {lack} does not: the training saved at another point, "

@@ -51,7 +51,7 @@ NUMBER_PATH = r"(^| )\(python (int|float|bool)\)$"  # a path NUMBER_MARK ends (a
 STRING_MARK = " (python str)"  # the end of a compared string's path (a save's or a JSON file's)
 STRING_PATH = r"(^| )\(python str\)$"  # a path STRING_MARK ends (a regular expression)
 NAME_MARK = " (python name)"  # the end of the path of a save's enum member, dtype, class or function (12)
-KEYS_MARK = " (python keys)"  # the end of the path of a dict's string keys, in order (12)
+KEYS_MARK = " (python keys)"  # the end of the path of a dict's string keys, in their sorted order (12)
 NAMES_PATH = r"(^| )\(python (name|keys)\)$"  # a path NAME_MARK or KEYS_MARK ends (a regular expression)
 DIGEST = "xor64+pos-fmix64"  # names the digest definition (docs/DIGESTS.md); runs compare only under the same one
 # the host digest kernel's revision: 2 keeps the OpenMP team's chunk table alive while the team reads it

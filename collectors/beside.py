@@ -14,7 +14,8 @@ numbers as a save's are (collectors/saved.py; none under a key that names a time
 strings as a 64-bit hash of their UTF-8 bytes (`['act_fn'] (python str)`), but a path or a URL, and the strings
 under a key that names a folder, a file's path or a host (`output_dir`, `_name_or_path`), which
 differ from run to run by design; and the keys of each object, as one list of such strings
-(`['label2id'] (python keys)`). Knows nothing of events or digests.
+(`['label2id'] (python keys)`), each object taken in the order of its keys. Knows nothing of events or
+digests.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ import weakref
 import torch
 
 from bitguard.collectors.patching import Patch
-from bitguard.collectors.saved import PACKED_INTS, number_tensor, string_compared, string_tensor
+from bitguard.collectors.saved import PACKED_INTS, in_key_order, number_tensor, string_compared, string_tensor
 from bitguard.schema import KEYS_MARK, NUMBER_MARK, STRING_MARK
 from bitguard.timed import clock_below, compared
 
@@ -174,11 +175,12 @@ def json_values(value) -> tuple[list[tuple[str, torch.Tensor]], str | None]:
         elif isinstance(value, str):
             if string_compared(value, key, clock):
                 found.append((path + STRING_MARK, string_tensor(value)))
-        elif isinstance(value, dict):
-            keys = [k for k in value if string_compared(k, key, clock)]  # (`label2id` with two labels swapped)
+        elif isinstance(value, dict):  # (in the order of its keys, as a save's: saved.in_key_order)
+            ordered = in_key_order(value)
+            keys = [k for k, _ in ordered if string_compared(k, key, clock)]  # (a dict's other keys)
             if keys:
                 found.append((path + KEYS_MARK, string_tensor(keys)))
-            items = [(v, f"{path}[{k!r}]", k) for k, v in value.items()]
+            items = [(v, f"{path}[{k!r}]", k) for k, v in ordered]
             stack += [(v, sub, k, clock_below(sub, clock)) for v, sub, k in reversed(items)]
         elif isinstance(value, list):
             if len(value) >= PACKED_INTS and all(type(v) is int and -(1 << 63) <= v < (1 << 63)

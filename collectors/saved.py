@@ -178,7 +178,8 @@ class _Walk:
         self.seen.add(id(value))
         self.held.append(value)
         if self.save and isinstance(value, dict):  # (its keys: `label2id` with two labels swapped has the same values)
-            keys = [k for k in islice(value, MAX_ITEMS) if type(k) is str and saved_string_compared(k, key, clock, True)]
+            keys = [k for k, _ in islice(in_key_order(value), MAX_ITEMS)
+                    if type(k) is str and saved_string_compared(k, key, clock, True)]
             if keys:
                 self.found.append((path + KEYS_MARK, string_tensor(keys)))
         numbers = numbers or training_state(value)
@@ -198,8 +199,8 @@ class _Walk:
             for name, module in value.named_modules(remove_duplicate=False):
                 where = f"{path}.{name}" if name else path
                 yield from ((f"{where}.{k}", v) for k, v in module.__dict__.items() if k not in _MODULE_OWN)
-        elif isinstance(value, dict):
-            yield from self._counted((f"{path}[{k!r}]", v) for k, v in value.items())
+        elif isinstance(value, dict):  # (a save's in the order of its keys: see in_key_order)
+            yield from self._counted((f"{path}[{k!r}]", v) for k, v in (in_key_order(value) if self.save else value.items()))
         elif isinstance(value, (list, tuple)):
             yield from self._counted((f"{path}[{i}]", v) for i, v in enumerate(value))
         elif isinstance(value, (set, frozenset)):
@@ -230,6 +231,17 @@ class _Walk:
 
 
 NAMED = (enum.Enum, type, torch.dtype, np.dtype, types.FunctionType, types.BuiltinFunctionType, types.MethodType)
+
+
+def in_key_order(value: dict) -> list:
+    """A saved dict's items in the order of their keys, not of their insertion: a checkpoint written as
+    `{name: optimizer.state_dict()}` in the order the optimizers were made (Pyro's, made as a set of
+    tensors is iterated: an order that changes from run to run) is read back by key, the same in every
+    run (helper 42). Keys of one type sort by value, others by type name and repr."""
+    try:
+        return sorted(value.items(), key=lambda kv: (type(kv[0]).__name__, kv[0]))
+    except TypeError:  # (keys of a type without an order)
+        return sorted(value.items(), key=lambda kv: (type(kv[0]).__name__, repr(kv[0])))
 
 
 def name_of(value) -> str:

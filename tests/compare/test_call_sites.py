@@ -50,7 +50,7 @@ def test_the_pivot_shows_run_bs_stack_where_it_differs(runs):
                for n in fd["notes"]), fd["notes"]
     done = run_cli("compare", runs / "a", runs / "b")
     assert done.returncode == 1 and "call stack in B, which differs" in done.stdout, done.stdout
-    assert "root module Linear: run B calls it more often in this step (its call 1" in done.stdout, done.stdout
+    assert "root module Linear: run B calls it more often in the step (its call 1" in done.stdout, done.stdout
 
 
 def test_a_pivot_whose_stacks_differ_by_the_callers_lines_only_has_no_extra_call_note(runs):

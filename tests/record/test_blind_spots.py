@@ -726,14 +726,16 @@ def test_the_names_and_keys_a_save_holds_are_compared(tmp_path):
     for name, kwargs in runs.items():
         train(name, **kwargs)
     assert bitguard.compare(tmp_path / "a", tmp_path / "b").verdict == "identical"  # (the `dur` times differ)
-    for name, (boundary, differing) in {"keys": ("torch.save", "['label2id'] (python keys)"),
-                                        "json": ("json file", "history.json[0]['label2id'] (python keys)"),
-                                        "enum": ("torch.save", "['args']['schedule'] (python name)"),
-                                        "dtype": ("torch.save", "['args']['dtype'] (python name)")}.items():
+    # (a save's dicts are walked in the order of their keys: the swapped labels differ by their values)
+    swapped = ["['label2id']['cat'] (python int)", "['label2id']['dog'] (python int)"]
+    for name, (boundary, differing) in {"keys": ("torch.save", swapped),
+                                        "json": ("json file", [f"history.json[0]{p}" for p in swapped]),
+                                        "enum": ("torch.save", ["['args']['schedule'] (python name)"]),
+                                        "dtype": ("torch.save", ["['args']['dtype'] (python name)"])}.items():
         fd = bitguard.compare(tmp_path / "a", tmp_path / name).to_dict()["first_divergence"]
         assert (fd["kind"], fd["boundary"], fd["blame"]) == ("saved", boundary, "source"), fd
-        assert [t["path"] for t in fd["tensors"] if t["differs"]] == [differing], fd["tensors"]
-    shutil.copytree(tmp_path / "keys", tmp_path / "old")
+        assert [t["path"] for t in fd["tensors"] if t["differs"]] == differing, fd["tensors"]
+    shutil.copytree(tmp_path / "enum", tmp_path / "old")
     as_older_schema(tmp_path / "old", 11)  # recorded before names and keys were: left out of both sides
     assert bitguard.compare(tmp_path / "old", tmp_path / "a").verdict == "identical"
 
@@ -1561,3 +1563,31 @@ def test_a_changed_loss_in_trusted_mode_is_not_blamed_on_the_last_observed_modul
     window = fd["blame_window"]
     assert window["module"] is None and "already differed" in window["detail"] and "trusted mode" in window["detail"], \
         window
+
+
+def test_a_save_of_the_same_dict_in_another_insertion_order_is_identical_and_another_key_is_named(tmp_path):
+    """Helper 42 (Pyro): `{name: optimizer.state_dict()}` saved in the order the optimizers were made,
+    an order that changes from run to run, diverged "with different tensors (roles, shapes or
+    dtypes)"; a checkpoint is read back by key. Helper 43 (diffusers): a config with one more key
+    said the same, without saying which dict."""
+    import torch
+
+    import bitguard
+
+    def train(name, order, extra=False):
+        model, opt = _tiny()
+        with bitguard.record(tmp_path / name, determinism=False):
+            _sgd_steps(model, opt, 2)
+            state = {n: p.detach().clone() for n, p in model.named_parameters()}
+            torch.save({"params": {n: state[n] for n in order} | ({"_name_or_path": "ckpt"} if extra else {}),
+                        "step": 2}, tmp_path / f"{name}.pt")
+
+    names = [n for n, _ in _tiny()[0].named_parameters()]
+    train("a", names)
+    train("b", names[::-1])
+    train("c", names, extra=True)
+    c = bitguard.compare(tmp_path / "a", tmp_path / "b")
+    assert c.verdict == "identical", c.first_divergence
+    fd = bitguard.compare(tmp_path / "a", tmp_path / "c").first_divergence
+    assert (fd["kind"], fd["blame"], fd["fault_class"]) == ("saved", "structure", "signature"), fd
+    assert "the dict ['params'] holds 4 keys in A and 5 in B" in fd["blame_window"]["detail"], fd["blame_window"]

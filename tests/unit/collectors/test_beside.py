@@ -168,8 +168,8 @@ def test_the_training_s_own_json_files_in_the_run_directory_are_read_but_bitguar
 
 
 def test_an_object_s_keys_are_taken_and_a_duration_s_shorter_names_are_times():
-    """A config.json's `label2id` with two labels swapped has the same values (schema 12: its keys are a
-    row); skorch's history `dur` and SB3's `time/fps` are wall-clock times, not compared (helpers 27-29)."""
+    """A config.json's `label2id` with two labels swapped had the same values in the order of the file
+    (schema 12: its keys are a row; an object is taken in the order of its keys now); skorch's history `dur` and SB3's `time/fps` are wall-clock times, not compared (helpers 27-29)."""
     got = _values({"label2id": {"cat": 0, "dog": 1}, "history": [{"epoch": 1, "dur": 0.52}], "time/fps": 311,
                    "time_taken": 2.5, "output_dir": {"x": 1}}, keys=True)
     swapped = _values({"label2id": {"dog": 0, "cat": 1}, "history": [{"epoch": 1, "dur": 0.61}], "time/fps": 290,
@@ -177,5 +177,9 @@ def test_an_object_s_keys_are_taken_and_a_duration_s_shorter_names_are_times():
     assert set(got) == {KEYS_MARK, f"['label2id']{KEYS_MARK}", "['label2id']['cat'] (python int)",
                         "['label2id']['dog'] (python int)", f"['history'][0]{KEYS_MARK}",
                         "['history'][0]['epoch'] (python int)", "['output_dir']['x'] (python int)"}
-    assert got[f"['label2id']{KEYS_MARK}"] != swapped[f"['label2id']{KEYS_MARK}"]
+    # (taken in the order of the keys: the swapped labels differ by their values, the keys are the same)
+    assert got[f"['label2id']{KEYS_MARK}"] == swapped[f"['label2id']{KEYS_MARK}"]
+    assert got["['label2id']['cat'] (python int)"] != swapped["['label2id']['cat'] (python int)"]
+    assert list(_values({"b": 1, "a": 2}, keys=True)) == list(_values({"a": 2, "b": 1}, keys=True))  # (helper 42)
+    assert _values({"a": 1}, keys=True)[KEYS_MARK] != _values({"a": 1, "b": 2}, keys=True)[KEYS_MARK]
     assert {p: v for p, v in got.items() if "label2id" not in p} == {p: v for p, v in swapped.items() if "label2id" not in p}

@@ -36,7 +36,11 @@ def test_a_checkpoint_s_tensors_numbers_and_strings_are_named_by_where_they_are_
     pairs, truncated = _values_of(checkpoint)
     paths = [p for p, _ in pairs]
     assert truncated is None
-    assert paths[:3] == ["['model']['0.weight']", "['model']['0.bias']", "['model']['1.weight']"]
+    # a save's dicts in the order of their keys (helper 42: Pyro saves its optimizers' states in an order that
+    # changes from run to run)
+    assert [p for p in paths if p.startswith("['model']")][:3] == [
+        "['model']['0.bias']", "['model']['0.weight']", "['model']['1.bias']"]
+    assert paths == sorted(paths, key=lambda p: p.split("]")[0]), paths
     assert "['optimizer']['state'][0]['exp_avg']" in paths and "['extra'][1][0]" in paths
     assert not any("time" in p or "again" in p or "saved_to" in p or "output_dir" in p or "'at'" in p for p in paths)
     assert "['act'] (python str)" in paths and "['note'] (python str)" not in paths  # (schema 11: saved_string_compared)
@@ -53,8 +57,8 @@ def test_a_checkpoint_s_tensors_numbers_and_strings_are_named_by_where_they_are_
     # NumPy arrays of numbers are taken (an object array is not); a long list of ints is one tensor
     pairs, truncated = _values_of({"rng": ("MT19937", np.arange(4, dtype=np.uint32)), "objects": np.array([None]),
                                    "indices": list(range(2 * saved.MAX_VISITS))})
-    assert [p for p, t in pairs] == ["['rng'][0] (python str)", "['rng'][1]", "['indices'] (python int)"]
-    assert truncated is None and pairs[1][1].tolist() == [0, 1, 2, 3] and pairs[2][1].shape == (2 * saved.MAX_VISITS,)
+    assert [p for p, t in pairs] == ["['indices'] (python int)", "['rng'][0] (python str)", "['rng'][1]"]
+    assert truncated is None and pairs[2][1].tolist() == [0, 1, 2, 3] and pairs[0][1].shape == (2 * saved.MAX_VISITS,)
 
 
 def test_every_number_of_a_save_is_taken_but_times_and_among_a_call_s_arguments_only_an_optimizer_s():
@@ -66,9 +70,9 @@ def test_every_number_of_a_save_is_taken_but_times_and_among_a_call_s_arguments_
     numbers = dict(_values_of(state)[0])
     assert [p for p in numbers] == [
         "['accountant']['history'][0][0] (python float)", "['accountant']['history'][0][1] (python float)",
-        "['accountant']['history'][0][2] (python int)", "['scaler']['scale'] (python float)",
-        "['python'][0] (python int)", "['python'][1] (python int)", "['seed'] (python int)",
-        "['last_update'] (python int)", "['optimizer']['param_groups'][0]['lr'] (python float)"]
+        "['accountant']['history'][0][2] (python int)", "['last_update'] (python int)",
+        "['optimizer']['param_groups'][0]['lr'] (python float)", "['python'][0] (python int)",
+        "['python'][1] (python int)", "['scaler']['scale'] (python float)", "['seed'] (python int)"]
     assert numbers["['python'][1] (python int)"].tolist() == list(state["python"][1])  # the generator's 625 words
     assert numbers["['seed'] (python int)"].dtype == torch.uint8  # (past 64 bits: its digits)
     assert clock_of("['time_elapsed']") and clock_of(".tokens_per_sec") and not clock_of("['second_moment']")
