@@ -530,6 +530,10 @@ def manifest_differences(a: dict, b: dict) -> list[dict]:
     check("world_size", a.get("world_size"), b.get("world_size"), "a different parallel layout changes reductions")
     check("mode", a.get("mode"), b.get("mode"), "recording modes observe different boundaries (gaps expected)")
     check("steps", a.get("steps"), b.get("steps"), "different recorded step windows")
+    if isinstance(a.get("env"), dict) and isinstance(b.get("env"), dict):  # (unset: None)
+        check("env.PYTHONHASHSEED", a["env"].get("PYTHONHASHSEED"), b["env"].get("PYTHONHASHSEED"),
+              "the hash seed orders sets of strings (peft's target_modules, a set of module names): another or an "
+              "unset one can change what a run computes or saves")
     if a.get("recorder") and b.get("recorder"):  # (runs recorded before the field: unknown, not different)
         check("recorder", a["recorder"], b["recorder"], "recorded by different builds of bitguard: what one records "
               "and the other does not (a kind of row, a name) can differ by itself; record both with one build")
@@ -932,8 +936,12 @@ def compare(a, b, rules=None, rank: int | None = None, band: int = DEFAULT_BAND,
     run_b = b if isinstance(b, RunInfo) else open_run(b)
     done = run_a.manifest.get("steps_completed")
     if resumed_at and isinstance(done, int) and not isinstance(done, bool) and resumed_at >= done > 0:
+        other = run_b.manifest.get("steps_completed")
+        swapped = (f", or give the runs in the other order: run B completed {other} step(s), more than run A, and "
+                   f"the resumed run goes second" if isinstance(other, int) and not isinstance(other, bool)
+                   and other > done else "")
         raise BadInput(f"--resumed-at {resumed_at} is past run A's last step ({done - 1}: it completed {done} "
-                       f"step(s)); give the step of A whose checkpoint run B resumed from")
+                       f"step(s)); give the step of A whose checkpoint run B resumed from{swapped}")
     if resumed_at:  # (RunInfo objects of an earlier comparison keep theirs: drill, a rank compared again)
         run_a = dataclasses.replace(run_a, step_shift=0, resume_from=resumed_at)
         run_b = dataclasses.replace(run_b, step_shift=resumed_at, resume_from=resumed_at)

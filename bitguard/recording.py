@@ -172,6 +172,8 @@ class record:
         self._manifest = manifest.new(self.command, self.mode, world, settings, self.steps, {"dump": self.dump, "digest_cache": self.digest_cache})
         if rank == 0:
             manifest.write(self.out, self._manifest)
+            if self.determinism and os.environ.get("PYTHONHASHSEED") is None:  # (`bitguard record` sets it for its script)
+                print(HASH_SEED_UNSET, file=sys.stderr)
         warmup()
         self.store = RankStore(str(rank_path), {
             "rank": rank, "world_size": world, "mode": self.mode, "determinism": settings,
@@ -254,6 +256,13 @@ class record:
                   file=sys.stderr)
         if self.rank == 0 and self.steps is not None and steps_seen <= self.steps[0]:
             print(_window_never_opened(self.steps, steps_seen, status), file=sys.stderr)
+
+
+# Said when a recording starts in a process whose hash seed is random (helper 44: peft saved its target_modules,
+# a set of names, in another order in every run); this process's seed cannot be set any more.
+HASH_SEED_UNSET = ("bitguard: PYTHONHASHSEED is not set: Python orders sets of strings differently in every process, "
+                   "so two runs that iterate one (peft's target_modules) can differ; set it (PYTHONHASHSEED=0) before "
+                   "Python starts, as `bitguard record` does for the script it runs")
 
 
 # What a training that failed on torch's refusal of an operator without a deterministic implementation

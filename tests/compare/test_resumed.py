@@ -141,6 +141,8 @@ def test_bad_resume_steps_and_the_drill_are_refused(runs):
         bitguard.compare(runs / "a", runs / "resumed", resumed_at=-1)
     with pytest.raises(BadInput, match=f"past run A's last step \\({STEPS - 1}"):
         bitguard.compare(runs / "a", runs / "resumed", resumed_at=STEPS)
+    with pytest.raises(BadInput, match="or give the runs in the other order: run B completed 6 step"):  # (helper 43)
+        bitguard.compare(runs / "resumed", runs / "a", resumed_at=SAVE_AT)
     c = bitguard.compare(runs / "a", runs / "no_scheduler", resumed_at=SAVE_AT)
     with pytest.raises(NotSupported, match="resumed run"):
         drill_comparison(c)
