@@ -32,7 +32,8 @@ import weakref
 import torch
 
 from bitguard.collectors.patching import Patch
-from bitguard.collectors.saved import PACKED_INTS, in_key_order, number_tensor, string_compared, string_tensor
+from bitguard.collectors.saved import (PACKED_INTS, in_key_order, number_tensor, place_key, string_compared,
+                                       string_tensor)
 from bitguard.schema import KEYS_MARK, NUMBER_MARK, STRING_MARK
 from bitguard.timed import clock_below, compared
 
@@ -177,7 +178,7 @@ def json_values(value) -> tuple[list[tuple[str, torch.Tensor]], str | None]:
                 found.append((path + STRING_MARK, string_tensor(value)))
         elif isinstance(value, dict):  # (in the order of its keys, as a save's: saved.in_key_order)
             ordered = in_key_order(value)
-            keys = [k for k, _ in ordered if string_compared(k, key, clock)]  # (a dict's other keys)
+            keys = [k for k, _ in ordered if string_compared(k, key, clock) and not place_key(k)]
             if keys:
                 found.append((path + KEYS_MARK, string_tensor(keys)))
             items = [(v, f"{path}[{k!r}]", k) for k, v in ordered]

@@ -179,7 +179,7 @@ class _Walk:
         self.held.append(value)
         if self.save and isinstance(value, dict):  # (its keys: `label2id` with two labels swapped has the same values)
             keys = [k for k, _ in islice(in_key_order(value), MAX_ITEMS)
-                    if type(k) is str and saved_string_compared(k, key, clock, True)]
+                    if type(k) is str and saved_string_compared(k, key, clock, True) and not place_key(k)]
             if keys:
                 self.found.append((path + KEYS_MARK, string_tensor(keys)))
         numbers = numbers or training_state(value)
@@ -301,12 +301,19 @@ def saved_string_compared(value: str, key: str, clock: str | None, listed: bool)
     return not place and (listed or meaning) and string_compared(value, key, clock)
 
 
+def place_key(key: str) -> bool:
+    """Does `key` name a place (a folder, a file's path, a host)? What it holds is not compared, and
+    nor is it among its dict's keys: a config that gains `_name_or_path` once loaded from a checkpoint
+    (diffusers' `register_to_config`, helper 43) is the same config."""
+    return bool(_PLACE_WORDS.intersection(_WORDS.split(key.lower())))
+
+
 def string_compared(value: str, key: str, clock: str | None) -> bool:
     """Is string `value`, under the nearest key named `key`, compared? Not under a key that names a
     time (`clock`) or a place, nor a path, a URL, a date, a UUID, a hex id or an address."""
     return (clock is None and ("/" not in value and "\\" not in value or _TOKEN.fullmatch(value) is not None)
             and not _STAMPED.match(value)
-            and not _ADDRESS.search(value) and not _PLACE_WORDS.intersection(_WORDS.split(key.lower())))
+            and not _ADDRESS.search(value) and not place_key(key))
 
 
 def string_tensor(value: str | list[str]) -> torch.Tensor:

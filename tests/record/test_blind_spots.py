@@ -1579,7 +1579,7 @@ def test_a_save_of_the_same_dict_in_another_insertion_order_is_identical_and_ano
         with bitguard.record(tmp_path / name, determinism=False):
             _sgd_steps(model, opt, 2)
             state = {n: p.detach().clone() for n, p in model.named_parameters()}
-            torch.save({"params": {n: state[n] for n in order} | ({"_name_or_path": "ckpt"} if extra else {}),
+            torch.save({"params": {n: state[n] for n in order} | ({"extra": 1} if extra else {}),
                         "step": 2}, tmp_path / f"{name}.pt")
 
     names = [n for n, _ in _tiny()[0].named_parameters()]
@@ -1591,3 +1591,4 @@ def test_a_save_of_the_same_dict_in_another_insertion_order_is_identical_and_ano
     fd = bitguard.compare(tmp_path / "a", tmp_path / "c").first_divergence
     assert (fd["kind"], fd["blame"], fd["fault_class"]) == ("saved", "structure", "signature"), fd
     assert "the dict ['params'] holds 4 keys in A and 5 in B" in fd["blame_window"]["detail"], fd["blame_window"]
+    assert "only in B: ['params']['extra'] (python int)" in fd["blame_window"]["detail"], fd["blame_window"]

@@ -182,4 +182,6 @@ def test_an_object_s_keys_are_taken_and_a_duration_s_shorter_names_are_times():
     assert got["['label2id']['cat'] (python int)"] != swapped["['label2id']['cat'] (python int)"]
     assert list(_values({"b": 1, "a": 2}, keys=True)) == list(_values({"a": 2, "b": 1}, keys=True))  # (helper 42)
     assert _values({"a": 1}, keys=True)[KEYS_MARK] != _values({"a": 1, "b": 2}, keys=True)[KEYS_MARK]
+    # a key naming a place is no key of its dict (helper 43: diffusers adds `_name_or_path` to a loaded config)
+    assert _values({"a": 1}, keys=True)[KEYS_MARK] == _values({"a": 1, "_name_or_path": "ckpt"}, keys=True)[KEYS_MARK]
     assert {p: v for p, v in got.items() if "label2id" not in p} == {p: v for p, v in swapped.items() if "label2id" not in p}
