@@ -16,11 +16,10 @@ import threading
 import time
 from pathlib import Path
 
-from bitguard import manifest
+from bitguard import manifest, tracebacks
 from bitguard.errors import BadInput
 from bitguard.modes import MODES
 from bitguard.schema import MANIFEST_NAME, RANK_FILE
-from bitguard import tracebacks
 from bitguard.tracebacks import print_failure
 
 
