@@ -16,6 +16,7 @@ import polars as pl
 
 import numpy as np
 
+from bitguard.backend.pivot import phase_words
 from bitguard.backend.statuses import CODE_OF_EVENT, GAP, STATUS_CODES, bin_counts, worst
 from bitguard.backend.timeline_steps import StepIndex
 
@@ -428,7 +429,8 @@ def summary_html(comparison) -> str:
                               f"({al['allowed_gaps']} allowed by rules) · identical prefix {al['identical_prefix']}"))
     if al["gaps_before_pivot"]:
         rows.append(("gaps before the pivot", "<br>".join(
-            f"only in {_e(g['side'].upper())}: {_e(g['phase'])} <code>{_e(g['boundary'])}</code> step {_e(g['step'])}"
+            f"only in {_e(g['side'].upper())}: {_e(phase_words(g['phase'], g.get('kind') or ''))} "
+            f"<code>{_e(g['boundary'])}</code> step {_e(g['step'])}"
             f" rank {_e(g['rank'])}" for g in al["gaps_before_pivot"][:10])
             + (f"<br>… {len(al['gaps_before_pivot']) - 10} more" if len(al["gaps_before_pivot"]) > 10 else "")))
     rows.append(("rules fired", ", ".join(f"<code>{_e(r['id'])}</code> ×{_e(r['count'])}" for r in d["rules_fired"])

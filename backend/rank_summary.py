@@ -79,7 +79,7 @@ def _prefix(rc) -> tuple[int, list[dict]]:
     for g in before.head(GAPS_LISTED).iter_rows(named=True):
         ev = (rc.events_a if g["side"] == "a" else rc.events_b).row(g["pos"], named=True)
         out.append({"rank": rc.rank, "side": g["side"], "seq": g["seq"], "step": ev["step"], "phase": ev["phase"],
-                    "boundary": ev["boundary"], "module_type": ev["module_type"]})
+                    "kind": ev["kind"], "boundary": ev["boundary"], "module_type": ev["module_type"]})
     return prefix, out
 
 

@@ -97,7 +97,9 @@ def _render(c) -> str:
         where = "before the pivot, " if fd is not None else ""
         out.append(f"events on one side only {where}outside what could be certified (not compared):")
         for g in al.gaps_before_pivot[:10]:
-            out.append(f"  only in {g.side.upper()}: step {g.step} {g.phase} {g.boundary} ({g.module_type})")
+            # (a params event said "optimizer", its phase: helper 43)
+            out.append(f"  only in {g.side.upper()}: step {g.step}, the {phase_words(g.phase, g.kind or '')} of "
+                       f"{g.boundary} ({g.module_type})")
     if r.rules_fired:
         out.append("rules fired: " + ", ".join(f"{x.id}×{x.count}" for x in r.rules_fired))
     for x in r.certification.reasons:

@@ -131,6 +131,7 @@ class GapEvent(_Model):
     seq: int
     step: int
     phase: str
+    kind: str | None = Field(None, description="the event's kind (module, grad, params, saved, ...)")
     boundary: str
     module_type: str | None
 

@@ -285,6 +285,11 @@ def test_a_window_against_the_whole_run_is_inconclusive_not_ended(tmp_path):
     c = bitguard.compare(tmp_path / "a", tmp_path / "b")
     assert c.verdict == "inconclusive" and [r["code"] for r in c.blocking_reasons()] == ["step_window"], \
         (c.first_divergence, c.blocking_reasons())
+    # A's events past B's window are listed as not compared, each said as what it is (helper 43 read
+    # "step 2 optimizer Sequential" of a params event)
+    done = run_cli("compare", tmp_path / "a", tmp_path / "b")
+    assert "only in A: step 2, the parameters at the start of Linear (Linear)" in done.stdout, done.stdout
+    assert "only in A: step 2, the forward of Linear (Linear)" in done.stdout, done.stdout
 
 
 def _keeping(path, checkpoint, resume: bool, kept: str) -> dict | None:
