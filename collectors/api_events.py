@@ -49,6 +49,7 @@ from bitguard.collectors.compiled import eager_name, is_compiling
 from bitguard.collectors.guarded import Guarded
 from bitguard.collectors.reads import Reads
 from bitguard.collectors.sharded import clean_name
+from bitguard.collectors.weights import library_name
 from bitguard.cuda.fingerprint import digest_many, resolve
 from bitguard.schema import API_EVENTS, EVENTS, TENSORS, VIOLATIONS
 
@@ -356,8 +357,15 @@ class ApiRecorder(Guarded):
             self._end_step(None)
 
     def _index(self, obj) -> str:
-        """`Class#i`: i counts the objects of that class in the order they were first seen."""
+        """`Class#i`: i counts the objects of that class in the order they were first seen; an optimizer
+        of tensors a library names (Pyro's, one a parameter, made in an order that changes from run to
+        run: weights.library_name) is `Class(names)`."""
         name = type(obj).__name__
+        groups = getattr(obj, "param_groups", None) if isinstance(obj, torch.optim.Optimizer) else None
+        if groups:
+            named = [library_name(p) for group in groups for p in group.get("params", ())]
+            if named and all(named):
+                return f"{name}({', '.join(named)})"
         seen = self._indices.setdefault(name, weakref.WeakKeyDictionary())
         i = seen.get(obj)
         if i is None:

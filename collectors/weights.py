@@ -44,6 +44,21 @@ def is_distributed(module: torch.nn.Module) -> bool:
     return type(module).__module__.startswith(("torch.nn.parallel", "torch.distributed"))
 
 
+def library_name(p: torch.Tensor) -> str | None:
+    """The name a library the training uses gives a tensor no module holds, where it gives one:
+    Pyro's param store, `pyro.param('w_loc')` (the unconstrained tensor pyro.optim steps, one optimizer
+    each, made in the order a set of tensors is iterated: named by their place in it, identical reruns
+    diverged, helper 42). None otherwise."""
+    primitives = sys.modules.get("pyro.primitives")
+    if primitives is None:
+        return None
+    try:
+        name = primitives.get_param_store().param_name(p)
+    except Exception:  # noqa: BLE001 - another version's store: named by the optimizer's place
+        return None
+    return f"pyro.param['{name}']" if isinstance(name, str) else None
+
+
 class WeightEvents:
     """The weight events of `hooks.Collector`, which holds their state (slots: none here)."""
 
@@ -148,6 +163,11 @@ class WeightEvents:
             pairs = [] if optimizer is None else [
                 (f".param_groups[{g}][{j}]", p) for g, group in enumerate(optimizer.param_groups)
                 for j, p in enumerate(group["params"]) if id(p) not in self._finaled]
+            named = {id(p): library_name(p) for _, p in pairs}  # (Pyro's: each its own event, by its name)
+            for name, p in ((named[id(p)], p) for _, p in pairs if named[id(p)]):
+                self._finaled.add(id(p))
+                self._emit("optimizer", "final", name, "optimizer", 0, time.time_ns(), self._rows([("", p)], "param"))
+            pairs = [(path, p) for path, p in pairs if not named[id(p)]]
             if pairs:
                 self._finaled.update(id(p) for _, p in pairs)
                 self._emit("optimizer", "final", label, "optimizer", 0, time.time_ns(), self._rows(pairs, "param"))
@@ -438,6 +458,7 @@ class WeightEvents:
             for p_name, q in (module.named_parameters() if module is not None else ()):
                 if q is p:
                     return self._watch_at(module, p_name, p)
+        where = library_name(p) or where
         self._watch_param(p, where, "")
         self._orphans[id(p)] = (weakref.ref(p), where)
         return where
@@ -455,8 +476,8 @@ class WeightEvents:
             if p is None or entry is None or entry[0]() is not p:  # gone, or its id reused
                 del self._orphans[key]
                 continue
-            label, _, place = where.partition(".param_groups")
-            by_optimizer.setdefault(label, []).append((".param_groups" + place, p))
+            label, mark_, place = where.partition(".param_groups")  # (a library's name: one event of its own)
+            by_optimizer.setdefault(label, []).append((mark_ + place, p))
         for label, pairs in by_optimizer.items():
             self._emit("optimizer", "params", label, "optimizer", 0, t0, self._param_digested(pairs))
 
