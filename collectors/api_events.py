@@ -361,10 +361,13 @@ class ApiRecorder(Guarded):
         of tensors a library names (Pyro's, one a parameter, made in an order that changes from run to
         run: weights.library_name) is `Class(names)`."""
         name = type(obj).__name__
-        groups = getattr(obj, "param_groups", None) if isinstance(obj, torch.optim.Optimizer) else None
-        if groups:
-            named = [library_name(p) for group in groups for p in group.get("params", ())]
-            if named and all(named):
+        if isinstance(obj, torch.optim.Optimizer):
+            named = []
+            for p in (p for group in obj.param_groups for p in group.get("params", ())):
+                named.append(library_name(p))
+                if named[-1] is None:  # (the common case: at the first parameter)
+                    break
+            if named and named[-1] is not None:
                 return f"{name}({', '.join(named)})"
         seen = self._indices.setdefault(name, weakref.WeakKeyDictionary())
         i = seen.get(obj)
