@@ -108,3 +108,21 @@ def test_a_replay_directory_is_emptied_of_an_earlier_drill_and_anything_else_is_
     assert (replay / "notes.txt").read_text() == "mine"
     _clear(tmp_path / "new")
     assert (tmp_path / "new").is_dir()
+
+
+def test_ops_run_b_alone_before_the_same_op_at_the_same_line_come_first():
+    """Helper 44: an extra `ei[:, :-1]` in B made B's next op read other shapes: the two did not pair,
+    and "run A alone calls __getitem__" was said of A's op, B's extra line only in parentheses."""
+    def at(name, out, line, shape, modules=("m", "conv")):
+        o = op(name, out)
+        o["line"], o["modules"], o["inputs"] = line, list(modules), [dict(t, shape=shape) for t in o["inputs"]]
+        return o
+
+    a = [A[0], at("getitem", "5", 11, [2, 90]), A[2]]
+    b = [A[0], at("getitem", "6", 19, [2, 90], modules=("m",)), at("getitem", "7", 11, [2, 89]), A[2]]
+    d = first_difference(a, b)
+    assert (d.cause, d.side_only, d.op["op"], d.op["line"], d.index_b) == ("structure", "b", "getitem", 19, 1), d
+    # (A's op at that line, with its other shapes, is the next difference; where B has no op at A's line, A's is first)
+    assert [(x.side_only, x.op["line"]) for x in differences(a, b)][:2] == [("b", 19), ("a", 11)]
+    c = [A[0], at("getitem", "6", 19, [2, 90], modules=("m",)), at("mul", "7", 12, [2, 89]), A[2]]
+    assert (first_difference(a, c).side_only, first_difference(a, c).op["line"]) == ("a", 11)
