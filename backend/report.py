@@ -314,8 +314,12 @@ def render_drill(doc: dict) -> str:
                 at = f"{Path(then['file']).name}:{then['line']} in {then['function']}" if then.get("file") else "?"
                 sig = then.get("signature") or {}
                 fed = " (fed by what differs)" if then["inputs_differ"] else ""
+                # (fed by what differs, its output's pattern says nothing of hardware: helper 44's edge count
+                # that changed read "multi_bit_flip ... a hardware fault is likely")
+                reading = (f"its output differs as a {sig.get('kind')} would, but it follows from the structural "
+                           f"difference above" if then["inputs_differ"] or then["args_differ"] else sig.get("reading"))
                 out.append(f"  then     the first op both call whose output differs{fed}: {then['op']} at {at}: "
-                           f"{sig.get('kind')}: {sig.get('reading')}")
+                           f"{sig.get('kind')}: {reading}")
         else:
             inputs = "differ" if op["inputs_differ"] else "are equal"
             args = ", its other arguments differ" if op["args_differ"] else ""

@@ -44,3 +44,23 @@ def test_a_blame_window_without_a_module_keeps_its_heading():
     lines = _divergence(fd)
     at = lines.index("  blame window: none")
     assert lines[at + 1] == "    no enclosing module had identical inputs", lines
+
+
+def test_a_value_difference_fed_by_a_structural_one_is_not_read_as_hardware():
+    """Helper 44: after an edge dropped in one run (a structural difference), the first op both call
+    whose output differs (a neighbour count) was read "multi_bit_flip: ... a hardware fault is likely"."""
+    from bitguard.backend.report import render_drill
+
+    then = {"op": "index_add_", "file": "/x/train.py", "line": 12, "function": "forward", "inputs_differ": True,
+            "args_differ": False, "signature": {"kind": "multi_bit_flip", "reading": "2 elements differ: memory "
+                                                "corruption or a hardware fault in a few words is likely"}}
+    doc = {"verdict": "op_found", "window": {"boundary": "c1", "module_type": "Conv", "call": 0, "why": "w"},
+           "boundary_pivot": {"step": 0, "rank": 0, "phase": "forward", "boundary": "c1", "blame": "source"},
+           "replay": {"detail": "reproduced"}, "records": {"a": "ra", "b": "rb"},
+           "op_pivot": {"op": "getitem", "file": "/x/train.py", "line": 19, "function": "forward", "chain": ["Net"],
+                        "cause": "structure", "side_only": "b", "other_side": [], "then": then}}
+    text = render_drill(doc)
+    line = next(x for x in text.splitlines() if x.startswith("  then"))
+    assert "hardware" not in line and "follows from the structural difference above" in line, line
+    then["inputs_differ"] = False  # (its inputs equal: the pattern is the reading)
+    assert "hardware fault" in render_drill(doc)
