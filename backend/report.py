@@ -316,8 +316,8 @@ def render_drill(doc: dict) -> str:
                 fed = " (fed by what differs)" if then["inputs_differ"] else ""
                 # (fed by what differs, its output's pattern says nothing of hardware: helper 44's edge count
                 # that changed read "multi_bit_flip ... a hardware fault is likely")
-                reading = (f"its output differs as a {sig.get('kind')} would, but it follows from the structural "
-                           f"difference above" if then["inputs_differ"] or then["args_differ"] else sig.get("reading"))
+                reading = ("what differs follows from the structural difference above (its inputs or arguments "
+                           "differ)" if then["inputs_differ"] or then["args_differ"] else sig.get("reading"))
                 out.append(f"  then     the first op both call whose output differs{fed}: {then['op']} at {at}: "
                            f"{sig.get('kind')}: {reading}")
         else:
