@@ -179,7 +179,7 @@ class _Walk:
         self.held.append(value)
         if self.save and isinstance(value, dict):  # (its keys: `label2id` with two labels swapped has the same values)
             keys = [k for k, _ in islice(in_key_order(value), MAX_ITEMS)
-                    if type(k) is str and saved_string_compared(k, key, clock, True) and not place_key(k)]
+                    if type(k) is str and saved_string_compared(k, key, clock, True) and not _key_kind(k)[0]]
             if keys:
                 self.found.append((path + KEYS_MARK, string_tensor(keys)))
         numbers = numbers or training_state(value)
@@ -303,8 +303,9 @@ def saved_string_compared(value: str, key: str, clock: str | None, listed: bool)
 
 def place_key(key: str) -> bool:
     """Does `key` name a place (a folder, a file's path, a host)? What it holds is not compared, and
-    nor is it among its dict's keys: a config that gains `_name_or_path` once loaded from a checkpoint
-    (diffusers' `register_to_config`, helper 43) is the same config."""
+    nor is it among its JSON object's keys: a config that gains `_name_or_path` once loaded from a
+    checkpoint (diffusers' `register_to_config`, helper 43) is the same config. (A save's keys: by
+    `_key_kind`, as the save's strings under them are.)"""
     return bool(_PLACE_WORDS.intersection(_WORDS.split(key.lower())))
 
 

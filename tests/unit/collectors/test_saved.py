@@ -217,3 +217,13 @@ def test_what_a_setting_names_and_a_dict_s_keys_are_taken():
     # a dict's keys that are places, times or paths are not taken, nor any under a place's key
     assert f"['d']{KEYS_MARK}" not in names(d={"/data/a.bin": 1, "2026-12-06 04:00": 2})
     assert f"['output_dir']{KEYS_MARK}" not in names(output_dir={"a": 1})
+
+
+def test_a_key_naming_a_place_is_no_key_of_a_saved_dict():
+    """As the strings under it are left out (`outdir`, `_name_or_path`), so is the key from its dict's keys:
+    a config that gains the folder it was loaded from is the same config (helper 43)."""
+    def keys(obj):
+        return [t.tolist() for p, t in tensors_in(obj)[0] if p.endswith(KEYS_MARK)]
+
+    assert keys({"lr": 0.1, "outdir": "runs/a", "_name_or_path": "ckpt"}) == keys({"lr": 0.1})
+    assert keys({"lr": 0.1, "act": "gelu"}) != keys({"lr": 0.1})
