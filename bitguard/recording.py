@@ -293,6 +293,21 @@ def _sigterm_to_exit(signum, frame):
     raise SystemExit(128 + signum)
 
 
+def _sigterm_default_in_child() -> None:
+    """A forked child (a pool's worker, a DataLoader's) is not the recording's: it ends on SIGTERM as
+    without it. (Inherited, the handler made a terminated child's exit code 143, not -15; and a pool
+    worker waiting on the pool's lock when the pool was terminated was seen never to end.)"""
+    try:
+        if signal.getsignal(signal.SIGTERM) is _sigterm_to_exit:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    except (ValueError, OSError):  # (not the child's main thread: nothing set, nothing to give back)
+        pass
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_sigterm_default_in_child)
+
+
 def _exit_code(exc_type, exc) -> int:
     if exc_type is None:
         return 0

@@ -40,6 +40,14 @@ def test_training_in_a_child_process_is_never_certified(tmp_path, start):
     assert "launch them with 'torchrun --nproc-per-node N -m bitguard record --out DIR -- SCRIPT'" in proc.stdout
 
 
+def test_a_forked_child_ends_on_sigterm_as_without_the_recording(tmp_path):
+    """The recording turns SIGTERM into SystemExit to close its run; a forked child inherited that
+    handler: a terminated child's exit code was 143, not -15, and a pool worker waiting on the pool's
+    lock when the pool was terminated was once seen never to end (the test suite hung)."""
+    proc = record(tmp_path / "run", "terminated", script=SCRIPT)
+    assert "exitcode -15" in proc.stdout, proc.stdout + proc.stderr
+
+
 def test_pool_tasks_and_a_raw_fork_are_never_certified_but_dataloader_workers_are_fine(tmp_path):
     """A pool's worker runs whatever the script submits (a training, here); os.fork() runs the rest
     of the script in the child: both were first let through, and compared identical."""

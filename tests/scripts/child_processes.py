@@ -5,12 +5,14 @@
     python child_processes.py loader             a DataLoader with two worker processes feeds the training
     python child_processes.py pool               a multiprocessing pool (fork) trains two models
     python child_processes.py forked             an os.fork() child trains a step and leaves through the script's end
+    python child_processes.py terminated         a forked child blocked on a lock is terminated (SIGTERM); prints its exit code
     python child_processes.py prepared           data prepared in forked children and a pool by a `datasets` stand-in
                                                  (prep/datasets), then trained on
 """
 
 import os
 import sys
+import time
 
 import torch
 import torch.multiprocessing as mp
@@ -50,6 +52,16 @@ if __name__ == "__main__":
     elif what == "pool":
         with mp.get_context("fork").Pool(2) as pool:
             print(pool.map(train, [0.1, 0.2]))
+    elif what == "terminated":
+        ctx = mp.get_context("fork")
+        lock = ctx.Lock()
+        lock.acquire()
+        p = ctx.Process(target=lock.acquire)  # (blocks in the semaphore's wait until terminated)
+        p.start()
+        time.sleep(0.5)
+        p.terminate()
+        p.join()
+        print("exitcode", p.exitcode)
     elif what == "prepared":
         sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "prep"))
         import datasets
