@@ -6,7 +6,8 @@ model's forward passed through two of its frames per module on the way out, and 
 counted in a last line (`BITGUARD_TRACEBACK=full` shows them), unless the error was raised in
 bitguard's own code: then every frame stays, for the report. An error leaving a `with
 bitguard.record()` block, which Python prints itself, has those frames taken out of its traceback
-(`trim`) and the count added as a note.
+(`trim`) and the count added as a note. A read's call made as a line of the reader's code
+(collectors/reads.py, `READ_CALL`) is bitguard's frame too, and what it raises is torch's.
 """
 
 from __future__ import annotations
@@ -23,11 +24,23 @@ _OURS = tuple(str(Path(p).resolve()) + os.sep for p in {
     Path(__file__).parent.parent / "backend"})
 
 
-def _ours(filename: str) -> bool:
+# the name of the call collectors/reads.py makes as a line of the reader's code (its file and line)
+READ_CALL = "<bitguard: the read>"
+
+
+def _ours(filename: str, name: str = "") -> bool:
+    if name == READ_CALL:
+        return True
     try:
         return str(Path(filename).resolve()).startswith(_OURS)
     except (OSError, ValueError):
         return False
+
+
+def _raised_in_ours(filename: str, name: str) -> bool:
+    """Whether a traceback's last frame is bitguard's raising, not one passing a call through (a read's
+    call raising is torch's error)."""
+    return name != READ_CALL and _ours(filename)
 
 
 def _trimmed(te: traceback.TracebackException, seen: set[int]) -> int:
@@ -37,8 +50,8 @@ def _trimmed(te: traceback.TracebackException, seen: set[int]) -> int:
     seen.add(id(te))
     left = 0
     frames = list(te.stack)
-    if frames and not _ours(frames[-1].filename):  # (raised in bitguard's code: every frame is kept)
-        kept = [f for f in frames if not _ours(f.filename)]
+    if frames and not _raised_in_ours(frames[-1].filename, frames[-1].name):  # (else every frame is kept)
+        kept = [f for f in frames if not _ours(f.filename, f.name)]
         left = len(frames) - len(kept)
         te.stack = traceback.StackSummary.from_list(kept)
     for chained in (te.__cause__, te.__context__):
@@ -71,9 +84,9 @@ def trim(exc: BaseException) -> None:
     while tb is not None:
         frames.append(tb)
         tb = tb.tb_next
-    if not frames or _ours(frames[-1].tb_frame.f_code.co_filename):
+    if not frames or _raised_in_ours(frames[-1].tb_frame.f_code.co_filename, frames[-1].tb_frame.f_code.co_name):
         return
-    kept = [t for t in frames if not _ours(t.tb_frame.f_code.co_filename)]
+    kept = [t for t in frames if not _ours(t.tb_frame.f_code.co_filename, t.tb_frame.f_code.co_name)]
     left = len(frames) - len(kept)
     if not left:
         return

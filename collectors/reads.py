@@ -16,7 +16,9 @@ the wrapper torchmetrics puts around every metric's `compute` at its constructio
 once torchmetrics is imported. The first `MAX_READS` a step; a thread's reads other than the main
 one's are not rows (they interleave differently from run to run), nor a value read as a condition
 (`Tensor.__bool__`) or an index. A warning torch gives on a read by the training's code is
-the reader's line's, as without the wrapper. Knows nothing of how rows are stored.
+the reader's line's, as without the wrapper: the read is called as a line of the reader's code
+(`_at`), python's warning filters untouched (swapping them for each read made a warning shown once a
+place show again after every read, and took other threads' warnings). Knows nothing of how rows are stored.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ import importlib.util
 import os
 import sys
 import threading
-import warnings
+import types
 
 import torch
 
@@ -34,6 +36,7 @@ from bitguard.collectors.compiled import is_compiling
 from bitguard.collectors.patching import Patch
 from bitguard.collectors.saved import AfterImport
 from bitguard.cuda.fingerprint import digest_async, resolve
+from bitguard.tracebacks import READ_CALL
 
 # Tensor methods read (`__repr__`: `print(t)`, `str(t)`, logging's `%s`, what a metric logged as a tensor shows)
 METHODS = ("item", "__float__", "__int__", "__format__", "tolist", "numpy", "__array__", "__repr__")
@@ -47,6 +50,26 @@ _OWN_CODE = tuple(dict.fromkeys(os.path.join(folder, "") for name in ("torch", "
 # but what torch's TensorBoard writer reads is what the user logs (`writer.add_scalar("loss", loss)`)
 _LOGGED = tuple(os.path.join(folder, "utils", "tensorboard", "")
                 for folder in importlib.util.find_spec("torch").submodule_search_locations)
+
+
+# a call made as a line of the caller's code: a warning (or error) torch gives in `original` names the
+# reader's file, line, module and once-per-line registry, as without the wrapper (tracebacks.py leaves it out)
+_CALL = lambda original, args, kwargs: original(*args, **kwargs)  # noqa: E731 - one line: its code is the line's
+_AT_LINE: dict = {}  # (caller's code, line) -> the call as that line's
+_AT_LINE_MAX = 4096  # (a notebook's cells are new code each time: beyond this, made for each read)
+
+
+def _at(caller):
+    """`_CALL` as made by line `caller.f_lineno` of the caller's code, in the caller's globals."""
+    key = (caller.f_code, caller.f_lineno)
+    call = _AT_LINE.get(key)
+    if call is None:
+        code = _CALL.__code__.replace(co_filename=caller.f_code.co_filename, co_firstlineno=caller.f_lineno,
+                                      co_name=READ_CALL, co_qualname=READ_CALL)
+        call = types.FunctionType(code, caller.f_globals, READ_CALL)
+        if len(_AT_LINE) < _AT_LINE_MAX:
+            _AT_LINE[key] = call
+    return call
 
 
 class Reads:
@@ -101,13 +124,7 @@ class Reads:
                 if not (users and patch.active) or threading.get_ident() != reads._main:
                     value = original(*args, **kwargs)
                 else:  # (a warning torch gives here is the caller's line's, as without this wrapper)
-                    with warnings.catch_warnings(record=True) as caught:
-                        warnings.simplefilter("always")
-                        value = original(*args, **kwargs)
-                    for w in caught:
-                        warnings.warn_explicit(w.message, w.category, caller.f_code.co_filename, caller.f_lineno,
-                                               caller.f_globals.get("__name__"),
-                                               caller.f_globals.setdefault("__warningregistry__", {}), caller.f_globals)
+                    value = _at(caller)(original, args, kwargs)
                 if users and patch.active and reads._reading():
                     reads._record(attr, value, args[0] if args else None)
                 return value

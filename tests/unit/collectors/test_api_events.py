@@ -364,3 +364,18 @@ def test_a_warning_torch_gives_on_a_read_is_the_readers_line_s(tmp_path, monkeyp
     assert value == 1.5
     assert [(w.filename, w.lineno) for w in caught] == [(__file__, line)]
     assert [r["kind"] for r in api_rows(tmp_path / "run")].count("read") == 1
+
+
+def test_a_read_leaves_pythons_warning_filters_alone(tmp_path):
+    """A warning python shows once a place (its default) was shown again after every read: the read's
+    wrapper swapped the warning filters, which starts each place's once-registry anew."""
+    import warnings
+
+    t = torch.tensor(1.5)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("default")
+        with bitguard.record(tmp_path / "run", determinism=False):
+            for _ in range(3):
+                warnings.warn("a warning of the training's each step", UserWarning)
+                t.item()
+    assert [str(w.message) for w in caught].count("a warning of the training's each step") == 1

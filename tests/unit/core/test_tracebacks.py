@@ -57,6 +57,18 @@ def test_an_error_leaving_a_with_block_loses_the_wrapper_frames_with_a_note(tmp_
     assert _printed(exc) == text  # (nothing left for the CLI's printer to take out)
 
 
+def test_an_error_torch_raises_in_a_read_is_the_readers_lines(tmp_path, monkeypatch):
+    """`int(t)` of a tensor of three numbers raises in torch; the read's wrapper (collectors/reads.py)
+    was its last frame, so the error was taken for bitguard's and printed with it."""
+    monkeypatch.delenv("BITGUARD_TRACEBACK", raising=False)
+    with pytest.raises(ValueError) as info, bitguard.record(tmp_path / "run", determinism=False):
+        int(torch.ones(3))
+    text = _printed(info.value)
+    assert "collectors/reads.py" not in text and "bitguard: the read" not in text, text
+    assert text.splitlines()[-3].strip() == "int(torch.ones(3))", text
+    assert text.splitlines()[-1].startswith("(2 frames of bitguard's recorder left out"), text
+
+
 def test_an_error_raised_in_bitguards_code_keeps_every_frame(tmp_path):
     with pytest.raises(BitguardError) as info:
         bitguard.compare(tmp_path / "nowhere", tmp_path / "nowhere")
