@@ -75,12 +75,16 @@ def _parent(boundary: str, events: pl.DataFrame) -> str | None:
     return roots["boundary"][0] if roots.height else None
 
 
-def _window_event(events: pl.DataFrame, step: int, boundary: str, after: int | None) -> dict | None:
-    """The first forward call of `boundary` in `step` that completes at or after event `after`."""
+def _window_event(events: pl.DataFrame, step: int, boundary: str, after: int | None,
+                  call: int | None = None) -> dict | None:
+    """The first forward call of `boundary` in `step` that completes at or after event `after` (its
+    call number `call`, when given)."""
     ev = events.filter((pl.col("step") == step) & (pl.col("phase") == "forward") & (pl.col("kind") == "module")
                        & (pl.col("boundary") == boundary))
     if after is not None:
         ev = ev.filter(pl.col("seq") >= after)
+    if call is not None:
+        ev = ev.filter(pl.col("call") == call)
     return ev.row(0, named=True) if ev.height else None
 
 
@@ -133,6 +137,13 @@ def plan(run_a: RunInfo, run_b: RunInfo, fd: dict) -> Window:
         why = why if kind == "grad" else f"{why}, its backward"
         return Window(rank, step, target, (a or b)["module_type"], fd["call"], why,
                       fd.get("a_seq"), fd.get("b_seq"), phase="backward")
+    if fd.get("cause") == "structure" and (fd.get("a_seq") is None) != (fd.get("b_seq") is None):
+        # the run without the event: the call of the window that the run with it makes (helper 44: a
+        # reference pass with an adapter off is the window's call 0, the one calling the extra module call 1)
+        if fd.get("a_seq") is None and b is not None:
+            a = _window_event(ea, step, target, None, call=b["call"])
+        elif fd.get("b_seq") is None and a is not None:
+            b = _window_event(eb, step, target, None, call=a["call"])
     call = (a or b)["call"]
     return Window(rank, step, target, (a or b)["module_type"], call, why,
                   a["seq"] if a else None, b["seq"] if b else None)

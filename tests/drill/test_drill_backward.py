@@ -93,3 +93,47 @@ def test_an_optimizer_pivot_is_not_supported_yet():
     fd = {"phase": "optimizer", "kind": "step", "boundary": "lm_head.weight", "step": 1, "blame": "source"}
     with pytest.raises(NotSupported, match="not supported yet: drilling into a pivot of kind optimizer step"):
         plan(None, None, fd)
+
+
+def test_a_structure_pivot_traces_the_call_that_makes_the_extra_call(tmp_path):
+    """Helper 44 (PEFT): a layer called twice a step, first as a reference pass with its adapter off,
+    then with the adapter, which run B switches at step 1: the drill traced the layer's call 0 in
+    run A (the reference pass, the same in both: "no difference") where the call making the extra
+    module call is call 1."""
+    import torch
+
+    import bitguard
+    from bitguard.backend.ingest import open_run
+
+    class Adapted(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.base = torch.nn.Linear(4, 4)
+            self.da, self.db = torch.nn.Linear(4, 4, bias=False), torch.nn.Linear(4, 4, bias=False)
+            self.active = "a"
+
+        def forward(self, x):
+            y = self.base(x)
+            return y if self.active is None else y + (self.da if self.active == "a" else self.db)(x)
+
+    def train(name, switch):
+        torch.manual_seed(0)
+        layer, x = Adapted(), torch.randn(2, 4)
+        opt = torch.optim.SGD(layer.parameters(), lr=0.1)
+        with bitguard.record(tmp_path / name, determinism=False):
+            for step in range(3):
+                with torch.no_grad():
+                    layer.active = None
+                    ref = layer(x)
+                layer.active = "b" if switch and step == 1 else "a"
+                opt.zero_grad()
+                (layer(x) - ref).pow(2).mean().backward()
+                opt.step()
+
+    train("a", False)
+    train("b", True)
+    fd = bitguard.compare(tmp_path / "a", tmp_path / "b").to_dict()["first_divergence"]
+    assert (fd["cause"], fd["step"]) == ("structure", 1), fd
+    w = plan(open_run(tmp_path / "a"), open_run(tmp_path / "b"), fd)
+    assert (w.boundary, w.step, w.call) == ("Adapted", 1, 1), w
+    assert w.seq_a is not None and w.seq_b is not None
