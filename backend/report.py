@@ -148,10 +148,15 @@ def _said(reason, ranks: list[int]) -> str:
 TENSOR_LINES = 24  # a pivot's tensors listed in full up to this many; beyond, only those that differ or are unknown
 
 
+def _call_words(module_type: str | None, call) -> str:
+    """`(Linear, call 3)`; `(call 3)` for a tensor no module holds (its events have no module type)."""
+    return f"({module_type}, call {call})" if module_type else f"(call {call})"
+
+
 def _divergence(fd: FirstDivergence) -> list[str]:
     if fd.cause == "structure" and fd.fault_class == "signature":
         out = [f"VERDICT: diverged — first divergence on rank {fd.rank}, step {fd.step}: both runs record the "
-               f"{phase_words(fd.phase, fd.kind)} of {fd.boundary} ({fd.module_type}, call {fd.call}), with different "
+               f"{phase_words(fd.phase, fd.kind)} of {fd.boundary} {_call_words(fd.module_type, fd.call)}, with different "
                f"tensors"]
     elif fd.cause == "structure" and fd.kind == "final":  # (helper 33: an early stop read as A lacking something)
         ends, goes_on = ("B", "A") if fd.missing_side == "a" else ("A", "B")
@@ -160,12 +165,12 @@ def _divergence(fd: FirstDivergence) -> list[str]:
     elif fd.cause == "structure":
         lacking = fd.missing_side.upper()
         out = [f"VERDICT: diverged — first divergence on rank {fd.rank}, step {fd.step}: run {lacking} lacks the "
-               f"{phase_words(fd.phase, fd.kind)} of {fd.boundary} ({fd.module_type}, call {fd.call}) that the other "
+               f"{phase_words(fd.phase, fd.kind)} of {fd.boundary} {_call_words(fd.module_type, fd.call)} that the other "
                f"run records"]
     else:
         what = phase_words(fd.phase, fd.kind)
         out = [f"VERDICT: diverged — first divergence on rank {fd.rank}, step {fd.step}, "
-               f"{what} of {fd.boundary} ({fd.module_type}, call {fd.call})"]
+               f"{what} of {fd.boundary} {_call_words(fd.module_type, fd.call)}"]
     out.append(f"  blame: {fd.blame} ({fd.fault_class})")
     if fd.retyped:
         out.append(f"  note: {_retyped(fd)}")
@@ -250,7 +255,7 @@ def _findings(findings: list[Finding], indent: str, limit: int = 5) -> list[str]
     out = []
     for f in (sources or findings)[:limit]:
         out.append(f"{indent}• rank {f.rank}, step {f.step}, {phase_words(f.phase, f.kind)} of {f.boundary} "
-                   f"({f.module_type}, call {f.call}) [{f.check}, {f.blame}]")
+                   f"{_call_words(f.module_type, f.call)} [{f.check}, {f.blame}]")
         out.append(f"{indent}  {f.detail}")
         for t in f.tensors[:4]:
             out.append(f"{indent}  ≠ {t.role}[{t.index}]{t.path or ''} {t.dtype}{list(t.shape or [])}  "

@@ -1106,6 +1106,8 @@ class Collector(WeightEvents):
         if grad is None or not self.enabled or is_compiling():  # a hook dynamo traces: ours stay out
             return
         try:
+            if self._advance:  # no module call since the last optimizer step: tensors trained by hand
+                self._loose_step()
             steps = self.steps  # (_in_window)
             if steps is not None and not (self.step >= steps[0] and (steps[1] is None or self.step < steps[1])):
                 return
@@ -1130,6 +1132,16 @@ class Collector(WeightEvents):
                     partial(self._guarded, self._on_param_accumulated, pid)))
         except Exception as exc:  # noqa: BLE001 - the training must go on
             self._fail("_on_param_grad", exc)
+
+    def _loose_step(self) -> None:
+        """A gradient arrives with no module call since the last optimizer step: a loop that trains
+        tensors held by no module (`w = torch.zeros(3, requires_grad=True)` stepped by torch.optim). Its
+        step begins here, with the params event of those tensors, as a root's first call begins one:
+        its events were all numbered step 0, and an edit of a tensor between two steps was blamed on
+        another tensor's gradient (helper 42)."""
+        self._maybe_advance()
+        if self._orphans and self._orphans_step != self.step:
+            self._orphan_params(time.time_ns())
 
     def _on_param_accumulated(self, pid: int, param) -> None:
         pending = self._param_in.pop(pid, None)

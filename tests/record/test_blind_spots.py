@@ -776,6 +776,44 @@ def test_a_tensor_only_an_optimizer_holds_edited_between_steps_is_blamed_there(t
     assert bitguard.compare(tmp_path / "old", tmp_path / "a").verdict == "identical"
 
 
+def test_tensors_trained_with_no_module_have_steps_and_their_edit_is_blamed_there(tmp_path):
+    """Helper 42: a loop training tensors no module holds (a linear model written by hand, stepped by
+    torch.optim) never called a module, so its steps never advanced: every event was step 0, and an
+    edit of `w` before step 3 was blamed on `b`'s gradient. A step now begins at its first gradient."""
+    import torch
+
+    import bitguard
+    from bitguard.backend.report import render_text
+
+    def train(name, edit):
+        torch.manual_seed(0)
+        w, b = torch.zeros(3, requires_grad=True), torch.zeros((), requires_grad=True)
+        x, y = torch.randn(16, 3), torch.randn(16)
+        opt = torch.optim.Adam([w, b], lr=0.05)
+        with bitguard.record(tmp_path / name, determinism=False):
+            for step in range(5):
+                if edit == "w" and step == 3:
+                    with torch.no_grad():
+                        w.add_(1e-3)
+                if edit == "y" and step == 2:
+                    y = y * 1.5
+                opt.zero_grad()
+                ((x @ w + b - y) ** 2).mean().backward()
+                opt.step()
+
+    for name, edit in (("a", None), ("b", None), ("c", "w"), ("d", "y")):
+        train(name, edit)
+    assert bitguard.compare(tmp_path / "a", tmp_path / "b").verdict == "identical"
+    fd = bitguard.compare(tmp_path / "a", tmp_path / "c").to_dict()["first_divergence"]
+    assert (fd["kind"], fd["boundary"], fd["step"], fd["fault_class"], fd["blame"]) == \
+        ("params", "Adam", 3, "params", "source"), fd
+    assert [t["path"] for t in fd["tensors"] if t["differs"]] == [".param_groups[0][0]"], fd["tensors"]
+    c = bitguard.compare(tmp_path / "a", tmp_path / "d")  # (the targets changed: a gradient, of no module)
+    fd = c.to_dict()["first_divergence"]
+    assert (fd["step"], fd["kind"]) == (2, "grad"), fd
+    assert "step 2, backward of Adam.param_groups[0][1] (call 0)" in render_text(c), render_text(c)
+
+
 def test_a_lazy_module_s_parameters_are_recorded_once_made(tmp_path):
     """Helper 21: PyG's lazy layers (`-1` sizes), as torch's LazyLinear, hold uninitialized parameters
     until their first call: hooking and digesting them were collector errors, and identical reruns
