@@ -108,7 +108,12 @@ def plan(run_a: RunInfo, run_b: RunInfo, fd: dict) -> Window:
     ea, _, _ = load_rank(run_a, rank)
     eb, _, _ = load_rank(run_b, rank)
     window = (fd.get("blame_window") or {}).get("module")
-    if kind == "grad":
+    if kind == "grad" and fd["blame"] == "consumer" and window:
+        # (helper 44: LoRA's `B(A(x)) * scaling`: the gradient reaching B already differed, made by the
+        # layer's own mul, which the backward of B, the parameter's owner, does not run)
+        target, why = window, f"a parameter's gradient ({boundary}) that its module received already differing: " \
+                              f"the backward of its blame window"
+    elif kind == "grad":
         target = _parent(boundary, ea if fd.get("a_seq") is not None else eb)
         why = f"a parameter's gradient ({boundary}): the backward of the module that owns it"
     elif fd.get("cause") == "structure":

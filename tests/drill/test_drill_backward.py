@@ -137,3 +137,32 @@ def test_a_structure_pivot_traces_the_call_that_makes_the_extra_call(tmp_path):
     w = plan(open_run(tmp_path / "a"), open_run(tmp_path / "b"), fd)
     assert (w.boundary, w.step, w.call) == ("Adapted", 1, 1), w
     assert w.seq_a is not None and w.seq_b is not None
+
+
+def test_a_parameter_gradient_received_differing_traces_the_blame_window(tmp_path):
+    """Helper 44 (PEFT's LoRA): `B(A(x)) * scaling` with another scaling, B at zero; compare blames the layer's
+    own code (the mul), but the drill traced the backward of B, the parameter's owner, whose ops only
+    pass on what reached them already differing."""
+    import torch
+
+    import bitguard
+    from bitguard.backend.ingest import open_run
+
+    class Lora(torch.nn.Module):
+        def __init__(self, scaling):
+            super().__init__()
+            self.A, self.B, self.scaling = torch.nn.Linear(4, 2, bias=False), torch.nn.Linear(2, 4, bias=False), scaling
+            torch.nn.init.zeros_(self.B.weight)  # (as LoRA starts: the forwards are equal, the gradients not)
+
+        def forward(self, x):
+            return x + self.B(self.A(x)) * self.scaling
+
+    for name, scaling in (("a", 4.0), ("b", 8.0)):
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(Lora(scaling), torch.nn.Linear(4, 1))
+        with bitguard.record(tmp_path / name, determinism=False):
+            model(torch.randn(8, 4)).pow(2).mean().backward()
+    fd = bitguard.compare(tmp_path / "a", tmp_path / "b").to_dict()["first_divergence"]
+    assert (fd["kind"], fd["blame"], fd["blame_window"]["module"]) == ("grad", "consumer", "0"), fd
+    w = plan(open_run(tmp_path / "a"), open_run(tmp_path / "b"), fd)
+    assert (w.boundary, w.module_type, w.phase) == ("0", "Lora", "backward"), w
