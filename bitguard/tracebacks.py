@@ -43,16 +43,23 @@ def _raised_in_ours(filename: str, name: str) -> bool:
     return name != READ_CALL and _ours(filename)
 
 
+def _kept(frames: list, place) -> list:
+    """`frames` (innermost last) without bitguard's, or all of them when bitguard's code raised;
+    `place(frame)`: its file name and function name."""
+    if not frames or _raised_in_ours(*place(frames[-1])):
+        return frames
+    return [f for f in frames if not _ours(*place(f))]
+
+
 def _trimmed(te: traceback.TracebackException, seen: set[int]) -> int:
     """Leave bitguard's frames out of `te` and the exceptions chained to it; how many were left out."""
     if id(te) in seen:
         return 0
     seen.add(id(te))
-    left = 0
     frames = list(te.stack)
-    if frames and not _raised_in_ours(frames[-1].filename, frames[-1].name):  # (else every frame is kept)
-        kept = [f for f in frames if not _ours(f.filename, f.name)]
-        left = len(frames) - len(kept)
+    kept = _kept(frames, lambda f: (f.filename, f.name))
+    left = len(frames) - len(kept)
+    if left:
         te.stack = traceback.StackSummary.from_list(kept)
     for chained in (te.__cause__, te.__context__):
         if chained is not None:
@@ -84,9 +91,7 @@ def trim(exc: BaseException) -> None:
     while tb is not None:
         frames.append(tb)
         tb = tb.tb_next
-    if not frames or _raised_in_ours(frames[-1].tb_frame.f_code.co_filename, frames[-1].tb_frame.f_code.co_name):
-        return
-    kept = [t for t in frames if not _ours(t.tb_frame.f_code.co_filename, t.tb_frame.f_code.co_name)]
+    kept = _kept(frames, lambda t: (t.tb_frame.f_code.co_filename, t.tb_frame.f_code.co_name))
     left = len(frames) - len(kept)
     if not left:
         return
