@@ -195,3 +195,29 @@ def test_the_same_bytes_in_another_shape_are_never_identical(tmp_path):
     assert d["verdict"] == "diverged", d["verdict"]
     fd = d["first_divergence"]
     assert (fd["boundary"], fd["phase"]) == ("mod", "forward"), fd
+
+
+def test_a_gradient_one_run_alone_sends_back_is_a_difference(tmp_path):
+    """Helper 46: a probe head that detaches its input in run B. The head's backward sends a
+    gradient to its input in run A alone; that tensor was passed over as a signature change
+    (unobserved), and the pivot came later, at the body's missing backward."""
+    class Probe(nn.Module):
+        def __init__(self, detach):
+            super().__init__()
+            self.head, self.detach = nn.Linear(4, 2), detach
+
+        def forward(self, h):
+            return self.head(h.detach() if self.detach else h)
+
+    for name, detach in (("a", False), ("b", True)):
+        torch.manual_seed(0)
+        body, probe = nn.Sequential(nn.Linear(4, 4), nn.Tanh()), Probe(detach)
+        with bitguard.record(tmp_path / name, determinism=False):
+            x = torch.randn(8, 4)
+            (body(x).pow(2).mean() + probe(body(x)).pow(2).mean()).backward()
+    c = bitguard.compare(tmp_path / "a", tmp_path / "b")
+    fd = c.to_dict()["first_divergence"]
+    assert (fd["phase"], fd["boundary"], fd["step"]) == ("backward", "head", 0), fd
+    sent = [t for t in fd["tensors"] if t["role"] == "grad_input"]
+    assert len(sent) == 1 and sent[0]["differs"] and not sent[0]["unobserved"], fd["tensors"]
+    assert any("run A alone sends a gradient back to 1 input(s)" in n for n in fd["notes"]), fd["notes"]
