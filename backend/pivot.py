@@ -257,6 +257,13 @@ def _params_detail(pivot: dict, events_a: pl.DataFrame, diffs: pl.DataFrame,
                 "step before updated them: parameters new to the model or to its training (a layer added, a "
                 "parameter replaced or unfrozen) made differently "
                 "(their initialisation, the weights copied in), or frozen ones changed outside torch.optim")
+    if stepped and names and tensors_a is not None and before.filter(pl.col("boundary") == pivot["boundary"]).is_empty() \
+            and _stepped_later(pivot, events_a, tensors_a):
+        # (helper 46: skorch's GridSearchCV trains a clone after the first model: its initialisation differed)
+        return (f"the parameters of {pivot['boundary']} differ at its first call, after the training of another "
+                "model: a model made since (a sweep's or a cross-validation's next model, a clone, a model rebuilt) "
+                "was initialised differently: the seed, the random numbers drawn before it was built, its "
+                "initialisation or its sizes")
     if stepped and names and tensors_a is not None and not _stepped_before(pivot, steps, tensors_a):
         # (by the parameters' identities: an EMA's have the trained model's names, helper 34's ModelEmaV2)
         return (f"the parameters of {pivot['boundary']} differ at the start of this step, and no optimizer step before "
@@ -335,6 +342,13 @@ def _stepped_before(pivot: dict, steps: pl.DataFrame, tensors_a: pl.DataFrame) -
     mine = tensors_a.filter((pl.col("seq") == pivot["seq"]) & (pl.col("role") == "param"))["tid"]
     updated = tensors_a.filter(pl.col("seq").is_in(steps["seq"].implode()) & (pl.col("role") == "param"))["tid"]
     return bool(mine.is_in(updated.implode()).any())
+
+
+def _stepped_later(pivot: dict, events_a: pl.DataFrame, tensors_a: pl.DataFrame) -> bool:
+    """Does an optimizer step after the pivot update any of its parameters (by identity)? A model
+    trained from there (a sweep's next model), not a copy kept beside the trained one (an EMA)."""
+    later = events_a.filter((pl.col("seq") > pivot["seq"]) & (pl.col("phase") == "optimizer") & (pl.col("kind") == "step"))
+    return _stepped_before(pivot, later, tensors_a)
 
 
 def _comm_detail(pivot: dict, inputs_differ: bool) -> str:

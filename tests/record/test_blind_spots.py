@@ -660,6 +660,28 @@ def test_a_kept_ema_called_for_an_evaluation_is_named_and_blamed_as_one(tmp_path
         "they are not the trained parameters but a copy the training keeps"), fd
 
 
+def test_a_model_trained_after_another_and_initialised_differently_is_said_to_be(tmp_path):
+    """Helper 46 (skorch's GridSearchCV trains clones one after another): the second model, seeded
+    differently in run B, was said to be "a copy the training keeps beside (an EMA) or frozen"."""
+    import torch
+
+    import bitguard
+
+    def train(name, seed):
+        with bitguard.record(tmp_path / name, determinism=False):
+            model, opt = _tiny()
+            _sgd_steps(model, opt, 2)
+            torch.manual_seed(seed)  # (the next model of the sweep, built as _tiny builds it)
+            model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1))
+            _sgd_steps(model, torch.optim.SGD(model.parameters(), lr=0.1), 2)
+
+    train("a", 0), train("b", 1)
+    fd = bitguard.compare(tmp_path / "a", tmp_path / "b").to_dict()["first_divergence"]
+    assert (fd["kind"], fd["step"], fd["blame"], fd["fault_class"]) == ("params", 2, "source", "params"), fd
+    assert fd["blame_window"]["detail"].startswith(
+        f"the parameters of {fd['boundary']} differ at its first call, after the training of another model"), fd
+
+
 def test_a_perturbation_inside_the_first_step_is_said_to_be_one(tmp_path):
     """Helpers 27 and 29: SAM perturbs the weights between two forward passes of a step; a changed
     rho at step 0 was said to be "no optimizer step was recorded: updated outside torch.optim"."""
