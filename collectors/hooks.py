@@ -890,6 +890,11 @@ class Collector(WeightEvents):
                 if versions is not None:
                     digested = self._start_params(module, name, type(region or module).__name__, t0)
                     self._params_at[id(module)] = (weakref.ref(module), self.step, self._grads, versions, module.training)
+            elif self._orphans and self._orphans_step != self.step and in_window and recompute is None:
+                # a step whose first call outside any other holds no parameters: the model is one whose
+                # `__call__` skips torch's (gpytorch's modules: its shared Softplus is what is called), or
+                # hand-written; what only an optimizer holds is taken here (helper 46)
+                self._orphan_params(t0)
             if recompute is None and self.api is not None:  # its params and modes rows
                 self.api.root_forward(module, name, digested)
             if is_model_root:

@@ -1652,3 +1652,48 @@ def test_a_save_of_the_same_dict_in_another_insertion_order_is_identical_and_ano
     assert (fd["kind"], fd["blame"], fd["fault_class"]) == ("saved", "structure", "signature"), fd
     assert "the dict ['params'] holds 4 keys in A and 5 in B" in fd["blame_window"]["detail"], fd["blame_window"]
     assert "only in B: ['params']['extra'] (python int)" in fd["blame_window"]["detail"], fd["blame_window"]
+
+
+def test_a_model_whose_call_skips_torchs_has_its_parameters_taken_each_step(tmp_path):
+    """Helper 46 (gpytorch): its modules' `__call__` calls `forward` directly, so the only module call
+    seen is a Softplus shared by every constraint; a clamp of one raw parameter between two steps
+    was blamed on that Softplus's input as data. The first call of a step, whatever holds it, now
+    takes what only the optimizer holds."""
+    import torch
+
+    import bitguard
+
+    softplus = torch.nn.Softplus()  # (one for every constraint, as gpytorch's)
+
+    class Direct(torch.nn.Module):
+        def __call__(self, *args):
+            return self.forward(*args)
+
+    class Model(Direct):
+        def __init__(self):
+            super().__init__()
+            self.raw_noise, self.raw_scale = torch.nn.Parameter(torch.zeros(1)), torch.nn.Parameter(torch.zeros(1))
+
+        def forward(self, x):
+            return (x / softplus(self.raw_scale)).sin() + softplus(self.raw_noise) * x
+
+    def train(name, clamp):
+        torch.manual_seed(0)
+        model = Model()
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        x = torch.linspace(0, 1, 8)
+        with bitguard.record(tmp_path / name, determinism=False):
+            for step in range(4):
+                if clamp and step == 2:
+                    with torch.no_grad():
+                        model.raw_scale.clamp_(min=0.5)
+                opt.zero_grad()
+                ((model(x) - x.cos()) ** 2).mean().backward()
+                opt.step()
+
+    for name, clamp in (("a", False), ("b", False), ("c", True)):
+        train(name, clamp)
+    assert bitguard.compare(tmp_path / "a", tmp_path / "b").verdict == "identical"
+    fd = bitguard.compare(tmp_path / "a", tmp_path / "c").to_dict()["first_divergence"]
+    assert (fd["kind"], fd["boundary"], fd["step"], fd["blame"]) == ("params", "SGD", 2, "source"), fd
+    assert [t["path"] for t in fd["tensors"] if t["differs"]] == [".param_groups[0][1]"], fd["tensors"]
