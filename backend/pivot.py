@@ -171,6 +171,19 @@ def blame(pivot: dict, events_a: pl.DataFrame, status: dict[int, str], diffs: pl
                 f"the inputs of {pivot['boundary']} differ, and no call around it had identical inputs nor did any "
                 "recorded module produce them (every event before matched): they come from the training's own code "
                 "or data (a batch, an observation, a replay buffer's sample, code between module calls)")}
+    elif phase == "backward" and kind == "module" and "grad_input" in differing \
+            and (sharing := _sharing(pivot, events_a, tensors_a)):
+        # (helper 45: torchvision's RPN head and box heads read one feature map; a loss term of the box
+        # regression dropped was blamed on the classification head's backward as computed differently)
+        shown = ", ".join(sharing[:3]) + (f" and {len(sharing) - 3} more" if len(sharing) > 3 else "")
+        result.update(blame="consumer")
+        result["blame_window"] = {"module": None, "detail":
+                                  f"the gradient this call's backward returned (grad_input) differs while the gradient "
+                                  f"it started from (grad_output) matched, but that is the gradient of its input, "
+                                  f"which {shown} also read in this step: autograd sums what each of them sends back "
+                                  f"before it is read here, so a difference in their backward shows here first (an "
+                                  f"output that gets a gradient in one run alone: a loss term dropped, weighted "
+                                  f"differently or detached), unless this call's own backward computed differently"}
     elif phase == "backward" and kind == "module" and "grad_input" in differing:
         # (helper 35: a clamp in a Tensor.register_hook on the module's input, blamed on the module with no word;
         # no window module: a source's place is the pivot itself)
@@ -179,7 +192,9 @@ def blame(pivot: dict, events_a: pl.DataFrame, status: dict[int, str], diffs: pl
                                   "it started from (grad_output) matched: its backward computed differently (a kernel, "
                                   "a custom autograd Function), or the training changed that gradient before it was "
                                   "read here: a hook on the input tensor (Tensor.register_hook, a gradient clamp or "
-                                  "scale) or the module's own backward hook (register_full_backward_hook)"}
+                                  "scale) or the module's own backward hook (register_full_backward_hook); or code "
+                                  "outside any module call that reads the same input sent back another gradient "
+                                  "(what is recorded is the input's gradient, summed over everything that read it)"}
     elif phase == "forward" and differing == {"state"}:
         result["blame_window"] = {"module": pivot["boundary"], "detail":
                                   "only this module's buffers differ after its call, its inputs and outputs matched: "
@@ -343,6 +358,21 @@ def _stepped_before(pivot: dict, steps: pl.DataFrame, tensors_a: pl.DataFrame) -
     mine = tensors_a.filter((pl.col("seq") == pivot["seq"]) & (pl.col("role") == "param"))["tid"]
     updated = tensors_a.filter(pl.col("seq").is_in(steps["seq"].implode()) & (pl.col("role") == "param"))["tid"]
     return bool(mine.is_in(updated.implode()).any())
+
+
+def _sharing(pivot: dict, events_a: pl.DataFrame, tensors_a: pl.DataFrame | None) -> list[str]:
+    """The other calls whose backward in the pivot's step records the pivot's grad_input tensor (by
+    identity): calls that read the same input, whose gradients autograd sums into it."""
+    if tensors_a is None:
+        return []
+    mine = tensors_a.filter((pl.col("seq") == pivot["seq"]) & (pl.col("role") == "grad_input") & (pl.col("tid") > 0))
+    if not mine.height:
+        return []
+    others = events_a.filter((pl.col("step") == pivot["step"]) & (pl.col("phase") == "backward")
+                             & (pl.col("kind") == "module") & (pl.col("seq") != pivot["seq"]))
+    hits = tensors_a.filter(pl.col("seq").is_in(others["seq"].implode()) & (pl.col("role") == "grad_input")
+                            & pl.col("tid").is_in(mine["tid"].implode()))
+    return others.filter(pl.col("seq").is_in(hits["seq"].implode()))["boundary"].unique(maintain_order=True).to_list()
 
 
 def _stepped_later(pivot: dict, events_a: pl.DataFrame, tensors_a: pl.DataFrame) -> bool:

@@ -34,9 +34,10 @@ LOOSE_KEYS = ("loose_key", "place_key")  # the passes after the full key, looses
 _APART = 1 << 30  # added to a B tensor's idx that has no partner in A: it joins nothing
 ONLY_A = "only run A records this tensor: the module's signature changed between the runs"
 ONLY_B = "only run B records this tensor: the module's signature changed between the runs"
-# but a gradient a module's backward sends to an input in one run alone is one that run computes and the
-# other does not (the input was detached, or made under no_grad, in the other): a difference (helper 46)
-GRADIENT = "grad_input"
+# but a gradient a module's backward sends to an input in one run alone, or one its output receives in one
+# run alone, is one that run computes and the other does not (an input detached, or made under no_grad; a
+# loss term dropped): a difference (helpers 45, 46)
+GRADIENTS = ("grad_input", "grad_output")
 
 
 def align_retyped(ea: pl.DataFrame, eb: pl.DataFrame, band: int):
@@ -112,7 +113,7 @@ def pair_tensors(pairs: pl.DataFrame, ta: pl.DataFrame, tb: pl.DataFrame, pair) 
         on=["b_seq", "role", "idx"], how="left").with_columns(pl.coalesce("idx_b", "idx").alias("idx_b"))
     in_resigned = pl.col("a_seq").is_in(resigned["a_seq"].implode())
     d = d.with_columns(pl.when(in_resigned & pl.col("xor_b").is_null() & pl.col("pos_b").is_null()
-                               & pl.col("unobserved_b").is_null() & (pl.col("role") != GRADIENT))
+                               & pl.col("unobserved_b").is_null() & ~pl.col("role").is_in(GRADIENTS))
                        .then(pl.lit(ONLY_A)).otherwise(pl.col("unobserved_b")).alias("unobserved_b"))
     d = pl.concat([d, _b_rows(only_b, tb, d)], how="diagonal_relaxed") if only_b else d
     return d.with_columns((pl.col("unobserved").is_not_null() | pl.col("unobserved_b").is_not_null()).alias("unknown"))
@@ -166,7 +167,7 @@ def _b_rows(only_b: list[tuple], tb: pl.DataFrame, like: pl.DataFrame) -> pl.Dat
         pl.col("_b_idx").alias("idx_b"), "path", "shape",
         pl.lit(None, dtype=pl.String).alias("dtype"), pl.col("dtype").alias("dtype_b"),
         pl.col("xor").alias("xor_b"), pl.col("pos").alias("pos_b"),
-        pl.when(pl.col("role") == GRADIENT).then(None).otherwise(pl.lit(ONLY_B)).alias("unobserved"),
+        pl.when(pl.col("role").is_in(GRADIENTS)).then(None).otherwise(pl.lit(ONLY_B)).alias("unobserved"),
         pl.lit(None, dtype=pl.String).alias("unobserved_b"),
         pl.lit(True).alias("xor_differs"), pl.lit(True).alias("pos_differs"), pl.lit(True).alias("differs"))
     return rows.select([c for c in rows.columns if c in like.columns])
@@ -182,15 +183,17 @@ def note(pairs: pl.DataFrame, a_seq: int | None, diffs: pl.DataFrame) -> list[st
     mine = diffs.filter(pl.col("a_seq") == a_seq)
     only_a = mine.filter(pl.col("unobserved_b") == ONLY_A).height
     only_b = mine.filter(pl.col("unobserved") == ONLY_B).height
-    gradients = mine.filter(pl.col("role") == GRADIENT)
-    sent = [(side, gradients.filter(pl.col(digest).is_null() & pl.col(why).is_null()).height)
-            for side, digest, why in (("A", "xor_b", "unobserved_b"), ("B", "xor", "unobserved"))]
+    alone = [(role, side, mine.filter((pl.col("role") == role) & pl.col(digest).is_null() & pl.col(why).is_null()).height)
+             for role in GRADIENTS for side, digest, why in (("A", "xor_b", "unobserved_b"), ("B", "xor", "unobserved"))]
     out = [f"paired by position across a signature change (same module path and phase, other tensors): "
            f"{only_a} tensor(s) only in A, {only_b} only in B, the others paired by path, shape and dtype"] \
-        if only_a or only_b or not any(n for _, n in sent) else []
-    for side, n in sent:
-        if n:
-            other = "B" if side == "A" else "A"
+        if only_a or only_b or not any(n for *_, n in alone) else []
+    for role, side, n in alone:
+        other = "B" if side == "A" else "A"
+        if n and role == "grad_input":
             out.append(f"run {side} alone sends a gradient back to {n} input(s) of this module: in run {other} that "
                        f"input does not require one (detached, made under no_grad, or its requires_grad changed)")
+        elif n:
+            out.append(f"{n} output(s) of this module receive a gradient in run {side} alone: in run {other} nothing "
+                       f"backpropagates into them (a loss term dropped, an output detached or left unused)")
     return out

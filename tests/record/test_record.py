@@ -17,6 +17,7 @@ import torch
 import bitguard
 from bitguard.backend.ingest import load_rank, open_run
 from bitguard.schema import EVENTS, TENSORS
+from faults import ScaledBackward
 from .conftest import BITGUARD, SCRIPTS, TINYGPT, as_older_schema, as_schema_5, record, record_together, run
 
 
@@ -985,17 +986,6 @@ def test_a_changed_batch_propagates_to_what_reads_it(tmp_path):
     assert {"r0:forward:module:0", "r0:forward:module:2", "r0:optimizer:step:0.weight"} <= ids, ids
 
 
-class _ScaledBackward(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x, scale):
-        ctx.scale = scale
-        return x.clone()
-
-    @staticmethod
-    def backward(ctx, g):
-        return g * ctx.scale, None
-
-
 def test_a_backward_fault_is_blamed_on_the_module_whose_backward_made_it(tmp_path):
     """A module whose backward alone computes differently (its forward is a copy): its gradient
     flows into the Linear before it, whose backward event came first (it watched the shared
@@ -1008,7 +998,7 @@ def test_a_backward_fault_is_blamed_on_the_module_whose_backward_made_it(tmp_pat
             self.scale = scale
 
         def forward(self, x):
-            return _ScaledBackward.apply(x, self.scale)
+            return ScaledBackward.apply(x, self.scale)
 
     def train(out, scale):
         torch.manual_seed(0)

@@ -11,6 +11,7 @@ from torch import nn
 
 import bitguard
 from bitguard.backend import retype
+from faults import ScaledBackward
 
 
 class SdpaAttention(nn.Module):  # "4.46": returns (out, None, cache), takes cache_position
@@ -221,3 +222,54 @@ def test_a_gradient_one_run_alone_sends_back_is_a_difference(tmp_path):
     sent = [t for t in fd["tensors"] if t["role"] == "grad_input"]
     assert len(sent) == 1 and sent[0]["differs"] and not sent[0]["unobserved"], fd["tensors"]
     assert any("run A alone sends a gradient back to 1 input(s)" in n for n in fd["notes"]), fd["notes"]
+
+
+class TwoHeads(nn.Module):
+    """Two heads reading one feature tensor (torchvision's RPN and box heads read one feature map);
+    `reg_backward`: a factor the regression head's own backward scales its input's gradient by."""
+
+    def __init__(self, reg_backward=1.0):
+        super().__init__()
+        self.trunk, self.cls, self.reg = nn.Linear(4, 8), nn.Linear(8, 3), nn.Linear(8, 2)
+        self.reg_backward = reg_backward
+
+    def forward(self, xs):
+        cls = reg = 0
+        for x in xs:  # (two feature levels: the heads are called once on each)
+            t = torch.relu(self.trunk(x))
+            cls = cls + self.cls(t).pow(2).mean()
+            reg = reg + ScaledBackward.apply(self.reg(t), self.reg_backward).abs().mean()
+        return {"cls": cls, "reg": reg}
+
+
+def _two_heads(path, drop=False, reg_backward=1.0):
+    torch.manual_seed(0)
+    model = TwoHeads(reg_backward)
+    with bitguard.record(path, determinism=False):
+        losses = model([torch.randn(5, 4), torch.randn(3, 4)])
+        if drop:
+            losses.pop("reg")
+        sum(losses.values()).backward()
+    return path
+
+
+def test_an_output_that_gets_a_gradient_in_one_run_alone_is_a_difference(tmp_path):
+    """Helper 45 (torchvision detection): a loss term dropped (`losses.pop(...)`) leaves one output
+    of the model without a gradient; the model's backward, paired across that change, passed it
+    over, and the pivot was the other head's backward, blamed as computed differently."""
+    c = bitguard.compare(_two_heads(tmp_path / "a"), _two_heads(tmp_path / "b", drop=True))
+    fd = c.to_dict()["first_divergence"]
+    assert (fd["phase"], fd["boundary"], fd["blame"]) == ("backward", "TwoHeads", "consumer"), fd
+    assert [t["path"] for t in fd["tensors"] if t["differs"]] == ["['reg']"], fd["tensors"]
+    assert any("1 output(s) of this module receive a gradient in run A alone" in n for n in fd["notes"]), fd["notes"]
+
+
+def test_a_gradient_summed_from_several_readers_is_not_blamed_on_one_of_them(tmp_path):
+    """The gradient recorded as a call's grad_input is its input's, summed over every call reading
+    that input: the classification head's was blamed as computed differently when the regression
+    head's backward differed."""
+    c = bitguard.compare(_two_heads(tmp_path / "a"), _two_heads(tmp_path / "b", reg_backward=2.0))
+    fd = c.to_dict()["first_divergence"]
+    assert (fd["phase"], fd["kind"], fd["blame"]) == ("backward", "module", "consumer"), fd
+    other = "reg" if fd["boundary"] == "cls" else "cls"
+    assert f"which {other} also read in this step" in fd["blame_window"]["detail"], fd["blame_window"]
