@@ -234,12 +234,19 @@ def fed_by_model(pivot: dict, sides: tuple[tuple, tuple], diffs: pl.DataFrame) -
             "the data pipeline")
 
 
+# the fewest bytes of a floating-point output whose equal digests say "the same tensor": small tensors and
+# integers repeat by value (helper 45: a batch's two labels equal to what a module returned a step before)
+_SAME_BY_VALUE = 16
+
+
 def _returned(events: pl.DataFrame, tensors: pl.DataFrame, seq: int, xor, pos) -> str | None:
-    """The latest event before `seq` whose output holds a tensor of these digests, in words."""
+    """The latest event before `seq` whose output holds a tensor of these digests (a floating-point
+    one of `_SAME_BY_VALUE` bytes or more), in words."""
     if xor is None or pos is None:
         return None
     hit = tensors.filter((pl.col("seq") < seq) & (pl.col("role") == "output") & (pl.col("xor") == xor)
-                         & (pl.col("pos") == pos))
+                         & (pl.col("pos") == pos) & pl.col("dtype").str.contains("float")
+                         & (pl.col("nbytes") >= _SAME_BY_VALUE))
     if not hit.height:
         return None
     event = events.filter(pl.col("seq") == hit["seq"].max())

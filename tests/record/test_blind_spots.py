@@ -557,6 +557,43 @@ def test_inputs_no_recorded_module_produced_are_blamed_on_the_data(tmp_path):
     assert fd["blame_window"]["module"] is None and "training's own code or data" in fd["blame_window"]["detail"], fd
 
 
+def test_labels_equal_by_chance_to_a_module_output_are_still_the_batch(tmp_path):
+    """Helper 45 (torchvision's transform returns the targets): a step's two labels, changed in run B,
+    held in run A the values a submodule returned the step before, and the batch pivot was said to be
+    "another model's output, not the data pipeline". Small integer tensors repeat by value."""
+    import torch
+
+    import bitguard
+
+    class Prep(torch.nn.Module):
+        def forward(self, x, y):
+            return x * 2, y.clone()
+
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.prep, self.fc = Prep(), torch.nn.Linear(4, 2)
+
+        def forward(self, x, y):
+            x, y = self.prep(x, y)
+            return torch.nn.functional.cross_entropy(self.fc(x), y)
+
+    def train(name, labels):
+        torch.manual_seed(0)
+        model = Net()
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        with bitguard.record(tmp_path / name, determinism=False):
+            for y in labels:
+                opt.zero_grad()
+                model(torch.randn(2, 4), torch.tensor(y)).backward()
+                opt.step()
+
+    train("a", [[0, 1], [1, 0], [1, 0]]), train("b", [[0, 1], [1, 0], [1, 1]])
+    fd = bitguard.compare(tmp_path / "a", tmp_path / "b").to_dict()["first_divergence"]
+    assert (fd["phase"], fd["step"], fd["blame"]) == ("data", 2, "data"), fd
+    assert "another model's output" not in (fd["blame_window"] or {}).get("detail", ""), fd["blame_window"]
+
+
 def test_a_model_fed_another_model_s_output_is_not_said_to_have_a_new_batch(tmp_path):
     """Helper 33 (Lightning's manual optimization): with a GAN's two steps swapped from step 2 on,
     the discriminator's first call takes the generator's output instead of the real batch, and the
