@@ -222,8 +222,9 @@ def fed_by_model(pivot: dict, sides: tuple[tuple, tuple], diffs: pl.DataFrame) -
     if not differing.height or pivot.get("b_seq") is None:
         return None
     row = differing.row(0, named=True)
-    said = [_returned(events, tensors, seq, xor, pos) for (events, tensors), seq, xor, pos in
-            ((sides[0], pivot["seq"], row["xor"], row["pos"]), (sides[1], pivot["b_seq"], row["xor_b"], row["pos_b"]))]
+    said = [_returned(events, tensors, seq, xor, pos, row["idx"], pivot["step"])
+            for (events, tensors), seq, xor, pos in ((sides[0], pivot["seq"], row["xor"], row["pos"]),
+                                                     (sides[1], pivot["b_seq"], row["xor_b"], row["pos_b"]))]
     if said == [None, None]:
         return None
     where = "; ".join(f"in run {run} it holds " + (f"what {made} returned" if made else "no recorded module's output")
@@ -239,14 +240,23 @@ def fed_by_model(pivot: dict, sides: tuple[tuple, tuple], diffs: pl.DataFrame) -
 _SAME_BY_VALUE = 16
 
 
-def _returned(events: pl.DataFrame, tensors: pl.DataFrame, seq: int, xor, pos) -> str | None:
-    """The latest event before `seq` whose output holds a tensor of these digests (a floating-point
-    one of `_SAME_BY_VALUE` bytes or more), in words."""
+def _returned(events: pl.DataFrame, tensors: pl.DataFrame, seq: int, xor, pos, idx: int, step: int) -> str | None:
+    """The latest event before `seq` whose output holds input `idx` of event `seq` (these digests):
+    the same tensor object, or, in the same step, its memory (a detached copy shares it), a
+    floating-point one of `_SAME_BY_VALUE` bytes or more; in words. (By values alone, a dataset's
+    targets, the same each epoch, were what a transform had returned an epoch before: helper 45.)"""
     if xor is None or pos is None:
         return None
+    mine = tensors.filter((pl.col("seq") == seq) & (pl.col("role") == "input") & (pl.col("idx") == idx))
+    if not mine.height:
+        return None
+    tid, storage = mine["tid"][0], mine["storage"][0]
+    in_step = events.filter(pl.col("step") == step)["seq"]
     hit = tensors.filter((pl.col("seq") < seq) & (pl.col("role") == "output") & (pl.col("xor") == xor)
                          & (pl.col("pos") == pos) & pl.col("dtype").str.contains("float")
-                         & (pl.col("nbytes") >= _SAME_BY_VALUE))
+                         & (pl.col("nbytes") >= _SAME_BY_VALUE)
+                         & ((pl.col("tid") == tid) | ((pl.col("storage") == storage) & (storage != 0)
+                                                      & pl.col("seq").is_in(in_step.implode()))))
     if not hit.height:
         return None
     event = events.filter(pl.col("seq") == hit["seq"].max())

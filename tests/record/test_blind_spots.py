@@ -557,10 +557,11 @@ def test_inputs_no_recorded_module_produced_are_blamed_on_the_data(tmp_path):
     assert fd["blame_window"]["module"] is None and "training's own code or data" in fd["blame_window"]["detail"], fd
 
 
-def test_labels_equal_by_chance_to_a_module_output_are_still_the_batch(tmp_path):
-    """Helper 45 (torchvision's transform returns the targets): a step's two labels, changed in run B,
-    held in run A the values a submodule returned the step before, and the batch pivot was said to be
-    "another model's output, not the data pipeline". Small integer tensors repeat by value."""
+def test_targets_equal_by_value_to_a_module_output_are_still_the_batch(tmp_path):
+    """Helper 45 (torchvision's transform returns the targets): a step's targets, changed in run B,
+    held in run A the values a submodule returned a step before, and the batch pivot was said to be
+    "another model's output, not the data pipeline": labels repeat by value, and so does a dataset's
+    every epoch. Not the same tensor, nor its memory in the same step: the batch."""
     import torch
 
     import bitguard
@@ -576,22 +577,27 @@ def test_labels_equal_by_chance_to_a_module_output_are_still_the_batch(tmp_path)
 
         def forward(self, x, y):
             x, y = self.prep(x, y)
+            if y.is_floating_point():
+                return (self.fc(x) - y).pow(2).mean()
             return torch.nn.functional.cross_entropy(self.fc(x), y)
 
-    def train(name, labels):
+    def train(name, targets):
         torch.manual_seed(0)
         model = Net()
         opt = torch.optim.SGD(model.parameters(), lr=0.1)
         with bitguard.record(tmp_path / name, determinism=False):
-            for y in labels:
+            for y in targets:
                 opt.zero_grad()
                 model(torch.randn(2, 4), torch.tensor(y)).backward()
                 opt.step()
 
-    train("a", [[0, 1], [1, 0], [1, 0]]), train("b", [[0, 1], [1, 0], [1, 1]])
-    fd = bitguard.compare(tmp_path / "a", tmp_path / "b").to_dict()["first_divergence"]
-    assert (fd["phase"], fd["step"], fd["blame"]) == ("data", 2, "data"), fd
-    assert "another model's output" not in (fd["blame_window"] or {}).get("detail", ""), fd["blame_window"]
+    labels, boxes = [[0, 1], [1, 0], [1, 0]], [[[0., 1.], [2., 3.]], [[1., 1.], [1., 1.]], [[0., 1.], [2., 3.]]]
+    for targets, changed in ((labels, [1, 1]), (boxes, [[0., 1.], [2., 4.]])):
+        train("a", targets), train("b", targets[:2] + [changed])
+        fd = bitguard.compare(tmp_path / "a", tmp_path / "b").to_dict()["first_divergence"]
+        assert (fd["phase"], fd["step"], fd["blame"]) == ("data", 2, "data"), fd
+        assert "another model's output" not in (fd["blame_window"] or {}).get("detail", ""), fd["blame_window"]
+        shutil.rmtree(tmp_path / "a"), shutil.rmtree(tmp_path / "b")
 
 
 def test_a_model_fed_another_model_s_output_is_not_said_to_have_a_new_batch(tmp_path):
