@@ -249,14 +249,15 @@ API_EVENTS = Table(
         Column("ord", "BIGINT", "per-rank order of API events, from 0"),
         Column("kind", "VARCHAR", "zero_grad | backward | clip_grad_norm | clip_grad_value | optimizer_step | "
                "scheduler_init | scheduler_step | loss_scale | params | modes | read (a value the training's code "
-               "read out of a tensor: `item()`, `float()`, `int()`, an f-string, `tolist()`, `numpy()`, `np.asarray()`, a torchmetrics "
-               "`compute()`; the first 1,024 "
+               "read out of a tensor: `item()`, `float()`, `int()`, an f-string, `tolist()`, `numpy()`, `np.asarray()`, "
+               "`print()` or `str()`, a condition (`bool()`, `if t > best:`), an index (`range(t)`), `equal()` or "
+               "`allclose()` (methods or torch's functions), a torchmetrics `compute()`; the first 1,024 "
                "a step)"),
         Column("target", "VARCHAR", "optimizer or scheduler `Class#i` (i: the order it was first seen in; an "
                "optimizer of tensors Pyro's param store names: `Class(pyro.param['name'], ...)`), a module "
                "name (Module.zero_grad, params, modes: a root module), `loss` (backward), `clip`, or the method a "
-               "read went through (`item`, `float`, `int`, `format`, `tolist`, `numpy`, `array`, `repr`, "
-               "`Class.compute`; `more`: reads beyond the step's first 1,024)"),
+               "read went through (`item`, `float`, `int`, `format`, `tolist`, `numpy`, `array`, `repr`, `bool`, "
+               "`index`, `equal`, `allclose`, `Class.compute`; `more`: reads beyond the step's first 1,024)"),
         Column("value", "VARCHAR", "JSON, per kind: what the call was given and returned (scalars read at the "
                "step's end; format in collectors/api_events.py)"),
         Column("t_ns", "BIGINT", "wall clock of the call, ns since the epoch"),

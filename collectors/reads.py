@@ -7,15 +7,17 @@ whose reads differ are inconclusive (`computed`), not identical.
 
 `Reads(recorder)` wraps, while a recording runs, `torch.Tensor.item`, `__float__`, `__int__`,
 `__format__` (an f-string's text: its own `item` call is torch's), `tolist`, `numpy`, `__array__`
-(NumPy's way in) and `__repr__` (a tensor printed or logged as text: helper 44): a read made on the main thread by code outside torch's and bitguard's folders (Adam
-reads each parameter's step count with `.item()`: not a row), or by torch's TensorBoard writer (what the
-user logs with `add_scalar`), is a row, a number as it is, many
-numbers as the digests of the tensor read, taken at once, before its memory changes. And each
-torchmetrics `Metric.compute()`'s value (Lightning computes and logs it, so no user code reads it):
-the wrapper torchmetrics puts around every metric's `compute` at its construction is wrapped again,
-once torchmetrics is imported. The first `MAX_READS` a step; a thread's reads other than the main
-one's are not rows (they interleave differently from run to run), nor a value read as a condition
-(`Tensor.__bool__`) or an index. A warning torch gives on a read by the training's code is
+(NumPy's way in), `__repr__` (a tensor printed or logged as text: helper 44), `__bool__` and
+`__index__` (a condition or an index taken from a tensor: `if acc > best:`, `range(n)`) and
+`equal` and `allclose` (as methods and as torch's functions: a Python bool; helper 46): a read made
+on the main thread by code outside torch's and bitguard's folders (Adam reads each parameter's step
+count with `.item()`: not a row), or by torch's TensorBoard writer (what the user logs with
+`add_scalar`), is a row, a number as it is, many numbers as the digests of the tensor read, taken
+at once, before its memory changes. And each torchmetrics `Metric.compute()`'s value (Lightning
+computes and logs it, so no user code reads it): the wrapper torchmetrics puts around every
+metric's `compute` at its construction is wrapped again, once torchmetrics is imported. The first
+`MAX_READS` a step; a thread's reads other than the main one's are not rows (they interleave
+differently from run to run). A warning torch gives on a read by the training's code is
 the reader's line's, as without the wrapper: the read is called as a line of the reader's code
 (`_at`), python's warning filters untouched (swapping them for each read made a warning shown once a
 place show again after every read, and took other threads' warnings). Knows nothing of how rows are stored.
@@ -39,7 +41,11 @@ from bitguard.cuda.fingerprint import digest_async, resolve
 from bitguard.tracebacks import READ_CALL
 
 # Tensor methods read (`__repr__`: `print(t)`, `str(t)`, logging's `%s`, what a metric logged as a tensor shows)
-METHODS = ("item", "__float__", "__int__", "__format__", "tolist", "numpy", "__array__", "__repr__")
+METHODS = ("item", "__float__", "__int__", "__format__", "tolist", "numpy", "__array__", "__repr__",
+           # a value a branch or an index is taken from (`if acc > best:`, `range(n)`), and comparisons
+           # that answer a Python bool (helper 46: an evaluation read only these compared identical)
+           "__bool__", "__index__", "equal", "allclose")
+FUNCTIONS = ("equal", "allclose")  # the same reads as torch's functions: `torch.equal(a, b)`
 MANY = ("tolist", "numpy", "__array__", "__repr__")  # reads of many numbers: their digests
 MAX_READS = 1024  # `read` rows a step at most
 METRICS = "torchmetrics.metric"  # the module whose Metric wraps each instance's compute
@@ -86,7 +92,9 @@ class Reads:
 
     def install(self) -> Reads:
         for attr in METHODS:
-            self._wrap(attr)
+            self._wrap(torch.Tensor, attr)
+        for name in FUNCTIONS:
+            self._wrap(torch, name)
         module = sys.modules.get(METRICS)
         if module is not None:
             self._wrap_metrics(module)
@@ -114,11 +122,13 @@ class Reads:
         finally:
             self._local.inside = False
 
-    def _wrap(self, attr: str) -> None:
+    def _wrap(self, owner, attr: str) -> None:
         reads = self
 
         def make(original, patch):
             def wrapper(*args, **kwargs):
+                if is_compiling():  # (dynamo traces this: the original alone, as without the recording)
+                    return original(*args, **kwargs)
                 caller = sys._getframe(1)
                 users = not caller.f_code.co_filename.startswith(_OWN_CODE) or caller.f_code.co_filename.startswith(_LOGGED)
                 if not (users and patch.active) or threading.get_ident() != reads._main:
@@ -130,7 +140,7 @@ class Reads:
                 return value
             return wrapper
 
-        self._patches.append(Patch(torch.Tensor, attr, make))
+        self._patches.append(Patch(owner, attr, make))
 
     def _wrap_metrics(self, module) -> None:
         metric = getattr(module, "Metric", None)

@@ -448,6 +448,32 @@ def test_an_evaluation_metric_that_differs_where_every_tensor_is_equal_is_not_id
     assert why["message"].startswith(f"a value the training read out of a tensor ({read}(), read 0 of the step"), why
 
 
+@pytest.mark.parametrize("read", ["bool", "index", "equal", "allclose", "torch.equal", "torch.allclose"])
+def test_a_metric_read_as_a_condition_an_index_or_a_comparison_is_compared(tmp_path, read):
+    """Helper 46: an evaluation's accuracy against shifted labels, read only by `if acc > best:`,
+    `range(n)`, `torch.equal` or `torch.allclose` (Python bools and ints out of a tensor), compared
+    identical although the script printed something else."""
+    import torch
+
+    import bitguard
+
+    reads = {"bool": lambda n: bool(n > 5), "index": lambda n: len(range(n)), "equal": lambda n: n.equal(torch.tensor(6)),
+             "allclose": lambda n: n.float().allclose(torch.tensor(6.0)),
+             "torch.equal": lambda n: torch.equal(n, torch.tensor(6)),
+             "torch.allclose": lambda n: torch.allclose(n.float(), torch.tensor(6.0))}
+
+    def train(name, shift):
+        model, opt = _tiny()
+        labels = torch.tensor([0, 0, 1, 1, 1, 0])
+        with bitguard.record(tmp_path / name, determinism=False):
+            _sgd_steps(model, opt, 2)
+            correct = (labels == labels.roll(shift)).sum()  # (6 right, or 4: the metric's labels shifted)
+            reads[read](correct)
+
+    why = _computed_only(tmp_path, train, 0, 1)
+    assert why["message"].startswith(f"a value the training read out of a tensor ({read.split('.')[-1]}()"), why
+
+
 def test_a_torchmetrics_metric_computed_differently_is_not_identical(tmp_path, monkeypatch):
     """Helper 33 (Lightning + torchmetrics): `self.vacc.update(out, y); self.log("val_acc", self.vacc)`
     with another averaging compared identical: update() and compute() are no module calls, and no
