@@ -58,11 +58,11 @@ class FoldProcess:
     training closes its copies at once: it must neither hold the folder's stdin open (the folder
     would not see the training end) nor ever write into it."""
 
-    def __init__(self, rank_path: str | os.PathLike):
+    def __init__(self, rank_path: str | os.PathLike, memory_limit: str | None = None):
         self.busy = False  # a request is out and its reply not yet read
         self._got = b""
         self._proc = subprocess.Popen(
-            [sys.executable, "-P", "-c", _START, os.fspath(rank_path)],
+            [sys.executable, "-P", "-c", _START, os.fspath(rank_path), *([memory_limit] if memory_limit else [])],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, close_fds=True, bufsize=0)
         _LIVE.add(self)
 
@@ -143,12 +143,13 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_in_child)
 
 
-def serve(rank_path: Path, requests, replies) -> None:
-    """Fold the requests read from `requests` (lines) into `rank_path`, one reply line each."""
-    from bitguard.collectors.store import RANK_DB_CONFIG, fold_journal, journal_path
+def serve(rank_path: Path, requests, replies, memory_limit: str | None = None) -> None:
+    """Fold the requests read from `requests` (lines) into `rank_path`, one reply line each
+    (`memory_limit`: the dump mode's buffer pool, store.py)."""
+    from bitguard.collectors.store import fold_journal, journal_path, rank_db_config
 
     journal = journal_path(rank_path)
-    con = db.connect(rank_path, config=RANK_DB_CONFIG)
+    con = db.connect(rank_path, config=rank_db_config(memory_limit))
     try:
         for line in requests:
             ask = json.loads(line)
@@ -168,7 +169,7 @@ def serve(rank_path: Path, requests, replies) -> None:
 
 def main() -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    serve(Path(sys.argv[1]), sys.stdin.buffer, sys.stdout.buffer)
+    serve(Path(sys.argv[1]), sys.stdin.buffer, sys.stdout.buffer, sys.argv[2] if len(sys.argv) > 2 else None)
 
 
 if __name__ == "__main__":

@@ -76,6 +76,14 @@ MAX_REPORTED_ERRORS = 20  # the store's and the collector's failures share one l
 # 4 MiB off the collector's peak. (8 MB of buffer pool is too little: a checkpoint then fails,
 # fatally for the connection.)
 RANK_DB_CONFIG = {"threads": 1, "memory_limit": "16MB", "checkpoint_threshold": "4MB"}
+# `--dump` folds the tensors' bytes: a step's group of them did not fit that pool ("failed to pin block"),
+# so every fold failed and identical reruns compared inconclusive (helper 46). A cap, not an allocation.
+DUMP_MEMORY_LIMIT = "256MB"
+
+
+def rank_db_config(memory_limit: str | None = None) -> dict:
+    """The rank file's connection settings, with the dump mode's buffer pool when it is given."""
+    return {**RANK_DB_CONFIG, "memory_limit": memory_limit} if memory_limit else RANK_DB_CONFIG
 _COUNTS = "SELECT " + ", ".join(f"(SELECT count(*) FROM {t.name})" for t in _ROW_TABLES)
 
 
@@ -217,7 +225,10 @@ def _commit(con: duckdb.DuckDBPyConnection, parts: dict[str, list[pa.Table]], la
         _set_meta(con, {FOLDED_KEY: last_group, **(meta or {})})
         con.execute("COMMIT")
     except Exception:
-        con.execute("ROLLBACK")
+        try:
+            con.execute("ROLLBACK")
+        except duckdb.Error:  # (a COMMIT that failed ended the transaction: its own error is the one to say)
+            pass
         raise
     after = con.execute(_COUNTS).fetchall()[0]
     expected = tuple(b + added.get(t.name, 0) for b, t in zip(before, _ROW_TABLES))
@@ -295,7 +306,8 @@ class RankStore:
         self._dumps: list[tuple] = []
         self._rows: dict[str, list] = {}  # add_rows: further row tables (alerts, sensor_stats), by name
         self._queue: queue.Queue = queue.Queue(maxsize=queue_batches)
-        self._con = db.connect(path, config=RANK_DB_CONFIG)
+        self._memory_limit = DUMP_MEMORY_LIMIT if meta.get("dump") else None
+        self._con = db.connect(path, config=rank_db_config(self._memory_limit))
         for table in TABLES:
             self._con.execute(table.ddl())
         self.set_meta({"schema_version": SCHEMA_VERSION, "status": "running", **meta})
@@ -504,7 +516,7 @@ class RankStore:
             try:
                 self._con.close()
                 self._con = None
-                self._folder = FoldProcess(self.path)
+                self._folder = FoldProcess(self.path, self._memory_limit)
                 self.folder_pid = self._folder.pid
             except Exception as exc:  # noqa: BLE001 - fold here, as before
                 print(f"bitguard: folding on the writer thread: the fold process did not start ({exc})",
@@ -595,7 +607,7 @@ class RankStore:
 
     def _reconnect(self) -> None:
         try:
-            self._con = db.connect(self.path, config=RANK_DB_CONFIG)
+            self._con = db.connect(self.path, config=rank_db_config(self._memory_limit))
             self._folded = folded_upto(self._con)
         except Exception:
             self._fold_failed = True  # the journal keeps the run; recover() folds it after the run

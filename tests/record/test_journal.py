@@ -418,6 +418,30 @@ def test_a_fold_that_fails_is_reported_once_and_the_journal_keeps_the_run(tmp_pa
     assert load_rank(open_run(tmp_path / "run"), 0)[0]["seq"].to_list() == events["seq"].to_list()
 
 
+@pytest.mark.parametrize("fold_process", ["0", "1"])
+def test_a_dump_whose_step_is_bigger_than_the_rank_file_s_pool_is_folded(tmp_path, monkeypatch, capfd, fold_process):
+    """Helper 46: with `--dump` a step's tensors' bytes (here about 20 MB) did not fit the rank file's
+    16 MB buffer pool: every fold failed ("failed to pin block", then hidden by a ROLLBACK that had
+    nothing to roll back), and identical reruns compared inconclusive."""
+    import torch
+
+    import bitguard
+
+    monkeypatch.setenv("BITGUARD_FOLD_PROCESS", fold_process)
+    torch.manual_seed(0)
+    model = torch.nn.Linear(1024, 1024)
+    opt = torch.optim.Adam(model.parameters())
+    with bitguard.record(tmp_path / "run", determinism=False, dump=True):
+        for _ in range(2):
+            model(torch.ones(2, 1024)).sum().backward()
+            opt.step()
+            opt.zero_grad()
+    assert "collector error" not in capfd.readouterr().err
+    assert not (tmp_path / "run" / "rank-0.journal").exists()  # folded, every group of it
+    con = duckdb.connect(str(tmp_path / "run" / "rank-0.duckdb"), read_only=True)
+    assert con.execute("SELECT count(*), sum(octet_length(data)) FROM dumps").fetchall()[0][1] > 16 << 20
+
+
 def test_after_a_failed_fold_a_failed_append_does_not_mark_the_journal_folded(tmp_path):
     path = tmp_path / "rank-0.duckdb"
     s = store.RankStore(str(path), {})
