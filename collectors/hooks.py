@@ -248,7 +248,7 @@ class Collector(WeightEvents):
                  "_next_param_tid", "_next_tid", "_grads", "_optimizers", "_optimizers_seen", "_steps_taken", "_param_in", "_params", "_params_at", "_pass_stack", "_pending", "_queued",
                  "_foreign", "_kept_lists", "_rng_free", "_root_names", "_roots", "_seq", "_sharded", "_stacks", "_thread_names",
                  "_tids", "_tids_limit", "_wrapper", "_depths", "_in_child", "_walked", "_finaled", "_unheld", "_held_optimizers",
-                 "_trainable", "_hooked_params", "_backwards", "_json", "_orphans", "_orphans_step", "_kept_marks",
+                 "_trainable", "_hooked_params", "_backwards", "_json", "_orphans", "_orphans_step", "_orphans_versions", "_kept_marks",
                  "_kept_places", "_kept_holders")
 
     def __init__(self, store, mode: str = "full", steps: tuple[int, int | None] | None = None,
@@ -299,6 +299,7 @@ class Collector(WeightEvents):
         self._hooked_params: dict[int, weakref.ref] = {}  # id -> ref of a parameter whose gradient is hooked
         self._orphans: dict[int, tuple[weakref.ref, str]] = {}  # id -> (ref, name) of one only an optimizer holds
         self._orphans_step = -1  # the step of their last params event (weights.py, _orphan_params)
+        self._orphans_versions: tuple = ()  # their version counters as it took them
         # id(root) -> (ref, `_trainable_ids` when last looked): its parameters hooked again when it moves
         self._trainable: dict[int, tuple[weakref.ref, int]] = {}
         self._tids: dict[int, list] = {}  # id -> [weakref, tid, (version, address, shape, strides) digested, digest]
@@ -885,12 +886,12 @@ class Collector(WeightEvents):
                 versions = self._params_due(module)
                 if versions is None and changed:
                     versions = module_versions(module)
-                if self._orphans and self._orphans_step != self.step:
+                if self._orphans_due():
                     self._orphan_params(t0)
                 if versions is not None:
                     digested = self._start_params(module, name, type(region or module).__name__, t0)
                     self._params_at[id(module)] = (weakref.ref(module), self.step, self._grads, versions, module.training)
-            elif self._orphans and self._orphans_step != self.step and in_window and recompute is None:
+            elif in_window and recompute is None and self._orphans_due():
                 # a step whose first call outside any other holds no parameters: the model is one whose
                 # `__call__` skips torch's (gpytorch's modules: its shared Softplus is what is called), or
                 # hand-written; what only an optimizer holds is taken here (helper 46)

@@ -463,11 +463,28 @@ class WeightEvents:
         self._orphans[id(p)] = (weakref.ref(p), where)
         return where
 
+    def _orphans_due(self) -> bool:
+        """Whether the params event of the tensors only an optimizer holds is due: a new step, or one
+        of them written since it was taken (a clamp between a logging call and the training's, in one
+        step: helper 46, gpytorch)."""
+        return bool(self._orphans) and (self._orphans_step != self.step
+                                        or self._orphan_versions() != self._orphans_versions)
+
+    def _orphan_versions(self) -> tuple:
+        versions = []
+        for ref, _ in self._orphans.values():
+            p = ref()
+            try:
+                versions.append(None if p is None else p._version)
+            except Exception:  # noqa: BLE001 - no version counter (an inference tensor): never written in place
+                versions.append(None)
+        return tuple(versions)
+
     def _orphan_params(self, t0: int) -> None:
-        """At a step's first root call: a `params` event per optimizer (module type `optimizer`) with
-        the tensors it steps that no root module holds (`_adopt`: a learned temperature, SAC's
-        `log_alpha`), as a root's params event has its parameters: an edit between two steps is
-        blamed there, not on the loss that reads them."""
+        """At a step's first root call, and at a later call once one of them was written: a `params`
+        event per optimizer (module type `optimizer`) with the tensors it steps that no root module
+        holds (`_adopt`: a learned temperature, SAC's `log_alpha`), as a root's params event has its
+        parameters: an edit between two steps is blamed there, not on the loss that reads them."""
         self._orphans_step = self.step
         by_optimizer: dict[str, list] = {}
         for key, (ref, where) in list(self._orphans.items()):
@@ -480,6 +497,7 @@ class WeightEvents:
             by_optimizer.setdefault(label, []).append((mark_ + place, p))
         for label, pairs in by_optimizer.items():
             self._emit("optimizer", "params", label, "optimizer", 0, t0, self._param_digested(pairs))
+        self._orphans_versions = self._orphan_versions()
 
     def _emit_step(self, tensors: list, name: str, marks: list | None, digests: list, opt_type: str, stack) -> None:
         t0 = time.time_ns()
