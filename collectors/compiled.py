@@ -23,6 +23,8 @@ imports torch._dynamo: where it is not loaded, nothing is compiled.
 
 from __future__ import annotations
 
+import functools
+
 import re
 import sys
 import weakref
@@ -118,12 +120,15 @@ class CompileWatch:
     """While installed, `Module.compile()` leaves a module whose compiled calls are observed at
     their boundary: its `_compiled_call_impl` goes through `observe(inner)` (the collector's
     module-call wrapper around the compiled function); and `torch.compile` of a function (a
-    training step) is reported through `report(message)`: what it traces is not observed.
-    `remove()` restores both."""
+    training step) is reported through `report(message)` when it runs outside every module call
+    (`inside()` False): what it traces is not observed. Run inside a module's call (a library's
+    compiled helper, torchvision's roi_align under deterministic algorithms: helper 45), what it
+    computes is that call's, observed at its boundary. `remove()` restores both."""
 
-    def __init__(self, observe, report):
+    def __init__(self, observe, report, inside=lambda: False):
         self._observe = observe
         self._report = report
+        self._inside = inside
         self._patches: list[Patch] = []
         self._wrapped: list = []  # (weakref to the module, the compiled callable torch set)
 
@@ -143,12 +148,23 @@ class CompileWatch:
                 if model is None:  # @torch.compile(mode=...): the decorator
                     return lambda fn: torch_compile(fn, **kwargs)
                 why = compiled_function(model) if patch.active else None
-                if why is not None:
-                    watch._report(why)
-                return original(model, **kwargs)
+                compiled = original(model, **kwargs)
+                return compiled if why is None or not callable(compiled) else watch.reporting(compiled, why, patch)
             return torch_compile
 
         self._patches = [Patch(torch.nn.Module, "compile", make_compile), Patch(torch, "compile", make_torch_compile)]
+
+    def reporting(self, compiled, why: str, patch):
+        """`compiled` (a function torch.compile made), saying `why` at its first call outside every
+        module call while the recording runs."""
+        watch = self
+
+        @functools.wraps(compiled)
+        def run(*args, **kwargs):
+            if patch.active and not is_compiling() and not watch._inside():
+                watch._report(why)
+            return compiled(*args, **kwargs)
+        return run
 
     def wrap(self, module: torch.nn.Module) -> None:
         compiled = module._compiled_call_impl

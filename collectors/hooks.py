@@ -332,7 +332,7 @@ class Collector(WeightEvents):
 
         self._wrap_module_calls()
         # module.compile() in place: observed at its boundary; torch.compile of a function: reported
-        watch = CompileWatch(self._observing, self._guard(self._compiled_function))
+        watch = CompileWatch(self._observing, self._guard(self._compiled_function), self._inside_a_call)
         watch.install()
         self._handles.append(watch)
         self._keep_out_of_dynamo()
@@ -802,6 +802,10 @@ class Collector(WeightEvents):
             return output
 
         return _call_impl
+
+    def _inside_a_call(self) -> bool:
+        """Whether this thread is inside a module call (the module-call wrapper's frames)."""
+        return bool(getattr(self._local, "frames", None))
 
     def _compiled_function(self, why: str) -> None:
         """A function is compiled (collectors/compiled.py): what it traces goes unobserved, and the

@@ -245,5 +245,36 @@ def test_a_compiled_function_is_reported_not_silently_unobserved(tmp_path):
         torch.compile(model, backend="eager")  # a model: observed at its boundary, not reported
     errors = json.loads((tmp_path / "fn" / "manifest.json").read_text())["collector_errors"]
     assert len(errors) == 2 and all("not observed" in e for e in errors), errors
-    assert "opt_step" in errors[0] and "<lambda>" in errors[1], errors
+    assert "<lambda>" in errors[0] and "opt_step" in errors[1], errors  # (in the order they first ran)
     assert torch.compile.__module__.startswith("torch")  # given back when the recording ends
+
+
+def test_a_function_compiled_and_run_inside_a_module_call_is_observed_there(tmp_path):
+    """Helper 45: torchvision compiles its Python roi_align when deterministic algorithms are on (as
+    bitguard's controls set them) on a GPU, and runs it inside MultiScaleRoIAlign's forward: every
+    identical rerun was inconclusive ("not observed"), though what it computes is that call's."""
+    def helper(x, w):
+        return (x * w).relu() + 1
+
+    compiled = {}  # (compiled at its first call, as torchvision's lazy compile does: while recording)
+
+    class Scaled(torch.nn.Module):
+        def __init__(self, w):
+            super().__init__()
+            self.fc, self.w = torch.nn.Linear(8, 8), torch.nn.Parameter(torch.full((8,), w))
+
+        def forward(self, x):
+            if "helper" not in compiled:
+                compiled["helper"] = torch.compile(helper, backend="eager")
+            return compiled["helper"](self.fc(x), self.w)
+
+    for name, w in (("a", 1.0), ("b", 1.0), ("c", 1.5)):
+        dynamo.reset()
+        compiled.clear()
+        torch.manual_seed(0)
+        model = Scaled(w)
+        with bitguard.record(tmp_path / name, determinism=False):
+            model(torch.randn(4, 8)).sum().backward()
+        assert json.loads((tmp_path / name / "manifest.json").read_text())["collector_errors"] == []
+    assert bitguard.compare(tmp_path / "a", tmp_path / "b").verdict == "identical"
+    assert bitguard.compare(tmp_path / "a", tmp_path / "c").verdict == "diverged"
