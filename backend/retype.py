@@ -16,9 +16,10 @@ A pair of the third pass is `resigned` (its tensors differ in number, shape or p
 pair by role and path, then by role, shape and dtype in order; a tensor that only one side
 records is marked unobserved ("only run B records ..."), so it is neither equal nor different:
 such a pair is never certified identical, and a tensor both sides record still shows a real
-difference. A module's backward sending a gradient to an input in one run alone is a difference,
-not a signature change: that run computes a gradient the other does not (a detached input). What a save wrote (kind `saved`) pairs by its full key only: a save of other tensors
-is a difference. This module knows nothing of digests, rules or pivots.
+difference. A gradient a module's backward sends to an input, or one its output receives, in one
+run alone is a difference, not a signature change: that run computes a gradient the other does not
+(a detached input, a loss term dropped). What a save wrote (kind `saved`) pairs by its full key
+only: a save of other tensors is a difference. This module knows nothing of digests, rules or pivots.
 """
 
 from __future__ import annotations

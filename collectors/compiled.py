@@ -24,7 +24,6 @@ imports torch._dynamo: where it is not loaded, nothing is compiled.
 from __future__ import annotations
 
 import functools
-
 import re
 import sys
 import weakref

@@ -1150,7 +1150,7 @@ class Collector(WeightEvents):
         its events were all numbered step 0, and an edit of a tensor between two steps was blamed on
         another tensor's gradient (helper 42)."""
         self._maybe_advance()
-        if self._orphans and self._orphans_step != self.step:
+        if self._orphans_due():
             self._orphan_params(time.time_ns())
 
     def _on_param_accumulated(self, pid: int, param) -> None:
