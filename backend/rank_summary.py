@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import polars as pl
 
-from bitguard.backend import api_diff, certification, check, granularity, retype
+from bitguard.backend import api_diff, certification, check, granularity, pivot_notes, retype
 from bitguard.backend import pivot as pivot_mod
 
 GAPS_LISTED = 50  # unallowed gaps before the pivot listed per rank (AlignmentSummary.gaps_before_pivot)
@@ -156,9 +156,10 @@ def _divergence(rc, run_a=None) -> dict | None:
     notes += granularity.note(rc.regions, p)
     if not structure and rc.blame and rc.blame.get("blame") == "source":
         names = None if run_a is None else (lambda: api_diff.param_names(run_a, rc.rank, p["step"]))
-        notes += pivot_mod.unstepped_note(p, rc.events_a) + pivot_mod.midstep_note(p, rc.events_a, rc.tensors_a, names)
+        notes += pivot_notes.unstepped_note(p, rc.events_a) + pivot_notes.midstep_note(p, rc.events_a, rc.tensors_a, names)
         if rc.digest_cache:
-            notes += pivot_mod.cached_input_note(p, rc.events_a, rc.tensors_a)
+            notes += pivot_notes.cached_input_note(p, rc.events_a, rc.tensors_a) \
+                + pivot_notes.returned_input_note(p, rc.events_a, rc.tensors_a)
     return {
         "cause": p["cause"], "missing_side": None if not structure else ("b" if p["side"] == "a" else "a"),
         "rank": rc.rank, "step": p["step"], "phase": p["phase"], "kind": p["kind"],

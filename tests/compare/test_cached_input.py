@@ -1,7 +1,8 @@
 """A module blamed as a source whose input is a tensor an earlier call returned says that the input's
 digest was reused (its version counter unchanged), so an edit through `.data` between the two calls
 would show there (helper 36: `h = a(x); h.data.mul_(1.001); b(h)` was blamed on b as a source,
-its input shown equal)."""
+its input shown equal); and a module's backward blamed as a source whose input the root returns
+says so too (helper 46)."""
 
 from __future__ import annotations
 
@@ -49,3 +50,34 @@ def test_without_the_cache_the_edit_is_seen_and_nothing_is_said(tmp_path):
     fd = bitguard.compare(tmp_path / "a", tmp_path / "b").first_divergence
     assert fd["blame"] != "source" or fd["boundary"] != "b", fd
     assert not any("digested there and not again" in n for n in fd["notes"]), fd["notes"]
+
+
+class Returned(nn.Module):
+    """h46's data_edit2.py: `h` read by `act`, edited through `.data`, and returned to the loss."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin, self.act, self.out = nn.Linear(4, 4), nn.Tanh(), nn.Linear(4, 1)
+
+    def forward(self, x, edit: bool = False):
+        h = self.lin(x)
+        a = self.act(h)
+        if edit:
+            h.data.mul_(2)
+        return self.out(a), h
+
+
+def test_a_backward_source_whose_input_the_root_returns_says_so(tmp_path):
+    """Helper 46: the root's output row reused the digest `act`'s input took (an edit through .data
+    moves no version counter), the loss read the edited tensor, and the first difference was the
+    gradient of act's input, blamed on act's backward with no word of either."""
+    for name, edit in (("a", False), ("b", True)):
+        torch.manual_seed(0)
+        m = Returned()
+        with bitguard.record(tmp_path / name, determinism=False):
+            y, h = m(torch.randn(8, 4), edit)
+            (h.pow(2).mean() + y.mean()).backward()
+    fd = bitguard.compare(tmp_path / "a", tmp_path / "b").first_divergence
+    assert (fd["boundary"], fd["phase"], fd["blame"]) == ("act", "backward", "source"), fd
+    assert any(n.startswith("its input is also what Returned returns to the training's code (output[1])")
+               for n in fd["notes"]), fd["notes"]

@@ -1,0 +1,135 @@
+"""The notes said beside a pivot blamed as a source (rank_summary.py): where what the recorder did
+not see between two observations could explain it. Each is a sentence or nothing, read from run A's
+events and tensors: weights edited between calls after their last params event (`unstepped_note`,
+`midstep_note`), an input whose digest was reused from an earlier call (`cached_input_note`), a
+backward's input that the root also returned to the training's code (`returned_input_note`).
+Knows nothing of how the pivot was found (pivot.py)."""
+
+from __future__ import annotations
+
+import polars as pl
+
+
+def unstepped_note(pivot: dict, events_a: pl.DataFrame) -> list[str]:
+    """A module call blamed as a source (its inputs matched, an output differs) whose parameters
+    had gradients that no optimizer step recorded before it: a training that updates its weights
+    by hand (`p.data.add_(...)`, no torch.optim) shows a changed update first here, as if the
+    module computed differently. Said as a note: the parameters themselves are only observed in
+    the recording's final state."""
+    if pivot["phase"] not in ("forward", "recompute") or pivot["kind"] != "module":
+        return []
+    before = events_a.filter(pl.col("seq") < pivot["seq"])
+    grads = before.filter(pl.col("kind") == "grad")
+    if pivot["depth"] > 0:  # the root module (depth 0) holds every parameter
+        grads = grads.filter(pl.col("boundary").str.starts_with(pivot["boundary"] + "."))
+    params = set(grads.get_column("boundary").unique().to_list())
+    if not params:
+        return []
+    stepped = set(before.filter((pl.col("phase") == "optimizer") & (pl.col("kind") == "step")
+                                & pl.col("boundary").is_in(list(params))).get_column("boundary").to_list())
+    unstepped = sorted(params - stepped)
+    if not unstepped:
+        return []
+    named = ", ".join(unstepped[:3]) + (f" and {len(unstepped) - 3} more" if len(unstepped) > 3 else "")
+    return [f"{len(unstepped)} parameter(s) of {pivot['boundary']} ({named}) had gradients before this call but no "
+            f"optimizer step recorded them: weights updated outside torch.optim (by hand, through .data) are "
+            f"observed only in the recording's final state, so a difference in such an update also shows first "
+            f"here, as if this module computed differently"]
+
+
+def midstep_note(pivot: dict, events_a: pl.DataFrame, tensors_a: pl.DataFrame | None = None,
+                 names=None) -> list[str]:
+    """A module call blamed as a source after a backward inside its step (a later micro-batch of
+    gradient accumulation), or after other calls of the model in its step (a rollout's): the weights
+    were last recorded as the step began (its params event) and are recorded again only when a
+    version counter moves or the model's mode changes, and only after a backward, so an edit
+    between the two (peft's merge_adapter/unmerge_adapter, a callback's) shows first here."""
+    if pivot["phase"] not in ("forward", "recompute") or pivot["kind"] != "module":
+        return []
+    step = events_a.filter((pl.col("step") == pivot["step"]) & (pl.col("seq") < pivot["seq"]))
+    params = step.filter(pl.col("kind") == "params")
+    if params.is_empty() or not _holds_parameters(pivot, params, tensors_a, names):
+        return []
+    after = step.filter(pl.col("seq") > params["seq"].max())
+    if not after.filter(pl.col("phase") == "backward").is_empty():
+        return [f"a backward ran in step {pivot['step']} after its parameters were last recorded (their params "
+                f"event) and before this call: weights changed since then without moving their version counters "
+                f"(through .data, as merging and unmerging an adapter does) are not observed, and a difference "
+                f"there also shows first here, as if this module computed differently"]
+    ended = after.filter((pl.col("phase") == "forward") & (pl.col("kind") == "module") & (pl.col("depth") == 0)
+                         & (pl.col("t_end_ns") <= pivot["t_start_ns"]))
+    if ended.is_empty():
+        return []
+    # (helper 28: SB3's rollout calls its policy many times a step in eval mode, and a callback edited a weight
+    # between two of them: blamed on the Linear as if it computed differently)
+    return [f"{ended.height} earlier call(s) of the model ran in step {pivot['step']} after its parameters were "
+            f"last recorded (their params event), with no backward nor change of mode since, which is when a step "
+            f"records them again: weights edited between two calls (a callback, an in-place update under no_grad, "
+            f"through .data) are not observed, and a difference there also shows first here, as if this module "
+            f"computed differently"]
+
+
+def cached_input_note(pivot: dict, events_a: pl.DataFrame, tensors_a: pl.DataFrame | None) -> list[str]:
+    """A module call blamed as a source whose input is a tensor an earlier call of its step returned:
+    the recorder digested it there and reused that digest here, its version counter unchanged
+    (collectors/hooks.py `_row`), so an edit through `.data` or `.numpy()` between the two calls is
+    not observed and shows first here, as if this module computed differently (helper 36)."""
+    if tensors_a is None or pivot["phase"] != "forward" or pivot["kind"] != "module" \
+            or not str(pivot.get("device") or "cpu").startswith("cpu"):  # (a GPU tensor is digested at every observation)
+        return []
+    inputs = tensors_a.filter((pl.col("seq") == pivot["seq"]) & (pl.col("role") == "input") & (pl.col("tid") > 0))
+    if inputs.is_empty():
+        return []
+    earlier = events_a.filter((pl.col("step") == pivot["step"]) & (pl.col("seq") < pivot["seq"]))["seq"]
+    made = tensors_a.filter(pl.col("seq").is_in(earlier.implode()) & (pl.col("role") == "output")).join(
+        inputs.select("tid", "xor", "pos"), on=["tid", "xor", "pos"], how="semi")
+    if made.is_empty():
+        return []
+    producers = events_a.filter(pl.col("seq").is_in(made["seq"].implode()))["boundary"].unique(maintain_order=True)
+    return [f"its input is the tensor {', '.join(producers.to_list()[:2])} returned, digested there and not again "
+            f"(its version counter had not moved): an edit of it between the two calls through .data or .numpy() "
+            f"is not observed and would show first here, as if this module computed differently; record with "
+            f"--no-digest-cache to digest every observation"]
+
+
+def returned_input_note(pivot: dict, events_a: pl.DataFrame, tensors_a: pl.DataFrame | None) -> list[str]:
+    """A module's backward blamed as a source whose input the root also returned to the training's
+    code: the gradient recorded for that input sums what the code reading it sends back, and an edit
+    of it there through `.data` (no version bump: the root's output row reused the digest taken at
+    this call) is not observed and shows first here (helper 46)."""
+    if tensors_a is None or (pivot["phase"], pivot["kind"]) != ("backward", "module"):
+        return []
+    forward = events_a.filter((pl.col("step") == pivot["step"]) & (pl.col("phase") == "forward")
+                              & (pl.col("kind") == "module") & (pl.col("boundary") == pivot["boundary"])
+                              & (pl.col("call") == pivot["call"]))
+    if forward.is_empty():
+        return []
+    inputs = tensors_a.filter((pl.col("seq") == forward["seq"][0]) & (pl.col("role") == "input") & (pl.col("tid") > 0))
+    roots = events_a.filter((pl.col("step") == pivot["step"]) & (pl.col("phase") == "forward")
+                            & (pl.col("kind") == "module") & (pl.col("depth") == 0))
+    returned = tensors_a.filter(pl.col("seq").is_in(roots["seq"].implode()) & (pl.col("role") == "output")
+                                & pl.col("tid").is_in(inputs["tid"].implode()))
+    if returned.is_empty():
+        return []
+    root = roots.filter(pl.col("seq") == returned["seq"][0])["boundary"][0]
+    return [f"its input is also what {root} returns to the training's code (output{returned['path'][0]}): the "
+            f"gradient recorded for it sums what that code sends back, and an edit of it there through .data (its "
+            f"digest reused, the version counter unchanged) is not observed and would show first here; record with "
+            f"--no-digest-cache to digest every observation"]
+
+
+def _holds_parameters(pivot: dict, params: pl.DataFrame, tensors_a: pl.DataFrame | None, names=None) -> bool:
+    """Could weights edited between calls explain the pivot module's output: does it hold parameters,
+    by the paths of its root's last params event (helper 33: a torchmetrics metric, none, was given
+    the note), or by `names()`, every name of the root's parameters (a params event names a tied
+    weight once, by its first name: helper 36's output layer tied to its embedding)? True when the
+    tensors are not at hand."""
+    if tensors_a is None:
+        return True
+    last = params.filter(pl.col("seq") == params["seq"].max()).row(0, named=True)
+    if last["boundary"] == pivot["boundary"]:
+        return True
+    paths = tensors_a.filter((pl.col("seq") == last["seq"]) & (pl.col("role") == "param"))["path"]
+    if paths.str.starts_with(f".{pivot['boundary']}.").any():
+        return True
+    return names is not None and any(n.startswith(f"{pivot['boundary']}.") for n in names())
