@@ -167,7 +167,9 @@ def blame(pivot: dict, events_a: pl.DataFrame, status: dict[int, str], diffs: pl
             # from outside every observed boundary (helper 28: SB3 calls a parameterless extractor first, on the
             # observations, so no batch event was taken, and a module that was not even its parent was blamed)
             result.update(blame="data", fault_class="data")
-            result["blame_window"] = {"module": None, "detail": (
+            rewired = None if events_b is None or tensors_b is None else \
+                _rewired(pivot, diffs, ((events_a, tensors_a), (events_b, tensors_b)))
+            result["blame_window"] = {"module": None, "detail": rewired or (
                 f"the inputs of {pivot['boundary']} differ, and no call around it had identical inputs nor did any "
                 "recorded module produce them (every event before matched): they come from the training's own code "
                 "or data (a batch, an observation, a replay buffer's sample, code between module calls)")}
@@ -217,22 +219,47 @@ def fed_by_model(pivot: dict, sides: tuple[tuple, tuple], diffs: pl.DataFrame) -
     order of its steps changed, helper 33), the sentence that says so, else None: the batch is then
     what the training loaded. `sides`: A's and B's (events, tensors). A module's output is known by
     its digests, so a detached or copied output is found too."""
-    differing = diffs.filter((pl.col("a_seq") == pivot["seq"]) & pl.col("differs") & ~pl.col("ignored")
-                             & (pl.col("role") == "input"))
-    if not differing.height or pivot.get("b_seq") is None:
+    made = _producers(pivot, diffs, sides, 1)
+    if not made or made[0][1] == [None, None]:
         return None
-    row = differing.row(0, named=True)
-    said = [_returned(events, tensors, seq, xor, pos, row["idx"], pivot["step"])
-            for (events, tensors), seq, xor, pos in ((sides[0], pivot["seq"], row["xor"], row["pos"]),
-                                                     (sides[1], pivot["b_seq"], row["xor_b"], row["pos_b"]))]
-    if said == [None, None]:
-        return None
+    row, said = made[0]
     where = "; ".join(f"in run {run} it holds " + (f"what {made} returned" if made else "no recorded module's output")
                       for run, made in zip("AB", said))
     return (f"input {row['path'] or row['idx']} of {pivot['boundary']} differs, and it is not a batch the training "
             f"loaded: {where}. The training feeds {pivot['boundary']} another model's output here in one run: the "
             "order of the models' calls, or what the code between them passes on, differs (a GAN's steps swapped), not "
             "the data pipeline")
+
+
+def _producers(pivot: dict, diffs: pl.DataFrame, sides: tuple[tuple, tuple], rows: int) -> list[tuple[dict, list]]:
+    """The pivot's first `rows` differing inputs, each with what recorded module returned it in run
+    A and in run B (`_returned`: None for none)."""
+    if pivot.get("b_seq") is None:
+        return []
+    differing = diffs.filter((pl.col("a_seq") == pivot["seq"]) & pl.col("differs") & ~pl.col("ignored")
+                             & (pl.col("role") == "input"))
+    return [(row, [_returned(events, tensors, seq, xor, pos, row["idx"], pivot["step"])
+                   for (events, tensors), seq, xor, pos in ((sides[0], pivot["seq"], row["xor"], row["pos"]),
+                                                            (sides[1], pivot["b_seq"], row["xor_b"], row["pos_b"]))])
+            for row in differing.head(rows).iter_rows(named=True)]
+
+
+def _rewired(pivot: dict, diffs: pl.DataFrame, sides: tuple[tuple, tuple]) -> str | None:
+    """For a forward pivot whose differing inputs no observed call explains: those that are, in either
+    run, what a recorded module returned, and which, in words (helper 48: a contrastive loss given
+    its two encoders' outputs swapped was said to get them from "the training's own code or data")."""
+    if sides[0][1] is None:
+        return None
+    said = []
+    for row, made in _producers(pivot, diffs, sides, 3):
+        if made != [None, None] and made[0] != made[1]:
+            said.append(f"input {row['path'] or row['idx']} is what {made[0] or 'no recorded module'} returned in "
+                        f"run A and what {made[1] or 'no recorded module'} returned in run B")
+    if not said:
+        return None
+    return (f"the inputs of {pivot['boundary']} differ, and no call around it had identical inputs: " + "; ".join(said)
+            + f": {pivot['boundary']} is given other modules' outputs (arguments swapped or passed from elsewhere), "
+            "not other data")
 
 
 # the fewest bytes of a floating-point output whose equal digests say "the same tensor": small tensors and

@@ -626,6 +626,33 @@ def test_targets_equal_by_value_to_a_module_output_are_still_the_batch(tmp_path)
         shutil.rmtree(tmp_path / "a"), shutil.rmtree(tmp_path / "b")
 
 
+def test_a_module_given_two_modules_outputs_swapped_is_said_to_be(tmp_path):
+    """Helper 48 (lightly's MoCo loss, `crit(k, q)` for `crit(q, k)`): the loss module's inputs were
+    said to come "from the training's own code or data, nor did any recorded module produce them"."""
+    import torch
+
+    import bitguard
+
+    class Loss(torch.nn.Module):
+        def forward(self, q, k):
+            return torch.nn.functional.cross_entropy(q @ k.T / 0.5, torch.arange(4))
+
+    def train(name, swap):
+        torch.manual_seed(0)
+        enc_q, enc_k, crit = torch.nn.Linear(4, 4), torch.nn.Linear(4, 4), Loss()
+        with bitguard.record(tmp_path / name, determinism=False):
+            x = torch.randn(4, 4)
+            q, k = enc_q(x), enc_k(x).detach()
+            (crit(k, q) if swap else crit(q, k)).backward()
+
+    train("a", False), train("b", True)
+    fd = bitguard.compare(tmp_path / "a", tmp_path / "b").to_dict()["first_divergence"]
+    assert (fd["phase"], fd["boundary"]) == ("forward", "Loss"), fd
+    detail = fd["blame_window"]["detail"]
+    assert "is what Linear (forward at step 0, call 0) returned in run A and what Linear#2" in detail, detail
+    assert "not other data" in detail, detail
+
+
 def test_a_model_fed_another_model_s_output_is_not_said_to_have_a_new_batch(tmp_path):
     """Helper 33 (Lightning's manual optimization): with a GAN's two steps swapped from step 2 on,
     the discriminator's first call takes the generator's output instead of the real batch, and the
