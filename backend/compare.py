@@ -486,7 +486,8 @@ def _find_pivot(rc: RankComparison) -> None:
             seq_a, seq_b = (event["seq"], twin["seq"]) if side == "a" else (twin["seq"], event["seq"])
             change = pivot_mod.signature_change(rc.tensors_a.filter(pl.col("seq") == seq_a),
                                                 rc.tensors_b.filter(pl.col("seq") == seq_b))
-        rc.blame = pivot_mod.structure_blame(event, side, events, twin, change)
+        rc.blame = pivot_mod.structure_blame(event, side, events, twin, change,
+                                             rc.tensors_a if side == "a" else rc.tensors_b)
         seed = event["seq"] if side == "a" else None
     if seed is not None:
         divergent = pl.concat([diverged["a_seq"], pl.Series([seed], dtype=pl.Int64)]).unique().to_numpy()

@@ -591,10 +591,12 @@ def signature_change(rows_a: pl.DataFrame, rows_b: pl.DataFrame, shown: int = 3)
     return "; ".join(parts)
 
 
-def structure_blame(event: dict, side: str, events: pl.DataFrame, twin: dict | None, change: str = "") -> dict:
-    """Blame for an event present in one run only (`side` has it): which run lacks what, and the
-    module whose code decided it (the innermost enclosing call, or the boundary's owner). `change`:
-    what differs from its twin (`signature_change`), where the other run records the event too."""
+def structure_blame(event: dict, side: str, events: pl.DataFrame, twin: dict | None, change: str = "",
+                    tensors: pl.DataFrame | None = None) -> dict:
+    """Blame for an event present in one run only (`side` has it, `events` and `tensors` are its):
+    which run lacks what, and the module whose code decided it (the innermost enclosing call, or the
+    boundary's owner). `change`: what differs from its twin (`signature_change`), where the other
+    run records the event too."""
     have, lack = side.upper(), "B" if side == "a" else "A"
     what = f"the {phase_words(event['phase'], event['kind'])} of {event['boundary']} (call {event['call']}) at step {event['step']}"
     if twin is not None:
@@ -611,6 +613,14 @@ def structure_blame(event: dict, side: str, events: pl.DataFrame, twin: dict | N
                   f"different number of steps (an early stop, another max_steps or epoch count, a loop that ended on "
                   f"another condition, an exception the training caught), or run {lack}'s recording ended without "
                   f"its final state")
+    elif event["kind"] == "params" and event["call"] > 0 and _as_at_first_call(event, events, tensors):
+        # (helper 48: a model.eval() forgotten in run B, its model without dropout or norms: run A's params event
+        # at the evaluation's call was said to show weights "changed between two of its calls")
+        fault = "missing" if side == "a" else "extra"
+        detail = (f"run {have} took the parameters of {event['boundary']} again at call {event['call']} of step "
+                  f"{event['step']}, equal to those at its first call: the weights did not move, but the model's mode "
+                  f"changed (train()/eval()) since that call in run {have} and not in run {lack}, which makes a step take "
+                  f"them again; see the training API calls that differ (`modes`)")
     elif event["kind"] == "params" and event["call"] > 0:  # (taken at a later call only when the weights moved)
         return {"blame": "source", "fault_class": "params", "differing_roles": ["param"],
                 "blame_window": {"module": event["boundary"], "detail": (
@@ -634,6 +644,23 @@ def structure_blame(event: dict, side: str, events: pl.DataFrame, twin: dict | N
         parent = _owner(event["boundary"])
     return {"blame": "structure", "fault_class": fault, "differing_roles": [],
             "blame_window": {"module": parent or event["boundary"], "detail": detail}}
+
+
+def _as_at_first_call(event: dict, events: pl.DataFrame, tensors: pl.DataFrame | None) -> bool:
+    """Does a params event at a later call of a step hold the same digests as the step's first one of
+    its boundary?"""
+    if tensors is None:
+        return False
+    first = events.filter((pl.col("step") == event["step"]) & (pl.col("kind") == "params")
+                          & (pl.col("boundary") == event["boundary"]) & (pl.col("call") == 0))
+    if first.is_empty():
+        return False
+
+    def rows(seq):
+        return tensors.filter(pl.col("seq") == seq).select("role", "idx", "path", "xor", "pos").sort("role", "idx").rows()
+
+    mine = rows(event["seq"])
+    return bool(mine) and mine == rows(first["seq"][0])
 
 
 def _owner_backward(pivot: dict, events_a: pl.DataFrame, diffs: pl.DataFrame) -> dict | None:

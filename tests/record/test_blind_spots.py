@@ -1798,3 +1798,29 @@ def test_a_model_whose_call_skips_torchs_has_its_parameters_taken_each_step(tmp_
     assert (fd["kind"], fd["boundary"], fd["step"], fd["blame"]) == ("params", "SGD", 2, "source"), fd
     if not log:
         assert [t["path"] for t in fd["tensors"] if t["differs"]] == [".param_groups[0][1]"], fd["tensors"]
+
+
+def test_an_evaluation_without_eval_is_a_mode_change_not_moved_weights(tmp_path):
+    """Helper 48 (MONAI): `model.eval()` forgotten before an evaluation in run B, on a model without
+    dropout or norms (the same numbers): run A's params event at the evaluation's call, taken for
+    the mode change, was said to show weights "changed between two of its calls"."""
+    import torch
+
+    import bitguard
+
+    def train(name, evaluate_in_eval_mode):
+        model, opt = _tiny()
+        with bitguard.record(tmp_path / name, determinism=False):
+            for _ in range(2):
+                model.train()
+                _sgd_steps(model, opt, 1)
+                if evaluate_in_eval_mode:
+                    model.eval()
+                with torch.no_grad():
+                    model(torch.randn(2, 4))
+
+    train("a", True), train("b", False)
+    fd = bitguard.compare(tmp_path / "a", tmp_path / "b").to_dict()["first_divergence"]
+    assert (fd["kind"], fd["cause"], fd["blame"]) == ("params", "structure", "structure"), fd
+    assert "equal to those at its first call: the weights did not move, but the model's mode changed" \
+        in fd["blame_window"]["detail"], fd["blame_window"]
