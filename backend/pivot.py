@@ -168,7 +168,7 @@ def blame(pivot: dict, events_a: pl.DataFrame, status: dict[int, str], diffs: pl
             # observations, so no batch event was taken, and a module that was not even its parent was blamed)
             result.update(blame="data", fault_class="data")
             rewired = None if events_b is None or tensors_b is None else \
-                _rewired(pivot, diffs, ((events_a, tensors_a), (events_b, tensors_b)))
+                _rewired_around(pivot, events_a, diffs, ((events_a, tensors_a), (events_b, tensors_b)))
             result["blame_window"] = {"module": None, "detail": rewired or (
                 f"the inputs of {pivot['boundary']} differ, and no call around it had identical inputs nor did any "
                 "recorded module produce them (every event before matched): they come from the training's own code "
@@ -242,6 +242,25 @@ def _producers(pivot: dict, diffs: pl.DataFrame, sides: tuple[tuple, tuple], row
                    for (events, tensors), seq, xor, pos in ((sides[0], pivot["seq"], row["xor"], row["pos"]),
                                                             (sides[1], pivot["b_seq"], row["xor_b"], row["pos_b"]))])
             for row in differing.head(rows).iter_rows(named=True)]
+
+
+def _rewired_around(pivot: dict, events_a: pl.DataFrame, diffs: pl.DataFrame, sides: tuple[tuple, tuple]) -> str | None:
+    """`_rewired` for the pivot, else for the calls around it, outermost first (helper 48: a loss module
+    given its inputs swapped, whose CrossEntropyLoss child is the first event to differ)."""
+    said = _rewired(pivot, diffs, sides)
+    if said is not None or "t_start_ns" not in events_a.columns:
+        return said
+    around = events_a.filter((pl.col("phase") == "forward") & (pl.col("kind") == "module")
+                             & (pl.col("step") == pivot["step"]) & (pl.col("depth") < pivot["depth"])
+                             & (pl.col("t_start_ns") <= pivot["t_start_ns"]) & (pl.col("t_end_ns") >= pivot["t_end_ns"]))
+    for event in around.sort("depth").iter_rows(named=True):
+        paired = diffs.filter(pl.col("a_seq") == event["seq"])
+        if paired.is_empty():
+            continue
+        said = _rewired({**event, "b_seq": paired["b_seq"][0]}, diffs, sides)
+        if said is not None:
+            return f"the inputs of {pivot['boundary']} differ, computed inside {event['boundary']}'s call, where " + said
+    return None
 
 
 def _rewired(pivot: dict, diffs: pl.DataFrame, sides: tuple[tuple, tuple]) -> str | None:

@@ -626,16 +626,22 @@ def test_targets_equal_by_value_to_a_module_output_are_still_the_batch(tmp_path)
         shutil.rmtree(tmp_path / "a"), shutil.rmtree(tmp_path / "b")
 
 
-def test_a_module_given_two_modules_outputs_swapped_is_said_to_be(tmp_path):
+@pytest.mark.parametrize("child", [False, True])
+def test_a_module_given_two_modules_outputs_swapped_is_said_to_be(tmp_path, child):
     """Helper 48 (lightly's MoCo loss, `crit(k, q)` for `crit(q, k)`): the loss module's inputs were
-    said to come "from the training's own code or data, nor did any recorded module produce them"."""
+    said to come "from the training's own code or data, nor did any recorded module produce them";
+    with a CrossEntropyLoss child (NTXentLoss has one), the child's inputs, made inside the loss."""
     import torch
 
     import bitguard
 
     class Loss(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.ce = torch.nn.CrossEntropyLoss() if child else torch.nn.functional.cross_entropy
+
         def forward(self, q, k):
-            return torch.nn.functional.cross_entropy(q @ k.T / 0.5, torch.arange(4))
+            return self.ce(q @ k.T / 0.5, torch.arange(4))
 
     def train(name, swap):
         torch.manual_seed(0)
@@ -647,7 +653,7 @@ def test_a_module_given_two_modules_outputs_swapped_is_said_to_be(tmp_path):
 
     train("a", False), train("b", True)
     fd = bitguard.compare(tmp_path / "a", tmp_path / "b").to_dict()["first_divergence"]
-    assert (fd["phase"], fd["boundary"]) == ("forward", "Loss"), fd
+    assert (fd["phase"], fd["boundary"]) == ("forward", "ce" if child else "Loss"), fd
     detail = fd["blame_window"]["detail"]
     assert "is what Linear (forward at step 0, call 0) returned in run A and what Linear#2" in detail, detail
     assert "not other data" in detail, detail
