@@ -97,9 +97,14 @@ def plan(run_a: RunInfo, run_b: RunInfo, fd: dict) -> Window:
     the replay check then covers the recorded events up to the pivot itself."""
     phase, kind, boundary = fd["phase"], fd["kind"], fd["boundary"]
     where = f"step {fd['step']} {phase} {boundary}"
-    if fd["blame"] == "data" or kind == "batch":
+    if kind == "batch":
         raise NotSupported(f"the pivot ({where}) is the input batch: there is no operation to drill into; the "
                            f"batch or the RNG state differs before the model runs (see 'bitguard compare')")
+    if fd["blame"] == "data":  # (helper 48: a loss given its inputs swapped was called "the input batch")
+        raise NotSupported(f"the pivot ({where}) differs by its inputs, which no observed call before it made "
+                           f"differently: they were made or passed by the training's code outside every module call "
+                           f"(a batch, arguments swapped), so there is no operation to drill into; 'bitguard compare' "
+                           f"says where they came from")
     if (phase, kind) not in (("forward", "module"), ("backward", "module"), ("backward", "grad")):
         raise NotSupported(f"not supported yet: drilling into a pivot of kind {phase} {kind} ({where}); the drill "
                            f"traces a module's forward or backward operations. Look at the blame window 'bitguard "

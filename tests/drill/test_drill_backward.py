@@ -95,6 +95,16 @@ def test_an_optimizer_pivot_is_not_supported_yet():
         plan(None, None, fd)
 
 
+def test_a_forward_pivot_blamed_on_its_inputs_is_not_called_the_batch():
+    """Helper 48: a loss module given its inputs swapped (data blame on its forward) was refused as
+    "the pivot is the input batch ... before the model runs", though the model had run."""
+    fd = {"phase": "forward", "kind": "module", "boundary": "Loss", "step": 0, "blame": "data"}
+    with pytest.raises(NotSupported, match="differs by its inputs, which no observed call before it made differently"):
+        plan(None, None, fd)
+    with pytest.raises(NotSupported, match="is the input batch"):
+        plan(None, None, {**fd, "phase": "data", "kind": "batch"})
+
+
 def test_a_structure_pivot_traces_the_call_that_makes_the_extra_call(tmp_path):
     """Helper 44 (PEFT): a layer called twice a step, first as a reference pass with its adapter off,
     then with the adapter, which run B switches at step 1: the drill traced the layer's call 0 in
