@@ -131,7 +131,7 @@ class OnlineNaming:
         for ref, name in list(names._names.values()):
             root = ref()
             if root is not None and name in names._roots:
-                for n, p in root.named_parameters(remove_duplicate=False):
+                for n, p in torch.nn.Module.named_parameters(root, remove_duplicate=False):  # (not an override's)
                     self._params.setdefault(id(p), (weakref.ref(p), clean_name(eager_name(n))))
 
 
@@ -517,7 +517,8 @@ class ApiRecorder(Guarded):
         self._add("modes", name, self._modes(module, name), step=step)
 
     def _params_row(self, module: torch.nn.Module, name: str, step: int, digested: dict) -> None:
-        named = [(clean_name(eager_name(n)), p) for n, p in module.named_parameters(remove_duplicate=False)]
+        # (torch's walk, not an override's: torchrl's LossModule has the signature before remove_duplicate, helper 47)
+        named = [(clean_name(eager_name(n)), p) for n, p in torch.nn.Module.named_parameters(module, remove_duplicate=False)]
         unique, seen = [], {}
         for n, p in named:
             if id(p) not in seen:

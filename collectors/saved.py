@@ -193,10 +193,12 @@ class _Walk:
 
     def items(self, value, path: str):
         """(path, item) of what `value` holds, as pickle would write it."""
-        if isinstance(value, torch.nn.Module):
-            yield from ((f"{path}.{n}", t) for n, t in value.named_parameters(remove_duplicate=False))
-            yield from ((f"{path}.{n}", t) for n, t in value.named_buffers(remove_duplicate=False))
-            for name, module in value.named_modules(remove_duplicate=False):
+        if isinstance(value, torch.nn.Module):  # (torch's own walks: torchrl's LossModule overrides named_parameters
+            # with the signature before remove_duplicate, and pickle writes what the module holds: helper 47)
+            Module = torch.nn.Module
+            yield from ((f"{path}.{n}", t) for n, t in Module.named_parameters(value, remove_duplicate=False))
+            yield from ((f"{path}.{n}", t) for n, t in Module.named_buffers(value, remove_duplicate=False))
+            for name, module in Module.named_modules(value, remove_duplicate=False):
                 where = f"{path}.{name}" if name else path
                 yield from ((f"{where}.{k}", v) for k, v in module.__dict__.items() if k not in _MODULE_OWN)
         elif isinstance(value, dict):  # (a save's in the order of its keys: see in_key_order)

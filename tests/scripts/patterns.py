@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import io
 import os
 import warnings
 from typing import NamedTuple
@@ -652,6 +653,33 @@ class ContainerModel(nn.Module):
 def namedtuples_and_keys():
     m = ContainerModel()
     return m, train(m, randn(4, 8), loss_of=lambda out: out)
+
+
+class OldSignatureLoss(nn.Module):
+    """torchrl's LossModule: `named_parameters(prefix, recurse)` overridden with the signature from
+    before `remove_duplicate`, leaving out its target network; saved with torch.save (helper 47:
+    the recorder's own calls with remove_duplicate raised, and every such run was inconclusive)."""
+
+    def __init__(self):
+        super().__init__()
+        self.net = nn.Sequential(nn.Linear(8, 8), nn.Tanh(), nn.Linear(8, 1))
+        self._target_net = nn.Linear(8, 1).requires_grad_(False)
+
+    def named_parameters(self, prefix: str = "", recurse: bool = True):
+        for name, p in super().named_parameters(prefix=prefix, recurse=recurse):
+            if not name.startswith("_target"):
+                yield name, p
+
+    def forward(self, x):
+        return (self.net(x) - self._target_net(x)).pow(2).mean()
+
+
+@pattern
+def old_signature_named_parameters():
+    m = OldSignatureLoss()
+    losses = train(m, randn(4, 8), loss_of=lambda out: out)
+    torch.save({"loss_module": m}, io.BytesIO())
+    return m, losses
 
 
 # -- running -----------------------------------------------------------------------------------
