@@ -303,6 +303,9 @@ def _returned(events: pl.DataFrame, tensors: pl.DataFrame, seq: int, xor, pos, i
                          & (pl.col("nbytes") >= _SAME_BY_VALUE)
                          & ((pl.col("tid") == tid) | ((pl.col("storage") == storage) & (storage != 0)
                                                       & pl.col("seq").is_in(in_step.implode()))))
+    # (not one its call was given and returned as it is: a TensorDictModule returns its input batch, helper 47)
+    passed = tensors.filter(pl.col("seq").is_in(hit["seq"].implode()) & (pl.col("role") == "input"))
+    hit = hit.join(passed.select("seq", "tid"), on=["seq", "tid"], how="anti")
     if not hit.height:
         return None
     event = events.filter(pl.col("seq") == hit["seq"].max())

@@ -626,6 +626,41 @@ def test_targets_equal_by_value_to_a_module_output_are_still_the_batch(tmp_path)
         shutil.rmtree(tmp_path / "a"), shutil.rmtree(tmp_path / "b")
 
 
+def test_a_batch_a_model_returns_as_it_was_given_is_still_the_batch(tmp_path):
+    """Helper 47 (tensordict: a TensorDictModule returns its input batch with its outputs added): the
+    fixed data tensor edited at step 2 was, in run A, the very tensor the model had returned at step
+    1, and the batch pivot was said to be "another model's output". Passed through is not made."""
+    import torch
+
+    import bitguard
+
+    class Passing(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(4, 1)
+
+        def forward(self, batch):
+            return {**batch, "p": self.lin(batch["x"])}
+
+    def train(name, edit):
+        torch.manual_seed(0)
+        model, x = Passing(), torch.randn(16, 4)
+        opt = torch.optim.SGD(model.parameters(), lr=0.05)
+        with bitguard.record(tmp_path / name, determinism=False):
+            for step in range(3):
+                if edit and step == 2:
+                    x[3, 1] += 0.001
+                out = model({"x": x})
+                opt.zero_grad()
+                (out["p"] - out["x"].sum(1, keepdim=True)).pow(2).mean().backward()
+                opt.step()
+
+    train("a", False), train("b", True)
+    fd = bitguard.compare(tmp_path / "a", tmp_path / "b").to_dict()["first_divergence"]
+    assert (fd["phase"], fd["step"], fd["blame"]) == ("data", 2, "data"), fd
+    assert "another model's output" not in (fd["blame_window"] or {}).get("detail", ""), fd["blame_window"]
+
+
 @pytest.mark.parametrize("child", [False, True])
 def test_a_module_given_two_modules_outputs_swapped_is_said_to_be(tmp_path, child):
     """Helper 48 (lightly's MoCo loss, `crit(k, q)` for `crit(q, k)`): the loss module's inputs were
