@@ -86,10 +86,12 @@ def cached_input_note(pivot: dict, events_a: pl.DataFrame, tensors_a: pl.DataFra
     if made.is_empty():
         return []
     producers = events_a.filter(pl.col("seq").is_in(made["seq"].implode()))["boundary"].unique(maintain_order=True)
-    return [f"its input is the tensor {', '.join(producers.to_list()[:2])} returned, digested there and not again "
-            f"(its version counter had not moved): an edit of it between the two calls through .data or .numpy() "
-            f"is not observed and would show first here, as if this module computed differently; record with "
-            f"--no-digest-cache to digest every observation"]
+    # (helper 47: "the tensor model.0, model.1 returned" read as one module's name)
+    what = f"its input is the tensor {producers[0]} returned" if producers.len() == 1 else \
+        f"its inputs include tensors that {' and '.join(producers.to_list()[:2])} returned"
+    return [f"{what}, digested there and not again (its version counter had not moved): an edit of it between the "
+            f"two calls through .data or .numpy() is not observed and would show first here, as if this module "
+            f"computed differently; record with --no-digest-cache to digest every observation"]
 
 
 def returned_input_note(pivot: dict, events_a: pl.DataFrame, tensors_a: pl.DataFrame | None) -> list[str]:

@@ -81,3 +81,38 @@ def test_a_backward_source_whose_input_the_root_returns_says_so(tmp_path):
     assert (fd["boundary"], fd["phase"], fd["blame"]) == ("act", "backward", "source"), fd
     assert any(n.startswith("its input is also what Returned returns to the training's code (output[1])")
                for n in fd["notes"]), fd["notes"]
+
+
+class Join(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.w = nn.Parameter(torch.ones(16))
+
+    def forward(self, u, v):
+        return (u + v) @ self.w
+
+
+class Two(nn.Module):
+    """Two calls' outputs into a third: the note names both producers as two."""
+
+    def __init__(self):
+        super().__init__()
+        self.a1, self.a2, self.join = nn.Linear(8, 16), nn.Linear(8, 16), Join()
+
+    def forward(self, x, edit: bool = False):
+        h1, h2 = self.a1(x), self.a2(x)
+        if edit:
+            h1.data.mul_(1.001)
+        return self.join(h1, h2)
+
+
+def test_a_note_on_inputs_two_calls_returned_names_both(tmp_path):
+    """Helper 47: "its input is the tensor model.0, model.1 returned" read as one module's name."""
+    for name, edit in (("a", False), ("b", True)):
+        torch.manual_seed(0)
+        m = Two()
+        with bitguard.record(tmp_path / name, determinism=False):
+            m(torch.randn(4, 8), edit).sum().backward()
+    fd = bitguard.compare(tmp_path / "a", tmp_path / "b").first_divergence
+    assert (fd["boundary"], fd["phase"], fd["blame"]) == ("join", "forward", "source"), fd
+    assert any(n.startswith("its inputs include tensors that a1 and a2 returned") for n in fd["notes"]), fd["notes"]
