@@ -299,7 +299,7 @@ class Collector(WeightEvents):
         self._hooked_params: dict[int, weakref.ref] = {}  # id -> ref of a parameter whose gradient is hooked
         self._orphans: dict[int, tuple[weakref.ref, str]] = {}  # id -> (ref, name) of one only an optimizer holds
         self._orphans_step = -1  # the step of their last params event (weights.py, _orphan_params)
-        self._orphans_versions: tuple = ()  # their version counters as it took them
+        self._orphans_versions = -1  # the sum of their version counters as it took them (tensor_versions)
         # id(root) -> (ref, `_trainable_ids` when last looked): its parameters hooked again when it moves
         self._trainable: dict[int, tuple[weakref.ref, int]] = {}
         self._tids: dict[int, list] = {}  # id -> [weakref, tid, (version, address, shape, strides) digested, digest]

@@ -28,13 +28,18 @@ from bitguard.errors import NotSupported
 from bitguard.schema import JSON_FILE
 
 
-def module_versions(module: torch.nn.Module) -> int:
-    """The sum of the version counters of `module`'s parameters (-1 when one has none): it moves
-    when one of them is written in place, but for writes through `.data`."""
+def tensor_versions(tensors) -> int:
+    """The sum of the version counters of `tensors` (-1 when one has none): it moves when one of
+    them is written in place, but for writes through `.data`."""
     try:
-        return sum(p._version for p in module.parameters())
-    except Exception:  # noqa: BLE001 - a parameter without a version counter: always taken as changed
+        return sum(t._version for t in tensors)
+    except Exception:  # noqa: BLE001 - a tensor without a version counter: always taken as changed
         return -1
+
+
+def module_versions(module: torch.nn.Module) -> int:
+    """`tensor_versions` of `module`'s parameters."""
+    return tensor_versions(module.parameters())
 
 
 def is_distributed(module: torch.nn.Module) -> bool:
@@ -470,15 +475,8 @@ class WeightEvents:
         return bool(self._orphans) and (self._orphans_step != self.step
                                         or self._orphan_versions() != self._orphans_versions)
 
-    def _orphan_versions(self) -> tuple:
-        versions = []
-        for ref, _ in self._orphans.values():
-            p = ref()
-            try:
-                versions.append(None if p is None else p._version)
-            except Exception:  # noqa: BLE001 - no version counter (an inference tensor): never written in place
-                versions.append(None)
-        return tuple(versions)
+    def _orphan_versions(self) -> int:
+        return tensor_versions(p for p in (ref() for ref, _ in self._orphans.values()) if p is not None)
 
     def _orphan_params(self, t0: int) -> None:
         """At a step's first root call, and at a later call once one of them was written: a `params`
