@@ -24,6 +24,8 @@ from collections import defaultdict
 # what the training computes (a consequence of a divergence, never its cause), per kind
 COMPUTED = {"backward": {"value"}, "clip_grad_norm": {"total_norm"}, "params": {"xor"},
             "read": {"value"}}  # (a `read`: a number the training took out of a tensor, `.item()`, `float()`)
+# where a call was made (a read's file:line): shown beside its difference, never compared (code moves between runs)
+PLACES = {"read": "at"}
 SHOWN = 12  # differences kept in the document; `more` counts the rest
 EVERY_STEP = 2**62  # `differences(..., step)`: no step left out
 
@@ -64,6 +66,8 @@ def _flat(value, kind: str, path: str = "", out: dict | None = None, computed: b
     if isinstance(value, dict):
         for k, v in value.items():
             leaf = k if not path else f"{path}.{k}"
+            if not path and k == PLACES.get(kind):
+                continue
             if k in COMPUTED.get(kind, ()):
                 if computed:
                     out[leaf] = v
@@ -77,9 +81,11 @@ def _flat(value, kind: str, path: str = "", out: dict | None = None, computed: b
     return out
 
 
-def _by_step(rows: list[dict], last_step: int, computed: bool = False) -> dict[int, dict[tuple, dict]]:
-    """{step: {(kind, target, n-th in the step): flat value}} up to last_step (`computed`: see `_flat`)."""
+def _by_step(rows: list[dict], last_step: int, computed: bool = False) -> tuple[dict[int, dict[tuple, dict]], dict]:
+    """{step: {(kind, target, n-th in the step): flat value}} up to last_step (`computed`: see `_flat`),
+    and {(step, kind, target, n-th): its place} for the calls whose place is recorded (`PLACES`)."""
     out: dict[int, dict[tuple, dict]] = defaultdict(dict)
+    places: dict[tuple, str] = {}
     seen: dict[tuple, int] = defaultdict(int)
     for r in rows:
         step = r["step"]
@@ -88,8 +94,12 @@ def _by_step(rows: list[dict], last_step: int, computed: bool = False) -> dict[i
         key = (step, r["kind"], r["target"])
         n = seen[key]
         seen[key] = n + 1
-        out[step][(r["kind"], r["target"], n)] = _flat(_decode(r["value"]), r["kind"], computed=computed)
-    return out
+        value = _decode(r["value"])
+        out[step][(r["kind"], r["target"], n)] = _flat(value, r["kind"], computed=computed)
+        place = value.get(PLACES[r["kind"]]) if r["kind"] in PLACES and isinstance(value, dict) else None
+        if isinstance(place, str):
+            places[(*key, n)] = place
+    return out, places
 
 
 def _show(value) -> str:
@@ -103,6 +113,17 @@ def _numbers(a, b) -> bool:
     """Two lists of numbers of one length: compared position by position."""
     return (isinstance(a, list) and isinstance(b, list) and len(a) == len(b)
             and all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in a + b))
+
+
+def _names(a, b) -> bool:
+    """Two lists told apart by what each holds that the other does not (parameter names, modules):
+    not lists of numbers (a shape, one of another length), and not lists holding the same items a
+    different number of times, whose difference no "only in" would show."""
+    if not (isinstance(a, list) and isinstance(b, list)):
+        return False
+    if all(isinstance(x, (int, float)) for x in a + b):
+        return False
+    return any(x not in b for x in a) or any(x not in a for x in b) or sorted(map(repr, a)) == sorted(map(repr, b))
 
 
 def value_pair(a, b) -> tuple[str, str]:
@@ -127,13 +148,16 @@ def differences(run_a, run_b, rank: int, step: int, computed: bool = False, rows
     if not rows_a or not rows_b:
         missing = [side for side, rows in (("a", rows_a), ("b", rows_b)) if not rows]
         return {"available": False, "differences": [], "more": 0, "missing": missing}
-    a, b = _by_step(rows_a, step, computed), _by_step(rows_b, step, computed)
+    (a, places_a), (b, places_b) = _by_step(rows_a, step, computed), _by_step(rows_b, step, computed)
     found: list[dict] = []
     for s in sorted(set(a) | set(b)):
         calls_a, calls_b = a.get(s, {}), b.get(s, {})
         for key in sorted(set(calls_a) | set(calls_b), key=lambda k: (k[0], str(k[1]), k[2])):
             kind, target, n = key
             where = {"step": s, "kind": kind, "target": target, "call": n}
+            place = places_a.get((s, *key)) or places_b.get((s, *key))
+            if place is not None:  # (a read's line, A's where both have one)
+                where["at"] = place
             if key not in calls_a or key not in calls_b:
                 if computed:  # (a call one run made and the other did not: a killed run's last steps)
                     continue
@@ -183,7 +207,8 @@ def lines(diff: dict, indent: str = "  ", header: bool = True) -> list[str]:
     out = [f"{indent}training API calls that differ (at or before this step; the likely cause):"] if header else []
     for d in diff["differences"]:
         when = _steps(d.get("steps") or [d["step"]])
-        what = f"{d['kind']} ({d['target']})" + (f" call {d['call']}" if d["call"] else "")
+        what = (f"{d['kind']} ({d['target']})" + (f" call {d['call']}" if d["call"] else "")
+                + (f" at {d['at']}" if d.get("at") else ""))
         if d["field"] is None and d["kind"] == "modes":  # (the row each call of a root module begins with)
             more = "A" if d["a"] == "called" else "B"
             out.append(f"{indent}  {when}: root module {d['target']}: run {more} calls it more often in the step "
@@ -194,7 +219,7 @@ def lines(diff: dict, indent: str = "  ", header: bool = True) -> list[str]:
             pairs = [value_pair(x, y) for x, y in zip(d["a"], d["b"])]
             a, b = (_show([p[i] for p in pairs]) for i in (0, 1))
             out.append(f"{indent}  {when}: {what}: {d['field']} {a} (A) vs {b} (B)")
-        elif isinstance(d["a"], list) and isinstance(d["b"], list):
+        elif _names(d["a"], d["b"]):
             only_a = [x for x in d["a"] if x not in d["b"]]
             only_b = [x for x in d["b"] if x not in d["a"]]
             change = "; ".join(part for part in (f"only in A {_show(only_a)}" if only_a else "",

@@ -630,8 +630,9 @@ class Comparison:
             if found["differences"]:
                 d = found["differences"][0]
                 a, b = api_diff.value_pair(d["a"], d["b"])
-                what = (f"a value the training read out of a tensor ({d['target']}(), read {d['call']} of the step: "
-                        "a metric, an evaluation's loss or predictions, a logged number)" if d["kind"] == "read" else
+                what = (f"a value the training read out of a tensor ({d['target']}(), read {d['call']} of the step"
+                        + (f", at {d['at']}" if d.get("at") else "") +
+                        ": a metric, an evaluation's loss or predictions, a logged number)" if d["kind"] == "read" else
                         f"{d['kind']} ({d['target']}): {d['field']}")
                 where = ("the code that computed it from the model's outputs (an evaluation's metric, post-processing "
                          "of predictions) or from anything else" if d["kind"] == "read" else

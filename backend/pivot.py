@@ -28,6 +28,8 @@ This module reads polars frames prepared by compare.py; it does not align or loa
 
 from __future__ import annotations
 
+import re
+
 import polars as pl
 
 from bitguard.backend import collectives
@@ -56,6 +58,16 @@ def phase_words(phase: str, kind: str) -> str:
 def _differing_roles(diffs: pl.DataFrame, a_seq: int) -> set[str]:
     rows = diffs.filter((pl.col("a_seq") == a_seq) & pl.col("differs") & ~pl.col("ignored"))
     return set(rows["role"].to_list())
+
+
+def _parts_run_uncalled(diffs: pl.DataFrame, a_seq: int) -> list[str]:
+    """The parts of a module whose differing buffers its forward event holds (`state.bank.queue`: the
+    recorder reports there the buffers of a part the call ran without calling it), by their paths."""
+    if "path" not in diffs.columns:
+        return []
+    rows = diffs.filter((pl.col("a_seq") == a_seq) & pl.col("differs") & ~pl.col("ignored") & (pl.col("role") == "state"))
+    paths = (re.match(r"^(?:state)?(?:\[\d+\])?\.(.+)\.[^.]+$", p) for p in rows["path"].to_list())
+    return sorted({m.group(1) for m in paths if m})
 
 
 def _owner(param_name: str) -> str:
@@ -198,11 +210,16 @@ def blame(pivot: dict, events_a: pl.DataFrame, status: dict[int, str], diffs: pl
                                   "outside any module call that reads the same input sent back another gradient "
                                   "(what is recorded is the input's gradient, summed over everything that read it)"}
     elif phase == "forward" and differing == {"state"}:
-        result["blame_window"] = {"module": pivot["boundary"], "detail":
-                                  "only this module's buffers differ after its call, its inputs and outputs matched: "
-                                  "they were changed outside any module call since its last call (a buffer edited "
-                                  "between steps, set by hand), or its own code updated them differently in this "
-                                  "call (running statistics)"}
+        parts = _parts_run_uncalled(diffs, pivot["seq"])
+        result["blame_window"] = {"module": pivot["boundary"], "detail": (
+            f"only buffers of {' and '.join(parts)} differ after this module's call, its inputs and outputs "
+            f"matched: {'these parts were' if len(parts) > 1 else 'that part was'} not called during it (run through "
+            f"its .forward(), as a memory bank or queue often is, or not run at all), so no event of their own saw "
+            f"them: this call's code updated them differently, or they were changed outside any module call since "
+            f"its last call" if parts else
+            "only this module's buffers differ after its call, its inputs and outputs matched: they were changed "
+            "outside any module call since its last call (a buffer edited between steps, set by hand), or its own "
+            "code updated them differently in this call (running statistics)")}
     elif phase == "forward" and "state" in differing:
         # (helper 35: a pruning mask flipped between steps, a spectral norm's weight_u edited: "computed differently")
         result["blame_window"] = {"module": None, "detail":

@@ -77,6 +77,8 @@ class ApiDifference(_Model):
     b: Any = Field(description="run B's value (or 'called' / 'not called')")
     steps: list[int] = Field(default_factory=list, description="every step at which this same difference is found, "
                                                                 "`step` the first: it is listed once")
+    at: str | None = Field(None, description="a read's place, `file:line` of the code that read the value (run A's "
+                                             "where both recorded one); never compared")
 
 
 class ApiDifferences(_Model):

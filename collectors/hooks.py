@@ -60,7 +60,7 @@ from bitguard.collectors.foreign_steps import ForeignStepWatch
 from bitguard.collectors.scaler import ScalerWatch
 from bitguard.collectors.sharded import ShardedParams, clean_name
 from bitguard.collectors.store import MAX_REPORTED_ERRORS
-from bitguard.collectors.weights import WeightEvents, is_distributed, module_versions
+from bitguard.collectors.weights import WeightEvents, buffered_below, is_distributed, module_versions
 from bitguard.cuda.fingerprint import digest_async, digest_host_at, in_place_on_host
 from bitguard.cuda.tensor_bytes import tensor_bytes
 from bitguard.errors import NotSupported
@@ -249,7 +249,7 @@ class Collector(WeightEvents):
                  "_foreign", "_kept_lists", "_rng_free", "_root_names", "_roots", "_seq", "_sharded", "_stacks", "_thread_names",
                  "_tids", "_tids_limit", "_wrapper", "_depths", "_in_child", "_walked", "_finaled", "_unheld", "_held_optimizers",
                  "_trainable", "_hooked_params", "_backwards", "_json", "_orphans", "_orphans_step", "_orphans_versions", "_kept_marks",
-                 "_kept_places", "_kept_holders")
+                 "_kept_places", "_kept_holders", "_buffers_seen", "_buffered")
 
     def __init__(self, store, mode: str = "full", steps: tuple[int, int | None] | None = None,
                  rank: int = 0, world_size: int = 1, dump: bool = False, digest_cache: bool = True):
@@ -321,6 +321,10 @@ class Collector(WeightEvents):
         self._heavy: dict[type, bool] = {}  # module class -> observed in trusted mode
         self._forward_codes: dict[type, object] = {}  # module class -> code object of its forward
         self._rng_free: dict[type, bool] = {}  # module class -> its forward never draws
+        # id of a module holding buffers -> t0 of its last call begun, or of the call of an enclosing module that
+        # reported its buffers (`_unobserved_buffers`); id of a module -> (ref, `buffered_below` it)
+        self._buffers_seen: dict[int, int] = {}
+        self._buffered: dict[int, tuple[weakref.ref, list]] = {}
         self._depths: dict[str, int] = {}  # module name -> call depth of its last recorded forward (for a recompute)
         self._sharded = ShardedParams(self)  # FSDP parameters: flat parameters split, shards marked (sharded.py)
         self.api: ApiRecorder | None = None  # API-level events (collectors/api_events.py), once installed
@@ -841,6 +845,8 @@ class Collector(WeightEvents):
             entry = self._names.get(id(module))
             name = entry[1] if entry is not None and entry[0]() is module else self._name_of(module, parent)
             t0 = time.time_ns()
+            if module._buffers:  # (_unobserved_buffers)
+                self._buffers_seen[id(module)] = t0
             steps = self.steps  # (_in_window)
             in_window = steps is None or (self.step >= steps[0] and (steps[1] is None or self.step < steps[1]))
             region = region_of(module)  # a compiled region: its only observable boundary, in every mode
@@ -934,7 +940,13 @@ class Collector(WeightEvents):
             buffers = module._buffers
             if buffers:  # a module's own buffers as the call left them (running statistics, caches)
                 out_rows += self._rows([(f".{n}", b) for n, b in buffers.items() if b is not None], "state")
-            if region is not None:  # an unobserved row saying that the boundaries inside were not observed
+            if region is None:
+                below = self._buffered.get(id(module))
+                if below is None or below[0]() is not module:
+                    below = self._buffered[id(module)] = (weakref.ref(module), buffered_below(module))
+                if below[1]:
+                    out_rows += self._unobserved_buffers(frame.t0, below[1], sum(r[1] == "state" for r in out_rows))
+            else:  # an unobserved row saying that the boundaries inside were not observed
                 marker = NotFlattened([], REGION_PATH, REGION_REASON)
                 out_rows += self._rows(marker, "state", sum(r[1] == "state" for r in out_rows))
             mtype = type(module).__name__
@@ -946,6 +958,20 @@ class Collector(WeightEvents):
                 self._watch_backward(frame, mtype, kwargs, outputs)
         except Exception as exc:  # noqa: BLE001 - the training must go on
             self._fail("_leave", exc)
+
+    def _unobserved_buffers(self, t0: int, below: list, start: int) -> list[list]:
+        """The "state" rows of the buffers of modules below a call begun at `t0` (`below`: from
+        `buffered_below`) that were not called since it began: a part run through its `.forward()`
+        (lightly's memory bank, updated by its loss's call, helper 48) or not called at all has no event
+        of its own, and its buffers were seen only at the end. Paths name the part: `.bank.queue`.
+        Reported by the innermost recorded call around it: those around that one do not again."""
+        seen, rows = self._buffers_seen, []
+        for path, sub in below:
+            if seen.get(id(sub), -1) < t0:
+                seen[id(sub)] = t0
+                rows += self._rows([(f".{path}.{n}", b) for n, b in sub._buffers.items() if b is not None], "state",
+                                   start + len(rows))
+        return rows
 
     def _call_key(self, f, frames: list[_Frame], level: int) -> tuple:
         """The user-stack key of code running at frame `f` inside the module call frames[level]

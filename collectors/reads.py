@@ -115,10 +115,10 @@ class Reads:
         return (self._recorder.enabled and threading.get_ident() == self._main
                 and not getattr(self._local, "inside", False) and not is_compiling())
 
-    def _record(self, target: str, value, tensor) -> None:
+    def _record(self, target: str, value, tensor, caller=None) -> None:
         self._local.inside = True
         try:
-            self._recorder._guarded(self._row, target, value, tensor)
+            self._recorder._guarded(self._row, target, value, tensor, caller)
         finally:
             self._local.inside = False
 
@@ -136,7 +136,7 @@ class Reads:
                 else:  # (a warning torch gives here is the caller's line's, as without this wrapper)
                     value = _at(caller)(original, args, kwargs)
                 if users and patch.active and reads._reading():
-                    reads._record(attr, value, args[0] if args else None)
+                    reads._record(attr, value, args[0] if args else None, caller)
                 return value
             return wrapper
 
@@ -163,12 +163,15 @@ class Reads:
 
         self._patches.append(Patch(metric, "_wrap_compute", make))
 
-    def _row(self, target: str, value, tensor) -> None:
+    def _row(self, target: str, value, tensor, caller=None) -> None:
         step = self._recorder.naming.step()
         n = self._count[1] + 1 if self._count[0] == step else 0
         self._count = (step, n)
         if n < MAX_READS:
-            self._recorder._add("read", target.strip("_"), self._value(target, value, tensor), step=step)
+            row = self._value(target, value, tensor)
+            if caller is not None:  # the reader's line: shown beside a difference, never compared (api_diff.PLACES)
+                row["at"] = f"{caller.f_code.co_filename}:{caller.f_lineno}"
+            self._recorder._add("read", target.strip("_"), row, step=step)
         elif n == MAX_READS:  # (an evaluation that reads every sample: the step's first values say enough)
             self._recorder._add("read", "more", {"beyond": MAX_READS}, step=step)
 

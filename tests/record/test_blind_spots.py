@@ -65,6 +65,58 @@ def test_a_buffer_updated_differently_is_a_divergence_at_its_module(tmp_path):
         t["role"] == "state" for t in fd["tensors"] if t["differs"])
 
 
+@pytest.mark.parametrize("mode", ["full", "trusted"])
+def test_a_buffer_of_a_part_run_through_its_forward_is_seen_at_the_call_that_ran_it(tmp_path, mode):
+    """Helper 48: lightly's loss runs its memory bank through `self.bank.forward(...)`, no call of the
+    bank's own, so its buffer was seen only at the end, and a bank not updated at step 0 showed first at
+    step 1 as the loss computing differently. The call that ran it now holds the part's buffers."""
+    import torch
+
+    import bitguard
+    from bitguard.backend.report import render_text
+
+    class Bank(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.register_buffer("queue", torch.zeros(8, 4))
+
+        def forward(self, k, update):
+            negatives = self.queue.clone()
+            if update:
+                self.queue[:4] = k.detach()
+            return negatives
+
+    class ContrastiveNorm(torch.nn.Module):  # (a "Norm": trusted mode records its calls too)
+        def __init__(self, update):
+            super().__init__()
+            self.bank, self.update = Bank(), update
+
+        def forward(self, q, k):
+            negatives = self.bank.forward(k, self.update)
+            logits = torch.cat([(q * k).sum(1, keepdim=True), q @ negatives.T], 1)
+            return torch.nn.functional.cross_entropy(logits, torch.zeros(len(q), dtype=torch.long))
+
+    def train(name, update):
+        torch.manual_seed(0)
+        net, loss = torch.nn.Linear(4, 4), ContrastiveNorm(update)
+        opt = torch.optim.SGD(net.parameters(), lr=0.1)
+        with bitguard.record(tmp_path / name, mode=mode, determinism=False):
+            for _ in range(3):
+                x = torch.randn(4, 4)
+                loss(net(x), net(x + 0.1).detach()).backward()
+                opt.step()
+                opt.zero_grad()
+
+    for name, update in (("a", True), ("b", True), ("c", False)):
+        train(name, update)
+    assert bitguard.compare(tmp_path / "a", tmp_path / "b").verdict == "identical"
+    c = bitguard.compare(tmp_path / "a", tmp_path / "c")
+    fd = c.to_dict()["first_divergence"]
+    assert (fd["step"], fd["phase"], fd["boundary"]) == (0, "forward", "ContrastiveNorm"), fd
+    assert [(t["role"], t["path"]) for t in fd["tensors"] if t["differs"]] == [("state", ".bank.queue")], fd
+    assert "only buffers of bank differ" in render_text(c), render_text(c)
+
+
 def test_parameters_updated_outside_torch_optim_differ_in_the_final_state(tmp_path):
     record_together(*(dict(out=tmp_path / name, script_args=("manual", lr), script=SCRIPT) for name, lr in
                       (("a", "0.01"), ("b", "0.5"), ("c", "0.01"))))
@@ -445,7 +497,36 @@ def test_an_evaluation_metric_that_differs_where_every_tensor_is_equal_is_not_id
                 reads[read]((model(torch.randn(3, 4)) * scale).flatten())
 
     why = _computed_only(tmp_path, train, 1.0, 1.5)
-    assert why["message"].startswith(f"a value the training read out of a tensor ({read}(), read 0 of the step"), why
+    assert why["message"].startswith(f"a value the training read out of a tensor ({read}(), read 0 of the step, "
+                                     f"at {__file__}:"), why
+
+
+def test_where_a_value_is_read_is_shown_and_never_compared(tmp_path):
+    """Helper 48: a read's difference named no place ("read (numpy) call 7"). Its file and line are
+    recorded and shown; code moved between two runs (the read on another line) is no difference."""
+    import torch
+
+    import bitguard
+    from bitguard.backend.report import render_text
+
+    def train(name, moved, shape):
+        model, opt = _tiny()
+        with bitguard.record(tmp_path / name, determinism=False):
+            _sgd_steps(model, opt, 1)
+            out = model(torch.randn(*shape, 4))
+            if moved:
+                out.detach().numpy()
+            else:
+                out.detach().numpy()
+            _sgd_steps(model, opt, 1)
+
+    for name, moved, shape in (("a", False, (2,)), ("b", True, (2,)), ("c", False, (2, 2))):
+        train(name, moved, shape)
+    assert bitguard.compare(tmp_path / "a", tmp_path / "b").verdict == "identical"
+    c = bitguard.compare(tmp_path / "a", tmp_path / "c")
+    (d,) = [d for d in c.to_dict()["first_divergence"]["api_differences"]["differences"] if d["kind"] == "read"]
+    assert d["field"] == "shape" and d["at"].startswith(f"{__file__}:"), d
+    assert f"read (numpy) at {d['at']}: shape [2, 1] (A) vs [2, 2, 1] (B)" in render_text(c), render_text(c)
 
 
 @pytest.mark.parametrize("read", ["bool", "index", "equal", "allclose", "torch.equal", "torch.allclose"])

@@ -682,6 +682,47 @@ def old_signature_named_parameters():
     return m, losses
 
 
+class _Queue(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("keys", torch.zeros(6, 8))
+
+    def forward(self, k):
+        past = self.keys.clone()
+        self.keys[:4] = k.detach()
+        return past
+
+
+class _QueueHolder(nn.Module):  # (no call of its own in trusted mode)
+    def __init__(self):
+        super().__init__()
+        self.queue = _Queue()
+
+    def forward(self, k):
+        return self.queue.forward(k)  # (as lightly's losses run their memory bank)
+
+
+class QueueAttention(nn.Module):
+    """Attention over a queue of past keys held by a part run through its `.forward()` (helper 48):
+    the part's buffers are reported by the innermost recorded call around it, another call in each
+    mode (the holder in full mode, this module in trusted mode)."""
+
+    def __init__(self):
+        super().__init__()
+        self.proj = nn.Linear(8, 8)
+        self.holder = _QueueHolder()
+
+    def forward(self, x):
+        k = self.proj(x)
+        return (k @ self.holder(k).T).softmax(-1)
+
+
+@pattern
+def queue_run_through_forward():
+    m = QueueAttention()
+    return m, train(m, randn(4, 8))
+
+
 # -- running -----------------------------------------------------------------------------------
 def _bytes(t: torch.Tensor) -> bytes:
     """A parameter's exact bytes (DTensor: its local shard)."""

@@ -88,3 +88,18 @@ def test_compare_puts_them_under_the_pivot_in_the_json_and_the_report(tmp_path, 
     c = write_run(tmp_path, Loop(bugs={"in_place_edit"}), name="c")
     assert main(["compare", str(a), str(c), "--json"]) == 1
     assert json.loads(capsys.readouterr().out)["first_divergence"]["api_differences"]["differences"] == []
+
+
+def test_lists_are_shown_as_values_unless_told_apart_by_their_items():
+    """Helper 48's MONAI reads: a read's shape [2, 1] against [2, 2, 1] was worded "the same items, in
+    another order" (the lists compared as sets). Numbers, and items repeated a different number of
+    times, are shown as they are; names by what one run has and the other lacks."""
+    def line(field, a, b):
+        (text,) = api_diff.lines({"differences": [{"step": 1, "kind": "read", "target": "numpy", "call": 0,
+                                                    "field": field, "a": a, "b": b, "at": "t.py:7"}]}, header=False)
+        return text.strip()
+
+    assert line("shape", [2, 1], [2, 2, 1]) == "step 1: read (numpy) at t.py:7: shape [2, 1] (A) vs [2, 2, 1] (B)"
+    assert line("training", ["a", "b"], ["a"]) == "step 1: read (numpy) at t.py:7: training: only in A [b]"
+    assert line("training", ["a", "b"], ["b", "a"]) == "step 1: read (numpy) at t.py:7: training: the same items, in another order"
+    assert line("training", ["a", "a"], ["a"]) == 'step 1: read (numpy) at t.py:7: training [a, a] (A) vs [a] (B)'
