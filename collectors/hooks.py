@@ -249,7 +249,8 @@ class Collector(WeightEvents):
                  "_foreign", "_kept_lists", "_rng_free", "_root_names", "_roots", "_seq", "_sharded", "_stacks", "_thread_names",
                  "_tids", "_tids_limit", "_wrapper", "_depths", "_in_child", "_walked", "_finaled", "_unheld", "_held_optimizers",
                  "_trainable", "_hooked_params", "_backwards", "_json", "_orphans", "_orphans_step", "_orphans_versions", "_kept_marks",
-                 "_kept_places", "_kept_holders", "_buffers_seen", "_buffered")
+                 "_kept_places", "_kept_holders", "_buffers_seen", "_buffered",
+                 "_foreign_call")
 
     def __init__(self, store, mode: str = "full", steps: tuple[int, int | None] | None = None,
                  rank: int = 0, world_size: int = 1, dump: bool = False, digest_cache: bool = True):
@@ -288,6 +289,7 @@ class Collector(WeightEvents):
         # a torch.distributed wrapper (`is_distributed`).
         self._held: list[tuple[torch.nn.Module, str]] = []
         self._foreign: str | None = None  # a root called with tensors in place of its parameters (functional_call)
+        self._foreign_call = -1  # `_generation` of the last such call of a root (weights.py, `_swapped_params`)
         self._in_child = False  # a forked child's copy of this collector (`_forked`): it only reports saves
         self._kept_lists: dict[int, kept.KeptTensors] = {}  # id of a list or dict of shadow weights -> its root, held
         self._kept_marks: tuple | None = None  # what the user's frames held at the last look (kept.marks)
@@ -863,6 +865,8 @@ class Collector(WeightEvents):
             if record and recompute is None:
                 self._depths[name] = depth
             if parent is not None:  # the common case: a call inside a model
+                if module._parameters and in_window and recompute is None:
+                    self._swapped_params(module, name, t0)
                 if record:
                     if len(args) == 1 and isinstance(args[0], torch.Tensor):  # (what flatten and _rows give)
                         frame.args = [("[0]", args[0])]

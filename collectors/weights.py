@@ -289,10 +289,26 @@ class WeightEvents:
         if not rows:
             return None
         self._emit("optimizer", "params", name, module_type, 0, t0, rows)
-        if self._foreign is None and any(not isinstance(p, torch.nn.Parameter) for _, p in params):
-            self._foreign = name  # (torch.func.functional_call puts the tensors it is given in their place)
+        if any(not isinstance(p, torch.nn.Parameter) for _, p in params):
+            self._foreign_call = self._generation  # (its parts' tensors are this event's: `_swapped_params`)
+            if self._foreign is None:
+                self._foreign = name  # (torch.func.functional_call puts the tensors it is given in their place)
         return {id(p): (r[8], r[9]) if type(r[8]) is int else r[8]
                 for (_, p), r in zip(params, rows) if r[12] is None and r[13] is None}
+
+    def _swapped_params(self, module: torch.nn.Module, name: str, t0: int) -> None:
+        """A `params` event for a call, inside another module's, of a module whose own parameters are
+        tensors put in their place (`functional_call`, tensordict's `to_module`: a target network's
+        weights kept apart and updated by hand, given to its module inside a loss's forward; helper
+        47, torchrl's DQNLoss): a difference there is in the weights given, not in the module's
+        code. Not where the call of the root around it took them (a root run through functional_call:
+        its `params` event holds them)."""
+        if self._foreign_call == self._generation:
+            return
+        own = module._parameters
+        if any(p is not None and not isinstance(p, torch.nn.Parameter) for p in own.values()):
+            rows = self._rows([(f".{n}", p) for n, p in own.items() if p is not None], "param")
+            self._emit("optimizer", "params", name, type(module).__name__, 0, t0, rows)
 
     def _param_rows(self, module: torch.nn.Module) -> tuple[list, list]:
         """The `param` rows of every parameter of `module` (FSDP1 flat parameters split into the

@@ -1353,6 +1353,48 @@ def test_parameters_that_become_trainable_have_their_gradients_from_their_first_
                                  "them: parameters new to the model or to its training"), detail
 
 
+def test_a_target_network_given_its_weights_inside_a_loss_s_forward_is_blamed_on_them(tmp_path):
+    """Helper 47 (torchrl's DQNLoss + SoftUpdate): a target network's weights, kept in a dict and
+    soft-updated by hand, given to the trained network's modules through functional_call inside the
+    loss module's forward. A soft update computed differently was blamed "source (forward)" on the
+    first module that ran on them, as if it computed differently: its inputs matched. Such a call of a
+    module inside another's has the weights it ran on recorded (a `params` event), and the blame is on
+    them, a copy kept beside the trained parameters."""
+    import torch
+    from torch.func import functional_call
+
+    import bitguard
+
+    class QLoss(torch.nn.Module):
+        def __init__(self, net):
+            super().__init__()
+            self.net = net
+            self.target = {k: v.detach().clone() for k, v in net.named_parameters()}
+
+        def forward(self, x, r):
+            with torch.no_grad():
+                tq = functional_call(self.net, self.target, (x,)).max(1).values
+            return ((self.net(x).max(1).values - (r + 0.9 * tq)) ** 2).mean()
+
+    def train(out, tau):
+        torch.manual_seed(0)
+        loss = QLoss(torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2)))
+        opt = torch.optim.Adam(loss.net.parameters(), lr=1e-2)
+        with bitguard.record(out, determinism=False):
+            for step in range(3):
+                opt.zero_grad()
+                loss(torch.randn(16, 4), torch.randn(16)).backward()
+                opt.step()
+                with torch.no_grad():  # (the soft update)
+                    for k, p in loss.net.named_parameters():
+                        loss.target[k].lerp_(p, tau if step == 0 else 0.05)
+
+    fd = _planted(tmp_path, train, 0.05, 0.5)
+    assert (fd["step"], fd["kind"], fd["boundary"], fd["blame"]) == (1, "params", "net.0", "source"), fd
+    assert [t["path"] for t in fd["tensors"] if t["differs"]] == [".weight", ".bias"], fd["tensors"]
+    assert "a teacher or target network" in fd["blame_window"]["detail"], fd["blame_window"]
+
+
 def test_weights_trained_through_functional_call_without_torch_optim_are_not_certified(tmp_path):
     """torch.func.functional_call on a dict of weights updated by hand: the weights after the last
     update are used by nothing observed, so a different last learning rate compared identical. Such
