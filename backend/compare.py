@@ -561,7 +561,9 @@ def _first_pivot(ranks: dict[int, RankComparison]) -> RankComparison | None:
 
 
 # API calls whose values outlive the last optimizer step (what the next step would use): _final_settings_differ
-SETTINGS_AFTER = ("scheduler_step", "loss_scale")
+SETTINGS_AFTER = ("scheduler_step", "loss_scale", "optimizer_settings")
+# recorded only by a bitguard since: a run without them (an older recording) is no difference
+RECORDED_SINCE = {"optimizer_settings"}
 # Reasons that stop a verdict from being `identical`; the others only describe what was compared.
 _INFORMATIONAL = {"modes", "granularity", "recompute", "retyped", "resumed"}
 # reasons after which no computed value is compared: nothing was paired, or the steps are not the same steps
@@ -655,6 +657,8 @@ class Comparison:
             if last is None or any(r["kind"] == "optimizer_step" and r["step"] == last for r in rows_a + rows_b):
                 continue
             tail = [[r for r in rows if r["step"] == last and r["kind"] in SETTINGS_AFTER] for rows in (rows_a, rows_b)]
+            newer = {kind for kind in RECORDED_SINCE if not all(any(r["kind"] == kind for r in rows) for rows in tail)}
+            tail = [[r for r in rows if r["kind"] not in newer] for rows in tail]
             if not tail[0] and not tail[1]:
                 continue
             found = api_diff.differences(self.run_a, self.run_b, rank, api_diff.EVERY_STEP, rows=tuple(tail)) \
@@ -662,12 +666,16 @@ class Comparison:
                                                              for r in tail[0] or tail[1]]}
             # (a field one build records and the other not is no difference of the runs: the manifests say so)
             found = [d for d in found["differences"] if d["field"] is None or (d["a"] is not None and d["b"] is not None)]
+            found.sort(key=lambda d: SETTINGS_AFTER.index(d["kind"]))  # (what changed the settings, before them)
             if found:
                 d = found[0]
                 what = f"{d['kind']} ({d['target']})"
                 if d["field"] is None:
                     side = "A" if tail[0] else "B"
                     what += f" is called after the last optimizer step (step {last}) in run {side} only"
+                elif d["kind"] == "optimizer_settings" and d["field"] == "state":  # (a digest: its values say nothing)
+                    what += (f": the optimizer's state (its momentum buffers, moment estimates, step counts) differs "
+                             f"after the last optimizer step (step {last})")
                 else:
                     a, b = api_diff.value_pair(d["a"], d["b"])
                     what += f": {d['field']} differs after the last optimizer step (step {last}: {a} in A, {b} in B)"

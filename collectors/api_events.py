@@ -34,6 +34,7 @@ stored or of what an invariant is.
 from __future__ import annotations
 
 import functools
+import hashlib
 import inspect
 import json
 import math
@@ -50,7 +51,7 @@ from bitguard.collectors.guarded import Guarded
 from bitguard.collectors.reads import Reads
 from bitguard.collectors.sharded import clean_name
 from bitguard.collectors.weights import library_name
-from bitguard.cuda.fingerprint import digest_many, resolve
+from bitguard.cuda.fingerprint import digest_async, digest_many, resolve
 from bitguard.schema import API_EVENTS, EVENTS, TENSORS, VIOLATIONS
 
 _MODE_CLASSES = re.compile(r"Dropout|BatchNorm")  # modules whose mode matters even if forward hides it
@@ -186,6 +187,35 @@ def _plain(v):
     return None
 
 
+def _settings(group: dict) -> dict:
+    """A param group's hyperparameters as JSON holds them (those it can)."""
+    return {k: v for k, v in ((k, _plain(v)) for k, v in group.items() if k != "params") if v is not None}
+
+
+def _state_digest(optimizer) -> str:
+    """One 64-bit hex digest of an optimizer's state: each parameter's entries in its groups' order,
+    tensors by their digests (one that cannot be read by its type), other values by their repr."""
+    parts, digests = [], []
+    for group in optimizer.param_groups:
+        for p in group["params"]:
+            state = optimizer.state.get(p) or {}
+            for key in sorted(state, key=str):
+                value = state[key]
+                if isinstance(value, torch.Tensor):
+                    try:
+                        digests.append(digest_async(value.detach()))
+                        parts.append(None)
+                        continue
+                    except Exception as exc:  # noqa: BLE001 - a layout the digest refuses: its type stands in
+                        value = f"unread {type(exc).__name__}"
+                parts.append(f"{key}={_plain(value) if _plain(value) is not None else type(value).__name__}")
+    answers = iter(resolve(digests))
+    h = hashlib.blake2b(digest_size=8)
+    for part in parts:
+        h.update(("%016x%016x" % next(answers) if part is None else part).encode() + b"\0")
+    return h.hexdigest()
+
+
 def _readable(params) -> list:
     """The parameters a clipping call was given, when reading them leaves them to the call: a
     tensor, a list or a tuple (a generator is the call's to consume: its names are not recorded)."""
@@ -233,6 +263,7 @@ class ApiRecorder(Guarded):
         self._reads: Reads | None = None  # what the training reads out of its tensors (collectors/reads.py)
         self._store_add = None
         self._overflow = False
+        self._stepped: dict[int, weakref.ref] = {}  # id -> each optimizer torch.optim stepped (`_optimizers_at_end`)
 
     # -- installation ----------------------------------------------------------------------
     def install(self) -> ApiRecorder:
@@ -274,6 +305,7 @@ class ApiRecorder(Guarded):
 
     def remove(self) -> None:
         """Write what the last step left, check it, and put every wrapped function back."""
+        self.guard(self._optimizers_at_end)()
         self.guard(self._end_step)(None)
         self.guard(self._check_through)(None)
         for handle in self._handles:
@@ -492,13 +524,21 @@ class ApiRecorder(Guarded):
 
     def _on_optimizer_step(self, optimizer, args, kwargs) -> None:
         step = self.naming.ending_step()
-        groups = []
-        for g in optimizer.param_groups:
-            group = {k: v for k, v in ((k, _plain(v)) for k, v in g.items() if k != "params") if v is not None}
-            group["params"] = self._names(g["params"])
-            groups.append(group)
+        self._stepped[id(optimizer)] = weakref.ref(optimizer)
+        groups = [{**_settings(g), "params": self._names(g["params"])} for g in optimizer.param_groups]
         self._add("optimizer_step", self._index(optimizer), {"groups": groups}, step=step)
         self._end_step(step)
+
+    def _optimizers_at_end(self) -> None:
+        """When the recording ends, each stepped optimizer's settings and state as the training left
+        them (`optimizer_settings`): a learning rate set by hand after the last step() (a plateau
+        callback's, helper 50), a momentum buffer edited, reach no recorded tensor, yet a training that
+        went on or resumed from here would differ (backend/compare.py, `final_settings`)."""
+        for ref in self._stepped.values():
+            optimizer = ref()
+            if optimizer is not None:
+                self._add("optimizer_settings", self._index(optimizer),
+                          {"groups": [_settings(g) for g in optimizer.param_groups], "state": _state_digest(optimizer)})
 
     # -- root modules ----------------------------------------------------------------------
     def root_forward(self, module: torch.nn.Module, name: str, digested: dict | None = None) -> None:

@@ -345,3 +345,30 @@ def test_the_headline_of_a_resumed_comparison_names_the_steps_compared():
         " within run A's steps 3:8 (run B resumed A at step 3: its steps 0:5)"
     assert _within(SimpleNamespace(run_a=a, run_b=SimpleNamespace(manifest={}, step_shift=0))) == \
         " within the recorded steps 0:8"
+
+
+@pytest.mark.parametrize("edit", ["lr", "momentum_buffer"])
+def test_an_optimizer_edited_after_the_last_step_is_no_identical(tmp_path, edit):
+    """Helper 50: a learning rate set by hand after the last step() (a plateau callback's, Keras'
+    `lr.assign` in on_epoch_end), or a momentum buffer edited then, reaches no recorded tensor and
+    compared identical, where the same change made by a scheduler's step() was inconclusive."""
+    for name, changed in (("a", False), ("b", False), ("c", True)):
+        torch.manual_seed(0)
+        model = nn.Linear(4, 1)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+        with bitguard.record(tmp_path / name, determinism=False):
+            for _ in range(2):
+                opt.zero_grad()
+                model(torch.ones(2, 4)).sum().backward()
+                opt.step()
+            if changed and edit == "lr":
+                opt.param_groups[0]["lr"] = 0.05
+            elif changed:
+                for state in opt.state.values():
+                    state["momentum_buffer"].mul_(0.5)
+    assert bitguard.compare(tmp_path / "a", tmp_path / "b").verdict == "identical"
+    c = bitguard.compare(tmp_path / "a", tmp_path / "c")
+    assert c.verdict == "inconclusive" and [r["code"] for r in c.blocking_reasons()] == ["final_settings"], \
+        c.blocking_reasons()
+    said = "groups[0].lr differs after the last optimizer step" if edit == "lr" else "the optimizer's state"
+    assert said in c.blocking_reasons()[0]["message"], c.blocking_reasons()
