@@ -374,7 +374,7 @@ class WeightEvents:
         names, found, shapes = self._names, [], set()
         for module in (ref() for ref, _ in self._roots):
             if module is not None and not isinstance(module, kept.KeptTensors):
-                params = list(module.parameters())
+                params = [p for p in module.parameters() if not is_lazy(p)]  # (a lazy module never called: no shape)
                 shapes.add(tuple(tuple(p.shape) for p in params))
                 shapes.add(tuple(tuple(p.shape) for p in params if p.requires_grad))
         for user in users:
