@@ -409,8 +409,11 @@ def _params_detail(pivot: dict, events_a: pl.DataFrame, diffs: pl.DataFrame,
     if pivot["step"] > 0:
         return (f"the parameters already differ at the model's first recorded call, in step {pivot['step']}: they "
                 f"differed before the recorded steps began (an earlier step, the initialisation, a loaded checkpoint)")
+    ran = before.filter((pl.col("phase") == "forward") & (pl.col("boundary") != pivot["boundary"])).height
     return ("the parameters differ before the model's first recorded call, although everything before matched: "
-            "they were made differently (the initialisation, its seed, a loaded checkpoint, weights copied in)")
+            "they were made differently (the initialisation, its seed, a loaded checkpoint, weights copied in)"
+            + (", or updated from another model's weights before this call (a momentum or EMA update at the start of "
+               "a step, as MoCo's and BYOL's key encoders are, with another momentum)" if ran else ""))
 
 
 def _resumed_at(pivot: dict, diffs: pl.DataFrame, events_a: pl.DataFrame, tensors_a: pl.DataFrame | None,

@@ -26,6 +26,22 @@ def test_a_parameter_stepped_under_its_model_s_name_is_not_new():
                                                              "optimizer step before updated them")
 
 
+def test_weights_that_differ_at_a_first_call_after_another_model_ran_may_be_a_momentum_update():
+    """Helper 48 (MoCo, BYOL): the key encoder, updated from the query encoder's weights at the start of
+    each step, differs at its first call in step 0 with another momentum: that was worded as an
+    initialisation only. Said too where another model ran before it in the step."""
+    def detail(before: list[str]) -> str:
+        events = pl.DataFrame({"seq": list(range(len(before))) + [9], "phase": ["forward"] * len(before) + ["optimizer"],
+                               "kind": ["module"] * len(before) + ["params"], "boundary": before + ["key"],
+                               "step": [0] * (len(before) + 1)})
+        diffs = pl.DataFrame({"a_seq": [9], "role": ["param"], "path": [".0.weight"], "differs": [True]})
+        return _params_detail({"seq": 9, "call": 0, "step": 0, "boundary": "key"}, events, diffs)
+
+    assert detail([]).endswith("(the initialisation, its seed, a loaded checkpoint, weights copied in)")
+    assert detail(["query", "query.0"]).endswith("a momentum or EMA update at the start of a step, as MoCo's and "
+                                                 "BYOL's key encoders are, with another momentum)")
+
+
 def test_a_forward_pivot_whose_buffers_alone_differ_says_where_they_may_have_changed():
     """Helper 18: SAC's `actor.action_scale` edited between steps made the actor's forward the pivot, every
     input and output equal, with no word of why: only its buffers differ."""
