@@ -192,23 +192,49 @@ def _settings(group: dict) -> dict:
     return {k: v for k, v in ((k, _plain(v)) for k, v in group.items() if k != "params") if v is not None}
 
 
+def _groups(optimizer) -> list[dict]:
+    """An optimizer's param groups: torch.optim's, fastai's `hypers`; none for Keras' (its learning
+    rate is one of its variables)."""
+    if isinstance(optimizer, torch.optim.Optimizer):
+        return optimizer.param_groups
+    hypers = getattr(optimizer, "hypers", None)
+    return [h for h in hypers if isinstance(h, dict)] if isinstance(hypers, list) else []
+
+
+def _state_entries(optimizer):
+    """(key, value) of an optimizer's state in a fixed order: torch.optim's each parameter's entries in
+    its groups' order; Keras' variables (its moments, iterations and learning rate); fastai's per
+    parameter state in the order it was made."""
+    if isinstance(optimizer, torch.optim.Optimizer):
+        for group in optimizer.param_groups:
+            for p in group["params"]:
+                state = optimizer.state.get(p) or {}
+                yield from ((key, state[key]) for key in sorted(state, key=str))
+        return
+    variables = getattr(optimizer, "variables", None)
+    if isinstance(variables, (list, tuple)):  # (Keras: a KerasVariable's tensor is its `value`)
+        yield from ((getattr(v, "path", i), getattr(v, "value", v)) for i, v in enumerate(variables))
+        return
+    state = getattr(optimizer, "state", None)
+    if isinstance(state, dict):
+        for entry in state.values():
+            if isinstance(entry, dict):
+                yield from ((key, entry[key]) for key in sorted(entry, key=str))
+
+
 def _state_digest(optimizer) -> str:
-    """One 64-bit hex digest of an optimizer's state: each parameter's entries in its groups' order,
-    tensors by their digests (one that cannot be read by its type), other values by their repr."""
+    """One 64-bit hex digest of an optimizer's state (`_state_entries`): tensors by their digests (one
+    that cannot be read by its type), other values by their repr."""
     parts, digests = [], []
-    for group in optimizer.param_groups:
-        for p in group["params"]:
-            state = optimizer.state.get(p) or {}
-            for key in sorted(state, key=str):
-                value = state[key]
-                if isinstance(value, torch.Tensor):
-                    try:
-                        digests.append(digest_async(value.detach()))
-                        parts.append(None)
-                        continue
-                    except Exception as exc:  # noqa: BLE001 - a layout the digest refuses: its type stands in
-                        value = f"unread {type(exc).__name__}"
-                parts.append(f"{key}={_plain(value) if _plain(value) is not None else type(value).__name__}")
+    for key, value in _state_entries(optimizer):
+        if isinstance(value, torch.Tensor):
+            try:
+                digests.append(digest_async(value.detach()))
+                parts.append(None)
+                continue
+            except Exception as exc:  # noqa: BLE001 - a layout the digest refuses: its type stands in
+                value = f"unread {type(exc).__name__}"
+        parts.append(f"{key}={_plain(value) if _plain(value) is not None else type(value).__name__}")
     answers = iter(resolve(digests))
     h = hashlib.blake2b(digest_size=8)
     for part in parts:
@@ -538,7 +564,15 @@ class ApiRecorder(Guarded):
             optimizer = ref()
             if optimizer is not None:
                 self._add("optimizer_settings", self._index(optimizer),
-                          {"groups": [_settings(g) for g in optimizer.param_groups], "state": _state_digest(optimizer)})
+                          {"groups": [_settings(g) for g in _groups(optimizer)], "state": _state_digest(optimizer)})
+
+    def foreign_stepped(self, optimizer) -> None:
+        """Another library's optimizer updated the weights (Keras', fastai's: collectors/foreign_steps.py):
+        its settings and state are taken when the recording ends, as torch.optim's (helper 50)."""
+        try:
+            self._stepped[id(optimizer)] = weakref.ref(optimizer)
+        except TypeError:  # (not weakly referable: left out)
+            pass
 
     # -- root modules ----------------------------------------------------------------------
     def root_forward(self, module: torch.nn.Module, name: str, digested: dict | None = None) -> None:

@@ -6,7 +6,7 @@ default: no optimizer step hook ran, the collector's step counter never moved, a
 training was step 0 (helpers 19 and 23), nothing made durable step by step, and `--steps`
 recorded nothing. `ForeignStepWatch` wraps the update method of each class in OPTIMIZERS (Keras'
 `BaseOptimizer.apply` and the wrappers that call another optimizer's, `LossScaleOptimizer` and
-`MultiOptimizer`; fastai's `Optimizer.step`) once its library is imported, and calls `ended()`
+`MultiOptimizer`; fastai's `Optimizer.step`) once its library is imported, and calls `ended(optimizer)`
 when the outermost call returns without a torch.optim step having run in it (`stepped()` counts
 those: fastai's `OptimWrapper` steps a torch.optim optimizer). The weights it wrote are the next
 step's `params` event's. Knows nothing of events.
@@ -67,7 +67,7 @@ class ForeignStepWatch:
                 finally:
                     watch._local.depth = depth
                     if depth == 0 and watch._stepped() == before:
-                        watch._ended()
+                        watch._ended(optimizer)
             return update
 
         self._patches.append(Patch(owner, method, make))

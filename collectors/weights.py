@@ -330,9 +330,11 @@ class WeightEvents:
     def _on_optimizer_step(self, optimizer, args, kwargs) -> None:
         self._step_ended(optimizer)
 
-    def _foreign_step(self) -> None:
+    def _foreign_step(self, optimizer) -> None:
         """An optimizer that is not torch.optim's updated the weights (Keras', fastai's: collectors/foreign_steps.py):
         the step ends as at torch.optim's; what it wrote is the next step's params event's."""
+        if self.api is not None:
+            self.api.foreign_stepped(optimizer)
         self._step_ended(None)
 
     def _step_ended(self, optimizer) -> None:

@@ -49,7 +49,7 @@ stepped = [0]
 def test_each_outermost_update_ends_one_step(monkeypatch):
     k = _fake_keras(monkeypatch)
     ended = []
-    watch = foreign_steps.ForeignStepWatch(lambda: stepped[0], lambda: ended.append(1)).install()
+    watch = foreign_steps.ForeignStepWatch(lambda: stepped[0], lambda optimizer: ended.append(1)).install()
     try:
         k["BaseOptimizer"]().apply([])
         k["LossScaleOptimizer"](k["BaseOptimizer"]()).apply([])
@@ -99,3 +99,47 @@ def test_fastai_s_own_optimizer_ends_each_step(monkeypatch, tmp_path):
     steps_of = {name: sorted(set(load_rank(open_run(tmp_path / name), 0)[0]["step"].to_list())) for name in ("all", "window")}
     assert steps_of["all"][:3] == [0, 1, 2], steps_of
     assert 1 in steps_of["window"] and 0 not in steps_of["window"], steps_of
+
+
+def test_a_keras_optimizer_s_state_edited_after_its_last_update_is_no_identical(monkeypatch, tmp_path):
+    """Helper 50: Keras' momentum variables (or its learning rate, a variable too) changed after the
+    last update compared identical: the end-of-recording settings were torch.optim's only. Another
+    library's optimizer is taken too, by its variables (a stand-in with Keras' shape)."""
+    import torch
+
+    import bitguard
+
+    class Variable:  # (a KerasVariable: its tensor is `value`, its name `path`)
+        def __init__(self, path, value):
+            self.path, self.value = path, value
+
+    class BaseOptimizer:
+        def __init__(self, params, lr):
+            self.params = list(params)
+            self.variables = [Variable("lr", torch.tensor(lr))] + [
+                Variable(f"momentum_{i}", torch.zeros_like(p)) for i, p in enumerate(self.params)]
+
+        def apply(self, grads, variables=None):
+            with torch.no_grad():
+                for p, g, m in zip(self.params, grads, self.variables[1:]):
+                    m.value.mul_(0.9).add_(g)
+                    p -= self.variables[0].value * m.value
+
+    module = types.ModuleType("keras.src.optimizers.base_optimizer")
+    module.BaseOptimizer = BaseOptimizer
+    monkeypatch.setitem(sys.modules, "keras.src.optimizers.base_optimizer", module)
+    for name, edit in (("a", False), ("b", False), ("c", True)):
+        torch.manual_seed(0)
+        model = torch.nn.Linear(4, 1)
+        opt = BaseOptimizer(model.parameters(), 0.1)
+        with bitguard.record(tmp_path / name, determinism=False):
+            for _ in range(2):
+                model.zero_grad()
+                model(torch.randn(2, 4)).pow(2).mean().backward()
+                opt.apply([p.grad for p in opt.params])
+            if edit:
+                opt.variables[1].value.mul_(0.5)  # (after the last update)
+    assert bitguard.compare(tmp_path / "a", tmp_path / "b").verdict == "identical"
+    c = bitguard.compare(tmp_path / "a", tmp_path / "c")
+    assert [r["code"] for r in c.blocking_reasons()] == ["final_settings"], c.blocking_reasons()
+    assert "optimizer_settings (BaseOptimizer#0): the optimizer's state" in c.blocking_reasons()[0]["message"]
