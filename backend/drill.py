@@ -37,6 +37,7 @@ import polars as pl
 
 from bitguard.backend import opdiff, replay
 from bitguard.backend.ingest import RunInfo, load_rank
+from bitguard.backend.pivot import phase_words
 from bitguard.errors import BadInput, NotSupported
 
 DRILL_SCHEMA = "bitguard.drill/1"
@@ -106,9 +107,10 @@ def plan(run_a: RunInfo, run_b: RunInfo, fd: dict) -> Window:
                            f"(a batch, arguments swapped), so there is no operation to drill into; 'bitguard compare' "
                            f"says where they came from")
     if (phase, kind) not in (("forward", "module"), ("backward", "module"), ("backward", "grad")):
-        raise NotSupported(f"not supported yet: drilling into a pivot of kind {phase} {kind} ({where}); the drill "
-                           f"traces a module's forward or backward operations. Look at the blame window 'bitguard "
-                           f"compare' gives")
+        what = "optimizer step" if kind == "step" else phase_words(phase, kind)  # (as compare names it)
+        raise NotSupported(f"not supported yet: drilling into a pivot that is the {what} of "
+                           f"{boundary} (step {fd['step']}), no module call: the drill traces a module's forward or "
+                           f"backward operations. Look at the blame window 'bitguard compare' gives")
     rank, step = fd["rank"], fd["step"]
     ea, _, _ = load_rank(run_a, rank)
     eb, _, _ = load_rank(run_b, rank)

@@ -91,7 +91,12 @@ def test_a_racy_hook_on_the_embedding_gradient_is_named_in_corrupt(drilled):
 
 def test_an_optimizer_pivot_is_not_supported_yet():
     fd = {"phase": "optimizer", "kind": "step", "boundary": "lm_head.weight", "step": 1, "blame": "source"}
-    with pytest.raises(NotSupported, match="not supported yet: drilling into a pivot of kind optimizer step"):
+    with pytest.raises(NotSupported, match="not supported yet: drilling into a pivot that is the optimizer step of "
+                                           "lm_head.weight"):
+        plan(None, None, fd)
+    fd = {"phase": "optimizer", "kind": "params", "boundary": "Sequential", "step": 1, "blame": "source"}
+    with pytest.raises(NotSupported, match="pivot that is the parameters at the start of Sequential .step 1., no module "
+                                           "call"):  # (helper 50: "of kind optimizer params")
         plan(None, None, fd)
 
 
