@@ -203,7 +203,8 @@ def _tensor_pairs(rc, a_seq: int) -> list[dict]:
     rows = rc.diffs.filter(pl.col("a_seq") == a_seq).sort("role", "idx")
     shapes_b = _shapes_b(rc, rows)
     return [{"role": r["role"], "index": r["idx"], "path": r["path"], "shape": r["shape"], "dtype": r["dtype"],
-             "shape_b": _other_shape(shapes_b.get((r["role"], r["idx"])), r["shape"]),
+             "shape_b": _other_shape(shapes_b.get((r["role"], r.get("idx_b", r["idx"]))), r["shape"])
+             if r["dtype_b"] is not None else None,  # (a tensor only A records has no shape in B)
              "dtype_b": r["dtype_b"], "a": {"xor": hex16(r["xor"]), "pos": hex16(r["pos"])},
              "b": {"xor": hex16(r["xor_b"]), "pos": hex16(r["pos_b"])},
              "differs": r["differs"], "ignored": r["ignored"], "rule_id": r["rule_id"],
@@ -216,7 +217,8 @@ def _other_shape(b: list[int] | None, a) -> list[int] | None:
 
 
 def _shapes_b(rc, rows: pl.DataFrame) -> dict[tuple[str, int], list[int]]:
-    """(role, idx) -> shape of B's tensors of the pair's B event (its partners, paired by place)."""
+    """(role, idx) -> shape of B's tensors of the pair's B event (a row's partner is B's `idx_b`: across a
+    signature change, another place than its own; helper 51)."""
     b_seqs = rows["b_seq"].drop_nulls().unique().to_list() if "b_seq" in rows.columns else []
     if len(b_seqs) != 1:
         return {}

@@ -47,3 +47,27 @@ def test_a_save_with_one_more_tensor_compares_the_tensors_both_hold(tmp_path):
     assert differing == {"['model']['weight']": (False, False), "['model']['bias']": (False, False),
                          "['extra']": (True, True), " (python keys)": (True, False),  # (its keys: one more)
                          "['model'] (python keys)": (False, False)}, differing
+
+
+def test_tensors_one_run_alone_passes_show_their_own_shapes(tmp_path):
+    """Helper 51 (TRL's packing on and off): a model given other keyword tensors in each run showed
+    B's shapes beside A's by place, not by partner: `mask float32[4, 3]→[2]` where B has no mask and
+    `[2]` was B's `pos`."""
+    class M(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(3, 1)
+
+        def forward(self, x, mask=None, pos=None, seq=None):
+            return self.fc(x).sum()
+
+    for name, batch in (("a", lambda x: {"x": x, "mask": torch.ones(4, 3)}),
+                        ("b", lambda x: {"x": x * 2, "pos": torch.arange(2), "seq": torch.arange(5)})):
+        torch.manual_seed(0)
+        model = M()
+        with bitguard.record(tmp_path / name, determinism=False):
+            model(**batch(torch.randn(4, 3))).backward()
+    fd = bitguard.compare(tmp_path / "a", tmp_path / "b").first_divergence
+    shapes = {t["path"]: (t["shape"], t["shape_b"]) for t in fd["tensors"] if t["role"] == "input"}
+    assert shapes == {"['x']": ([4, 3], None), "['mask']": ([4, 3], None), "['pos']": ([2], None),
+                      "['seq']": ([5], None)}, shapes
