@@ -227,7 +227,27 @@ def blame(pivot: dict, events_a: pl.DataFrame, status: dict[int, str], diffs: pl
                                   "a buffer it reads (recorded as each call leaves it, not as the call found it) "
                                   "changed since its last call outside any module call: a pruning mask, a spectral "
                                   "norm's vectors or running statistics edited or set by hand"}
+    unseen = _unseen_inputs(diffs, pivot["seq"], inputs) if result["blame"] == "source" and kind == "module" else []
+    if unseen:  # (helper 49: PyG's Index, a CSR adjacency: "inputs matched")
+        window = result["blame_window"] or {"module": None, "detail": "they matched, and what it computed differs"}
+        result["blame_window"] = {**window, "detail": _unseen_words(unseen) + window["detail"]}
     return result
+
+
+def _unseen_inputs(diffs: pl.DataFrame, seq: int, roles) -> list[str]:
+    """The paths of event `seq`'s inputs (`roles`) that either run could not observe: "its inputs matched"
+    is then said of the others only."""
+    if "unobserved_b" not in diffs.columns:
+        return []
+    rows = diffs.filter((pl.col("a_seq") == seq) & pl.col("role").is_in(list(roles))
+                        & (pl.col("unobserved").is_not_null() | pl.col("unobserved_b").is_not_null()))
+    return [f"{r}{p}" for r, p in rows.select("role", "path").iter_rows()]
+
+
+def _unseen_words(unseen: list[str]) -> str:
+    shown = ", ".join(unseen[:3]) + (f" and {len(unseen) - 3} more" if len(unseen) > 3 else "")
+    return (f"of its inputs, {shown} could not be observed (a tensor the digest cannot read: see the tensors' "
+            f"'unobserved'), and may be what differs; of the others: ")
 
 
 def fed_by_model(pivot: dict, sides: tuple[tuple, tuple], diffs: pl.DataFrame) -> str | None:
@@ -744,8 +764,10 @@ def _window(pivot: dict, events_a: pl.DataFrame, status: dict[int, str], diffs: 
         d = diffs.filter((pl.col("a_seq") == anc["seq"]) & pl.col("role").is_in(input_roles) & pl.col("differs")
                          & ~pl.col("ignored"))
         if d.is_empty():
+            unseen = _unseen_inputs(diffs, anc["seq"], input_roles)
             return _between_children(anc, _children(anc, same, phase), pivot,
-                                     f"inputs of {anc['boundary']} matched; the difference arose in its own code")
+                                     (_unseen_words(unseen) if unseen else "")
+                                     + f"inputs of {anc['boundary']} matched; the difference arose in its own code")
     if phase == "forward":
         root = _root_window(pivot, events_a, diffs)
         if root is not None:

@@ -72,3 +72,21 @@ def test_a_replay_that_failed_says_so_first_and_where_its_output_is(tmp_path):
     assert "(run A's replay failed with exit status 1: Traceback ... | ModuleNotFoundError: No module named " \
            "'tensorflow' (its output: " in detail, detail
     assert detail.count("tensorflow") == 1  # (not repeated as what the replay said)
+
+
+def test_a_source_pivot_with_an_input_that_could_not_be_observed_does_not_say_its_inputs_matched():
+    """Helper 49 (PyG, a CSR adjacency or PyG's Index as a layer's input): the pivot was blamed on the
+    layer's own code, "its inputs matched", while the input that differed could not be digested."""
+    from bitguard.backend.pivot import blame
+
+    diffs = pl.DataFrame({"a_seq": [5, 5, 5], "role": ["input", "input", "output"], "idx": [0, 1, 2],
+                          "path": ["[0]", "[1]", ""], "differs": [False, False, True], "ignored": [False] * 3,
+                          "unobserved": [None, "torch.sparse_csr layout", None],
+                          "unobserved_b": [None, "torch.sparse_csr layout", None]})
+    events = pl.DataFrame({"seq": [5], "phase": ["forward"], "kind": ["module"], "boundary": ["c1"], "step": [2],
+                           "depth": [1], "t_start_ns": [0], "t_end_ns": [1]})
+    pivot = {"seq": 5, "phase": "forward", "kind": "module", "boundary": "c1", "step": 2, "call": 0, "depth": 1,
+             "t_start_ns": 0, "t_end_ns": 1}
+    got = blame(pivot, events, {}, diffs)
+    assert got["blame"] == "source" and got["blame_window"]["detail"].startswith(
+        "of its inputs, input[1] could not be observed"), got
