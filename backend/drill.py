@@ -256,11 +256,16 @@ def _short(frame: str) -> str:
     return f"{Path(path).name}:{rest}"
 
 
-def _entered(d: opdiff.OpDifference) -> str | None:
+def _entered(d: opdiff.OpDifference, w: Window) -> str | None:
     """Why the first differing op's inputs can already differ: no traced op before it differs."""
     if d.cause != "digest" or not d.inputs_differ:
         return None
     which = ", ".join(str(p["index"]) for p in d.inputs if p["differs"])
+    if w.phase == "backward":  # (helper 51: a loss's targets shifted, drilled into the model's backward)
+        return (f"its input {which} differs although no traced op before it does: in a backward, that is first the "
+                f"gradient arriving at {w.boundary}'s output from after it (the loss, its targets, code between the "
+                f"output and backward(): 'bitguard compare' says whether it already differed there), or a tensor "
+                f"saved in the forward and changed since, or written outside torch functions")
     return (f"its input {which} differs although no traced op before it does: that tensor was written outside torch "
             f"functions (NumPy, a C++ extension, another thread) or came into the window from outside it (a "
             f"parameter, a global)")
@@ -283,7 +288,7 @@ def _accumulation(d: opdiff.OpDifference) -> str | None:
 def _op_pivot(w: Window, d: opdiff.OpDifference) -> dict:
     op = d.op
     at_b = {k: (d.op_b or {}).get(k) for k in ("file", "line", "function")} if d.op_b is not None else None
-    return {"note": _entered(d) or _accumulation(d), "at_b": at_b, "op": op.get("op"), "file": op.get("file"),
+    return {"note": _entered(d, w) or _accumulation(d), "at_b": at_b, "op": op.get("op"), "file": op.get("file"),
             "line": op.get("line"), "function": op.get("function"), "phase": op.get("phase", "forward"),
             "node": op.get("node"), "source": op.get("source", "frame"), "boundary": w.boundary, "step": w.step, "rank": w.rank, "cause": d.cause, "side_only": d.side_only,
             "index_a": d.index_a, "index_b": d.index_b, "modules": op.get("modules") or [], "chain": _chain(w, op),

@@ -90,3 +90,20 @@ def test_a_source_pivot_with_an_input_that_could_not_be_observed_does_not_say_it
     got = blame(pivot, events, {}, diffs)
     assert got["blame"] == "source" and got["blame_window"]["detail"].startswith(
         "of its inputs, input[1] could not be observed"), got
+
+
+def test_a_backward_drill_s_first_input_that_differs_is_said_to_be_the_gradient_arriving():
+    """Helper 51 (a loss's targets shifted outside the model): drilled into the model's backward, the
+    first differing op's input was said "written outside torch functions or came from outside (a
+    parameter, a global)", never the gradient arriving from the loss."""
+    from bitguard.backend import opdiff
+    from bitguard.backend.drill import Window, _entered
+
+    d = opdiff.OpDifference(cause="digest", side_only=None, index_a=3, index_b=3, op_a={}, op_b={},
+                            inputs=[{"index": 0, "differs": True}], outputs=[], inputs_differ=True, args_differ=False,
+                            other_side=[], paired_before=3)
+    window = Window(rank=0, step=0, boundary="Sequential", module_type="Sequential", call=0, why="", seq_a=1, seq_b=1,
+                    phase="backward")
+    assert "the gradient arriving at Sequential's output from after it (the loss" in _entered(d, window)
+    window.phase = "forward"
+    assert "came into the window from outside it" in _entered(d, window)
