@@ -385,6 +385,11 @@ def _params_detail(pivot: dict, events_a: pl.DataFrame, diffs: pl.DataFrame,
                 "initialisation or its sizes")
     if stepped and names and tensors_a is not None and not _stepped_before(pivot, steps, tensors_a):
         # (by the parameters' identities: an EMA's have the trained model's names, helper 34's ModelEmaV2)
+        if _stepped_in_b(pivot, events_b, tensors_b):  # (helper 51: a DPO reference made by copy.copy)
+            return (f"the parameters of {pivot['boundary']} differ at the start of this step: in run A they are a copy "
+                    "kept beside the trained parameters (no optimizer step updated them), in run B they are the "
+                    "trained parameters themselves, which an optimizer steps (a model that shares its weights with the "
+                    "trained one, as a shallow copy.copy() of it does, or is that model)")
         return (f"the parameters of {pivot['boundary']} differ at the start of this step, and no optimizer step before "
                 "updated them: they are not the trained parameters but a copy the training keeps beside them (an EMA "
                 "or averaged model, a teacher or target network) or frozen weights: what updates them outside "
@@ -464,6 +469,14 @@ def _stepped_before(pivot: dict, steps: pl.DataFrame, tensors_a: pl.DataFrame) -
     mine = tensors_a.filter((pl.col("seq") == pivot["seq"]) & (pl.col("role") == "param"))["tid"]
     updated = tensors_a.filter(pl.col("seq").is_in(steps["seq"].implode()) & (pl.col("role") == "param"))["tid"]
     return bool(mine.is_in(updated.implode()).any())
+
+
+def _stepped_in_b(pivot: dict, events_b: pl.DataFrame | None, tensors_b: pl.DataFrame | None) -> bool:
+    """Are the pivot's parameters, in run B, ones an optimizer step of B updated before it?"""
+    if events_b is None or tensors_b is None or pivot.get("b_seq") is None:
+        return False
+    steps = events_b.filter((pl.col("seq") < pivot["b_seq"]) & (pl.col("phase") == "optimizer") & (pl.col("kind") == "step"))
+    return _stepped_before({"seq": pivot["b_seq"]}, steps, tensors_b)
 
 
 def _sharing(pivot: dict, events_a: pl.DataFrame, tensors_a: pl.DataFrame | None) -> list[str]:

@@ -107,3 +107,18 @@ def test_a_backward_drill_s_first_input_that_differs_is_said_to_be_the_gradient_
     assert "the gradient arriving at Sequential's output from after it (the loss" in _entered(d, window)
     window.phase = "forward"
     assert "came into the window from outside it" in _entered(d, window)
+
+
+def test_weights_one_run_keeps_apart_and_the_other_shares_with_the_trained_model_are_said_to_be():
+    """Helper 51 (a DPO reference made by copy.copy(model)): run B's reference shares the policy's
+    parameters, which the optimizer steps; they were said to be "not the trained parameters but a copy"."""
+    events = pl.DataFrame({"seq": [1, 2, 9], "phase": ["optimizer"] * 3, "kind": ["params", "step", "params"],
+                           "boundary": ["ref", "fc.weight", "ref"], "step": [0, 0, 1], "call": [0, 0, 0]})
+    tensors_a = pl.DataFrame({"seq": [1, 2, 9], "role": ["param"] * 3, "tid": [100, -1, 100]})
+    tensors_b = pl.DataFrame({"seq": [1, 2, 9], "role": ["param"] * 3, "tid": [-1, -1, -1]})
+    diffs = pl.DataFrame({"a_seq": [9], "role": ["param"], "path": [".fc.weight"], "differs": [True]})
+    pivot = {"seq": 9, "b_seq": 9, "call": 0, "step": 1, "boundary": "ref", "module_type": "Net"}
+    got = _params_detail(pivot, events, diffs, tensors_a, 0, events, tensors_b)
+    assert "in run A they are a copy kept beside the trained parameters" in got and "copy.copy()" in got, got
+    assert "they are not the trained parameters but a copy" in _params_detail(pivot, events, diffs, tensors_a, 0,
+                                                                                events, tensors_a)
