@@ -166,10 +166,20 @@ def differences(run_a, run_b, rank: int, step: int, computed: bool = False, rows
                 continue
             fa, fb = calls_a[key], calls_b[key]
             for f in sorted(set(fa) | set(fb)):
-                if fa.get(f) != fb.get(f):
+                if fa.get(f) != fb.get(f) and not _in_effect_all_along(kind, f, fa, fb):
                     found.append({**where, "field": f, "a": fa.get(f), "b": fb.get(f)})
     found = _merged(found)
     return {"available": True, "differences": found[:SHOWN], "more": max(0, len(found) - SHOWN), "missing": []}
+
+
+def _in_effect_all_along(kind: str, field: str, fa: dict, fb: dict) -> bool:
+    """An optimizer's settings as the recording ended (`optimizer_settings`) that neither run set after
+    its last step: a difference of them was in effect at every step, and is listed there (two runs that
+    asked for other learning rates, to no effect, are identical)."""
+    if kind != "optimizer_settings":
+        return False
+    return field == "set_after_step" or (field.startswith("groups") and not (fa.get("set_after_step")
+                                                                           or fb.get("set_after_step")))
 
 
 def _merged(found: list[dict]) -> list[dict]:

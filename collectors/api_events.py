@@ -193,12 +193,16 @@ def _settings(group: dict) -> dict:
 
 
 def _groups(optimizer) -> list[dict]:
-    """An optimizer's param groups: torch.optim's, fastai's `hypers`; none for Keras' (its learning
-    rate is one of its variables)."""
+    """An optimizer's param groups: torch.optim's, fastai's `hypers`, Keras' learning rate (a variable)."""
     if isinstance(optimizer, torch.optim.Optimizer):
         return optimizer.param_groups
     hypers = getattr(optimizer, "hypers", None)
-    return [h for h in hypers if isinstance(h, dict)] if isinstance(hypers, list) else []
+    if isinstance(hypers, list):
+        return [h for h in hypers if isinstance(h, dict)]
+    if isinstance(getattr(optimizer, "variables", None), (list, tuple)) and hasattr(optimizer, "learning_rate"):
+        lr = optimizer.learning_rate
+        return [{"learning_rate": getattr(lr, "value", lr)}]
+    return []
 
 
 def _state_entries(optimizer):
@@ -212,8 +216,9 @@ def _state_entries(optimizer):
                 yield from ((key, state[key]) for key in sorted(state, key=str))
         return
     variables = getattr(optimizer, "variables", None)
-    if isinstance(variables, (list, tuple)):  # (Keras: a KerasVariable's tensor is its `value`)
-        yield from ((getattr(v, "path", i), getattr(v, "value", v)) for i, v in enumerate(variables))
+    if isinstance(variables, (list, tuple)):  # (Keras: a KerasVariable's tensor is its `value`; the learning rate
+        rate = getattr(optimizer, "learning_rate", None)  # is a setting, `_groups`)
+        yield from ((getattr(v, "path", i), getattr(v, "value", v)) for i, v in enumerate(variables) if v is not rate)
         return
     state = getattr(optimizer, "state", None)
     if isinstance(state, dict):
@@ -289,7 +294,8 @@ class ApiRecorder(Guarded):
         self._reads: Reads | None = None  # what the training reads out of its tensors (collectors/reads.py)
         self._store_add = None
         self._overflow = False
-        self._stepped: dict[int, weakref.ref] = {}  # id -> each optimizer torch.optim stepped (`_optimizers_at_end`)
+        # id -> (ref, its settings at its last step) of each optimizer that stepped (`_optimizers_at_end`)
+        self._stepped: dict[int, tuple[weakref.ref, list[dict]]] = {}
 
     # -- installation ----------------------------------------------------------------------
     def install(self) -> ApiRecorder:
@@ -550,8 +556,9 @@ class ApiRecorder(Guarded):
 
     def _on_optimizer_step(self, optimizer, args, kwargs) -> None:
         step = self.naming.ending_step()
-        self._stepped[id(optimizer)] = weakref.ref(optimizer)
-        groups = [{**_settings(g), "params": self._names(g["params"])} for g in optimizer.param_groups]
+        settings = [_settings(g) for g in optimizer.param_groups]
+        self._stepped[id(optimizer)] = (weakref.ref(optimizer), settings)
+        groups = [{**s, "params": self._names(g["params"])} for s, g in zip(settings, optimizer.param_groups)]
         self._add("optimizer_step", self._index(optimizer), {"groups": groups}, step=step)
         self._end_step(step)
 
@@ -559,18 +566,21 @@ class ApiRecorder(Guarded):
         """When the recording ends, each stepped optimizer's settings and state as the training left
         them (`optimizer_settings`): a learning rate set by hand after the last step() (a plateau
         callback's, helper 50), a momentum buffer edited, reach no recorded tensor, yet a training that
-        went on or resumed from here would differ (backend/compare.py, `final_settings`)."""
-        for ref in self._stepped.values():
+        went on or resumed from here would differ (backend/compare.py, `final_settings`). `set_after_step`:
+        the settings are not those of its last step (two runs that asked for other settings throughout,
+        to no effect, differ at every step alike: that is no difference made after the last one)."""
+        for ref, at_step in self._stepped.values():
             optimizer = ref()
             if optimizer is not None:
+                settings = [_settings(g) for g in _groups(optimizer)]
                 self._add("optimizer_settings", self._index(optimizer),
-                          {"groups": [_settings(g) for g in _groups(optimizer)], "state": _state_digest(optimizer)})
+                          {"groups": settings, "set_after_step": settings != at_step, "state": _state_digest(optimizer)})
 
     def foreign_stepped(self, optimizer) -> None:
         """Another library's optimizer updated the weights (Keras', fastai's: collectors/foreign_steps.py):
         its settings and state are taken when the recording ends, as torch.optim's (helper 50)."""
         try:
-            self._stepped[id(optimizer)] = weakref.ref(optimizer)
+            self._stepped[id(optimizer)] = (weakref.ref(optimizer), [_settings(g) for g in _groups(optimizer)])
         except TypeError:  # (not weakly referable: left out)
             pass
 
