@@ -1,12 +1,12 @@
 """What a pivot's explanation says where helpers found it wrong or silent: a `params` pivot's new
-parameters apart from those an optimizer stepped (whatever root names them), a forward whose
-buffers alone differ (backend/pivot.py), and a drill whose replay failed (backend/drill.py)."""
+parameters apart from those an optimizer stepped (whatever root names them; backend/params_blame.py),
+a forward whose buffers alone differ (backend/pivot.py), and a drill whose replay failed (backend/drill.py)."""
 
 from __future__ import annotations
 
 import polars as pl
 
-from bitguard.backend.pivot import _params_detail
+from bitguard.backend.params_blame import params_detail as _params_detail
 
 
 def _detail(stepped: list[str], differing: str) -> str:

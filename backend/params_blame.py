@@ -1,0 +1,147 @@
+"""Why a `params` pivot's weights differ: a root's parameters as a call of a step meets them differ
+although every event before matched (backend/pivot.py's `blame` asks). The answer reads which
+optimizer steps updated those tensors before and after the pivot, by their identities (`tid`), in
+either run: weights changed by hand after a step, a copy kept beside the trained ones (an EMA, a
+target network, a reference sharing the trained weights in one run only), a model initialised
+differently after another's training, LBFGS or SAM inside a step, a resume from another step.
+
+Reads polars frames prepared by compare.py, as pivot.py does.
+"""
+
+from __future__ import annotations
+
+import polars as pl
+
+
+def params_detail(pivot: dict, events_a: pl.DataFrame, diffs: pl.DataFrame,
+                   tensors_a: pl.DataFrame | None = None, shift: int = 0, events_b: pl.DataFrame | None = None,
+                   tensors_b: pl.DataFrame | None = None) -> str:
+    """A root's parameters differ as a call of a step meets them, every event before matched."""
+    before = events_a.filter(pl.col("seq") < pivot["seq"])
+    steps = before.filter((pl.col("phase") == "optimizer") & (pl.col("kind") == "step"))
+    stepped = steps.height
+    differing = diffs.filter((pl.col("a_seq") == pivot["seq"]) & pl.col("differs") & (pl.col("role") == "param"))
+    names = [p.lstrip(".") for p in differing["path"].to_list()]
+    if pivot.get("module_type") == "optimizer":  # (collectors/weights.py, _orphan_params)
+        return (f"tensors that only {pivot['boundary']} steps and no recorded module call holds ({', '.join(names[:3])}: "
+                "a learned temperature such as SAC's log_alpha, weights stacked for vmap or given to functional_call, "
+                "the parameters of a model whose __call__ skips torch's, as gpytorch's modules do) differ "
+                "at the start of this step although every event before matched: code outside torch.optim changed "
+                "them after the last step() (an in-place edit under no_grad, through .data, a clamp, load_state_dict)")
+    # (a part called alone names its parameters from itself, `2.weight`; its optimizer events are named from
+    # the model, `actor.2.weight`)
+    stepped_names = steps["boundary"].to_list()
+    if stepped and names and not any(b == n or b.endswith("." + n) for n in names for b in stepped_names):
+        shown = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+        return (f"{shown} {'differs' if len(names) == 1 else 'differ'} at the start of this step, and no optimizer "
+                "step before updated them: parameters new to the model or to its training (a layer added, a "
+                "parameter replaced or unfrozen) made differently "
+                "(their initialisation, the weights copied in), or frozen ones changed outside torch.optim")
+    if stepped and names and tensors_a is not None and before.filter(pl.col("boundary") == pivot["boundary"]).is_empty() \
+            and _stepped_later(pivot, events_a, tensors_a):
+        # (helper 46: skorch's GridSearchCV trains a clone after the first model: its initialisation differed)
+        return (f"the parameters of {pivot['boundary']} differ at its first call, after the training of another "
+                "model: a model made since (a sweep's or a cross-validation's next model, a clone, a model rebuilt) "
+                "was initialised differently: the seed, the random numbers drawn before it was built, its "
+                "initialisation or its sizes")
+    if stepped and names and tensors_a is not None and not _stepped_before(pivot, steps, tensors_a):
+        # (by the parameters' identities: an EMA's have the trained model's names, helper 34's ModelEmaV2)
+        if _stepped_in_b(pivot, events_b, tensors_b):  # (helper 51: a DPO reference made by copy.copy)
+            return (f"the parameters of {pivot['boundary']} differ at the start of this step: in run A they are a copy "
+                    "kept beside the trained parameters (no optimizer step updated them), in run B they are the "
+                    "trained parameters themselves, which an optimizer steps (a model that shares its weights with the "
+                    "trained one, as a shallow copy.copy() of it does, or is that model)")
+        return (f"the parameters of {pivot['boundary']} differ at the start of this step, and no optimizer step before "
+                "updated them: they are not the trained parameters but a copy the training keeps beside them (an EMA "
+                "or averaged model, a teacher or target network) or frozen weights: what updates them outside "
+                "torch.optim (an EMA's decay or update, an averaging, a copy from the trained model) computed "
+                "differently, or they were changed by hand")
+    optimized = stepped or not events_a.filter((pl.col("phase") == "optimizer") & (pl.col("kind") == "step")).is_empty()
+    if pivot["call"] > 0 and optimized:  # (in step 0 too: helpers 27 and 29, SAM's perturbation was said to be an update)
+        return ("the parameters differ at this call of the step although they matched at an earlier call and every "
+                "event since matched: they changed inside the step, where an optimizer that calls its closure "
+                "again (LBFGS) moves them inside step(), or by code between the two calls (a perturbation such as "
+                "SAM's first step, an edit through .data or by hand)")
+    if stepped:
+        return ("the parameters differ at the start of this step although every optimizer step before matched: code "
+                "outside torch.optim changed them after the last step() (a clamp or an update through .data, a "
+                "hand-written update, load_state_dict, weights copied in)")
+    if before.filter(pl.col("kind") == "grad").height:
+        return ("the parameters differ at the start of this step although every gradient before matched, and no "
+                "optimizer step was recorded: the weights were updated outside torch.optim (by hand, through .data, "
+                "or by another library's optimizer, as Keras') differently, or edited between steps (or an optimizer "
+                "that calls its closure again, LBFGS, moved them inside its first step())")
+    resumed = _resumed_at(pivot, diffs, events_a, tensors_a)
+    swapped = None if resumed is not None or shift else _resumed_at(pivot, diffs, events_b, tensors_b, side="a")
+    if swapped is not None and swapped > pivot["step"]:  # (the resumed run given as A)
+        return (f"run A's parameters at step {pivot['step']} are run B's at step {swapped}: A is the run that resumed "
+                f"from a checkpoint of B's step {swapped}? Give the resumed run as B: `bitguard compare B A --resumed-at "
+                f"{swapped - pivot['step']}` compares its steps with B's from there")
+    if resumed is not None:  # (a resume in a new process counts its steps from 0 again)
+        better = shift + resumed - pivot["step"]
+        how = f"`bitguard compare --resumed-at {better}`" if better else "`bitguard compare` without --resumed-at"
+        if shift:
+            return (f"run B's parameters at step {pivot['step']} (its own step {pivot['step'] - shift}) are run A's at "
+                    f"step {resumed}: --resumed-at {shift} pairs B's steps with the wrong ones of A; {how} compares "
+                    f"them with A's from there")
+        return (f"run B's parameters at step {pivot['step']} are run A's at step {resumed}: B resumed from a checkpoint "
+                f"of A's step {resumed} in a new process, which counted its steps from 0? {how} compares B's steps "
+                f"with A's from there")
+    if shift and pivot["step"] == shift:  # (B's first step: what it resumed from)
+        return (f"the parameters run B resumed with differ from run A's at step {shift} (B's first, --resumed-at "
+                f"{shift}) and at every later step: the checkpoint did not restore them (the model's state not loaded, "
+                f"loaded from another run), or it is an earlier step's than --resumed-at says (A's steps before "
+                f"{shift} are not compared: compare without --resumed-at to find the step of A they are)")
+    if pivot["step"] > 0:
+        return (f"the parameters already differ at the model's first recorded call, in step {pivot['step']}: they "
+                f"differed before the recorded steps began (an earlier step, the initialisation, a loaded checkpoint)")
+    ran = before.filter((pl.col("phase") == "forward") & (pl.col("boundary") != pivot["boundary"])).height
+    return ("the parameters differ before the model's first recorded call, although everything before matched: "
+            "they were made differently (the initialisation, its seed, a loaded checkpoint, weights copied in)"
+            + (", or updated from another model's weights before this call (a momentum or EMA update at the start of "
+               "a step, as MoCo's and BYOL's key encoders are, with another momentum)" if ran else ""))
+
+
+def _resumed_at(pivot: dict, diffs: pl.DataFrame, events_a: pl.DataFrame, tensors_a: pl.DataFrame | None,
+                side: str = "b") -> int | None:
+    """The other step of run A, the nearest, at whose same event (boundary and kind) A's parameters
+    are, digest for digest, run B's at the pivot; None when there is none. (`side` "a", with B's events
+    and tensors: the step of B whose parameters are A's at the pivot.)"""
+    xor, pos = ("xor_b", "pos_b") if side == "b" else ("xor", "pos")
+    if tensors_a is None or events_a is None or xor not in diffs.columns:
+        return None
+    b = diffs.filter((pl.col("a_seq") == pivot["seq"]) & (pl.col("role") == "param")).select(
+        "idx", pl.col(xor).alias("xor"), pl.col(pos).alias("pos"))
+    if not b.height or b["xor"].null_count():
+        return None
+    later = events_a.filter((pl.col("step") != pivot["step"]) & (pl.col("boundary") == pivot["boundary"])
+                            & (pl.col("kind") == pivot["kind"]) & (pl.col("phase") == pivot["phase"])).select("seq", "step")
+    rows = tensors_a.filter(pl.col("seq").is_in(later["seq"].implode()) & (pl.col("role") == "param"))
+    same = rows.join(b, on=["idx", "xor", "pos"], how="semi").group_by("seq").len()
+    whole = same.filter(pl.col("len") == b.height).join(later, on="seq").with_columns(
+        (pl.col("step") - pivot["step"]).abs().alias("_far")).sort("_far", "seq")
+    return int(whole["step"][0]) if whole.height else None
+
+
+def _stepped_before(pivot: dict, steps: pl.DataFrame, tensors_a: pl.DataFrame) -> bool:
+    """Is any of the pivot's parameters (by its tensor identity) one an optimizer step before it
+    updated? (Not one: a model the training keeps beside the trained one. One weight replaced by a
+    new tensor in a trained model is not that: its other weights were stepped.)"""
+    mine = tensors_a.filter((pl.col("seq") == pivot["seq"]) & (pl.col("role") == "param"))["tid"]
+    updated = tensors_a.filter(pl.col("seq").is_in(steps["seq"].implode()) & (pl.col("role") == "param"))["tid"]
+    return bool(mine.is_in(updated.implode()).any())
+
+
+def _stepped_in_b(pivot: dict, events_b: pl.DataFrame | None, tensors_b: pl.DataFrame | None) -> bool:
+    """Are the pivot's parameters, in run B, ones an optimizer step of B updated before it?"""
+    if events_b is None or tensors_b is None or pivot.get("b_seq") is None:
+        return False
+    steps = events_b.filter((pl.col("seq") < pivot["b_seq"]) & (pl.col("phase") == "optimizer") & (pl.col("kind") == "step"))
+    return _stepped_before({"seq": pivot["b_seq"]}, steps, tensors_b)
+
+
+def _stepped_later(pivot: dict, events_a: pl.DataFrame, tensors_a: pl.DataFrame) -> bool:
+    """Does an optimizer step after the pivot update any of its parameters (by identity)? A model
+    trained from there (a sweep's next model), not a copy kept beside the trained one (an EMA)."""
+    later = events_a.filter((pl.col("seq") > pivot["seq"]) & (pl.col("phase") == "optimizer") & (pl.col("kind") == "step"))
+    return _stepped_before(pivot, later, tensors_a)
