@@ -968,10 +968,12 @@ class Collector(WeightEvents):
         `buffered_below`) that were not called since it began: a part run through its `.forward()`
         (lightly's memory bank, updated by its loss's call, helper 48) or not called at all has no event
         of its own, and its buffers were seen only at the end. Paths name the part: `.bank.queue`.
-        Reported by the innermost recorded call around it: those around that one do not again."""
+        Reported by the innermost recorded call around it: those around that one do not again. `below`
+        is found at the module's first recorded call: a part added to it later is not among them."""
         seen, rows = self._buffers_seen, []
-        for path, sub in below:
-            if seen.get(id(sub), -1) < t0:
+        for path, ref in below:
+            sub = ref()
+            if sub is not None and seen.get(id(sub), -1) < t0:
                 seen[id(sub)] = t0
                 rows += self._rows([(f".{path}.{n}", b) for n, b in sub._buffers.items() if b is not None], "state",
                                    start + len(rows))

@@ -42,11 +42,12 @@ def module_versions(module: torch.nn.Module) -> int:
     return tensor_versions(module.parameters())
 
 
-def buffered_below(module: torch.nn.Module) -> list[tuple[str, torch.nn.Module]]:
+def buffered_below(module: torch.nn.Module) -> list[tuple[str, weakref.ref]]:
     """The modules below `module` (not itself) that hold buffers, with their paths from it (what the
     recorder reports of them when a call of `module` left them unobserved: collectors/hooks.py,
-    `_unobserved_buffers`). torch's own walk: a library's override may take other arguments (torchrl)."""
-    return [(clean_name(eager_name(path)), sub) for path, sub in torch.nn.Module.named_modules(module)
+    `_unobserved_buffers`), held weakly (a memory bank kept alive with a dropped model would leak).
+    torch's own walk: a library's override may take other arguments (torchrl)."""
+    return [(clean_name(eager_name(path)), weakref.ref(sub)) for path, sub in torch.nn.Module.named_modules(module)
             if sub is not module and any(b is not None for b in sub._buffers.values())]
 
 
