@@ -207,7 +207,7 @@ def _groups(optimizer) -> list[dict]:
 
 def _state_entries(optimizer):
     """(key, value) of an optimizer's state in a fixed order: torch.optim's each parameter's entries in
-    its groups' order; Keras' variables (its moments, iterations and learning rate); fastai's per
+    its groups' order; Keras' variables (its moments and iterations; its learning rate is a setting); fastai's per
     parameter state in the order it was made."""
     if isinstance(optimizer, torch.optim.Optimizer):
         for group in optimizer.param_groups:
@@ -216,8 +216,8 @@ def _state_entries(optimizer):
                 yield from ((key, state[key]) for key in sorted(state, key=str))
         return
     variables = getattr(optimizer, "variables", None)
-    if isinstance(variables, (list, tuple)):  # (Keras: a KerasVariable's tensor is its `value`; the learning rate
-        rate = getattr(optimizer, "learning_rate", None)  # is a setting, `_groups`)
+    if isinstance(variables, (list, tuple)):  # (Keras: a KerasVariable's tensor is its `value`)
+        rate = getattr(optimizer, "learning_rate", None)  # (`_groups`)
         yield from ((getattr(v, "path", i), getattr(v, "value", v)) for i, v in enumerate(variables) if v is not rate)
         return
     state = getattr(optimizer, "state", None)
