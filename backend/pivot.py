@@ -549,6 +549,13 @@ def structure_blame(event: dict, side: str, events: pl.DataFrame, twin: dict | N
         fault = "missing" if side == "a" else "extra"
         detail = (f"run {have} records {what} and run {lack} does not: the training saved at another point, "
                   f"a different number of times or not at all, or the save failed in run {lack}")
+    elif event["kind"] == "final" and _goes_on_after(event, events):
+        # (helper 52: a model rebuilt and loaded in the same process, an in-process resume: "run B ends here")
+        fault = "missing" if side == "a" else "extra"
+        detail = (f"run {have} took {what} mid-run, when the training let go of that model (it dropped or replaced it: "
+                  f"a model rebuilt and loaded in the same process, as an in-process resume does, or a sweep's next "
+                  f"model), while run {lack} kept its model: the events after it name run {have}'s new model anew "
+                  f"(`#2`), so they pair with nothing of run {lack}'s; compare runs that keep their models alike")
     elif event["kind"] == "final":  # (the first gap: the other run records more of this step, or ends later)
         fault = "missing" if side == "a" else "extra"
         detail = (f"run {have}'s recording ends here, with {what}, while run {lack} goes on: the runs trained a "
@@ -571,6 +578,13 @@ def structure_blame(event: dict, side: str, events: pl.DataFrame, twin: dict | N
                     f"the step's first call), and run {lack}'s did not: an edit between micro-batches or between a "
                     f"forward and the next (through .data, under no_grad, by a callback), or a step() inside the "
                     f"accumulation")}}
+    elif event["kind"] == "params" and (first := _earlier_of_its_class(event, events)):
+        # (helper 52: a model rebuilt and loaded in the same process: its new root is `Linear#2`)
+        fault = "missing" if side == "a" else "extra"
+        detail = (f"run {have} meets a new model here, {event['boundary']}, of the class of its {first} (a model "
+                  f"rebuilt and loaded in the same process, as an in-process resume does, or a sweep's next model), "
+                  f"where run {lack} does not: the events after it name the new model anew, so they pair with nothing "
+                  f"of run {lack}'s; compare runs that keep their models alike")
     else:
         fault = "missing" if side == "a" else "extra"
         detail = (f"run {have} records {what} and run {lack} does not: a module was skipped or added, a branch "
@@ -586,6 +600,20 @@ def structure_blame(event: dict, side: str, events: pl.DataFrame, twin: dict | N
         parent = _owner(event["boundary"])
     return {"blame": "structure", "fault_class": fault, "differing_roles": [],
             "blame_window": {"module": parent or event["boundary"], "detail": detail}}
+
+
+def _earlier_of_its_class(event: dict, events: pl.DataFrame) -> str | None:
+    """The root a run met before this one of the same class (`Linear` for `Linear#2`), if it met one."""
+    match = re.fullmatch(r"(.+)#\d+", event["boundary"])
+    if match is None or events.filter((pl.col("seq") < event["seq"]) & (pl.col("boundary") == match.group(1))).is_empty():
+        return None
+    return match.group(1)
+
+
+def _goes_on_after(event: dict, events: pl.DataFrame) -> bool:
+    """Does the run record events other than final states after this final event (it let go of a model
+    mid-run) rather than ending there?"""
+    return not events.filter((pl.col("seq") > event["seq"]) & (pl.col("kind") != "final")).is_empty()
 
 
 def _as_at_first_call(event: dict, events: pl.DataFrame, tensors: pl.DataFrame | None) -> bool:

@@ -160,8 +160,8 @@ def _divergence(fd: FirstDivergence) -> list[str]:
                f"tensors"]
     elif fd.cause == "structure" and fd.kind == "final":  # (helper 33: an early stop read as A lacking something)
         ends, goes_on = ("B", "A") if fd.missing_side == "a" else ("A", "B")
-        out = [f"VERDICT: diverged — first divergence on rank {fd.rank}, step {fd.step}: run {ends} ends here (the final "
-               f"state of {fd.boundary}, {fd.module_type}) where run {goes_on} goes on"]
+        out = [f"VERDICT: diverged — first divergence on rank {fd.rank}, step {fd.step}: run {ends} takes the final "
+               f"state of {fd.boundary} ({fd.module_type}) here, where run {goes_on} goes on"]
     elif fd.cause == "structure":
         lacking = fd.missing_side.upper()
         out = [f"VERDICT: diverged — first divergence on rank {fd.rank}, step {fd.step}: run {lacking} lacks the "

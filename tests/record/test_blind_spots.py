@@ -836,7 +836,34 @@ def test_a_run_that_stops_early_is_said_to_end_where_the_other_goes_on(tmp_path)
     assert (fd["step"], fd["kind"], fd["cause"], fd["missing_side"]) == (2, "final", "structure", "a"), fd
     assert fd["blame_window"]["detail"].startswith("run B's recording ends here"), fd
     text = run_cli("compare", tmp_path / "a", tmp_path / "b").stdout
-    assert "step 2: run B ends here (the final state of Sequential, Sequential) where run A goes on" in text, text
+    assert "step 2: run B takes the final state of Sequential (Sequential) here, where run A goes on" in text, text
+
+
+def test_a_model_rebuilt_mid_run_is_not_said_to_end_the_run(tmp_path):
+    """Helper 52: a model and optimizer rebuilt and loaded in the same process (an in-process resume,
+    the numbers bitwise the same) read as "run B ends here" at the old model's final state."""
+    import torch
+
+    import bitguard
+
+    def train(name, rebuild):
+        model, opt = _tiny()
+        with bitguard.record(tmp_path / name, determinism=False):
+            for step in range(4):
+                if rebuild and step == 2:
+                    state, opt_state = model.state_dict(), opt.state_dict()
+                    model, opt = _tiny()
+                    model.load_state_dict(state)
+                    opt.load_state_dict(opt_state)
+                _sgd_steps(model, opt, 1)
+
+    train("a", False), train("b", True)
+    fd = bitguard.compare(tmp_path / "a", tmp_path / "b").to_dict()["first_divergence"]
+    # (the old model is still held when the new one is first called: its final state comes later; under `bitguard
+    # record` it is let go of first, and that final state is the pivot: tests/unit/backend/test_explanations.py)
+    assert (fd["step"], fd["kind"], fd["cause"], fd["missing_side"]) == (2, "params", "structure", "a"), fd
+    assert fd["blame_window"]["detail"].startswith("run B meets a new model here, Sequential#2, of the class of its "
+                                                   "Sequential"), fd
 
 
 def test_a_kept_ema_called_for_an_evaluation_is_named_and_blamed_as_one(tmp_path):

@@ -122,3 +122,19 @@ def test_weights_one_run_keeps_apart_and_the_other_shares_with_the_trained_model
     assert "in run A they are a copy kept beside the trained parameters" in got and "copy.copy()" in got, got
     assert "they are not the trained parameters but a copy" in _params_detail(pivot, events, diffs, tensors_a, 0,
                                                                                 events, tensors_a)
+
+
+def test_a_final_state_taken_mid_run_is_a_model_let_go_of_not_the_run_s_end():
+    """Helper 52: a model rebuilt and loaded in the same process (an in-process resume): the old model's
+    final state, taken when the script let go of it, read as "run B ends here"."""
+    from bitguard.backend.pivot import structure_blame
+
+    events = pl.DataFrame({"seq": [1, 2, 3, 4], "phase": ["forward", "optimizer", "optimizer", "forward"],
+                           "kind": ["module", "final", "params", "module"], "step": [2, 2, 2, 2],
+                           "boundary": ["Linear", "Linear", "Linear#2", "Linear#2"], "call": [0] * 4})
+    final = {"seq": 2, "phase": "optimizer", "kind": "final", "boundary": "Linear", "step": 2, "call": 0}
+    got = structure_blame(final, "b", events, None)
+    assert got["blame_window"]["detail"].startswith("run B took the final state of Linear (call 0) at step 2 mid-run, "
+                                                    "when the training let go of that model"), got
+    ended = structure_blame(final, "b", events.filter(pl.col("seq") <= 2), None)
+    assert ended["blame_window"]["detail"].startswith("run B's recording ends here"), ended
