@@ -480,7 +480,10 @@ def _optimizer_detail(pivot: dict, events_a: pl.DataFrame, status: dict[int, str
         return f"the gradient step() used differs {produced}"
     # (an optimizer's state is recorded as step() leaves it: an edit of it since is seen only here)
     state = ("the optimizer update computed differently (its hyperparameters, its code), or its state "
-             "(momentum, Adam's moments) changed since its last step(): edited, or loaded from a checkpoint")
+             "(momentum, Adam's moments) changed since its last step(): edited, or loaded from a checkpoint; or the "
+             "parameter itself was changed after this step's forward began and before step() (a clamp or an edit "
+             "under no_grad or through .data between backward() and step(): the parameter is recorded as the step's "
+             "first call meets it and as step() leaves it, not as step() finds it)")
     if used_seen and prev_ok:
         return ("the parameter differs after step() while the gradient step() used and the previous parameters "
                 f"matched: {state}")

@@ -138,3 +138,17 @@ def test_a_final_state_taken_mid_run_is_a_model_let_go_of_not_the_run_s_end():
                                                     "when the training let go of that model"), got
     ended = structure_blame(final, "b", events.filter(pl.col("seq") <= 2), None)
     assert ended["blame_window"]["detail"].startswith("run B's recording ends here"), ended
+
+
+def test_an_update_that_differs_with_its_inputs_matched_may_be_an_edit_before_step():
+    """Helper 52 (open_clip's logit_scale clamp put before opt.step()): the weight edited between
+    backward() and step() was blamed on the optimizer's computation or state alone."""
+    from bitguard.backend.pivot import _optimizer_detail
+
+    events = pl.DataFrame({"seq": [1, 2], "boundary": ["w", "w"], "phase": ["optimizer", "backward"],
+                           "kind": ["step", "grad"], "step": [1, 2]})
+    used = pl.DataFrame({"differs": [False], "ignored": [False], "unknown": [False]})
+    got = _optimizer_detail({"boundary": "w", "step": 2}, events, {1: "identical", 2: "identical"}, used)
+    assert got.startswith("the parameter differs after step() while the gradient step() used and the previous "
+                          "parameters matched") and "a clamp or an edit under no_grad or through .data between " \
+                                                    "backward() and step()" in got, got
