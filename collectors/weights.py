@@ -51,6 +51,31 @@ def buffered_below(module: torch.nn.Module) -> list[tuple[str, weakref.ref]]:
             if sub is not module and any(b is not None for b in sub._buffers.values())]
 
 
+def saved_apart(module: torch.nn.Module) -> list[tuple[str, torch.Tensor]]:
+    """The tensors `module`'s state_dict holds beyond its parameters and buffers: those the parts that
+    write their own state add (`_save_to_state_dict` overridden, or `get_extra_state`): torch.ao's
+    quantized modules keep their scale, zero point and packed weights apart from both (helper 53: a
+    model converted in place differed only there, and compared identical). Python numbers as 0-d rows."""
+    base = torch.nn.Module
+    out = []
+    for path, part in base.named_modules(module):
+        kind = type(part)
+        if kind._save_to_state_dict is base._save_to_state_dict and kind.get_extra_state is base.get_extra_state:
+            continue
+        written: dict = {}
+        try:
+            part._save_to_state_dict(written, "", keep_vars=True)
+        except Exception:  # noqa: BLE001 - a part that cannot say its state here: its parameters and buffers still are
+            continue
+        own = set(part._parameters) | set(part._buffers)
+        where = f".{clean_name(eager_name(path))}." if path else "."
+        for key, value in written.items():
+            if key not in own:
+                found = [("", value)] if isinstance(value, torch.Tensor) else tensors_in(value, f"{where}{key}")[0]
+                out += [(f"{where}{key}{sub}", t) for sub, t in found]
+    return out
+
+
 def is_distributed(module: torch.nn.Module) -> bool:
     """A wrapper of torch.distributed's (DDP's reducer, FSDP's state): not held past the script's
     own lifetime for it, since destroyed after the script's destroy_process_group() its threads
@@ -195,7 +220,7 @@ class WeightEvents:
         self._finaled.update(id(p) for p in module.parameters())
         if all(t.is_meta for t in itertools.chain(module.parameters(), module.buffers())):
             return
-        buffers = [(f".{clean_name(eager_name(n))}", b) for n, b in module.named_buffers()]
+        buffers = [(f".{clean_name(eager_name(n))}", b) for n, b in module.named_buffers()] + saved_apart(module)
         rows, _ = self._param_rows(module)
         if not rows and not buffers:
             return

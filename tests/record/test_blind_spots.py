@@ -117,6 +117,58 @@ def test_a_buffer_of_a_part_run_through_its_forward_is_seen_at_the_call_that_ran
     assert "only buffers of bank differ" in render_text(c), render_text(c)
 
 
+@pytest.mark.parametrize("how", ["extra_state", "quantized"])
+def test_state_a_module_saves_apart_from_its_weights_is_in_the_final_state(tmp_path, how):
+    """Helper 53 (torch.ao QAT converted in place): a quantized Linear keeps its scale, zero point and
+    packed weights apart from its parameters and buffers, so a model converted from other observer
+    statistics compared identical. What a part's state_dict holds beyond them (its own
+    `_save_to_state_dict`, `get_extra_state`) is in the final state."""
+    import torch
+
+    import bitguard
+
+    class Scaled(torch.nn.Module):  # (state only its state_dict says: TransformerEngine's FP8 metadata is such)
+        def __init__(self):
+            super().__init__()
+            self.lin, self.scale = torch.nn.Linear(4, 1), 1.0
+
+        def forward(self, x):
+            return self.lin(x) * self.scale
+
+        def get_extra_state(self):
+            return {"scale": self.scale}
+
+        def set_extra_state(self, state):
+            self.scale = state["scale"]
+
+    def train(out, changed):
+        torch.manual_seed(0)
+        if how == "extra_state":
+            model = Scaled()
+        else:
+            model = torch.nn.Sequential(torch.ao.quantization.QuantStub(), torch.nn.Linear(4, 1),
+                                        torch.ao.quantization.DeQuantStub())
+            model.qconfig = torch.ao.quantization.get_default_qat_qconfig("fbgemm")
+            torch.ao.quantization.prepare_qat(model, inplace=True)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        with bitguard.record(out, determinism=False):
+            _sgd_steps(model, opt, 2)
+            if how == "extra_state":
+                model.scale = 0.5 if changed else 1.0  # (set after the last step)
+            else:
+                model.eval()
+                if changed:  # (other observer statistics than the training's)
+                    model[1].activation_post_process.activation_post_process.min_val.mul_(2.0)
+                torch.ao.quantization.convert(model, inplace=True)
+
+    fd = _planted(tmp_path, train, False, True)
+    assert (fd["kind"], fd["fault_class"]) == ("final", "final_state"), fd
+    differing = [t["path"] for t in fd["tensors"] if t["differs"]]
+    assert differing == (["._extra_state['scale'] (python float)"] if how == "extra_state" else
+                         [".1.scale"]), \
+        fd["tensors"]
+
+
 def test_parameters_updated_outside_torch_optim_differ_in_the_final_state(tmp_path):
     record_together(*(dict(out=tmp_path / name, script_args=("manual", lr), script=SCRIPT) for name, lr in
                       (("a", "0.01"), ("b", "0.5"), ("c", "0.01"))))
