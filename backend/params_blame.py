@@ -38,8 +38,9 @@ def params_detail(pivot: dict, events_a: pl.DataFrame, diffs: pl.DataFrame,
                 "parameter replaced or unfrozen) made differently "
                 "(their initialisation, the weights copied in), or frozen ones changed outside torch.optim")
     if stepped and names and tensors_a is not None and before.filter(pl.col("boundary") == pivot["boundary"]).is_empty() \
-            and _stepped_later(pivot, events_a, tensors_a):
-        # (helper 46: skorch's GridSearchCV trains a clone after the first model: its initialisation differed)
+            and _stepped_later(pivot, events_a, tensors_a) and not _stepped_before(pivot, steps, tensors_a):
+        # (helper 46: skorch's GridSearchCV trains a clone after the first model: its initialisation differed; not a new
+        # wrapper around the trained tensors, made at each call: torchdiffeq's _PerturbFunc, helper 53)
         return (f"the parameters of {pivot['boundary']} differ at its first call, after the training of another "
                 "model: a model made since (a sweep's or a cross-validation's next model, a clone, a model rebuilt) "
                 "was initialised differently: the seed, the random numbers drawn before it was built, its "

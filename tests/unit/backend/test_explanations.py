@@ -152,3 +152,16 @@ def test_an_update_that_differs_with_its_inputs_matched_may_be_an_edit_before_st
     assert got.startswith("the parameter differs after step() while the gradient step() used and the previous "
                           "parameters matched") and "a clamp or an edit under no_grad or through .data between " \
                                                     "backward() and step()" in got, got
+
+
+def test_a_new_wrapper_around_trained_weights_is_not_a_newly_initialised_model():
+    """Helper 53 (torchdiffeq wraps the ODE function in a new module at every odeint call): a `.data`
+    edit of the trained weights was said to be a model made since and initialised differently."""
+    events = pl.DataFrame({"seq": [1, 2, 9, 10], "phase": ["optimizer"] * 4, "kind": ["params", "step", "params", "step"],
+                           "boundary": ["W#2", "0.weight", "W#3", "0.weight"], "step": [1, 1, 2, 2], "call": [0] * 4})
+    tensors = pl.DataFrame({"seq": [1, 2, 9, 10], "role": ["param"] * 4, "tid": [-5] * 4})
+    diffs = pl.DataFrame({"a_seq": [9], "role": ["param"], "path": [".0.weight"], "differs": [True]})
+    pivot = {"seq": 9, "call": 0, "step": 2, "boundary": "W#3", "module_type": "W"}
+    got = _params_detail(pivot, events, diffs, tensors, 0, events, tensors)
+    assert got.startswith("the parameters differ at the start of this step although every optimizer step before "
+                          "matched"), got
