@@ -11,10 +11,14 @@ tensor comes here and gets a row either way, never dropped and never raised into
   shape and offset: `sharded.shard_of`).
 - a subclass that keeps its values in its own storage (one with `__torch_function__` only): its
   bytes, as for a plain tensor.
+- a subclass with a `__torch_dispatch__` of its own (its storage need not hold its values) that says
+  what it is made of (`__tensor_flatten__`, the protocol torch.compile's traceable wrappers keep:
+  torchao's quantized weights, TwoTensor): a header naming its inner tensors (name, shape, dtype)
+  and its flatten context, then each inner tensor's bytes in order (docs/DIGESTS.md).
 - what cannot be read exactly gets digest (0, 0) and the reason, for the row's `unobserved`
   column: nested tensors (strided or jagged), compressed sparse layouts (CSR, CSC, BSR, BSC),
-  subclasses with a `__torch_dispatch__` of their own (their storage need not hold their
-  values), and whatever raises on the way (the caller marks the row with the exception).
+  other subclasses with a `__torch_dispatch__` of their own, and whatever raises on the way (the
+  caller marks the row with the exception).
 Dimensions without one size (a nested tensor's ragged one) are recorded as -1.
 
 Nothing here knows about events, tensor identity or how rows are stored.
@@ -22,6 +26,7 @@ Nothing here knows about events, tensor identity or how rows are stored.
 
 from __future__ import annotations
 
+import re
 import sys
 
 import torch
@@ -71,11 +76,50 @@ def observe(t: torch.Tensor) -> tuple[list[int], list[int], int, object, str | N
         local = local.trigger_wait()
     dispatch = type(local).__torch_dispatch__
     if getattr(dispatch, "__func__", dispatch) is not _PLAIN_DISPATCH:
+        values = flattened_bytes(local)
+        if values is not None:
+            return dims(t), [], values.numel(), digest_async(values), None, values, shard_of(t)
         what = type(t).__name__ if local is t else f"{type(t).__name__}'s local shard, a {type(local).__name__},"
         what += " is"
         return (dims(t), [], 0, NO_DIGEST, f"{what} a tensor subclass with its own __torch_dispatch__: "
                 "its storage need not hold its values (not digested)", None, None)
     return dims(t), list(local.stride()), local.nbytes, digest_async(local), None, local, shard_of(t)
+
+
+def _own_dispatch(t: torch.Tensor) -> bool:
+    dispatch = type(t).__torch_dispatch__
+    return getattr(dispatch, "__func__", dispatch) is not _PLAIN_DISPATCH
+
+
+def flattened_bytes(t: torch.Tensor) -> torch.Tensor | None:
+    """The bytes a traceable wrapper subclass is digested by: a header, `repr` of its inner tensors'
+    (name, shape, dtype) and of its flatten context (memory addresses left out), as UTF-8, then each
+    inner tensor's bytes in order (an inner one of the same kind, recursively); None when `t` does not
+    say what it is made of (no `__tensor_flatten__`) or an inner tensor cannot be read."""
+    flatten = getattr(t, "__tensor_flatten__", None)
+    if flatten is None:
+        return None
+    try:
+        names, context = flatten()
+        inner = [getattr(t, name) for name in names]
+        parts = []
+        for part in inner:
+            if part.is_quantized:
+                parts.append(quantized_bytes(part))
+            elif _own_dispatch(part):
+                nested = flattened_bytes(part)
+                if nested is None:
+                    return None
+                parts.append(nested)
+            else:
+                parts.append(tensor_bytes(part))
+        header = repr([(name, list(part.shape), str(part.dtype)) for name, part in zip(names, inner)]) \
+            + re.sub(r"0x[0-9a-fA-F]+", "0x", repr(context))
+        head = torch.frombuffer(bytearray(header.encode()), dtype=torch.uint8)
+        device = parts[0].device if parts else head.device
+        return torch.cat([head.to(device), *parts])
+    except Exception:  # noqa: BLE001 - what cannot be read stays unobserved, with the subclass's reason
+        return None
 
 
 def plain_digests(tensors: list) -> list:

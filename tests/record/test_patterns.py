@@ -187,10 +187,11 @@ def test_tensors_it_cannot_read_are_marked_and_their_events_kept(corpus, full):
     for boundary in ("fc", "jagged_fc"):
         for role in ("input", "output"):
             assert marks("nested_tensors", boundary, role) == [[None]] * 4, (boundary, role)
-    # subclasses: one keeping its values (digested), one with its own dispatch (marked); meta: no values to
-    # read nor to differ, so observed as the digest of no bytes (it was marked, and every run inconclusive)
+    # subclasses: one keeping its values (digested), one with its own dispatch that says what it holds (digested
+    # by its inner tensors, `__tensor_flatten__`); meta: no values to read nor to differ, so observed as the digest
+    # of no bytes (it was marked, and every run inconclusive)
     assert marks("tensor_subclasses", "fc", "input") == [[None]] * 4
-    assert all("TwoTensor" in m for step in marks("tensor_subclasses", "pair", "input") for m in step)
+    assert marks("tensor_subclasses", "pair", "input") == [[None]] * 4
     assert marks("tensor_subclasses", "meta", "input") == [[None]] * 4
     meta = [t for e in _pattern_events(events, corpus, "tensor_subclasses", "meta", "forward")
             for t in _rows(tensors, e, "input")]

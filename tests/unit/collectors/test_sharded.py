@@ -17,7 +17,7 @@ from bitguard.backend.ingest import load_rank, open_run
 from bitguard.collectors import sharded
 from bitguard.collectors.hooks import Collector
 from bitguard.collectors.observation import observe
-from bitguard.cuda.fingerprint import digest_async
+from bitguard.cuda.fingerprint import digest_async, resolve
 
 
 @pytest.mark.parametrize("name, clean", [
@@ -116,10 +116,24 @@ def test_a_collective_result_in_flight_is_digested_as_its_values():
         dist.destroy_process_group()
 
 
-def test_a_subclass_bitguard_does_not_know_is_unobserved_with_its_type_named():
+def test_a_subclass_that_says_what_it_is_made_of_is_digested_by_its_inner_tensors():
+    """Helper 53 (torchao's quantized weights): a subclass with its own __torch_dispatch__ was never
+    digested, and every run holding one inconclusive. One with `__tensor_flatten__` is digested by
+    its inner tensors and flatten context; another stays unobserved, its type named."""
     t = TwoTensor(torch.zeros(3), torch.ones(3))
-    *_, unobserved, values, shard = observe(t)
-    assert unobserved.startswith("TwoTensor is a tensor subclass with its own __torch_dispatch__")
+    shape, strides, nbytes, digest, unobserved, values, shard = observe(t)
+    assert unobserved is None and shard is None and shape == [3] and nbytes == values.numel()
+    header = repr([("a", [3], "torch.float32"), ("b", [3], "torch.float32")]) + "None"
+    assert bytes(values[:len(header)].tolist()) == header.encode()
+    assert torch.equal(values[len(header):], torch.cat([torch.zeros(3), torch.ones(3)]).view(torch.uint8))
+    swapped = observe(TwoTensor(torch.ones(3), torch.zeros(3)))[3]
+    assert resolve([digest]) != resolve([swapped])
+
+    class Opaque(TwoTensor):  # (its own dispatch, and nothing said of what it holds)
+        __tensor_flatten__ = None
+
+    *_, unobserved, values, shard = observe(Opaque(torch.zeros(3), torch.ones(3)))
+    assert unobserved.startswith("Opaque is a tensor subclass with its own __torch_dispatch__")
     assert values is None and shard is None
 
 
