@@ -121,8 +121,9 @@ def rank_scope(rank: int, run_a, run_b, ea: pl.DataFrame, eb: pl.DataFrame) -> t
         if w[1] is not None:
             cut(w[1])
     if wa != wb:
-        reasons.append(reason("step_window", f"the runs recorded different step windows (A {_fmt(wa)}, B {_fmt(wb)}): "
-                                              f"only steps {_fmt((first, end))} are compared", rank=rank))
+        reasons.append(reason("step_window", f"the runs recorded different step windows (A {window_text(wa)}, "
+                                              f"B {window_text(wb)}): only steps {window_text((first, end))} are compared",
+                              rank=rank))
     return Scope(first, end, damaged), reasons
 
 
@@ -136,7 +137,8 @@ def compared_windows(run_a, run_b) -> tuple[tuple, tuple]:
     return wa, wb
 
 
-def _fmt(window) -> str:
+def window_text(window) -> str:
+    """A step window as --steps writes it (`2:4`, `3:`)."""
     first, end = window
     return f"{first or 0}:{'' if end is None else end}"
 

@@ -640,9 +640,16 @@ class Comparison:
                          "of predictions) or from anything else" if d["kind"] == "read" else
                          "what computed it (a term of the loss without gradient, a constant, code between the "
                          "model's output and backward())")
+                first, end = certification.compared_windows(self.run_a, self.run_b)[0]
+                if (first is not None and d["step"] < first) or (end is not None and d["step"] >= end):
+                    # (helper 53: a plant after a --steps window was said to run "outside the recorded boundaries")
+                    where = (f"what computed it ran outside the recorded steps ({certification.window_text((first, end))}), "
+                             f"which were all that was compared")
+                else:
+                    where += " runs outside the recorded boundaries"
                 return [certification.reason("computed", (
                     f"{what} differs at step {d['step']} ({a} in A, {b} in B) while every recorded tensor is equal: "
-                    f"{where} runs outside the recorded boundaries"), rank=rank)]
+                    f"{where}"), rank=rank)]
         return self._final_settings_differ()
 
     def _final_settings_differ(self) -> list[dict]:

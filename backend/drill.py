@@ -98,6 +98,11 @@ def plan(run_a: RunInfo, run_b: RunInfo, fd: dict) -> Window:
     the replay check then covers the recorded events up to the pivot itself."""
     phase, kind, boundary = fd["phase"], fd["kind"], fd["boundary"]
     where = f"step {fd['step']} {phase} {boundary}"
+    if kind == "batch" and fd.get("call"):  # (helper 53: torchdiffeq's solver calls the model again with other inputs)
+        raise NotSupported(f"the pivot ({where}) is the inputs of the model's call {fd['call']} in the step, which "
+                           f"differ although its earlier calls matched: the training's code made them between the "
+                           f"calls (a solver's next point, outputs fed back, another batch), so there is no operation "
+                           f"inside the model to drill into (see 'bitguard compare')")
     if kind == "batch":
         raise NotSupported(f"the pivot ({where}) is the input batch: there is no operation to drill into; the "
                            f"batch or the RNG state differs before the model runs (see 'bitguard compare')")

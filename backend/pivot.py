@@ -693,6 +693,11 @@ def _window(pivot: dict, events_a: pl.DataFrame, status: dict[int, str], diffs: 
                                           "targets: labels are not among a model's inputs) or by code between the "
                                           "output and backward(), such as a custom autograd function's backward "
                                           "(a loss wrapper that weights or clips the gradient)"}
+    if phase == "backward":  # (helper 53: trusted mode, whose root's backward is not observed, said "the data pipeline")
+        return {"module": None, "detail": "the gradient reaching it already differs, and no observed module after it "
+                                          "received a matching one: it was computed by the loss (its code, or its "
+                                          "targets), by code between the model's output and backward(), or by modules "
+                                          "the recording did not observe (trusted mode observes heavy modules only)"}
     return {"module": None, "detail": "no enclosing module had identical inputs: the fault is upstream of every "
                                       "observed boundary (e.g. in the data pipeline or in code outside modules)"}
 

@@ -108,6 +108,10 @@ def test_a_forward_pivot_blamed_on_its_inputs_is_not_called_the_batch():
         plan(None, None, fd)
     with pytest.raises(NotSupported, match="is the input batch"):
         plan(None, None, {**fd, "phase": "data", "kind": "batch"})
+    # (helper 53: torchdiffeq's solver calls the model again in the step, with inputs its code made between the calls)
+    with pytest.raises(NotSupported, match="is the inputs of the model's call 1 in the step, which differ although "
+                                           "its earlier calls matched"):
+        plan(None, None, {**fd, "phase": "data", "kind": "batch", "call": 1})
 
 
 def test_a_structure_pivot_traces_the_call_that_makes_the_extra_call(tmp_path):

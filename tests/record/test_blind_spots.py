@@ -581,6 +581,25 @@ def test_where_a_value_is_read_is_shown_and_never_compared(tmp_path):
     assert f"read (numpy) at {d['at']}: shape [2, 1] (A) vs [2, 2, 1] (B)" in render_text(c), render_text(c)
 
 
+def test_a_value_read_after_the_step_window_is_said_to_be_outside_it(tmp_path):
+    """Helper 53 (--steps 2:4, a change at step 5): the read that differed was said to be computed
+    "outside the recorded boundaries"; it was outside the recorded steps."""
+    import torch
+
+    import bitguard
+
+    def train(name, scale):
+        model, opt = _tiny()
+        with bitguard.record(tmp_path / name, determinism=False, steps="1:2"):
+            for step in range(4):
+                _sgd_steps(model, opt, 1)
+                float(model(torch.ones(1, 4)).sum() * (scale if step == 3 else 1.0))
+
+    why = _computed_only(tmp_path, train, 1.0, 2.0)
+    assert why["message"].endswith("what computed it ran outside the recorded steps (1:2), which were all that was "
+                                   "compared"), why
+
+
 @pytest.mark.parametrize("read", ["bool", "index", "equal", "allclose", "torch.equal", "torch.allclose"])
 def test_a_metric_read_as_a_condition_an_index_or_a_comparison_is_compared(tmp_path, read):
     """Helper 46: an evaluation's accuracy against shifted labels, read only by `if acc > best:`,
@@ -894,8 +913,6 @@ def test_a_run_that_stops_early_is_said_to_end_where_the_other_goes_on(tmp_path)
 def test_a_model_rebuilt_mid_run_is_not_said_to_end_the_run(tmp_path):
     """Helper 52: a model and optimizer rebuilt and loaded in the same process (an in-process resume,
     the numbers bitwise the same) read as "run B ends here" at the old model's final state."""
-    import torch
-
     import bitguard
 
     def train(name, rebuild):

@@ -165,3 +165,17 @@ def test_a_new_wrapper_around_trained_weights_is_not_a_newly_initialised_model()
     got = _params_detail(pivot, events, diffs, tensors, 0, events, tensors)
     assert got.startswith("the parameters differ at the start of this step although every optimizer step before "
                           "matched"), got
+
+
+def test_a_backward_pivot_with_no_observed_module_after_it_is_not_blamed_on_the_data_pipeline():
+    """Helper 53 (trusted mode, the ODE's end time changed): the gradient from the loss, reaching a
+    module whose root's backward trusted mode does not observe, was said to come from "the data
+    pipeline"."""
+    from bitguard.backend.pivot import _window
+
+    events = pl.DataFrame({"seq": [5], "phase": ["backward"], "kind": ["module"], "boundary": ["net.0"], "step": [0],
+                           "depth": [1]})
+    diffs = pl.DataFrame({"a_seq": [5], "role": ["grad_output"], "differs": [True], "ignored": [False]})
+    got = _window({"seq": 5, "phase": "backward", "boundary": "net.0", "step": 0, "depth": 1}, events, {}, diffs)
+    assert got["module"] is None and got["detail"].startswith("the gradient reaching it already differs, and no "
+                                                              "observed module after it received a matching one"), got
