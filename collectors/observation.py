@@ -74,8 +74,7 @@ def observe(t: torch.Tensor) -> tuple[list[int], list[int], int, object, str | N
         # a collective's result still in flight (tensor parallelism's outputs): completed now, as
         # its first use would (collectors/comm.py does the same), its values are the collective's
         local = local.trigger_wait()
-    dispatch = type(local).__torch_dispatch__
-    if getattr(dispatch, "__func__", dispatch) is not _PLAIN_DISPATCH:
+    if _own_dispatch(local):
         values = flattened_bytes(local)
         if values is not None:
             return dims(t), [], values.numel(), digest_async(values), None, values, shard_of(t)
