@@ -181,6 +181,7 @@ class record:
         })
         self.collector = Collector(self.store, self.mode, self.steps, rank, world, dump=self.dump,
                                    digest_cache=self.digest_cache)
+        self.collector.began = sys._getframe(1)  # (`with bitguard.record()`'s frame; run_script's for the CLI)
         if drill is not None:  # its module-call wrapper goes under the collector's
             drill.install(self)
             self.drill = drill
@@ -230,6 +231,7 @@ class record:
             steps_seen, events = collector.steps_seen(), 0
         else:
             collector.remove(final_state=status == "complete")  # a failed run's weights are not its result
+            collector.began = None  # (the frame let go)
             steps_seen, events = collector.step + (1 if collector._advance else 0), collector._seq
         if self.drill is not None:
             self.drill.close()

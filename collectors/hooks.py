@@ -249,7 +249,7 @@ class Collector(WeightEvents):
                  "_foreign", "_kept_lists", "_rng_free", "_root_names", "_roots", "_seq", "_sharded", "_stacks", "_thread_names",
                  "_tids", "_tids_limit", "_wrapper", "_depths", "_in_child", "_walked", "_finaled", "_unheld", "_held_optimizers",
                  "_trainable", "_hooked_params", "_backwards", "_json", "_orphans", "_orphans_step", "_orphans_versions", "_kept_marks",
-                 "_kept_places", "_kept_holders", "_buffers_seen", "_buffered",
+                 "_kept_places", "_kept_holders", "began", "_buffers_seen", "_buffered",
                  "_foreign_call")
 
     def __init__(self, store, mode: str = "full", steps: tuple[int, int | None] | None = None,
@@ -293,6 +293,7 @@ class Collector(WeightEvents):
         self._in_child = False  # a forked child's copy of this collector (`_forked`): it only reports saves
         self._kept_lists: dict[int, kept.KeptTensors] = {}  # id of a list or dict of shadow weights -> its root, held
         self._kept_marks: tuple | None = None  # what the user's frames held at the last look (kept.marks)
+        self.began = None  # the frame that began the recording (Recording.__enter__'s caller; kept.user_frames)
         self._kept_places: dict[tuple[int, str], kept.KeptTensors] = {}  # (id of an object, attribute) -> its root
         self._kept_holders: frozenset = frozenset()  # the variables and attributes the last look found kept models in
         self._params: dict[int, tuple[weakref.ref, str, str, int]] = {}  # id -> (ref, name, owner type, tid)

@@ -57,13 +57,18 @@ class KeptTensors(torch.nn.Module):
                 self.register_buffer(str(i), t)
 
 
-def user_frames(frame) -> list:
-    """`frame` and the frames that called it, innermost first, but bitguard's, torch's, the standard
-    library's and installed packages' (callstack.py)."""
-    out = []
+def user_frames(frame, began=None) -> list:
+    """`frame` and the frames that called it, innermost first, but bitguard's, torch's and the standard
+    library's (callstack.py). Past `began`, the frame that began the recording (`with
+    bitguard.record()`), where it is still running: only module-level frames (a script's globals);
+    its callers' variables are not the recorded training's (pytest's, a notebook kernel's: thirty
+    frames of objects walked at every look). Where it has returned (a recording begun by a
+    framework's callback), every frame."""
+    out, past = [], False
     while frame is not None:
-        if _is_user(frame.f_code.co_filename):
+        if _is_user(frame.f_code.co_filename) and (not past or frame.f_code.co_name == "<module>"):
             out.append(frame)
+        past = past or frame is began
         frame = frame.f_back
     return out
 

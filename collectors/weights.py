@@ -148,7 +148,7 @@ class WeightEvents:
         now (`frame`: the user's code, where kept models made since the last look are found): when the
         recording ends, or when a step window ends (`_window_ends`)."""
         if self._steps_taken:  # what was made after the last look (an EMA made at the end): the code ending a
-            self._guard(self._adopt_kept)(kept.user_frames(frame))  # `with bitguard.record()` still holds it
+            self._guard(self._adopt_kept)(kept.user_frames(frame, self.began))  # `with bitguard.record()` still holds it
         gc.collect()  # a model only a reference cycle kept alive is gone in every run alike, not by chance
         for ref, name in self._roots:
             module = ref()
@@ -377,7 +377,7 @@ class WeightEvents:
             # a variable or an attribute of their `self` the last look did not see (or one of another type):
             # an EMA made at step 5 of 7 was never found (helpers 27 and 29). A look costs 0.5 to 0.9 ms, the
             # check 5 to 30 us (a 12-layer MLP, 2026-12-06).
-            taken, users = self._steps_taken, kept.user_frames(sys._getframe(1))
+            taken, users = self._steps_taken, kept.user_frames(sys._getframe(1), self.began)
             if taken <= 4 or not taken & (taken - 1) or self._kept_changed(users):
                 self._guard(self._adopt_kept)(users)
         finally:

@@ -1270,6 +1270,76 @@ def test_an_ema_whose_list_or_object_is_replaced_after_the_last_look_is_compared
     assert code == 1 and (fd["kind"], fd["boundary"].partition("#")[0]) == ("final", "ema.shadow_params"), fd
 
 
+@pytest.mark.parametrize("began", ["in-a-function-of-the-script", "by-a-function-that-returned"])
+def test_a_kept_ema_is_found_wherever_the_recording_was_begun(tmp_path, began):
+    """A look for kept models walks the frames up to the one that began the recording (`with
+    bitguard.record()`), where it still runs: its callers' variables are not the training's (a
+    test's thirty frames of pytest were walked at every look, half an in-process recording's time).
+    An EMA only a script's globals hold, updated under a function of the script that begins the
+    recording, is still found (module-level frames are walked), and so is one a caller of a function
+    that began the recording and returned holds (every frame is walked then); a model only the
+    frames outside hold is not the training's."""
+    import torch
+
+    import bitguard
+
+    outside, _ = _tiny()  # (only this frame holds it: outside the recording, never a root)
+    script = tmp_path / "train.py"
+    script.write_text(textwrap.dedent("""\
+        model, opt = _tiny()
+        ema = _ShadowEMA(model)
+
+        def train(out, edit):
+            with bitguard.record(out, determinism=False):
+                for step in range(3):
+                    _sgd_steps(model, opt, 1)
+                    ema.step(model)
+                if edit:
+                    nudge(ema)
+
+        train(OUT, EDIT)
+        """))
+
+    def nudge(ema):
+        with torch.no_grad():
+            ema.shadow_params[1].add_(1e-3)
+
+    def begin(out):
+        recording = bitguard.record(out, determinism=False)
+        recording.__enter__()
+        return recording
+
+    def end(recording):
+        recording.__exit__(None, None, None)
+
+    def loop(out, edit):  # (the EMA is held here only: not by the function stepping, nor the one ending)
+        model, opt = _tiny()
+        ema = _ShadowEMA(model)
+        recording = begin(out)
+        for _ in range(3):
+            _sgd_steps(model, opt, 1)
+            ema.step(model)
+        if edit:
+            nudge(ema)
+        end(recording)
+
+    for name, edit in (("a", False), ("b", False), ("c", True)):
+        if began == "in-a-function-of-the-script":
+            exec(compile(script.read_text(), str(script), "exec"),
+                 {"_tiny": _tiny, "_ShadowEMA": _ShadowEMA, "_sgd_steps": _sgd_steps, "bitguard": bitguard,
+                  "nudge": nudge, "OUT": tmp_path / name, "EDIT": edit})
+        else:
+            loop(tmp_path / name, edit)
+    assert _compare(tmp_path / "a", tmp_path / "b")[0] == 0
+    code, d = _compare(tmp_path / "a", tmp_path / "c")
+    fd = d["first_divergence"]
+    assert code == 1 and (fd["kind"], fd["boundary"].partition("#")[0]) == ("final", "ema.shadow_params"), fd
+    if began == "in-a-function-of-the-script":
+        finals = {e["boundary"] for e in _events(tmp_path / "a") if e["kind"] == "final"}
+        assert not any(b.startswith("outside") for b in finals), finals
+    del outside
+
+
 def test_a_window_the_training_never_reaches_is_said_at_the_end_of_the_recording(tmp_path, capsys):
     """Helper 29: a loop that updates its weights by hand is all step 0, so `--steps 2:4` recorded
     nothing and the user learned it only from compare; the recording's end says so, once."""
