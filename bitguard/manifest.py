@@ -249,6 +249,7 @@ def _normalized(name: str) -> str:
 
 
 _owners_at: dict[tuple[str, int | None], dict[str, list[str]]] = {}  # (folder, its time of change) -> its owners
+_versions_at: dict[tuple[tuple[str, int | None], str], str | None] = {}  # ((folder, time), distribution) -> version
 
 
 def distribution_owners() -> dict[str, list[str]]:
@@ -259,14 +260,22 @@ def distribution_owners() -> dict[str, list[str]]:
     (a script's, the working directory a recording writes into) is read alone. A process that forks
     recordings reads the rest once before forking."""
     out: dict[str, list[str]] = {}
+    for _, owners in _owners_by_folder():
+        for top, dists in owners.items():
+            out.setdefault(top, []).extend(dists)
+    return out
+
+
+def _owners_by_folder() -> list[tuple[tuple[str, int | None], dict[str, list[str]]]]:
+    """((folder, its time of change), its owners) of each folder of the search path, in its order."""
+    out = []
     for entry in sys.path:
         where = os.path.abspath(entry or ".")
         key = (where, _changed_at(where))
         owners = _owners_at.get(key)
         if owners is None:
             owners = _owners_at[key] = _folder_owners(where)
-        for top, dists in owners.items():
-            out.setdefault(top, []).extend(dists)
+        out.append((key, owners))
     return out
 
 
@@ -296,24 +305,39 @@ def _changed_at(entry: str) -> int | None:
 
 
 def _imported_distributions() -> dict[str, str]:
-    from importlib import metadata
-
-    owners = distribution_owners()
+    owners: dict[str, list[tuple[tuple, str]]] = {}  # top-level name -> (folder key, distribution), in path order
+    for folder, tops in _owners_by_folder():
+        for top, dists in tops.items():
+            owners.setdefault(top, []).extend((folder, dist) for dist in dists)
     out = {}
     for top in sorted({name.partition(".")[0] for name in list(sys.modules)}):
-        for dist in owners.get(top, ()):
+        for folder, dist in owners.get(top, ()):
             key = _normalized(dist)
             if key in out:
                 continue
-            try:
-                out[key] = metadata.version(dist)  # the first on sys.path: the one imported
-            except Exception:  # noqa: BLE001 - metadata without a version
-                continue
+            version = _version_in(folder, dist)  # the first on sys.path: the one imported
+            if version is not None:
+                out[key] = version
         module = sys.modules.get(top)
         if top not in owners and top not in sys.stdlib_module_names and not top.startswith("_") \
                 and isinstance(getattr(module, "__version__", None), str):
             out.setdefault(_normalized(top), module.__version__)  # a package not installed as a distribution
     return out
+
+
+def _version_in(folder: tuple[str, int | None], dist: str) -> str | None:
+    """The version of distribution `dist` installed in `folder` (its path and time of change: read
+    again once it changed), None without one; parsed once (every recording's end asks, and parsing
+    the metadata of sixty distributions took 0.2 s)."""
+    from importlib import metadata
+
+    if (folder, dist) not in _versions_at:
+        try:
+            found = next(iter(metadata.distributions(name=dist, path=[folder[0]])), None)
+            _versions_at[folder, dist] = found.version if found is not None else None
+        except Exception:  # noqa: BLE001 - metadata without a version
+            _versions_at[folder, dist] = None
+    return _versions_at[folder, dist]
 
 
 def _native_versions(torch) -> dict[str, str]:
@@ -402,10 +426,11 @@ def sources(cwd: str | None, command) -> dict[str, str]:
             continue
         folder, file = os.path.split(name)
         if folder not in folders:  # (thousands of modules in a few hundred folders: each resolved once)
-            where = Path(folder).resolve()
+            where = _resolved(folder)
             folders[folder] = where if _users_own(where, roots) else None
-        if os.path.islink(name):  # (the file itself links elsewhere: resolved whole)
-            path = Path(name).resolve()
+        linked = _linked(name)
+        if linked is not None:  # (the file itself links elsewhere: resolved whole)
+            path = linked
             if not _users_own(path, roots):
                 continue
         elif folders[folder] is None:
@@ -418,6 +443,27 @@ def sources(cwd: str | None, command) -> dict[str, str]:
         if len(out) >= MAX_SOURCES:
             break
     return dict(sorted(out.items()))
+
+
+_resolved_at: dict[str, Path] = {}  # a folder of imported modules -> its real path
+_linked_at: dict[str, Path | None] = {}  # an imported module's file -> its real path if it is a link, else None
+
+
+def _resolved(folder: str) -> Path:
+    """`Path(folder).resolve()`, once a process: the folders modules were imported from (a few
+    hundred, each resolved through every part of its path: 0.1 s at every recording's end)."""
+    where = _resolved_at.get(folder)
+    if where is None:
+        where = _resolved_at[folder] = Path(folder).resolve()
+    return where
+
+
+def _linked(file: str) -> Path | None:
+    """The real path of an imported module's `file` where the file itself is a symbolic link, else
+    None; once a process (a thousand modules: a thousand lstat calls at every recording's end)."""
+    if file not in _linked_at:
+        _linked_at[file] = Path(file).resolve() if os.path.islink(file) else None
+    return _linked_at[file]
 
 
 def _users_own(path: Path, roots: set[Path]) -> bool:

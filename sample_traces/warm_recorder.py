@@ -24,10 +24,10 @@ import bitguard.collectors.hooks  # noqa: F401
 import bitguard.collectors.store  # noqa: F401
 import bitguard.recording  # noqa: F401
 from bitguard.cuda.fingerprint import warmup
-from bitguard.manifest import distribution_owners
+from bitguard.manifest import versions
 
 warmup(team=False)  # not the OpenMP team's kernel: a fork of a process whose team ran hangs
-distribution_owners()  # (the manifest's versions at each recording's end: read once, here)
+versions()  # (the manifest's versions at each recording's end: the installed ones read once, here)
 # What the server holds now (torch, the collectors: about 260,000 objects) is out of the cyclic garbage
 # collector's reach in every job: the full collection that ends each recording (collectors/weights.py
 # `_finals`) walks only what the job made (0.26 s a recording less here); nothing here is garbage.
