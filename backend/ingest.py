@@ -39,7 +39,7 @@ from bitguard.collectors import journal as journal_format
 from bitguard.collectors.store import DAMAGE_KEY, FOLDED_KEY, journal_path
 from bitguard.errors import BadInput, CorruptRun, NotARun, SchemaMismatch
 from bitguard.backend.resumed import resume_cut, start_of_step
-from bitguard.schema import EVENTS, KINDS, META, PHASES, REQUIRED, ROLES, SCHEMA_VERSION, STACKS, TENSORS, Column
+from bitguard.schema import API_EVENTS, EVENTS, KINDS, META, PHASES, REQUIRED, ROLES, SCHEMA_VERSION, STACKS, TENSORS, Column
 
 # polars imports numpy on its first use through a proxy whose import is not thread-safe (polars
 # 2.1: the proxy copies numpy's attributes over its own, numpy's `_globals` submodule among them,
@@ -72,6 +72,8 @@ class RunInfo:
     # `bitguard compare --resumed-at`: the step (after the shift) where the comparison of a resumed run
     # begins; each side's records before its first batch of that step are left out (resume_cut)
     resume_from: int | None = None
+    # (rank, table, step_shift, resume_from) -> (rows,): a table `load_rank` read beside the events (rank_table)
+    tables: dict = field(default_factory=dict, repr=False, compare=False)
 
     @property
     def name(self) -> str:
@@ -191,11 +193,12 @@ def _check_columns(found: dict[str, dict[str, str]], path: Path, rank_version: i
     return {name: set(columns) for name, columns in found.items()}
 
 
-def _read_rank(con: duckdb.DuckDBPyConnection, path: Path, default_version: int) -> tuple[dict, dict[str, set[str]]]:
-    """(meta, columns per table) of an open rank file, both checked."""
+def _read_rank(con: duckdb.DuckDBPyConnection, path: Path,
+               default_version: int) -> tuple[dict, dict[str, set[str]], dict[str, dict[str, str]]]:
+    """(meta, columns per table, column types per table) of an open rank file, checked."""
     found = _tables(con, path)
     meta = _meta(con, path)
-    return meta, _check_columns(found, path, meta.get("schema_version", default_version))
+    return meta, _check_columns(found, path, meta.get("schema_version", default_version)), found
 
 
 def _meta(con: duckdb.DuckDBPyConnection, path: Path) -> dict:
@@ -340,7 +343,7 @@ def open_run(path: str | Path) -> RunInfo:
         con = _connect(path, rank_path)
         try:
             with _reading(rank_path):
-                meta, _ = _read_rank(con, rank_path, version)
+                meta = _read_rank(con, rank_path, version)[0]
                 if meta.get("rank") not in (None, rank):
                     raise CorruptRun(f"{rank_path} holds rank {meta['rank']}'s events, not rank {rank}'s: renamed "
                                      f"or copied over? Re-record the run")
@@ -402,8 +405,10 @@ def load_rank(run: RunInfo, rank: int) -> tuple[pl.DataFrame, pl.DataFrame, dict
     con = _connect(run.path, path)
     try:
         with _reading(path):
-            meta, present = _read_rank(con, path, run.manifest.get("schema_version", 1))
+            meta, present, found = _read_rank(con, path, run.manifest.get("schema_version", 1))
             leftover = _leftover(decoded, _folded(meta), con, path)
+            # (the API rows the comparison's result reads: from this snapshot, without opening the file again)
+            run.tables[_table_key(run, rank, API_EVENTS)] = (_table_rows(con, run, path, API_EVENTS, found, leftover),)
             union = {t.name: _union(con, t, present[t.name], leftover) for t in (EVENTS, TENSORS, STACKS)}
             # no ORDER BY: the rows come in the order they were written, nearly always already in
             # order (DuckDB's sort cost more than reading); in_order sorts only what is not
@@ -425,44 +430,57 @@ def load_rank(run: RunInfo, rank: int) -> tuple[pl.DataFrame, pl.DataFrame, dict
 
 def rank_table(run: RunInfo, rank: int, table) -> pl.DataFrame | None:
     """`table`'s rows of one rank, rank file and journal together, with the schema's columns; None
-    when neither holds the table (a rank file written before schema version 4, or another mode)."""
+    when neither holds the table (a rank file written before schema version 4, or another mode).
+    The API rows a `load_rank` of this run read with its events are those (`RunInfo.tables`)."""
+    held = run.tables.get(_table_key(run, rank, table))
+    if held is not None:
+        return held[0]
     path = run.ranks[rank]
     decoded = _read_journal(run.path, path)
     con = _connect(run.path, path)
     try:
         with _reading(path):
             found = _tables(con, path)
-            meta = _meta(con, path)
-            leftover = _leftover(decoded, _folded(meta), con, path)
-            rows = _journal_rows(leftover, table)
-            if table.name not in found and not leftover.tables.get(table.name):
-                return None
-            parts = []
-            if table.name in found:
-                have = found[table.name]
-                for c in table.columns:
-                    if c.name in have and have[c.name] != c.sql:
-                        raise CorruptRun(f"{path}: column {table.name}.{c.name} is {have[c.name]}, not {c.sql} as "
-                                         f"bitguard writes it; the rank file is damaged: re-record the run")
-                parts.append(_select(table, set(have)))
-            if rows.num_rows:
-                con.register(f"_journal_{table.name}", rows)
-                parts.append(_select(table, set(table.names), f"_journal_{table.name}"))
-            frame = _shifted(con.sql(" UNION ALL ".join(parts)).pl(), run.step_shift) if parts else None
-            if frame is not None and run.resume_from is not None and "step" in frame.columns:
-                events = _shifted(con.sql(_union(con, EVENTS, set(found.get(EVENTS.name, ())), leftover)).pl(),
-                                  run.step_shift)
-                step, t_ns = resume_cut(events, run.resume_from)[1:]
-                kept = pl.col("step") >= step
-                if t_ns is not None and "t_ns" in frame.columns:
-                    kept = (pl.col("step") > step) | (kept & (pl.col("t_ns") >= t_ns))
-                kept = kept.fill_null(False)
-                if "kind" in frame.columns and "target" in frame.columns:
-                    kept = kept | start_of_step(frame.filter(kept), step, "kind", "target")
-                frame = frame.filter(kept)
-            return frame
+            leftover = _leftover(decoded, _folded(_meta(con, path)), con, path)
+            return _table_rows(con, run, path, table, found, leftover)
     finally:
         con.close()
+
+
+def _table_key(run: RunInfo, rank: int, table) -> tuple:
+    return rank, table.name, run.step_shift, run.resume_from
+
+
+def _table_rows(con: duckdb.DuckDBPyConnection, run: RunInfo, path: Path, table, found: dict[str, dict[str, str]],
+                leftover: _Leftover) -> pl.DataFrame | None:
+    """rank_table's rows, from an open rank file (`found`: its tables' columns) and its journal's `leftover`."""
+    rows = _journal_rows(leftover, table)
+    if table.name not in found and not leftover.tables.get(table.name):
+        return None
+    parts = []
+    if table.name in found:
+        have = found[table.name]
+        for c in table.columns:
+            if c.name in have and have[c.name] != c.sql:
+                raise CorruptRun(f"{path}: column {table.name}.{c.name} is {have[c.name]}, not {c.sql} as "
+                                 f"bitguard writes it; the rank file is damaged: re-record the run")
+        parts.append(_select(table, set(have)))
+    if rows.num_rows:
+        con.register(f"_journal_{table.name}", rows)
+        parts.append(_select(table, set(table.names), f"_journal_{table.name}"))
+    frame = _shifted(con.sql(" UNION ALL ".join(parts)).pl(), run.step_shift) if parts else None
+    if frame is not None and run.resume_from is not None and "step" in frame.columns:
+        events = _shifted(con.sql(_union(con, EVENTS, set(found.get(EVENTS.name, ())), leftover)).pl(),
+                          run.step_shift)
+        step, t_ns = resume_cut(events, run.resume_from)[1:]
+        kept = pl.col("step") >= step
+        if t_ns is not None and "t_ns" in frame.columns:
+            kept = (pl.col("step") > step) | (kept & (pl.col("t_ns") >= t_ns))
+        kept = kept.fill_null(False)
+        if "kind" in frame.columns and "target" in frame.columns:
+            kept = kept | start_of_step(frame.filter(kept), step, "kind", "target")
+        frame = frame.filter(kept)
+    return frame
 
 
 def _shifted(frame: pl.DataFrame, shift: int) -> pl.DataFrame:
