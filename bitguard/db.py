@@ -34,7 +34,10 @@ SAFE_CONFIG = {
 # read-only connection has it, so two in one process never differ in configuration.
 READ_CONFIG = {"produce_arrow_string_view": True, "arrow_output_version": "1.4"}
 # Set once the connection is open (DuckDB refuses a temp_directory in the same config as the first):
-_LOCKDOWN = ("SET enable_external_access = false",  # no file or network access from SQL: only the database
+_LOCKDOWN = ("SET enable_progress_bar = false",  # DuckDB prints one to stdout after a query's 2 s: into a
+             # training's own output, `compare --json`'s document, the fold process's replies (a session setting:
+             # a second connection of this process to a database already locked down keeps DuckDB's default)
+             "SET enable_external_access = false",  # no file or network access from SQL: only the database
              "SET lock_configuration = true")  # and no SET can undo any of this
 HEADER_BYTES = 12  # a DuckDB file: an 8-byte checksum, then the magic
 _MAGIC, _MAGIC_AT = b"DUCK", 8

@@ -165,6 +165,21 @@ def test_every_connection_refuses_extensions_and_file_access():
     assert not os.path.exists("pwned.csv")
 
 
+def test_no_connection_prints_a_progress_bar(tmp_path):
+    """DuckDB prints a progress bar to stdout once a query has run 2 s: the fold process's reply line
+    became `100% ▕██...` under load (a `--dump` step of 20 MB: "folding ... failed (Extra data: line 1
+    column 5)"), and it would land in a training's output and in `compare --json`'s document. (Under
+    pytest DuckDB turns it off itself: a fresh Python is what users run.)"""
+    probe = ("import sys; from bitguard import db\n"
+             "for path, read_only in ((':memory:', False), (sys.argv[1], False), (sys.argv[1], True)):\n"
+             "    con = db.connect(path, read_only=read_only)\n"
+             "    print(con.execute(\"SELECT current_setting('enable_progress_bar')\").fetchall()[0][0])\n"
+             "    con.close()\n")
+    got = subprocess.run([sys.executable, "-c", probe, str(tmp_path / "w.duckdb")], capture_output=True, text=True,
+                         timeout=120)
+    assert got.stdout.split() == ["False"] * 3, got.stdout + got.stderr
+
+
 def test_only_a_real_lock_conflict_reads_as_open_in_another_process(run):
     holder = subprocess.Popen(
         [sys.executable, "-c", "import duckdb, sys; c = duckdb.connect(sys.argv[1]); print('held', flush=True); "
