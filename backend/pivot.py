@@ -182,6 +182,8 @@ def blame(pivot: dict, events_a: pl.DataFrame, status: dict[int, str], diffs: pl
             result.update(blame="data", fault_class="data")
             rewired = None if events_b is None or tensors_b is None else \
                 _rewired_around(pivot, events_a, diffs, ((events_a, tensors_a), (events_b, tensors_b)))
+            if rewired is not None and EDITED_AFTER in rewired:  # (code between two calls: not the data)
+                result.update(blame="consumer", fault_class="forward")
             result["blame_window"] = {"module": None, "detail": rewired or (
                 f"the inputs of {pivot['boundary']} differ, and no call around it had identical inputs nor did any "
                 "recorded module produce them (every event before matched): they come from the training's own code "
@@ -301,17 +303,32 @@ def _rewired_around(pivot: dict, events_a: pl.DataFrame, diffs: pl.DataFrame, si
     return None
 
 
+EDITED_AFTER = "changed in place after it returned"  # (`_rewired`: an output edited before the next call read it)
+
+
 def _rewired(pivot: dict, diffs: pl.DataFrame, sides: tuple[tuple, tuple]) -> str | None:
     """For a forward pivot whose differing inputs no observed call explains: those that are, in either
     run, what a recorded module returned, and which, in words (helper 48: a contrastive loss given
     its two encoders' outputs swapped was said to get them from "the training's own code or data")."""
     if sides[0][1] is None:
         return None
-    said = []
+    said, edited = [], []
     for row, made in _producers(pivot, diffs, sides, 3):
         if made != [None, None] and made[0] != made[1]:
-            said.append(f"input {row['path'] or row['idx']} is what {made[0] or 'no recorded module'} returned in "
-                        f"run A and what {made[1] or 'no recorded module'} returned in run B")
+            for run, side, seq, other in (("A", sides[0], pivot["seq"], made[1]), ("B", sides[1], pivot["b_seq"], made[0])):
+                if made["AB".index(run)] is None and _returned(*side, seq, None, None, row["idx"], pivot["step"],
+                                                               same_tensor=True) == other:
+                    edited.append(f"input {row['path'] or row['idx']} is the tensor {other} returned in both runs, "
+                                  f"and in run {run} it was {EDITED_AFTER} (what {pivot['boundary']} "
+                                  "was given is no longer what was returned)")
+                    break
+            else:
+                said.append(f"input {row['path'] or row['idx']} is what {made[0] or 'no recorded module'} returned in "
+                            f"run A and what {made[1] or 'no recorded module'} returned in run B")
+    if edited:  # (helper 56: `out[:, 1].mul_(1.01)` between a model and its loss was said to be arguments swapped)
+        return (f"the inputs of {pivot['boundary']} differ, and no call around it had identical inputs: "
+                + "; ".join(edited) + ": code between them edits it (an in-place op on the output: `out[:, i].mul_()`, "
+                "`+=`, `clamp_()`, an assignment into it)")
     if not said:
         return None
     return (f"the inputs of {pivot['boundary']} differ, and no call around it had identical inputs: " + "; ".join(said)
@@ -324,23 +341,29 @@ def _rewired(pivot: dict, diffs: pl.DataFrame, sides: tuple[tuple, tuple]) -> st
 _SAME_BY_VALUE = 16
 
 
-def _returned(events: pl.DataFrame, tensors: pl.DataFrame, seq: int, xor, pos, idx: int, step: int) -> str | None:
+def _returned(events: pl.DataFrame, tensors: pl.DataFrame, seq: int, xor, pos, idx: int, step: int,
+              same_tensor: bool = False) -> str | None:
     """The latest event before `seq` whose output holds input `idx` of event `seq` (these digests):
     the same tensor object, or, in the same step, its memory (a detached copy shares it), a
     floating-point one of `_SAME_BY_VALUE` bytes or more; in words. (By values alone, a dataset's
-    targets, the same each epoch, were what a transform had returned an epoch before: helper 45.)"""
-    if xor is None or pos is None:
+    targets, the same each epoch, were what a transform had returned an epoch before: helper 45.)
+    `same_tensor`: the latest of the step whose output is the same tensor object, whatever its digests."""
+    if (xor is None or pos is None) and not same_tensor:
         return None
     mine = tensors.filter((pl.col("seq") == seq) & (pl.col("role") == "input") & (pl.col("idx") == idx))
     if not mine.height:
         return None
     tid, storage = mine["tid"][0], mine["storage"][0]
     in_step = events.filter(pl.col("step") == step)["seq"]
-    hit = tensors.filter((pl.col("seq") < seq) & (pl.col("role") == "output") & (pl.col("xor") == xor)
-                         & (pl.col("pos") == pos) & pl.col("dtype").str.contains("float")
-                         & (pl.col("nbytes") >= _SAME_BY_VALUE)
-                         & ((pl.col("tid") == tid) | ((pl.col("storage") == storage) & (storage != 0)
-                                                      & pl.col("seq").is_in(in_step.implode()))))
+    if same_tensor:
+        hit = tensors.filter((pl.col("seq") < seq) & (pl.col("role") == "output") & (pl.col("tid") == tid)
+                             & (tid is not None) & (tid != 0) & pl.col("seq").is_in(in_step.implode()))
+    else:
+        hit = tensors.filter((pl.col("seq") < seq) & (pl.col("role") == "output") & (pl.col("xor") == xor)
+                             & (pl.col("pos") == pos) & pl.col("dtype").str.contains("float")
+                             & (pl.col("nbytes") >= _SAME_BY_VALUE)
+                             & ((pl.col("tid") == tid) | ((pl.col("storage") == storage) & (storage != 0)
+                                                          & pl.col("seq").is_in(in_step.implode()))))
     # (not one its call was given and returned as it is: a TensorDictModule returns its input batch, helper 47)
     passed = tensors.filter(pl.col("seq").is_in(hit["seq"].implode()) & (pl.col("role") == "input"))
     hit = hit.join(passed.select("seq", "tid"), on=["seq", "tid"], how="anti")
