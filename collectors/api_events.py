@@ -227,6 +227,23 @@ def _state_entries(optimizer):
                 yield from ((key, entry[key]) for key in sorted(entry, key=str))
 
 
+def _wrapper_stepping(optimizer, frame, depth: int = 6):
+    """The optimizer whose step() called `optimizer`'s (a frame among the `depth` that called the step hook,
+    whose `self` is another optimizer holding this one as an attribute), None without one: torch_optimizer's
+    Lookahead keeps its slow weights in its own state and never calls Optimizer.__init__, so no step hook runs
+    for it (helper 54: its slow weights halved after the last step compared identical)."""
+    for _ in range(depth):
+        if frame is None:
+            return None
+        owner = frame.f_locals.get("self") if "self" in frame.f_code.co_varnames else None
+        if owner is not optimizer and isinstance(owner, torch.optim.Optimizer):
+            attributes = getattr(owner, "__dict__", None)
+            if type(attributes) is dict and any(v is optimizer for v in attributes.values()):
+                return owner
+        frame = frame.f_back
+    return None
+
+
 def _state_digest(optimizer) -> str:
     """One 64-bit hex digest of an optimizer's state (`_state_entries`): tensors by their digests (one
     that cannot be read by its type), other values by their repr."""
@@ -558,6 +575,9 @@ class ApiRecorder(Guarded):
         step = self.naming.ending_step()
         settings = [_settings(g) for g in optimizer.param_groups]
         self._stepped[id(optimizer)] = (weakref.ref(optimizer), settings)
+        wrapper = _wrapper_stepping(optimizer, sys._getframe(1))
+        if wrapper is not None and id(wrapper) not in self._stepped:
+            self._stepped[id(wrapper)] = (weakref.ref(wrapper), [_settings(g) for g in _groups(wrapper)])
         groups = [{**s, "params": self._names(g["params"])} for s, g in zip(settings, optimizer.param_groups)]
         self._add("optimizer_step", self._index(optimizer), {"groups": groups}, step=step)
         self._end_step(step)
