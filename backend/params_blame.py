@@ -23,11 +23,19 @@ def params_detail(pivot: dict, events_a: pl.DataFrame, diffs: pl.DataFrame,
     differing = diffs.filter((pl.col("a_seq") == pivot["seq"]) & pl.col("differs") & (pl.col("role") == "param"))
     names = [p.lstrip(".") for p in differing["path"].to_list()]
     if pivot.get("module_type") == "optimizer":  # (collectors/weights.py, _orphan_params)
-        return (f"tensors that only {pivot['boundary']} steps and no recorded module call holds ({', '.join(names[:3])}: "
+        held = (f"tensors that only {pivot['boundary']} steps and no recorded module call holds ({', '.join(names[:3])}: "
                 "a learned temperature such as SAC's log_alpha, weights stacked for vmap or given to functional_call, "
-                "the parameters of a model whose __call__ skips torch's, as gpytorch's modules do) differ "
-                "at the start of this step although every event before matched: code outside torch.optim changed "
-                "them after the last step() (an in-place edit under no_grad, through .data, a clamp, load_state_dict)")
+                "the parameters of a model whose __call__ skips torch's, as gpytorch's modules do, or that is run "
+                "through its .forward())")
+        if before.filter((pl.col("boundary") == pivot["boundary"]) & (pl.col("kind") == "params")).is_empty():
+            # (their first params event: taken as their first step() found them, helper 56)
+            return (f"{held} differ as the first step() found them, although every event before matched: they were "
+                    "made differently (their initialisation, its seed, a loaded checkpoint, weights copied in), or "
+                    "changed before that step() (an in-place edit under no_grad, through .data, a clamp); their "
+                    "gradients were not observed before that step")
+        return (f"{held} differ at the start of this step although every event before matched: code outside "
+                "torch.optim changed them after the last step() (an in-place edit under no_grad, through .data, a "
+                "clamp, load_state_dict)")
     # (a part called alone names its parameters from itself, `2.weight`; its optimizer events are named from
     # the model, `actor.2.weight`)
     stepped_names = steps["boundary"].to_list()

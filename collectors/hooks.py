@@ -248,7 +248,7 @@ class Collector(WeightEvents):
                  "_next_param_tid", "_next_tid", "_grads", "_optimizers", "_optimizers_seen", "_steps_taken", "_param_in", "_params", "_params_at", "_pass_stack", "_pending", "_queued",
                  "_foreign", "_kept_lists", "_rng_free", "_root_names", "_roots", "_seq", "_sharded", "_stacks", "_thread_names",
                  "_tids", "_tids_limit", "_wrapper", "_depths", "_in_child", "_walked", "_finaled", "_unheld", "_held_optimizers",
-                 "_trainable", "_hooked_params", "_backwards", "_json", "_orphans", "_orphans_step", "_orphans_versions", "_kept_marks",
+                 "_trainable", "_hooked_params", "_backwards", "_json", "_orphans", "_orphans_step", "_orphans_versions", "_known_at_step", "_given", "_kept_marks",
                  "_kept_places", "_kept_holders", "began", "_buffers_seen", "_buffered",
                  "_foreign_call")
 
@@ -303,6 +303,10 @@ class Collector(WeightEvents):
         self._orphans: dict[int, tuple[weakref.ref, str]] = {}  # id -> (ref, name) of one only an optimizer holds
         self._orphans_step = -1  # the step of their last params event (weights.py, _orphan_params)
         self._orphans_versions = -1  # the sum of their version counters as it took them (tensor_versions)
+        self._known_at_step: dict[int, tuple[weakref.ref, int]] = {}  # id -> (ref, how many tensors) of an optimizer
+        # whose tensors were all known before a step (weights.py, _on_optimizer_pre)
+        self._given: dict[int, dict[int, tuple]] = {}  # id of an optimizer in its step() -> id of a gradient it was
+        # given -> (the gradient, its digest before the step: weights.py, _take_given)
         # id(root) -> (ref, `_trainable_ids` when last looked): its parameters hooked again when it moves
         self._trainable: dict[int, tuple[weakref.ref, int]] = {}
         self._tids: dict[int, list] = {}  # id -> [weakref, tid, (version, address, shape, strides) digested, digest]
@@ -357,6 +361,7 @@ class Collector(WeightEvents):
         self._handles.append(ForeignStepWatch(lambda: self._steps_taken, self._guard(self._foreign_step)).install())
         if torch.distributed.is_available():  # the process group's end: the distributed models' final state
             self._handles.append(Patch(torch.distributed, "destroy_process_group", self._before_destroy))
+        self._handles.append(optim.register_optimizer_step_pre_hook(self._guard(self._on_optimizer_pre)))
         self._handles.append(optim.register_optimizer_step_post_hook(self._guard(self._on_optimizer_step)))
         # last: its step hook runs after ours, with the step's events drained (removed after the final drain)
         self.api = ApiRecorder(self.store, CollectorNaming(self), self._fail, self.rank).install()

@@ -353,8 +353,50 @@ class WeightEvents:
         return [self._row(t, "param", i, path, d) for i, ((path, t), d) in enumerate(zip(pairs, digests))]
 
     # -- optimizer -------------------------------------------------------------------------
+    def _on_optimizer_pre(self, optimizer, args, kwargs) -> None:
+        """Before an optimizer's step: the tensors it steps that nothing recorded holds, met for the
+        first time, are adopted here, as `_emit_steps` would after the step, and their params event is
+        taken before the update: their values as the step found them. (Helper 56: a model run only
+        through `.forward()`, as gpytorch's, initialised differently was blamed on its gradient at step
+        0, where nothing had observed its parameters before the step had updated them.) An optimizer
+        whose tensors were all known, and are as many, is passed over at once."""
+        if not self._in_window():
+            return
+        self._take_given(optimizer, args, kwargs)
+        size = sum(len(group["params"]) for group in optimizer.param_groups)
+        known = self._known_at_step.get(id(optimizer))
+        if known is not None and known[0]() is optimizer and known[1] == size:
+            return
+        label = None
+        for g, group in enumerate(optimizer.param_groups):
+            for j, p in enumerate(group["params"]):
+                entry = self._params.get(id(p))
+                if (entry is not None and entry[0]() is p) or p.grad is None or id(p) in self._sharded.flats:
+                    continue  # (known; not stepped now; an FSDP1 flat parameter, named by what it holds)
+                label = label or self._optimizer_label(optimizer)
+                self._adopt(p, f"{label}.param_groups[{g}][{j}]")
+        self._known_at_step[id(optimizer)] = (weakref.ref(optimizer), size)
+        if self._orphans_due():
+            self._orphan_params(time.time_ns())
+
+    def _take_given(self, optimizer, args, kwargs) -> None:
+        """The gradients a step() is given, digested before it runs: its events' `grad` rows are what it
+        used, where one read after it would be what it left in `.grad` (helper 54: Keller Jordan's Muon
+        makes its update in the gradient, in place; another momentum was said to have changed the gradient
+        between backward and step(), and the same update written out of place to differ). Not with a
+        closure, whose calls inside step() make the gradients (LBFGS), nor of an FSDP1 flat parameter."""
+        if any(a is not None for a in args[1:]) or kwargs.get("closure") is not None:  # (args: the optimizer first)
+            return
+        flats = self._sharded.flats
+        grads = [p.grad for group in optimizer.param_groups for p in group["params"]
+                 if p.grad is not None and id(p) not in flats]
+        self._given[id(optimizer)] = {id(g): (g, d) for g, d in zip(grads, plain_digests(grads)) if d is not None}
+
     def _on_optimizer_step(self, optimizer, args, kwargs) -> None:
-        self._step_ended(optimizer)
+        try:
+            self._step_ended(optimizer)
+        finally:
+            self._given.pop(id(optimizer), None)
 
     def _foreign_step(self, optimizer) -> None:
         """An optimizer that is not torch.optim's updated the weights (Keras', fastai's: collectors/foreign_steps.py):
@@ -495,7 +537,13 @@ class WeightEvents:
                         name = entry[1] if entry is not None and entry[0]() is p else \
                             self._adopt(p, f"{label}.param_groups[{g}][{j}]")
                     steps.append((t, name, marks))
-        digests = plain_digests([t for tensors, *_ in steps for *_, t in tensors])
+        # (a gradient digested before the step as it was given, `_take_given`, is not digested again)
+        given = self._given.pop(id(optimizer), None) or {}
+        flat = [(role, t) for tensors, *_ in steps for role, _, _, t in tensors]
+        before = [given.get(id(t)) if role == "grad" else None for role, t in flat]
+        before = [b[1] if b is not None and b[0] is t else None for b, (_, t) in zip(before, flat)]
+        fresh = iter(plain_digests([t for b, (_, t) in zip(before, flat) if b is None]))
+        digests = [b if b is not None else next(fresh) for b in before]
         at = 0
         for tensors, name, marks in steps:
             taken, at = digests[at:at + len(tensors)], at + len(tensors)

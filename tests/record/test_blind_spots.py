@@ -2132,6 +2132,147 @@ def test_a_model_whose_call_skips_torchs_has_its_parameters_taken_each_step(tmp_
         assert [t["path"] for t in fd["tensors"] if t["differs"]] == [".param_groups[0][1]"], fd["tensors"]
 
 
+def test_weights_no_recorded_call_holds_initialised_differently_are_blamed_at_the_first_step(tmp_path):
+    """Helper 56: a model run only through `.forward()` (as gpytorch's modules are) and initialised
+    differently was blamed at step 0 on "the gradient step() used": nothing had observed its weights
+    before the step updated them. They are now taken before the first step() (its pre-hook), and the
+    pivot is that params event, said to be the weights as that step found them."""
+    import torch
+
+    import bitguard
+
+    def train(name, init):
+        torch.manual_seed(0)
+        linear = torch.nn.Linear(4, 1)
+        with torch.no_grad():
+            linear.weight[0, 0] += init
+        opt = torch.optim.SGD(linear.parameters(), lr=0.1)
+        x, y = torch.randn(8, 4), torch.randn(8, 1)
+        with bitguard.record(tmp_path / name, determinism=False):
+            for _ in range(3):
+                opt.zero_grad()
+                ((linear.forward(x) - y) ** 2).mean().backward()
+                opt.step()
+
+    for name, init in (("a", 0.0), ("b", 0.0), ("c", 1e-3)):
+        train(name, init)
+    assert bitguard.compare(tmp_path / "a", tmp_path / "b").verdict == "identical"
+    fd = bitguard.compare(tmp_path / "a", tmp_path / "c").to_dict()["first_divergence"]
+    assert (fd["kind"], fd["boundary"], fd["step"], fd["blame"], fd["fault_class"]) == \
+        ("params", "SGD", 0, "source", "params"), fd
+    assert "as the first step() found them" in fd["blame_window"]["detail"], fd["blame_window"]
+    assert [t["path"] for t in fd["tensors"] if t["differs"]] == [".param_groups[0][0]"], fd["tensors"]
+
+
+def test_an_optimizer_that_makes_its_update_in_the_gradient_is_blamed_as_computing_differently(tmp_path):
+    """Helper 54 (Keller Jordan's Muon: `update = grad.lerp_(momentum, beta)`): the gradient rows of an
+    optimizer's events were read after step(), which had written its update into them: another beta
+    was said to have changed the gradient "between backward and step()", and the same update written
+    out of place to differ. They are the gradients step() was given, digested before it ran."""
+    import torch
+
+    import bitguard
+
+    class Nesterov(torch.optim.Optimizer):
+        def __init__(self, params, beta, in_place):
+            super().__init__(params, {"lr": 0.1, "beta": beta})
+            self.in_place = in_place
+
+        @torch.no_grad()
+        def step(self, closure=None):
+            for group in self.param_groups:
+                for p in group["params"]:
+                    buf = self.state[p].setdefault("buf", torch.zeros_like(p))
+                    buf.lerp_(p.grad, 1 - group["beta"])
+                    update = (p.grad.lerp_ if self.in_place else p.grad.lerp)(buf, group["beta"])
+                    p.add_(update, alpha=-group["lr"])
+
+    def train(name, beta, in_place=True):
+        model, _ = _tiny()
+        opt = Nesterov(model.parameters(), beta, in_place)
+        with bitguard.record(tmp_path / name, determinism=False):
+            _sgd_steps(model, opt, 3)
+
+    for name, beta, in_place in (("a", 0.95, True), ("b", 0.95, False), ("c", 0.9, True)):
+        train(name, beta, in_place)
+    assert _compare(tmp_path / "a", tmp_path / "b")[0] == 0  # (the same parameters and state at every step)
+    code, d = _compare(tmp_path / "a", tmp_path / "c")
+    fd = d["first_divergence"]
+    assert (code, fd["step"], fd["phase"], fd["blame"], fd["fault_class"]) == (1, 0, "optimizer", "source", "optimizer"), fd
+    assert [t["role"] for t in fd["tensors"] if t["differs"]] != ["grad"], fd["tensors"]
+
+
+def test_the_state_of_an_optimizer_wrapping_the_stepped_one_is_compared_at_the_end(tmp_path):
+    """Helper 54 (torch_optimizer's Lookahead): a wrapper whose step() calls its inner optimizer's and that
+    keeps slow weights in its own state never calls Optimizer.__init__, so no step hook runs for it: its
+    slow weights halved after the last step compared identical. It is found as the `self` of the code that
+    called the inner step(), and its state is compared when the recording ends, as the inner one's."""
+    import torch
+
+    import bitguard
+
+    class Lookahead(torch.optim.Optimizer):
+        def __init__(self, optimizer):  # (no Optimizer.__init__, as torch_optimizer's)
+            self.optimizer, self.param_groups, self.state = optimizer, optimizer.param_groups, {}
+
+        def step(self, closure=None):
+            self.optimizer.step()
+            for p in (p for group in self.param_groups for p in group["params"]):
+                slow = self.state.setdefault(p, {}).setdefault("slow_param", p.detach().clone())
+                slow.lerp_(p.detach(), 0.5)
+
+        def zero_grad(self, set_to_none=True):
+            self.optimizer.zero_grad(set_to_none)
+
+    def train(name, edit):
+        model, sgd = _tiny()
+        opt = Lookahead(sgd)
+        with bitguard.record(tmp_path / name, determinism=False):
+            _sgd_steps(model, opt, 3)
+            if edit:
+                for state in opt.state.values():
+                    state["slow_param"].mul_(0.5)
+
+    for name, edit in (("a", False), ("b", False), ("c", True)):
+        train(name, edit)
+    assert _compare(tmp_path / "a", tmp_path / "b")[0] == 0
+    code, d = _compare(tmp_path / "a", tmp_path / "c")
+    assert code == 3 and d["verdict"] == "inconclusive", d["verdict"]
+    reasons = [r for r in d["certification"]["reasons"] if r["code"] == "final_settings"]
+    assert reasons and "Lookahead" in reasons[0]["message"], d["certification"]["reasons"]
+
+
+def test_a_model_output_edited_in_place_before_the_loss_is_said_to_be_edited_not_swapped(tmp_path):
+    """Helper 56 (MONAI): `out[:, 1].mul_(1.01)` between a model and its loss module in one run was said
+    to give the loss "other modules' outputs (arguments swapped or passed from elsewhere)", blamed on the
+    data: the loss's input is the very tensor the model returned, edited after it returned."""
+    import torch
+
+    import bitguard
+
+    def train(name, edit):
+        model, opt = _tiny()
+        loss_fn = torch.nn.MSELoss()
+        x, y = torch.randn(8, 4), torch.randn(8, 1)
+        with bitguard.record(tmp_path / name, determinism=False):
+            for step in range(3):
+                opt.zero_grad()
+                out = model(x)
+                if edit and step == 1:
+                    out[:, 0].mul_(1.01)
+                loss_fn(out, y).backward()
+                opt.step()
+
+    for name, edit in (("a", False), ("b", True)):
+        train(name, edit)
+    for a, b, run in (("a", "b", "B"), ("b", "a", "A")):
+        code, d = _compare(tmp_path / a, tmp_path / b)
+        fd = d["first_divergence"]
+        assert (code, fd["step"], fd["boundary"], fd["blame"]) == (1, 1, "MSELoss", "consumer"), fd
+        detail = fd["blame_window"]["detail"]
+        assert f"in run {run} it was changed in place after it returned" in detail and "swapped" not in detail, detail
+
+
 def test_an_evaluation_without_eval_is_a_mode_change_not_moved_weights(tmp_path):
     """Helper 48 (MONAI): `model.eval()` forgotten before an evaluation in run B, on a model without
     dropout or norms (the same numbers): run A's params event at the evaluation's call, taken for
