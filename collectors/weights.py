@@ -356,9 +356,10 @@ class WeightEvents:
     def _on_optimizer_pre(self, optimizer, args, kwargs) -> None:
         """Before an optimizer's step: the tensors it steps that nothing recorded holds, met for the
         first time, are adopted here, as `_emit_steps` would after the step, and their params event is
-        taken before the update: their values as the step found them. (Helper 56: a model run only
-        through `.forward()`, as gpytorch's, initialised differently was blamed on its gradient at step
-        0, where nothing had observed its parameters before the step had updated them.) An optimizer
+        taken before the update, in a step no module call began: their values as the step found them.
+        (Helper 56: a model run only through `.forward()` initialised differently was blamed on its
+        gradient at step 0, where nothing had observed its parameters before the step had updated them.)
+        An optimizer
         whose tensors were all known, and are as many, is passed over at once."""
         if not self._in_window():
             return
@@ -376,7 +377,9 @@ class WeightEvents:
                 label = label or self._optimizer_label(optimizer)
                 self._adopt(p, f"{label}.param_groups[{g}][{j}]")
         self._known_at_step[id(optimizer)] = (weakref.ref(optimizer), size)
-        if self._orphans_due():
+        if self._orphans_due() and self._called_step != self.step:
+            # (only in a step no module call began: after one, these are taken at the next step's first call, as
+            # before; a resumed run's first step had them after its batches, its run's before: misaligned, helper 38)
             self._orphan_params(time.time_ns())
 
     def _take_given(self, optimizer, args, kwargs) -> None:
