@@ -152,6 +152,13 @@ def _divergence(rc, run_a=None) -> dict | None:
         if structure and mostly_unpaired else None
     if hint:
         notes.append(hint)
+    if structure and rc.pairs.height and (rc.pairs["status"] == "identical").all():
+        # (helper 55: timm's checkpoint_seq calls a Sequential's blocks one by one, the container never)
+        alone = max(rc.events_a.height, rc.events_b.height) - rc.pairs.height
+        notes.append(f"every event both runs record has equal digests ({rc.pairs.height} paired): the runs differ "
+                     f"only in what one of them records and the other does not (at least {alone} event(s)), as where "
+                     f"one calls a container and the other its parts one by one, or one run makes a call the other "
+                     f"does not")
     notes += retype.note(rc.pairs, None if structure else p["seq"], rc.diffs)
     notes += granularity.note(rc.regions, p)
     if not structure and rc.blame and rc.blame.get("blame") == "source":

@@ -2273,6 +2273,36 @@ def test_a_model_output_edited_in_place_before_the_loss_is_said_to_be_edited_not
         assert f"in run {run} it was changed in place after it returned" in detail and "swapped" not in detail, detail
 
 
+def test_a_structure_divergence_where_every_paired_event_is_equal_says_so(tmp_path):
+    """Helper 55 (timm's checkpoint_seq calls a Sequential's blocks one by one, the container never): "run B
+    lacks the forward of blocks" alone, where every event both runs record is equal, left the user to find
+    that out. The pivot's notes say it."""
+    import torch
+
+    import bitguard
+
+    def train(name, by_parts):
+        model, opt = _tiny()
+        with bitguard.record(tmp_path / name, determinism=False):
+            for _ in range(2):
+                opt.zero_grad()
+                x = torch.randn(2, 4)
+                if by_parts:
+                    for part in model:
+                        x = part(x)
+                else:
+                    x = model(x)
+                x.pow(2).mean().backward()
+                opt.step()
+
+    train("a", False)
+    train("b", True)
+    code, d = _compare(tmp_path / "a", tmp_path / "b")
+    fd = d["first_divergence"]
+    assert code == 1 and fd["cause"] == "structure", fd
+    assert any(n.startswith("every event both runs record has equal digests") for n in fd["notes"]), fd["notes"]
+
+
 def test_an_evaluation_without_eval_is_a_mode_change_not_moved_weights(tmp_path):
     """Helper 48 (MONAI): `model.eval()` forgotten before an evaluation in run B, on a model without
     dropout or norms (the same numbers): run A's params event at the evaluation's call, taken for
