@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import polars as pl
 
+from bitguard.schema import FIRST_STEP
+
 
 def params_detail(pivot: dict, events_a: pl.DataFrame, diffs: pl.DataFrame,
                    tensors_a: pl.DataFrame | None = None, shift: int = 0, events_b: pl.DataFrame | None = None,
@@ -23,7 +25,7 @@ def params_detail(pivot: dict, events_a: pl.DataFrame, diffs: pl.DataFrame,
     differing = diffs.filter((pl.col("a_seq") == pivot["seq"]) & pl.col("differs") & (pl.col("role") == "param"))
     names = [p.lstrip(".") for p in differing["path"].to_list()]
     if pivot.get("module_type") == "optimizer":  # (collectors/weights.py, _orphan_params)
-        held = (f"tensors that only {pivot['boundary']} steps and no recorded module call holds ({', '.join(names[:3])}: "
+        held = (f"tensors that only {pivot['boundary'].removesuffix(FIRST_STEP)} steps and no recorded module call holds ({', '.join(names[:3])}: "
                 "a learned temperature such as SAC's log_alpha, weights stacked for vmap or given to functional_call, "
                 "the parameters of a model whose __call__ skips torch's, as gpytorch's modules do, or that is run "
                 "through its .forward())")

@@ -34,7 +34,7 @@ import polars as pl
 
 from bitguard.backend import collectives
 from bitguard.backend.params_blame import params_detail
-from bitguard.schema import JSON_FILE, KEYS_MARK
+from bitguard.schema import FIRST_STEP, JSON_FILE, KEYS_MARK
 
 # Which tensor roles are the inputs of an event's computation, per (phase, kind).
 INPUT_ROLES = {
@@ -184,7 +184,10 @@ def blame(pivot: dict, events_a: pl.DataFrame, status: dict[int, str], diffs: pl
                 _rewired_around(pivot, events_a, diffs, ((events_a, tensors_a), (events_b, tensors_b)))
             if rewired is not None and EDITED_AFTER in rewired:  # (code between two calls: not the data)
                 result.update(blame="consumer", fault_class="forward")
-            result["blame_window"] = {"module": None, "detail": rewired or (
+            unheld = None if rewired is not None else _unheld_weights(pivot, events_a, diffs)
+            if unheld is not None:  # (weights no call holds, made differently: conclusive, the data may differ too)
+                result.update(blame="consumer", fault_class="params")
+            result["blame_window"] = {"module": None, "detail": rewired or unheld or (
                 f"the inputs of {pivot['boundary']} differ, and no call around it had identical inputs nor did any "
                 "recorded module produce them (every event before matched): they come from the training's own code "
                 "or data (a batch, an observation, a replay buffer's sample, code between module calls)")}
@@ -300,6 +303,25 @@ def _rewired_around(pivot: dict, events_a: pl.DataFrame, diffs: pl.DataFrame, si
         said = _rewired({**event, "b_seq": paired["b_seq"][0]}, diffs, sides)
         if said is not None:
             return f"the inputs of {pivot['boundary']} differ, computed inside {event['boundary']}'s call, where " + said
+    return None
+
+
+def _unheld_weights(pivot: dict, events_a: pl.DataFrame, diffs: pl.DataFrame) -> str | None:
+    """Where the tensors only an optimizer holds differ before its first step, later in the pivot's step (a
+    model run through its `.forward()`, whose output the pivot's module is given; helper 56), the sentence
+    that says the inputs come from them; else None."""
+    first = events_a.filter((pl.col("kind") == "params") & (pl.col("module_type") == "optimizer")
+                            & pl.col("boundary").str.ends_with(FIRST_STEP) & (pl.col("step") == pivot["step"])
+                            & (pl.col("seq") > pivot["seq"])).sort("seq")
+    for seq, boundary in first.select("seq", "boundary").iter_rows():
+        differing = diffs.filter((pl.col("a_seq") == seq) & pl.col("differs") & (pl.col("role") == "param"))
+        if differing.height:
+            names = ", ".join(p.lstrip(".") for p in differing["path"].to_list()[:3])
+            return (f"the inputs of {pivot['boundary']} differ, and no recorded module produced them; weights no "
+                    f"recorded module call holds, which {boundary.removesuffix(FIRST_STEP)} steps ({names}), already "
+                    "differ as its first step() finds them, later in this step: a model run through its .forward() "
+                    "(as gpytorch's modules are) made differently (its initialisation, its seed, a loaded checkpoint) "
+                    "computes these inputs (the data it is given may differ too)")
     return None
 
 

@@ -46,6 +46,9 @@ SCHEMA_VERSION = 12  # bump on any change to a table below; readers refuse newer
 #    these: a comparison with one leaves out of both sides those rows, the string rows of saves other than
 #    JSON files, and the rows under a key that names a duration
 JSON_FILE = "json file"  # the module type of a JSON file's `saved` event (its boundary: the file's name)
+# what a `params` event of the tensors only an optimizer holds, taken before their first step, adds to its
+# boundary (the optimizer's name: collectors/weights.py, `_on_optimizer_pre`)
+FIRST_STEP = " (before its first step)"
 NUMBER_MARK = " (python {})"  # {}: int, float or bool
 NUMBER_PATH = r"(^| )\(python (int|float|bool)\)$"  # a path NUMBER_MARK ends (a regular expression)
 STRING_MARK = " (python str)"  # the end of a compared string's path (a save's or a JSON file's)

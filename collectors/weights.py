@@ -25,7 +25,7 @@ from bitguard.collectors.observation import plain_digests
 from bitguard.collectors.saved import child_saves, note_child_save, tensors_in
 from bitguard.collectors.sharded import clean_name, mark
 from bitguard.errors import NotSupported
-from bitguard.schema import JSON_FILE
+from bitguard.schema import FIRST_STEP, JSON_FILE
 
 
 def tensor_versions(tensors) -> int:
@@ -355,12 +355,14 @@ class WeightEvents:
     # -- optimizer -------------------------------------------------------------------------
     def _on_optimizer_pre(self, optimizer, args, kwargs) -> None:
         """Before an optimizer's step: the tensors it steps that nothing recorded holds, met for the
-        first time, are adopted here, as `_emit_steps` would after the step, and their params event is
-        taken before the update, in a step no module call began: their values as the step found them.
-        (Helper 56: a model run only through `.forward()` initialised differently was blamed on its
-        gradient at step 0, where nothing had observed its parameters before the step had updated them.)
-        An optimizer
-        whose tensors were all known, and are as many, is passed over at once."""
+        first time, are adopted here, as `_emit_steps` would after the step, and a params event of
+        theirs is taken before the update (`FIRST_STEP`): their values as the step found them. (Helper
+        56: a model run only through `.forward()` initialised differently was blamed on its gradient, or
+        on the input of the next module called, at step 0, where nothing had observed its parameters
+        before the step had updated them.) Named apart from their params events at the start of each
+        step after: a resumed run's first step takes this one after its batches, where the run it
+        resumed took those before (compare leaves params events of the resumed step unpaired). An
+        optimizer whose tensors were all known, and are as many, is passed over at once."""
         if not self._in_window():
             return
         self._take_given(optimizer, args, kwargs)
@@ -368,19 +370,21 @@ class WeightEvents:
         known = self._known_at_step.get(id(optimizer))
         if known is not None and known[0]() is optimizer and known[1] == size:
             return
-        label = None
+        label, new = None, {}
         for g, group in enumerate(optimizer.param_groups):
             for j, p in enumerate(group["params"]):
                 entry = self._params.get(id(p))
                 if (entry is not None and entry[0]() is p) or p.grad is None or id(p) in self._sharded.flats:
                     continue  # (known; not stepped now; an FSDP1 flat parameter, named by what it holds)
                 label = label or self._optimizer_label(optimizer)
-                self._adopt(p, f"{label}.param_groups[{g}][{j}]")
+                where = self._adopt(p, f"{label}.param_groups[{g}][{j}]")
+                if id(p) in self._orphans:
+                    owner, mark_, place = where.partition(".param_groups")  # (a library's name: an event of its own)
+                    new.setdefault(owner, []).append((mark_ + place, p))
         self._known_at_step[id(optimizer)] = (weakref.ref(optimizer), size)
-        if self._orphans_due() and self._called_step != self.step:
-            # (only in a step no module call began: after one, these are taken at the next step's first call, as
-            # before; a resumed run's first step had them after its batches, its run's before: misaligned, helper 38)
-            self._orphan_params(time.time_ns())
+        t0 = time.time_ns()
+        for owner, pairs in new.items():
+            self._emit("optimizer", "params", f"{owner}{FIRST_STEP}", "optimizer", 0, t0, self._param_digested(pairs))
 
     def _take_given(self, optimizer, args, kwargs) -> None:
         """The gradients a step() is given, digested before it runs: its events' `grad` rows are what it

@@ -2132,11 +2132,13 @@ def test_a_model_whose_call_skips_torchs_has_its_parameters_taken_each_step(tmp_
         assert [t["path"] for t in fd["tensors"] if t["differs"]] == [".param_groups[0][1]"], fd["tensors"]
 
 
-def test_weights_no_recorded_call_holds_initialised_differently_are_blamed_at_the_first_step(tmp_path):
+@pytest.mark.parametrize("then", [None, "tanh"])
+def test_weights_no_recorded_call_holds_initialised_differently_are_blamed_at_the_first_step(tmp_path, then):
     """Helper 56: a model run only through `.forward()` (as gpytorch's modules are) and initialised
-    differently was blamed at step 0 on "the gradient step() used": nothing had observed its weights
-    before the step updated them. They are now taken before the first step() (its pre-hook), and the
-    pivot is that params event, said to be the weights as that step found them."""
+    differently was blamed at step 0 on "the gradient step() used", or (`then`: a module called on its
+    output) on the data: nothing had observed its weights before the step updated them. They are now
+    taken before the first step() (its pre-hook, a params event named apart), and the pivot is that
+    event, or the called module's input, said to come from those weights."""
     import torch
 
     import bitguard
@@ -2151,15 +2153,21 @@ def test_weights_no_recorded_call_holds_initialised_differently_are_blamed_at_th
         with bitguard.record(tmp_path / name, determinism=False):
             for _ in range(3):
                 opt.zero_grad()
-                ((linear.forward(x) - y) ** 2).mean().backward()
+                out = linear.forward(x)
+                ((torch.nn.Tanh()(out) if then else out) - y).pow(2).mean().backward()
                 opt.step()
 
     for name, init in (("a", 0.0), ("b", 0.0), ("c", 1e-3)):
         train(name, init)
     assert bitguard.compare(tmp_path / "a", tmp_path / "b").verdict == "identical"
     fd = bitguard.compare(tmp_path / "a", tmp_path / "c").to_dict()["first_divergence"]
+    if then:
+        assert (fd["kind"], fd["boundary"], fd["step"], fd["blame"], fd["fault_class"]) == \
+            ("module", "Tanh", 0, "consumer", "params"), fd
+        assert "already differ as its first step() finds them" in fd["blame_window"]["detail"], fd["blame_window"]
+        return
     assert (fd["kind"], fd["boundary"], fd["step"], fd["blame"], fd["fault_class"]) == \
-        ("params", "SGD", 0, "source", "params"), fd
+        ("params", "SGD (before its first step)", 0, "source", "params"), fd
     assert "as the first step() found them" in fd["blame_window"]["detail"], fd["blame_window"]
     assert [t["path"] for t in fd["tensors"] if t["differs"]] == [".param_groups[0][0]"], fd["tensors"]
 
