@@ -161,6 +161,8 @@ def differences(run_a, run_b, rank: int, step: int, computed: bool = False, rows
             if key not in calls_a or key not in calls_b:
                 if computed:  # (a call one run made and the other did not: a killed run's last steps)
                     continue
+                if kind == "params" and s == run_b.resume_from:  # (as compare leaves the events: a model's first
+                    continue  # params of the resumed step may come before the cut in one run alone, helper 55)
                 found.append({**where, "field": None, "a": "called" if key in calls_a else "not called",
                               "b": "called" if key in calls_b else "not called"})
                 continue

@@ -130,6 +130,16 @@ def blame(pivot: dict, events_a: pl.DataFrame, status: dict[int, str], diffs: pl
         result.update(fault_class="optimizer", blame="consumer" if inputs_differ else "source")
         result["blame_window"] = {"module": pivot["boundary"],
                                   "detail": _optimizer_detail(pivot, events_a, status, used)}
+        state = diffs.filter((pl.col("a_seq") == pivot["seq"]) & (pl.col("role") == "state") & pl.col("differs"))
+        counted = state.filter(pl.col("path").str.contains("step"))  # (its step count: not a hyperparameter's doing)
+        if shift and pivot["step"] == shift and counted.height and not inputs_differ:
+            # (helper 55: a resume that did not load the optimizer's state was said to be the update computing
+            # differently, or "an input of it that was not observed")
+            result["blame_window"]["detail"] = (
+                f"the optimizer's state, its step count too, differs at run B's first step (it resumed at step {shift}: "
+                f"{', '.join(p.lstrip('.') for p in state['path'].to_list()[:3])}): B's optimizer did not resume "
+                "with the state A's had there (its state_dict not loaded, or loaded from another step's checkpoint); "
+                + result["blame_window"]["detail"])
     elif kind == "grad":
         owner = _owner_backward(pivot, events_a, diffs)
         root = _root_backward_differing(pivot, events_a, diffs) if owner is None else None

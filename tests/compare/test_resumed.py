@@ -372,3 +372,55 @@ def test_an_optimizer_edited_after_the_last_step_is_no_identical(tmp_path, edit)
         c.blocking_reasons()
     said = "groups[0].lr differs after the last optimizer step" if edit == "lr" else "the optimizer's state"
     assert said in c.blocking_reasons()[0]["message"], c.blocking_reasons()
+
+
+def _restore(checkpoint, **objects) -> None:
+    """Each object given (None: left as it is) loads its state from the checkpoint, under its keyword's key."""
+    state = torch.load(checkpoint)
+    for key, obj in objects.items():
+        if obj is not None:
+            obj.load_state_dict(state[key])
+
+
+def _with_ema(path, checkpoint, resume: bool, load_optimizer: bool = True) -> None:
+    """An Adam loop with a deepcopy EMA evaluated at each epoch's end (two steps an epoch), saved after
+    the first epoch, after that epoch's EMA evaluation; resumed, the optimizer's state is loaded or not."""
+    import copy
+
+    torch.manual_seed(0)
+    model = nn.Linear(4, 2)
+    ema = copy.deepcopy(model)
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+    data = [torch.randn(8, 4, generator=torch.Generator().manual_seed(i)) for i in range(8)]
+    with bitguard.record(path, determinism=False):
+        if resume:
+            _restore(checkpoint, model=model, ema=ema, opt=opt if load_optimizer else None)
+        for step in range(2 if resume else 0, 4):
+            opt.zero_grad()
+            model(data[step]).square().mean().backward()
+            opt.step()
+            with torch.no_grad():
+                for e, p in zip(ema.parameters(), model.parameters()):
+                    e.lerp_(p, 0.1)
+            if step % 2 == 1:
+                ema(data[0]).sum().item()  # (the epoch's evaluation)
+            if step == 1 and not resume:
+                torch.save({"model": model.state_dict(), "ema": ema.state_dict(), "opt": opt.state_dict()}, checkpoint)
+
+
+def test_a_resume_that_forgets_the_optimizer_state_says_so_and_not_the_evaluation_before_the_cut(tmp_path):
+    """Helper 55 (timm's train.py resumed): "the training API calls that differ (the likely cause)" named only
+    run A's EMA evaluation before the checkpoint ("params (ema): called in A, not called in B"), which
+    --resumed-at leaves out of the comparison, and a resume without the optimizer's state was said to be
+    "the optimizer update, or an input of it that was not observed, computed differently"."""
+    ck = tmp_path / "ck.pt"
+    _with_ema(tmp_path / "a", ck, False)
+    _with_ema(tmp_path / "b", ck, True)
+    _with_ema(tmp_path / "c", ck, True, load_optimizer=False)
+    good = bitguard.compare(tmp_path / "a", tmp_path / "b", resumed_at=2)
+    assert good.verdict == "identical", good.first_divergence
+    fd = bitguard.compare(tmp_path / "a", tmp_path / "c", resumed_at=2).to_dict()["first_divergence"]
+    assert (fd["step"], fd["phase"], fd["blame"]) == (2, "optimizer", "source"), fd
+    assert "did not resume with the state" in fd["blame_window"]["detail"], fd["blame_window"]
+    said = [d for d in fd["api_differences"]["differences"] if d["kind"] == "params"]
+    assert not said, said
