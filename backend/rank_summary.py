@@ -154,9 +154,9 @@ def _divergence(rc, run_a=None) -> dict | None:
         notes.append(hint)
     if structure and rc.pairs.height and (rc.pairs["status"] == "identical").all():
         # (helper 55: timm's checkpoint_seq calls a Sequential's blocks one by one, the container never)
-        alone = max(rc.events_a.height, rc.events_b.height) - rc.pairs.height
+        alone = rc.gaps.filter(pl.col("counted")).height  # (not a recompute, nor a gap a rule allows)
         notes.append(f"every event both runs record has equal digests ({rc.pairs.height} paired): the runs differ "
-                     f"only in what one of them records and the other does not (at least {alone} event(s)), as where "
+                     f"only in what one of them records and the other does not ({alone} event(s)), as where "
                      f"one calls a container and the other its parts one by one, or one run makes a call the other "
                      f"does not")
     notes += retype.note(rc.pairs, None if structure else p["seq"], rc.diffs)
