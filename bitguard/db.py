@@ -34,11 +34,13 @@ SAFE_CONFIG = {
 # read-only connection has it, so two in one process never differ in configuration.
 READ_CONFIG = {"produce_arrow_string_view": True, "arrow_output_version": "1.4"}
 # Set once the connection is open (DuckDB refuses a temp_directory in the same config as the first):
-_LOCKDOWN = ("SET enable_progress_bar = false",  # DuckDB prints one to stdout after a query's 2 s: into a
-             # training's own output, `compare --json`'s document, the fold process's replies (a session setting:
-             # a second connection of this process to a database already locked down keeps DuckDB's default)
-             "SET enable_external_access = false",  # no file or network access from SQL: only the database
+_LOCKDOWN = ("SET enable_external_access = false",  # no file or network access from SQL: only the database
              "SET lock_configuration = true")  # and no SET can undo any of this
+# DuckDB prints a progress bar to stdout once a query has run 2 s: into a training's own output, `compare --json`'s
+# document, the fold process's replies. A session setting (a second connection of this process to a database already
+# locked down keeps DuckDB's default), set before the lockdown where DuckDB lets it be (in a Jupyter kernel without
+# ipywidgets it refuses any change of it, and draws no bar on stdout there)
+_NO_PROGRESS_BAR = "SET enable_progress_bar = false"
 HEADER_BYTES = 12  # a DuckDB file: an 8-byte checksum, then the magic
 _MAGIC, _MAGIC_AT = b"DUCK", 8
 _SQLITE = b"SQLite format 3\x00"
@@ -94,6 +96,10 @@ def _locked_down(con: duckdb.DuckDBPyConnection, path) -> duckdb.DuckDBPyConnect
         locked, external = con.execute("SELECT current_setting('lock_configuration'), "
                                        "current_setting('enable_external_access')").fetchall()[0]
         if not locked:  # else another connection of this process already locked the same database
+            try:
+                con.execute(_NO_PROGRESS_BAR)
+            except duckdb.Error:
+                pass
             for statement in _LOCKDOWN:
                 con.execute(statement)
         elif external:
