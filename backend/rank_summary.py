@@ -208,10 +208,12 @@ def _extra_call_note(rc, p: dict, event_b: dict, stack: list[str], stack_b: list
 
 def _tensor_pairs(rc, a_seq: int) -> list[dict]:
     rows = rc.diffs.filter(pl.col("a_seq") == a_seq).sort("role", "idx")
-    shapes_b = _shapes_b(rc, rows)
+    shapes_b, paths_b = _shapes_b(rc, rows)
     return [{"role": r["role"], "index": r["idx"], "path": r["path"], "shape": r["shape"], "dtype": r["dtype"],
              "shape_b": _other_shape(shapes_b.get((r["role"], r.get("idx_b", r["idx"]))), r["shape"])
              if r["dtype_b"] is not None else None,  # (a tensor only A records has no shape in B)
+             "path_b": _other_path(paths_b.get((r["role"], r.get("idx_b", r["idx"]))), r["path"])
+             if r["dtype_b"] is not None else None,  # (helper 54: a parameter moved from Muon to AdamW)
              "dtype_b": r["dtype_b"], "a": {"xor": hex16(r["xor"]), "pos": hex16(r["pos"])},
              "b": {"xor": hex16(r["xor_b"]), "pos": hex16(r["pos_b"])},
              "differs": r["differs"], "ignored": r["ignored"], "rule_id": r["rule_id"],
@@ -223,14 +225,19 @@ def _other_shape(b: list[int] | None, a) -> list[int] | None:
     return b if b is not None and b != list(a or []) else None
 
 
-def _shapes_b(rc, rows: pl.DataFrame) -> dict[tuple[str, int], list[int]]:
-    """(role, idx) -> shape of B's tensors of the pair's B event (a row's partner is B's `idx_b`: across a
-    signature change, another place than its own; helper 51)."""
+def _other_path(b: str | None, a: str | None) -> str | None:
+    return b if b is not None and b != (a or "") else None
+
+
+def _shapes_b(rc, rows: pl.DataFrame) -> tuple[dict[tuple[str, int], list[int]], dict[tuple[str, int], str]]:
+    """(role, idx) -> shape, and -> path, of B's tensors of the pair's B event (a row's partner is B's
+    `idx_b`: across a signature change, another place than its own; helper 51)."""
     b_seqs = rows["b_seq"].drop_nulls().unique().to_list() if "b_seq" in rows.columns else []
     if len(b_seqs) != 1:
-        return {}
-    b = rc.tensors_b.filter(pl.col("seq") == b_seqs[0]).select("role", "idx", "shape")
-    return {(r, i): list(s or []) for r, i, s in b.iter_rows()}
+        return {}, {}
+    b = rc.tensors_b.filter(pl.col("seq") == b_seqs[0]).select("role", "idx", "shape", "path")
+    return ({(r, i): list(s or []) for r, i, s, _ in b.iter_rows()},
+            {(r, i): p or "" for r, i, _, p in b.iter_rows()})
 
 
 def _twin_tensors(rc, a_seq: int, b_seq: int) -> list[dict]:

@@ -200,7 +200,8 @@ def _divergence(fd: FirstDivergence) -> list[str]:
         rule = f"  benign (rule {t.rule_id})" if t.ignored else ""
         why = f"  unobserved: {t.unobserved}" if t.unobserved else ""
         shape = f"{list(t.shape or [])}" + (f"→{t.shape_b}" if t.shape_b is not None else "")
-        out.append(f"    {mark} {t.role}[{t.index}]{t.path or ''} {dtype}{shape}  "
+        path = (t.path or "") + (f" (B: {t.path_b})" if t.path_b is not None else "")
+        out.append(f"    {mark} {t.role}[{t.index}]{path} {dtype}{shape}  "
                    f"A {t.a.xor or '—'}:{t.a.pos or '—'}  B {t.b.xor or '—'}:{t.b.pos or '—'}{rule}{why}")
     if len(shown) < len(fd.tensors):
         listed = {id(t) for t in shown}

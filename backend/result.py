@@ -56,6 +56,9 @@ class TensorPair(_Model):
     rule_id: str | None
     unobserved: str | None = Field(None, description="why this tensor could not be observed on a side (None: it was)")
     shape_b: list[int] | None = Field(None, description="run B's shape where it is not `shape` (None: the same)")
+    path_b: str | None = Field(None, description="run B's path of the tensor paired with this one where it is not "
+                                                 "`path` (an optimizer's state across another optimizer: "
+                                                 "`['momentum_buffer']` against `['exp_avg']`; None: the same)")
 
 
 class BlameWindow(_Model):

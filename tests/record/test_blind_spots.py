@@ -2311,6 +2311,29 @@ def test_a_structure_divergence_where_every_paired_event_is_equal_says_so(tmp_pa
     assert any(n.startswith("every event both runs record has equal digests") for n in fd["notes"]), fd["notes"]
 
 
+def test_an_optimizer_s_state_paired_across_another_optimizer_names_both_sides(tmp_path):
+    """Helper 54 (a parameter moved from torch.optim.Muon to AdamW): the pivot's state row paired with the
+    other optimizer's showed run A's name alone (`['momentum_buffer']` for AdamW's `exp_avg`)."""
+    import torch
+
+    import bitguard
+
+    def train(name, adam):
+        model, _ = _tiny()
+        opt = torch.optim.Adam(model.parameters(), lr=0.1) if adam else \
+            torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+        with bitguard.record(tmp_path / name, determinism=False):
+            _sgd_steps(model, opt, 2)
+
+    train("a", False)
+    train("b", True)
+    fd = _compare(tmp_path / "a", tmp_path / "b")[1]["first_divergence"]
+    paired = {(t["role"], t["path"]): t.get("path_b") for t in fd["tensors"] if t["role"] == "state"}
+    assert paired.get(("state", "['momentum_buffer']")) == "['exp_avg']", fd["tensors"]
+    shown = run_cli("compare", tmp_path / "a", tmp_path / "b").stdout
+    assert "state[0]['momentum_buffer'] (B: ['exp_avg'])" in shown, shown
+
+
 def test_an_evaluation_without_eval_is_a_mode_change_not_moved_weights(tmp_path):
     """Helper 48 (MONAI): `model.eval()` forgotten before an evaluation in run B, on a model without
     dropout or norms (the same numbers): run A's params event at the evaluation's call, taken for
