@@ -28,6 +28,8 @@ def this_python_kernel(tmp_path, monkeypatch) -> str:
         "argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
         "display_name": "bitguard under test", "language": "python"}))
     monkeypatch.setenv("JUPYTER_PATH", str(tmp_path / "jupyter"))
+    (tmp_path / "tmp").mkdir()
+    monkeypatch.setenv("TMPDIR", str(tmp_path / "tmp"))  # (the notebook's work folder: under pytest's, not /tmp's)
     return "bitguard-test"
 
 
