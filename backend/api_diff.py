@@ -83,7 +83,8 @@ def _flat(value, kind: str, path: str = "", out: dict | None = None, computed: b
 
 def _by_step(rows: list[dict], last_step: int, computed: bool = False) -> tuple[dict[int, dict[tuple, dict]], dict]:
     """{step: {(kind, target, n-th in the step): flat value}} up to last_step (`computed`: see `_flat`),
-    and {(step, kind, target, n-th): its place} for the calls whose place is recorded (`PLACES`)."""
+    and {(step, kind, target, n-th): its place} for the calls whose place is recorded (`PLACES`), with
+    {(step, "read", target, n-th, "value"): the value it read}."""
     out: dict[int, dict[tuple, dict]] = defaultdict(dict)
     places: dict[tuple, str] = {}
     seen: dict[tuple, int] = defaultdict(int)
@@ -99,6 +100,8 @@ def _by_step(rows: list[dict], last_step: int, computed: bool = False) -> tuple[
         place = value.get(PLACES[r["kind"]]) if r["kind"] in PLACES and isinstance(value, dict) else None
         if isinstance(place, str):
             places[(*key, n)] = place
+        if r["kind"] == "read" and isinstance(value, dict):  # (what it read: shown where one run alone reads it)
+            places[(*key, n, "value")] = value.get("value")
     return out, places
 
 
@@ -163,8 +166,11 @@ def differences(run_a, run_b, rank: int, step: int, computed: bool = False, rows
                     continue
                 if kind == "params" and s == run_b.resume_from:  # (as compare leaves the events: a model's first
                     continue  # params of the resumed step may come before the cut in one run alone, helper 55)
-                found.append({**where, "field": None, "a": "called" if key in calls_a else "not called",
-                              "b": "called" if key in calls_b else "not called"})
+                one = {**where, "field": None, "a": "called" if key in calls_a else "not called",
+                       "b": "called" if key in calls_b else "not called"}
+                if kind == "read":  # (what it read, in the run that read it: helper 49)
+                    one["value"] = (places_a if key in calls_a else places_b).get((s, *key, "value"))
+                found.append(one)
                 continue
             fa, fb = calls_a[key], calls_b[key]
             for f in sorted(set(fa) | set(fb)):
@@ -226,7 +232,9 @@ def lines(diff: dict, indent: str = "  ", header: bool = True) -> list[str]:
             out.append(f"{indent}  {when}: root module {d['target']}: run {more} calls it more often in the step "
                        f"(its call {d['call']}, counted from 0, is made in {more} only)")
         elif d["field"] is None:
-            out.append(f"{indent}  {when}: {what}: {d['a']} in A, {d['b']} in B")
+            value = "" if d.get("value") is None else \
+                f" (it read {value_pair(d['value'], d['value'])[0]}" + (f" at step {d['step']})" if len(d.get("steps") or ()) > 1 else ")")
+            out.append(f"{indent}  {when}: {what}: {d['a']} in A, {d['b']} in B{value}")
         elif _numbers(d["a"], d["b"]):  # per position (a learning rate per group), not a set of names
             pairs = [value_pair(x, y) for x, y in zip(d["a"], d["b"])]
             a, b = (_show([p[i] for p in pairs]) for i in (0, 1))

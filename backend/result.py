@@ -82,6 +82,8 @@ class ApiDifference(_Model):
                                                                 "`step` the first: it is listed once")
     at: str | None = Field(None, description="a read's place, `file:line` of the code that read the value (run A's "
                                              "where both recorded one); never compared")
+    value: Any = Field(None, description="a read made in one run only (`field` None): the value it read there, at "
+                                         "`step`")
 
 
 class ApiDifferences(_Model):

@@ -2334,6 +2334,33 @@ def test_an_optimizer_s_state_paired_across_another_optimizer_names_both_sides(t
     assert "state[0]['momentum_buffer'] (B: ['exp_avg'])" in shown, shown
 
 
+def test_a_value_read_in_one_run_only_is_shown_with_what_it_read(tmp_path):
+    """Helper 49: a read made in one run alone was listed as "called in B, not called in A" without the value
+    it read, which is what tells a user whether it matters."""
+    import torch
+
+    import bitguard
+
+    def train(name, extra):
+        model, opt = _tiny()
+        with bitguard.record(tmp_path / name, determinism=False):
+            for step in range(2):
+                opt.zero_grad()
+                loss = model(torch.randn(2, 4) * (2.0 if extra and step == 1 else 1.0)).pow(2).mean()
+                if extra and step == 0:
+                    loss.item()  # (a value only run B reads)
+                loss.backward()
+                opt.step()
+
+    train("a", False)
+    train("b", True)
+    fd = _compare(tmp_path / "a", tmp_path / "b")[1]["first_divergence"]
+    reads = [d for d in fd["api_differences"]["differences"] if d["kind"] == "read"]
+    assert reads and reads[0]["b"] == "called" and isinstance(reads[0]["value"], float), reads
+    shown = run_cli("compare", tmp_path / "a", tmp_path / "b").stdout
+    assert "not called in A, called in B (it read " in shown, shown
+
+
 def test_an_evaluation_without_eval_is_a_mode_change_not_moved_weights(tmp_path):
     """Helper 48 (MONAI): `model.eval()` forgotten before an evaluation in run B, on a model without
     dropout or norms (the same numbers): run A's params event at the evaluation's call, taken for
