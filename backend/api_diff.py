@@ -232,8 +232,9 @@ def lines(diff: dict, indent: str = "  ", header: bool = True) -> list[str]:
             out.append(f"{indent}  {when}: root module {d['target']}: run {more} calls it more often in the step "
                        f"(its call {d['call']}, counted from 0, is made in {more} only)")
         elif d["field"] is None:
-            value = "" if d.get("value") is None else \
-                f" (it read {value_pair(d['value'], d['value'])[0]}" + (f" at step {d['step']})" if len(d.get("steps") or ()) > 1 else ")")
+            read = None if d.get("value") is None else value_pair(d["value"], d["value"])[0]
+            value = "" if read is None else \
+                f" (it read {read}" + (f" at step {d['step']})" if len(d.get("steps") or ()) > 1 else ")")
             out.append(f"{indent}  {when}: {what}: {d['a']} in A, {d['b']} in B{value}")
         elif _numbers(d["a"], d["b"]):  # per position (a learning rate per group), not a set of names
             pairs = [value_pair(x, y) for x, y in zip(d["a"], d["b"])]

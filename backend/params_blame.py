@@ -25,7 +25,8 @@ def params_detail(pivot: dict, events_a: pl.DataFrame, diffs: pl.DataFrame,
     differing = diffs.filter((pl.col("a_seq") == pivot["seq"]) & pl.col("differs") & (pl.col("role") == "param"))
     names = [p.lstrip(".") for p in differing["path"].to_list()]
     if pivot.get("module_type") == "optimizer":  # (collectors/weights.py, _orphan_params)
-        held = (f"tensors that only {pivot['boundary'].removesuffix(FIRST_STEP)} steps and no recorded module call holds ({', '.join(names[:3])}: "
+        stepping = pivot["boundary"].removesuffix(FIRST_STEP)
+        held = (f"tensors that only {stepping} steps and no recorded module call holds ({', '.join(names[:3])}: "
                 "a learned temperature such as SAC's log_alpha, weights stacked for vmap or given to functional_call, "
                 "the parameters of a model whose __call__ skips torch's, as gpytorch's modules do, or that is run "
                 "through its .forward())")

@@ -136,7 +136,8 @@ def blame(pivot: dict, events_a: pl.DataFrame, status: dict[int, str], diffs: pl
             # (helper 55: a resume that did not load the optimizer's state was said to be the update computing
             # differently, or "an input of it that was not observed")
             result["blame_window"]["detail"] = (
-                f"the optimizer's state, its step count too, differs at run B's first step (it resumed at step {shift}: "
+                f"the optimizer's state, its step count too, differs at run B's first step (it resumed at step "
+                f"{shift}: "
                 f"{', '.join(p.lstrip('.') for p in state['path'].to_list()[:3])}): B's optimizer did not resume "
                 "with the state A's had there (its state_dict not loaded, or loaded from another step's checkpoint); "
                 + result["blame_window"]["detail"])
@@ -347,7 +348,8 @@ def _rewired(pivot: dict, diffs: pl.DataFrame, sides: tuple[tuple, tuple]) -> st
     said, edited = [], []
     for row, made in _producers(pivot, diffs, sides, 3):
         if made != [None, None] and made[0] != made[1]:
-            for run, side, seq, other in (("A", sides[0], pivot["seq"], made[1]), ("B", sides[1], pivot["b_seq"], made[0])):
+            for run, side, seq, other in (("A", sides[0], pivot["seq"], made[1]),
+                                          ("B", sides[1], pivot["b_seq"], made[0])):
                 if made["AB".index(run)] is None and _returned(*side, seq, None, None, row["idx"], pivot["step"],
                                                                same_tensor=True) == other:
                     edited.append(f"input {row['path'] or row['idx']} is the tensor {other} returned in both runs, "
