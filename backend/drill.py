@@ -69,10 +69,13 @@ class Window:
 
 
 def _parent(boundary: str, events: pl.DataFrame) -> str | None:
-    """The module whose forward holds `boundary`'s call: the dotted parent, or the root."""
+    """The module whose forward holds `boundary`'s call: the dotted parent, or the root; a root itself
+    (helper 57: the second of two models was traced as the first, its parent)."""
     if "." in boundary:
         return boundary.rsplit(".", 1)[0]
     roots = events.filter((pl.col("phase") == "forward") & (pl.col("kind") == "module") & (pl.col("depth") == 0))
+    if boundary in roots["boundary"].to_list():
+        return boundary
     return roots["boundary"][0] if roots.height else None
 
 

@@ -185,3 +185,25 @@ def test_a_parameter_gradient_received_differing_traces_the_blame_window(tmp_pat
     assert (fd["kind"], fd["blame"], fd["blame_window"]["module"]) == ("grad", "consumer", "0"), fd
     w = plan(open_run(tmp_path / "a"), open_run(tmp_path / "b"), fd)
     assert (w.boundary, w.module_type, w.phase) == ("0", "Lora", "backward"), w
+
+
+def test_the_backward_of_the_second_of_two_models_traces_that_model(tmp_path):
+    """Helper 57 (CleanRL's PPO: an actor and a critic, each a root): a consumer pivot at the critic's
+    backward, its gradient made differently by the loss, traced the actor's backward, the first root,
+    and found no difference there."""
+    import torch
+
+    import bitguard
+    from bitguard.backend.ingest import open_run
+
+    for name, coef in (("a", 0.5), ("b", 0.25)):
+        torch.manual_seed(0)
+        actor = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 2))
+        critic = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1))
+        x = torch.randn(8, 4)
+        with bitguard.record(tmp_path / name, determinism=False):
+            (actor(x).pow(2).mean() + coef * critic(x).pow(2).mean()).backward()
+    fd = bitguard.compare(tmp_path / "a", tmp_path / "b").to_dict()["first_divergence"]
+    assert (fd["phase"], fd["boundary"], fd["blame"]) == ("backward", "Sequential#2", "consumer"), fd
+    w = plan(open_run(tmp_path / "a"), open_run(tmp_path / "b"), fd)
+    assert (w.boundary, w.phase) == ("Sequential#2", "backward"), w
