@@ -34,6 +34,7 @@ import polars as pl
 
 from bitguard.backend import collectives
 from bitguard.backend.params_blame import params_detail
+from bitguard.backend.retype import ONLY_A, ONLY_B
 from bitguard.schema import FIRST_STEP, JSON_FILE, KEYS_MARK
 
 # Which tensor roles are the inputs of an event's computation, per (phase, kind).
@@ -258,13 +259,22 @@ def _unseen_inputs(diffs: pl.DataFrame, seq: int, roles) -> list[str]:
         return []
     rows = diffs.filter((pl.col("a_seq") == seq) & pl.col("role").is_in(list(roles))
                         & (pl.col("unobserved").is_not_null() | pl.col("unobserved_b").is_not_null()))
-    return [f"{r}{p}" for r, p in rows.select("role", "path").iter_rows()]
+    return [(f"{r}{p}", (a or b) in (ONLY_A, ONLY_B))
+            for r, p, a, b in rows.select("role", "path", "unobserved", "unobserved_b").iter_rows()]
 
 
-def _unseen_words(unseen: list[str]) -> str:
-    shown = ", ".join(unseen[:3]) + (f" and {len(unseen) - 3} more" if len(unseen) > 3 else "")
-    return (f"of its inputs, {shown} could not be observed (a tensor the digest cannot read: see the tensors' "
-            f"'unobserved'), and may be what differs; of the others: ")
+def _unseen_words(unseen: list[tuple[str, bool]]) -> str:
+    """Those inputs in words: unreadable ones may be what differs; one run alone records the others (helper 58)."""
+    said = []
+    for alone, words in ((False, "could not be observed (a tensor the digest cannot read: see the tensors' "
+                                 "'unobserved'), and may be what differs"),
+                         (True, "recorded by one run alone (as an RNG state only one run draws from), so not "
+                                "compared")):
+        paths = [p for p, one in unseen if one == alone]
+        if paths:
+            said.append(", ".join(paths[:3]) + (f" and {len(paths) - 3} more" if len(paths) > 3 else "")
+                        + f" {words}")
+    return f"of its inputs, {'; '.join(said)}; of the others: "
 
 
 def fed_by_model(pivot: dict, sides: tuple[tuple, tuple], diffs: pl.DataFrame) -> str | None:

@@ -2361,6 +2361,40 @@ def test_a_value_read_in_one_run_only_is_shown_with_what_it_read(tmp_path):
     assert "not called in A, called in B (it read " in shown, shown
 
 
+def test_an_rng_state_one_run_alone_records_is_not_said_to_be_unreadable(tmp_path):
+    """Helper 58: a child's call wrapped in `fork_rng()` + `manual_seed()` in run B only; the pivot's detail said
+    the parent's RNG state "could not be observed (a tensor the digest cannot read)": run A alone records it."""
+    import torch
+
+    import bitguard
+
+    class Noisy(torch.nn.Module):
+        def forward(self, x):
+            return x + torch.randn_like(x)
+
+    class M(torch.nn.Module):
+        def __init__(self, plant):
+            super().__init__()
+            self.a, self.n, self.b, self.plant = torch.nn.Linear(4, 4), Noisy(), torch.nn.Linear(4, 1), plant
+
+        def forward(self, x):
+            h = self.a(x)
+            if self.plant:
+                with torch.random.fork_rng():
+                    torch.manual_seed(123)
+                    return self.b(self.n(h))
+            return self.b(self.n(h))
+
+    for name, plant in (("a", False), ("b", True)):
+        torch.manual_seed(0)
+        model = M(plant)
+        with bitguard.record(tmp_path / name, determinism=False):
+            model(torch.ones(2, 4)).pow(2).mean().backward()
+    fd = _compare(tmp_path / "a", tmp_path / "b")[1]["first_divergence"]
+    detail = fd["blame_window"]["detail"]
+    assert "recorded by one run alone" in detail and "could not be observed" not in detail, detail
+
+
 def test_an_evaluation_without_eval_is_a_mode_change_not_moved_weights(tmp_path):
     """Helper 48 (MONAI): `model.eval()` forgotten before an evaluation in run B, on a model without
     dropout or norms (the same numbers): run A's params event at the evaluation's call, taken for
