@@ -97,6 +97,11 @@ def _reasons(rc) -> list[dict]:
                    f"{first['step']}"
                    + (f" ({why[0]})" if why.len() else "")))
     retyped = rc.pairs.filter(pl.col("retyped"))
+    if retyped.height and "key" in rc.events_a.columns and "key" in rc.events_b.columns:
+        # (a pair the loose pass made whose full keys are equal is no change of type: events paired out of the
+        # order around them, after the runs parted; helper 57 read "with tensors of another dtype" there)
+        same = rc.events_a["key"].gather(retyped["a_pos"]) == rc.events_b["key"].gather(retyped["b_pos"])
+        retyped = retyped.filter(~same)
     if retyped.height:  # informational: compared by their tensors, the numbers decide
         a = rc.events_a.row(int(retyped["a_pos"][0]), named=True)
         b = rc.events_b.row(int(retyped["b_pos"][0]), named=True)

@@ -64,3 +64,26 @@ def test_a_value_difference_fed_by_a_structural_one_is_not_read_as_hardware():
     assert "hardware" not in line and "follows from the structural difference above" in line, line
     then["inputs_differ"] = False  # (its inputs equal: the pattern is the reading)
     assert "hardware fault" in render_drill(doc)
+
+
+def test_a_pair_of_equal_keys_the_loose_pass_made_is_not_said_to_be_retyped():
+    """Helper 57 (PPO with a minibatch dropped): after the pivot, an event paired by the loose pass although its
+    full key was the same in both runs was said to be paired across "tensors of another dtype"; those tensors had
+    the same types. Only a pair whose keys differ is a change of type."""
+    from types import SimpleNamespace
+
+    import polars as pl
+
+    from bitguard.backend.rank_summary import _reasons
+
+    events = pl.DataFrame({"seq": [0, 1], "key": [11, 22], "phase": ["forward"] * 2, "kind": ["module"] * 2,
+                           "boundary": ["m", "n"], "module_type": ["Linear"] * 2, "step": [3, 3]},
+                          schema_overrides={"key": pl.UInt64})
+    other = events.with_columns(pl.Series("key", [11, 23], dtype=pl.UInt64))
+    for b_events, retyped in ((events, []), (other, ["retyped"])):
+        pairs = pl.DataFrame({"a_pos": [0, 1], "b_pos": [0, 1], "retyped": [True, True], "resigned": [False, False],
+                              "status": ["identical"] * 2, "rule_id": [None, None]},
+                             schema_overrides={"rule_id": pl.String})
+        rc = SimpleNamespace(rank=0, pairs=pairs, events_a=events, events_b=b_events, diffs=pl.DataFrame())
+        got = [r["code"] for r in _reasons(rc)]
+        assert got == retyped, got
