@@ -574,10 +574,12 @@ class ApiRecorder(Guarded):
     def _on_optimizer_step(self, optimizer, args, kwargs) -> None:
         step = self.naming.ending_step()
         settings = [_settings(g) for g in optimizer.param_groups]
+        known = self._stepped.get(id(optimizer))
+        if known is None or known[0]() is not optimizer:  # its first step: who stepped it (not every step's cost)
+            wrapper = _wrapper_stepping(optimizer, sys._getframe(1))
+            if wrapper is not None and id(wrapper) not in self._stepped:
+                self._stepped[id(wrapper)] = (weakref.ref(wrapper), [_settings(g) for g in _groups(wrapper)])
         self._stepped[id(optimizer)] = (weakref.ref(optimizer), settings)
-        wrapper = _wrapper_stepping(optimizer, sys._getframe(1))
-        if wrapper is not None and id(wrapper) not in self._stepped:
-            self._stepped[id(wrapper)] = (weakref.ref(wrapper), [_settings(g) for g in _groups(wrapper)])
         groups = [{**s, "params": self._names(g["params"])} for s, g in zip(settings, optimizer.param_groups)]
         self._add("optimizer_step", self._index(optimizer), {"groups": groups}, step=step)
         self._end_step(step)

@@ -370,7 +370,7 @@ class WeightEvents:
         known = self._known_at_step.get(id(optimizer))
         if known is not None and known[0]() is optimizer and known[1] == size:
             return
-        label, new = None, {}
+        label, new = None, []
         for g, group in enumerate(optimizer.param_groups):
             for j, p in enumerate(group["params"]):
                 entry = self._params.get(id(p))
@@ -379,12 +379,9 @@ class WeightEvents:
                 label = label or self._optimizer_label(optimizer)
                 where = self._adopt(p, f"{label}.param_groups[{g}][{j}]")
                 if id(p) in self._orphans:
-                    owner, mark_, place = where.partition(".param_groups")  # (a library's name: an event of its own)
-                    new.setdefault(owner, []).append((mark_ + place, p))
+                    new.append((where, p))
         self._known_at_step[id(optimizer)] = (weakref.ref(optimizer), size)
-        t0 = time.time_ns()
-        for owner, pairs in new.items():
-            self._emit("optimizer", "params", f"{owner}{FIRST_STEP}", "optimizer", 0, t0, self._param_digested(pairs))
+        self._emit_orphans(new, time.time_ns(), FIRST_STEP)
 
     def _take_given(self, optimizer, args, kwargs) -> None:
         """The gradients a step() is given, digested before it runs: its events' `grad` rows are what it
@@ -546,10 +543,14 @@ class WeightEvents:
                     steps.append((t, name, marks))
         # (a gradient digested before the step as it was given, `_take_given`, is not digested again)
         given = self._given.pop(id(optimizer), None) or {}
-        flat = [(role, t) for tensors, *_ in steps for role, _, _, t in tensors]
-        before = [given.get(id(t)) if role == "grad" else None for role, t in flat]
-        before = [b[1] if b is not None and b[0] is t else None for b, (_, t) in zip(before, flat)]
-        fresh = iter(plain_digests([t for b, (_, t) in zip(before, flat) if b is None]))
+        before, todo = [], []
+        for tensors, *_ in steps:
+            for role, _, _, t in tensors:
+                taken = given.get(id(t)) if role == "grad" else None
+                before.append(taken[1] if taken is not None and taken[0] is t else None)
+                if before[-1] is None:
+                    todo.append(t)
+        fresh = iter(plain_digests(todo))
         digests = [b if b is not None else next(fresh) for b in before]
         at = 0
         for tensors, name, marks in steps:
@@ -591,18 +592,26 @@ class WeightEvents:
         holds (`_adopt`: a learned temperature, SAC's `log_alpha`), as a root's params event has its
         parameters: an edit between two steps is blamed there, not on the loss that reads them."""
         self._orphans_step = self.step
-        by_optimizer: dict[str, list] = {}
+        by_optimizer = []
         for key, (ref, where) in list(self._orphans.items()):
             p = ref()
             entry = self._params.get(key)
             if p is None or entry is None or entry[0]() is not p:  # gone, or its id reused
                 del self._orphans[key]
                 continue
-            label, mark_, place = where.partition(".param_groups")  # (a library's name: one event of its own)
+            by_optimizer.append((where, p))
+        self._emit_orphans(by_optimizer, t0)
+        self._orphans_versions = self._orphan_versions()
+
+    def _emit_orphans(self, named: list, t0: int, suffix: str = "") -> None:
+        """One `params` event per optimizer of (name, tensor) pairs of tensors only it holds, named by it
+        (`suffix` after its name: FIRST_STEP) and each by its place in it (a library's name: an event of its own)."""
+        by_optimizer: dict[str, list] = {}
+        for where, p in named:
+            label, mark_, place = where.partition(".param_groups")
             by_optimizer.setdefault(label, []).append((mark_ + place, p))
         for label, pairs in by_optimizer.items():
-            self._emit("optimizer", "params", label, "optimizer", 0, t0, self._param_digested(pairs))
-        self._orphans_versions = self._orphan_versions()
+            self._emit("optimizer", "params", label + suffix, "optimizer", 0, t0, self._param_digested(pairs))
 
     def _emit_step(self, tensors: list, name: str, marks: list | None, digests: list, opt_type: str, stack) -> None:
         t0 = time.time_ns()
