@@ -328,21 +328,29 @@ def _rewired_around(pivot: dict, events_a: pl.DataFrame, diffs: pl.DataFrame, si
 
 
 def _unheld_weights(pivot: dict, events_a: pl.DataFrame, diffs: pl.DataFrame) -> str | None:
-    """Where the tensors only an optimizer holds differ before its first step, later in the pivot's step (a
-    model run through its `.forward()`, whose output the pivot's module is given; helper 56), the sentence
-    that says the inputs come from them; else None."""
-    first = events_a.filter((pl.col("kind") == "params") & (pl.col("module_type") == "optimizer")
-                            & pl.col("boundary").str.ends_with(FIRST_STEP) & (pl.col("step") == pivot["step"])
-                            & (pl.col("seq") > pivot["seq"])).sort("seq")
-    for seq, boundary in first.select("seq", "boundary").iter_rows():
+    """Where weights that no module call met in the pivot's step differ as an optimizer's step() finds them,
+    later in that step (a model run through its `.forward()`, whose output the pivot's module is given; helper
+    56): the tensors only an optimizer holds before its first step, or a root's parameters taken at step()
+    (collectors/weights.py, `_uncalled_roots`), the sentence that says the inputs come from them; else None."""
+    step = events_a.filter(pl.col("step") == pivot["step"])
+    called = set(step.filter(pl.col("phase") == "forward")["boundary"].to_list())
+    later = step.filter((pl.col("kind") == "params") & (pl.col("phase") == "optimizer") & (pl.col("seq") > pivot["seq"])
+                        & (pl.col("boundary").str.ends_with(FIRST_STEP) | ~pl.col("boundary").is_in(list(called))))
+    for seq, boundary, module_type in later.sort("seq").select("seq", "boundary", "module_type").iter_rows():
+        if module_type == "optimizer" and not boundary.endswith(FIRST_STEP):
+            continue  # (the tensors only an optimizer holds at a step after its first: taken at the step's start)
         differing = diffs.filter((pl.col("a_seq") == seq) & pl.col("differs") & (pl.col("role") == "param"))
-        if differing.height:
-            names = ", ".join(p.lstrip(".") for p in differing["path"].to_list()[:3])
-            return (f"the inputs of {pivot['boundary']} differ, and no recorded module produced them; weights no "
-                    f"recorded module call holds, which {boundary.removesuffix(FIRST_STEP)} steps ({names}), already "
-                    "differ as its first step() finds them, later in this step: a model run through its .forward() "
-                    "(as gpytorch's modules are) made differently (its initialisation, its seed, a loaded checkpoint) "
-                    "computes these inputs (the data it is given may differ too)")
+        if not differing.height:
+            continue
+        names = ", ".join(p.lstrip(".") for p in differing["path"].to_list()[:3])
+        held = (f"weights no recorded module call holds, which {boundary.removesuffix(FIRST_STEP)} steps ({names}), "
+                "already differ as its first step() finds them" if module_type == "optimizer" else
+                f"the weights of {boundary} ({names}), which an optimizer steps and no module call met in this step, "
+                "already differ as its step() finds them")
+        return (f"the inputs of {pivot['boundary']} differ, and no recorded module produced them; {held}, "
+                "later in this step: a model run through its .forward() "
+                "(as gpytorch's modules are) made differently (its initialisation, its seed, a loaded checkpoint) "
+                "or changed before this step computes these inputs (the data it is given may differ too)")
     return None
 
 

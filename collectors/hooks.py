@@ -248,7 +248,7 @@ class Collector(WeightEvents):
                  "_next_param_tid", "_next_tid", "_grads", "_optimizers", "_optimizers_seen", "_steps_taken", "_param_in", "_params", "_params_at", "_pass_stack", "_pending", "_queued",
                  "_foreign", "_kept_lists", "_rng_free", "_root_names", "_roots", "_seq", "_sharded", "_stacks", "_thread_names",
                  "_tids", "_tids_limit", "_wrapper", "_depths", "_in_child", "_walked", "_finaled", "_unheld", "_held_optimizers",
-                 "_trainable", "_hooked_params", "_backwards", "_json", "_orphans", "_orphans_step", "_orphans_versions", "_known_at_step", "_given", "_kept_marks",
+                 "_trainable", "_hooked_params", "_backwards", "_json", "_orphans", "_orphans_step", "_orphans_versions", "_known_at_step", "_given", "_kept_marks", "_stepped_roots", "_met", "_met_step",
                  "_kept_places", "_kept_holders", "began", "_buffers_seen", "_buffered",
                  "_foreign_call")
 
@@ -305,6 +305,10 @@ class Collector(WeightEvents):
         self._orphans_versions = -1  # the sum of their version counters as it took them (tensor_versions)
         self._known_at_step: dict[int, tuple[weakref.ref, int]] = {}  # id -> (ref, how many tensors) of an optimizer
         # whose tensors were all known before a step (weights.py, _on_optimizer_pre)
+        self._stepped_roots: dict[int, tuple] = {}  # id of an optimizer -> (ref, tensors, the roots list and its
+        # length looked at, [(ref, name) of each root module holding a tensor it steps]): weights.py, _uncalled_roots
+        self._met: set[int] = set()  # ids of the parameters a params event of step `_met_step` took (_start_params)
+        self._met_step = -1
         self._given: dict[int, dict[int, tuple]] = {}  # id of an optimizer in its step() -> id of a gradient it was
         # given -> (the gradient, its digest before the step: weights.py, _take_given)
         # id(root) -> (ref, `_trainable_ids` when last looked): its parameters hooked again when it moves

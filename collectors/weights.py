@@ -315,6 +315,10 @@ class WeightEvents:
         if not rows:
             return None
         self._emit("optimizer", "params", name, module_type, 0, t0, rows)
+        if self._met_step != self.step:
+            self._met.clear()
+            self._met_step = self.step
+        self._met.update(id(p) for _, p in params)
         if any(not isinstance(p, torch.nn.Parameter) for _, p in params):
             self._foreign_call = self._generation  # (its parts' tensors are this event's: `_swapped_params`)
             if self._foreign is None:
@@ -365,8 +369,12 @@ class WeightEvents:
         optimizer whose tensors were all known, and are as many, is passed over at once."""
         if not self._in_window():
             return
-        self._take_given(optimizer, args, kwargs)
+        closure = any(a is not None for a in args[1:]) or kwargs.get("closure") is not None  # (args: the optimizer first)
+        if not closure:  # (a closure calls the model inside step(): its params event is taken there)
+            self._take_given(optimizer)
         size = sum(len(group["params"]) for group in optimizer.param_groups)
+        if not closure:
+            self._uncalled_roots(optimizer, size)
         known = self._known_at_step.get(id(optimizer))
         if known is not None and known[0]() is optimizer and known[1] == size:
             return
@@ -383,18 +391,44 @@ class WeightEvents:
         self._known_at_step[id(optimizer)] = (weakref.ref(optimizer), size)
         self._emit_orphans(new, time.time_ns(), FIRST_STEP)
 
-    def _take_given(self, optimizer, args, kwargs) -> None:
+    def _take_given(self, optimizer) -> None:
         """The gradients a step() is given, digested before it runs: its events' `grad` rows are what it
         used, where one read after it would be what it left in `.grad` (helper 54: Keller Jordan's Muon
         makes its update in the gradient, in place; another momentum was said to have changed the gradient
         between backward and step(), and the same update written out of place to differ). Not with a
-        closure, whose calls inside step() make the gradients (LBFGS), nor of an FSDP1 flat parameter."""
-        if any(a is not None for a in args[1:]) or kwargs.get("closure") is not None:  # (args: the optimizer first)
-            return
+        closure, whose calls inside step() make the gradients (LBFGS; the caller checks), nor of an FSDP1
+        flat parameter."""
         flats = self._sharded.flats
         grads = [p.grad for group in optimizer.param_groups for p in group["params"]
                  if p.grad is not None and id(p) not in flats]
         self._given[id(optimizer)] = {id(g): (g, d) for g, d in zip(grads, plain_digests(grads)) if d is not None}
+
+    def _uncalled_roots(self, optimizer, size: int) -> None:
+        """A params event, as step() finds them, for each root module holding tensors `optimizer` steps whose
+        params event this step has not taken: no call of it met in this step (helper 56: a model run only
+        through its `.forward()`, as gpytorch's are, found as a kept model while a --steps window had not begun,
+        had no params event in the window, and weights it was made with differently were blamed on the data; a
+        GAN's generator called in the step its discriminator's step() ended). Which roots hold its tensors is
+        looked for again when its tensors or the roots change."""
+        roots = self._stepped_roots.get(id(optimizer))
+        if roots is None or roots[0]() is not optimizer or roots[1] != size or roots[2] is not self._roots \
+                or roots[3] != len(self._roots):
+            ids = {id(p) for group in optimizer.param_groups for p in group["params"]}
+            held = [(ref, name, [weakref.ref(p) for p in ref().parameters() if id(p) in ids]) for ref, name in self._roots
+                    if isinstance(ref(), torch.nn.Module) and any(id(p) in ids for p in ref().parameters())]
+            roots = self._stepped_roots[id(optimizer)] = (weakref.ref(optimizer), size, self._roots, len(self._roots), held)
+        t0 = None
+        met = self._met if self._met_step == self.step else ()
+        for ref, name, stepped in roots[4]:
+            module = ref()
+            at = self._params_at.get(id(module))
+            if module is None or (at is not None and at[1] == self.step and at[0]() is module):
+                continue
+            if met and all(id(p()) in met for p in stepped):  # (its parts' own params events took them: a
+                continue  # LightningModule whose training_step calls self.net)
+            t0 = t0 or time.time_ns()
+            self._start_params(module, name, type(module).__name__, t0)
+            self._params_at[id(module)] = (ref, self.step, self._grads, module_versions(module), module.training)
 
     def _on_optimizer_step(self, optimizer, args, kwargs) -> None:
         try:

@@ -2132,13 +2132,15 @@ def test_a_model_whose_call_skips_torchs_has_its_parameters_taken_each_step(tmp_
         assert [t["path"] for t in fd["tensors"] if t["differs"]] == [".param_groups[0][1]"], fd["tensors"]
 
 
-@pytest.mark.parametrize("then", [None, "tanh"])
+@pytest.mark.parametrize("then", [None, "tanh", "window"])
 def test_weights_no_recorded_call_holds_initialised_differently_are_blamed_at_the_first_step(tmp_path, then):
     """Helper 56: a model run only through `.forward()` (as gpytorch's modules are) and initialised
     differently was blamed at step 0 on "the gradient step() used", or (`then`: a module called on its
     output) on the data: nothing had observed its weights before the step updated them. They are now
     taken before the first step() (its pre-hook, a params event named apart), and the pivot is that
-    event, or the called module's input, said to come from those weights."""
+    event, or the called module's input, said to come from those weights. With a --steps window begun
+    after the first step, the model was found as a kept one before the window, and had no params
+    event in it: its weights are taken at each step() that finds them unmet in the step."""
     import torch
 
     import bitguard
@@ -2150,7 +2152,7 @@ def test_weights_no_recorded_call_holds_initialised_differently_are_blamed_at_th
             linear.weight[0, 0] += init
         opt = torch.optim.SGD(linear.parameters(), lr=0.1)
         x, y = torch.randn(8, 4), torch.randn(8, 1)
-        with bitguard.record(tmp_path / name, determinism=False):
+        with bitguard.record(tmp_path / name, determinism=False, steps=(1, None) if then == "window" else None):
             for _ in range(3):
                 opt.zero_grad()
                 out = linear.forward(x)
@@ -2161,6 +2163,12 @@ def test_weights_no_recorded_call_holds_initialised_differently_are_blamed_at_th
         train(name, init)
     assert bitguard.compare(tmp_path / "a", tmp_path / "b").verdict == "identical"
     fd = bitguard.compare(tmp_path / "a", tmp_path / "c").to_dict()["first_divergence"]
+    if then == "window":
+        assert (fd["kind"], fd["boundary"][:4], fd["step"], fd["blame"], fd["fault_class"]) == \
+            ("module", "Tanh", 1, "consumer", "params"), fd  # (Tanh#2: a new Tanh each step, the first before the window)
+        assert "the weights of linear (weight, bias), which an optimizer steps and no module call met in this step" \
+            in fd["blame_window"]["detail"], fd["blame_window"]
+        return
     if then:
         assert (fd["kind"], fd["boundary"], fd["step"], fd["blame"], fd["fault_class"]) == \
             ("module", "Tanh", 0, "consumer", "params"), fd
