@@ -69,13 +69,19 @@ def midstep_note(pivot: dict, events_a: pl.DataFrame, tensors_a: pl.DataFrame | 
             f"computed differently"]
 
 
-def cached_input_note(pivot: dict, events_a: pl.DataFrame, tensors_a: pl.DataFrame | None) -> list[str]:
+def cached_input_note(pivot: dict, events_a: pl.DataFrame, tensors_a: pl.DataFrame | None,
+                      diffs: pl.DataFrame | None = None) -> list[str]:
     """A module call blamed as a source whose input is a tensor an earlier call of its step returned:
     the recorder digested it there and reused that digest here, its version counter unchanged
     (collectors/hooks.py `_row`), so an edit through `.data` or `.numpy()` between the two calls is
-    not observed and shows first here, as if this module computed differently (helper 36)."""
+    not observed and shows first here, as if this module computed differently (helper 36). Not where
+    the pivot's outputs are equal (`diffs` says: only its buffers differ, a running statistic or a buffer
+    set by hand; an input that differed would have changed what the call returned; helper 58)."""
     if tensors_a is None or pivot["phase"] != "forward" or pivot["kind"] != "module" \
             or not str(pivot.get("device") or "cpu").startswith("cpu"):  # (a GPU tensor is digested at every observation)
+        return []
+    if diffs is not None and diffs.filter((pl.col("a_seq") == pivot["seq"]) & pl.col("differs")
+                                          & (pl.col("role") == "output")).is_empty():
         return []
     inputs = tensors_a.filter((pl.col("seq") == pivot["seq"]) & (pl.col("role") == "input") & (pl.col("tid") > 0))
     if inputs.is_empty():

@@ -170,7 +170,7 @@ def _divergence(rc, run_a=None) -> dict | None:
         names = None if run_a is None else (lambda: api_diff.param_names(run_a, rc.rank, p["step"]))
         notes += pivot_notes.unstepped_note(p, rc.events_a) + pivot_notes.midstep_note(p, rc.events_a, rc.tensors_a, names)
         if rc.digest_cache:
-            notes += pivot_notes.cached_input_note(p, rc.events_a, rc.tensors_a) \
+            notes += pivot_notes.cached_input_note(p, rc.events_a, rc.tensors_a, rc.diffs) \
                 + pivot_notes.returned_input_note(p, rc.events_a, rc.tensors_a)
     return {
         "cause": p["cause"], "missing_side": None if not structure else ("b" if p["side"] == "a" else "a"),
