@@ -61,8 +61,15 @@ def clock_of(path: str) -> str | None:
 def clock_below(path: str, clock: str | None) -> str | None:
     """What `clock_of` says for an item at `path` inside a value under `clock`: a named item (a dict's
     key, an attribute) by its own name (`{"runtime": {"seed": 0}}`: the seed is compared); an item of
-    a list or of what pickle writes of an object, by its container's (`"step_times": [0.1, 0.2]`)."""
-    return clock_of(path) if _LAST_KEY.search(path) else clock
+    a list or of what pickle writes of an object, by its container's (`"step_times": [0.1, 0.2]`); an
+    attribute whose name names no time, of an object kept under a duration, by that duration (helper
+    59: mmengine's MessageHub saves each logged scalar as a HistoryBuffer, its `_log_history` the
+    values: under `train/time`, wall-clock durations)."""
+    last = _LAST_KEY.search(path)
+    if last is None:
+        return clock
+    own = clock_of(path)
+    return clock if own is None and last.group(2) is not None and clock == "duration" else own
 
 
 # A timestamp, whatever its key: a float of seconds or milliseconds since 1970 between 2017 and 2039
@@ -91,11 +98,12 @@ def compared(clock: str | None, value) -> bool:
 
 def clock_at(path: str) -> str | None:
     """The `clock_of` a value at `path` (a row's path, its mark taken off) was taken under: its last
-    named key's (an item of a list under it, that key's; `clock_below`)."""
-    last = None
-    for last in _KEYS.finditer(path):
-        pass
-    return None if last is None else clock_of(path[:last.end()])
+    named key's (an item of a list under it, that key's; an attribute naming no time under a duration,
+    that duration's: `clock_below`)."""
+    clock = None
+    for key in _KEYS.finditer(path):
+        clock = clock_below(path[:key.end()], clock)
+    return clock
 
 
 def timed_before_10(path: str) -> bool:

@@ -15,7 +15,7 @@ import torch.nn as nn
 from bitguard.collectors import saved
 from bitguard.collectors.saved import SaveWatch, tensors_in
 from bitguard.schema import KEYS_MARK, NAME_MARK
-from bitguard.timed import clock_of
+from bitguard.timed import clock_at, clock_of
 
 
 def _values_of(obj, **kwargs):
@@ -78,6 +78,27 @@ def test_every_number_of_a_save_is_taken_but_times_and_among_a_call_s_arguments_
     assert clock_of("['time_elapsed']") and clock_of(".tokens_per_sec") and not clock_of("['second_moment']")
     among_arguments = [p for p, _ in tensors_in(state, save=False)[0]]  # (flatten.held_by)
     assert among_arguments == ["['optimizer']['param_groups'][0]['lr'] (python float)"]
+
+
+def test_an_object_kept_under_a_time_is_a_time_but_what_its_attributes_name():
+    """Helper 59: mmengine's MessageHub saves each logged scalar as a HistoryBuffer object, the values in
+    its `_log_history`: under `train/time` wall-clock durations, which made every two runs of an mmengine
+    training with a checkpoint differ. An attribute that names no time, of an object under a duration,
+    is that duration's (its `.seed` too); a dict's key keeps its own, and so does an object under another key."""
+
+    class History:
+        def __init__(self, values):
+            self._log_history, self._count, self.seed = np.array(values), len(values), 7
+
+    state = {"log_scalars": {"train/time": History([0.31, 0.29]), "train/loss": History([1.5, 1.2])},
+             "runtime": {"seed": 3}}
+    paths = [p for p, _ in _values_of(state)[0]]
+    assert paths == ["['log_scalars']['train/loss']._log_history",
+                     "['log_scalars']['train/loss']._count (python int)",
+                     "['log_scalars']['train/loss'].seed (python int)",
+                     "['runtime']['seed'] (python int)"], paths
+    assert clock_at("['log_scalars']['train/time']._log_history") == "duration"
+    assert clock_at("['runtime']['seed']") is None and clock_at("['log_scalars']['train/loss']._count") is None
 
 
 def test_a_module_among_a_call_s_arguments_is_not_walked_but_a_saved_one_is():
