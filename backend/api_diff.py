@@ -21,6 +21,8 @@ from __future__ import annotations
 import json
 from collections import defaultdict
 
+from bitguard import timed
+
 # what the training computes (a consequence of a divergence, never its cause), per kind
 COMPUTED = {"backward": {"value"}, "clip_grad_norm": {"total_norm"}, "params": {"xor"},
             "read": {"value"}}  # (a `read`: a number the training took out of a tensor, `.item()`, `float()`)
@@ -141,12 +143,14 @@ def rows_of(run_a, run_b, rank: int) -> tuple:
     return _api_rows(run_a, rank), _api_rows(run_b, rank)
 
 
-def differences(run_a, run_b, rank: int, step: int, computed: bool = False, rows: tuple | None = None) -> dict:
+def differences(run_a, run_b, rank: int, step: int, computed: bool = False, rows: tuple | None = None,
+                accepted=None) -> dict:
     """`{available, differences: [{step, kind, target, call, field, a, b}], more}`: rank `rank`'s
     API events of runs A and B (ingest.RunInfo) that differ at steps ≤ `step`, earliest first. A
     call made in one run only has field None and a/b "called" / "not called". `computed`: the
-    values the training computed (the loss backward() started from) instead of what it asked for;
-    `rows`: what `rows_of` read."""
+    values the training computed (the loss backward() started from) instead of what it asked for,
+    but a time the training read out of a tensor in both runs (`_timestamps`); `rows`: what `rows_of`
+    read; `accepted(difference)`: True for one a rule accepts, left out."""
     rows_a, rows_b = rows if rows is not None else rows_of(run_a, run_b, rank)
     if not rows_a or not rows_b:
         missing = [side for side, rows in (("a", rows_a), ("b", rows_b)) if not rows]
@@ -174,10 +178,20 @@ def differences(run_a, run_b, rank: int, step: int, computed: bool = False, rows
                 continue
             fa, fb = calls_a[key], calls_b[key]
             for f in sorted(set(fa) | set(fb)):
-                if fa.get(f) != fb.get(f) and not _in_effect_all_along(kind, f, fa, fb):
-                    found.append({**where, "field": f, "a": fa.get(f), "b": fb.get(f)})
+                if fa.get(f) != fb.get(f) and not _in_effect_all_along(kind, f, fa, fb) \
+                        and not (computed and kind == "read" and _timestamps(fa.get(f), fb.get(f))):
+                    one = {**where, "field": f, "a": fa.get(f), "b": fb.get(f)}
+                    if accepted is None or not accepted(one):
+                        found.append(one)
     found = _merged(found)
     return {"available": True, "differences": found[:SHOWN], "more": max(0, len(found) - SHOWN), "missing": []}
+
+
+def _timestamps(a, b) -> bool:
+    """Are both values a time since 1970 (`time.time()`, `time_ns()`: bitguard/timed.py), as a training
+    reads one out of a tensor to agree on it across ranks (helper 59: mmengine's Runner broadcasts its
+    start time as `torch.tensor(time.time())` and reads it back with `.item()`)?"""
+    return all(isinstance(v, (int, float)) and not isinstance(v, bool) and not timed.compared(None, v) for v in (a, b))
 
 
 def _in_effect_all_along(kind: str, field: str, fa: dict, fb: dict) -> bool:

@@ -15,6 +15,7 @@ boundaries had been instrumented.
 from __future__ import annotations
 
 import fnmatch
+from functools import partial
 import threading
 from concurrent.futures import ThreadPoolExecutor
 import dataclasses
@@ -362,12 +363,25 @@ def _compare_rank(rank: int, run_a: RunInfo, run_b: RunInfo, rules: RuleSet, fir
     return rc
 
 
+def _place(at: str) -> str:
+    """A read's place as a rule's path glob matches it wherever the file sits: its file's name and line."""
+    return at.replace("\\", "/").rsplit("/", 1)[-1]
+
+
+def _saves(events: pl.DataFrame) -> pl.Series:
+    """The seqs of `saved` events: what the training wrote (a checkpoint, a JSON file), read by nothing it
+    computes after (a run that loads a file back reads it in events of their own)."""
+    return events.filter(pl.col("kind") == "saved")["seq"]
+
+
 def _follows_accepted(pairs: pl.DataFrame, diffs: pl.DataFrame, ea: pl.DataFrame, ta: pl.DataFrame) -> pl.DataFrame:
     """Divergent pairs that follow from a difference a rule accepted get status `follows`, with
     the accepting rule's id: explained, not new faults, and not certified either. A pair follows
     when one of its inputs differs only by an accepted difference, or when it is reachable from
     an accepted one over the propagation edges (dataflow, nesting, activations, gradients,
-    updates, weights)."""
+    updates, weights). Not from an accepted difference in what the training saved (`_saves`): the
+    tensors of a checkpoint are the weights' own, and its edges reached every later use of them (helper
+    59: a wrong branch after a checkpoint whose timing row a rule accepted followed from it, no pivot)."""
     accepted = diffs.filter(pl.col("differs") & pl.col("ignored"))
     if accepted.is_empty():
         return pairs
@@ -381,7 +395,9 @@ def _follows_accepted(pairs: pl.DataFrame, diffs: pl.DataFrame, ea: pl.DataFrame
                  .unique("a_seq", keep="first", maintain_order=True).select("a_seq", "rule_id"))
     benign = pairs.filter(pl.col("status") == "benign")
     rule_of = pl.concat([input_fed, benign.filter(~pl.col("a_seq").is_in(input_fed["a_seq"].implode()))
-                         .select("a_seq", "rule_id")])
+                         .select("a_seq", "rule_id")]).filter(~pl.col("a_seq").is_in(_saves(ea).implode()))
+    if rule_of.is_empty():
+        return pairs
     sources = rule_of.join(pairs.select("a_seq", "a_pos"), on="a_seq", how="left").sort(
         pl.col("a_pos").fill_null(0), maintain_order=True)["a_seq"].to_numpy()
     divergent = pairs.filter(pl.col("status").is_in(["benign", "diverged"]))["a_seq"].to_numpy()
@@ -612,6 +628,19 @@ class Comparison:
             return reasons
         return reasons + self._computed_differs()
 
+    def _read_accepted(self, rank: int, d: dict) -> bool:
+        """Does a rule of phase `read` accept this value read out of a tensor (api_diff.differences)? Its
+        fire is counted in `rules_fired`."""
+        rule = self.rules.read_rule(d["target"], d.get("at"), d["step"], rank) if d["kind"] == "read" else None
+        if rule is None:
+            return False
+        fired = next((f for f in self.rules_fired if f["id"] == rule.id), None)
+        if fired is None:
+            self.rules_fired = sorted(self.rules_fired + [{"id": rule.id, "count": 1}], key=lambda f: f["id"])
+        else:
+            fired["count"] += 1
+        return True
+
     def _api_rows(self, rank: int) -> tuple:
         """Rank `rank`'s API events of both runs, read once (api_diff.rows_of)."""
         if rank not in self._api_rows_read:
@@ -622,13 +651,13 @@ class Comparison:
         """When no event differs: a value the training computed that differs all the same (helper 28:
         a constant added to the loss changes no gradient, yet the loss backward() started from, and
         the curve the user watches, differ): not identical; what computed it is outside every
-        recorded boundary. The first rank's first such value. Not where a rule accepted a difference
-        (what follows it, the loss too, differs by consent)."""
-        if self._first is not None or self.rules_fired:
+        recorded boundary. The first rank's first such value. Not where a rule accepted a difference in
+        what a rank computed (what follows it, the loss too, differs by consent; rank_summary.py `_accepted`)."""
+        if self._first is not None or any(rc.summary.accepted_computation for rc in self.ranks.values()):
             return []
         for rank in sorted(self.ranks):
             found = api_diff.differences(self.run_a, self.run_b, rank, api_diff.EVERY_STEP, computed=True,
-                                         rows=self._api_rows(rank))
+                                         rows=self._api_rows(rank), accepted=partial(self._read_accepted, rank))
             if found["differences"]:
                 d = found["differences"][0]
                 a, b = api_diff.value_pair(d["a"], d["b"])
@@ -647,9 +676,12 @@ class Comparison:
                              f"which were all that was compared")
                 else:
                     where += " runs outside the recorded boundaries"
+                accept = (f"; if it is benign (a time, a count of the machine's), a rule accepts it: "
+                          f'{{"id": "...", "action": "ignore", "match": {{"phase": "read", "path": "*{_place(d["at"])}"}}}}'
+                          if d["kind"] == "read" and d.get("at") else "")
                 return [certification.reason("computed", (
                     f"{what} differs at step {d['step']} ({a} in A, {b} in B) while every recorded tensor is equal: "
-                    f"{where}"), rank=rank)]
+                    f"{where}{accept}"), rank=rank)]
         return self._final_settings_differ()
 
     def _final_settings_differ(self) -> list[dict]:

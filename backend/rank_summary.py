@@ -44,6 +44,7 @@ class RankSummary:
     divergence: dict | None  # `FirstDivergence` fields of its pivot but the blame's and api_differences
     comm: pl.DataFrame  # run A's collectives (pivot.collective_rows)
     checks: dict  # "a" / "b" -> (events, tensors): the rows the in-run checks read (check.rows_read)
+    accepted_computation: bool = False  # a rule accepted a difference in what the rank computed (`_accepted`)
 
 
 def summarize(rc, run_a=None) -> RankSummary:
@@ -52,7 +53,18 @@ def summarize(rc, run_a=None) -> RankSummary:
     return RankSummary(
         alignment=_alignment(rc), reasons=rc.reasons + _reasons(rc), divergence=_divergence(rc, run_a),
         comm=pivot_mod.collective_rows(rc.events_a, rc.tensors_a, rc.pairs, rc.diffs),
-        checks={"a": check.rows_read(rc.events_a, rc.tensors_a), "b": check.rows_read(rc.events_b, rc.tensors_b)})
+        checks={"a": check.rows_read(rc.events_a, rc.tensors_a), "b": check.rows_read(rc.events_b, rc.tensors_b)},
+        accepted_computation=_accepted(rc))
+
+
+def _accepted(rc) -> bool:
+    """Did a rule accept a difference in what the rank computed (a pair it made benign, or one that
+    follows from one), not only in what the training saved (a `saved` event: helper 59, a checkpoint's
+    row accepted let a metric read out of a tensor that differs go unsaid, and the comparison said
+    identical)? compare.py's check of the values read then stands aside: what follows, differs by consent."""
+    accepted = rc.pairs.filter(pl.col("status").is_in(["benign", "follows"]))["a_seq"]
+    return bool(accepted.len()) and bool(rc.events_a.filter(pl.col("seq").is_in(accepted.implode())
+                                                            & (pl.col("kind") != "saved")).height)
 
 
 def _alignment(rc) -> dict:

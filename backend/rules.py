@@ -12,7 +12,10 @@ module_type (glob), phase, role (ignore rules: the tensor role whose difference 
 path (ignore rules: glob on the tensor's path in its event, `['config']['init_from'] (python str)`),
 dtype, steps ([first, last] inclusive, either may be null), rank. Actions: `ignore` (a digest
 difference on a matching tensor is not a divergence) and `allow-gap` (a matching event present
-on one side only is expected). This module validates and matches; it does not compare runs.
+on one side only is expected). An `ignore` rule whose phase is `read` matches instead a value the
+training read out of a tensor (`.item()`, `float()`, `tolist()`): boundary globs what read it
+(`item`), path its place (`trainer.py:2379`); no other rule matches one. This module validates
+and matches; it does not compare runs.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from bitguard.errors import RulesError
 from bitguard.schema import PHASES, ROLES
 
 RULES_SCHEMA = "bitguard.rules/1"
+READ = "read"  # the phase of an ignore rule for a value read out of a tensor (`RuleSet.read_rule`)
 ACTIONS = ("ignore", "allow-gap")
 MATCH_FIELDS = ("boundary", "module_type", "phase", "role", "path", "dtype", "steps", "rank")
 RULE_FIELDS = ("id", "match", "action", "note", "author", "created")
@@ -126,8 +130,14 @@ def _check_rule(raw, position: int) -> Rule:
     for key in ("boundary", "module_type", "dtype", "path"):
         if key in match and not isinstance(match[key], str):
             raise RulesError(f"{where}: match.{key} must be a string (got {match[key]!r})")
-    if "phase" in match and match["phase"] not in PHASES:
-        raise RulesError(f"{where}: match.phase must be one of {', '.join(PHASES)} (got {match['phase']!r})")
+    if "phase" in match and match["phase"] not in PHASES + (READ,):
+        raise RulesError(f"{where}: match.phase must be one of {', '.join(PHASES + (READ,))} (got {match['phase']!r})")
+    if match.get("phase") == READ and action != "ignore":
+        raise RulesError(f"{where}: match.phase 'read' (a value read out of a tensor) applies to 'ignore' rules only")
+    if match.get("phase") == READ and set(match) - {"phase", "boundary", "path", "steps", "rank"}:
+        raise RulesError(f"{where}: a rule for a value read out of a tensor matches boundary (what read it: item), "
+                         f"path (its place: file.py:LINE), steps and rank only; remove "
+                         f"{', '.join(sorted(set(match) - {'phase', 'boundary', 'path', 'steps', 'rank'}))}")
     if "role" in match and match["role"] not in ROLES:
         raise RulesError(f"{where}: match.role must be one of {', '.join(ROLES)} (got {match['role']!r})")
     if "rank" in match and (not isinstance(match["rank"], int) or isinstance(match["rank"], bool)):
@@ -198,6 +208,15 @@ class RuleSet:
 
     def to_dict(self) -> dict:
         return {"schema": RULES_SCHEMA, "rules": [r.to_dict() for r in self.rules]}
+
+    def read_rule(self, target: str, at: str | None, step: int, rank: int) -> Rule | None:
+        """The first `ignore` rule of phase `read` that accepts a value read by `target` (`item`) at place
+        `at` (`file.py:LINE`) in step `step` of rank `rank` that differs between the runs; None if none."""
+        for rule in self.rules:
+            if rule.match.get("phase") == READ and rule.matches(boundary=target, module_type="", phase=READ,
+                                                              step=step, rank=rank, path=at):
+                return rule
+        return None
 
     def of(self, action: str) -> list[Rule]:
         return [r for r in self.rules if r.action == action]

@@ -134,7 +134,8 @@ def create_app(workspace_dir: str | os.PathLike | None = None, config: ServerCon
         from bitguard.backend.statuses import STATUS_CODES, STATUS_OF_EVENT
         from bitguard.schema import PHASES, ROLES
 
-        return {"phases": list(PHASES), "roles": list(ROLES), "rule_actions": list(rules.ACTIONS),
+        return {"phases": list(PHASES), "rule_phases": [*PHASES, rules.READ], "roles": list(ROLES),
+                "rule_actions": list(rules.ACTIONS),
                 "rule_match_fields": list(rules.MATCH_FIELDS), "rules_schema": rules.RULES_SCHEMA,
                 "status_codes": list(STATUS_CODES), "status_of_event": dict(STATUS_OF_EVENT)}
 

@@ -122,7 +122,7 @@ function editor() {
     ...field("action", select("rule-action", v.rule_actions.map((a) => [a, a === "ignore" ? "ignore (digest difference is benign)" : "allow-gap (one-sided event is expected)"]), r.action)),
     ...field("boundary", el("input", { type: "text", id: "rule-boundary", value: m.boundary ?? "", placeholder: "glob, e.g. blocks.*.attn" })),
     ...field("module type", el("input", { type: "text", id: "rule-module-type", value: m.module_type ?? "", placeholder: "glob, e.g. Dropout" })),
-    ...field("phase", select("rule-phase", [["", "any"], ...v.phases.map((p) => [p, p])], m.phase)),
+    ...field("phase", select("rule-phase", [["", "any"], ...(v.rule_phases || v.phases).map((p) => [p, p])], m.phase)),
     ...field("role", select("rule-role", [["", "any"], ...v.roles.map((p) => [p, p])], m.role)),
     ...field("path", el("input", { type: "text", id: "rule-path", value: m.path ?? "", placeholder: "glob on a tensor's path (ignore only), e.g. *init_from*" })),
     ...field("dtype", el("input", { type: "text", id: "rule-dtype", value: m.dtype ?? "", placeholder: "any" })),
