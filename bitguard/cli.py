@@ -88,10 +88,11 @@ def cmd_record(args) -> int:
     online_options(args.mode, args.budget, args.sensors)
     check_invariants(args.check, args.mode)  # a bad file before anything runs
     program = os.path.basename(command[0])
-    if command[0].endswith(".py"):
-        # In-process: one rank of a job (torchrun -m bitguard record --out DIR -- train.py).
-        return run_script(command[0], command[1:], command=_launcher_command(args.out) or list(command),
-                          **_record_kwargs(args))
+    given = _launcher_command(args.out)  # (this process is the one `bitguard record -- python SCRIPT` started)
+    if command[0].endswith(".py") or (given is not None and Path(command[0]).is_file()):
+        # In-process: one rank of a job (torchrun -m bitguard record --out DIR -- train.py), or the script the
+        # launcher was given after python, whatever its name (a console script: `python $(which yolo) train`)
+        return run_script(command[0], command[1:], command=given or list(command), **_record_kwargs(args))
     if not _PYTHON.match(program):
         launcher = f"{program} launch" if program == "accelerate" and command[1:2] == ["launch"] else program
         if launcher in _MODULE_LAUNCHERS:

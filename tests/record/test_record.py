@@ -502,6 +502,23 @@ def test_a_killed_launcher_leaves_the_command_as_typed(tmp_path):
 
 
 @pytest.mark.slow
+def test_a_script_without_the_py_suffix_is_recorded_under_python(tmp_path):
+    """Helper 61: `bitguard record -- python $(which yolo) train ...` (a console script: no .py) was refused
+    by the process the launcher started, as if the script were a launcher, and left a manifest behind; a
+    launcher that is no python is still refused."""
+    script = tmp_path / "trainscript"
+    script.write_text("import torch\nm = torch.nn.Linear(2, 1)\nm(torch.ones(1, 2)).sum().backward()\nprint('done')\n")
+    out = tmp_path / "run"
+    proc = subprocess.run([*BITGUARD, "record", "--out", str(out), "--", sys.executable, str(script)],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0 and proc.stdout.split() == ["done"], proc.stderr[-2000:]
+    assert (out / "rank-0.duckdb").is_file()
+    proc = subprocess.run([*BITGUARD, "record", "--out", str(tmp_path / "other"), "--", str(script)],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2 and "not supported yet: launching 'trainscript'" in proc.stderr, proc.stderr
+
+
+@pytest.mark.slow
 def test_step_window_and_trusted_mode(tmp_path):
     record_together(dict(out=tmp_path / "window", script_args=("--steps", "3"), options=["--steps", "1:2"]),
                     dict(out=tmp_path / "trusted", script_args=("--steps", "1"), options=["--mode", "trusted"]))
