@@ -86,7 +86,7 @@ def flatten_without_keys(obj, prefix: str, numbers: bool = False, walked: dict |
     makes the result a `NotFlattened`."""
     try:
         if isinstance(obj, Mapping):
-            items = [(f"[{k!r}]", v) for k, v in obj.items()]
+            items = _mapping_items(obj)
         elif isinstance(obj, (list, tuple)):
             items = [(f"[{i}]", v) for i, v in enumerate(obj)]
         else:
@@ -96,6 +96,22 @@ def flatten_without_keys(obj, prefix: str, numbers: bool = False, walked: dict |
         return joined([flatten(value, prefix + path, numbers, walked) for path, value in items])
     except Exception as exc:  # noqa: BLE001 - the event is recorded without these tensors, and says so
         return NotFlattened([], prefix, f"could not flatten {type(obj).__name__}: {type(exc).__name__}: {exc}")
+
+
+def _mapping_items(obj: Mapping) -> list[tuple[str, object]]:
+    """(path, value) of a mapping's items; of a lazy stack of mappings (tensordict's LazyStackedTensorDict)
+    whose items hold different keys, or whose items' values cannot be stacked (ragged), each item apart,
+    `[i]`: its `items()` give only the keys every item holds, and raise on ragged ones (helper 62: an entry of
+    one item that the model read went unrecorded, unsaid; ragged batches were never certified)."""
+    parts = getattr(obj, "tensordicts", None) if type(obj).__name__.startswith("LazyStacked") else None
+    if not isinstance(parts, (list, tuple)) or not parts:
+        return [(f"[{k!r}]", v) for k, v in obj.items()]
+    try:
+        if len({frozenset(p.keys(True, True)) for p in parts}) == 1:
+            return [(f"[{k!r}]", v) for k, v in obj.items()]
+    except Exception:  # noqa: BLE001 - not stackable: each item apart
+        pass
+    return [(f"[{i}]", p) for i, p in enumerate(parts)]
 
 
 def held_by(obj, prefix: str, walked: dict | None = None) -> list[tuple[str, torch.Tensor]]:

@@ -6,6 +6,7 @@ subclass pytree does not know, and a dataclass inside a keyless node."""
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import polars as pl
@@ -90,6 +91,46 @@ def test_a_dict_subclass_pytree_does_not_know_is_walked():
     t = torch.ones(2)
     flat = flatten((Plain(x=t), 1))
     assert [(p, x) for p, x in flat] == [("[0]['x']", t)]
+
+
+class LazyStackedMapping(Mapping):
+    """As tensordict's LazyStackedTensorDict: items kept apart (`tensordicts`); its `items()` stack each key
+    every item holds, and raise when they cannot be stacked; pytree has no key paths for it."""
+
+    def __init__(self, parts):
+        self.tensordicts = parts
+
+    def keys(self, include_nested=False, leaves_only=False):
+        return [k for k in self.tensordicts[0] if all(k in p for p in self.tensordicts)]
+
+    def __getitem__(self, key):
+        return torch.stack([p[key] for p in self.tensordicts])
+
+    def __iter__(self):
+        return iter(self.keys())
+
+    def __len__(self):
+        return len(self.keys())
+
+
+class Part(dict):
+    def keys(self, include_nested=False, leaves_only=False):
+        return list(super().keys())
+
+
+def test_a_lazy_stack_is_walked_item_by_item_where_its_items_differ():
+    """Helper 62: a LazyStackedTensorDict whose items hold different keys gave only the keys all hold (an
+    entry one item holds, which the model read, went unrecorded, unsaid); one of ragged items raised, and
+    identical runs were never certified. A stack of items alike keeps its stacked entries."""
+    x0, x1, w = torch.zeros(3), torch.ones(3), torch.full((1,), 2.0)
+    flat = flatten((LazyStackedMapping([Part(x=x0), Part(x=x1, w=w)]),))
+    assert type(flat) is not NotFlattened
+    assert [(p, t) for p, t in flat] == [("[0][0]['x']", x0), ("[0][1]['x']", x1), ("[0][1]['w']", w)]
+    ragged = torch.ones(5)
+    flat = flatten((LazyStackedMapping([Part(x=x0), Part(x=ragged)]),))
+    assert type(flat) is not NotFlattened and [(p, t) for p, t in flat] == [("[0][0]['x']", x0), ("[0][1]['x']", ragged)]
+    flat = flatten((LazyStackedMapping([Part(x=x0), Part(x=x1)]),))
+    assert [p for p, _ in flat] == ["[0]['x']"] and torch.equal(flat[0][1], torch.stack([x0, x1]))
 
 
 class _Returns(torch.nn.Module):
