@@ -511,14 +511,19 @@ def _analyse(doc: dict, w: Window, fd: dict, dirs: dict, traces: dict, checks: d
     elif k is not None:
         doc["signature"] = _signature(dirs, outs[k]["a"], outs[k]["b"])
         doc["signature"]["tensor"] = {"role": "output", "index": k, "path": (outs[k]["a"] or outs[k]["b"]).get("path")}
-        if doc["op_pivot"].get("args_differ") and not doc["op_pivot"].get("inputs_differ") \
-                and doc["signature"].get("reading"):
+        what = (doc["signature"].get("reading") or "").partition(":")[0]
+        if doc["op_pivot"].get("args_differ") and not doc["op_pivot"].get("inputs_differ") and what:
             # (helper 56: a loss's constant 1e-5 against 1e-4 read "few_ulp: reduction order, a nondeterministic
             # kernel or a precision change"; the op's own arguments say why)
-            what = doc["signature"]["reading"].partition(":")[0]
             doc["signature"]["reading"] = (f"{what}: the op was called with other arguments (above), its tensor "
                                            "inputs equal: a logic change (a constant, a setting, a flag), not the "
                                            "kernel or the hardware")
+        elif doc["op_pivot"].get("inputs_differ") and what:
+            # (helper 62: a loss coefficient, a buffer set to half by hand, read "bit_flip: a hardware SDC or memory
+            # fault is likely", the op's own tensor input differing)
+            doc["signature"]["reading"] = (f"{what}: the op computed on tensor inputs that differ (above), made "
+                                           "outside the operations traced: the difference came into it, not from "
+                                           "its kernel or the hardware")
     return boundary_pair
 
 

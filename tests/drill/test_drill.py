@@ -174,6 +174,8 @@ def test_a_write_no_op_trace_sees_and_the_recorded_environment(tmp_path, monkeyp
     assert (doc["verdict"], op["op"], op["cause"], op["inputs_differ"]) == \
         ("op_pivot", "torch.nn.functional.linear", "digest", True)
     assert [p["index"] for p in op["inputs"] if p["differs"]] == [1] and "outside torch functions" in op["note"]
+    # (helper 62: a buffer halved by hand read "bit_flip: a hardware SDC or memory fault is likely")
+    assert "the difference came into it, not from its kernel or the hardware" in sig["reading"], sig["reading"]
     got = subprocess.run([sys.executable, "-m", "bitguard", "drill", str(runs["clean"]), str(runs["output"]), "--json"],
                          capture_output=True, text=True)
     assert got.returncode == 1, got.stderr
