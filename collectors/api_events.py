@@ -50,7 +50,7 @@ from bitguard.collectors.compiled import eager_name, is_compiling
 from bitguard.collectors.guarded import Guarded
 from bitguard.collectors.reads import Reads
 from bitguard.collectors.sharded import clean_name
-from bitguard.collectors.weights import library_name
+from bitguard.collectors.weights import initialising_step, library_name
 from bitguard.cuda.fingerprint import digest_async, digest_many, resolve
 from bitguard.schema import API_EVENTS, EVENTS, TENSORS, VIOLATIONS
 
@@ -572,6 +572,8 @@ class ApiRecorder(Guarded):
         self._add("loss_scale", self._index(scaler), {"scale": None if later else 1.0, "enabled": enabled}, later)
 
     def _on_optimizer_step(self, optimizer, args, kwargs) -> None:
+        if initialising_step():  # (torch.distributed.checkpoint filling the state in: no training step)
+            return
         step = self.naming.ending_step()
         settings = [_settings(g) for g in optimizer.param_groups]
         known = self._stepped.get(id(optimizer))

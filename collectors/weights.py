@@ -76,6 +76,24 @@ def saved_apart(module: torch.nn.Module) -> list[tuple[str, torch.Tensor]]:
     return out
 
 
+def initialising_step(frames: int = 8) -> bool:
+    """Is the optimizer step() now running torch's own initialisation of the optimizer's state, not a
+    training step? `torch.distributed.checkpoint.state_dict` (`set_optimizer_state_dict`, and a get of
+    the state before the first step) calls step() once with zero gradients and the learning rates at 0
+    before it loads a state (helper 60: composer's autoresume; the resumed run's step 0 was that call, its
+    parameters named after the optimizer, its root renamed, and nothing of the runs could be paired).
+    Read from the callers' frames: the hooks run a few frames below it."""
+    f = sys._getframe(2)
+    for _ in range(frames):
+        if f is None:
+            return False
+        code = f.f_code
+        if code.co_name == "_init_optim_state" and code.co_filename.replace("\\", "/").endswith("checkpoint/state_dict.py"):
+            return True
+        f = f.f_back
+    return False
+
+
 def is_distributed(module: torch.nn.Module) -> bool:
     """A wrapper of torch.distributed's (DDP's reducer, FSDP's state): not held past the script's
     own lifetime for it, since destroyed after the script's destroy_process_group() its threads
@@ -367,7 +385,7 @@ class WeightEvents:
         step after: a resumed run's first step takes this one after its batches, where the run it
         resumed took those before (compare leaves params events of the resumed step unpaired). An
         optimizer whose tensors were all known, and are as many, is passed over at once."""
-        if not self._in_window():
+        if not self._in_window() or initialising_step():
             return
         closure = any(a is not None for a in args[1:]) or kwargs.get("closure") is not None  # (args: the optimizer first)
         if not closure:  # (a closure calls the model inside step(): its params event is taken there)
@@ -431,6 +449,8 @@ class WeightEvents:
             self._params_at[id(module)] = (ref, self.step, self._grads, module_versions(module), module.training)
 
     def _on_optimizer_step(self, optimizer, args, kwargs) -> None:
+        if initialising_step():  # (no training step: torch fills the state in before loading one)
+            return
         try:
             self._step_ended(optimizer)
         finally:

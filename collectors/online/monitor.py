@@ -28,6 +28,7 @@ import torch
 
 from bitguard.collectors.api_events import ApiRecorder, OnlineNaming
 from bitguard.collectors.guarded import Guarded
+from bitguard.collectors.weights import initialising_step
 from bitguard.collectors.online.budget import DEFAULT_BUDGET, Budget
 from bitguard.collectors.online.sensor import Alert, Task
 from bitguard.collectors.online.verifier import Verifier, Verdict
@@ -199,6 +200,8 @@ class OnlineMonitor(Guarded):
         return any(e.calls for e in self.budget.ops.values())
 
     def _on_optimizer_step(self, optimizer, args, kwargs) -> None:
+        if initialising_step():  # (torch.distributed.checkpoint filling the state in: no training step)
+            return
         if self._advance:
             if id(optimizer) not in self._stepped and not self._active():
                 # another optimizer in the same step: no protected call ran since the first one's step()
@@ -302,7 +305,7 @@ class OnlineMonitor(Guarded):
             print(f"bitguard: online alert #{alert_id} step {step} rank {self.rank} {alert.sensor} {alert.boundary} "
                   f"({alert.op}): {_summary(alert, evidence)} — {state}", file=self._out, flush=True)
         elif printed == MAX_PRINTED_ALERTS:
-            print(f"bitguard: online: more alert state changes follow; only the alerts table holds them",
+            print("bitguard: online: more alert state changes follow; only the alerts table holds them",
                   file=self._out, flush=True)
 
     def _on_verdict(self, verdict: Verdict) -> None:

@@ -424,3 +424,43 @@ def test_a_resume_that_forgets_the_optimizer_state_says_so_and_not_the_evaluatio
     assert "did not resume with the state" in fd["blame_window"]["detail"], fd["blame_window"]
     said = [d for d in fd["api_differences"]["differences"] if d["kind"] == "params"]
     assert not said, said
+
+
+def _dcp(path, checkpoint, resume: str | None) -> None:
+    """SGD with momentum, saved after step 3; resumed through torch.distributed.checkpoint's
+    set_optimizer_state_dict (`resume="dcp"`), or the same with the momentum left out (`"lost"`)."""
+    from torch.distributed.checkpoint.state_dict import set_optimizer_state_dict
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    data = [torch.randn(8, 4, generator=torch.Generator().manual_seed(i)) for i in range(6)]
+    with bitguard.record(path, determinism=False):
+        start = 0
+        if resume:
+            state = torch.load(checkpoint)
+            model.load_state_dict(state["model"])
+            if resume == "lost":
+                state["opt"]["state"] = {}
+            set_optimizer_state_dict(model, opt, state["opt"])
+            start = 4
+        for step in range(start, 6):
+            opt.zero_grad()
+            model(data[step]).pow(2).mean().backward()
+            opt.step()
+            if step == 3 and not resume:
+                torch.save({"model": model.state_dict(), "opt": opt.state_dict()}, checkpoint)
+
+
+def test_torch_s_own_initialising_step_of_a_distributed_checkpoint_load_is_no_training_step(tmp_path):
+    """Helper 60 (composer's autoresume): `set_optimizer_state_dict` calls step() once with zero gradients
+    and the learning rates at 0 before it loads the state; it was the resumed run's step 0 (its parameters
+    named after the optimizer, its root renamed), and nothing of the two runs could be paired."""
+    ck = tmp_path / "ck.pt"
+    for name, resume in (("a", None), ("b", "dcp"), ("c", "lost")):
+        _dcp(tmp_path / name, ck, resume)
+    good = bitguard.compare(tmp_path / "a", tmp_path / "b", resumed_at=4)
+    assert good.verdict == "identical", (good.first_divergence, good.certification_reasons())
+    bad = bitguard.compare(tmp_path / "a", tmp_path / "c", resumed_at=4)
+    fd = bad.first_divergence
+    assert bad.verdict == "diverged" and fd["step"] == 4 and fd["phase"] == "optimizer", fd
