@@ -13,7 +13,9 @@ Edges run forward in time between divergent events of one rank:
   divergent forward after it in its step, and -> the root's next `params` event), and -> a `final` event after it (the weights the
   recording's final state holds);
 - inferred: a divergent forward call whose input tensor no observed event produced (a
-  functional op between modules made it) -> from the divergent forward call completed just before.
+  functional op between modules made it) -> from the divergent forward call completed just before;
+  the same in backward, and a part's backward that is its step's first divergent one, whose incoming
+  gradient no backward returned -> from the divergent root forward before it (the loss the root computed).
 The graph is returned summarised: one node per (phase, kind, boundary) with the first step
 reached and the number of divergent events, one edge per (source node, target node, kind).
 
@@ -143,6 +145,17 @@ def graph(events: pl.DataFrame, tensors: pl.DataFrame, divergent, loss: bool = F
                              (pl.col("depth") > 0).alias("_inner"))  # (a root's gradient comes from its loss)
                  .filter(pl.col("dst").is_in(orphans.implode()) & pl.col("_same").fill_null(False) & pl.col("_inner"))
                  .drop("_same", "_inner"))
+    # such a backward of a part that is its step's first divergent backward: the code of the root call around
+    # it made its gradient after the part returned -> from the divergent root forward before it in its step
+    # (helper 61: a loss computed and weighted inside the root's forward, as ultralytics' DetectionModel(batch)
+    # does; propagation "reached 1 node" while every gradient, step and weight after it differed)
+    lone = back.filter(pl.col("seq").is_in(orphans.implode()) & (pl.col("depth") > 0)
+                       & (pl.col("seq") == pl.col("seq").min().over("step")))
+    if lone.height:
+        roots = fwd.filter(pl.col("depth") == 0).select(pl.col("seq").alias("src"), pl.col("seq").alias("_at"), "step")
+        parts.append(lone.select(pl.col("seq").alias("dst"), pl.col("seq").alias("_at"), "step").sort("_at")
+                     .join_asof(roots.sort("_at"), on="_at", by="step", strategy="backward", check_sortedness=False)
+                     .filter(pl.col("src").is_not_null()).select("src", "dst", pl.lit("inferred").alias("kind")))
     # weights: a parameter's (last) optimizer event of a step -> the owner's first divergent forward of a later step
     params = (opt_steps.group_by("boundary", "step").agg(pl.col("seq").max())
               .select("seq", _owner(pl.col("boundary")).alias("owner"), (pl.col("step") + 1).alias("_after")))

@@ -26,3 +26,18 @@ def test_parameters_that_differ_from_the_start_reach_the_step_that_first_reads_t
     g = graph(events, tensors, [0, 10, 20, 21, 22])
     edges = set(g.edges.select("src", "dst").iter_rows())
     assert {(0, 10), (10, 20), (20, 21)} <= edges, edges
+
+
+def test_a_part_s_backward_whose_gradient_the_root_made_hangs_off_the_root_s_forward():
+    """Helper 61 (ultralytics' DetectionModel(batch) returns the loss it weights): a gain changed in the
+    root's forward after its parts returned: the root's backward (its gradient the seed 1.0) is equal, its
+    parts' backward differ, and nothing led there; propagation "reached 1 node"."""
+    events = _events([(1, 0, "forward", "module", "M.net", 1), (2, 0, "forward", "module", "M", 0),
+                      (3, 0, "backward", "module", "M", 0), (4, 0, "backward", "module", "M.net", 1),
+                      (5, 0, "backward", "grad", "net.weight", 0), (6, 1, "forward", "module", "M", 0),
+                      (7, 1, "backward", "module", "M.net", 1)])
+    tensors = pl.DataFrame({"seq": [4, 4, 7], "role": ["grad_output", "grad_input", "grad_output"], "tid": [9, 8, 11]},
+                           schema={"seq": pl.Int64, "role": pl.String, "tid": pl.Int64})
+    edges = set(graph(events, tensors, [2, 4, 6, 7]).edges.select("src", "dst", "kind").iter_rows())
+    assert (2, 4, "inferred") in edges and (6, 7, "inferred") in edges, edges
+    assert not any(dst == 4 and src != 2 for src, dst, _ in edges), edges  # (only from its own step's root)
