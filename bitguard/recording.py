@@ -223,7 +223,7 @@ class record:
         return False
 
     def finish(self, status: str, exit_status: int | None) -> None:
-        from bitguard.collectors.determinism import give_back
+        from bitguard.collectors.determinism import FILL, give_back
 
         collector, self.collector = self.collector, None
         if self.monitor is not None:
@@ -235,13 +235,19 @@ class record:
             steps_seen, events = collector.step + (1 if collector._advance else 0), collector._seq
         if self.drill is not None:
             self.drill.close()
+        refused = []
         try:  # the user's settings again (a notebook trains on after the recording)
+            refused = FILL.remove()
             give_back(self._settings_before, self._settings_applied)
         except Exception as exc:  # noqa: BLE001 - the end of a recording must not fail on a setting (nor is it the record's)
             print(f"bitguard: could not give back the settings the determinism controls changed: "
                   f"{type(exc).__name__}: {exc}", file=sys.stderr)
+        if refused:
+            print(f"bitguard: kept torch's fill of uninitialised memory on while recording (the script turned it "
+                  f"off at {refused[0]}): what torch.empty makes reads as a fixed value in both runs, not as the "
+                  f"bytes the memory held (--no-determinism leaves it as the script sets it)", file=sys.stderr)
         self.store.close(status, {"end_time_ns": time.time_ns(), "steps_completed": steps_seen,
-                                  "events": events})
+                                  "events": events, **({"fill_kept_on": refused} if refused else {})})
         if self._old_sigterm is not None:
             signal.signal(signal.SIGTERM, self._old_sigterm)
         if self.rank == 0:

@@ -61,6 +61,57 @@ def _set_threads(n: int) -> None:
         torch.set_num_threads(n)
 
 
+class _FillKept:
+    """While a recording applies the controls, torch's fill of uninitialised memory stays on: a script that
+    turns it off (ultralytics' `init_seeds(deterministic=True)` does, for speed) reads in `torch.empty`'s
+    memory whatever bytes were there, and two identical runs differ where a call reads one (helper 61: a
+    FLOPs profile of the model on an empty input, at every YOLO training's start, made every two runs
+    differ). The places that asked for it off are kept (`refused`), said at the end, and the script's last
+    wish is applied when the recording gives the settings back. `--no-determinism` leaves it alone."""
+
+    def __init__(self):
+        self.original = None
+        self.refused: list[str] = []
+        self.wanted: bool | None = None  # the script's last wish, while kept
+        self.before = True  # the setting before the recording
+        self.setter = None  # what stands in torch's setter while kept
+
+    def install(self) -> None:
+        if self.original is not None or not hasattr(torch._C, "_set_deterministic_fill_uninitialized_memory"):
+            return
+        self.original = torch._C._set_deterministic_fill_uninitialized_memory
+        self.before = torch._C._get_deterministic_fill_uninitialized_memory()
+        self.original(True)
+        self.refused, self.wanted = [], None
+        self.setter = self._set  # (one bound method: `remove` knows it by identity)
+        torch._C._set_deterministic_fill_uninitialized_memory = self.setter
+
+    def _set(self, mode) -> None:
+        import sys
+
+        self.wanted = bool(mode)
+        if not mode:  # (the caller of the property's setter: the script's line)
+            caller = sys._getframe(2) if sys._getframe(1).f_code.co_name == "fill_uninitialized_memory" \
+                else sys._getframe(1)
+            place = f"{caller.f_code.co_filename}:{caller.f_lineno}"
+            if place not in self.refused:
+                self.refused.append(place)
+
+    def remove(self) -> list[str]:
+        """The setter given back, with the script's last wish applied (else the setting before); the places
+        refused."""
+        if self.original is None:
+            return []
+        if torch._C._set_deterministic_fill_uninitialized_memory is self.setter:
+            torch._C._set_deterministic_fill_uninitialized_memory = self.original
+        self.original(self.before if self.wanted is None else self.wanted)
+        self.original = None
+        return self.refused
+
+
+FILL = _FillKept()
+
+
 # What apply() changes, by current_settings()' key (the interop threads and OMP_NUM_THREADS, which it
 # only reports, are not here): how each is set back.
 _SETTERS = {
@@ -149,6 +200,7 @@ def apply(config: DeterminismConfig) -> dict:
         np.random.seed(config.seed % 2**32)
         torch.manual_seed(config.seed)  # seeds CUDA generators too
     _use_deterministic_algorithms(config.warn_only)
+    FILL.install()
     torch.backends.cudnn.deterministic = True
     torch.backends.cudnn.benchmark = False
     torch.backends.cuda.matmul.allow_tf32 = False

@@ -117,3 +117,43 @@ def test_a_training_refused_an_operator_without_a_deterministic_implementation_i
                 raise RuntimeError(message)
         told = "--warn-only" in capsys.readouterr().err
         assert told == (name == "on"), name
+
+
+PROBE_FILL = """
+import os, sys, tempfile, duckdb, json, torch, bitguard
+import torch.utils.deterministic as td
+out = tempfile.mkdtemp()
+td.fill_uninitialized_memory = False  # (the user's, before the recording)
+with bitguard.record(os.path.join(out, "a")):
+    assert td.fill_uninitialized_memory, "the fill is on while recording"
+    td.fill_uninitialized_memory = False  # the script turns it off (ultralytics' init_seeds)
+    assert td.fill_uninitialized_memory and torch.empty(64).isnan().all(), "kept on"
+    torch.nn.Linear(2, 2)(torch.ones(1, 2))
+assert not td.fill_uninitialized_memory, "the script's wish applied once the recording ends"
+con = duckdb.connect(os.path.join(out, "a", "rank-0.duckdb"), read_only=True)
+kept = json.loads(dict(con.sql("SELECT key, value FROM meta").fetchall())["fill_kept_on"])
+assert kept == ["<string>:8"], kept
+con.close()
+td.fill_uninitialized_memory = True
+with bitguard.record(os.path.join(out, "b")):
+    torch.nn.Linear(2, 2)(torch.ones(1, 2))
+assert td.fill_uninitialized_memory
+td.fill_uninitialized_memory = False
+with bitguard.record(os.path.join(out, "c")):  # not turned off inside: the setting before comes back
+    torch.nn.Linear(2, 2)(torch.ones(1, 2))
+assert not td.fill_uninitialized_memory
+with bitguard.record(os.path.join(out, "d"), determinism=False):
+    td.fill_uninitialized_memory = False
+    assert not td.fill_uninitialized_memory, "--no-determinism leaves it as the script sets it"
+print("ok")
+"""
+
+
+def test_the_fill_of_uninitialised_memory_is_kept_on_while_recording():
+    """Helper 61 (ultralytics' init_seeds turns it off; a FLOPs profile of the model on `torch.empty` at every
+    YOLO training's start read the bytes left in memory, and two identical runs differed there): kept on while
+    the controls are applied, said (stderr, the rank file's meta), the script's wish applied at the end."""
+    got = subprocess.run([sys.executable, "-c", PROBE_FILL], capture_output=True, text=True, timeout=120)
+    assert got.returncode == 0 and got.stdout.strip().endswith("ok"), got.stderr[-2000:]
+    assert "kept torch's fill of uninitialised memory on while recording (the script turned it off at <string>:8)" \
+        in got.stderr, got.stderr[-2000:]
