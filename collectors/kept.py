@@ -26,7 +26,7 @@ import torch
 from bitguard.collectors.callstack import _is_user
 
 MAX_ITEMS = 64  # items of one container looked at (a list of a dataset's batches is not walked)
-DEPTH = 4  # containers looked into below a variable (skorch's `net.callbacks_[i][1]` is a callback: its `shadow`)
+DEPTH = 5  # containers looked into below a variable (composer's `trainer.state.algorithms[0].ema_model.named_parameters_dict`)
 MAX_VISITS = 4096  # values looked at in one look (an HF Trainer's attributes are not walked whole)
 _MODULE_INTERNALS = frozenset(torch.nn.Module().__dict__)  # what every module holds: not looked into
 

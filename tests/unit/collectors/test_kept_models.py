@@ -77,3 +77,15 @@ def test_a_proxy_that_raises_and_an_owner_without_a_dict_are_passed_over():
     proxy = _Raising()  # noqa: F841 - a local that fails when looked at
     assert found_in(sys._getframe()) == []
     assert found_in(_Slots().frame()) == []  # (its slot is not looked into: no __dict__)
+
+
+def test_shadow_weights_five_containers_down_are_found():
+    """Helper 60 (composer's EMA: `trainer.state.algorithms[0].ema_model.named_parameters_dict`, a dict of
+    shadow tensors five containers below the trainer): not found, an EMA made with another smoothing
+    compared identical."""
+    model = nn.Linear(6, 6)
+    ema_model = types.SimpleNamespace(named_parameters_dict={n: p.detach().clone() for n, p in model.named_parameters()})
+    trainer = types.SimpleNamespace(state=types.SimpleNamespace(model=model, algorithms=[
+        types.SimpleNamespace(ema_model=ema_model)]))  # noqa: F841 - found as a local
+    found = {name for name, _, _ in found_in(sys._getframe(), shapes={((6, 6), (6,))})}
+    assert "trainer.state.algorithms.0.ema_model.named_parameters_dict" in found, found
