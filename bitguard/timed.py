@@ -64,12 +64,13 @@ def clock_below(path: str, clock: str | None) -> str | None:
     a list or of what pickle writes of an object, by its container's (`"step_times": [0.1, 0.2]`); an
     attribute whose name names no time, of an object kept under a duration, by that duration (helper
     59: mmengine's MessageHub saves each logged scalar as a HistoryBuffer, its `_log_history` the
-    values: under `train/time`, wall-clock durations)."""
+    values: under `train/time`, wall-clock durations; a key of what its `__getstate__` gives is an attribute)."""
     last = _LAST_KEY.search(path)
     if last is None:
         return clock
     own = clock_of(path)
-    return clock if own is None and last.group(2) is not None and clock == "duration" else own
+    attribute = last.group(2) is not None or path[:last.start()].endswith(".__getstate__()")  # (its state's keys)
+    return clock if own is None and attribute and clock == "duration" else own
 
 
 # A timestamp, whatever its key: a float of seconds or milliseconds since 1970 between 2017 and 2039

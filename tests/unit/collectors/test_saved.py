@@ -98,6 +98,15 @@ def test_an_object_kept_under_a_time_is_a_time_but_what_its_attributes_name():
                      "['log_scalars']['train/loss'].seed (python int)",
                      "['runtime']['seed'] (python int)"], paths
     assert clock_at("['log_scalars']['train/time']._log_history") == "duration"
+
+    class Stated(History):  # (mmengine's HistoryBuffer defines __getstate__: its state's keys are attributes)
+        def __getstate__(self):
+            return dict(self.__dict__)
+
+    state = {"log_scalars": {"train/time": Stated([0.31]), "train/loss": Stated([1.5])}}
+    paths = [p for p, _ in _values_of(state)[0]]
+    assert all("train/loss" in p for p in paths) and len(paths) == 3, paths
+    assert clock_at("['log_scalars']['train/time'].__getstate__()['_log_history']") == "duration"
     assert clock_at("['runtime']['seed']") is None and clock_at("['log_scalars']['train/loss']._count") is None
 
 
