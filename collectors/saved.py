@@ -184,7 +184,10 @@ class _Walk:
                 self.found.append((path + KEYS_MARK, string_tensor(keys)))
         numbers = numbers or training_state(value)
         try:
-            listed = type(value) in (list, tuple)
+            # (a dict by index, as a detector's class names `{0: 'red', 1: 'green'}`, is a list: helper 61, two names
+            # swapped in ultralytics' best.pt compared identical)
+            listed = type(value) in (list, tuple) or (type(value) is dict and bool(value)
+                                                      and all(type(k) is int for k in islice(value, MAX_ITEMS)))
             for sub, item in self.items(value, path):
                 self.walk(item, sub, depth - 1, numbers, clock_below(sub, clock) if self.save else clock,
                           _key_of(sub[len(path):], key), listed)

@@ -257,3 +257,12 @@ def test_a_key_naming_a_place_is_no_key_of_a_saved_dict():
 
     assert keys({"lr": 0.1, "outdir": "runs/a", "_name_or_path": "ckpt"}) == keys({"lr": 0.1})
     assert keys({"lr": 0.1, "act": "gelu"}) != keys({"lr": 0.1})
+
+
+def test_the_strings_of_a_dict_by_index_are_compared_as_a_list_s():
+    """Helper 61: a detector's class names kept as `{0: 'red', 1: 'green'}` (ultralytics' `model.names`,
+    saved in best.pt): two names swapped compared identical, where the same names as a list differed."""
+    pairs = dict(_values_of({"names": {0: "red", 1: "green"}, "by_key": {"a": "red"}})[0])
+    assert [p for p in pairs] == ["['names'][0] (python str)", "['names'][1] (python str)"], list(pairs)
+    swapped = dict(_values_of({"names": {0: "green", 1: "red"}})[0])
+    assert not torch.equal(pairs["['names'][0] (python str)"], swapped["['names'][0] (python str)"])
