@@ -165,8 +165,53 @@ def run(replays: list[Replay], timeout: float, step_s: float | None = None) -> N
         step_s is not None and step_s < SHORT_STEP_S)
     deadline = time.monotonic() + timeout
     batches = [replays] if together else [[r] for r in replays]
+    folders = {r.cwd for r in replays}
+    before = {cwd: _files(cwd) for cwd in folders}
     for batch in batches:
         _run_batch(batch, deadline, timeout)
+    for cwd in folders:  # (helper 59: mmengine's `last_checkpoint` pointed back at epoch 1 after a drill)
+        written = _written(before[cwd], _files(cwd))
+        if written:
+            shown = ", ".join(written[:4]) + (f" and {len(written) - 4} more" if len(written) > 4 else "")
+            for r in replays:
+                if r.cwd == cwd:
+                    r.notes.append(f"the replays ran the script again in {cwd}, and it wrote there what it writes "
+                                   f"when it runs, over what the training had left: {shown}; a training resumed "
+                                   "from that folder would read these")
+                    break
+
+
+FILES_LOOKED_AT = 20_000  # files of the replays' folder noted before and after them (`_files`); past it, none
+
+
+def _files(cwd: str) -> dict[str, tuple[int, int]] | None:
+    """(modification time, size) of each file under `cwd`, by its path relative to it; None when there are
+    more than FILES_LOOKED_AT (a dataset's folder) or the folder cannot be read."""
+    out: dict[str, tuple[int, int]] = {}
+    try:
+        for root, dirs, names in os.walk(cwd):
+            dirs[:] = [d for d in dirs if not d.startswith(".") and d != "__pycache__"]
+            for name in names:
+                path = os.path.join(root, name)
+                try:
+                    st = os.stat(path, follow_symlinks=False)
+                except OSError:
+                    continue
+                out[os.path.relpath(path, cwd)] = (st.st_mtime_ns, st.st_size)
+                if len(out) > FILES_LOOKED_AT:
+                    return None
+    except OSError:
+        return None
+    return out
+
+
+def _written(before: dict | None, after: dict | None) -> list[str]:
+    """The files that are new or changed between two `_files` looks, but the drill's own (under a run's
+    `drill/` folder) and bitguard's recordings of the replays."""
+    if before is None or after is None:
+        return []
+    return sorted(p for p, st in after.items() if before.get(p) != st
+                  and "drill" not in Path(p).parts and not p.endswith((".duckdb", ".duckdb.wal", ".journal", REPLAY_LOG)))
 
 
 def _run_batch(replays: list[Replay], deadline: float, timeout: float) -> None:

@@ -1,0 +1,36 @@
+"""A drill's replays run the training's script again in its folder: what it writes there (checkpoints, a
+`latest` pointer) it writes again, over what the training left. The drill says which files (helper 59:
+mmengine's `last_checkpoint` pointed back at epoch 1 after a drill, and a resume from that folder would
+have restarted there)."""
+
+from __future__ import annotations
+
+import os
+import sys
+import types
+from pathlib import Path
+
+from bitguard.backend import replay
+
+
+def test_the_files_a_replay_wrote_in_the_training_s_folder_are_named(tmp_path):
+    work = tmp_path / "work"
+    (work / "ckpt").mkdir(parents=True)
+    (work / "ckpt" / "latest").write_text("step_5.pt\n")
+    (work / "data.txt").write_text("kept\n")
+    os.utime(work / "ckpt" / "latest", ns=(1, 1))
+    code = "import pathlib; pathlib.Path('ckpt/latest').write_text('step_1.pt\\n'); pathlib.Path('ckpt/step_1.pt').write_text('x')"
+    r = replay.Replay("a", types.SimpleNamespace(manifest={}), tmp_path / "drill" / "a", [sys.executable, "-c", code],
+                      str(work), dict(os.environ))
+    replay.run([r], timeout=60)
+    assert r.exit_status == 0
+    said = [n for n in r.notes if "wrote there" in n]
+    assert len(said) == 1 and "ckpt/latest, ckpt/step_1.pt;" in said[0], r.notes
+    assert "data.txt" not in said[0]
+
+
+def test_a_folder_of_too_many_files_is_not_looked_through(tmp_path, monkeypatch):
+    monkeypatch.setattr(replay, "FILES_LOOKED_AT", 3)
+    for i in range(5):
+        Path(tmp_path, f"f{i}").write_text("")
+    assert replay._files(str(tmp_path)) is None and replay._written(None, {}) == []
