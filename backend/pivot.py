@@ -62,6 +62,17 @@ def _differing_roles(diffs: pl.DataFrame, a_seq: int) -> set[str]:
     return set(rows["role"].to_list())
 
 
+def _drew_alone(diffs: pl.DataFrame, a_seq: int) -> str | None:
+    """"A" or "B" where the RNG state a call began from is recorded in that run alone (the call drew random
+    numbers there only: retype.py pairs such a row with nothing), else None."""
+    rows = diffs.filter((pl.col("a_seq") == a_seq) & (pl.col("role") == "rng"))
+    if "xor_b" not in rows.columns or not rows.height:
+        return None
+    if rows.filter(pl.col("xor").is_null() & pl.col("xor_b").is_not_null()).height:
+        return "B"
+    return "A" if rows.filter(pl.col("xor_b").is_null() & pl.col("xor").is_not_null()).height else None
+
+
 def _parts_run_uncalled(diffs: pl.DataFrame, a_seq: int) -> list[str]:
     """The parts of a module whose differing buffers its forward event holds (`state.bank.queue`: the
     recorder reports there the buffers of a part the call ran without calling it), by their paths."""
@@ -86,7 +97,8 @@ def blame(pivot: dict, events_a: pl.DataFrame, status: dict[int, str], diffs: pl
     phase, kind = pivot["phase"], pivot["kind"]
     differing = _differing_roles(diffs, pivot["seq"])
     inputs = INPUT_ROLES.get((phase, kind), ())
-    inputs_differ = bool(differing & set(inputs))
+    drew = _drew_alone(diffs, pivot["seq"]) if phase in ("forward", "recompute") and "rng" in differing else None
+    inputs_differ = bool((differing - ({"rng"} if drew else set())) & set(inputs))  # (its own draw: no input)
     result = {"blame": "source", "fault_class": phase, "differing_roles": sorted(differing), "blame_window": None}
     if phase == "data":
         result.update(blame="data", fault_class="rng" if differing == {"rng"} else "data")
@@ -227,6 +239,15 @@ def blame(pivot: dict, events_a: pl.DataFrame, status: dict[int, str], diffs: pl
                                   "scale) or the module's own backward hook (register_full_backward_hook); or code "
                                   "outside any module call that reads the same input sent back another gradient "
                                   "(what is recorded is the input's gradient, summed over everything that read it)"}
+    elif drew and not inputs_differ:
+        # (helper 60: composer's StochasticDepth drew in one run alone, its output unchanged: said to be a signature
+        # change, the pivot a step later, then "consumer" of an RNG state no other call made)
+        result["blame_window"] = {"module": pivot["boundary"], "detail":
+                                  f"this call drew random numbers in run {drew} alone (its other inputs matched): its "
+                                  f"code, or a module it ran without calling it, draws in one run only (a dropout, a "
+                                  f"stochastic depth or a sampling added or removed, or run in one mode only), and every "
+                                  f"later draw of the training gives other numbers, even where this call's output is "
+                                  f"the same"}
     elif phase == "forward" and differing == {"state"}:
         parts = _parts_run_uncalled(diffs, pivot["seq"])
         result["blame_window"] = {"module": pivot["boundary"], "detail": (

@@ -18,7 +18,8 @@ records is marked unobserved ("only run B records ..."), so it is neither equal 
 such a pair is never certified identical, and a tensor both sides record still shows a real
 difference. A gradient a module's backward sends to an input, or one its output receives, in one
 run alone is a difference, not a signature change: that run computes a gradient the other does not
-(a detached input, a loss term dropped). What a save wrote (kind `saved`) pairs by its full key
+(a detached input, a loss term dropped), and so is the RNG state a call began from in one run alone (it drew
+random numbers in that run only). What a save wrote (kind `saved`) pairs by its full key
 only: a save of other tensors is a difference. This module knows nothing of digests, rules or pivots.
 """
 
@@ -39,6 +40,10 @@ ONLY_B = "only run B records this tensor: the module's signature changed between
 # run alone, is one that run computes and the other does not (an input detached, or made under no_grad; a
 # loss term dropped): a difference (helpers 45, 46)
 GRADIENTS = ("grad_input", "grad_output")
+# and so is the RNG state a call started from in one run alone: the call drew random numbers in that run only (a
+# dropout or a stochastic depth added, whose draw may change nothing of its output: helper 60, composer's
+# StochasticDepth; the difference was said to be a signature change, and the pivot came a step later)
+ALONE_DIFFERS = (*GRADIENTS, "rng")
 
 
 def align_retyped(ea: pl.DataFrame, eb: pl.DataFrame, band: int):
@@ -114,7 +119,7 @@ def pair_tensors(pairs: pl.DataFrame, ta: pl.DataFrame, tb: pl.DataFrame, pair) 
         on=["b_seq", "role", "idx"], how="left").with_columns(pl.coalesce("idx_b", "idx").alias("idx_b"))
     in_resigned = pl.col("a_seq").is_in(resigned["a_seq"].implode())
     d = d.with_columns(pl.when(in_resigned & pl.col("xor_b").is_null() & pl.col("pos_b").is_null()
-                               & pl.col("unobserved_b").is_null() & ~pl.col("role").is_in(GRADIENTS))
+                               & pl.col("unobserved_b").is_null() & ~pl.col("role").is_in(ALONE_DIFFERS))
                        .then(pl.lit(ONLY_A)).otherwise(pl.col("unobserved_b")).alias("unobserved_b"))
     d = pl.concat([d, _b_rows(only_b, tb, d)], how="diagonal_relaxed") if only_b else d
     return d.with_columns((pl.col("unobserved").is_not_null() | pl.col("unobserved_b").is_not_null()).alias("unknown"))
@@ -168,7 +173,7 @@ def _b_rows(only_b: list[tuple], tb: pl.DataFrame, like: pl.DataFrame) -> pl.Dat
         pl.col("_b_idx").alias("idx_b"), "path", "shape",
         pl.lit(None, dtype=pl.String).alias("dtype"), pl.col("dtype").alias("dtype_b"),
         pl.col("xor").alias("xor_b"), pl.col("pos").alias("pos_b"),
-        pl.when(pl.col("role").is_in(GRADIENTS)).then(None).otherwise(pl.lit(ONLY_B)).alias("unobserved"),
+        pl.when(pl.col("role").is_in(ALONE_DIFFERS)).then(None).otherwise(pl.lit(ONLY_B)).alias("unobserved"),
         pl.lit(None, dtype=pl.String).alias("unobserved_b"),
         pl.lit(True).alias("xor_differs"), pl.lit(True).alias("pos_differs"), pl.lit(True).alias("differs"))
     return rows.select([c for c in rows.columns if c in like.columns])
@@ -185,7 +190,7 @@ def note(pairs: pl.DataFrame, a_seq: int | None, diffs: pl.DataFrame) -> list[st
     only_a = mine.filter(pl.col("unobserved_b") == ONLY_A).height
     only_b = mine.filter(pl.col("unobserved") == ONLY_B).height
     alone = [(role, side, mine.filter((pl.col("role") == role) & pl.col(digest).is_null() & pl.col(why).is_null()).height)
-             for role in GRADIENTS for side, digest, why in (("A", "xor_b", "unobserved_b"), ("B", "xor", "unobserved"))]
+             for role in ALONE_DIFFERS for side, digest, why in (("A", "xor_b", "unobserved_b"), ("B", "xor", "unobserved"))]
     out = [f"paired by position across a signature change (same module path and phase, other tensors): "
            f"{only_a} tensor(s) only in A, {only_b} only in B, the others paired by path, shape and dtype"] \
         if only_a or only_b or not any(n for *_, n in alone) else []
@@ -193,8 +198,10 @@ def note(pairs: pl.DataFrame, a_seq: int | None, diffs: pl.DataFrame) -> list[st
         other = "B" if side == "A" else "A"
         if n and role == "grad_input":
             out.append(f"run {side} alone sends a gradient back to {n} input(s) of this module: in run {other} that "
-                       f"input does not require one (detached, made under no_grad, or its requires_grad changed)")
-        elif n:
+                       f"input does not require one (detached, made under no_grad, or its requires_grad changed), or "
+                       f"this module's forward cut it off there (a .detach() or no_grad inside it)")
+        elif n and role != "rng":  # (a draw in one run alone: the blame says so, pivot.py `_drew_alone`)
             out.append(f"{n} output(s) of this module receive a gradient in run {side} alone: in run {other} nothing "
-                       f"backpropagates into them (a loss term dropped, an output detached or left unused)")
+                       f"backpropagates into them (a loss term dropped, an output detached or left unused), or this "
+                       f"module's forward made them without a gradient there (a .detach() or no_grad inside it)")
     return out

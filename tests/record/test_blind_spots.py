@@ -596,8 +596,8 @@ def test_a_value_read_after_the_step_window_is_said_to_be_outside_it(tmp_path):
                 float(model(torch.ones(1, 4)).sum() * (scale if step == 3 else 1.0))
 
     why = _computed_only(tmp_path, train, 1.0, 2.0)
-    assert why["message"].endswith("what computed it ran outside the recorded steps (1:2), which were all that was "
-                                   "compared"), why
+    assert "what computed it ran outside the recorded steps (1:2), which were all that was compared" \
+        in why["message"], why
 
 
 @pytest.mark.parametrize("read", ["bool", "index", "equal", "allclose", "torch.equal", "torch.allclose"])
@@ -2400,7 +2400,10 @@ def test_an_rng_state_one_run_alone_records_is_not_said_to_be_unreadable(tmp_pat
             model(torch.ones(2, 4)).pow(2).mean().backward()
     fd = _compare(tmp_path / "a", tmp_path / "b")[1]["first_divergence"]
     detail = fd["blame_window"]["detail"]
-    assert "recorded by one run alone" in detail and "could not be observed" not in detail, detail
+    # (a call that draws in one run alone is a difference since helper 60, not a tensor unobserved: n's window is
+    # M's own code between its children a and n, where run B forked and reseeded the generator)
+    assert fd["boundary"] == "n" and "between its observed children, after a and before n" in detail, (fd, detail)
+    assert "could not be observed" not in detail, detail
 
 
 def test_an_evaluation_without_eval_is_a_mode_change_not_moved_weights(tmp_path):
