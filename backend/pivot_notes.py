@@ -2,8 +2,9 @@
 not see between two observations could explain it. Each is a sentence or nothing, read from run A's
 events and tensors: weights edited between calls after their last params event (`unstepped_note`,
 `midstep_note`), an input whose digest was reused from an earlier call (`cached_input_note`), a
-backward's input that the root also returned to the training's code (`returned_input_note`).
-Knows nothing of how the pivot was found (pivot.py)."""
+backward's input that the root also returned to the training's code (`returned_input_note`); and
+beside any pivot, tensors whose memory layout differs between the runs (`layout_note`). Knows nothing
+of how the pivot was found (pivot.py)."""
 
 from __future__ import annotations
 
@@ -141,3 +142,31 @@ def _holds_parameters(pivot: dict, params: pl.DataFrame, tensors_a: pl.DataFrame
     if paths.str.starts_with(f".{pivot['boundary']}.").any():
         return True
     return names is not None and any(n.startswith(f"{pivot['boundary']}.") for n in names())
+
+
+def layout_note(pivot: dict, tensors_a: pl.DataFrame | None, tensors_b: pl.DataFrame | None) -> list[str]:
+    """Where the pivot's tensors have the same shape in both runs but other strides (channels_last in one,
+    helper 60's composer ChannelsLast: "its inputs matched, its computation differs", nothing said of the
+    layout): digests read a tensor's values in order, whatever its layout, so they match, while kernels for
+    another layout sum in another order."""
+    if tensors_a is None or tensors_b is None or pivot.get("b_seq") is None or "strides" not in tensors_a.columns \
+            or "strides" not in tensors_b.columns:
+        return []
+    a = tensors_a.filter(pl.col("seq") == pivot["seq"]).select("role", "idx", "path", "shape", "strides")
+    b = tensors_b.filter(pl.col("seq") == pivot["b_seq"]).select("role", "idx", "shape", "strides")
+    both = a.join(b, on=["role", "idx"], suffix="_b")
+    other = [r for r in both.iter_rows(named=True) if r["shape"] is not None and r["shape"] == r["shape_b"]
+             and r["strides"] and r["strides_b"] and r["strides"] != r["strides_b"]]
+    if not other:
+        return []
+
+    def last(shape, strides) -> bool:  # (a 4-d tensor whose channels are adjacent in memory)
+        return len(shape) == 4 and shape[1] > 1 and strides[1] == 1
+
+    shown = "; ".join(f"{r['role']}{r['path']}: strides {list(r['strides'])} in A, {list(r['strides_b'])} in B"
+                      + (" (channels_last in B)" if last(r["shape"], r["strides_b"]) and not last(r["shape"], r["strides"])
+                         else " (channels_last in A)" if last(r["shape"], r["strides"]) else "")
+                      for r in other[:2])
+    return [f"the memory layout of {len(other)} of its tensors differs between the runs ({shown}): their digests "
+            f"read the values in order, whatever the layout, but a kernel for another layout (channels_last, a "
+            f"transposed view) sums in another order and rounds differently"]

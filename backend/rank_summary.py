@@ -177,6 +177,7 @@ def _divergence(rc, run_a=None) -> dict | None:
                      f"one calls a container and the other its parts one by one, or one run makes a call the other "
                      f"does not")
     notes += retype.note(rc.pairs, None if structure else p["seq"], rc.diffs)
+    notes += [] if structure else pivot_notes.layout_note(p, rc.tensors_a, rc.tensors_b)
     notes += granularity.note(rc.regions, p)
     if not structure and rc.blame and rc.blame.get("blame") == "source":
         names = None if run_a is None else (lambda: api_diff.param_names(run_a, rc.rank, p["step"]))
