@@ -195,7 +195,7 @@ def since_filter(run_a, run_b, ea: pl.DataFrame, eb: pl.DataFrame, ta: pl.DataFr
         rows = tensors.select(drop | (pl.col("path").is_in(timed) & saves)).to_series()
         if rows.any():
             tensors = tensors.filter(~rows)
-            events = _rekey(events, tensors)
+            events = rekey(events, tensors)
         sides.append((events, tensors))
     (ea, ta), (eb, tb) = sides
     return ea, eb, ta, tb
@@ -225,13 +225,13 @@ def mode_filter(run_a, run_b, ea: pl.DataFrame, eb: pl.DataFrame, ta: pl.DataFra
         module_seqs = events.filter(pl.col("kind") == "module")["seq"].implode()
         tensors = tensors.filter(~((pl.col("role") == "state") & pl.col("seq").is_in(module_seqs)
                                    & pl.col("path").fill_null("").str.contains(r"^\.[^.]+\.")))
-        sides.append((_rekey(events, tensors), tensors))
+        sides.append((rekey(events, tensors), tensors))
     (ea, ta), (eb, tb) = sides
     return ea, eb, ta, tb, [reason("modes", f"the runs were recorded in different modes (A {ma}, B {mb}): only "
                                              f"what trusted mode observes is compared")]
 
 
-def _rekey(events: pl.DataFrame, tensors: pl.DataFrame) -> pl.DataFrame:
+def rekey(events: pl.DataFrame, tensors: pl.DataFrame) -> pl.DataFrame:
     """`key`, `loose_key` and `place_key` made again as ingest makes them, from the tensors kept."""
     return with_keys(events.drop("key", "loose_key", "place_key"), tensors).select(events.columns)
 

@@ -311,6 +311,9 @@ def _compare_rank(rank: int, run_a: RunInfo, run_b: RunInfo, rules: RuleSet, fir
         ea, ta, sa = side_a.result()  # A's error first when both fail, as one after the other
         eb, tb, sb = side_b.result()
     ea, eb, ta, tb = certification.since_filter(run_a, run_b, ea, eb, ta, tb)
+    renamed = resumed.same_roots(ea, eb, run_b.step_shift) if run_b.step_shift else {}
+    if renamed:  # (B's trained root named as A's: `Net` for `Net#2`)
+        eb = certification.rekey(eb.with_columns(pl.col("boundary").replace(renamed)), tb)
     ea, eb, ta, tb, mode_reasons = certification.mode_filter(run_a, run_b, ea, eb, ta, tb)
     ea, eb, ta, tb, regions = granularity.split(ea, eb, ta, tb)
     ea, ta = _keep_probes(ea, ta, probes)

@@ -65,7 +65,7 @@ def split(ea: pl.DataFrame, eb: pl.DataFrame, ta: pl.DataFrame,
     if not (len(seqs[0]) or len(seqs[1])):
         return ea, eb, ta, tb, Regions()
     ta, tb = ta.filter(~_markers(ta)), tb.filter(~_markers(tb))
-    ea, eb = certification._rekey(ea, ta), certification._rekey(eb, tb)
+    ea, eb = certification.rekey(ea, ta), certification.rekey(eb, tb)
     cols = ["seq", "step", "boundary"]
     regions = Regions(ea.filter(pl.col("seq").is_in(seqs[0].implode())).select(cols),
                       eb.filter(pl.col("seq").is_in(seqs[1].implode())).select(cols))

@@ -9,13 +9,20 @@ and compared identical. So B's events of that region are looked for in A's: one 
 A's region also has but whose digests differ from every such event of A's makes the comparison not
 identical (`resume_setup`); an event A's region lacks (an evaluation only the resumed run makes) is
 not compared, as the region is not.
+
+A root module is named by its class, numbered by the roots of that class met before it (`Net#2`): a
+resumed process that builds fewer models before its training names the trained one otherwise
+(`same_roots`).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import re
 
 import polars as pl
+
+_NUMBERED = re.compile(r"#\d+$")
 
 
 def region_reasons(run_a, run_b, rank: int, rules=None) -> list[dict]:
@@ -126,3 +133,26 @@ def loaded_checkpoint(gaps: pl.DataFrame, ea: pl.DataFrame, ta: pl.DataFrame, eb
                                     f"at step {resumed_at}, tensor for tensor): its final state is not one of B's "
                                     f"training, and is not compared", "b", rank)]
 
+
+
+def same_roots(ea: pl.DataFrame, eb: pl.DataFrame, shift: int) -> dict[str, str]:
+    """{B's name: A's} of the root modules (called outside any other) of each class that B calls from its
+    first step on and A from step `shift` on, as many in both, in the order each run first called them,
+    where their names differ: roots are numbered by the roots of their class met before them, and a
+    resumed process that built fewer models before its training (helper 61: `YOLO(last.pt).train(resume=
+    True)` builds no probe model first) named the trained one `Net` where the full run named it `Net#2`,
+    and nothing after the resume paired. Empty where a new name is one B holds already."""
+    def roots(events: pl.DataFrame) -> dict[str, list[str]]:
+        called = events.filter((pl.col("step") >= shift) & (pl.col("phase") == "forward") & (pl.col("depth") == 0))
+        out: dict[str, list[str]] = {}
+        for name in called.group_by("boundary").agg(pl.col("seq").min()).sort("seq")["boundary"].to_list():
+            out.setdefault(_NUMBERED.sub("", name), []).append(name)
+        return out
+
+    in_a, rename = roots(ea), {}
+    for base, names_b in roots(eb).items():
+        names_a = in_a.get(base)
+        if names_a and len(names_a) == len(names_b):
+            rename.update({b: a for b, a in zip(names_b, names_a) if a != b})
+    held = set(eb["boundary"].unique().to_list()) - set(rename)
+    return {} if held & set(rename.values()) else rename

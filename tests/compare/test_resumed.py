@@ -464,3 +464,44 @@ def test_torch_s_own_initialising_step_of_a_distributed_checkpoint_load_is_no_tr
     bad = bitguard.compare(tmp_path / "a", tmp_path / "c", resumed_at=4)
     fd = bad.first_divergence
     assert bad.verdict == "diverged" and fd["step"] == 4 and fd["phase"] == "optimizer", fd
+
+
+def _probed(path, checkpoint, resume: bool) -> None:
+    """As `YOLO("yolov8n.yaml").train()`: a first model of the class is built and probed, never trained, then
+    the trained one (`Net#2`); resumed (`YOLO("last.pt").train(resume=True)`), the trained one is the first."""
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(4, 1)
+
+        def forward(self, x):
+            return self.fc(x)
+
+    g = torch.Generator().manual_seed(1)
+    data = [torch.randn(8, 4, generator=g) for _ in range(4)]
+    with bitguard.record(path, determinism=False):
+        torch.manual_seed(0)
+        if not resume:
+            Net()(torch.zeros(1, 4))
+        net = Net()
+        opt = torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9)
+        if resume:
+            _restore(checkpoint, model=net, opt=opt, rng=None)
+            torch.set_rng_state(torch.load(checkpoint)["rng"])
+        for step in range(2 if resume else 0, 4):
+            (net(data[step]) ** 2).mean().backward()
+            opt.step()
+            opt.zero_grad()
+            if step == 1 and not resume:
+                torch.save({"model": net.state_dict(), "opt": opt.state_dict(), "rng": torch.get_rng_state()},
+                           checkpoint)
+
+
+def test_a_resumed_run_that_built_fewer_models_first_pairs_its_trained_root(tmp_path):
+    """Helper 61: the full run's trained root was `Net#2` (a probe model of the class came first), the
+    resumed run's `Net`: nothing after the resume paired, "run A lacks the data of Net"."""
+    ck = tmp_path / "ck.pt"
+    _probed(tmp_path / "a", ck, False)
+    _probed(tmp_path / "b", ck, True)
+    c = bitguard.compare(tmp_path / "a", tmp_path / "b", resumed_at=2)
+    assert c.verdict == "identical", (c.first_divergence, c.certification_reasons())
