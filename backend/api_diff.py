@@ -98,6 +98,8 @@ def _by_step(rows: list[dict], last_step: int, computed: bool = False) -> tuple[
         n = seen[key]
         seen[key] = n + 1
         value = _decode(r["value"])
+        if computed and r["kind"] == "read" and isinstance(value, dict) and value.get("timed"):
+            continue  # (a time the training read back: collectors/reads.py, `_time_at`)
         out[step][(r["kind"], r["target"], n)] = _flat(value, r["kind"], computed=computed)
         place = value.get(PLACES[r["kind"]]) if r["kind"] in PLACES and isinstance(value, dict) else None
         if isinstance(place, str):

@@ -256,7 +256,7 @@ API_EVENTS = Table(
                "read out of a tensor: `item()`, `float()`, `int()`, an f-string, `tolist()`, `numpy()`, `np.asarray()`, "
                "`print()` or `str()`, a condition (`bool()`, `if t > best:`), an index (`range(t)`), `equal()` or "
                "`allclose()` (methods or torch's functions), a torchmetrics `compute()`; the first 1,024 "
-               "a step; its reader's `file:line` in `at`) | optimizer_settings (when the recording ends: each stepped "
+               "a step; its reader's `file:line` in `at`, and `timed` where that line names what it reads a time: not compared) | optimizer_settings (when the recording ends: each stepped "
                "optimizer's param groups' settings and one digest of its state, `state`)"),
         Column("target", "VARCHAR", "optimizer or scheduler `Class#i` (i: the order it was first seen in; an "
                "optimizer of tensors Pyro's param store names: `Class(pyro.param['name'], ...)`), a module "

@@ -27,7 +27,9 @@ from __future__ import annotations
 
 import functools
 import importlib.util
+import linecache
 import os
+import re
 import sys
 import threading
 import types
@@ -38,6 +40,7 @@ from bitguard.collectors.compiled import is_compiling
 from bitguard.collectors.patching import Patch
 from bitguard.collectors.saved import AfterImport
 from bitguard.cuda.fingerprint import digest_async, resolve
+from bitguard.timed import clock_of
 from bitguard.tracebacks import READ_CALL
 
 # Tensor methods read (`__repr__`: `print(t)`, `str(t)`, logging's `%s`, what a metric logged as a tensor shows)
@@ -48,6 +51,7 @@ METHODS = ("item", "__float__", "__int__", "__format__", "tolist", "numpy", "__a
 FUNCTIONS = ("equal", "allclose")  # the same reads as torch's functions: `torch.equal(a, b)`
 MANY = ("tolist", "numpy", "__array__", "__repr__")  # reads of many numbers: their digests
 MAX_READS = 1024  # `read` rows a step at most
+_ASSIGNED = re.compile(r"\s*([A-Za-z_][\w.]*)\s*(?::[^=]+)?=(?!=)")  # a line's assignment target (`_time_at`)
 METRICS = "torchmetrics.metric"  # the module whose Metric wraps each instance's compute
 # whose reads are not rows: torch's own (Adam reads its step count), bitguard's (its packages, wherever installed)
 _OWN_CODE = tuple(dict.fromkeys(os.path.join(folder, "") for name in ("torch", "bitguard", "bitguard.collectors",
@@ -89,6 +93,7 @@ class Reads:
         self._local = threading.local()  # `inside`: a row in the making (what it reads is not the training's)
         self._patches: list[Patch] = []
         self._finder: AfterImport | None = None
+        self._timed: dict[tuple[str, int], bool] = {}  # a reader's place -> does its line read a time (`_time_at`)
 
     def install(self) -> Reads:
         for attr in METHODS:
@@ -171,9 +176,25 @@ class Reads:
             row = self._value(target, value, tensor)
             if caller is not None:  # the reader's line: shown beside a difference, never compared (api_diff.PLACES)
                 row["at"] = f"{caller.f_code.co_filename}:{caller.f_lineno}"
+                if self._time_at(caller.f_code.co_filename, caller.f_lineno):
+                    row["timed"] = True  # (its value is not compared: api_diff.differences)
             self._recorder._add("read", target.strip("_"), row, step=step)
         elif n == MAX_READS:  # (an evaluation that reads every sample: the step's first values say enough)
             self._recorder._add("read", "more", {"beyond": MAX_READS}, step=step)
+
+    def _time_at(self, filename: str, line: int) -> bool:
+        """Does the reader's line read a time: what it reads is assigned to a name that names one
+        (bitguard/timed.py: `batch_time = timedelta(seconds=t[0].item())`, composer's Trainer agreeing on
+        a batch's wall-clock time across ranks, helper 60; `elapsed_s = ...`), or made a `timedelta` of?
+        Once a place."""
+        key = (filename, line)
+        known = self._timed.get(key)
+        if known is None:
+            text = linecache.getline(filename, line)
+            target = _ASSIGNED.match(text)
+            known = self._timed[key] = "timedelta(" in text or (
+                target is not None and clock_of("." + target.group(1).rpartition(".")[2]) in ("duration", "instant"))
+        return known
 
     def _value(self, target: str, value, tensor) -> dict:
         if target in MANY:

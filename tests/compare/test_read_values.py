@@ -1,6 +1,7 @@
 """A value the training read out of a tensor that differs while every recorded tensor is equal makes
 a comparison inconclusive (a metric computed outside the recorded boundaries), but a time since 1970
-read back in both runs is a time, not a difference (helper 59: mmengine's Runner broadcasts its start
+read back in both runs, or a value read on a line that names it a time (`batch_time = ...`), is a time,
+not a difference (helper 59: mmengine's Runner broadcasts its start
 time as a tensor and reads it back), and a rule of phase `read` accepts another (helper 60: composer
 reads each batch's wall-clock time back from a tensor: no rule could accept it, and every two runs
 were inconclusive)."""
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 import json
 import time
+from datetime import timedelta
 
 import pytest
 import torch
@@ -30,6 +32,11 @@ def _run(path, read: str):
             opt.zero_grad()
             if read == "stamp":
                 torch.tensor(time.time(), dtype=torch.float64).item()
+            elif read == "named":  # (the reader's line says it reads a time: composer's `batch_time = ...`)
+                time.sleep(0.002)
+                step_time = torch.tensor([time.perf_counter() - t0]).item()
+                batch_time = timedelta(seconds=torch.tensor([time.perf_counter() - t0]).item())
+                del step_time, batch_time
             else:
                 time.sleep(0.002)
                 torch.tensor([time.perf_counter() - t0]).item()
@@ -38,14 +45,15 @@ def _run(path, read: str):
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("reads")
-    for name in ("stamp_a", "stamp_b", "dur_a", "dur_b"):
+    for name in ("stamp_a", "stamp_b", "dur_a", "dur_b", "named_a", "named_b"):
         _run(tmp / name, name.split("_")[0])
     return tmp
 
 
 def test_a_time_read_back_in_both_runs_is_no_difference(runs):
-    c = bitguard.compare(runs / "stamp_a", runs / "stamp_b")
-    assert c.verdict == "identical", c.certification_reasons()
+    for name in ("stamp", "named"):
+        c = bitguard.compare(runs / f"{name}_a", runs / f"{name}_b")
+        assert c.verdict == "identical", (name, c.certification_reasons())
 
 
 def test_a_duration_read_is_inconclusive_until_a_read_rule_accepts_it(runs, tmp_path):
