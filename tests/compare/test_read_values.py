@@ -36,7 +36,7 @@ def _run(path, read: str):
                 time.sleep(0.002)
                 step_time = torch.tensor([time.perf_counter() - t0]).item()
                 batch_time = timedelta(seconds=torch.tensor([time.perf_counter() - t0]).item())
-                del step_time, batch_time
+                assert step_time > 0 and batch_time.total_seconds() > 0
             else:
                 time.sleep(0.002)
                 torch.tensor([time.perf_counter() - t0]).item()
