@@ -223,7 +223,7 @@ class record:
         return False
 
     def finish(self, status: str, exit_status: int | None) -> None:
-        from bitguard.collectors.determinism import FILL, give_back
+        from bitguard.collectors.determinism import FILL, TOUCHED, give_back
 
         collector, self.collector = self.collector, None
         if self.monitor is not None:
@@ -238,7 +238,7 @@ class record:
         refused = []
         try:  # the user's settings again (a notebook trains on after the recording)
             refused = FILL.remove()
-            give_back(self._settings_before, self._settings_applied)
+            give_back(self._settings_before, self._settings_applied, TOUCHED.remove())
         except Exception as exc:  # noqa: BLE001 - the end of a recording must not fail on a setting (nor is it the record's)
             print(f"bitguard: could not give back the settings the determinism controls changed: "
                   f"{type(exc).__name__}: {exc}", file=sys.stderr)

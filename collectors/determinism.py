@@ -112,6 +112,53 @@ class _FillKept:
 FILL = _FillKept()
 
 
+class _Touched:
+    """The settings the script itself sets while a recording runs (mmengine's `randomness=dict(deterministic=
+    True)` turns deterministic algorithms and cuDNN's determinism on inside the recording): `give_back` leaves
+    them as the script set them, even where that is the value the controls had given (helper 59: they were
+    off again after a `with bitguard.record()` block). Seen at torch's setters, the functions torch's public
+    calls and cuDNN's flags call."""
+
+    _C_SETTERS = {"_set_deterministic_algorithms": "deterministic_algorithms", "_set_cublas_allow_tf32": "tf32_matmul",
+                  "_set_float32_matmul_precision": "float32_matmul_precision"}
+    _CUDNN = {"deterministic": "cudnn_deterministic", "benchmark": "cudnn_benchmark", "allow_tf32": "tf32_cudnn"}
+
+    def __init__(self):
+        self.keys: set[str] = set()
+        self.saved: list[tuple] = []  # (owner, attribute, original, wrapper)
+
+    def install(self) -> None:
+        if self.saved:
+            return
+        self.keys = set()
+        places = [(torch._C, name, key) for name, key in self._C_SETTERS.items() if hasattr(torch._C, name)]
+        props = vars(type(torch.backends.cudnn))
+        places += [(props[name], "setter", key) for name, key in self._CUDNN.items()
+                   if hasattr(props.get(name), "setter")]
+        for owner, attribute, key in places:
+            original = getattr(owner, attribute)
+            wrapper = self._wrap(original, key)
+            setattr(owner, attribute, wrapper)
+            self.saved.append((owner, attribute, original, wrapper))
+
+    def _wrap(self, original, key: str):
+        def setter(*args, **kwargs):
+            self.keys.add(key)
+            return original(*args, **kwargs)
+        return setter
+
+    def remove(self) -> set[str]:
+        """The setters given back; the settings the script set."""
+        for owner, attribute, original, wrapper in self.saved:
+            if getattr(owner, attribute) is wrapper:
+                setattr(owner, attribute, original)
+        self.saved = []
+        return self.keys
+
+
+TOUCHED = _Touched()
+
+
 # What apply() changes, by current_settings()' key (the interop threads and OMP_NUM_THREADS, which it
 # only reports, are not here): how each is set back.
 _SETTERS = {
@@ -136,18 +183,19 @@ def snapshot() -> dict:
     return {**current_settings(), "inductor": getattr(inductor, "deterministic", None) if inductor else None}
 
 
-def give_back(before: dict, applied: dict) -> list[str]:
+def give_back(before: dict, applied: dict, touched: set[str] = frozenset()) -> list[str]:
     """At a recording's end, put back the settings the user had (`before`, a snapshot taken before
     apply()), each one only if it still holds the value apply() gave it (`applied`, the snapshot
     after): a setting the script changed during the recording is the script's and stays. Without
     this a notebook that recorded a few steps would train on with deterministic algorithms (an error
     for an op that has none), TF32 off and the environment changed. The RNGs, once seeded, are the
-    training's and are not touched. Returns the names of the settings given back."""
+    training's and are not touched, nor is a setting the script set itself (`touched`: `TOUCHED`), whatever
+    its value. Returns the names of the settings given back."""
     now = snapshot()
     pairs = {k: (k,) for k in _SETTERS}
     pairs["deterministic_algorithms"] = ("deterministic_algorithms", "deterministic_warn_only")
     changed = [k for k, ks in pairs.items() if any(before[x] != applied[x] for x in ks)
-               and all(now[x] == applied[x] for x in ks)]
+               and all(now[x] == applied[x] for x in ks) and k not in touched]
     restore(before, changed)
     return changed
 
@@ -206,6 +254,7 @@ def apply(config: DeterminismConfig) -> dict:
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
     torch.set_float32_matmul_precision("highest")
+    TOUCHED.install()  # (after the controls' own settings: what is set from here on is the script's)
     os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
     os.environ.setdefault("NCCL_ALGO", "Ring")
     os.environ.setdefault("NCCL_PROTO", "Simple")

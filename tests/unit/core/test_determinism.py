@@ -58,6 +58,16 @@ with bitguard.record(os.path.join(out, "b")):
     net(x).sum().backward()
 assert torch.get_float32_matmul_precision() == "medium"
 assert not torch.are_deterministic_algorithms_enabled()
+with bitguard.record(os.path.join(out, "c")):  # (helper 59: mmengine's randomness=dict(deterministic=True))
+    torch.use_deterministic_algorithms(True)  # the value the controls gave: the script's all the same
+    torch.backends.cudnn.deterministic = True
+    net(x).sum().backward()
+assert torch.are_deterministic_algorithms_enabled() and torch.backends.cudnn.deterministic
+torch.use_deterministic_algorithms(False)
+torch.backends.cudnn.deterministic = False
+with bitguard.record(os.path.join(out, "d")):
+    net(x).sum().backward()
+assert not torch.are_deterministic_algorithms_enabled() and not torch.backends.cudnn.deterministic
 print("ok")
 """
 
