@@ -295,9 +295,15 @@ def group_reasons(run_a, run_b, members: set[int]) -> list[dict]:
     return reasons
 
 
-def empty_or_unpaired(rank: int, ea: pl.DataFrame, eb: pl.DataFrame, matched: int) -> dict | None:
-    """A reason when a rank has nothing to compare: a side without events, or no event paired."""
+def empty_or_unpaired(rank: int, ea: pl.DataFrame, eb: pl.DataFrame, matched: int,
+                      failed: tuple[bool, bool] = (False, False)) -> dict | None:
+    """A reason when a rank has nothing to compare: a side without events, or no event paired (`failed`:
+    whether each run failed, its manifest's status)."""
     if not ea.height or not eb.height:
+        if not ea.height and not eb.height and all(failed):  # (helper 59: both failed at once; "trains by hand")
+            return reason("empty", f"neither run recorded an event on rank {rank}: both failed before their first "
+                                   f"module call or optimizer step (the training's own error: its output says which); "
+                                   f"fix it and record again", rank=rank)
         if not ea.height and not eb.height:
             return reason("empty", f"neither run recorded an event on rank {rank}: bitguard observes calls of "
                                    f"torch.nn modules, torch.optim steps and their tensors, so a script that trains "

@@ -348,7 +348,8 @@ def _compare_rank(rank: int, run_a: RunInfo, run_b: RunInfo, rules: RuleSet, fir
         pairs = pairs.with_columns(pl.when(lost & (pl.col("status") == "diverged")).then(pl.lit("unobserved"))
                                    .otherwise(pl.col("status")).alias("status"))
     pairs = _follows_accepted(pairs, diffs, ea, ta)
-    nothing = certification.empty_or_unpaired(rank, ea, eb, pairs.height)
+    nothing = certification.empty_or_unpaired(rank, ea, eb, pairs.height, tuple(
+        run.manifest.get("status") == "failed" for run in (run_a, run_b)))
     reasons = mode_reasons + reasons + ([nothing] if nothing else [])
     gaps = _gaps(rank, ea, eb, al, rules, fired, scope, counted=nothing is None,
                  resumed_at=run_b.resume_from if run_b.step_shift else None,

@@ -81,6 +81,21 @@ def test_a_side_without_events_is_inconclusive_not_identical(tmp_path):
     assert [r["code"] for r in reasons] == ["empty"] and "run B recorded no events" in reasons[0]["message"]
 
 
+def test_two_runs_that_failed_before_any_event_say_so(tmp_path):
+    """Helper 59 (mmengine's AmpOptimWrapper refuses a CPU before training): both runs failed at once, and the
+    reason said that a script "that trains tensors by hand" has no boundary to record."""
+    import torch
+
+    for name in ("a", "b"):
+        with pytest.raises(AssertionError):
+            with bitguard.record(tmp_path / name, determinism=False):
+                torch.nn.Linear(4, 2)
+                raise AssertionError("only available training on gpu")
+    reasons = {r["code"]: r["message"] for r in bitguard.compare(tmp_path / "a", tmp_path / "b").blocking_reasons()}
+    assert "both failed before their first module call" in reasons["empty"], reasons
+    assert "by hand" not in reasons["empty"]
+
+
 def test_a_killed_run_is_inconclusive_and_says_what_was_compared(tmp_path):
     a = write_run(str(tmp_path / "a"), RunSpec(layers=3, steps=5))
     b = write_run(str(tmp_path / "b"), RunSpec(layers=3, steps=2))
