@@ -31,6 +31,12 @@ from bitguard.collectors.patching import Patch
 _HELPERS = frozenset({
     "torch.utils.data._utils.worker._worker_loop",  # a DataLoader worker (its batches are recorded here)
     "multiprocessing.managers.BaseManager._run_server",
+    # environments stepped in worker processes: what they compute reaches the training as the observations its
+    # policy is called on, recorded here (helper 62: torchrl's ParallelEnv made identical reruns inconclusive)
+    "torchrl.envs.batched_envs._run_worker_pipe_shared_mem", "torchrl.envs.batched_envs._run_worker_pipe_direct",
+    "gymnasium.vector.async_vector_env._async_worker", "gym.vector.async_vector_env._worker",
+    "gym.vector.async_vector_env._worker_shared_memory",
+    "stable_baselines3.common.vec_env.subproc_vec_env._worker",
 })
 # a process pool's workers run whatever is submitted: helpers only when torch's own code starts them
 # (inductor's compile workers); started from the script's code they may train
