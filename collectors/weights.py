@@ -432,8 +432,13 @@ class WeightEvents:
         if roots is None or roots[0]() is not optimizer or roots[1] != size or roots[2] is not self._roots \
                 or roots[3] != len(self._roots):
             ids = {id(p) for group in optimizer.param_groups for p in group["params"]}
-            held = [(ref, name, [weakref.ref(p) for p in ref().parameters() if id(p) in ids]) for ref, name in self._roots
-                    if isinstance(ref(), torch.nn.Module) and any(id(p) in ids for p in ref().parameters())]
+            held = []
+            for ref, name in self._roots:
+                module = ref()
+                stepped = [weakref.ref(p) for p in module.parameters() if id(p) in ids] \
+                    if isinstance(module, torch.nn.Module) else []
+                if stepped:
+                    held.append((ref, name, stepped))
             roots = self._stepped_roots[id(optimizer)] = (weakref.ref(optimizer), size, self._roots, len(self._roots), held)
         t0 = None
         met = self._met if self._met_step == self.step else ()
