@@ -111,8 +111,11 @@ def blame(pivot: dict, events_a: pl.DataFrame, status: dict[int, str], diffs: pl
     elif kind == "final":
         buffers = "state" in differing
         result.update(fault_class="final_state")
+        # (helper 60: an EMA's shadow weights, kept as a module's buffers by the recorder, read "the buffers")
+        held = "kept tensors (an EMA's or an average's shadow weights, which the training keeps but never calls)" \
+            if pivot.get("module_type") == "KeptTensors" else None
         result["blame_window"] = {"module": pivot["boundary"], "detail":
-                                  "the " + ("buffers" if buffers and "param" not in differing else
+                                  "the " + (held or "buffers" if buffers and "param" not in differing else
                                             "parameters" + (" and buffers" if buffers else ""))
                                   + " at the end of the recording (of its step window, with --steps) differ although "
                                   "every event before matched: something outside the observed boundaries changed "

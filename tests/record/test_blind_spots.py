@@ -266,6 +266,8 @@ def test_what_the_training_keeps_but_never_calls_has_its_final_state(tmp_path, m
     code, d = _compare(tmp_path / "a", tmp_path / "c")
     fd = d["first_divergence"]
     assert code == 1 and (fd["kind"], fd["boundary"], fd["module_type"]) == ("final", boundary, module_type), fd
+    # (helper 60: an EMA's shadow weights were said to be "the buffers at the end of the recording")
+    assert fd["blame_window"]["detail"].startswith("the kept tensors" if module_type == "KeptTensors" else "the "), fd
     with duckdb.connect(str(tmp_path / "a" / "rank-0.duckdb"), read_only=True) as con:
         kept = {b for (b,) in con.execute("SELECT boundary FROM events WHERE kind = 'final' AND module_type = "
                                           "'KeptTensors'").fetchall()}
