@@ -292,8 +292,8 @@ def _unseen_words(unseen: list[tuple[str, bool]]) -> str:
     said = []
     for alone, words in ((False, "could not be observed (a tensor the digest cannot read: see the tensors' "
                                  "'unobserved'), and may be what differs"),
-                         (True, "recorded by one run alone (as an RNG state only one run draws from), so not "
-                                "compared")):
+                         (True, "recorded by one run alone (an input the other run's call does not take), so "
+                                "not compared")):
         paths = [p for p, one in unseen if one == alone]
         if paths:
             said.append(", ".join(paths[:3]) + (f" and {len(paths) - 3} more" if len(paths) > 3 else "")

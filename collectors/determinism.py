@@ -10,10 +10,13 @@ from __future__ import annotations
 
 import os
 import random
+import sys
 from dataclasses import dataclass
 from functools import partial
 
 import torch
+
+from bitguard.collectors.patching import Patch
 
 
 @dataclass
@@ -30,8 +33,6 @@ def _use_deterministic_algorithms(warn_only: bool) -> None:
     the one thing it sets there, inductor's `deterministic`, is set directly when inductor is
     already loaded, else through `TORCHINDUCTOR_DETERMINISTIC=1`, which that config reads when it
     is first imported (by a `torch.compile`)."""
-    import sys
-
     _set_deterministic(True, warn_only)
     inductor = sys.modules.get("torch._inductor.config")
     if inductor is not None:
@@ -69,43 +70,43 @@ class _FillKept:
     differ). The places that asked for it off are kept (`refused`), said at the end, and the script's last
     wish is applied when the recording gives the settings back. `--no-determinism` leaves it alone."""
 
+    _SETTER = "_set_deterministic_fill_uninitialized_memory"
+
     def __init__(self):
-        self.original = None
+        self.patch: Patch | None = None  # torch's setter, while kept
         self.refused: list[str] = []
         self.wanted: bool | None = None  # the script's last wish, while kept
         self.before = True  # the setting before the recording
-        self.setter = None  # what stands in torch's setter while kept
 
     def install(self) -> None:
-        if self.original is not None or not hasattr(torch._C, "_set_deterministic_fill_uninitialized_memory"):
+        if self.patch is not None or not hasattr(torch._C, self._SETTER):
             return
-        self.original = torch._C._set_deterministic_fill_uninitialized_memory
         self.before = torch._C._get_deterministic_fill_uninitialized_memory()
-        self.original(True)
         self.refused, self.wanted = [], None
-        self.setter = self._set  # (one bound method: `remove` knows it by identity)
-        torch._C._set_deterministic_fill_uninitialized_memory = self.setter
+        getattr(torch._C, self._SETTER)(True)
+        self.patch = Patch(torch._C, self._SETTER, self._keeping)
 
-    def _set(self, mode) -> None:
-        import sys
-
-        self.wanted = bool(mode)
-        if not mode:  # (the caller of the property's setter: the script's line)
-            caller = sys._getframe(2) if sys._getframe(1).f_code.co_name == "fill_uninitialized_memory" \
-                else sys._getframe(1)
-            place = f"{caller.f_code.co_filename}:{caller.f_lineno}"
-            if place not in self.refused:
-                self.refused.append(place)
+    def _keeping(self, original, patch):
+        def setter(mode) -> None:
+            if not patch.active:
+                return original(mode)
+            self.wanted = bool(mode)
+            if not mode:  # (the caller of the property's setter: the script's line)
+                caller = sys._getframe(2) if sys._getframe(1).f_code.co_name == "fill_uninitialized_memory" \
+                    else sys._getframe(1)
+                place = f"{caller.f_code.co_filename}:{caller.f_lineno}"
+                if place not in self.refused:
+                    self.refused.append(place)
+        return setter
 
     def remove(self) -> list[str]:
         """The setter given back, with the script's last wish applied (else the setting before); the places
         refused."""
-        if self.original is None:
+        if self.patch is None:
             return []
-        if torch._C._set_deterministic_fill_uninitialized_memory is self.setter:
-            torch._C._set_deterministic_fill_uninitialized_memory = self.original
-        self.original(self.before if self.wanted is None else self.wanted)
-        self.original = None
+        self.patch.remove()
+        self.patch.original(self.before if self.wanted is None else self.wanted)
+        self.patch = None
         return self.refused
 
 
@@ -125,34 +126,32 @@ class _Touched:
 
     def __init__(self):
         self.keys: set[str] = set()
-        self.saved: list[tuple] = []  # (owner, attribute, original, wrapper)
+        self.patches: list[Patch] = []
 
     def install(self) -> None:
-        if self.saved:
+        if self.patches:
             return
         self.keys = set()
         places = [(torch._C, name, key) for name, key in self._C_SETTERS.items() if hasattr(torch._C, name)]
         props = vars(type(torch.backends.cudnn))
         places += [(props[name], "setter", key) for name, key in self._CUDNN.items()
                    if hasattr(props.get(name), "setter")]
-        for owner, attribute, key in places:
-            original = getattr(owner, attribute)
-            wrapper = self._wrap(original, key)
-            setattr(owner, attribute, wrapper)
-            self.saved.append((owner, attribute, original, wrapper))
+        self.patches = [Patch(owner, attribute, self._noting(key)) for owner, attribute, key in places]
 
-    def _wrap(self, original, key: str):
-        def setter(*args, **kwargs):
-            self.keys.add(key)
-            return original(*args, **kwargs)
-        return setter
+    def _noting(self, key: str):
+        def make(original, patch):
+            def setter(*args, **kwargs):
+                if patch.active:
+                    self.keys.add(key)
+                return original(*args, **kwargs)
+            return setter
+        return make
 
     def remove(self) -> set[str]:
         """The setters given back; the settings the script set."""
-        for owner, attribute, original, wrapper in self.saved:
-            if getattr(owner, attribute) is wrapper:
-                setattr(owner, attribute, original)
-        self.saved = []
+        for patch in self.patches:
+            patch.remove()
+        self.patches = []
         return self.keys
 
 
@@ -177,8 +176,6 @@ _SETTERS = {
 def snapshot() -> dict:
     """current_settings() and inductor's deterministic flag (None while inductor is not loaded): taken
     before apply() and after it, for give_back(), or for restore()."""
-    import sys
-
     inductor = sys.modules.get("torch._inductor.config")
     return {**current_settings(), "inductor": getattr(inductor, "deterministic", None) if inductor else None}
 
@@ -204,8 +201,6 @@ def restore(saved: dict, keys: list[str] | None = None) -> None:
     """Set the settings apply() changes (those named `keys`, all by default) to their values in
     `saved`, a snapshot(). Inductor's deterministic flag goes with the deterministic algorithms, as
     torch's public call sets it."""
-    import sys
-
     for key in _SETTERS if keys is None else keys:
         if key != "deterministic_algorithms":
             _SETTERS[key](saved[key])

@@ -913,8 +913,7 @@ class Collector(WeightEvents):
                 if self._orphans_due():
                     self._orphan_params(t0)
                 if versions is not None:
-                    digested = self._start_params(module, name, type(region or module).__name__, t0)
-                    self._params_at[id(module)] = (weakref.ref(module), self.step, self._grads, versions, module.training)
+                    digested = self._start_params(module, name, type(region or module).__name__, t0, versions)
             elif in_window and recompute is None and self._orphans_due():
                 # a step whose first call outside any other holds no parameters: the model is one whose
                 # `__call__` skips torch's (gpytorch's modules: its shared Softplus is what is called), or

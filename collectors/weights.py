@@ -322,13 +322,16 @@ class WeightEvents:
         versions = module_versions(module)
         return versions if self.step == 0 or versions < 0 or versions != at[3] else None
 
-    def _start_params(self, module: torch.nn.Module, name: str, module_type: str, t0: int) -> dict | None:
+    def _start_params(self, module: torch.nn.Module, name: str, module_type: str, t0: int,
+                      versions: int) -> dict | None:
         """The `params` event of root module `module` at its first call in a step: every parameter
         as the step's forward meets it. A difference here that no optimizer step showed was made
         between steps by code outside torch.optim (an initialisation, a clamp through `.data`, a
         hand-written update, a loaded checkpoint), and is blamed so instead of on the first module
-        that reads the weight. Returns what the API recorder's params row can take of it: id of a
-        parameter -> its digest (a whole, observed parameter's only)."""
+        that reads the weight. Notes the step and `versions` (its `module_versions`) in `_params_at`, which
+        `_params_due` and `_uncalled_roots` read. Returns what the API recorder's params row can take of it:
+        id of a parameter -> its digest (a whole, observed parameter's only)."""
+        self._params_at[id(module)] = (weakref.ref(module), self.step, self._grads, versions, module.training)
         rows, params = self._param_rows(module)
         if not rows:
             return None
@@ -387,12 +390,10 @@ class WeightEvents:
         optimizer whose tensors were all known, and are as many, is passed over at once."""
         if not self._in_window() or initialising_step():
             return
-        closure = any(a is not None for a in args[1:]) or kwargs.get("closure") is not None  # (args: the optimizer first)
-        if not closure:  # (a closure calls the model inside step(): its params event is taken there)
-            self._take_given(optimizer)
         size = sum(len(group["params"]) for group in optimizer.param_groups)
-        if not closure:
-            self._uncalled_roots(optimizer, size)
+        if not any(a is not None for a in args[1:]) and kwargs.get("closure") is None:  # (args: the optimizer first;
+            self._take_given(optimizer)  # a closure calls the model inside step(): its gradients and params are made
+            self._uncalled_roots(optimizer, size)  # there)
         known = self._known_at_step.get(id(optimizer))
         if known is not None and known[0]() is optimizer and known[1] == size:
             return
@@ -450,8 +451,7 @@ class WeightEvents:
             if met and all(id(p()) in met for p in stepped):  # (its parts' own params events took them: a
                 continue  # LightningModule whose training_step calls self.net)
             t0 = t0 or time.time_ns()
-            self._start_params(module, name, type(module).__name__, t0)
-            self._params_at[id(module)] = (ref, self.step, self._grads, module_versions(module), module.training)
+            self._start_params(module, name, type(module).__name__, t0, module_versions(module))
 
     def _on_optimizer_step(self, optimizer, args, kwargs) -> None:
         if initialising_step():  # (no training step: torch fills the state in before loading one)
