@@ -155,10 +155,10 @@ def since_filter(run_a, run_b, ea: pl.DataFrame, eb: pl.DataFrame, ta: pl.DataFr
     key with a time word not at its end (10: `time_embedding_dim`); the string rows of saves other
     than JSON files (11, and 12: a NumPy string is one); the names (enum members, dtypes, classes)
     and dict keys of saves and JSON files, and their values under a key that names a duration by a
-    word that is one since 12 (`dur`, `time_taken`)."""
+    word that is one since 12 (`dur`, `time_taken`); the Python numbers given to a module call as arguments (13)."""
     versions = [run.manifest.get("schema_version", 1) for run in (run_a, run_b)]
     oldest = min(v if isinstance(v, int) else 1 for v in versions)
-    if oldest >= 12:
+    if oldest >= 13:
         return ea, eb, ta, tb
     newer = pl.lit(False)  # events left out
     if oldest < 10:  # the JSON files beside the saves, and a params event of what only an optimizer holds
@@ -189,10 +189,13 @@ def since_filter(run_a, run_b, ea: pl.DataFrame, eb: pl.DataFrame, ta: pl.DataFr
                              & pl.col("path").str.starts_with("['").fill_null(False))
         else:
             drop = pl.lit(False)
-        drop = drop | (string & pickled) | (pl.col("path").str.contains(NAMES_PATH).fill_null(False) & saves)  # 11, 12
-        timed = [p for p in tensors.filter((number | string) & saves)["path"].unique().to_list()
-                 if clock_at(re.sub(f"{NUMBER_PATH}|{STRING_PATH}", "", p)) == "duration"]  # (12: `['dur']`)
-        rows = tensors.select(drop | (pl.col("path").is_in(timed) & saves)).to_series()
+        drop = drop | (number & (pl.col("role") == "input"))  # 13: a call's number arguments
+        if oldest < 12:
+            drop = drop | (string & pickled) | (pl.col("path").str.contains(NAMES_PATH).fill_null(False) & saves)
+            timed = [p for p in tensors.filter((number | string) & saves)["path"].unique().to_list()
+                     if clock_at(re.sub(f"{NUMBER_PATH}|{STRING_PATH}", "", p)) == "duration"]  # (12: `['dur']`)
+            drop = drop | (pl.col("path").is_in(timed) & saves)
+        rows = tensors.select(drop).to_series()
         if rows.any():
             tensors = tensors.filter(~rows)
             events = rekey(events, tensors)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-SCHEMA_VERSION = 12  # bump on any change to a table below; readers refuse newer versions
+SCHEMA_VERSION = 13  # bump on any change to a table below; readers refuse newer versions
 # 2: tensors.unobserved (version 1 files have no such column: read as NULL, every tensor digested)
 # 3: tensors.shard (older files have no such column: read as NULL, every digest covers its whole tensor)
 #    and phase comm (kind collective); optimizer step events hold a `grad` row (the gradient step() used)
@@ -45,6 +45,9 @@ SCHEMA_VERSION = 12  # bump on any change to a table below; readers refuse newer
 #    `dur` and `fps` name a time, and `taken` or `spent` after a time word (bitguard/timed.py); older files have none of
 #    these: a comparison with one leaves out of both sides those rows, the string rows of saves other than
 #    JSON files, and the rows under a key that names a duration
+# 13: a Python int, float or bool given to a module call as an argument (positional or keyword, a root call's
+#    too) is an input row of its event, as a returned one is an output row (a temperature or a timestep passed
+#    as a number); older files have none: a comparison with one leaves the input number rows out of both sides
 JSON_FILE = "json file"  # the module type of a JSON file's `saved` event (its boundary: the file's name)
 # what a `params` event of the tensors only an optimizer holds, taken before their first step, adds to its
 # boundary (the optimizer's name: collectors/weights.py, `_on_optimizer_pre`)

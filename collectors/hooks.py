@@ -250,7 +250,7 @@ class Collector(WeightEvents):
                  "_tids", "_tids_limit", "_wrapper", "_depths", "_in_child", "_walked", "_finaled", "_unheld", "_held_optimizers",
                  "_trainable", "_hooked_params", "_backwards", "_json", "_orphans", "_orphans_step", "_orphans_versions", "_known_at_step", "_given", "_kept_marks", "_stepped_roots", "_met", "_met_step",
                  "_kept_places", "_kept_holders", "began", "_buffers_seen", "_buffered",
-                 "_foreign_call")
+                 "_foreign_call", "_slots_of")
 
     def __init__(self, store, mode: str = "full", steps: tuple[int, int | None] | None = None,
                  rank: int = 0, world_size: int = 1, dump: bool = False, digest_cache: bool = True):
@@ -290,6 +290,9 @@ class Collector(WeightEvents):
         self._held: list[tuple[torch.nn.Module, str]] = []
         self._foreign: str | None = None  # a root called with tensors in place of its parameters (functional_call)
         self._foreign_call = -1  # `_generation` of the last such call of a root (weights.py, `_swapped_params`)
+        # id of a part named holding parameters -> (ref, ((name, ref of the parameter), ...) then): a call finding
+        # another tensor in a slot is given other weights (weights.py, `_swapped_params`)
+        self._slots_of: dict[int, tuple[weakref.ref, tuple[tuple[str, weakref.ref], ...]]] = {}
         self._in_child = False  # a forked child's copy of this collector (`_forked`): it only reports saves
         self._kept_lists: dict[int, kept.KeptTensors] = {}  # id of a list or dict of shadow weights -> its root, held
         self._kept_marks: tuple | None = None  # what the user's frames held at the last look (kept.marks)
@@ -712,6 +715,19 @@ class Collector(WeightEvents):
             if entry is None or entry[0]() is not sub or id(sub) in renamed:
                 path = clean_name(eager_name(sub_name))
                 self._names[id(sub)] = (weakref.ref(sub), (f"{prefix}.{path}" if prefix else path) if path else name)
+            self._note_slots(sub)
+
+    def _note_slots(self, module: torch.nn.Module) -> None:
+        """Which parameter is in each of `module`'s slots now (`_slots_of`); not those of DTensors
+        (FSDP2 puts an unsharded parameter in the slot for each call: the model's own, gathered)."""
+        dtensor = sys.modules.get("torch.distributed.tensor")
+        sharded = dtensor.DTensor if dtensor is not None else ()
+        slots = tuple((n, weakref.ref(p)) for n, p in module._parameters.items()
+                      if p is not None and not isinstance(p, sharded))
+        if slots:
+            self._slots_of[id(module)] = (weakref.ref(module), slots)
+        else:
+            self._slots_of.pop(id(module), None)
 
     def _watch_changed(self, root: torch.nn.Module) -> bool:
         """At each call of a root: when its trainable parameters are not those it had (a backbone
@@ -875,17 +891,18 @@ class Collector(WeightEvents):
             if record and recompute is None:
                 self._depths[name] = depth
             if parent is not None:  # the common case: a call inside a model
-                if module._parameters and in_window and recompute is None:
+                if in_window and recompute is None and (module._parameters or id(module) in self._slots_of):
                     self._swapped_params(module, name, t0)
                 if record:
                     if len(args) == 1 and isinstance(args[0], torch.Tensor):  # (what flatten and _rows give)
                         frame.args = [("[0]", args[0])]
                         frame.inputs = [self._row(args[0], "input", 0, "[0]")]
                     else:
-                        flat = frame.args = flatten(args, walked=self._walked)
+                        flat = frame.args = flatten(args, numbers=True, walked=self._walked)
                         frame.inputs = self._rows(flat, "input")
                     if kwargs:  # (as the call begins: what it reads, before it can change it)
-                        frame.kwinputs = self._rows(flatten(kwargs, walked=self._walked), "input", len(frame.inputs))
+                        frame.kwinputs = self._rows(flatten(kwargs, numbers=True, walked=self._walked), "input",
+                                                    len(frame.inputs))
                     free = self._rng_free.get(type(module))  # (_may_draw, once the class is known)
                     if (self._may_draw(module) if free is None else
                             not free or module._forward_pre_hooks or module._forward_hooks):
@@ -894,10 +911,11 @@ class Collector(WeightEvents):
                 return frame
             is_model_root = recompute is None and in_window and any(True for _ in module.parameters())
             if record or is_model_root:
-                frame.args = flatten(args, walked=self._walked)
+                frame.args = flatten(args, numbers=True, walked=self._walked)
                 frame.inputs = self._rows(frame.args, "input")
                 if kwargs:  # (`model(input_ids=..., labels=...)`: the batch, before the forward can change it)
-                    frame.kwinputs = self._rows(flatten(kwargs, walked=self._walked), "input", len(frame.inputs))
+                    frame.kwinputs = self._rows(flatten(kwargs, numbers=True, walked=self._walked), "input",
+                                                len(frame.inputs))
                 if is_model_root or self._may_draw(module):
                     frame.rng = torch.get_rng_state()
             digested = None

@@ -13,6 +13,7 @@ import itertools
 import sys
 import time
 import weakref
+from collections.abc import Mapping
 
 import torch
 from torch.nn.parameter import is_lazy
@@ -357,9 +358,27 @@ class WeightEvents:
         if self._foreign_call == self._generation:
             return
         own = module._parameters
-        if any(p is not None and not isinstance(p, torch.nn.Parameter) for p in own.values()):
-            rows = self._rows([(f".{n}", p) for n, p in own.items() if p is not None], "param")
-            self._emit("optimizer", "params", name, type(module).__name__, 0, t0, rows)
+        slots = self._slots_of.get(id(module))
+        if slots is None or slots[0]() is not module:
+            swapped = any(p is not None and not isinstance(p, torch.nn.Parameter) for p in own.values())
+            pairs = [(f".{n}", p) for n, p in own.items() if p is not None] if swapped else ()
+        else:  # another tensor in a slot than the parameter named there: functional_call's tensors, tensordict's
+            swapped, pairs = False, []  # to_module's new Parameters (helper 62: torchrl's target networks)
+            for n, ref in slots[1]:
+                p = own.get(n)
+                if p is None and n not in own and f"{n}_orig" not in own:  # (an emptied slot, not pruning's)
+                    p = module.__dict__.get(n)  # (to_module with a plain tensor: in the module's __dict__)
+                    p = p if isinstance(p, torch.Tensor) else None
+                    swapped = swapped or p is not None
+                elif p is not None and p is not ref():
+                    swapped = True
+                if p is not None:
+                    pairs.append((f".{n}", p))
+            if swapped:
+                named = {n for n, _ in slots[1]}
+                pairs += [(f".{n}", p) for n, p in own.items() if p is not None and n not in named]
+        if swapped:
+            self._emit("optimizer", "params", name, type(module).__name__, 0, t0, self._rows(pairs, "param"))
 
     def _param_rows(self, module: torch.nn.Module) -> tuple[list, list]:
         """The `param` rows of every parameter of `module` (FSDP1 flat parameters split into the
@@ -590,9 +609,10 @@ class WeightEvents:
                 # the gradient events, taken as autograd produced it, do not see (torch.optim leaves .grad)
                 tensors = [("param", 0, "", p), ("grad", 0, "", p.grad)]
                 if self.mode == "full":
-                    state = optimizer.state.get(p, {})
-                    tensors += [("state", i, f"['{k}']", v) for i, (k, v) in enumerate(
-                        (k, v) for k, v in state.items() if isinstance(v, torch.Tensor))]
+                    state = optimizer.state.get(p)  # (None for a parameter ZeroRedundancyOptimizer's load_state_dict
+                    if isinstance(state, Mapping):  # left to another rank's shard: helper 63)
+                        tensors += [("state", i, f"['{k}']", v) for i, (k, v) in enumerate(
+                            (k, v) for k, v in state.items() if isinstance(v, torch.Tensor))]
                 parts = self._sharded.step_parts(p, tensors)
                 for name, t, marks in [(None, tensors, None)] if parts is None else parts:
                     if name is None:  # (a FlatParameter's parts are named by the parameters they hold)

@@ -17,9 +17,11 @@ class P(nn.Module):
         super().__init__()
         self.a, self.b, self.c = nn.Linear(8, 16), nn.Linear(16, 16), nn.Linear(16, 1)
 
-    def forward(self, x, edit: bool = False):
+    edit = False  # (an attribute, not an argument: a number given to the call is recorded as its input)
+
+    def forward(self, x):
         h = self.a(x)
-        if edit:
+        if self.edit:
             h.data.mul_(1.001)  # (no version counter moves)
         return self.c(torch.tanh(self.b(h)))
 
@@ -27,10 +29,11 @@ class P(nn.Module):
 def _run(path, edit: bool, cache: bool = True) -> None:
     torch.manual_seed(0)
     m = P()
+    m.edit = edit
     opt = torch.optim.SGD(m.parameters(), lr=0.05)
     with bitguard.record(path, determinism=False, digest_cache=cache):
         for _ in range(2):
-            loss = (m(torch.randn(4, 8), edit) - torch.randn(4, 1)).pow(2).mean()
+            loss = (m(torch.randn(4, 8)) - torch.randn(4, 1)).pow(2).mean()
             opt.zero_grad()
             loss.backward()
             opt.step()
@@ -59,10 +62,12 @@ class Returned(nn.Module):
         super().__init__()
         self.lin, self.act, self.out = nn.Linear(4, 4), nn.Tanh(), nn.Linear(4, 1)
 
-    def forward(self, x, edit: bool = False):
+    edit = False
+
+    def forward(self, x):
         h = self.lin(x)
         a = self.act(h)
-        if edit:
+        if self.edit:
             h.data.mul_(2)
         return self.out(a), h
 
@@ -74,8 +79,9 @@ def test_a_backward_source_whose_input_the_root_returns_says_so(tmp_path):
     for name, edit in (("a", False), ("b", True)):
         torch.manual_seed(0)
         m = Returned()
+        m.edit = edit
         with bitguard.record(tmp_path / name, determinism=False):
-            y, h = m(torch.randn(8, 4), edit)
+            y, h = m(torch.randn(8, 4))
             (h.pow(2).mean() + y.mean()).backward()
     fd = bitguard.compare(tmp_path / "a", tmp_path / "b").first_divergence
     assert (fd["boundary"], fd["phase"], fd["blame"]) == ("act", "backward", "source"), fd
@@ -99,9 +105,11 @@ class Two(nn.Module):
         super().__init__()
         self.a1, self.a2, self.join = nn.Linear(8, 16), nn.Linear(8, 16), Join()
 
-    def forward(self, x, edit: bool = False):
+    edit = False
+
+    def forward(self, x):
         h1, h2 = self.a1(x), self.a2(x)
-        if edit:
+        if self.edit:
             h1.data.mul_(1.001)
         return self.join(h1, h2)
 
@@ -111,8 +119,9 @@ def test_a_note_on_inputs_two_calls_returned_names_both(tmp_path):
     for name, edit in (("a", False), ("b", True)):
         torch.manual_seed(0)
         m = Two()
+        m.edit = edit
         with bitguard.record(tmp_path / name, determinism=False):
-            m(torch.randn(4, 8), edit).sum().backward()
+            m(torch.randn(4, 8)).sum().backward()
     fd = bitguard.compare(tmp_path / "a", tmp_path / "b").first_divergence
     assert (fd["boundary"], fd["phase"], fd["blame"]) == ("join", "forward", "source"), fd
     assert any(n.startswith("its inputs include tensors that a1 and a2 returned") for n in fd["notes"]), fd["notes"]

@@ -60,7 +60,8 @@ def as_schema_5(run_dir: Path) -> None:
 
 
 def as_older_schema(run_dir: Path, version: int) -> None:
-    """Make a single-rank run as bitguard wrote it at schema `version` (5 to 11): without the names and
+    """Make a single-rank run as bitguard wrote it at schema `version` (5 to 12): without the Python
+    numbers given to module calls as arguments (before 13), the names and
     dict keys of saves (before 12), the strings of saves other than JSON files (before 11), the JSON files
     beside the saves and the params events of what only an optimizer holds (before 10), a save's
     numbers but an optimizer's and a scheduler's (before 9: here none), without `saved` events and the final state of
@@ -68,8 +69,10 @@ def as_older_schema(run_dir: Path, version: int) -> None:
     root's keyword arguments in its batch event (before 7), and `params` events (before 6)."""
     con = duckdb.connect(str(Path(run_dir) / "rank-0.duckdb"))
     try:
-        con.execute(f"DELETE FROM tensors WHERE regexp_matches(path, '{NAMES_PATH}') "
-                    "AND seq IN (SELECT seq FROM events WHERE kind = 'saved')")
+        con.execute(f"DELETE FROM tensors WHERE role = 'input' AND regexp_matches(path, '{NUMBER_PATH}')")
+        if version < 12:
+            con.execute(f"DELETE FROM tensors WHERE regexp_matches(path, '{NAMES_PATH}') "
+                        "AND seq IN (SELECT seq FROM events WHERE kind = 'saved')")
         if version < 11:
             con.execute(f"DELETE FROM tensors WHERE regexp_matches(path, '{STRING_PATH}') "
                         f"AND seq IN (SELECT seq FROM events WHERE kind = 'saved' AND module_type != '{JSON_FILE}')")

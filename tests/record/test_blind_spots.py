@@ -2,6 +2,7 @@
 statistics) and parameters updated outside torch.optim. Buffers are recorded with each call of
 their module, and every root module's parameters and buffers once more when the recording ends."""
 
+import contextlib
 import enum
 import json
 import shutil
@@ -735,6 +736,56 @@ def test_inputs_no_recorded_module_produced_are_blamed_on_the_data(tmp_path):
     assert (fd["step"], fd["phase"], fd["boundary"], fd["blame"], fd["fault_class"]) == \
         (1, "forward", "Flatten", "data", "data"), fd
     assert fd["blame_window"]["module"] is None and "training's own code or data" in fd["blame_window"]["detail"], fd
+
+
+def test_a_number_given_to_a_module_as_an_argument_is_an_input_that_differs(tmp_path):
+    """Helper 62: a Python float given to a module (a temperature, `model(x, t)` or `self.s(h, t=t)`)
+    was not recorded: its change was blamed on the module's own code ("source"). Numbers given as
+    arguments are input rows, as returned ones are output rows; a run of schema 12 has none, and
+    they are left out of both sides."""
+    import torch
+
+    import bitguard
+
+    class Scale(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(4, 4)
+
+        def forward(self, x, t):
+            return self.lin(x) / t
+
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.s, self.b = torch.nn.Linear(4, 4), Scale(), torch.nn.Linear(4, 1)
+
+        def forward(self, x, t):
+            return self.b(self.s(self.a(x), t=self.inner))  # (a number the model's own code picks)
+
+    def train(name, t, inner):
+        torch.manual_seed(0)
+        model = Net()
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        with bitguard.record(tmp_path / name, determinism=False):
+            for step in range(3):
+                opt.zero_grad()
+                model.inner = inner if step == 1 else 1.0
+                model(torch.randn(8, 4), t if step == 1 else 1.0).pow(2).mean().backward()
+                opt.step()
+
+    for name, t, inner in (("a", 1.0, 1.0), ("b", 1.0, 1.0), ("root", 0.5, 1.0), ("inner", 1.0, 0.5)):
+        train(name, t, inner)
+    assert bitguard.compare(tmp_path / "a", tmp_path / "b").verdict == "identical"
+    for name, boundary, path in (("root", "Net", "[1] (python float)"), ("inner", "s", "['t'] (python float)")):
+        fd = bitguard.compare(tmp_path / "a", tmp_path / name).to_dict()["first_divergence"]
+        assert (fd["step"], fd["boundary"]) == (1, boundary) and fd["blame"] != "source", fd
+        assert [t["path"] for t in fd["tensors"] if t["role"] == "input" and t["a"] != t["b"]] == [path], fd["tensors"]
+    shutil.copytree(tmp_path / "inner", tmp_path / "old")
+    as_older_schema(tmp_path / "old", 12)  # recorded before number arguments were: left out of both sides
+    assert bitguard.compare(tmp_path / "a", tmp_path / "b").verdict == "identical"
+    fd = bitguard.compare(tmp_path / "a", tmp_path / "old").to_dict()["first_divergence"]
+    assert (fd["step"], fd["boundary"], fd["blame"]) == (1, "s", "source"), fd
 
 
 def test_targets_equal_by_value_to_a_module_output_are_still_the_batch(tmp_path):
@@ -1523,17 +1574,46 @@ def test_parameters_that_become_trainable_have_their_gradients_from_their_first_
                                  "them: parameters new to the model or to its training"), detail
 
 
-def test_a_target_network_given_its_weights_inside_a_loss_s_forward_is_blamed_on_them(tmp_path):
+@contextlib.contextmanager
+def _to_module(weights: dict, net):
+    """What tensordict's `TensorDict.to_module` does (0.14): each tensor given takes its parameter's slot
+    out of the module's `_parameters` and sits in its `__dict__`, put back on the way out."""
+    import torch
+
+    taken = []
+    for key, tensor in weights.items():
+        path, _, name = key.rpartition(".")
+        module = net.get_submodule(path)
+        taken.append((module, name, module._parameters.pop(name)))
+        module.__dict__[name] = tensor
+    try:
+        yield
+    finally:
+        for module, name, p in taken:
+            del module.__dict__[name]
+            module._parameters[name] = p
+    assert all(isinstance(p, torch.nn.Parameter) for p in net.parameters())
+
+
+@pytest.mark.parametrize("how", ["functional_call", "to_module"])
+def test_a_target_network_given_its_weights_inside_a_loss_s_forward_is_blamed_on_them(tmp_path, how):
     """Helper 47 (torchrl's DQNLoss + SoftUpdate): a target network's weights, kept in a dict and
     soft-updated by hand, given to the trained network's modules through functional_call inside the
     loss module's forward. A soft update computed differently was blamed "source (forward)" on the
     first module that ran on them, as if it computed differently: its inputs matched. Such a call of a
     module inside another's has the weights it ran on recorded (a `params` event), and the blame is on
-    them, a copy kept beside the trained parameters."""
+    them, a copy kept beside the trained parameters. Helper 62: also when they are given as tensordict's
+    `to_module` gives them, in the module's `__dict__` with its parameters' slots emptied."""
     import torch
     from torch.func import functional_call
 
     import bitguard
+
+    def given(net, target, x):
+        if how == "functional_call":
+            return functional_call(net, target, (x,))
+        with _to_module(target, net):
+            return net(x)
 
     class QLoss(torch.nn.Module):
         def __init__(self, net):
@@ -1543,7 +1623,7 @@ def test_a_target_network_given_its_weights_inside_a_loss_s_forward_is_blamed_on
 
         def forward(self, x, r):
             with torch.no_grad():
-                tq = functional_call(self.net, self.target, (x,)).max(1).values
+                tq = given(self.net, self.target, x).max(1).values
             return ((self.net(x).max(1).values - (r + 0.9 * tq)) ** 2).mean()
 
     def train(out, tau):
