@@ -287,6 +287,8 @@ class CommObserver:
     def _try(self, fn, *args):
         try:
             return fn(*args)
+        except _Theirs as theirs:  # the training's own failure, met by our wait: raised to it, as it is
+            raise theirs.__cause__ from None
         except Exception as exc:  # noqa: BLE001 - the training must go on
             self.c._fail("comm", exc)
             return None
@@ -401,7 +403,7 @@ class CommObserver:
         group = c10d._resolve_process_group(funcol._resolve_group_name(a["group"], a.get("tag", "")))
         x = a["self"]
         if isinstance(x, funcol.AsyncCollectiveTensor):
-            x = x.trigger_wait()
+            x = _waited(x)
         if canonical == "broadcast":
             src = a["src"]
             op = f"src {src}"
@@ -414,7 +416,7 @@ class CommObserver:
     def _funcol_end(self, p: _Pending, result) -> None:
         from torch.distributed import _functional_collectives as funcol
 
-        out = result.trigger_wait() if isinstance(result, funcol.AsyncCollectiveTensor) else result
+        out = _waited(result) if isinstance(result, funcol.AsyncCollectiveTensor) else result
         if isinstance(out, torch.Tensor) and type(out) is not torch.Tensor and hasattr(out, "elem"):
             out = out.elem
         self._end(p, [("", out)])
@@ -574,6 +576,22 @@ class CommObserver:
         self._try(self._end, p, _slices(value, parts if fits else None) if isinstance(value, torch.Tensor)
                   else _flat(value, "result"))
         return value
+
+
+class _Theirs(Exception):
+    """A failure of the training's own met inside the observer (`__cause__`): `_try` raises it to the
+    training instead of reporting it as the collector's."""
+
+
+def _waited(t):
+    """The result of an asynchronous functional collective, waited for: a failed collective (a peer
+    gone) raises here, and that error is the training's. Swallowed, the training went on with the
+    tensor as it was before the reduction (helper 63: tensor parallelism on one rank's garbage, since
+    the wait it later made found nothing left to wait for)."""
+    try:
+        return t.trigger_wait()
+    except Exception as exc:
+        raise _Theirs() from exc
 
 
 def _slices(flat: torch.Tensor, parts) -> list[tuple[str, torch.Tensor]]:
