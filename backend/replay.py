@@ -170,7 +170,8 @@ def run(replays: list[Replay], timeout: float, step_s: float | None = None) -> N
     for batch in batches:
         _run_batch(batch, deadline, timeout)
     for cwd in folders:  # (helper 59: mmengine's `last_checkpoint` pointed back at epoch 1 after a drill)
-        written = _written(before[cwd], _files(cwd))
+        own = [os.path.relpath(r.out.parent.resolve(), Path(cwd).resolve()) for r in replays]
+        written = _written(before[cwd], _files(cwd), own)
         if written:
             shown = ", ".join(written[:4]) + (f" and {len(written) - 4} more" if len(written) > 4 else "")
             for r in replays:
@@ -205,12 +206,14 @@ def _files(cwd: str) -> dict[str, tuple[int, int]] | None:
     return out
 
 
-def _written(before: dict | None, after: dict | None) -> list[str]:
+def _written(before: dict | None, after: dict | None, own: list[str] = ()) -> list[str]:
     """The files that are new or changed between two `_files` looks, but the drill's own (under a run's
-    `drill/` folder) and bitguard's recordings of the replays."""
+    `drill/` folder, or under `own`: the folders of the replays' records, relative to the same folder, which
+    `--out` may put inside the script's; helper 65) and bitguard's recordings of the replays."""
     if before is None or after is None:
         return []
-    return sorted(p for p, st in after.items() if before.get(p) != st
+    mine = tuple(f"{o}{os.sep}" for o in own if o != os.curdir and not o.startswith(os.pardir))
+    return sorted(p for p, st in after.items() if before.get(p) != st and not p.startswith(mine)
                   and "drill" not in Path(p).parts and not p.endswith((".duckdb", ".duckdb.wal", ".journal", REPLAY_LOG)))
 
 

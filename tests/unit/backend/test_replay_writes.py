@@ -34,3 +34,20 @@ def test_a_folder_of_too_many_files_is_not_looked_through(tmp_path, monkeypatch)
     for i in range(5):
         Path(tmp_path, f"f{i}").write_text("")
     assert replay._files(str(tmp_path)) is None and replay._written(None, {}) == []
+
+
+def test_the_drill_s_own_records_inside_the_training_s_folder_are_not_named(tmp_path):
+    """Helper 65: `bitguard drill A B --out found` run in the script's folder listed the replays' own records
+    (found/a/step-0-rank-0/manifest.json) as files the training wrote."""
+    work = tmp_path / "work"
+    work.mkdir()
+    out = work / "found" / "a" / "step-0-rank-0"
+    code = (f"import pathlib; p = pathlib.Path({str(out)!r}); p.mkdir(parents=True, exist_ok=True); "
+            "(p / 'manifest.json').write_text('{}'); (p / 'ops-rank-0.json').write_text('[]'); "
+            "pathlib.Path('ckpt.pt').write_text('x')")
+    r = replay.Replay("a", types.SimpleNamespace(manifest={}), out, [sys.executable, "-c", code], str(work),
+                      dict(os.environ))
+    replay.run([r], timeout=60)
+    assert r.exit_status == 0
+    said = [n for n in r.notes if "wrote there" in n]
+    assert len(said) == 1 and "ckpt.pt;" in said[0] and "found" not in said[0], r.notes
