@@ -2,7 +2,8 @@
 not see between two observations could explain it. Each is a sentence or nothing, read from run A's
 events and tensors: weights edited between calls after their last params event (`unstepped_note`,
 `midstep_note`), an input whose digest was reused from an earlier call (`cached_input_note`), a
-backward's input that the root also returned to the training's code (`returned_input_note`); and
+backward's input that the root also returned to the training's code (`returned_input_note`), a
+backward that ran on activations checkpointing recomputed (`recompute_note`); and
 beside any pivot, tensors whose memory layout differs between the runs (`layout_note`). Knows nothing
 of how the pivot was found (pivot.py)."""
 
@@ -170,3 +171,26 @@ def layout_note(pivot: dict, tensors_a: pl.DataFrame | None, tensors_b: pl.DataF
     return [f"the memory layout of {len(other)} of its tensors differs between the runs ({shown}): their digests "
             f"read the values in order, whatever the layout, but a kernel for another layout (channels_last, a "
             f"transposed view) sums in another order and rounds differently"]
+
+
+def recompute_note(pivot: dict, events_a: pl.DataFrame) -> list[str]:
+    """A backward blamed as a source (a module's, or a parameter's gradient) in a step where activation
+    checkpointing recomputed a call beside or around it before it: the backward read the recomputed
+    activations, so a recompute that computed otherwise than the forward (code reading a flag or a state
+    changed between the two, an RNG state not preserved) shows first here, as if the backward computed
+    differently; and torch's non-reentrant checkpoint stops its recompute once it holds what backward
+    needs, so the call that differs may have no recompute event to show it (helper 64)."""
+    if pivot["phase"] != "backward" or pivot["kind"] not in ("module", "grad"):
+        return []
+    module = pivot["boundary"].rpartition(".")[0] if pivot["kind"] == "grad" else pivot["boundary"]
+    recomputed = events_a.filter((pl.col("step") == pivot["step"]) & (pl.col("seq") < pivot["seq"])
+                                 & (pl.col("phase") == "recompute"))["boundary"].unique(maintain_order=True)
+    near = [r for r in recomputed.to_list() if module == r or module.startswith(f"{r}.")
+            or ("." in r and module.startswith(r.rpartition(".")[0] + "."))]
+    if not near:
+        return []
+    return [f"activation checkpointing recomputed {near[0]} in this step's backward before this: the backward read "
+            f"the recomputed activations, so a recompute that computed otherwise than the forward (code that reads a "
+            f"flag or a state changed between the two, an RNG state not preserved) shows first here, as if the "
+            f"backward computed differently; a non-reentrant checkpoint stops recomputing once it has what the "
+            f"backward needs, so the call that differs may have no recompute event"]

@@ -181,7 +181,8 @@ def _divergence(rc, run_a=None) -> dict | None:
     notes += granularity.note(rc.regions, p)
     if not structure and rc.blame and rc.blame.get("blame") == "source":
         names = None if run_a is None else (lambda: api_diff.param_names(run_a, rc.rank, p["step"]))
-        notes += pivot_notes.unstepped_note(p, rc.events_a) + pivot_notes.midstep_note(p, rc.events_a, rc.tensors_a, names)
+        notes += pivot_notes.unstepped_note(p, rc.events_a) + pivot_notes.midstep_note(p, rc.events_a, rc.tensors_a, names) \
+            + pivot_notes.recompute_note(p, rc.events_a)
         if rc.digest_cache:
             notes += pivot_notes.cached_input_note(p, rc.events_a, rc.tensors_a, rc.diffs) \
                 + pivot_notes.returned_input_note(p, rc.events_a, rc.tensors_a)
