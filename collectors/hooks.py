@@ -205,11 +205,19 @@ def _add_grad_hook(t: torch.Tensor, hook) -> None:
     hooks[_HOOK_KEY] = hook
 
 
-def _trainable_ids(module: torch.nn.Module) -> int:
-    """The sum of the ids of `module`'s parameters that require a gradient and hold values: it moves
-    when one is unfrozen, added, replaced, or a lazy module's is made (`LazyLinear`, PyG's `-1` sizes:
-    materialized in place at the first call)."""
-    return sum(id(p) for p in module.parameters() if p.requires_grad and not is_lazy(p))
+def _trainables(module: torch.nn.Module) -> tuple[int, tuple[weakref.ref, ...]]:
+    """The sum of the ids of `module`'s parameters that require a gradient and hold values, and weak
+    references to them: the sum moves when one is unfrozen, added, replaced, or a lazy module's is made
+    (`LazyLinear`, PyG's `-1` sizes: materialized in place at the first call); a reference gone says the
+    same where a new tensor took a freed one's id (the sum unmoved: functional_call's fast weights, made
+    anew for each call, helper 64)."""
+    params = [p for p in module.parameters() if p.requires_grad and not is_lazy(p)]
+    return sum(map(id, params)), tuple(map(weakref.ref, params))
+
+
+def _same_trainables(known: tuple | None, module: torch.nn.Module, now: tuple) -> bool:
+    """Whether `known` (a `_trainable` entry: ref, `_trainables`) still holds for `module`, `now` its `_trainables`."""
+    return known is not None and known[0]() is module and known[1] == now[0] and all(r() is not None for r in known[2])
 
 
 def _rng_drawn(before: torch.Tensor) -> bool:
@@ -314,8 +322,8 @@ class Collector(WeightEvents):
         self._met_step = -1
         self._given: dict[int, dict[int, tuple]] = {}  # id of an optimizer in its step() -> id of a gradient it was
         # given -> (the gradient, its digest before the step: weights.py, _take_given)
-        # id(root) -> (ref, `_trainable_ids` when last looked): its parameters hooked again when it moves
-        self._trainable: dict[int, tuple[weakref.ref, int]] = {}
+        # id(root) -> (ref, *`_trainables` when last looked): its parameters hooked again when they move
+        self._trainable: dict[int, tuple[weakref.ref, int, tuple]] = {}
         self._tids: dict[int, list] = {}  # id -> [weakref, tid, (version, address, shape, strides) digested, digest]
         self._tids_limit = 4096
         self._finaled: set[int] = set()  # ids of the parameters a final event holds
@@ -689,7 +697,7 @@ class Collector(WeightEvents):
                 # named by an earlier root inside this one
                 self._params[id(p)] = (entry[0], clean_name(eager_name(p_name)), entry[2], entry[3])
         self._hook_trainable(module, flats)
-        self._trainable[id(module)] = (root_ref, _trainable_ids(module))
+        self._trainable[id(module)] = (root_ref, *_trainables(module))
         return name
 
     def _hook_trainable(self, root: torch.nn.Module, flats: set[int]) -> None:
@@ -736,11 +744,11 @@ class Collector(WeightEvents):
         ones are named and their gradients hooked, and True is returned (the call is due a params
         event). Their gradient events were missing until then, and a difference in them was blamed
         on the optimizer as "not observed", or on the first module that read them."""
-        ids = _trainable_ids(root)
+        now = _trainables(root)
         known = self._trainable.get(id(root))
-        if known is not None and known[0]() is root and known[1] == ids:
+        if _same_trainables(known, root, now):
             return False
-        self._trainable[id(root)] = (weakref.ref(root), ids)
+        self._trainable[id(root)] = (weakref.ref(root), *now)
         entry = self._names.get(id(root))
         if entry is not None and entry[0]() is root:  # (a layer added: named by its path, as the others)
             self._name_parts(root, entry[1])
@@ -767,8 +775,8 @@ class Collector(WeightEvents):
         return ref is not None and ref() is p
 
     def _hook_grad(self, p: torch.nn.Parameter) -> None:
-        self._hooked_params[id(p)] = weakref.ref(p)
-        self._handles.append(p.register_hook(partial(self._on_param_grad, id(p))))
+        ref = self._hooked_params[id(p)] = weakref.ref(p)  # (the hook's tensor: its id may be another's when it runs)
+        self._handles.append(p.register_hook(partial(self._on_param_grad, id(p), ref)))
 
     def _name_of(self, module: torch.nn.Module, parent: _Frame | None) -> str:
         entry = self._names.get(id(module))
@@ -1165,7 +1173,7 @@ class Collector(WeightEvents):
                 self._pending[:0] = waiting
 
     # -- parameter gradients ---------------------------------------------------------------
-    def _on_param_grad(self, pid: int, grad) -> None:
+    def _on_param_grad(self, pid: int, ref: weakref.ref, grad) -> None:
         """A parameter's gradient arrives (before autograd accumulates it into `.grad`). When `.grad`
         is empty, autograd makes this gradient its value as it is (taken over or copied), so the
         event is complete now; otherwise `.grad` is known only after the accumulation, and a hook
@@ -1182,7 +1190,10 @@ class Collector(WeightEvents):
                 return
             entry = self._params[pid]
             param = entry[0]()
-            if param is None:
+            if param is None or param is not ref():
+                # (the hooked tensor is gone and its id is another's: the hook stays in the graph that made it, a
+                # stand-in for a parameter (torch.func's MAML) freed before its backward; helper 64: that gradient
+                # was an event of whichever tensor had the id by then, as the memory was reused or not)
                 return
             self._grads += 1
             t0 = time.time_ns()

@@ -42,3 +42,24 @@ def test_fast_weights_record_no_collector_error_under_warnings_as_errors(tmp_pat
         e for meta in run.rank_meta.values() for e in meta.get("collector_errors") or []]
     assert errors == []
     assert bitguard.compare(tmp_path / "a", tmp_path / "b").verdict == "identical"
+
+
+def test_fast_weights_made_anew_at_a_freed_one_s_id_are_new_trainables():
+    """Helper 64: the trainable parameters of a root were told apart by the sum of their ids; functional_call's
+    fast weights, made anew for each call, could take the ids of the previous call's freed ones, and that call's
+    new tensors went unhooked or not as memory was reused: identical reruns recorded other gradient events. A
+    weak reference gone now says they are new, whatever their ids."""
+    import weakref
+
+    from bitguard.collectors.hooks import _same_trainables, _trainables
+
+    model = nn.Linear(2, 2)
+    now = _trainables(model)
+    assert _same_trainables((weakref.ref(model), *now), model, _trainables(model))
+    gone = torch.zeros(1)
+    dead = weakref.ref(gone)
+    del gone
+    assert dead() is None
+    assert not _same_trainables((weakref.ref(model), now[0], (dead,)), model, now)  # (the same id sum, one freed)
+    model.weight.requires_grad_(False)
+    assert not _same_trainables((weakref.ref(model), *now), model, _trainables(model))
