@@ -803,11 +803,14 @@ class Comparison:
     def _api_differences_without_pivot(self) -> dict | None:
         """When no event differs: the first rank's training API calls that differ, every step (a
         learning rate changed where every gradient was zero computes the same numbers, but the
-        runs asked for different ones), None when none differ."""
+        runs asked for different ones), None when none differ. Only the steps certified: after a run's end
+        (a killed rank) what it did not call is no difference (helper 63)."""
         if self._first is not None:
             return None
         for rank in sorted(self.ranks):
-            diff = api_diff.differences(self.run_a, self.run_b, rank, api_diff.EVERY_STEP, rows=self._api_rows(rank))
+            end = self.ranks[rank].scope.end
+            diff = api_diff.differences(self.run_a, self.run_b, rank, api_diff.EVERY_STEP if end is None else end - 1,
+                                        rows=self._api_rows(rank))
             if diff["differences"]:
                 return {**diff, "rank": rank}
         return None

@@ -406,3 +406,29 @@ def test_full_against_trusted_mode_compares_what_trusted_mode_observes(tmp_path)
     assert c.verdict == "identical", c.first_divergence
     assert "modes" in _codes(c)
     assert c.to_dict()["alignment"]["events_a"] == c.to_dict()["alignment"]["events_b"]
+
+
+def test_a_killed_run_s_missing_api_calls_are_not_listed_as_differences(tmp_path):
+    """Helper 63: a rank killed at step 2 left its last steps' API calls unmade, and the verdict's note listed
+    each as a way the runs "called the training API differently" (steps 2-3: optimizer_step called in A, not in
+    B). Only the steps compared are looked at."""
+    import torch
+
+    for name in ("a", "b"):
+        torch.manual_seed(0)
+        model = torch.nn.Linear(4, 1)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        with bitguard.record(tmp_path / name, determinism=False):
+            for _ in range(4):
+                opt.zero_grad()
+                model(torch.randn(2, 4)).pow(2).mean().backward()
+                opt.step()
+    b = tmp_path / "b"
+    for table in ("tensors", "events", "api_events"):  # (the kill: nothing of steps 2 and 3)
+        seqs = "seq IN (SELECT seq FROM events WHERE step >= 2)" if table == "tensors" else "step >= 2"
+        _edit(b, f"DELETE FROM {table} WHERE {seqs}")
+    _manifest(b, status="failed", complete=False, exit_status=137, signal="SIGKILL")
+    _edit(b, "UPDATE meta SET value = ? WHERE key = 'status'", [json.dumps("running")])
+    d = bitguard.compare(tmp_path / "a", b).to_dict()
+    assert d["verdict"] == "inconclusive" and d["certification"]["compared_steps"]["0"][1] == 1, d["certification"]
+    assert d["api_differences"] is None, d["api_differences"]
