@@ -118,6 +118,17 @@ def _transformed(t: torch.Tensor) -> bool:
         return False
 
 
+def _legacy_batched(t: torch.Tensor) -> bool:
+    """A gradient of `torch.autograd.grad(..., is_grads_batched=True)` (and of `autograd.functional.jacobian`
+    with `vectorize=True`): a batch of vector-Jacobian products under torch's legacy vmap, with no storage of
+    its own and no way to read the batch it is a slice of. Its pass is not a backward of the training's (what it
+    computes reaches the training as the result the call returns, recorded where it is used)."""
+    try:
+        return bool(torch._C._functorch.is_legacy_batchedtensor(t))
+    except Exception:  # noqa: BLE001 - a torch without the check
+        return False
+
+
 def outside_transforms():
     """A context in which torch ops run as outside every torch.func transform (vmap, grad): what
     reads an unwrapped tensor's values (a contiguous copy) must not be wrapped again (helper 17: in
@@ -1090,6 +1101,8 @@ class Collector(WeightEvents):
         if grad is None or not self.enabled or is_compiling():  # a hook dynamo traces: ours stay out
             return
         try:
+            if _legacy_batched(grad):  # (helper 64: a collector error, identical reruns inconclusive)
+                return
             for state, role, idx, path in listeners:
                 if role == "grad_input" and leaf and (state.done or not state.outputs) and not any(
                         x[0] is state and x[1] == "grad_output" for x in listeners):
@@ -1183,6 +1196,8 @@ class Collector(WeightEvents):
         if grad is None or not self.enabled or is_compiling():  # a hook dynamo traces: ours stay out
             return
         try:
+            if _legacy_batched(grad):
+                return
             if self._advance:  # no module call since the last optimizer step: tensors trained by hand
                 self._loose_step()
             steps = self.steps  # (_in_window)
