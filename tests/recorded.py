@@ -120,3 +120,12 @@ def copy_run(run, to) -> Path:
     """A copy of the run directory `run` at `to` (for a test that writes beside a shared run)."""
     shutil.copytree(run, to)
     return Path(to)
+
+
+def collector_errors(run_dir) -> list[str]:
+    """The collector errors a recording reports, its manifest's and its ranks'."""
+    from bitguard.backend.ingest import open_run
+
+    run = open_run(run_dir)
+    return list(run.manifest.get("collector_errors") or []) + [
+        e for meta in run.rank_meta.values() for e in meta.get("collector_errors") or []]

@@ -12,7 +12,7 @@ import torch.nn as nn
 from torch.func import functional_call
 
 import bitguard
-from bitguard.backend.ingest import open_run
+from recorded import collector_errors
 
 
 def _maml(path) -> None:
@@ -37,10 +37,7 @@ def _maml(path) -> None:
 def test_fast_weights_record_no_collector_error_under_warnings_as_errors(tmp_path):
     _maml(tmp_path / "a")
     _maml(tmp_path / "b")
-    run = open_run(tmp_path / "a")
-    errors = list(run.manifest.get("collector_errors") or []) + [
-        e for meta in run.rank_meta.values() for e in meta.get("collector_errors") or []]
-    assert errors == []
+    assert collector_errors(tmp_path / "a") == []
     assert bitguard.compare(tmp_path / "a", tmp_path / "b").verdict == "identical"
 
 
@@ -86,9 +83,6 @@ def test_a_batched_vector_jacobian_product_records_no_collector_error(tmp_path):
     That pass is left out; what it computes is recorded where the training uses it."""
     for name, scale in (("a", 1.0), ("b", 1.0), ("c", 1.5)):
         _batched_vjp(tmp_path / name, scale)
-    run = open_run(tmp_path / "a")
-    errors = list(run.manifest.get("collector_errors") or []) + [
-        e for meta in run.rank_meta.values() for e in meta.get("collector_errors") or []]
-    assert errors == []
+    assert collector_errors(tmp_path / "a") == []
     assert bitguard.compare(tmp_path / "a", tmp_path / "b").verdict == "identical"
     assert bitguard.compare(tmp_path / "a", tmp_path / "c").verdict == "diverged"

@@ -10,6 +10,7 @@ import torch.nn as nn
 
 import bitguard
 from bitguard.backend.ingest import load_rank, open_run
+from recorded import collector_errors
 
 
 def _train(path, lr: float = 0.1) -> None:
@@ -28,11 +29,8 @@ def _train(path, lr: float = 0.1) -> None:
 def test_a_step_whose_state_holds_none_is_recorded_without_a_collector_error(tmp_path):
     for name, lr in (("a", 0.1), ("b", 0.1), ("c", 0.2)):
         _train(tmp_path / name, lr)
-    run = open_run(tmp_path / "a")
-    errors = list(run.manifest.get("collector_errors") or []) + [
-        e for meta in run.rank_meta.values() for e in meta.get("collector_errors") or []]
-    assert errors == []
-    events, tensors, _ = load_rank(run, 0)
+    assert collector_errors(tmp_path / "a") == []
+    events, tensors, _ = load_rank(open_run(tmp_path / "a"), 0)
     steps = events.filter((events["kind"] == "step") & (events["boundary"] == "0.weight"))
     assert steps.height == 3, steps
     assert bitguard.compare(tmp_path / "a", tmp_path / "b").verdict == "identical"
