@@ -797,8 +797,25 @@ def _window(pivot: dict, events_a: pl.DataFrame, status: dict[int, str], diffs: 
                                           "received a matching one: it was computed by the loss (its code, or its "
                                           "targets), by code between the model's output and backward(), or by modules "
                                           "the recording did not observe (trusted mode observes heavy modules only)"}
+    if phase == "recompute":  # (helper 64: a non-reentrant recompute stops once backward has what it needs: the
+        return _recompute_window(pivot, events_a)  # enclosing call's own recompute never ends, no event)
     return {"module": None, "detail": "no enclosing module had identical inputs: the fault is upstream of every "
                                       "observed boundary (e.g. in the data pipeline or in code outside modules)"}
+
+
+def _recompute_window(pivot: dict, events_a: pl.DataFrame) -> dict:
+    """A recompute with no enclosing recompute event whose inputs matched: its forward in the step came first
+    and matched (it is no pivot), so the code that ran again in backward gave it other inputs than the forward
+    did; the window is the innermost module around it that the forward recorded."""
+    forwards = events_a.filter((pl.col("phase") == "forward") & (pl.col("kind") == "module")
+                               & (pl.col("step") == pivot["step"]))["boundary"]
+    around = next((p for p in reversed(_prefixes(pivot["boundary"])) if (forwards == p).any()), None)
+    where = f"{around}'s code" if around else "the code around it"
+    return {"module": around, "detail": f"the forward of {pivot['boundary']} in this step matched; activation "
+                                        f"checkpointing ran {where} again in backward to recompute it, and it gave it "
+                                        "other inputs than the forward did: code that reads a flag or a state changed "
+                                        "between forward and backward, or an RNG state not preserved "
+                                        "(preserve_rng_state=False)"}
 
 
 def _root_window(pivot: dict, events_a: pl.DataFrame, diffs: pl.DataFrame) -> dict | None:

@@ -17,27 +17,29 @@ import bitguard
 class Block(nn.Module):
     flag = False  # (read by the forward, and by its recompute in backward)
 
-    def __init__(self):
+    def __init__(self, last: bool = False):
         super().__init__()
         self.fc1, self.fc2 = nn.Linear(8, 8), nn.Linear(8, 8)
+        self.fc3 = nn.Linear(8, 8) if last else None  # (a call after fc2: fc2's recompute then ends, an event)
 
     def forward(self, x):
         h = torch.relu(self.fc1(x))
-        return self.fc2(h * 2 if Block.flag else h)
+        h = self.fc2(h * 2 if Block.flag else h)
+        return h if self.fc3 is None else self.fc3(torch.relu(h))
 
 
 class Net(nn.Module):
-    def __init__(self, checkpointed: bool):
+    def __init__(self, checkpointed: bool, last: bool = False):
         super().__init__()
-        self.block, self.head, self.checkpointed = Block(), nn.Linear(8, 1), checkpointed
+        self.block, self.head, self.checkpointed = Block(last), nn.Linear(8, 1), checkpointed
 
     def forward(self, x):
         return self.head(checkpoint(self.block, x, use_reentrant=False) if self.checkpointed else self.block(x))
 
 
-def _train(path, flipped: bool, checkpointed: bool = True) -> None:
+def _train(path, flipped: bool, checkpointed: bool = True, last: bool = False) -> None:
     torch.manual_seed(0)
-    net = Net(checkpointed)
+    net = Net(checkpointed, last)
     opt = torch.optim.SGD(net.parameters(), lr=0.1)
     with bitguard.record(path, determinism=False):
         for step in range(2):
@@ -59,3 +61,15 @@ def test_a_backward_source_after_a_recompute_says_so(tmp_path, checkpointed):
         return
     assert (fd["step"], fd["phase"], fd["blame"]) == (1, "backward", "source"), fd
     assert any(n.startswith("activation checkpointing recomputed block.") for n in fd["notes"]), fd["notes"]
+
+
+def test_a_recompute_given_other_inputs_than_its_forward_is_blamed_on_the_module_around_it(tmp_path):
+    """Helper 64: where the call that differs is recomputed (a call after it), the recompute is the pivot; its
+    enclosing module's recompute never ends (the checkpoint stops it), so no window was found and the blame
+    read "upstream of every observed boundary (e.g. in the data pipeline)"."""
+    _train(tmp_path / "a", False, last=True)
+    _train(tmp_path / "b", True, last=True)
+    fd = bitguard.compare(tmp_path / "a", tmp_path / "b").first_divergence
+    assert (fd["step"], fd["phase"], fd["boundary"]) == (1, "recompute", "block.fc2"), fd
+    assert fd["blame_window"]["module"] == "block", fd["blame_window"]
+    assert "ran block's code again in backward" in fd["blame_window"]["detail"], fd["blame_window"]
