@@ -216,18 +216,23 @@ def _add_grad_hook(t: torch.Tensor, hook) -> None:
     hooks[_HOOK_KEY] = hook
 
 
-def _trainables(module: torch.nn.Module) -> tuple[int, tuple[weakref.ref, ...]]:
-    """The sum of the ids of `module`'s parameters that require a gradient and hold values, and weak
-    references to them: the sum moves when one is unfrozen, added, replaced, or a lazy module's is made
-    (`LazyLinear`, PyG's `-1` sizes: materialized in place at the first call); a reference gone says the
-    same where a new tensor took a freed one's id (the sum unmoved: functional_call's fast weights, made
-    anew for each call, helper 64)."""
+def _trainables(module: torch.nn.Module) -> tuple[int, list[torch.Tensor]]:
+    """The sum of the ids of `module`'s parameters that require a gradient and hold values, and those: the
+    sum moves when one is unfrozen, added, replaced, or a lazy module's is made (`LazyLinear`, PyG's `-1`
+    sizes: materialized in place at the first call)."""
     params = [p for p in module.parameters() if p.requires_grad and not is_lazy(p)]
-    return sum(map(id, params)), tuple(map(weakref.ref, params))
+    return sum(map(id, params)), params
+
+
+def _noted(module: torch.nn.Module, now: tuple) -> tuple:
+    """A `_trainable` entry for `module`, `now` its `_trainables`: weak references to the parameters."""
+    return weakref.ref(module), now[0], tuple(map(weakref.ref, now[1]))
 
 
 def _same_trainables(known: tuple | None, module: torch.nn.Module, now: tuple) -> bool:
-    """Whether `known` (a `_trainable` entry: ref, `_trainables`) still holds for `module`, `now` its `_trainables`."""
+    """Whether `known` (a `_noted` entry) still holds for `module`, `now` its `_trainables`: the same sum of
+    ids, and none of those it noted freed (a new tensor at a freed one's id leaves the sum unmoved:
+    functional_call's fast weights, made anew for each call, helper 64)."""
     return known is not None and known[0]() is module and known[1] == now[0] and all(r() is not None for r in known[2])
 
 
@@ -333,7 +338,7 @@ class Collector(WeightEvents):
         self._met_step = -1
         self._given: dict[int, dict[int, tuple]] = {}  # id of an optimizer in its step() -> id of a gradient it was
         # given -> (the gradient, its digest before the step: weights.py, _take_given)
-        # id(root) -> (ref, *`_trainables` when last looked): its parameters hooked again when they move
+        # id(root) -> `_noted` when last looked (ref, sum of ids, refs): its parameters hooked again when they move
         self._trainable: dict[int, tuple[weakref.ref, int, tuple]] = {}
         self._tids: dict[int, list] = {}  # id -> [weakref, tid, (version, address, shape, strides) digested, digest]
         self._tids_limit = 4096
@@ -708,7 +713,7 @@ class Collector(WeightEvents):
                 # named by an earlier root inside this one
                 self._params[id(p)] = (entry[0], clean_name(eager_name(p_name)), entry[2], entry[3])
         self._hook_trainable(module, flats)
-        self._trainable[id(module)] = (root_ref, *_trainables(module))
+        self._trainable[id(module)] = _noted(module, _trainables(module))
         return name
 
     def _hook_trainable(self, root: torch.nn.Module, flats: set[int]) -> None:
@@ -759,7 +764,7 @@ class Collector(WeightEvents):
         known = self._trainable.get(id(root))
         if _same_trainables(known, root, now):
             return False
-        self._trainable[id(root)] = (weakref.ref(root), *now)
+        self._trainable[id(root)] = _noted(root, now)
         entry = self._names.get(id(root))
         if entry is not None and entry[0]() is root:  # (a layer added: named by its path, as the others)
             self._name_parts(root, entry[1])

@@ -48,18 +48,18 @@ def test_fast_weights_made_anew_at_a_freed_one_s_id_are_new_trainables():
     weak reference gone now says they are new, whatever their ids."""
     import weakref
 
-    from bitguard.collectors.hooks import _same_trainables, _trainables
+    from bitguard.collectors.hooks import _noted, _same_trainables, _trainables
 
     model = nn.Linear(2, 2)
-    now = _trainables(model)
-    assert _same_trainables((weakref.ref(model), *now), model, _trainables(model))
+    known = _noted(model, _trainables(model))
+    assert _same_trainables(known, model, _trainables(model))
     gone = torch.zeros(1)
     dead = weakref.ref(gone)
     del gone
     assert dead() is None
-    assert not _same_trainables((weakref.ref(model), now[0], (dead,)), model, now)  # (the same id sum, one freed)
+    assert not _same_trainables((*known[:2], (dead,)), model, _trainables(model))  # (the same id sum, one freed)
     model.weight.requires_grad_(False)
-    assert not _same_trainables((weakref.ref(model), *now), model, _trainables(model))
+    assert not _same_trainables(known, model, _trainables(model))
 
 
 def _batched_vjp(path, scale: float) -> None:
