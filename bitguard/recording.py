@@ -223,6 +223,21 @@ class record:
         return False
 
     def finish(self, status: str, exit_status: int | None) -> None:
+        """End the recording: the collector's hooks out, the rank file closed, the manifest written. A SIGTERM
+        that comes meanwhile waits for the end of it (then raised as SystemExit, as it would have been)."""
+        _FINISHING[:] = [0]
+        try:
+            self._finish(status, exit_status)
+        finally:
+            came = _FINISHING[1:]
+            _FINISHING.clear()
+            if self._old_sigterm is not None:
+                signal.signal(signal.SIGTERM, self._old_sigterm)
+                self._old_sigterm = None
+        if came:
+            raise SystemExit(128 + came[0])
+
+    def _finish(self, status: str, exit_status: int | None) -> None:
         from bitguard.collectors.determinism import FILL, TOUCHED, give_back
 
         collector, self.collector = self.collector, None
@@ -248,8 +263,6 @@ class record:
                   f"bytes the memory held (--no-determinism leaves it as the script sets it)", file=sys.stderr)
         self.store.close(status, {"end_time_ns": time.time_ns(), "steps_completed": steps_seen,
                                   "events": events, **({"fill_kept_on": refused} if refused else {})})
-        if self._old_sigterm is not None:
-            signal.signal(signal.SIGTERM, self._old_sigterm)
         if self.rank == 0:
             self._manifest.update(status=status, complete=status == "complete", exit_status=exit_status,
                                   end_time=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
@@ -297,7 +310,13 @@ def _sources(m: dict) -> dict:
         return {}
 
 
+_FINISHING: list[int] = []  # while a recording is finished (`finish`): the SIGTERMs that came, raised after it
+
+
 def _sigterm_to_exit(signum, frame):
+    if _FINISHING:  # (helper 63: torchrun's SIGTERM to the ranks still writing, as one failed, interrupted DuckDB's
+        _FINISHING.append(signum)  # writes mid-query: raw database errors, a manifest left "running")
+        return
     raise SystemExit(128 + signum)
 
 

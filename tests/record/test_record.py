@@ -470,6 +470,32 @@ def test_sigterm_flushes_and_marks_the_run_interrupted(tmp_path):
     assert json.loads(meta["status"]) == "interrupted" and {0, 1} <= steps
 
 
+def test_a_sigterm_while_the_recording_is_finished_waits_for_its_end(tmp_path):
+    """Helper 63: torchrun sends SIGTERM to the ranks still running when one fails; a rank that was finishing its
+    recording was interrupted inside DuckDB's writes (raw "Query interrupted", "Current transaction is aborted"
+    collector errors) and its manifest was left "running". The SIGTERM now waits for the end of the finish, and
+    then ends the process as it would have (exit 143)."""
+    out = tmp_path / "run"
+    code = textwrap.dedent(f"""
+        import os, signal, time, torch, bitguard
+        rec = bitguard.record({str(out)!r}, determinism=False)
+        with rec:
+            torch.nn.Linear(2, 1)(torch.randn(3, 2)).sum().backward()
+            close = rec.store.close
+            def closing(*args, **kwargs):
+                os.kill(os.getpid(), signal.SIGTERM)
+                time.sleep(0.3)  # (the handler runs here, inside the finish)
+                return close(*args, **kwargs)
+            rec.store.close = closing
+        print("not reached")
+    """)
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 128 + signal.SIGTERM and "not reached" not in done.stdout, done.stderr[-2000:]
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["status"] == "complete" and manifest["collector_errors"] == [], manifest
+    assert bitguard.compare(out, out).verdict == "identical"
+
+
 @pytest.mark.slow
 def test_a_killed_launcher_leaves_the_command_as_typed(tmp_path):
     """The launcher writes the command as typed into the manifest when the run ends; killed
