@@ -8,7 +8,9 @@ resume or load differently from them is a different run.
 runs and notes each `*.json` file the training's code opens for writing (not bitguard's own, not
 a forked child's). `written()` gives those whose file object has been closed since (all of them
 when the recording ends), each with what it holds or why it could not be read, in the order they
-were opened; the collector reads them at each step's end. `json_values` gives a JSON value's
+were opened; the collector reads them at each step's end. A noted file the training removes before
+then (`os.remove`, `os.unlink`, `shutil.rmtree` of its folder: pytorch-tabnet zips its model's folder
+and removes it) is read as it is removed, once closed. `json_values` gives a JSON value's
 numbers and strings as tensors named by where they are (`['lora_alpha'] (python int)`): the
 numbers as a save's are (collectors/saved.py; none under a key that names a time), and the
 strings as a 64-bit hash of their UTF-8 bytes (`['act_fn'] (python str)`), but a path or a URL, and the strings
@@ -24,6 +26,7 @@ import builtins
 import io
 import json
 import os
+import shutil
 import stat
 import sys
 import time
@@ -54,19 +57,22 @@ class JsonWrites:
         self._active, self._where, self._child = active, where, child
         self._own = os.path.abspath(run)
         self._pending: dict[str, tuple[weakref.ref | None, object]] = {}  # path -> (its file, where), in order
+        self._early: list[tuple[tuple, int]] = []  # (what `_read` gave, opened) of files read as they were removed
         self._patches: list[Patch] = []
 
     @property
     def noted(self) -> bool:
-        """Files are waiting to be read."""
-        return bool(self._pending)
+        """Files are waiting to be read, or were read as they were removed."""
+        return bool(self._pending or self._early)
 
     def install(self) -> JsonWrites:
         first = Patch(builtins, "open", self._wrap)
         # the same function for io.open (pathlib's), as torch found them: `open is io.open` stays true
         same = first.wrapper if io.open is first.original else None
         self._patches = [first, Patch(io, "open", (lambda original, patch: same) if same else self._wrap),
-                         Patch(os, "replace", self._wrap_rename), Patch(os, "rename", self._wrap_rename)]
+                         Patch(os, "replace", self._wrap_rename), Patch(os, "rename", self._wrap_rename),
+                         Patch(os, "remove", self._wrap_removal), Patch(os, "unlink", self._wrap_removal),
+                         Patch(shutil, "rmtree", self._wrap_removal)]
         return self
 
     def remove(self) -> None:
@@ -89,6 +95,27 @@ class JsonWrites:
                 self._note(dst, None, sys._getframe(1), renamed=src)
             return result
         return rename
+
+    def _wrap_removal(self, original, patch):
+        def remove(path, *args, **kwargs):
+            if patch.active and self._pending and "dir_fd" not in kwargs:  # (rmtree's own unlinks: by descriptor)
+                self._removing(path)
+            return original(path, *args, **kwargs)
+        return remove
+
+    def _removing(self, path) -> None:
+        """Read the noted files at or under `path` that are closed, before it is removed. Never raises."""
+        try:
+            where = os.path.abspath(os.fspath(path))
+            for noted, (ref, caller, opened) in list(self._pending.items()):
+                f = ref() if ref is not None else None
+                if (noted == where or noted.startswith(where + os.sep)) and (f is None or f.closed):
+                    del self._pending[noted]
+                    read = _read(noted, caller)
+                    if read is not None:
+                        self._early.append((read, opened))
+        except Exception:  # noqa: BLE001 - these files are then not compared; the training goes on
+            pass
 
     def _note(self, file, f, caller, renamed=None) -> None:
         """Never raises: the file is the training's, opened (or renamed from `renamed`) as it asked."""
@@ -136,8 +163,12 @@ class JsonWrites:
             else:
                 waiting[path] = (ref, where, opened)
         self._pending = waiting
-        return [(*read, opened) for read, opened in ((_read(path, where), opened) for path, where, opened in ready)
-                if read is not None]
+        found = [(*read, opened) for read, opened in ((_read(path, where), opened) for path, where, opened in ready)
+                 if read is not None]
+        if self._early:  # (read as they were removed: in the order of their opening, among the others)
+            found = sorted(found + [(*read, opened) for read, opened in self._early], key=lambda r: r[-1])
+            self._early = []
+        return found
 
 
 def _read(path: str, where) -> tuple[str, object, str | None, object] | None:

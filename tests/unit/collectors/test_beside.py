@@ -81,13 +81,14 @@ def test_the_json_files_the_training_opens_for_writing_are_read_once_closed(tmp_
         (run / "manifest.json").write_text("{}")  # the run directory's: not the training's
         (tmp_path / "notes.txt").write_text("{}")
         (tmp_path / "gone.json").write_text("{}")
-        (tmp_path / "gone.json").unlink()  # a temporary file, removed: nothing to compare
+        (tmp_path / "gone.json").unlink()  # removed once closed: read as it is removed
         open(tmp_path / "config.json").close()  # read, not written
         on[0] = False
         (tmp_path / "paused.json").write_text("{}")  # written while the collector does not record
         on[0] = True
         assert [(name, value, where) for name, value, _, where, _ in writes.written()] == [
-            ("config.json", {"lr": 0.1}, "save_config"), ("state.json", {"step": 3}, "open")]  # (Path.open's)
+            ("config.json", {"lr": 0.1}, "save_config"), ("state.json", {"step": 3}, "open"),  # (Path.open's)
+            ("gone.json", {}, "open")]
         assert writes.noted and writes.written() == []  # the log is still open
         (tmp_path / "config.json").write_text("{\"lr\": 0.2}")  # written again: read again
         ended = writes.written(ended=True)  # the recording ends: every file noted, open or not
@@ -131,6 +132,35 @@ def test_a_json_file_written_atomically_or_left_open_or_by_a_child_is_not_lost(t
                                                            ("open.json", {"epoch": 2})]
     assert children == ["worker.json"]
     assert os.replace is originals[0] and os.rename is originals[1]  # given back
+
+
+def test_a_json_file_removed_once_written_is_read_as_it_is_removed(tmp_path):
+    """Helper 67: pytorch-tabnet's save_model writes model_params.json into a folder, zips the folder and removes
+    it; the file was gone at the step's end, left out as a temporary one, and two models saved with other
+    parameters compared identical. A noted file removed once closed (os.remove, os.unlink, shutil.rmtree of its
+    folder) is read as it goes; one still open as it is removed is not read then."""
+    import os
+    import shutil
+
+    originals = (os.remove, os.unlink, shutil.rmtree)
+    writes = JsonWrites(lambda: True, str(tmp_path / "run"), lambda frame: None).install()
+    try:
+        (tmp_path / "model").mkdir()
+        with open(tmp_path / "model" / "model_params.json", "w") as f:
+            json.dump({"n_shared": 2}, f)
+        shutil.make_archive(str(tmp_path / "model"), "zip", tmp_path / "model")
+        shutil.rmtree(tmp_path / "model")
+        (tmp_path / "a.json").write_text('{"a": 1}')
+        os.remove(tmp_path / "a.json")
+        still = open(tmp_path / "b.json", "w")
+        still.write('{"b": 2}')
+        os.unlink(tmp_path / "b.json")  # (still open: nothing on disk to read)
+        still.close()
+        found = writes.written()
+    finally:
+        writes.remove()
+    assert [(name, value) for name, value, *_ in found] == [("model_params.json", {"n_shared": 2}), ("a.json", {"a": 1})]
+    assert (os.remove, os.unlink, shutil.rmtree) == originals  # given back
 
 
 def test_what_helper_22_found_names_a_time_or_a_run_and_what_it_does_not():
