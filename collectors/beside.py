@@ -92,9 +92,23 @@ class JsonWrites:
         def rename(src, dst, *args, **kwargs):
             result = original(src, dst, *args, **kwargs)
             if patch.active:
+                if self._pending:
+                    self._moved(src, dst)
                 self._note(dst, None, sys._getframe(1), renamed=src)
             return result
         return rename
+
+    def _moved(self, src, dst) -> None:
+        """The noted files under folder `src` are under `dst` now (a checkpoint written in a temporary folder,
+        then renamed: helper 67). Never raises."""
+        try:
+            old, new = (os.path.abspath(os.fspath(p)) for p in (src, dst))
+            if not os.path.isdir(new):
+                return
+            self._pending = {(new + path[len(old):] if path.startswith(old + os.sep) else path): entry
+                             for path, entry in self._pending.items()}
+        except Exception:  # noqa: BLE001 - these files are then not compared; the training goes on
+            pass
 
     def _wrap_removal(self, original, patch):
         def remove(path, *args, **kwargs):

@@ -215,3 +215,20 @@ def test_an_object_s_keys_are_taken_and_a_duration_s_shorter_names_are_times():
     # a key naming a place is no key of its dict (helper 43: diffusers adds `_name_or_path` to a loaded config)
     assert _values({"a": 1}, keys=True)[KEYS_MARK] == _values({"a": 1, "_name_or_path": "ckpt"}, keys=True)[KEYS_MARK]
     assert {p: v for p, v in got.items() if "label2id" not in p} == {p: v for p, v in swapped.items() if "label2id" not in p}
+
+
+def test_a_json_file_in_a_folder_renamed_is_read_where_it_went(tmp_path):
+    """Helper 67: a checkpoint written in a temporary folder, then the folder renamed (an atomic checkpoint): the
+    file noted was gone from where it was written, and left out."""
+    import os
+
+    writes = JsonWrites(lambda: True, str(tmp_path / "run"), lambda frame: None).install()
+    try:
+        (tmp_path / "ckpt.tmp").mkdir()
+        with open(tmp_path / "ckpt.tmp" / "config.json", "w") as f:
+            json.dump({"lr": 0.1}, f)
+        os.rename(tmp_path / "ckpt.tmp", tmp_path / "ckpt-1")
+        found = writes.written()
+    finally:
+        writes.remove()
+    assert [(name, value) for name, value, *_ in found] == [("config.json", {"lr": 0.1})]
