@@ -37,6 +37,29 @@ REGION_REASON = ("compiled region (torch.compile): observed at its inputs and ou
                  "inside it were not observed")
 _ORIG_MOD = re.compile(r"(?:^|\.)_orig_mod(?=\.|$)")
 is_compiling = torch.compiler.is_compiling  # dynamo folds this call to True while it traces
+# torch.jit.trace (and torch.onnx.export, which traces) in progress: the calls it runs are its graph's, and every
+# op of ours it would record into that graph (helper 66: "Graphs differed across invocations", the trace failed)
+jit_tracing = torch._C._get_tracing_state
+
+
+def aside_while_tracing(recorder) -> list[Patch]:
+    """torch.jit.trace and torch.jit.trace_module patched to run with `recorder.enabled` off (a Collector, an
+    online Monitor): what a trace runs (the module traced, then again eagerly as it checks the trace) is no call
+    of the training's (helper 66: the trace failed its check with the recorder's ops in its graph, an online
+    sensor's sums were traced values, and the eager module of the check, dropped after, took a final state or
+    not as the garbage collector ran)."""
+    def make(original, patch):
+        def aside(*args, **kwargs):
+            was = recorder.enabled
+            if patch.active:
+                recorder.enabled = False
+            try:
+                return original(*args, **kwargs)
+            finally:
+                if patch.active:
+                    recorder.enabled = was
+        return aside
+    return [Patch(torch.jit, name, make) for name in ("trace", "trace_module")]
 
 
 _optimized: type | None = None  # torch._dynamo's OptimizedModule, once torch._dynamo is loaded

@@ -48,7 +48,8 @@ from bitguard.collectors.api_events import ApiRecorder, CollectorNaming
 from bitguard.collectors.beside import JsonWrites
 from bitguard.collectors.callstack import StackTable, _is_user
 from bitguard.collectors.comm import CommObserver
-from bitguard.collectors.compiled import (REGION_PATH, REGION_REASON, CompileWatch, eager_name, inner_call, is_compiling,
+from bitguard.collectors.compiled import (REGION_PATH, REGION_REASON, CompileWatch, aside_while_tracing, eager_name,
+                                          inner_call, is_compiling, jit_tracing,
                                           keep_out_of_dynamo, original, region_of)
 from bitguard.collectors.flatten import NotFlattened, flatten
 from bitguard.collectors.observation import NO_DIGEST, PLAIN, dims, observe
@@ -392,6 +393,7 @@ class Collector(WeightEvents):
         self._handles.append(ForeignStepWatch(lambda: self._steps_taken, self._guard(self._foreign_step)).install())
         if torch.distributed.is_available():  # the process group's end: the distributed models' final state
             self._handles.append(Patch(torch.distributed, "destroy_process_group", self._before_destroy))
+        self._handles += aside_while_tracing(self)  # torch.jit's tracing, and the eager run its check makes
         self._handles.append(optim.register_optimizer_step_pre_hook(self._guard(self._on_optimizer_pre)))
         self._handles.append(optim.register_optimizer_step_post_hook(self._guard(self._on_optimizer_step)))
         # last: its step hook runs after ours, with the step's events drained (removed after the final drain)
@@ -845,7 +847,7 @@ class Collector(WeightEvents):
         enter, leave = self._enter, self._leave  # (each contains its own failures: one call less a module call)
 
         def _call_impl(module, *args, **kwargs):
-            if is_compiling() or not self.enabled:
+            if is_compiling() or not self.enabled or jit_tracing() is not None:
                 return inner(module, *args, **kwargs)
             frame = enter(module, args, kwargs)
             try:

@@ -36,7 +36,7 @@ import types
 
 import torch
 
-from bitguard.collectors.compiled import is_compiling
+from bitguard.collectors.compiled import is_compiling, jit_tracing
 from bitguard.collectors.patching import Patch
 from bitguard.collectors.saved import AfterImport
 from bitguard.cuda.fingerprint import digest_async, resolve
@@ -118,7 +118,7 @@ class Reads:
     def _reading(self) -> bool:
         """A read to record now: recording, on the main thread, not inside a row's making nor dynamo."""
         return (self._recorder.enabled and threading.get_ident() == self._main
-                and not getattr(self._local, "inside", False) and not is_compiling())
+                and not getattr(self._local, "inside", False) and not is_compiling() and jit_tracing() is None)
 
     def _record(self, target: str, value, tensor, caller=None) -> None:
         self._local.inside = True

@@ -27,6 +27,7 @@ import weakref
 import torch
 
 from bitguard.collectors.api_events import ApiRecorder, OnlineNaming
+from bitguard.collectors.compiled import aside_while_tracing
 from bitguard.collectors.guarded import Guarded
 from bitguard.collectors.weights import initialising_step
 from bitguard.collectors.online.budget import DEFAULT_BUDGET, Budget
@@ -148,6 +149,7 @@ class OnlineMonitor(Guarded):
             self.guard(self.simulator.install)(self)
         for sensor in self.sensors:
             self.guard(sensor.install)(self)
+        self._handles += aside_while_tracing(self)  # (torch.jit.trace: its traced and checking runs are not the training)
         self.budget.start()
 
     def remove(self) -> None:
