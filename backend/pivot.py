@@ -854,8 +854,10 @@ def _between_children(anc: dict, children: list[dict], pivot: dict, head: str) -
         "excluding_children": list(dict.fromkeys(c["boundary"] for c in children)),
         "after": before[-1]["boundary"] if before else None,
         "before": pivot["boundary"],
-        "detail": f"{head} between its observed children" + (f", after {before[-1]['boundary']}" if before else "")
-                  + f" and before {pivot['boundary']}",
+        # (helper 67: the differing value may be made before the last child called, and read only by the pivot)
+        "detail": f"{head} between its observed children, before {pivot['boundary']}"
+                  + (f": after {before[-1]['boundary']}, or before it in a value only {pivot['boundary']} reads"
+                     if before else ""),
     }
 
 
