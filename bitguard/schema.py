@@ -148,8 +148,8 @@ TENSORS = Table(
         Column("idx", "INTEGER", "position among the event's tensors of this role (pytree flatten order)"),
         Column("path", "VARCHAR", "pytree key path inside the argument or output, e.g. [0] or .logits or ['mask']; "
                "a collective's rows end in `@N`: its position in its group's order within the step, the same on every rank; "
-               "a Python number a module returned ends in ` (python int)`, ` (python float)` or ` (python bool)` (a 0-d "
-               "int64 or float64 row of its value); a module's buffer (role state) is `.name`, and that of a part below it "
+               "a Python number a module was given or returned ends in ` (python int)`, ` (python float)` or ` (python bool)` "
+               "(a 0-d int64 or float64 row of its value); a module's buffer (role state) is `.name`, and that of a part below it "
                "that the call ran without calling it (through its `.forward()`, as a memory bank) `.part.name`"),
         Column("shape", "BIGINT[]", "tensor shape (-1 for a dimension without one size: a nested tensor's ragged one)"),
         Column("dtype", "VARCHAR", "torch dtype without the torch. prefix"),
