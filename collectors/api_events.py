@@ -313,6 +313,7 @@ class ApiRecorder(Guarded):
         self._overflow = False
         # id -> (ref, its settings at its last step) of each optimizer that stepped (`_optimizers_at_end`)
         self._stepped: dict[int, tuple[weakref.ref, list[dict]]] = {}
+        self._made: dict[int, weakref.ref] = {}  # id -> ref of each torch.optim optimizer made while recording
 
     # -- installation ----------------------------------------------------------------------
     def install(self) -> ApiRecorder:
@@ -345,6 +346,7 @@ class ApiRecorder(Guarded):
                 self._wrap(cls, "step", self._on_scheduler_step, outermost="scheduler")
         # an averaged copy (SWA, EMA) is updated and often never called: its final state is the model saved
         self._wrap(swa_utils.AveragedModel, "update_parameters", self._on_averaged_update)
+        self._wrap(torch.optim.Optimizer, "__init__", self._on_optimizer_made, outermost="optimizer_made")
         self._wrap(torch.amp.GradScaler, "scale", self._on_scale)
         self._wrap(torch.amp.GradScaler, "update", self._on_scaler_update)
         self._handles.append(optim.register_optimizer_step_post_hook(self.guard(self._on_optimizer_step)))
@@ -559,6 +561,10 @@ class ApiRecorder(Guarded):
         if args and isinstance(args[0], torch.nn.Module):
             self.naming.adopt_root(args[0])
 
+    def _on_optimizer_made(self, args, kwargs, out):
+        if args and isinstance(args[0], torch.optim.Optimizer):
+            self._made[id(args[0])] = weakref.ref(args[0])
+
     def _on_scale(self, args, kwargs, out):
         if isinstance(out, torch.Tensor):
             self._scaled = {k: v for k, v in self._scaled.items() if v[0]() is not None}
@@ -593,7 +599,12 @@ class ApiRecorder(Guarded):
         went on or resumed from here would differ (backend/compare.py, `final_settings`). `set_after_step`:
         the settings are not those of its last step (two runs that asked for other settings throughout,
         to no effect, differ at every step alike: that is no difference made after the last one)."""
-        for ref, at_step in self._stepped.values():
+        stepped = [(ref, at_step) for ref, at_step in self._stepped.values()]
+        # (helper 65: an optimizer made after the last step() and never stepped, holding the state a training that
+        # went on would use: its state loaded in one run and not in the other compared identical)
+        stepped += [(ref, None) for key, ref in self._made.items() if ref() is not None
+                    and (key not in self._stepped or self._stepped[key][0]() is not ref())]
+        for ref, at_step in stepped:
             optimizer = ref()
             if optimizer is not None:
                 settings = [_settings(g) for g in _groups(optimizer)]

@@ -2340,6 +2340,34 @@ def test_the_state_of_an_optimizer_wrapping_the_stepped_one_is_compared_at_the_e
     assert reasons and "Lookahead" in reasons[0]["message"], d["certification"]["reasons"]
 
 
+@pytest.mark.parametrize("how", ["state", "lr"])
+def test_an_optimizer_made_after_the_last_step_is_compared_at_the_end(tmp_path, how):
+    """Helper 65: an optimizer re-created after the last step(), its state loaded from the stepped one in one run
+    and not in the other (or made with another learning rate), was never stepped, so no step hook met it, and the
+    runs compared identical; a training that went on with it would differ. Every optimizer made while recording
+    has its settings and state compared when the recording ends."""
+    import torch
+
+    import bitguard
+
+    def train(name, changed):
+        model, _ = _tiny()
+        opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+        with bitguard.record(tmp_path / name, determinism=False):
+            _sgd_steps(model, opt, 3)
+            again = torch.optim.Adam(model.parameters(), lr=2e-2 if changed and how == "lr" else 1e-2)
+            if how == "state" and not changed:  # (a loaded state brings its learning rates along)
+                again.load_state_dict(opt.state_dict())
+            opt = again
+
+    for name, changed in (("a", False), ("b", False), ("c", True)):
+        train(name, changed)
+    assert _compare(tmp_path / "a", tmp_path / "b")[0] == 0
+    code, d = _compare(tmp_path / "a", tmp_path / "c")
+    assert code == 3 and d["verdict"] == "inconclusive", d["verdict"]
+    assert [r["code"] for r in d["certification"]["reasons"] if r["code"] == "final_settings"], d["certification"]
+
+
 def test_a_model_output_edited_in_place_before_the_loss_is_said_to_be_edited_not_swapped(tmp_path):
     """Helper 56 (MONAI): `out[:, 1].mul_(1.01)` between a model and its loss module in one run was said
     to give the loss "other modules' outputs (arguments swapped or passed from elsewhere)", blamed on the
