@@ -77,6 +77,16 @@ def saved_apart(module: torch.nn.Module) -> list[tuple[str, torch.Tensor]]:
     return out
 
 
+def _emptied_slot(module: torch.nn.Module, own: dict, name: str) -> torch.Tensor | None:
+    """The tensor a call of `module` reads for parameter `name` whose slot in `own` (its `_parameters`) is
+    empty: tensordict's to_module puts a plain tensor given in the module's `__dict__`; not a pruned slot
+    (`weight_orig` holds the parameter, and pruning's pre-hook computes `weight`)."""
+    if name in own or f"{name}_orig" in own:
+        return None
+    p = module.__dict__.get(name)
+    return p if isinstance(p, torch.Tensor) else None
+
+
 def initialising_step(frames: int = 8) -> bool:
     """Is the optimizer step() now running torch's own initialisation of the optimizer's state, not a
     training step? `torch.distributed.checkpoint.state_dict` (`set_optimizer_state_dict`, and a get of
@@ -363,19 +373,18 @@ class WeightEvents:
             swapped = any(p is not None and not isinstance(p, torch.nn.Parameter) for p in own.values())
             pairs = [(f".{n}", p) for n, p in own.items() if p is not None] if swapped else ()
         else:  # another tensor in a slot than the parameter named there: functional_call's tensors, tensordict's
-            swapped, pairs = False, []  # to_module's new Parameters (helper 62: torchrl's target networks)
+            swapped = False  # to_module's new Parameters (helper 62: torchrl's target networks); pairs only then
             for n, ref in slots[1]:
                 p = own.get(n)
-                if p is None and n not in own and f"{n}_orig" not in own:  # (an emptied slot, not pruning's)
-                    p = module.__dict__.get(n)  # (to_module with a plain tensor: in the module's __dict__)
-                    p = p if isinstance(p, torch.Tensor) else None
-                    swapped = swapped or p is not None
-                elif p is not None and p is not ref():
+                if p is None:
+                    p = _emptied_slot(module, own, n)
+                if p is not None and p is not ref():
                     swapped = True
-                if p is not None:
-                    pairs.append((f".{n}", p))
+                    break
             if swapped:
                 named = {n for n, _ in slots[1]}
+                pairs = [(f".{n}", p) for n, _ in slots[1]
+                         if (p := own.get(n)) is not None or (p := _emptied_slot(module, own, n)) is not None]
                 pairs += [(f".{n}", p) for n, p in own.items() if p is not None and n not in named]
         if swapped:
             self._emit("optimizer", "params", name, type(module).__name__, 0, t0, self._rows(pairs, "param"))
