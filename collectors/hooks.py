@@ -275,7 +275,7 @@ class Collector(WeightEvents):
                  "_tids", "_tids_limit", "_wrapper", "_depths", "_in_child", "_walked", "_finaled", "_unheld", "_held_optimizers",
                  "_trainable", "_hooked_params", "_backwards", "_json", "_orphans", "_orphans_step", "_orphans_versions", "_known_at_step", "_given", "_kept_marks", "_stepped_roots", "_met", "_met_step",
                  "_kept_places", "_kept_holders", "began", "_buffers_seen", "_buffered",
-                 "_foreign_call", "_slots_of")
+                 "_foreign_call", "_slots_of", "_step_after_pass")
 
     def __init__(self, store, mode: str = "full", steps: tuple[int, int | None] | None = None,
                  rank: int = 0, world_size: int = 1, dump: bool = False, digest_cache: bool = True):
@@ -293,6 +293,7 @@ class Collector(WeightEvents):
         self.enabled = True
         self.errors: list[str] = store.errors
         self._advance = False
+        self._step_after_pass = False  # an optimizer stepped inside a backward pass: the step ends with the pass
         self._seq = 0
         self._queued: list[tuple] = []  # events waiting for `_drain`
         self._calls: dict[tuple, int] = {}  # (name, phase, kind) -> calls so far in step `_calls_step`

@@ -50,10 +50,16 @@ _FILE = _checkpoint.__file__
 _current_graph_task = getattr(torch._C, "_current_graph_task_id", None)
 
 
+def in_backward_pass() -> bool:
+    """Is this thread running a backward pass now (inside autograd's engine: a gradient hook, a
+    checkpoint's recompute)?"""
+    return _current_graph_task is not None and _current_graph_task() != -1
+
+
 def recompute_kind() -> str | None:
     """REENTRANT or NON_REENTRANT when the module call starting now (on this thread, with no
     module call in progress) is a checkpoint recompute, None otherwise."""
-    if _current_graph_task is None or _current_graph_task() == -1:
+    if not in_backward_pass():
         return None
     f = sys._getframe(1)
     while f is not None:

@@ -23,6 +23,7 @@ from bitguard.collectors.beside import json_values
 from bitguard.collectors.compiled import eager_name, is_compiling
 from bitguard.collectors.flatten import NotFlattened
 from bitguard.collectors.observation import plain_digests
+from bitguard.collectors.recompute import in_backward_pass
 from bitguard.collectors.saved import child_saves, note_child_save, tensors_in
 from bitguard.collectors.sharded import clean_name, mark
 from bitguard.errors import NotSupported
@@ -502,8 +503,10 @@ class WeightEvents:
         step's events go to the store, whatever failed on the way (an error here loses neither the
         step nor the other parameters' events)."""
         self._steps_taken += 1
+        in_pass = optimizer is not None and self._step_in_pass()
         try:
-            self._flush_backward(ended=False)
+            if not in_pass:
+                self._flush_backward(ended=False)
             if optimizer is not None and self._in_window():
                 self._emit_steps(optimizer)
             # Looked for at the first four steps, at every power of two, and at each step whose user frames hold
@@ -514,7 +517,32 @@ class WeightEvents:
             if taken <= 4 or not taken & (taken - 1) or self._kept_changed(users):
                 self._guard(self._adopt_kept)(users)
         finally:
-            self._end_step()
+            if not in_pass:
+                self._end_step()
+
+    def _step_in_pass(self) -> bool:
+        """Does this step() run inside a backward pass, and will the training step end with the pass? An
+        optimizer stepped from a gradient hook (optimizer-in-backward: one optimizer a parameter, stepped
+        as its gradient is accumulated, torchtune's and PyTorch's tutorial's) ends no training step of its
+        own: the step ends once, when the pass does (`_pass_ended`). Each such step() ended one, and four
+        iterations of a six-parameter model were recorded as steps 0 to 23 (helper 66)."""
+        if not in_backward_pass():
+            return False
+        if self._step_after_pass:
+            return True
+        try:
+            torch.autograd.Variable._execution_engine.queue_callback(self._pass_ended)
+        except RuntimeError:  # (not inside a backward pass after all: the step ends here)
+            return False
+        self._step_after_pass = True
+        return True
+
+    def _pass_ended(self) -> None:
+        """The backward pass in which optimizers stepped is over: the training step ends, once (unless
+        the recording was paused or ended meanwhile). Autograd calls this directly."""
+        self._step_after_pass = False
+        self._guarded(self._flush_backward, False)
+        self._guarded(self._end_step)
 
     def _kept_changed(self, users: list) -> bool:
         """Do the user's frames hold what they did not at the last look (`kept.marks`)? (It contains

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 import torch
 
 from bitguard.collectors.online.sensor import Alert, Sensor
+from bitguard.collectors.recompute import in_backward_pass
 from bitguard.cuda.fingerprint import local_values
 
 NAME = "guard"
@@ -62,13 +63,6 @@ class SpikeWatcher:
                 finding = {"kind": "spike", "value": value, "median": median, "mad": mad, "limit": limit}
         self._values.append(value)
         return finding
-
-
-_graph_task = getattr(torch._C, "_current_graph_task_id", None)
-
-
-def _in_backward() -> bool:
-    return _graph_task is not None and _graph_task() != -1
 
 
 class _Scalars:
@@ -162,7 +156,7 @@ class GuardSensor(Sensor):
         return guarded_backward
 
     def _note_loss(self, tensors) -> None:
-        if _in_backward():  # a backward run inside a backward (reentrant checkpointing): not the loss
+        if in_backward_pass():  # a backward run inside a backward (reentrant checkpointing): not the loss
             return
         t0 = self.monitor.budget.clock()
         items = tensors if isinstance(tensors, (list, tuple)) else (tensors,)

@@ -48,7 +48,7 @@ from torch.utils._pytree import tree_flatten, tree_map
 
 from bitguard.collectors.compiled import is_compiling
 from bitguard.collectors.online.sensor import Alert, Sensor
-from bitguard.collectors.recompute import recompute_kind
+from bitguard.collectors.recompute import in_backward_pass, recompute_kind
 from bitguard.cuda.fingerprint import digest_many, resolve
 
 NAME = "recompute"
@@ -56,13 +56,6 @@ MAX_EVIDENCE_BYTES = 256 << 20  # a mismatch's evidence copy (module and inputs)
 FLAKY_LIMIT = 3  # re-runs that disagree with each other this often: the root is not deterministic here
 MAX_RERUNS_PER_STEP = 2
 RERUN_WAIT_S = 600.0  # how long a verification waits for the step's end, where its region is re-run  # mismatches re-run at one step's end; the others are verified on their digests only
-
-_graph_task = getattr(torch._C, "_current_graph_task_id", None)
-
-
-def _in_backward() -> bool:
-    return _graph_task is not None and _graph_task() != -1
-
 
 ORIGINAL, RECOMPUTE = "original", "recompute"
 
@@ -212,9 +205,9 @@ class RecomputeSensor(Sensor):
             entry = (region, region.enter(module))
             if region.kind == ORIGINAL and module not in self._names:
                 self._names[module] = self.monitor.module_name(module)
-        elif not stack and _in_backward() and recompute_kind() is not None:
+        elif not stack and in_backward_pass() and recompute_kind() is not None:
             entry = self._recompute_root(module, args)
-        elif module in self._roots and not _in_backward() and id(module) not in self._disabled:
+        elif module in self._roots and not in_backward_pass() and id(module) not in self._disabled:
             entry = self._forward_root(module, args)
         stack.append(entry)
 

@@ -1,5 +1,6 @@
 """The recorder: what a run directory holds, reproducibility, faults, crashes and bad input."""
 
+import contextlib
 import json
 import os
 import re
@@ -805,6 +806,47 @@ def test_gradient_events_tell_the_incoming_gradient_from_the_accumulated_one(tmp
     got = [(rows[s]["grad_input"], rows[s]["grad"]) for s in grad_seqs]
     assert got == [tuple(x) for x in seen] and len(got) == 4
     assert got[0][0] == got[0][1] and got[1][0] != got[1][1]  # filled, then accumulated
+
+
+def _train_optimizer_in_backward(run_dir, lr_at_2: float = 0.1) -> list[float]:
+    """PyTorch's optimizer-in-backward recipe: an optimizer a parameter, stepped from its gradient hook."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
+    opts = {p: torch.optim.SGD([p], lr=0.1) for p in model.parameters()}
+
+    def step(p):
+        opts[p].step()
+        opts[p].zero_grad()
+
+    for p in model.parameters():
+        p.register_post_accumulate_grad_hook(step)
+    x, y, losses = torch.randn(32, 8), torch.randn(32, 4), []
+    with bitguard.record(run_dir, determinism=False) if run_dir else contextlib.nullcontext():
+        for it in range(4):
+            for o in opts.values():
+                o.param_groups[0]["lr"] = lr_at_2 if it == 2 else 0.1
+            loss = torch.nn.functional.mse_loss(model(x), y)
+            loss.backward()
+            losses.append(loss.item())
+    return losses
+
+
+def test_optimizers_stepped_inside_backward_end_one_step_per_pass(tmp_path):
+    """Each parameter's optimizer stepped from its gradient hook ended a step of its own: four iterations
+    of a four-tensor model were recorded as steps 0 to 15, and an lr changed at iteration 2 was placed
+    at step 8 (helper 66). The step ends once, with the backward pass."""
+    assert _train_optimizer_in_backward(tmp_path / "a") == _train_optimizer_in_backward(None)
+    _train_optimizer_in_backward(tmp_path / "b", lr_at_2=0.2)
+    ev, _ = events(tmp_path / "a")
+    names = EVENTS.names
+    steps = [e[names.index("step")] for e in ev]
+    assert sorted(set(steps)) == [0, 1, 2, 3, 4]  # (4: the final state)
+    for s in range(4):
+        assert sum(1 for e in ev if e[names.index("step")] == s and e[names.index("kind")] == "step") == 4
+        assert sum(1 for e in ev if e[names.index("step")] == s and e[names.index("kind")] == "module"
+                   and e[names.index("phase")] == "forward" and e[names.index("depth")] == 0) == 1
+    fd = bitguard.compare(tmp_path / "a", tmp_path / "b").first_divergence
+    assert (fd["step"], fd["boundary"], fd["blame"]) == (2, "2.bias", "source"), fd  # (the last layer steps first)
 
 
 class _Flaky(torch.nn.Module):
