@@ -57,6 +57,10 @@ def phase_words(phase: str, kind: str) -> str:
     return {"final": "final state", "params": "parameters at the start", "saved": "saved tensors"}.get(kind, phase)
 
 
+_RESEEDED = ("random numbers were drawn a different number of times before it (an extra draw, a changed sampler or "
+             "dropout), or the generator was seeded or its state set differently (manual_seed, set_rng_state)")
+
+
 def _differing_roles(diffs: pl.DataFrame, a_seq: int) -> set[str]:
     rows = diffs.filter((pl.col("a_seq") == a_seq) & pl.col("differs") & ~pl.col("ignored"))
     return set(rows["role"].to_list())
@@ -104,10 +108,7 @@ def blame(pivot: dict, events_a: pl.DataFrame, status: dict[int, str], diffs: pl
         result.update(blame="data", fault_class="rng" if differing == {"rng"} else "data")
         if differing == {"rng"}:
             result["blame_window"] = {"module": None, "detail":
-                                      "the batch matched but the RNG state at the start of this step differs: "
-                                      "random numbers were drawn a different number of times before it (an extra "
-                                      "draw, a changed sampler or dropout), or the generator was seeded or its state "
-                                      "set differently (manual_seed, set_rng_state)"}
+                                      "the batch matched but the RNG state at the start of this step differs: " + _RESEEDED}
     elif kind == "final":
         buffers = "state" in differing
         result.update(fault_class="final_state")
@@ -214,7 +215,14 @@ def blame(pivot: dict, events_a: pl.DataFrame, status: dict[int, str], diffs: pl
             unheld = None if rewired is not None else _unheld_weights(pivot, events_a, diffs)
             if unheld is not None:  # (weights no call holds, made differently: conclusive, the data may differ too)
                 result.update(blame="consumer", fault_class="params")
-            result["blame_window"] = {"module": None, "detail": rewired or unheld or (
+            reseeded = None
+            if rewired is None and unheld is None and (differing - {"rng"}).isdisjoint(inputs):
+                # (helper 68: a parameter-free noise module or augmentation, given the same tensors, drew from a generator
+                # reseeded in one run: "the inputs differ ... the training's own code or data")
+                result.update(fault_class="rng")
+                reseeded = (f"the tensors {pivot['boundary']} was given matched, but the RNG state it began from "
+                            f"differs, and every event before matched: " + _RESEEDED)
+            result["blame_window"] = {"module": None, "detail": rewired or unheld or reseeded or (
                 f"the inputs of {pivot['boundary']} differ, and no call around it had identical inputs nor did any "
                 "recorded module produce them (every event before matched): they come from the training's own code "
                 "or data (a batch, an observation, a replay buffer's sample, code between module calls)")}

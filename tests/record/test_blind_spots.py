@@ -2540,3 +2540,34 @@ def test_an_evaluation_without_eval_is_a_mode_change_not_moved_weights(tmp_path)
     assert (fd["kind"], fd["cause"], fd["blame"]) == ("params", "structure", "structure"), fd
     assert "equal to those at its first call: the weights did not move, but the model's mode changed" \
         in fd["blame_window"]["detail"], fd["blame_window"]
+
+
+def test_a_parameter_free_module_drawing_from_a_reseeded_generator_is_said_to_be_the_rng(tmp_path):
+    """Helper 68: a noise module (kornia's augmentations alike) given the same tensors drew from a generator reseeded in
+    one run at step 1. Its RNG state was the only differing input, and the pivot said "the inputs differ ... they come
+    from the training's own code or data"; it is the RNG state, as a batch's is."""
+    import torch
+
+    import bitguard
+
+    class Noise(torch.nn.Module):
+        def forward(self, x):
+            return x + 0.1 * torch.randn_like(x)
+
+    def train(name, reseed):
+        torch.manual_seed(0)
+        aug, net = Noise(), torch.nn.Linear(4, 2)
+        opt = torch.optim.SGD(net.parameters(), lr=0.1)
+        x = torch.randn(8, 4)
+        with bitguard.record(tmp_path / name, determinism=False):
+            for step in range(3):
+                if reseed and step == 1:
+                    torch.manual_seed(1)
+                net(aug(x)).pow(2).mean().backward()
+                opt.step()
+                opt.zero_grad()
+
+    train("a", False), train("b", True)
+    fd = bitguard.compare(tmp_path / "a", tmp_path / "b").first_divergence
+    assert (fd["step"], fd["boundary"], fd["blame"], fd["fault_class"]) == (1, "Noise", "data", "rng"), fd
+    assert "the RNG state it began from differs" in fd["blame_window"]["detail"], fd["blame_window"]
