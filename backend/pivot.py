@@ -790,6 +790,10 @@ def _window(pivot: dict, events_a: pl.DataFrame, status: dict[int, str], diffs: 
         root = _root_window(pivot, events_a, diffs)
         if root is not None:
             return root
+    if phase == "backward" and pivot.get("depth") != 0:
+        root = _root_backward_window(pivot, events_a, diffs, same)
+        if root is not None:
+            return root
     # a root's backward whose incoming gradient differs: the pivot's own, or the step's first (helper 28: DQN's
     # root returns its Sequential's output, so the child's backward comes first, and no prefix names the root)
     root = (pivot if pivot.get("depth") == 0 else _root_backward_differing(pivot, events_a, diffs)) \
@@ -824,6 +828,39 @@ def _recompute_window(pivot: dict, events_a: pl.DataFrame) -> dict:
                                         "other inputs than the forward did: code that reads a flag or a state changed "
                                         "between forward and backward, or an RNG state not preserved "
                                         "(preserve_rng_state=False)"}
+
+
+def _root_backward_window(pivot: dict, events_a: pl.DataFrame, diffs: pl.DataFrame, same: pl.DataFrame) -> dict | None:
+    """For a backward pivot no named ancestor explains: the root call whose forward held the pivot's call,
+    when that root's own backward began from a matching gradient: the difference arose in the root's own
+    code between its children (its parts are not named under it, so no prefix finds it; helper 68: a root
+    that detached half of its child's output, its loss the same, was said to get its gradient from the loss
+    or code outside the model). Only where the step calls the pivot's module and the root once each: which
+    backward is which call's is not known otherwise."""
+    forwards = events_a.filter((pl.col("phase") == "forward") & (pl.col("kind") == "module")
+                               & (pl.col("step") == pivot["step"]))
+    mine = forwards.filter(pl.col("boundary") == pivot["boundary"])
+    if mine.height != 1 or (same["boundary"] == pivot["boundary"]).sum() != 1:
+        return None
+    f = mine.row(0, named=True)
+    roots = forwards.filter((pl.col("depth") == 0) & (pl.col("t_start_ns") <= f["t_start_ns"])
+                            & (pl.col("t_end_ns") >= f["t_end_ns"]) & (pl.col("seq") != f["seq"]))
+    if roots.height != 1:
+        return None
+    r = roots.row(0, named=True)
+    back = same.filter((pl.col("boundary") == r["boundary"]) & (pl.col("depth") == 0))
+    if back.height != 1 or (forwards["boundary"] == r["boundary"]).sum() != 1:
+        return None
+    anc = back.row(0, named=True)
+    if not diffs.filter((pl.col("a_seq") == anc["seq"]) & (pl.col("role") == "grad_output") & pl.col("differs")
+                        & ~pl.col("ignored")).is_empty():
+        return None  # (its incoming gradient differs: the loss or code after the model, said below)
+    parts = forwards.filter((pl.col("depth") == 1) & (pl.col("t_start_ns") >= r["t_start_ns"])
+                            & (pl.col("t_end_ns") <= r["t_end_ns"]))["boundary"]
+    kids = same.filter((pl.col("depth") == 1) & pl.col("boundary").is_in(parts.implode())).sort("seq")
+    return _between_children(anc, kids.select("seq", "boundary").to_dicts(), pivot,
+                             f"the gradient reaching {anc['boundary']}'s output matched; the difference arose in its own "
+                             "code (a detach, a different op or branch that computes the same values)")
 
 
 def _root_window(pivot: dict, events_a: pl.DataFrame, diffs: pl.DataFrame) -> dict | None:

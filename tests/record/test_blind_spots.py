@@ -2571,3 +2571,42 @@ def test_a_parameter_free_module_drawing_from_a_reseeded_generator_is_said_to_be
     fd = bitguard.compare(tmp_path / "a", tmp_path / "b").first_divergence
     assert (fd["step"], fd["boundary"], fd["blame"], fd["fault_class"]) == (1, "Noise", "data", "rng"), fd
     assert "the RNG state it began from differs" in fd["blame_window"]["detail"], fd["blame_window"]
+
+
+def test_a_gradient_changed_in_a_root_s_own_code_is_windowed_there(tmp_path):
+    """Helper 68: a root that detaches half of its child's output computes the same loss and another gradient.
+    Its parts are not named under it, so no named ancestor was found, and the pivot (the child's backward) was
+    said to get its gradient from the loss or code outside the model, though the root's own backward began
+    from a matching one. The window is the root's own code."""
+    import torch
+
+    import bitguard
+
+    class M(torch.nn.Module):
+        def __init__(self, detach):
+            super().__init__()
+            self.lin, self.detach = torch.nn.Linear(4, 4), detach
+
+        def forward(self, x):
+            h = self.lin(x)
+            if self.detach:
+                h = torch.cat([h[:, :2], h[:, 2:].detach()], 1)
+            return (h * h).mean()
+
+    def train(name, detach):
+        torch.manual_seed(0)
+        model = M(detach)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        x = torch.randn(8, 4)
+        with bitguard.record(tmp_path / name, determinism=False):
+            for _ in range(2):
+                model(x).backward()
+                opt.step()
+                opt.zero_grad()
+
+    train("a", False), train("b", True)
+    fd = bitguard.compare(tmp_path / "a", tmp_path / "b").first_divergence
+    assert (fd["step"], fd["phase"], fd["boundary"], fd["blame"]) == (0, "backward", "lin", "consumer"), fd
+    window = fd["blame_window"]
+    assert (window["module"], window["excluding_children"]) == ("M", ["lin"]), window
+    assert "the gradient reaching M's output matched" in window["detail"], window
