@@ -109,6 +109,11 @@ def blame(pivot: dict, events_a: pl.DataFrame, status: dict[int, str], diffs: pl
         if differing == {"rng"}:
             result["blame_window"] = {"module": None, "detail":
                                       "the batch matched but the RNG state at the start of this step differs: " + _RESEEDED}
+        elif (unheld := _unheld_weights(pivot, events_a, diffs)) is not None:
+            # (helper 68: a flow trained through its .inverse(), never called, its own parameter used before its first
+            # part's call: that part's batch was blamed on the data, though the flow was initialised differently)
+            result.update(blame="consumer", fault_class="params")
+            result["blame_window"] = {"module": None, "detail": unheld}
     elif kind == "final":
         buffers = "state" in differing
         result.update(fault_class="final_state")
@@ -380,8 +385,8 @@ def _unheld_weights(pivot: dict, events_a: pl.DataFrame, diffs: pl.DataFrame) ->
                 f"the weights of {boundary} ({names}), which an optimizer steps and no module call met in this step, "
                 "already differ as its step() finds them")
         return (f"the inputs of {pivot['boundary']} differ, and no recorded module produced them; {held}, "
-                "later in this step: a model run through its .forward() "
-                "(as gpytorch's modules are) made differently (its initialisation, its seed, a loaded checkpoint) "
+                "later in this step: a model run through its .forward() or another method, never called "
+                "(as gpytorch's modules and normalizing flows' .inverse() are), made differently (its initialisation, its seed, a loaded checkpoint) "
                 "or changed before this step computes these inputs (the data it is given may differ too)")
     return None
 

@@ -2610,3 +2610,39 @@ def test_a_gradient_changed_in_a_root_s_own_code_is_windowed_there(tmp_path):
     window = fd["blame_window"]
     assert (window["module"], window["excluding_children"]) == ("M", ["lin"]), window
     assert "the gradient reaching M's output matched" in window["detail"], window
+
+
+def test_a_model_trained_through_another_method_initialised_differently_is_blamed_on_its_weights(tmp_path):
+    """Helper 68: a flow trained through its `.inverse()`, never called, uses its own parameter before its first
+    part's call; initialised differently, that part's input was blamed on the data. Its weights, as the
+    optimizer's step() finds them later in the step, already differ: they are blamed."""
+    import torch
+
+    import bitguard
+
+    class Flow(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.s = torch.nn.Parameter(torch.zeros(4))
+            self.net = torch.nn.Linear(4, 4)
+
+        def inverse(self, x):
+            return self.net(x * torch.exp(self.s))
+
+    def train(name, s):
+        torch.manual_seed(0)
+        model = Flow()
+        with torch.no_grad():
+            model.s.fill_(s)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        x = torch.randn(8, 4)
+        with bitguard.record(tmp_path / name, determinism=False):
+            for _ in range(2):
+                model.inverse(x).pow(2).mean().backward()
+                opt.step()
+                opt.zero_grad()
+
+    train("a", 0.0), train("b", 0.5)
+    fd = bitguard.compare(tmp_path / "a", tmp_path / "b").first_divergence
+    assert (fd["step"], fd["boundary"], fd["blame"], fd["fault_class"]) == (0, "net", "consumer", "params"), fd
+    assert "the weights of Flow (s)" in fd["blame_window"]["detail"], fd["blame_window"]
