@@ -329,7 +329,7 @@ class Collector(WeightEvents):
         self._param_in: dict[int, tuple] = {}  # pid -> (t0, grad_input row) while .grad accumulates
         self._accumulating: set[int] = set()  # parameters with a hook after accumulation
         self._hooked_params: dict[int, weakref.ref] = {}  # id -> ref of a parameter whose gradient is hooked
-        self._orphans: dict[int, tuple[weakref.ref, str]] = {}  # id -> (ref, name) of one only an optimizer holds
+        self._orphans: dict[int, tuple[weakref.ref, str, str | None]] = {}  # id -> (ref, place, held name) of one only an optimizer holds
         self._orphans_step = -1  # the step of their last params event (weights.py, _orphan_params)
         self._orphans_versions = -1  # the sum of their version counters as it took them (tensor_versions)
         self._known_at_step: dict[int, tuple[weakref.ref, int]] = {}  # id -> (ref, how many tensors) of an optimizer

@@ -420,24 +420,46 @@ class WeightEvents:
         if not self._in_window() or initialising_step():
             return
         size = sum(len(group["params"]) for group in optimizer.param_groups)
+        known = self._known_at_step.get(id(optimizer))
+        fresh = known is None or known[0]() is not optimizer or known[1] != size
+        unnamed = [(g, j, p) for g, group in enumerate(optimizer.param_groups) for j, p in enumerate(group["params"])
+                   if self._unnamed(p)] if fresh else []
+        # (helper 68: a flow trained through its .inverse(), never called, had its tensors named by their places in
+        # the optimizer, param_groups[0][20], for the whole run: a tensor a model the user's code holds holds is named
+        # as that model names it, `model.flows.2.s`; it stays the optimizer's, with a params event at each step's start)
+        held = self._kept_names(sys._getframe(1)) if unnamed else {}
         if not any(a is not None for a in args[1:]) and kwargs.get("closure") is None:  # (args: the optimizer first;
             self._take_given(optimizer)  # a closure calls the model inside step(): its gradients and params are made
             self._uncalled_roots(optimizer, size)  # there)
-        known = self._known_at_step.get(id(optimizer))
-        if known is not None and known[0]() is optimizer and known[1] == size:
+        if not fresh:
             return
         label, new = None, []
-        for g, group in enumerate(optimizer.param_groups):
-            for j, p in enumerate(group["params"]):
-                entry = self._params.get(id(p))
-                if (entry is not None and entry[0]() is p) or p.grad is None or id(p) in self._sharded.flats:
-                    continue  # (known; not stepped now; an FSDP1 flat parameter, named by what it holds)
-                label = label or self._optimizer_label(optimizer)
-                where = self._adopt(p, f"{label}.param_groups[{g}][{j}]")
-                if id(p) in self._orphans:
-                    new.append((where, p))
+        for g, j, p in unnamed:
+            label = label or self._optimizer_label(optimizer)
+            self._adopt(p, f"{label}.param_groups[{g}][{j}]", held.get(id(p)))
+            if id(p) in self._orphans:
+                new.append(self._orphans[id(p)][1:] + (p,))
         self._known_at_step[id(optimizer)] = (weakref.ref(optimizer), size)
         self._emit_orphans(new, time.time_ns(), FIRST_STEP)
+
+    def _kept_names(self, frame) -> dict[int, str]:
+        """id of each parameter of the models the user's frames above `frame` hold -> its name there (it contains
+        its failures: none, then)."""
+        try:
+            names = {}
+            for key, value, _ in self._kept_found(kept.user_frames(frame, self.began)):
+                if isinstance(value, torch.nn.Module):
+                    for p_name, p in value.named_parameters():
+                        names.setdefault(id(p), f"{key}.{clean_name(eager_name(p_name))}")
+            return names
+        except Exception as exc:  # noqa: BLE001 - the training must go on
+            self._fail("_kept_names", exc)
+            return {}
+
+    def _unnamed(self, p) -> bool:
+        """A tensor stepped now that no root named (an FSDP1 flat parameter is named by what it holds)."""
+        entry = self._params.get(id(p))
+        return not (entry is not None and entry[0]() is p) and p.grad is not None and id(p) not in self._sharded.flats
 
     def _take_given(self, optimizer) -> None:
         """The gradients a step() is given, digested before it runs: its events' `grad` rows are what it
@@ -560,17 +582,7 @@ class WeightEvents:
         hand-written EMA copy, updated in place under no_grad and saved at the end, is one. Each is
         made a root and held, so that its final state is recorded; a model called later is a root
         already, named the same. Wrappers of torch.distributed's are left alone (not held)."""
-        names, found, shapes = self._names, [], set()
-        for module in (ref() for ref, _ in self._roots):
-            if module is not None and not isinstance(module, kept.KeptTensors):
-                params = [p for p in module.parameters() if not is_lazy(p)]  # (a lazy module never called: no shape)
-                shapes.add(tuple(tuple(p.shape) for p in params))
-                shapes.add(tuple(tuple(p.shape) for p in params if p.requires_grad))
-        for user in users:
-            found += kept.found_in(user, shapes)
-        # one object found along several paths is named by the shortest (helper 30: accelerate's save hook's
-        # closure holds the EMA too, and a run that registers no hook named it otherwise)
-        found.sort(key=lambda item: item[0].count("."))
+        names, found = self._names, self._kept_found(users)
         self._kept_holders = frozenset(key.partition(".")[0] for key, _, _ in found)
         self._kept_marks = kept.marks(users, self._kept_holders)
         for key, value, place in found:
@@ -595,6 +607,22 @@ class WeightEvents:
                     self._register_root(value, key)
             except Exception as exc:  # noqa: BLE001 - one object that cannot be held: the others still are
                 self._fail("_adopt_kept", exc)
+
+    def _kept_found(self, users: list) -> list[tuple[str, object, tuple | None]]:
+        """What the user's frames `users` hold that the training keeps (`kept.found_in`), the models already
+        roots left out by their parameters' shapes, each object under its shortest path first."""
+        found, shapes = [], set()
+        for module in (ref() for ref, _ in self._roots):
+            if module is not None and not isinstance(module, kept.KeptTensors):
+                params = [p for p in module.parameters() if not is_lazy(p)]  # (a lazy module never called: no shape)
+                shapes.add(tuple(tuple(p.shape) for p in params))
+                shapes.add(tuple(tuple(p.shape) for p in params if p.requires_grad))
+        for user in users:
+            found += kept.found_in(user, shapes)
+        # one object found along several paths is named by the shortest (helper 30: accelerate's save hook's
+        # closure holds the EMA too, and a run that registers no hook named it otherwise)
+        found.sort(key=lambda item: item[0].count("."))
+        return found
 
     def _skipped_step(self) -> None:
         """`GradScaler.step` skipped the optimizer's step (an inf or NaN gradient): the step ends all
@@ -676,21 +704,23 @@ class WeightEvents:
             except Exception as exc:  # noqa: BLE001 - one parameter's event lost, said so; the others go on
                 self._fail("optimizer step", exc)
 
-    def _adopt(self, p: torch.nn.Parameter, where: str) -> str:
+    def _adopt(self, p: torch.nn.Parameter, where: str, held: str | None = None) -> str:
         """Name and watch a parameter an optimizer steps that no root registered: frozen when its
         root was first called and unfrozen since, or put into the model later
         (`load_state_dict(assign=True)`, a layer added). Named as the root that holds it now names
-        it, else by its place in the optimizer (`where`): stable from run to run, where its id was
-        not (two identical runs compared diverged). Its gradients are watched from now on; its name."""
+        it, else as a model the user's code holds names it (`held`), else by its place in the optimizer
+        (`where`): stable from run to run, where its id was not (two identical runs compared diverged).
+        Its gradients are watched from now on; its name. One no root holds has its values in its
+        optimizer's params event, under `held` there if given."""
         for ref, _ in self._roots:
             module = ref()
             for p_name, q in (module.named_parameters() if module is not None else ()):
                 if q is p:
                     return self._watch_at(module, p_name, p)
         where = library_name(p) or where
-        self._watch_param(p, where, "")
-        self._orphans[id(p)] = (weakref.ref(p), where)
-        return where
+        self._watch_param(p, held or where, "")
+        self._orphans[id(p)] = (weakref.ref(p), where, held)
+        return held or where
 
     def _orphans_due(self) -> bool:
         """Whether the params event of the tensors only an optimizer holds is due: a new step, or one
@@ -700,7 +730,7 @@ class WeightEvents:
                                         or self._orphan_versions() != self._orphans_versions)
 
     def _orphan_versions(self) -> int:
-        return tensor_versions(p for p in (ref() for ref, _ in self._orphans.values()) if p is not None)
+        return tensor_versions(p for p in (ref() for ref, *_ in self._orphans.values()) if p is not None)
 
     def _orphan_params(self, t0: int) -> None:
         """At a step's first root call, and at a later call once one of them was written: a `params`
@@ -709,23 +739,24 @@ class WeightEvents:
         parameters: an edit between two steps is blamed there, not on the loss that reads them."""
         self._orphans_step = self.step
         by_optimizer = []
-        for key, (ref, where) in list(self._orphans.items()):
+        for key, (ref, where, held) in list(self._orphans.items()):
             p = ref()
             entry = self._params.get(key)
             if p is None or entry is None or entry[0]() is not p:  # gone, or its id reused
                 del self._orphans[key]
                 continue
-            by_optimizer.append((where, p))
+            by_optimizer.append((where, held, p))
         self._emit_orphans(by_optimizer, t0)
         self._orphans_versions = self._orphan_versions()
 
     def _emit_orphans(self, named: list, t0: int, suffix: str = "") -> None:
-        """One `params` event per optimizer of (name, tensor) pairs of tensors only it holds, named by it
-        (`suffix` after its name: FIRST_STEP) and each by its place in it (a library's name: an event of its own)."""
+        """One `params` event per optimizer of (name, held name, tensor) of tensors only it holds, named by it
+        (`suffix` after its name: FIRST_STEP) and each by its held name, else its place in it (a library's name: an
+        event of its own)."""
         by_optimizer: dict[str, list] = {}
-        for where, p in named:
+        for where, held, p in named:
             label, mark_, place = where.partition(".param_groups")
-            by_optimizer.setdefault(label, []).append((mark_ + place, p))
+            by_optimizer.setdefault(label, []).append(("." + held if held else mark_ + place, p))
         for label, pairs in by_optimizer.items():
             self._emit("optimizer", "params", label + suffix, "optimizer", 0, t0, self._param_digested(pairs))
 
