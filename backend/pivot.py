@@ -195,7 +195,8 @@ def blame(pivot: dict, events_a: pl.DataFrame, status: dict[int, str], diffs: pl
             result.update(fault_class="backward")
             reaching = "while the gradient reaching its module matched" if owner is not None else \
                 "and no backward of its module was recorded in this step (it is used outside a call of the module)"
-            result["blame_window"] = {"module": _owner(pivot["boundary"]) or pivot["boundary"], "detail":
+            result["blame_window"] = {"module": owner["boundary"] if owner is not None else
+                                      _owner(pivot["boundary"]) or pivot["boundary"], "detail":
                                       f"the gradient computed for this parameter differs {reaching}: the module's "
                                       "backward (weight gradient), or a use of the parameter outside the module "
                                       "whose gradient autograd sums into it (a regulariser in the loss such as an "
@@ -750,6 +751,13 @@ def _as_at_first_call(event: dict, events: pl.DataFrame, tensors: pl.DataFrame |
 
 def _owner_backward(pivot: dict, events_a: pl.DataFrame, diffs: pl.DataFrame) -> dict | None:
     owner = _owner(pivot["boundary"])
+    if not owner:  # (a root's own parameter, `bias` of a bare Linear: its module is the root, by its own name; helper 69)
+        roots = events_a.filter((pl.col("phase") == "backward") & (pl.col("kind") == "module") & (pl.col("depth") == 0)
+                                & (pl.col("step") == pivot["step"]) & (pl.col("module_type") == pivot["module_type"]))
+        names = roots["boundary"].unique().to_list()
+        if len(names) != 1:
+            return None
+        owner = names[0]
     rows = events_a.filter((pl.col("phase") == "backward") & (pl.col("kind") == "module")
                            & (pl.col("boundary") == owner) & (pl.col("step") == pivot["step"]))
     if rows.is_empty():

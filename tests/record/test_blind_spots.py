@@ -2648,3 +2648,30 @@ def test_a_model_trained_through_another_method_initialised_differently_is_blame
     assert (fd["step"], fd["boundary"], fd["blame"], fd["fault_class"]) == (0, "net", "consumer", "params"), fd
     assert "the weights of Flow (s)" in fd["blame_window"]["detail"], fd["blame_window"]
 
+
+def test_a_regularised_parameter_of_a_bare_root_module_is_windowed_at_that_module(tmp_path):
+    """Helper 69: the whole model a bare `nn.Linear`, an L2 penalty of another weight in the loss: the bias's
+    gradient was said to have "no backward of its module recorded", though the Linear's backward was, and
+    matched (its parameters are named `weight` and `bias`, with no module path before them)."""
+    import torch
+
+    import bitguard
+
+    def train(name, lam):
+        torch.manual_seed(0)
+        m = torch.nn.Linear(4, 2)
+        anchor = [p.detach().clone() + 0.5 for p in m.parameters()]
+        opt = torch.optim.SGD(m.parameters(), lr=0.1)
+        x, y = torch.randn(8, 4), torch.randn(8, 2)
+        with bitguard.record(tmp_path / name, determinism=False):
+            for _ in range(2):
+                loss = ((m(x) - y) ** 2).mean() + lam * sum(((p - a) ** 2).sum() for p, a in zip(m.parameters(), anchor))
+                loss.backward()
+                opt.step()
+                opt.zero_grad()
+
+    train("a", 0.1), train("b", 0.2)
+    fd = bitguard.compare(tmp_path / "a", tmp_path / "b").first_divergence
+    assert (fd["step"], fd["kind"], fd["blame"]) == (0, "grad", "source"), fd
+    assert fd["blame_window"]["module"] == "Linear", fd["blame_window"]
+    assert "while the gradient reaching its module matched" in fd["blame_window"]["detail"], fd["blame_window"]
