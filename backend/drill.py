@@ -269,6 +269,13 @@ def _entered(d: opdiff.OpDifference, w: Window) -> str | None:
     if d.cause != "digest" or not d.inputs_differ:
         return None
     which = ", ".join(str(p["index"]) for p in d.inputs if p["differs"])
+    node = (d.op or {}).get("node") or ""
+    if w.phase == "backward" and "AccumulateGrad" in node:  # (helper 69: an EWC penalty drilled into the module)
+        param = (d.op or {}).get("param") or "the parameter"
+        return (f"its input {which} differs although no traced op before it does: this is autograd summing the "
+                f"gradients of {param} from each of its uses, so a use outside {w.boundary}'s call sends back another "
+                f"gradient (a regulariser in the loss such as an L2 or EWC penalty, a weight tied elsewhere), or the "
+                f"gradient arriving at {w.boundary}'s output differs ('bitguard compare' says whether it already did)")
     if w.phase == "backward":  # (helper 51: a loss's targets shifted, drilled into the model's backward)
         return (f"its input {which} differs although no traced op before it does: in a backward, that is first the "
                 f"gradient arriving at {w.boundary}'s output from after it (the loss, its targets, code between the "
@@ -497,7 +504,10 @@ def _analyse(doc: dict, w: Window, fd: dict, dirs: dict, traces: dict, checks: d
         doc["verdict"] = "no_difference"
         doc["detail"] = (f"the {doc['cost']['ops_a']} operations of {w.boundary}'s call are the same in both replays: "
                          f"the difference is not made by a torch operation inside the window (a hook, a C++ "
-                         f"extension calling kernels directly, or code that writes tensors in place)")
+                         f"extension calling kernels directly, or code that writes tensors in place)"
+                         + ("; in a backward, also code outside the call that reads the same input and sends back "
+                            "another gradient, which autograd sums into the input's gradient: a second loss term on "
+                            "the same logits, a distillation term" if w.phase == "backward" else ""))
         return boundary_pair
     doc["verdict"] = "op_pivot"
     doc["op_pivot"] = _op_pivot(w, d)

@@ -179,3 +179,20 @@ def test_a_backward_pivot_with_no_observed_module_after_it_is_not_blamed_on_the_
     got = _window({"seq": 5, "phase": "backward", "boundary": "net.0", "step": 0, "depth": 1}, events, {}, diffs)
     assert got["module"] is None and got["detail"].startswith("the gradient reaching it already differs, and no "
                                                               "observed module after it received a matching one"), got
+
+
+def test_a_parameter_s_accumulation_drilled_names_its_other_uses():
+    """Helper 69 (an EWC penalty outside the model): drilled into the module, the first differing op was the
+    parameter's AccumulateGrad, said to come from the gradient arriving at the module's output, which
+    `compare` had shown matched; what it sums is every use of the parameter, a penalty in the loss among them."""
+    from bitguard.backend import opdiff
+    from bitguard.backend.drill import Window, _entered
+
+    d = opdiff.OpDifference(cause="digest", side_only=None, index_a=3, index_b=3,
+                            op_a={"node": "torch::autograd::AccumulateGrad", "param": "0.bias"}, op_b={},
+                            inputs=[{"index": 0, "differs": True}], outputs=[], inputs_differ=True, args_differ=False,
+                            other_side=[], paired_before=3)
+    window = Window(rank=0, step=0, boundary="0", module_type="Linear", call=0, why="", seq_a=1, seq_b=1,
+                    phase="backward")
+    said = _entered(d, window)
+    assert "summing the gradients of 0.bias from each of its uses" in said and "EWC penalty" in said, said
