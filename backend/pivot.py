@@ -166,7 +166,14 @@ def blame(pivot: dict, events_a: pl.DataFrame, status: dict[int, str], diffs: pl
     elif kind == "grad":
         owner = _owner_backward(pivot, events_a, diffs)
         root = _root_backward_differing(pivot, events_a, diffs) if owner is None else None
-        if owner is None and root is not None:  # (the parameter is read outside any call of its module)
+        unheld = None if owner is not None else \
+            _unheld_weights(pivot, events_a, diffs, f"the gradient of {pivot['boundary']} differs")
+        if unheld is not None:
+            # (helper 68: a flow's learned base scale, read in its .nll() after its net's call, initialised differently:
+            # its gradient was said to come from the loss, though its value already differed)
+            result.update(blame="consumer", fault_class="params")
+            result["blame_window"] = {"module": None, "detail": unheld}
+        elif owner is None and root is not None:  # (the parameter is read outside any call of its module)
             result.update(blame="consumer", fault_class="backward")
             window = _window(root, events_a, status, diffs)
             window["detail"] = (f"no backward of {_owner(pivot['boundary']) or 'its module'} was recorded in this step: "
@@ -365,7 +372,7 @@ def _rewired_around(pivot: dict, events_a: pl.DataFrame, diffs: pl.DataFrame, si
     return None
 
 
-def _unheld_weights(pivot: dict, events_a: pl.DataFrame, diffs: pl.DataFrame) -> str | None:
+def _unheld_weights(pivot: dict, events_a: pl.DataFrame, diffs: pl.DataFrame, head: str | None = None) -> str | None:
     """Where weights that no module call met in the pivot's step differ as an optimizer's step() finds them,
     later in that step (a model run through its `.forward()`, whose output the pivot's module is given; helper
     56): the tensors only an optimizer holds before its first step, or a root's parameters taken at step()
@@ -385,7 +392,8 @@ def _unheld_weights(pivot: dict, events_a: pl.DataFrame, diffs: pl.DataFrame) ->
                 "already differ as its first step() finds them" if module_type == "optimizer" else
                 f"the weights of {boundary} ({names}), which an optimizer steps and no module call met in this step, "
                 "already differ as its step() finds them")
-        return (f"the inputs of {pivot['boundary']} differ, and no recorded module produced them; {held}, "
+        head = head or f"the inputs of {pivot['boundary']} differ, and no recorded module produced them"
+        return (f"{head}; {held}, "
                 "later in this step: a model run through its .forward() or another method, never called "
                 "(as gpytorch's modules and normalizing flows' .inverse() are), made differently (its initialisation, its seed, a loaded checkpoint) "
                 "or changed before this step computes these inputs (the data it is given may differ too)")

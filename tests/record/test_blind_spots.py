@@ -2675,3 +2675,40 @@ def test_a_regularised_parameter_of_a_bare_root_module_is_windowed_at_that_modul
     assert (fd["step"], fd["kind"], fd["blame"]) == (0, "grad", "source"), fd
     assert fd["blame_window"]["module"] == "Linear", fd["blame_window"]
     assert "while the gradient reaching its module matched" in fd["blame_window"]["detail"], fd["blame_window"]
+
+
+def test_a_parameter_read_after_a_part_s_call_in_a_model_never_called_is_blamed_on_its_value(tmp_path):
+    """Helper 68: a flow's learned base scale, read in its `.nll()` after its net's call (the flow itself never
+    called) and initialised differently: its gradient was said to come from the loss, though its value as the
+    optimizer's step() found it already differed."""
+    import torch
+
+    import bitguard
+
+    class Flow(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.net = torch.nn.Linear(4, 4)
+            self.log_scale = torch.nn.Parameter(torch.zeros(4))
+
+        def nll(self, x):
+            z = self.net(x)
+            return (self.log_scale + 0.5 * (z / self.log_scale.exp()) ** 2).sum(-1).mean()
+
+    def train(name, init):
+        torch.manual_seed(0)
+        model = Flow()
+        with torch.no_grad():
+            model.log_scale.fill_(init)
+        opt = torch.optim.Adam(model.parameters(), lr=0.01)
+        x = torch.randn(8, 4)
+        with bitguard.record(tmp_path / name, determinism=False):
+            for _ in range(2):
+                model.nll(x).backward()
+                opt.step()
+                opt.zero_grad()
+
+    train("a", 0.0), train("b", 0.1)
+    fd = bitguard.compare(tmp_path / "a", tmp_path / "b").first_divergence
+    assert (fd["step"], fd["kind"], fd["boundary"], fd["fault_class"]) == (0, "grad", "log_scale", "params"), fd
+    assert "the weights of Flow (log_scale)" in fd["blame_window"]["detail"], fd["blame_window"]
