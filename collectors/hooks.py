@@ -809,9 +809,12 @@ class Collector(WeightEvents):
                 self._names[id(module)] = (weakref.ref(module), name)
             return name
         if parent is None:
-            owner = _owner_called_from(module, sys._getframe(1))
-            if owner is not None:  # (its `self` holds it: Lightning's training_step calling self.net)
+            caller = sys._getframe(1)
+            owner = _owner_called_from(module, caller)
+            held = self._kept_holder(owner if owner is not None else module, caller)
+            if owner is not None and not held:  # (its `self` holds it: Lightning's training_step calling self.net)
                 self._register_root(owner)
+            if held or owner is not None:
                 entry = self._names.get(id(module))
                 if entry is not None and entry[0]() is module:
                     return entry[1]
