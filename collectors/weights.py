@@ -425,8 +425,8 @@ class WeightEvents:
         unnamed = [(g, j, p) for g, group in enumerate(optimizer.param_groups) for j, p in enumerate(group["params"])
                    if self._unnamed(p)] if fresh else []
         # (helper 68: a flow trained through its .inverse(), never called, had its tensors named by their places in
-        # the optimizer, param_groups[0][20], for the whole run: a tensor a model the user's code holds holds is named
-        # as that model names it, `model.flows.2.s`; it stays the optimizer's, with a params event at each step's start)
+        # the optimizer, param_groups[0][20], in what compare says: a tensor a model the user's code holds holds has
+        # its row in the optimizer's params event named as that model names it, `model.flows.2.s`)
         held = self._kept_names(sys._getframe(1)) if unnamed else {}
         if not any(a is not None for a in args[1:]) and kwargs.get("closure") is None:  # (args: the optimizer first;
             self._take_given(optimizer)  # a closure calls the model inside step(): its gradients and params are made
@@ -726,19 +726,21 @@ class WeightEvents:
         """Name and watch a parameter an optimizer steps that no root registered: frozen when its
         root was first called and unfrozen since, or put into the model later
         (`load_state_dict(assign=True)`, a layer added). Named as the root that holds it now names
-        it, else as a model the user's code holds names it (`held`), else by its place in the optimizer
-        (`where`): stable from run to run, where its id was not (two identical runs compared diverged).
-        Its gradients are watched from now on; its name. One no root holds has its values in its
-        optimizer's params event, under `held` there if given."""
+        it, else by its place in the optimizer (`where`): stable from run to run, where its id was not (two
+        identical runs compared diverged). Its gradients are watched from now on; its name. One no root holds
+        has its values in its optimizer's params event, its row there named `held` if given (the path a model
+        the user's code holds gives it)."""
         for ref, _ in self._roots:
             module = ref()
             for p_name, q in (module.named_parameters() if module is not None else ()):
                 if q is p:
                     return self._watch_at(module, p_name, p)
         where = library_name(p) or where
-        self._watch_param(p, held or where, "")
+        # (its events named by its place, never by `held`: a variable renamed in the user's code would rename them,
+        # and a refactor that changes nothing else compare diverged, helper 70)
+        self._watch_param(p, where, "")
         self._orphans[id(p)] = (weakref.ref(p), where, held)
-        return held or where
+        return where
 
     def _orphans_due(self) -> bool:
         """Whether the params event of the tensors only an optimizer holds is due: a new step, or one
