@@ -691,9 +691,11 @@ def structure_blame(event: dict, side: str, events: pl.DataFrame, twin: dict | N
         # at the evaluation's call was said to show weights "changed between two of its calls")
         fault = "missing" if side == "a" else "extra"
         detail = (f"run {have} took the parameters of {event['boundary']} again at call {event['call']} of step "
-                  f"{event['step']}, equal to those at its first call: the weights did not move, but the model's mode "
-                  f"changed (train()/eval()) since that call in run {have} and not in run {lack}, which makes a step take "
-                  f"them again; see the training API calls that differ (`modes`)")
+                  f"{event['step']}, equal to those at its first call: the weights did not move, but run {have} "
+                  f"called the model again in this step after a backward, or after its mode changed (train()/eval()), "
+                  f"where run {lack} did not: its step ended sooner (an optimizer step() after fewer micro-batches "
+                  f"of a gradient accumulation), it called the model fewer times, or its mode did not change; see "
+                  f"the training API calls that differ (`modes`, `backward`)")
     elif event["kind"] == "params" and event["call"] > 0:  # (taken at a later call only when the weights moved)
         return {"blame": "source", "fault_class": "params", "differing_roles": ["param"],
                 "blame_window": {"module": event["boundary"], "detail": (

@@ -2544,8 +2544,8 @@ def test_an_evaluation_without_eval_is_a_mode_change_not_moved_weights(tmp_path)
     train("a", True), train("b", False)
     fd = bitguard.compare(tmp_path / "a", tmp_path / "b").to_dict()["first_divergence"]
     assert (fd["kind"], fd["cause"], fd["blame"]) == ("params", "structure", "structure"), fd
-    assert "equal to those at its first call: the weights did not move, but the model's mode changed" \
-        in fd["blame_window"]["detail"], fd["blame_window"]
+    assert "equal to those at its first call: the weights did not move, but run A called the model again in this " \
+        "step after a backward, or after its mode changed (train()/eval())" in fd["blame_window"]["detail"], fd
 
 
 def test_a_parameter_free_module_drawing_from_a_reseeded_generator_is_said_to_be_the_rng(tmp_path):
@@ -2734,3 +2734,29 @@ def test_a_part_called_alone_is_named_under_its_kept_model_from_its_first_call(t
     assert c.verdict == "identical", c.to_dict()["first_divergence"]
     names = set(c.events().filter(c.events()["kind"] == "module")["boundary"].to_list())
     assert names == {"model.inner.net"}, names
+
+
+def test_a_step_ended_after_another_micro_batch_is_not_said_to_be_a_mode_change(tmp_path):
+    """Helper 70: gradient accumulation over two micro-batches whose step() comes after the first in run B: run A's
+    parameters taken again at its second call of step 0 were explained as a train()/eval() change, which no run made."""
+    import torch
+
+    import bitguard
+
+    def train(name, inverted):
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(3, 3), torch.nn.Linear(3, 1))
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        xs = torch.randn(4, 2, 3)
+        with bitguard.record(tmp_path / name, determinism=False):
+            for it in range(2):
+                for micro in range(2):
+                    model(xs[it * 2 + micro]).pow(2).mean().backward()
+                    if (micro == 1) != inverted:
+                        opt.step()
+                        opt.zero_grad()
+
+    train("a", False), train("b", True)
+    fd = bitguard.compare(tmp_path / "a", tmp_path / "b").first_divergence
+    assert (fd["step"], fd["kind"], fd["blame"]) == (0, "params", "structure"), fd
+    assert "its step ended sooner (an optimizer step() after fewer micro-batches" in fd["blame_window"]["detail"], fd
