@@ -106,11 +106,12 @@ def plan(run_a: RunInfo, run_b: RunInfo, fd: dict) -> Window:
                            f"differ although its earlier calls matched: the training's code made them between the "
                            f"calls (a solver's next point, outputs fed back, another batch), so there is no operation "
                            f"inside the model to drill into (see 'bitguard compare')")
-    if kind == "batch" and fd.get("fault_class") == "params":  # (helper 68: a flow's weights, read in its .inverse())
-        raise NotSupported(f"the pivot ({where}) is the inputs of the model's first observed call, made from weights "
-                           f"that already differ (a model run through a method, never called: its weights are the "
-                           f"cause, 'bitguard compare' names them), so there is no operation inside a module call to "
-                           f"drill into")
+    if fd.get("fault_class") == "params" and fd.get("blame") == "consumer":
+        # (helpers 68 and 70: a flow's weights read in its .inverse(), a temperature read in a .forward() never called:
+        # the batch was refused as "the input batch", a gradient drilled into a called part that does not own it)
+        raise NotSupported(f"the pivot ({where}) is made from weights that already differ as the optimizer's step() "
+                           f"finds them (a model run through a method, never called: its weights are the cause, "
+                           f"'bitguard compare' names them), so there is no operation inside a module call to drill into")
     if kind == "batch":
         raise NotSupported(f"the pivot ({where}) is the input batch: there is no operation to drill into; the "
                            f"batch or the RNG state differs before the model runs (see 'bitguard compare')")

@@ -111,6 +111,8 @@ def test_a_forward_pivot_blamed_on_its_inputs_is_not_called_the_batch():
     # (helper 68: the weights of a flow trained through its .inverse(), never called, differ: not "the batch")
     with pytest.raises(NotSupported, match="made from weights that already differ"):
         plan(None, None, {**fd, "phase": "data", "kind": "batch", "blame": "consumer", "fault_class": "params"})
+    with pytest.raises(NotSupported, match="made from weights that already differ"):  # (helper 70: a gradient of them)
+        plan(None, None, {**fd, "phase": "backward", "kind": "grad", "blame": "consumer", "fault_class": "params"})
     # (helper 53: torchdiffeq's solver calls the model again in the step, with inputs its code made between the calls)
     with pytest.raises(NotSupported, match="is the inputs of the model's call 1 in the step, which differ although "
                                            "its earlier calls matched"):
