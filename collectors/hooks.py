@@ -814,7 +814,7 @@ class Collector(WeightEvents):
             # (a part with no parameters of its own is not looked for: a loss or an activation made anew each step
             # would cost a look at every step)
             held = (owner is not None or next(module.parameters(), None) is not None) \
-                and self._kept_holder(owner if owner is not None else module, caller)
+                and self._register_holder(owner if owner is not None else module, caller)
             if owner is not None and not held:  # (its `self` holds it: Lightning's training_step calling self.net)
                 self._register_root(owner)
             if held or owner is not None:

@@ -608,22 +608,24 @@ class WeightEvents:
             except Exception as exc:  # noqa: BLE001 - one object that cannot be held: the others still are
                 self._fail("_adopt_kept", exc)
 
-    def _kept_holder(self, module, frame) -> bool:
-        """Register, as a kept root named by its variable, the model the user's frames above `frame` hold
-        that holds `module` as a part, where one does: `module` is met called outside any other (`vae.encoder(x)`,
-        a flow's `.inverse()` calling its parts). Looked for at such a part's first call, so that its name is
-        `vae.encoder` from the first step: named `encoder` there and `vae.encoder` from the step after (the look
-        after each early step found `vae`), a run resumed at step 2 named its first step's calls apart from the
-        same step of the run it resumed (helper 68). Whether one was registered (it contains its failures: no)."""
+    def _register_holder(self, module, frame) -> bool:
+        """Register as a root, named as a called one is (by its class), the model the user's frames above
+        `frame` hold that holds `module` as a part, where one does: `module` is met called outside any other
+        (`vae.encoder(x)`, a flow's `.inverse()` calling its parts), and is named by its path in that model,
+        `encoder`, as when the model calls it. Looked for at such a part's first call: the look for kept models
+        after the early steps found the model and named it by its variable, so the part was `encoder` at step 0
+        and `vae.encoder` from step 1 (a run resumed at step 2 named its first step's calls apart from the same
+        step of the run it resumed, helper 68), and a variable renamed in a refactor renamed every event (helper
+        70). Whether one was registered (it contains its failures: no)."""
         try:
-            for key, value, _ in self._kept_found(kept.user_frames(frame, self.began)):
+            for _, value, _ in self._kept_found(kept.user_frames(frame, self.began)):
                 if isinstance(value, torch.nn.Module) and value is not module and original(value) is value \
                         and any(m is module for m in value.modules()) and not any(map(is_distributed, value.modules())):
                     # (torch.compile's wrapper of the module called is that module, named as it is)
-                    self._register_root(value, key)
+                    self._register_root(value)
                     return True
         except Exception as exc:  # noqa: BLE001 - the training must go on
-            self._fail("_kept_holder", exc)
+            self._fail("_register_holder", exc)
         return False
 
     def _kept_found(self, users: list) -> list[tuple[str, object, tuple | None]]:
