@@ -108,7 +108,8 @@ def blame(pivot: dict, events_a: pl.DataFrame, status: dict[int, str], diffs: pl
         result.update(blame="data", fault_class="rng" if differing == {"rng"} else "data")
         if differing == {"rng"}:
             result["blame_window"] = {"module": None, "detail":
-                                      "the batch matched but the RNG state at the start of this step differs: " + _RESEEDED}
+                                      "the batch matched but the RNG state at the start of this step differs: "
+                                      + _RESEEDED}
         elif (unheld := _unheld_weights(pivot, events_a, diffs)) is not None:
             # (helper 68: a flow trained through its .inverse(), never called, its own parameter used before its first
             # part's call: that part's batch was blamed on the data, though the flow was initialised differently)
@@ -395,8 +396,9 @@ def _unheld_weights(pivot: dict, events_a: pl.DataFrame, diffs: pl.DataFrame, he
         head = head or f"the inputs of {pivot['boundary']} differ, and no recorded module produced them"
         return (f"{head}; {held}, "
                 "later in this step: a model run through its .forward() or another method, never called "
-                "(as gpytorch's modules and normalizing flows' .inverse() are), made differently (its initialisation, its seed, a loaded checkpoint) "
-                "or changed before this step computes these inputs (the data it is given may differ too)")
+                "(as gpytorch's modules and normalizing flows' .inverse() are), made differently (its initialisation, "
+                "its seed, a loaded checkpoint) or changed before this step computes these inputs (the data it is "
+                "given may differ too)")
     return None
 
 
