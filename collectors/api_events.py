@@ -599,7 +599,7 @@ class ApiRecorder(Guarded):
         went on or resumed from here would differ (backend/compare.py, `final_settings`). `set_after_step`:
         the settings are not those of its last step (two runs that asked for other settings throughout,
         to no effect, differ at every step alike: that is no difference made after the last one)."""
-        stepped = [(ref, at_step) for ref, at_step in self._stepped.values()]
+        stepped = list(self._stepped.values())
         # (helper 65: an optimizer made after the last step() and never stepped, holding the state a training that
         # went on would use: its state loaded in one run and not in the other compared identical)
         stepped += [(ref, None) for key, ref in self._made.items() if ref() is not None
