@@ -168,8 +168,8 @@ def since_filter(run_a, run_b, ea: pl.DataFrame, eb: pl.DataFrame, ta: pl.DataFr
         newer = newer | pl.col("kind").is_in(["saved"] + (["params"] if oldest < 6 else [])) | (
             (pl.col("kind") == "final") & (pl.col("module_type") == "optimizer"))  # what only an optimizer held: 8
     newer = newer.fill_null(False)
-    number = pl.col("path").str.contains(NUMBER_PATH).fill_null(False)
-    string = pl.col("path").str.contains(STRING_PATH).fill_null(False)
+    number = pl.col("path").cast(pl.String).str.contains(NUMBER_PATH).fill_null(False)
+    string = pl.col("path").cast(pl.String).str.contains(STRING_PATH).fill_null(False)
     sides = []
     for events, tensors in ((ea, ta), (eb, tb)):
         if events.select(newer.any()).item():
@@ -186,12 +186,13 @@ def since_filter(run_a, run_b, ea: pl.DataFrame, eb: pl.DataFrame, ta: pl.DataFr
         elif oldest < 7:
             batches = events.filter(pl.col("kind") == "batch")["seq"]
             drop = number | (pl.col("seq").is_in(batches.implode()) & (pl.col("role") == "input")
-                             & pl.col("path").str.starts_with("['").fill_null(False))
+                             & pl.col("path").cast(pl.String).str.starts_with("['").fill_null(False))
         else:
             drop = pl.lit(False)
         drop = drop | (number & (pl.col("role") == "input"))  # 13: a call's number arguments
         if oldest < 12:
-            drop = drop | (string & pickled) | (pl.col("path").str.contains(NAMES_PATH).fill_null(False) & saves)
+            names = pl.col("path").cast(pl.String).str.contains(NAMES_PATH).fill_null(False)
+            drop = drop | (string & pickled) | (names & saves)
             timed = [p for p in tensors.filter((number | string) & saves)["path"].unique().to_list()
                      if clock_at(re.sub(f"{NUMBER_PATH}|{STRING_PATH}", "", p)) == "duration"]  # (12: `['dur']`)
             drop = drop | (pl.col("path").is_in(timed) & saves)
@@ -214,7 +215,7 @@ def mode_filter(run_a, run_b, ea: pl.DataFrame, eb: pl.DataFrame, ta: pl.DataFra
     if ma == mb or {ma, mb} != {"full", "trusted"}:
         return ea, eb, ta, tb, []
     # (the recorder's pattern is case-insensitive)
-    trusted_only = (pl.col("kind") != "module") | pl.col("module_type").fill_null("").str.contains(
+    trusted_only = (pl.col("kind") != "module") | pl.col("module_type").cast(pl.String).fill_null("").str.contains(
         "(?i)" + HEAVY_MODULES.pattern)
     sides = []
     for events, tensors, full in ((ea, ta, ma == "full"), (eb, tb, mb == "full")):
@@ -227,7 +228,7 @@ def mode_filter(run_a, run_b, ea: pl.DataFrame, eb: pl.DataFrame, ta: pl.DataFra
         # recorded call around it: another call in each mode (collectors/hooks.py, _unobserved_buffers)
         module_seqs = events.filter(pl.col("kind") == "module")["seq"].implode()
         tensors = tensors.filter(~((pl.col("role") == "state") & pl.col("seq").is_in(module_seqs)
-                                   & pl.col("path").fill_null("").str.contains(r"^\.[^.]+\.")))
+                                   & pl.col("path").cast(pl.String).fill_null("").str.contains(r"^\.[^.]+\.")))
         sides.append((rekey(events, tensors), tensors))
     (ea, ta), (eb, tb) = sides
     return ea, eb, ta, tb, [reason("modes", f"the runs were recorded in different modes (A {ma}, B {mb}): only "

@@ -268,7 +268,7 @@ def _apply_ignore(diffs: pl.DataFrame, events: pl.DataFrame, rules: RuleSet, ran
         fired[rid] = fired.get(rid, 0) + len(seqs)
     keys = pl.DataFrame({"a_seq": [k[0] for k in hits], "role": [k[1] for k in hits],
                          "idx": [k[2] for k in hits], "_rule": list(hits.values())},
-                        schema={"a_seq": pl.Int64, "role": pl.String, "idx": pl.Int32, "_rule": pl.String})
+                        schema={"a_seq": pl.Int64, "role": pl.Categorical, "idx": pl.Int32, "_rule": pl.String})
     diffs = diffs.drop("rule_id").join(keys, on=["a_seq", "role", "idx"], how="left")
     return diffs.with_columns(pl.col("_rule").is_not_null().alias("ignored")).rename({"_rule": "rule_id"})
 
@@ -390,7 +390,8 @@ def _follows_accepted(pairs: pl.DataFrame, diffs: pl.DataFrame, ea: pl.DataFrame
     if accepted.is_empty():
         return pairs
     inputs = pl.DataFrame([(phase, kind, role) for (phase, kind), roles in pivot_mod.INPUT_ROLES.items()
-                           for role in roles], schema={"phase": pl.String, "kind": pl.String, "role": pl.String},
+                           for role in roles],
+                          schema={"phase": pl.Categorical, "kind": pl.Categorical, "role": pl.Categorical},
                           orient="row")
     # a_seq -> rule: an input differs, and that difference is accepted (the first such tensor's rule)
     input_fed = (accepted.select("a_seq", "role", "rule_id").with_row_index("_i")
@@ -868,7 +869,8 @@ class Comparison:
             is_pivot.alias("is_pivot"))
         return out.select("rank", "row", "status", "in_prefix", "reordered", "is_pivot", "step", "phase", "kind",
                           "boundary", "module_type", "call", "depth", "a_seq", "b_seq", "a_t_start_ns", "a_t_end_ns",
-                          "b_t_start_ns", "b_t_end_ns", "rule_id")
+                          "b_t_start_ns", "b_t_end_ns", "rule_id").with_columns(  # (strings, as they always were)
+            pl.col(c).cast(pl.String) for c in ("phase", "kind", "boundary", "module_type"))
 
     def divergent(self, rank: int | None = None) -> pl.DataFrame:
         return self.events(rank).filter(pl.col("status") == "diverged")

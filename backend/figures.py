@@ -122,7 +122,7 @@ def _lane_points(ev: pl.DataFrame, lane_y: dict) -> pl.DataFrame:
 
 def _escaped(column: str) -> pl.Expr:
     """The column with &, < and > escaped: plotly reads hover text as HTML."""
-    return pl.col(column).str.replace_all("&", "&amp;", literal=True).str.replace_all(
+    return pl.col(column).cast(pl.String).str.replace_all("&", "&amp;", literal=True).str.replace_all(
         "<", "&lt;", literal=True).str.replace_all(">", "&gt;", literal=True)
 
 

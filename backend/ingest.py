@@ -3,7 +3,10 @@
 `open_run` validates a run directory (manifest, schema version, every rank file and journal) and
 says in one line what is wrong when it is not usable. `load_rank` reads one rank's events and
 tensor digests into polars frames, with the alignment key of each event; a column that holds one
-value in every row (one thread, one device, nothing unobserved) is held as that value (`_read_compact`).
+value in every row (one thread, one device, nothing unobserved) is held as that value, and the
+strings of few values and many rows (phase, kind, boundary, module type; a tensor's role and path:
+`DICTIONARY`) as Categoricals, 4 bytes a row (`_read_compact`): code that uses `str.` on them casts
+first, and a frame made to join them makes those columns Categorical too.
 
 Reading never writes and never needs a write lock: a rank file is opened read-only (any number
 of readers at once), and what a killed recording left in `rank-N.journal` is read beside it, in
@@ -412,9 +415,10 @@ def load_rank(run: RunInfo, rank: int) -> tuple[pl.DataFrame, pl.DataFrame, dict
             union = {t.name: _union(con, t, present[t.name], leftover) for t in (EVENTS, TENSORS, STACKS)}
             # no ORDER BY: the rows come in the order they were written, nearly always already in
             # order (DuckDB's sort cost more than reading); in_order sorts only what is not
-            events = in_order(_shifted(_read_compact(con, union[EVENTS.name], _ONE_VALUE[EVENTS.name]),
-                                       run.step_shift), ("seq",))
-            tensors = in_order(_read_compact(con, union[TENSORS.name], _ONE_VALUE[TENSORS.name]), ("seq", "role", "idx"))
+            events = in_order(_shifted(_read_compact(con, union[EVENTS.name], _ONE_VALUE[EVENTS.name],
+                                                     DICTIONARY[EVENTS.name]), run.step_shift), ("seq",))
+            tensors = in_order(_read_compact(con, union[TENSORS.name], _ONE_VALUE[TENSORS.name],
+                                             DICTIONARY[TENSORS.name]), ("seq", "role", "idx"))
             frames = con.sql(f"SELECT stack_id, frames FROM ({union[STACKS.name]})").fetchall()
     finally:
         con.close()
@@ -494,29 +498,49 @@ def _shifted(frame: pl.DataFrame, shift: int) -> pl.DataFrame:
 # stream on CPU, one dtype, every tensor observed, nothing sharded): `_read_compact` holds those as that value.
 _ONE_VALUE = {EVENTS.name: ("rank", "world_size", "thread", "device", "stream"),
               TENSORS.name: ("dtype", "unobserved", "shard")}
+# String columns of few values and many rows, held as polars Categoricals: 4 bytes a row, not a
+# 16-byte string view (docs/PERFORMANCE.md, "Where a side's memory goes"). Every frame load_rank
+# gives has these columns as Categorical, whatever the run holds.
+DICTIONARY = {EVENTS.name: ("phase", "boundary", "module_type", "kind"), TENSORS.name: ("role", "path")}
 
 
-def _read_compact(con: duckdb.DuckDBPyConnection, sql: str, columns: tuple[str, ...]) -> pl.DataFrame:
-    """The rows of `sql`, each of `columns` that holds the same value in every row (NULL counted as a
-    value) held as that one value: polars keeps such a column as a scalar instead of a slot a row
-    (16 bytes a row for a string), and every expression, filter, join and row reads it as before. (A
-    column taken out as a Series, `frame[name]`, is made whole and kept so: read these through
-    expressions.) Those columns are never read: one dropped from a frame DuckDB made keeps its memory
-    (a batch's columns are freed together; docs/PERFORMANCE.md). DuckDB says first which they are."""
+def _read_compact(con: duckdb.DuckDBPyConnection, sql: str, columns: tuple[str, ...],
+                  dictionary: tuple[str, ...] = ()) -> pl.DataFrame:
+    """The rows of `sql`, each of `columns` and `dictionary` that holds the same value in every row
+    (NULL counted as a value) held as that one value: polars keeps such a column as a scalar instead
+    of a slot a row (16 bytes a row for a string), and every expression, filter, join and row reads
+    it as before. (A column taken out as a Series, `frame[name]`, is made whole and kept so: read
+    these through expressions.) Those columns are never read: one dropped from a frame DuckDB made
+    keeps its memory (a batch's columns are freed together; docs/PERFORMANCE.md). DuckDB says first
+    which they are. The other `dictionary` columns are read as a DuckDB ENUM of the values they
+    hold (a temporary type, made by DuckDB from the column: no value is ever part of an SQL text),
+    which polars takes as a Categorical without a string a row; all of them end Categorical."""
     schema = con.sql(f"SELECT * FROM ({sql}) LIMIT 0").pl().schema
-    present = [c for c in columns if c in schema]
+    present = [c for c in (*columns, *dictionary) if c in schema]
     one = {}
+    rows = 0
     if present:
         stats = con.sql(f"SELECT count(*), {', '.join(f'min({c}), max({c}), count({c})' for c in present)} "
                         f"FROM ({sql})").fetchall()[0]
+        rows = stats[0]
         for i, c in enumerate(present):
             low, high, count = stats[1 + 3 * i:4 + 3 * i]
-            if stats[0] >= 2 and (count == 0 or (count == stats[0] and low == high)):
+            if rows >= 2 and (count == 0 or (count == rows and low == high)):
                 one[c] = None if count == 0 else low
-    if not one:
-        return con.sql(sql).pl()
-    frame = con.sql(f"SELECT * EXCLUDE ({', '.join(one)}) FROM ({sql})").pl()
-    return frame.with_columns(pl.lit(v, dtype=schema[c]).alias(c) for c, v in one.items()).select(list(schema))
+    cast = [c for c in dictionary if c in schema and c not in one and rows >= 2]
+    for c in cast:  # (names from bitguard.schema only; the values stay in DuckDB)
+        con.execute(f"CREATE OR REPLACE TEMP TYPE _bg_{c} AS ENUM "
+                    f"(SELECT DISTINCT {c} FROM ({sql}) WHERE {c} IS NOT NULL ORDER BY 1)")
+    select = "SELECT *"
+    if one:
+        select += f" EXCLUDE ({', '.join(one)})"
+    if cast:
+        select += f" REPLACE ({', '.join(f'CAST({c} AS _bg_{c}) AS {c}' for c in cast)})"
+    frame = con.sql(f"{select} FROM ({sql})").pl()
+    kind = {c: pl.Categorical if c in dictionary else schema[c] for c in schema}
+    return frame.with_columns(*(pl.lit(v, dtype=kind[c]).alias(c) for c, v in one.items()),
+                              *(pl.col(c).cast(pl.Categorical) for c in dictionary if c in frame.columns)
+                              ).select(list(schema))
 
 
 def in_order(frame: pl.DataFrame, columns: tuple[str, ...]) -> pl.DataFrame:

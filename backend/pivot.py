@@ -154,7 +154,8 @@ def blame(pivot: dict, events_a: pl.DataFrame, status: dict[int, str], diffs: pl
         result["blame_window"] = {"module": pivot["boundary"],
                                   "detail": _optimizer_detail(pivot, events_a, status, used)}
         state = diffs.filter((pl.col("a_seq") == pivot["seq"]) & (pl.col("role") == "state") & pl.col("differs"))
-        counted = state.filter(pl.col("path").str.contains("step"))  # (its step count: not a hyperparameter's doing)
+        # (its step count: not a hyperparameter's doing)
+        counted = state.filter(pl.col("path").cast(pl.String).str.contains("step"))
         if shift and pivot["step"] == shift and counted.height and not inputs_differ:
             # (helper 55: a resume that did not load the optimizer's state was said to be the update computing
             # differently, or "an input of it that was not observed")
@@ -381,7 +382,8 @@ def _unheld_weights(pivot: dict, events_a: pl.DataFrame, diffs: pl.DataFrame, he
     step = events_a.filter(pl.col("step") == pivot["step"])
     called = set(step.filter(pl.col("phase") == "forward")["boundary"].to_list())
     later = step.filter((pl.col("kind") == "params") & (pl.col("phase") == "optimizer") & (pl.col("seq") > pivot["seq"])
-                        & (pl.col("boundary").str.ends_with(FIRST_STEP) | ~pl.col("boundary").is_in(list(called))))
+                        & (pl.col("boundary").cast(pl.String).str.ends_with(FIRST_STEP)
+                           | ~pl.col("boundary").is_in(list(called))))
     for seq, boundary, module_type in later.sort("seq").select("seq", "boundary", "module_type").iter_rows():
         if module_type == "optimizer" and not boundary.endswith(FIRST_STEP):
             continue  # (the tensors only an optimizer holds at a step after its first: taken at the step's start)
@@ -942,6 +944,6 @@ def _children(anc: dict, same: pl.DataFrame, phase: str) -> list[dict]:
                            & (pl.col("t_end_ns") <= anc["t_end_ns"]))
     else:
         depth = anc["boundary"].count(".") + 1
-        kids = same.filter(pl.col("boundary").str.starts_with(anc["boundary"] + ".")
-                           & (pl.col("boundary").str.count_matches(r"\.") == depth))
+        kids = same.filter(pl.col("boundary").cast(pl.String).str.starts_with(anc["boundary"] + ".")
+                           & (pl.col("boundary").cast(pl.String).str.count_matches(r"\.") == depth))
     return kids.sort("seq").select("seq", "boundary").to_dicts()

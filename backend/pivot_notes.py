@@ -23,7 +23,7 @@ def unstepped_note(pivot: dict, events_a: pl.DataFrame) -> list[str]:
     before = events_a.filter(pl.col("seq") < pivot["seq"])
     grads = before.filter(pl.col("kind") == "grad")
     if pivot["depth"] > 0:  # the root module (depth 0) holds every parameter
-        grads = grads.filter(pl.col("boundary").str.starts_with(pivot["boundary"] + "."))
+        grads = grads.filter(pl.col("boundary").cast(pl.String).str.starts_with(pivot["boundary"] + "."))
     params = set(grads.get_column("boundary").unique().to_list())
     if not params:
         return []
@@ -140,7 +140,7 @@ def _holds_parameters(pivot: dict, params: pl.DataFrame, tensors_a: pl.DataFrame
     if last["boundary"] == pivot["boundary"]:
         return True
     paths = tensors_a.filter((pl.col("seq") == last["seq"]) & (pl.col("role") == "param"))["path"]
-    if paths.str.starts_with(f".{pivot['boundary']}.").any():
+    if paths.cast(pl.String).str.starts_with(f".{pivot['boundary']}.").any():
         return True
     return names is not None and any(n.startswith(f"{pivot['boundary']}.") for n in names())
 

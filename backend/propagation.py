@@ -52,8 +52,9 @@ class Graph:
 
 def _owner(boundary: pl.Expr) -> pl.Expr:
     """`boundary.rpartition(".")[0]`: the dotted path without its last part ("" for a name with no dot)."""
+    boundary = boundary.cast(pl.String)
     return pl.when(boundary.str.contains(".", literal=True)).then(boundary.str.replace(r"\.[^.]*$", "")) \
-        .otherwise(pl.lit(""))
+        .otherwise(pl.lit("")).cast(pl.Categorical)
 
 
 def _pairs(left: pl.DataFrame, right: pl.DataFrame, on, kind: str, right_on=None) -> pl.DataFrame:
@@ -103,7 +104,8 @@ def graph(events: pl.DataFrame, tensors: pl.DataFrame, divergent, loss: bool = F
     what "follows from an accepted difference" must assume."""
     div = pl.Series("seq", np.fromiter(divergent, np.int64, len(divergent))).unique().implode()
     # (columns chosen before rows: a filter copies every column it keeps, half a run's events here)
-    info = events.select(_INFO).filter(pl.col("seq").is_in(div))
+    info = events.select(_INFO).filter(pl.col("seq").is_in(div)).with_columns(
+        pl.col("boundary").cast(pl.Categorical))  # (as ingest reads it: a frame made by hand may hold strings)
     tens = tensors.select("seq", "role", "tid").filter(pl.col("seq").is_in(div))
     phase, kind = pl.col("phase"), pl.col("kind")
     fwd = info.filter(phase == "forward")

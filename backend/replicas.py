@@ -28,7 +28,7 @@ import polars as pl
 from bitguard.backend.check import Against, DigestPair, Finding, LoadedRun, Outcome, TensorDiff, hexdigest, register
 from bitguard.backend.collectives import function_of, group_of
 
-_DDP_BUCKET = (pl.col("phase") == "comm") & pl.col("boundary").str.starts_with("comm.ddp_bucket")
+_DDP_BUCKET = (pl.col("phase") == "comm") & pl.col("boundary").cast(pl.String).str.starts_with("comm.ddp_bucket")
 # a rank's params and optimizer step events only when it ran DDP buckets (a pool worker sends back
 # what the checks read: nothing more for a rank without them)
 _READS = (pl.col("kind").is_in(["params", "step"]) & _DDP_BUCKET.any()) | _DDP_BUCKET

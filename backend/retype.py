@@ -110,7 +110,7 @@ def pair_tensors(pairs: pl.DataFrame, ta: pl.DataFrame, tb: pl.DataFrame, pair) 
         for role, idx_b, shown in lone_b:
             remap.append((b_seq, role, idx_b, _APART + idx_b))
             only_b.append((a_seq, b_seq, role, idx_b, shown))
-    moves = pl.DataFrame(remap, schema={"seq": pl.Int64, "role": pl.String, "idx": pl.Int32, "_to": pl.Int32},
+    moves = pl.DataFrame(remap, schema={"seq": pl.Int64, "role": pl.Categorical, "idx": pl.Int32, "_to": pl.Int32},
                          orient="row")
     tb = tb.join(moves, on=["seq", "role", "idx"], how="left").with_columns(
         pl.coalesce("_to", "idx").alias("idx")).drop("_to")
@@ -164,7 +164,7 @@ def _match(rows_a: list[tuple], rows_b: list[tuple]) -> tuple[list, list]:
 
 def _b_rows(only_b: list[tuple], tb: pl.DataFrame, like: pl.DataFrame) -> pl.DataFrame:
     """Rows in the shape of the paired tensors for B's tensors that A does not record."""
-    keys = pl.DataFrame(only_b, schema={"a_seq": pl.Int64, "b_seq": pl.Int64, "role": pl.String,
+    keys = pl.DataFrame(only_b, schema={"a_seq": pl.Int64, "b_seq": pl.Int64, "role": pl.Categorical,
                                         "_b_idx": pl.Int32, "_shown": pl.Int32}, orient="row")
     b = tb.with_columns((pl.col("idx") - _APART).alias("_b_idx")).join(
         keys, left_on=["seq", "role", "_b_idx"], right_on=["b_seq", "role", "_b_idx"])

@@ -20,7 +20,7 @@ import pytest
 
 import bitguard
 from bitguard import db
-from bitguard.backend.ingest import _read_compact, load_rank, open_run
+from bitguard.backend.ingest import DICTIONARY, _read_compact, load_rank, open_run
 from bitguard.collectors import store
 from bitguard.errors import BadInput, BitguardError, CorruptRun, NotARun
 from bitguard.schema import EVENTS, SCHEMA_VERSION
@@ -431,9 +431,38 @@ def test_a_column_of_one_value_is_never_read_and_reads_as_before():
         con.close()
 
 
+def test_the_strings_of_few_values_read_as_categoricals_of_the_same_values():
+    """ingest.DICTIONARY's columns come as Categoricals whatever they hold: many values (read as a
+    DuckDB ENUM DuckDB makes from the column: a value with a quote or a semicolon is only a value),
+    one value, NULLs, a single row; every value reads back as written."""
+    n = 5_000
+    odd = ["model.layer'); DROP TABLE events; --", "a\"b", "", "模块.0"]
+    frames = {
+        "many": pl.DataFrame({"seq": range(n), "boundary": [odd[i % 4] for i in range(n)],
+                              "phase": ["forward"] * n, "kind": [None] * n}),
+        "nulls": pl.DataFrame({"seq": range(3), "boundary": ["x", None, "x"], "phase": [None, "b", "a"],
+                               "kind": ["m", "m", "m"]}),
+        "one row": pl.DataFrame({"seq": [0], "boundary": ["x"], "phase": ["forward"], "kind": [None]},
+                                schema={"seq": pl.Int64, "boundary": pl.String, "phase": pl.String, "kind": pl.String}),
+    }
+    con = duckdb.connect()
+    try:
+        for name, frame in frames.items():
+            con.register("frame", frame.to_arrow())
+            out = _read_compact(con, "SELECT * FROM frame", (), ("boundary", "phase", "kind", "absent"))
+            assert all(out.schema[c] == pl.Categorical for c in ("boundary", "phase", "kind")), (name, out.schema)
+            back = out.with_columns(pl.col(c).cast(pl.String) for c in ("boundary", "phase", "kind"))
+            assert back.equals(frame.with_columns(pl.col("kind").cast(pl.String)), null_equal=True), name
+            con.unregister("frame")
+        assert con.sql("SELECT count(*) FROM duckdb_tables()").fetchall()[0][0] == 0
+    finally:
+        con.close()
+
+
 def test_a_readers_strings_come_as_views_and_read_as_duckdb_writes_them(pristine):
     """A reader's results hold Arrow string views (polars' own layout, taken without a copy:
-    bitguard/db.py READ_CONFIG); every column of a rank read is what DuckDB's plain output gives."""
+    bitguard/db.py READ_CONFIG); every column of a rank read is what DuckDB's plain output gives,
+    the strings of few values (ingest.DICTIONARY) as Categoricals of the same values."""
     info = open_run(pristine)
     events, tensors, _ = load_rank(info, 0)
     con = db.connect(info.ranks[0], read_only=True)
@@ -447,7 +476,8 @@ def test_a_readers_strings_come_as_views_and_read_as_duckdb_writes_them(pristine
         assert plain.sql("SELECT boundary FROM events LIMIT 1").to_arrow_table().schema.types == [pa.string()]
         for frame, table in ((events, "events"), (tensors, "tensors")):
             columns = [c for c in frame.columns if c not in ("key", "loose_key", "place_key")]
-            want = plain.sql(f"SELECT {', '.join(columns)} FROM {table}").pl()
+            want = plain.sql(f"SELECT {', '.join(columns)} FROM {table}").pl().with_columns(
+                pl.col(c).cast(pl.Categorical) for c in DICTIONARY[table])
             assert frame.select(columns).equals(want, null_equal=True) and frame.select(columns).schema == want.schema
     finally:
         plain.close()
