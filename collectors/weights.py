@@ -233,13 +233,15 @@ class WeightEvents:
                 (f".param_groups[{g}][{j}]", p) for g, group in enumerate(optimizer.param_groups)
                 for j, p in enumerate(group["params"]) if id(p) not in self._finaled]
             named = {id(p): library_name(p) for _, p in pairs}  # (Pyro's: each its own event, by its name)
+            # (digested now, as every final row is: a digest `_row` kept from their last step would be
+            # stale after a write through `.data`, which leaves the version counter as it was: helper 72)
             for name, p in ((named[id(p)], p) for _, p in pairs if named[id(p)]):
                 self._finaled.add(id(p))
-                self._emit("optimizer", "final", name, "optimizer", 0, time.time_ns(), self._rows([("", p)], "param"))
+                self._emit("optimizer", "final", name, "optimizer", 0, time.time_ns(), self._param_digested([("", p)]))
             pairs = [(path, p) for path, p in pairs if not named[id(p)]]
             if pairs:
                 self._finaled.update(id(p) for _, p in pairs)
-                self._emit("optimizer", "final", label, "optimizer", 0, time.time_ns(), self._rows(pairs, "param"))
+                self._emit("optimizer", "final", label, "optimizer", 0, time.time_ns(), self._param_digested(pairs))
 
     def _final(self, module: torch.nn.Module, name: str) -> None:
         """The `final` event of root module `module`: every parameter and buffer as it is now (none

@@ -1170,6 +1170,34 @@ def test_a_tensor_only_an_optimizer_holds_edited_between_steps_is_blamed_there(t
     assert bitguard.compare(tmp_path / "old", tmp_path / "a").verdict == "identical"
 
 
+def test_a_tensor_only_an_optimizer_holds_edited_through_data_after_the_last_step_differs_at_the_end(tmp_path):
+    """Helper 72: `log_alpha.data.mul_(2)` after the last step compared identical: its final row
+    reused the digest taken at the last step, the version counter being one `.data` does not move."""
+    import torch
+
+    import bitguard
+
+    def train(name, edit):
+        model, opt = _tiny()
+        log_alpha = torch.zeros(1, requires_grad=True)
+        opt.add_param_group({"params": [log_alpha]})
+        with bitguard.record(tmp_path / name, determinism=False):
+            for _ in range(3):
+                loss = (model(torch.randn(2, 4)) * log_alpha.exp()).pow(2).mean()
+                opt.zero_grad()
+                loss.backward()
+                opt.step()
+            if edit:
+                log_alpha.data.mul_(2.0)
+
+    for name, edit in (("a", False), ("b", False), ("c", True)):
+        train(name, edit)
+    assert bitguard.compare(tmp_path / "a", tmp_path / "b").verdict == "identical"
+    fd = bitguard.compare(tmp_path / "a", tmp_path / "c").to_dict()["first_divergence"]
+    assert (fd["kind"], fd["boundary"], fd["module_type"], fd["fault_class"]) == \
+        ("final", "SGD", "optimizer", "final_state"), fd
+
+
 def test_tensors_trained_with_no_module_have_steps_and_their_edit_is_blamed_there(tmp_path):
     """Helper 42: a loop training tensors no module holds (a linear model written by hand, stepped by
     torch.optim) never called a module, so its steps never advanced: every event was step 0, and an
