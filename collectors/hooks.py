@@ -323,7 +323,8 @@ class Collector(WeightEvents):
         self._kept_lists: dict[int, kept.KeptTensors] = {}  # id of a list or dict of shadow weights -> its root, held
         self._kept_marks: tuple | None = None  # what the user's frames held at the last look (kept.marks)
         self.began = None  # the frame that began the recording (Recording.__enter__'s caller; kept.user_frames)
-        self._kept_places: dict[tuple[int, str], kept.KeptTensors] = {}  # (id of an object, attribute) -> its root
+        # (id of an object, attribute), or the path of a variable of the user's code -> its root
+        self._kept_places: dict[tuple[int, str] | str, kept.KeptTensors] = {}
         self._kept_holders: frozenset = frozenset()  # the variables and attributes the last look found kept models in
         self._params: dict[int, tuple[weakref.ref, str, str, int]] = {}  # id -> (ref, name, owner type, tid)
         self._param_in: dict[int, tuple] = {}  # pid -> (t0, grad_input row) while .grad accumulates

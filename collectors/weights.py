@@ -593,14 +593,20 @@ class WeightEvents:
                     entry = self._kept_lists.get(id(value))
                     if entry is not None and entry.kept is value:
                         continue
-                    entry = self._kept_places.get((id(place[0]), place[1])) if place is not None else None
-                    if entry is not None and entry.place[0] is place[0]:  # a new list in the same place: the same root
+                    # a new list in the same place, an attribute or else a variable of the user's code, is the
+                    # same root, which holds the newest only (helper 72: a dict of clones made at every step
+                    # was a root a step, each held to the end: a copy of the weights a step)
+                    slot = (id(place[0]), place[1]) if place is not None else key
+                    entry = self._kept_places.get(slot)
+                    if entry is not None and (place is None or entry.place[0] is place[0]):
+                        self._kept_lists.pop(id(entry.kept), None)
+                        if place is None:
+                            entry.kept = value
                         entry.refresh()
                     else:
                         entry = kept.KeptTensors(value, place)
                         self._register_root(entry, key)
-                        if place is not None:
-                            self._kept_places[(id(place[0]), place[1])] = entry
+                        self._kept_places[slot] = entry
                     self._kept_lists[id(value)] = entry
                     continue
                 entry = names.get(id(value))

@@ -275,6 +275,41 @@ def test_what_the_training_keeps_but_never_calls_has_its_final_state(tmp_path, m
     assert kept == ({boundary} if module_type == "KeptTensors" else set()), kept  # (not the batch)
 
 
+def test_a_dict_of_clones_made_at_every_step_is_one_kept_root_holding_the_newest(tmp_path):
+    """Helper 72: a snapshot of the weights made anew at every step (`snap = {k: v.clone() ...}`) was
+    a kept root a step (`snap`, `snap#2`, ...), each held to the end: a copy of the weights a step,
+    more memory than the training's own. A new container in the same variable is the same root now,
+    holding the newest only; and its last state is still compared."""
+    import gc
+    import weakref
+
+    import duckdb
+    import torch
+
+    import bitguard
+
+    def train(name, scale):
+        model, opt = _tiny()
+        made = []
+        with bitguard.record(tmp_path / name, determinism=False):
+            for step in range(6):
+                snap = {k: v.detach().clone() * (scale if step == 5 else 1.0) for k, v in model.named_parameters()}
+                made.append(weakref.ref(snap["0.weight"]))  # (a dict has no weak reference: its tensor)
+                _sgd_steps(model, opt, 1)
+            gc.collect()
+            alive = sum(r() is not None for r in made)
+        assert snap is not None and alive <= 2, alive  # (this step's, and the one the last look took)
+
+    for name, scale in (("a", 1.0), ("b", 1.0), ("c", 2.0)):
+        train(name, scale)
+    with duckdb.connect(str(tmp_path / "a" / "rank-0.duckdb"), read_only=True) as con:
+        finals = sorted(b for (b,) in con.execute("SELECT boundary FROM events WHERE kind = 'final'").fetchall())
+    assert finals == ["Sequential", "snap"], finals
+    assert bitguard.compare(tmp_path / "a", tmp_path / "b").verdict == "identical"
+    fd = bitguard.compare(tmp_path / "a", tmp_path / "c").to_dict()["first_divergence"]
+    assert (fd["kind"], fd["boundary"]) == ("final", "snap"), fd
+
+
 def test_an_ema_made_after_the_last_step_is_found_when_the_recording_ends(tmp_path):
     """Kept models are looked for at some optimizer steps; one made after the last of them (an
     average taken once training is done) is looked for again as `with bitguard.record()` ends."""
