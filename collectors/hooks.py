@@ -52,7 +52,7 @@ from bitguard.collectors.compiled import (REGION_PATH, REGION_REASON, CompileWat
                                           inner_call, is_compiling, jit_tracing,
                                           keep_out_of_dynamo, original, region_of)
 from bitguard.collectors.flatten import NotFlattened, flatten
-from bitguard.collectors.observation import NO_DIGEST, PLAIN, dims, observe
+from bitguard.collectors.observation import NO_DIGEST, PLAIN, dims, observe, transformed, unwrapped
 from bitguard.collectors.patching import Patch
 from bitguard.collectors.processes import ProcessWatch
 from bitguard.collectors.recompute import NON_REENTRANT, recompute_kind
@@ -111,14 +111,6 @@ class _Backward:
         self.step = step  # of its forward
 
 
-def _transformed(t: torch.Tensor) -> bool:
-    """A functorch wrapper (a tensor inside vmap or grad)."""
-    try:
-        return bool(torch._C._functorch.is_functorch_wrapped_tensor(t))
-    except Exception:  # noqa: BLE001 - a torch without the check
-        return False
-
-
 def _legacy_batched(t: torch.Tensor) -> bool:
     """A gradient of `torch.autograd.grad(..., is_grads_batched=True)` (and of `autograd.functional.jacobian`
     with `vectorize=True`): a batch of vector-Jacobian products under torch's legacy vmap, with no storage of
@@ -140,20 +132,6 @@ def outside_transforms():
     except ImportError:  # a torch without it: the copy may fail, and the tensor is marked unobserved
         return contextlib.nullcontext()
     return temporarily_clear_interpreter_stack()
-
-
-def _unwrapped(t: torch.Tensor) -> torch.Tensor | None:
-    """The plain tensor under a functorch wrapper (a tensor inside vmap or grad: under vmap, the
-    whole batch of which the wrapper is one slice, its batch dimension in place), None for any
-    other tensor. Its values are what the wrapper's computation reads, all members at once."""
-    if not _transformed(t):
-        return None
-    try:
-        while torch._C._functorch.is_functorch_wrapped_tensor(t):
-            t = torch._C._functorch.get_unwrapped(t)
-    except Exception:  # noqa: BLE001 - a torch without it: the wrapper stays unobserved
-        return None
-    return t
 
 
 def _owner(root: torch.nn.Module, p_name: str) -> torch.nn.Module:
@@ -546,7 +524,7 @@ class Collector(WeightEvents):
             except Exception as exc:  # noqa: BLE001 - a tensor that cannot be read is marked, never dropped
                 if t.is_quantized:  # (checked here, not before every digest: rare, and refused by the plain path)
                     return self._other_row(t, role, idx, path, dtype, tid, storage)
-                inner = None if address or t.is_meta else _unwrapped(t)
+                inner = None if address or t.is_meta else unwrapped(t)
                 if t.is_meta:  # no values to read, nor to differ: the digest of no bytes (shape and dtype say the rest)
                     digest = (0, 0)
                 elif inner is None:
@@ -590,7 +568,7 @@ class Collector(WeightEvents):
         design (NotSupported: meta, quantized) is only marked, as is one inside a torch.func
         transform (vmap, grad: a wrapper without storage of its own); any other failure is also a
         collector error (reported in the manifest), since it may be one of ours."""
-        if t is not None and _transformed(t):
+        if t is not None and transformed(t):
             return ("a tensor inside a torch.func transform (vmap, grad, jacrev: per-sample gradients): a wrapper "
                     "whose values are not in memory of its own (not digested)")
         if not isinstance(exc, NotSupported):

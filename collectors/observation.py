@@ -121,6 +121,28 @@ def flattened_bytes(t: torch.Tensor) -> torch.Tensor | None:
         return None
 
 
+def transformed(t: torch.Tensor) -> bool:
+    """A functorch wrapper (a tensor inside vmap or grad)."""
+    try:
+        return bool(torch._C._functorch.is_functorch_wrapped_tensor(t))
+    except Exception:  # noqa: BLE001 - a torch without the check
+        return False
+
+
+def unwrapped(t: torch.Tensor) -> torch.Tensor | None:
+    """The plain tensor under a functorch wrapper (a tensor inside vmap or grad: under vmap, the
+    whole batch of which the wrapper is one slice, its batch dimension in place), None for any
+    other tensor. Its values are what the wrapper's computation reads, all members at once."""
+    if not transformed(t):
+        return None
+    try:
+        while torch._C._functorch.is_functorch_wrapped_tensor(t):
+            t = torch._C._functorch.get_unwrapped(t)
+    except Exception:  # noqa: BLE001 - a torch without it: the wrapper stays unobserved
+        return None
+    return t
+
+
 def plain_digests(tensors: list) -> list:
     """The digests of the plain tensors among `tensors` (one kernel call for the host ones), None in
     the place of the others (a subclass, a DTensor: `_row` observes those itself) and of every one

@@ -22,7 +22,7 @@ from bitguard.collectors import kept
 from bitguard.collectors.beside import json_values
 from bitguard.collectors.compiled import eager_name, is_compiling, original
 from bitguard.collectors.flatten import NotFlattened
-from bitguard.collectors.observation import plain_digests
+from bitguard.collectors.observation import plain_digests, unwrapped
 from bitguard.collectors.recompute import in_backward_pass
 from bitguard.collectors.saved import child_saves, note_child_save, tensors_in
 from bitguard.collectors.sharded import clean_name, mark
@@ -354,10 +354,13 @@ class WeightEvents:
             self._met.clear()
             self._met_step = self.step
         self._met.update(id(p) for _, p in params)
-        if any(not isinstance(p, torch.nn.Parameter) for _, p in params):
+        swapped = [p for _, p in params if not isinstance(p, torch.nn.Parameter)]
+        if swapped:
             self._foreign_call = self._generation  # (its parts' tensors are this event's: `_swapped_params`)
-            if self._foreign is None:
-                self._foreign = name  # (torch.func.functional_call puts the tensors it is given in their place)
+            # (torch.func.functional_call puts the tensors it is given in their place; under torch.func.grad, the
+            # module's own parameters are given wrapped: they are still the weights its final event holds, helper 72)
+            if self._foreign is None and not all(isinstance(unwrapped(p), torch.nn.Parameter) for p in swapped):
+                self._foreign = name
         return {id(p): (r[8], r[9]) if type(r[8]) is int else r[8]
                 for (_, p), r in zip(params, rows) if r[12] is None and r[13] is None}
 

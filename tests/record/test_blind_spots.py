@@ -1725,6 +1725,34 @@ def test_weights_trained_through_functional_call_without_torch_optim_are_not_cer
         d["certification"]["reasons"]
 
 
+def test_a_model_s_own_parameters_given_to_functional_call_under_torch_func_grad_are_its_weights(tmp_path):
+    """Helper 72: `grad(loss)(dict(model.named_parameters()), ...)` wraps the module's own Parameters, which
+    functional_call then puts in their slots, updated by hand through `.data`: the collector said the
+    final weights were not observed (inconclusive), but they are the module's own, which its final event
+    holds. Two unchanged runs compare identical, and a last update that differs is found there."""
+    import torch
+    from torch.func import functional_call, grad
+
+    import bitguard
+
+    def train(out, lr):
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1))
+        params = dict(model.named_parameters())
+
+        def loss_fn(prm, x):
+            return functional_call(model, prm, (x,)).pow(2).mean()
+
+        with bitguard.record(out, determinism=False):
+            for step in range(3):
+                grads = grad(loss_fn)(params, torch.randn(4, 4))
+                for k, p in params.items():
+                    p.data.sub_(grads[k] * (lr if step == 2 else 0.1))
+
+    fd = _planted(tmp_path, train, 0.1, 0.5)
+    assert (fd["kind"], fd["boundary"]) == ("final", "Sequential"), fd
+
+
 def test_a_step_the_loss_scaler_skipped_is_a_step_run_b_lacks(tmp_path):
     """GradScaler.step skips optimizer.step() on an inf gradient: the step counter stood still, the
     next step's events were numbered as the skipped one's, and the pivot was an "extra" batch."""
