@@ -328,8 +328,9 @@ def _compare_rank(rank: int, run_a: RunInfo, run_b: RunInfo, rules: RuleSet, fir
         "reordered": al.reordered, "retyped": retyped, "resigned": resigned,
     }, schema={"a_pos": pl.Int64, "b_pos": pl.Int64, "a_seq": pl.Int64, "b_seq": pl.Int64, "reordered": pl.Boolean,
                "retyped": pl.Boolean, "resigned": pl.Boolean})
-    diffs = equivalence.apply(retype.pair_tensors(pairs, ta, tb, _pair_tensors), fingerprint, run_a.ranks[rank],
-                              run_b.ranks[rank])
+    batches = ea.filter(pl.col("kind") == "batch")["seq"]
+    diffs = equivalence.apply(retype.pair_tensors(pairs, ta, tb, _pair_tensors, batches), fingerprint,
+                              run_a.ranks[rank], run_b.ranks[rank])
     diffs = diffs.with_columns((pl.col("differs") & ~pl.col("unknown")).alias("differs"))
     diffs = _apply_ignore(diffs, ea, rules, rank, fired)
     per_pair = diffs.group_by("a_seq").agg(

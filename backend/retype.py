@@ -19,7 +19,8 @@ such a pair is never certified identical, and a tensor both sides record still s
 difference. A gradient a module's backward sends to an input, or one its output receives, in one
 run alone is a difference, not a signature change: that run computes a gradient the other does not
 (a detached input, a loss term dropped), and so is the RNG state a call began from in one run alone (it drew
-random numbers in that run only). What a save wrote (kind `saved`) pairs by its full key
+random numbers in that run only), and a tensor of the input batch one run alone gives the model (a hidden
+state carried into the call in one run, reset to None in the other). What a save wrote (kind `saved`) pairs by its full key
 only: a save of other tensors is a difference. This module knows nothing of digests, rules or pivots.
 """
 
@@ -85,10 +86,13 @@ def _unless_saved(events: pl.DataFrame, column: str, rows: np.ndarray, side: int
     return keys
 
 
-def pair_tensors(pairs: pl.DataFrame, ta: pl.DataFrame, tb: pl.DataFrame, pair) -> pl.DataFrame:
+def pair_tensors(pairs: pl.DataFrame, ta: pl.DataFrame, tb: pl.DataFrame, pair,
+                 batches: pl.Series | None = None) -> pl.DataFrame:
     """`pair(pairs, ta, tb)` (compare.py's tensor join on role and idx), with the tensors of
     resigned pairs matched as the module docstring says first: B's matched tensors take their A
-    partner's idx, and what one side alone records is a row marked unobserved."""
+    partner's idx, and what one side alone records is a row marked unobserved, but in the events
+    of A whose seqs are `batches` (the input batches) and the roles of ALONE_DIFFERS: a difference
+    there (helper 71: a GRU's hidden state reset to None at a step was blamed on the GRU)."""
     if "resigned" not in pairs.columns or not pairs["resigned"].any():
         return pair(pairs, ta, tb)
     resigned = pairs.filter(pl.col("resigned")).select("a_seq", "b_seq")
@@ -118,10 +122,13 @@ def pair_tensors(pairs: pl.DataFrame, ta: pl.DataFrame, tb: pl.DataFrame, pair) 
         moves.select(pl.col("seq").alias("b_seq"), "role", pl.col("_to").alias("idx"), pl.col("idx").alias("idx_b")),
         on=["b_seq", "role", "idx"], how="left").with_columns(pl.coalesce("idx_b", "idx").alias("idx_b"))
     in_resigned = pl.col("a_seq").is_in(resigned["a_seq"].implode())
+    alone_differs = pl.col("role").is_in(ALONE_DIFFERS)
+    if batches is not None:
+        alone_differs = alone_differs | pl.col("a_seq").is_in(batches.implode())
     d = d.with_columns(pl.when(in_resigned & pl.col("xor_b").is_null() & pl.col("pos_b").is_null()
-                               & pl.col("unobserved_b").is_null() & ~pl.col("role").is_in(ALONE_DIFFERS))
+                               & pl.col("unobserved_b").is_null() & ~alone_differs)
                        .then(pl.lit(ONLY_A)).otherwise(pl.col("unobserved_b")).alias("unobserved_b"))
-    d = pl.concat([d, _b_rows(only_b, tb, d)], how="diagonal_relaxed") if only_b else d
+    d = pl.concat([d, _b_rows(only_b, tb, d, alone_differs)], how="diagonal_relaxed") if only_b else d
     return d.with_columns((pl.col("unobserved").is_not_null() | pl.col("unobserved_b").is_not_null()).alias("unknown"))
 
 
@@ -162,8 +169,9 @@ def _match(rows_a: list[tuple], rows_b: list[tuple]) -> tuple[list, list]:
     return matched, shown
 
 
-def _b_rows(only_b: list[tuple], tb: pl.DataFrame, like: pl.DataFrame) -> pl.DataFrame:
-    """Rows in the shape of the paired tensors for B's tensors that A does not record."""
+def _b_rows(only_b: list[tuple], tb: pl.DataFrame, like: pl.DataFrame, alone_differs: pl.Expr) -> pl.DataFrame:
+    """Rows in the shape of the paired tensors for B's tensors that A does not record (`alone_differs`:
+    those that differ by being there, the others unobserved)."""
     keys = pl.DataFrame(only_b, schema={"a_seq": pl.Int64, "b_seq": pl.Int64, "role": pl.Categorical,
                                         "_b_idx": pl.Int32, "_shown": pl.Int32}, orient="row")
     b = tb.with_columns((pl.col("idx") - _APART).alias("_b_idx")).join(
@@ -173,7 +181,7 @@ def _b_rows(only_b: list[tuple], tb: pl.DataFrame, like: pl.DataFrame) -> pl.Dat
         pl.col("_b_idx").alias("idx_b"), "path", "shape",
         pl.lit(None, dtype=pl.String).alias("dtype"), pl.col("dtype").alias("dtype_b"),
         pl.col("xor").alias("xor_b"), pl.col("pos").alias("pos_b"),
-        pl.when(pl.col("role").is_in(ALONE_DIFFERS)).then(None).otherwise(pl.lit(ONLY_B)).alias("unobserved"),
+        pl.when(alone_differs).then(None).otherwise(pl.lit(ONLY_B)).alias("unobserved"),
         pl.lit(None, dtype=pl.String).alias("unobserved_b"),
         pl.lit(True).alias("xor_differs"), pl.lit(True).alias("pos_differs"), pl.lit(True).alias("differs"))
     return rows.select([c for c in rows.columns if c in like.columns])
@@ -190,7 +198,8 @@ def note(pairs: pl.DataFrame, a_seq: int | None, diffs: pl.DataFrame) -> list[st
     only_a = mine.filter(pl.col("unobserved_b") == ONLY_A).height
     only_b = mine.filter(pl.col("unobserved") == ONLY_B).height
     alone = [(role, side, mine.filter((pl.col("role") == role) & pl.col(digest).is_null() & pl.col(why).is_null()).height)
-             for role in ALONE_DIFFERS for side, digest, why in (("A", "xor_b", "unobserved_b"), ("B", "xor", "unobserved"))]
+             for role in (*ALONE_DIFFERS, "input")
+             for side, digest, why in (("A", "xor_b", "unobserved_b"), ("B", "xor", "unobserved"))]
     out = [f"paired by position across a signature change (same module path and phase, other tensors): "
            f"{only_a} tensor(s) only in A, {only_b} only in B, the others paired by path, shape and dtype"] \
         if only_a or only_b or not any(n for *_, n in alone) else []
@@ -200,6 +209,9 @@ def note(pairs: pl.DataFrame, a_seq: int | None, diffs: pl.DataFrame) -> list[st
             out.append(f"run {side} alone sends a gradient back to {n} input(s) of this module: in run {other} that "
                        f"input does not require one (detached, made under no_grad, or its requires_grad changed), or "
                        f"this module's forward cut it off there (a .detach() or no_grad inside it)")
+        elif n and role == "input":  # (an input batch's: pair_tensors `batches`)
+            out.append(f"run {side} alone gives the model {n} input(s) of this batch: in run {other} the call does not "
+                       f"take it (an argument left out or passed as None: a hidden state reset, a mask dropped)")
         elif n and role != "rng":  # (a draw in one run alone: the blame says so, pivot.py `_drew_alone`)
             out.append(f"{n} output(s) of this module receive a gradient in run {side} alone: in run {other} nothing "
                        f"backpropagates into them (a loss term dropped, an output detached or left unused), or this "

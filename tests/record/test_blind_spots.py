@@ -1753,6 +1753,47 @@ def test_a_model_s_own_parameters_given_to_functional_call_under_torch_func_grad
     assert (fd["kind"], fd["boundary"]) == ("final", "Sequential"), fd
 
 
+def test_a_hidden_state_one_run_alone_gives_the_model_is_a_difference_in_the_batch(tmp_path):
+    """Helper 71: a GRU language model's hidden state carried from batch to batch, reset to None at one
+    step in run B: the batch lost a tensor, and the pivot was the GRU's forward blamed as computing
+    differently ("source"), its missing input said to be a signature change. A tensor of the input
+    batch one run alone gives is a difference of the data now, at that step."""
+    import torch
+
+    import bitguard
+
+    class LM(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.emb, self.rnn, self.head = torch.nn.Embedding(10, 8), torch.nn.GRU(8, 8, batch_first=True), \
+                torch.nn.Linear(8, 10)
+
+        def forward(self, x, h=None):
+            out, h = self.rnn(self.emb(x), h)
+            return self.head(out), h
+
+    def train(out, reset):
+        torch.manual_seed(0)
+        model = LM()
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        h = None
+        with bitguard.record(out, determinism=False):
+            for step in range(4):
+                x = torch.randint(0, 10, (2, 5))
+                if step == reset:
+                    h = None
+                logits, h = model(x, h)
+                h = h.detach()
+                loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1), x.flatten())
+                opt.zero_grad()
+                loss.backward()
+                opt.step()
+
+    fd = _planted(tmp_path, train, -1, 2)
+    assert (fd["step"], fd["kind"], fd["boundary"], fd["blame"]) == (2, "batch", "LM", "data"), fd
+    assert any("run A alone gives the model 1 input(s) of this batch" in n for n in fd["notes"]), fd["notes"]
+
+
 def test_a_step_the_loss_scaler_skipped_is_a_step_run_b_lacks(tmp_path):
     """GradScaler.step skips optimizer.step() on an inf gradient: the step counter stood still, the
     next step's events were numbered as the skipped one's, and the pivot was an "extra" batch."""
