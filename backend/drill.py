@@ -315,7 +315,7 @@ def _op_pivot(w: Window, d: opdiff.OpDifference) -> dict:
             "index_a": d.index_a, "index_b": d.index_b, "modules": op.get("modules") or [], "chain": _chain(w, op),
             "inputs_differ": d.inputs_differ, "args_differ": d.args_differ,
             "args_a": (d.op_a or {}).get("args"), "args_b": (d.op_b or {}).get("args"),
-            "inputs": d.inputs, "outputs": d.outputs, "other_side": d.other_side,
+            "inputs": d.inputs, "outputs": d.outputs, "other_side": d.other_side, "moved": d.moved,
             "ops_equal_before": d.paired_before}
 
 

@@ -314,7 +314,14 @@ def render_drill(doc: dict) -> str:
             side, other = op["side_only"].upper(), "B" if op["side_only"] == "a" else "A"
             there = ", ".join(f"{o['op']} ({Path(o['file']).name}:{o['line']})" if o.get("file") else o["op"]
                               for o in op["other_side"][:4]) or "nothing"
-            out.append(f"  cause    structure: run {side} alone calls it (run {other} calls {there} there)")
+            moved = op.get("moved")
+            if moved:
+                at = f" at {Path(moved['file']).name}:{moved['line']}" if moved.get("file") else ""
+                out.append(f"  cause    structure: the order differs: run {other} calls it too, as its op "
+                           f"{moved['index']}{at}, {'later' if moved['index'] > op['index_' + op['side_only']] else 'sooner'}, "
+                           f"and its output differs (run {other} calls {there} here)")
+            else:
+                out.append(f"  cause    structure: run {side} alone calls it (run {other} calls {there} there)")
             then = op.get("then")
             if then:
                 at = f"{Path(then['file']).name}:{then['line']} in {then['function']}" if then.get("file") else "?"

@@ -48,6 +48,23 @@ def test_an_op_run_b_alone_has_before_a_paired_op_comes_first():
     assert (d.cause, d.side_only, d.op["op"], d.index_b) == ("structure", "b", "clone", 1)
 
 
+def test_an_op_called_in_another_order_with_another_output_is_where_the_orders_part():
+    """Helper 71: B's norm_first layer norm runs before the attention, A's after it: the alignment's
+    reorder pass paired the two layer norms, and the first difference named was the attention's first
+    op, its inputs differing with no op before said to differ. An op moved whose output differs is a
+    structural difference where it runs first, saying where the other run calls it."""
+    attn = [op("transpose", "2", inputs=("1",)), op("mha", "3", inputs=("2",)), op("add", "4", inputs=("3",))]
+    a = [A[0], *attn, op("layer_norm", "5", inputs=("4",))]
+    b = [A[0], op("layer_norm", "6", inputs=("1",)), op("transpose", "7", inputs=("6",)),
+         op("mha", "8", inputs=("7",)), op("add", "9", inputs=("8",))]
+    d = first_difference(a, b)
+    assert (d.cause, d.side_only, d.op["op"], d.index_b) == ("structure", "b", "layer_norm", 1), d
+    assert (d.moved["index"], d.moved["op"]) == (4, "layer_norm")
+    # moved with the same output (independent ops swapped): paired as before, no difference
+    c = [A[0], op("layer_norm", "5", inputs=("4",)), *attn]
+    assert first_difference(a, c) is None
+
+
 def test_after_a_structural_difference_the_first_value_difference_is_where_the_streams_join():
     b = [A[0], op("clone", "7", inputs=("1",)), A[1], op("add", "8", inputs=("2",))]
     kinds = [(d.cause, d.op["op"]) for d in differences(A, b)]
