@@ -317,9 +317,9 @@ def render_drill(doc: dict) -> str:
             moved = op.get("moved")
             if moved:
                 at = f" at {Path(moved['file']).name}:{moved['line']}" if moved.get("file") else ""
+                when = "later" if moved["index"] > op["index_" + op["side_only"]] else "sooner"
                 out.append(f"  cause    structure: the order differs: run {other} calls it too, as its op "
-                           f"{moved['index']}{at}, {'later' if moved['index'] > op['index_' + op['side_only']] else 'sooner'}, "
-                           f"and its output differs (run {other} calls {there} here)")
+                           f"{moved['index']}{at}, {when}, and its output differs (run {other} calls {there} here)")
             else:
                 out.append(f"  cause    structure: run {side} alone calls it (run {other} calls {there} there)")
             then = op.get("then")
