@@ -159,6 +159,17 @@ def plan(run_a: RunInfo, run_b: RunInfo, fd: dict) -> Window:
                                f"'bitguard compare' says where the gradient came from")
         raise NotSupported(f"not supported yet: the window {target} of the pivot ({where}) is not a recorded module "
                            f"call in step {step} of either run (trusted mode or a compiled region?); record in full mode")
+    if backward and fd.get("cause") == "structure" and (fd.get("a_seq") is None) != (fd.get("b_seq") is None):
+        alone, other, events = ("B", "A", ea) if fd.get("a_seq") is None else ("A", "B", eb)
+        if not events.filter((pl.col("step") == step) & (pl.col("phase") == "backward")
+                             & (pl.col("boundary") == target)).height:
+            # (helper 72: a BYOL target network given a gradient in run B alone: the replay of A traced no
+            # backward, and the drill said "not reproduced: nondeterminism")
+            raise NotSupported(f"not supported yet: the pivot ({where}) is a backward run {alone} alone runs, and run "
+                               f"{other} runs no backward of {target} in step {step}: there is no pass of it in run "
+                               f"{other} to compare op by op. What differs is whether a gradient reaches it (an output "
+                               f"detached or made under no_grad, a parameter frozen, a loss term dropped): the code "
+                               f"before the backward decides it, 'bitguard compare' gives its call stack")
     if backward:
         why = why if kind == "grad" else f"{why}, its backward"
         return Window(rank, step, target, (a or b)["module_type"], fd["call"], why,

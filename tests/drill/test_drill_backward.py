@@ -163,6 +163,36 @@ def test_a_structure_pivot_traces_the_call_that_makes_the_extra_call(tmp_path):
     assert w.seq_a is not None and w.seq_b is not None
 
 
+def test_a_backward_one_run_alone_runs_is_refused_as_that_not_as_nondeterminism(tmp_path):
+    """Helper 72: BYOL's target network given a gradient in run B alone: the pivot is the target's
+    backward, which run A never runs; the replay of A traced no backward and the drill said "not
+    reproduced: nondeterminism". It refuses at once, saying what differs instead."""
+    import torch
+
+    import bitguard
+    from bitguard.backend.ingest import open_run
+
+    def train(name, target_grad):
+        torch.manual_seed(0)
+        online, target = torch.nn.Linear(4, 4), torch.nn.Linear(4, 4)
+        opt = torch.optim.SGD(online.parameters(), lr=0.1)
+        with bitguard.record(tmp_path / name, determinism=False):
+            for _ in range(2):
+                x = torch.randn(2, 4)
+                with torch.set_grad_enabled(target_grad):
+                    t = target(x)
+                opt.zero_grad()
+                (online(x) - t).pow(2).mean().backward()
+                opt.step()
+
+    train("a", False)
+    train("b", True)
+    fd = bitguard.compare(tmp_path / "a", tmp_path / "b").to_dict()["first_divergence"]
+    assert (fd["cause"], fd["phase"], fd["a_seq"]) == ("structure", "backward", None), fd
+    with pytest.raises(NotSupported, match="is a backward run B alone runs, and run A runs no backward of"):
+        plan(open_run(tmp_path / "a"), open_run(tmp_path / "b"), fd)
+
+
 def test_a_parameter_gradient_received_differing_traces_the_blame_window(tmp_path):
     """Helper 44 (PEFT's LoRA): `B(A(x)) * scaling` with another scaling, B at zero; compare blames the layer's
     own code (the mul), but the drill traced the backward of B, the parameter's owner, whose ops only
