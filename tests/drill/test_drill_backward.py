@@ -48,6 +48,15 @@ def drilled(tmp_path_factory):
             for p in pairs}
 
 
+def _planted(tmp_path, train) -> dict:
+    """The first divergence of run a, `train(path, False)`, against run b, `train(path, True)`."""
+    import bitguard
+
+    train("a", False)
+    train("b", True)
+    return bitguard.compare(tmp_path / "a", tmp_path / "b").to_dict()["first_divergence"]
+
+
 def _assert_reproduced(doc: dict) -> None:
     assert doc["replay"]["reproduced"], doc["replay"]["detail"]
     assert doc["replay"]["a"]["compared"] > 0 and doc["replay"]["b"]["compared"] > 0
@@ -154,9 +163,7 @@ def test_a_structure_pivot_traces_the_call_that_makes_the_extra_call(tmp_path):
                 (layer(x) - ref).pow(2).mean().backward()
                 opt.step()
 
-    train("a", False)
-    train("b", True)
-    fd = bitguard.compare(tmp_path / "a", tmp_path / "b").to_dict()["first_divergence"]
+    fd = _planted(tmp_path, train)
     assert (fd["cause"], fd["step"]) == ("structure", 1), fd
     w = plan(open_run(tmp_path / "a"), open_run(tmp_path / "b"), fd)
     assert (w.boundary, w.step, w.call) == ("Adapted", 1, 1), w
@@ -185,9 +192,7 @@ def test_a_backward_one_run_alone_runs_is_refused_as_that_not_as_nondeterminism(
                 (online(x) - t).pow(2).mean().backward()
                 opt.step()
 
-    train("a", False)
-    train("b", True)
-    fd = bitguard.compare(tmp_path / "a", tmp_path / "b").to_dict()["first_divergence"]
+    fd = _planted(tmp_path, train)
     assert (fd["cause"], fd["phase"], fd["a_seq"]) == ("structure", "backward", None), fd
     with pytest.raises(NotSupported, match="is a backward run B alone runs, and run A runs no backward of"):
         plan(open_run(tmp_path / "a"), open_run(tmp_path / "b"), fd)
