@@ -51,3 +51,35 @@ def test_the_drill_s_own_records_inside_the_training_s_folder_are_not_named(tmp_
     assert r.exit_status == 0
     said = [n for n in r.notes if "wrote there" in n]
     assert len(said) == 1 and "ckpt.pt;" in said[0] and "found" not in said[0], r.notes
+
+
+def test_a_replay_of_a_transformer_layer_s_fast_path_is_said_to_differ_by_the_tracing(tmp_path):
+    """Helper 71: a TransformerEncoderLayer evaluated under no_grad takes its fast path, which any torch
+    function mode (the drill's op tracer) turns off: the replay then computed it another way, and the
+    drill said "nondeterminism or a changed environment". The check names the fast path."""
+    import torch
+    from torch.overrides import TorchFunctionMode
+
+    import bitguard
+    from bitguard.backend.ingest import open_run
+
+    class Passing(TorchFunctionMode):  # (a mode that changes nothing but being on)
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            return func(*args, **(kwargs or {}))
+
+    def evaluate(out, traced):
+        torch.manual_seed(0)
+        layer = torch.nn.TransformerEncoderLayer(8, 2, dim_feedforward=16, batch_first=True).eval()
+        x = torch.randn(2, 5, 8)
+        with bitguard.record(out, determinism=False), torch.no_grad():
+            if traced:
+                with Passing():
+                    layer(x)
+            else:
+                layer(x)
+
+    evaluate(tmp_path / "record", False)
+    evaluate(tmp_path / "replay", True)
+    got = replay.check(open_run(tmp_path / "record"), tmp_path / "replay", 0, 0, None)
+    assert not got["reproduced"] and got["first"]["module_type"] == "TransformerEncoderLayer", got
+    assert "takes its inference fast path" in got["detail"], got["detail"]
