@@ -42,6 +42,7 @@ from pathlib import Path
 
 import torch
 from torch.nn.parameter import is_lazy
+from torch.utils.hooks import unserializable_hook
 
 from bitguard.collectors import kept
 from bitguard.collectors.api_events import ApiRecorder, CollectorNaming
@@ -183,7 +184,7 @@ def _add_grad_hook(t: torch.Tensor, hook) -> None:
     `hook` is a partial given one more argument here: whether `t` is a leaf (no grad_fn), read now
     (a hook must not read grad_fn: the same regeneration)."""
     grad_fn = t.grad_fn  # first: see above
-    hook = partial(hook, grad_fn is None)
+    hook = unserializable_hook(partial(hook, grad_fn is None))  # (torch.save of the tensor says nothing of it)
     if type(t) is not torch.Tensor:
         t.register_hook(hook)
         return
@@ -774,7 +775,9 @@ class Collector(WeightEvents):
 
     def _hook_grad(self, p: torch.nn.Parameter) -> None:
         ref = self._hooked_params[id(p)] = weakref.ref(p)  # (the hook's tensor: its id may be another's when it runs)
-        self._handles.append(p.register_hook(partial(self._on_param_grad, id(p), ref)))
+        # (marked unserializable: torch.save of the tensor warned of it otherwise, a line the training's own
+        # run does not print, helper 72)
+        self._handles.append(p.register_hook(unserializable_hook(partial(self._on_param_grad, id(p), ref))))
 
     def _name_of(self, module: torch.nn.Module, parent: _Frame | None) -> str:
         entry = self._names.get(id(module))

@@ -2893,3 +2893,29 @@ def test_a_step_ended_after_another_micro_batch_is_not_said_to_be_a_mode_change(
     fd = bitguard.compare(tmp_path / "a", tmp_path / "b").first_divergence
     assert (fd["step"], fd["kind"], fd["blame"]) == (0, "params", "structure"), fd
     assert "its step ended sooner (an optimizer step() after fewer micro-batches" in fd["blame_window"]["detail"], fd
+
+
+def test_saving_a_tensor_the_recorder_hooks_prints_no_warning_the_plain_run_does_not(tmp_path):
+    """Helper 72: torch.save of a plain tensor an optimizer steps warned, under record only, that its
+    backward hook (the recorder's) "will not be serialized": a line the training's own run never prints."""
+    import io
+    import warnings
+
+    import torch
+
+    import bitguard
+
+    w = torch.zeros(3, requires_grad=True)
+    model = torch.nn.Linear(3, 1)
+    opt = torch.optim.SGD([w, *model.parameters()], lr=0.1)
+    with bitguard.record(tmp_path / "a", determinism=False):
+        for _ in range(2):
+            loss = (model(torch.randn(2, 3)) * w.sum()).pow(2).mean()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+        h = model(torch.randn(2, 3))  # (a module's output, whose gradient the recorder watches)
+        with warnings.catch_warnings(record=True) as said:
+            warnings.simplefilter("always")
+            torch.save({"w": w, "h": h, "model": model.state_dict()}, io.BytesIO())
+    assert not [str(x.message) for x in said if "serialized" in str(x.message)], [str(x.message) for x in said]
