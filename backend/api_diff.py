@@ -109,6 +109,40 @@ def _by_step(rows: list[dict], last_step: int, computed: bool = False) -> tuple[
     return out, places
 
 
+def _reads_by_place(a: dict, b: dict, places_a: dict, places_b: dict) -> None:
+    """B's reads of each step renumbered to pair with A's by the line that read them (the k-th read at a
+    line with the k-th there), B's others numbered after A's, in `b` and `places_b`: numbered in the
+    order of the step, a read one run alone made paired every later one with another line's (helper 72:
+    A's loss compared with B's temperature, read one line before it in B alone)."""
+    for s, calls_b in b.items():
+        reads_b = [k for k in calls_b if k[0] == "read"]
+        if not reads_b:
+            continue
+        reads_a = sorted((k for k in a.get(s, {}) if k[0] == "read"), key=lambda k: k[2])
+        slots: dict[tuple, list] = defaultdict(list)
+        for k in reads_a:
+            slots[(k[1], places_a.get((s, *k)))].append(k)
+        taken = defaultdict(int)
+        top = max((k[2] for k in reads_a), default=-1)
+        moved = {}
+        for k in sorted(reads_b, key=lambda k: k[2]):
+            slot = (k[1], places_b.get((s, *k)))
+            i = taken[slot]
+            taken[slot] = i + 1
+            if i < len(slots[slot]):
+                moved[k] = slots[slot][i]
+            else:
+                top += 1
+                moved[k] = (k[0], k[1], top)
+        if all(old == new for old, new in moved.items()):
+            continue
+        values = {old: calls_b.pop(old) for old in moved}
+        calls_b.update({moved[old]: v for old, v in values.items()})
+        for suffix in ((), ("value",)):
+            kept = {old: places_b.pop((s, *old, *suffix)) for old in moved if (s, *old, *suffix) in places_b}
+            places_b.update({(s, *moved[old], *suffix): v for old, v in kept.items()})
+
+
 def _show(value) -> str:
     if isinstance(value, list):
         text = ", ".join(map(str, value[:6])) + (f", … ({len(value)} in all)" if len(value) > 6 else "")
@@ -158,6 +192,7 @@ def differences(run_a, run_b, rank: int, step: int, computed: bool = False, rows
         missing = [side for side, rows in (("a", rows_a), ("b", rows_b)) if not rows]
         return {"available": False, "differences": [], "more": 0, "missing": missing}
     (a, places_a), (b, places_b) = _by_step(rows_a, step, computed), _by_step(rows_b, step, computed)
+    _reads_by_place(a, b, places_a, places_b)
     found: list[dict] = []
     for s in sorted(set(a) | set(b)):
         calls_a, calls_b = a.get(s, {}), b.get(s, {})

@@ -122,3 +122,18 @@ def test_a_comparison_reads_the_api_rows_with_the_events_opening_each_rank_file_
     assert sorted(opened) == ["a", "a", "b", "b"], opened  # (open_run's check, then load_rank's read)
     rows = {(d["step"], d["kind"], d["field"]): (d["a"], d["b"]) for d in fd["api_differences"]["differences"]}
     assert rows[(0, "zero_grad", None)] == ("called", "not called"), rows
+
+
+def test_reads_pair_by_the_line_that_read_them_not_by_their_order_in_the_step():
+    """Helper 72: run B alone read a temperature with `.item()` one line before the loss both runs read:
+    numbered in the step's order, A's loss was compared with B's temperature. B's reads pair with A's by
+    line now, and the one B alone made is numbered after A's."""
+    a = {5: {("read", "item", 0): {"value": 2.6}}}
+    places_a = {(5, "read", "item", 0): "x.py:67", (5, "read", "item", 0, "value"): 2.6}
+    b = {5: {("read", "item", 0): {"value": -0.7}, ("read", "item", 1): {"value": 2.6}}}
+    places_b = {(5, "read", "item", 0): "x.py:66", (5, "read", "item", 0, "value"): -0.7,
+                (5, "read", "item", 1): "x.py:67", (5, "read", "item", 1, "value"): 2.6}
+    api_diff._reads_by_place(a, b, places_a, places_b)
+    assert b == {5: {("read", "item", 0): {"value": 2.6}, ("read", "item", 1): {"value": -0.7}}}, b
+    assert places_b[(5, "read", "item", 1)] == "x.py:66" and places_b[(5, "read", "item", 1, "value")] == -0.7
+    assert places_b[(5, "read", "item", 0)] == "x.py:67"
