@@ -18,6 +18,7 @@ first divergence; report.py prints it).
 
 from __future__ import annotations
 
+import difflib
 import json
 from collections import defaultdict
 
@@ -110,30 +111,29 @@ def _by_step(rows: list[dict], last_step: int, computed: bool = False) -> tuple[
 
 
 def _reads_by_place(a: dict, b: dict, places_a: dict, places_b: dict) -> None:
-    """B's reads of each step renumbered to pair with A's by the line that read them (the k-th read at a
-    line with the k-th there), B's others numbered after A's, in `b` and `places_b`: numbered in the
-    order of the step, a read one run alone made paired every later one with another line's (helper 72:
-    A's loss compared with B's temperature, read one line before it in B alone)."""
+    """B's reads of each step renumbered to pair with A's, in `b` and `places_b`: the two sequences of
+    (what, line) are matched as a diff matches lines (difflib), reads in a matched run pair, a run of A's
+    replaced by a run of B's pairs read by read (a script edited above them moves their lines), and what
+    is left is one run's alone, B's numbered after A's. Numbered in the order of the step, a read one run
+    alone made paired every later one with another line's (helper 72: A's loss compared with B's
+    temperature, read one line before it in B alone)."""
     for s, calls_b in b.items():
-        reads_b = [k for k in calls_b if k[0] == "read"]
-        if not reads_b:
-            continue
+        reads_b = sorted((k for k in calls_b if k[0] == "read"), key=lambda k: k[2])
         reads_a = sorted((k for k in a.get(s, {}) if k[0] == "read"), key=lambda k: k[2])
-        slots: dict[tuple, list] = defaultdict(list)
-        for k in reads_a:
-            slots[(k[1], places_a.get((s, *k)))].append(k)
-        taken = defaultdict(int)
-        top = max((k[2] for k in reads_a), default=-1)
+        if not reads_b or not reads_a:
+            continue
+        lines_a = [(k[1], places_a.get((s, *k))) for k in reads_a]
+        lines_b = [(k[1], places_b.get((s, *k))) for k in reads_b]
+        top = max(k[2] for k in reads_a)
         moved = {}
-        for k in sorted(reads_b, key=lambda k: k[2]):
-            slot = (k[1], places_b.get((s, *k)))
-            i = taken[slot]
-            taken[slot] = i + 1
-            if i < len(slots[slot]):
-                moved[k] = slots[slot][i]
-            else:
-                top += 1
-                moved[k] = (k[0], k[1], top)
+        for tag, i1, i2, j1, j2 in difflib.SequenceMatcher(None, lines_a, lines_b, autojunk=False).get_opcodes():
+            for i, j in zip(range(i1, i2), range(j1, j2)):
+                if tag == "equal" or reads_a[i][1] == reads_b[j][1]:
+                    moved[reads_b[j]] = reads_a[i]
+            for j in range(j1, j2):
+                if reads_b[j] not in moved:
+                    top += 1
+                    moved[reads_b[j]] = ("read", reads_b[j][1], top)
         if all(old == new for old, new in moved.items()):
             continue
         values = {old: calls_b.pop(old) for old in moved}

@@ -137,3 +137,8 @@ def test_reads_pair_by_the_line_that_read_them_not_by_their_order_in_the_step():
     assert b == {5: {("read", "item", 0): {"value": 2.6}, ("read", "item", 1): {"value": -0.7}}}, b
     assert places_b[(5, "read", "item", 1)] == "x.py:66" and places_b[(5, "read", "item", 1, "value")] == -0.7
     assert places_b[(5, "read", "item", 0)] == "x.py:67"
+    # the script edited above its reads: every line moved, the reads still pair, in order
+    b = {5: {("read", "item", 0): {"value": 3.0}}}
+    places_b = {(5, "read", "item", 0): "x.py:70", (5, "read", "item", 0, "value"): 3.0}
+    api_diff._reads_by_place(a, b, places_a, places_b)
+    assert b == {5: {("read", "item", 0): {"value": 3.0}}} and places_b[(5, "read", "item", 0)] == "x.py:70"
