@@ -42,7 +42,6 @@ from pathlib import Path
 
 import torch
 from torch.nn.parameter import is_lazy
-from torch.utils.hooks import unserializable_hook
 
 from bitguard.collectors import kept
 from bitguard.collectors.api_events import ApiRecorder, CollectorNaming
@@ -166,6 +165,15 @@ def _dtype_name(dtype: torch.dtype) -> str:
     return name
 
 
+class _Hook(partial):
+    """A partial torch.save knows as one of the recorder's hooks: it warned of it otherwise ("backward hook
+    ... will not be serialized"), a line the training's own run does not print (helper 72). A class
+    attribute, as `unserializable_hook` sets on each object, at a partial's cost (this runs for every
+    watched tensor of every step)."""
+    __slots__ = ()
+    __torch_unserializable__ = True
+
+
 def _add_grad_hook(t: torch.Tensor, hook) -> None:
     """`t.register_hook(hook)`, without the handle (these hooks are never removed: the tensor goes
     first). For a plain tensor, what register_hook does is done here directly: its hook dict, and
@@ -184,7 +192,7 @@ def _add_grad_hook(t: torch.Tensor, hook) -> None:
     `hook` is a partial given one more argument here: whether `t` is a leaf (no grad_fn), read now
     (a hook must not read grad_fn: the same regeneration)."""
     grad_fn = t.grad_fn  # first: see above
-    hook = unserializable_hook(partial(hook, grad_fn is None))  # (torch.save of the tensor says nothing of it)
+    hook = _Hook(hook, grad_fn is None)
     if type(t) is not torch.Tensor:
         t.register_hook(hook)
         return
@@ -775,9 +783,7 @@ class Collector(WeightEvents):
 
     def _hook_grad(self, p: torch.nn.Parameter) -> None:
         ref = self._hooked_params[id(p)] = weakref.ref(p)  # (the hook's tensor: its id may be another's when it runs)
-        # (marked unserializable: torch.save of the tensor warned of it otherwise, a line the training's own
-        # run does not print, helper 72)
-        self._handles.append(p.register_hook(unserializable_hook(partial(self._on_param_grad, id(p), ref))))
+        self._handles.append(p.register_hook(_Hook(self._on_param_grad, id(p), ref)))
 
     def _name_of(self, module: torch.nn.Module, parent: _Frame | None) -> str:
         entry = self._names.get(id(module))
