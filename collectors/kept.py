@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import types
 import weakref
+from collections import deque
 from itertools import islice
 
 import torch
@@ -109,35 +110,37 @@ def found_in(frame, shapes: set[tuple] = frozenset()) -> list[tuple[str, object,
     """(name, module or list or dict of tensors, place) of what `frame`'s variables keep, as the
     module docstring says (`shapes`: the parameters' shapes of each model the training holds, in
     order; `place`: the object and attribute holding a list or dict, None for the rest); an object
-    that fails when looked at (a lazy import) is passed over."""
+    that fails when looked at (a lazy import) is passed over. Breadth first: every variable before
+    what any of them holds, so a budget spent inside one large object (a script's ArgumentParser of a
+    dozen options: helper 74, whose EMA, a later global, was never found, and a reset of it compared
+    identical) is spent after the shallower places of every other."""
     try:
         variables = list(frame.f_locals.items())
     except Exception:  # noqa: BLE001 - nothing found is the safe answer
         return []
-    found, budget = [], [MAX_VISITS]
-    for key, value in variables:
-        if isinstance(key, str) and key.isidentifier():
-            found += _kept(key, value, DEPTH, shapes, budget, owner=key == "self")
+    queue = deque((key, value, DEPTH, key == "self", None) for key, value in variables
+                  if isinstance(key, str) and key.isidentifier())
+    found, budget = [], MAX_VISITS
+    while queue and budget > 0:
+        budget -= 1
+        found += _kept(*queue.popleft(), shapes, queue)
     return found
 
 
-def _kept(name: str, value, depth: int, shapes, budget: list[int], owner: bool = False,
-          place: tuple | None = None) -> list[tuple[str, object, tuple | None]]:
-    """What `value` (found as `name`, as attribute `place[1]` of `place[0]` where it is one) keeps,
-    `depth` containers down, looking at `budget[0]` values more at most; `owner`: the frame's
+def _kept(name: str, value, depth: int, owner: bool, place: tuple | None, shapes,
+          queue: deque) -> list[tuple[str, object, tuple | None]]:
+    """What `value` (found as `name`, as attribute `place[1]` of `place[0]` where it is one) is, if it is
+    kept, with what it holds put on `queue`, `depth` containers down at most; `owner`: the frame's
     `self`, whose attributes are named by themselves (a method's `self.ema` is `ema`)."""
-    budget[0] -= 1
-    if budget[0] < 0:
-        return []
     try:
         if type(value) in weakref.ProxyTypes:  # (Lightning's profiler holds one of the model)
             return []
         if _shadow(value, shapes):
             return [(name, value, place)]
         if _is_module(value):
-            here = [] if owner else [(name, value, None)]
-            inside = _attributes(name, value, depth, shapes, budget, owner, _MODULE_INTERNALS) if depth > 0 else []
-            return here + inside
+            if depth > 0:
+                _attributes(name, value, depth, owner, queue, _MODULE_INTERNALS)
+            return [] if owner else [(name, value, None)]
         if depth <= 0 or isinstance(value, (torch.Tensor, type, types.ModuleType)):
             return []
         if isinstance(value, types.FunctionType):  # (a hook's closure: `register_step_post_hook(update)`)
@@ -152,10 +155,12 @@ def _kept(name: str, value, depth: int, shapes, budget: list[int], owner: bool =
         elif type(value) in (list, tuple):
             items = [(f"{name}.{i}", v) for i, v in enumerate(islice(value, MAX_ITEMS))]
         else:
-            return _attributes(name, value, depth, shapes, budget, owner)
-        return [found for n, v in items for found in _kept(n, v, depth - 1, shapes, budget)]
+            _attributes(name, value, depth, owner, queue)
+            return []
+        queue.extend((n, v, depth - 1, False, None) for n, v in items)
     except Exception:  # noqa: BLE001 - __slots__ only, an object whose lookups raise: nothing kept there
-        return []
+        pass
+    return []
 
 
 def _contents(cell):
@@ -165,17 +170,14 @@ def _contents(cell):
         return None
 
 
-def _attributes(name: str, value, depth: int, shapes, budget: list[int], owner: bool,
-                skip: frozenset = frozenset()) -> list:
-    """What the attributes of object `value` keep (but those named in `skip`)."""
+def _attributes(name: str, value, depth: int, owner: bool, queue: deque, skip: frozenset = frozenset()) -> None:
+    """The attributes of object `value` (but those named in `skip`) put on `queue`, each one container down."""
     attributes = object.__getattribute__(value, "__dict__")  # (bypassing the class's own lookups)
     if type(attributes) is not dict:
-        return []
-    found = []
-    for key, v in islice(((k, v) for k, v in attributes.items() if isinstance(k, str) and k not in skip), MAX_ITEMS):
-        n = key if owner else f"{name}.{key}"
-        found += _kept(n, v, depth - 1, shapes, budget, place=(value, key))
-    return found
+        return
+    queue.extend((key if owner else f"{name}.{key}", v, depth - 1, False, (value, key))
+                 for key, v in islice(((k, v) for k, v in attributes.items() if isinstance(k, str) and k not in skip),
+                                      MAX_ITEMS))
 
 
 def _shadow(value, shapes) -> bool:

@@ -2919,3 +2919,32 @@ def test_saving_a_tensor_the_recorder_hooks_prints_no_warning_the_plain_run_does
             warnings.simplefilter("always")
             torch.save({"w": w, "h": h, "model": model.state_dict()}, io.BytesIO())
     assert not [str(x.message) for x in said if "serialized" in str(x.message)], [str(x.message) for x in said]
+
+
+def test_an_ema_kept_after_a_large_object_is_still_found(tmp_path):
+    """Helper 74: the look for models the training keeps reads 4,096 values at most, depth first: a
+    script's ArgumentParser of a dozen options, a global before its EMA, used them all, the EMA was never
+    found, and a reset of it compared identical. The look is breadth first: every variable first."""
+    import argparse
+    import copy
+
+    import torch
+
+    import bitguard
+
+    def train(out, reset):
+        model, opt = _tiny()
+        parser = argparse.ArgumentParser()
+        for i in range(40):
+            parser.add_argument(f"--option{i}", type=int, default=i, help=f"option {i}")
+        ema = copy.deepcopy(model).requires_grad_(False)
+        with bitguard.record(out, determinism=False):
+            for step in range(3):
+                _sgd_steps(model, opt, 1)
+                with torch.no_grad():
+                    for e, p in zip(ema.parameters(), model.parameters()):
+                        e.lerp_(p, 1.0 if reset and step == 1 else 0.1)
+        assert parser is not None
+
+    fd = _planted(tmp_path, train, False, True)
+    assert (fd["kind"], fd["boundary"]) == ("final", "ema"), fd
