@@ -469,11 +469,38 @@ def main(argv: list[str] | None = None) -> int:
         print(f"bitguard {args.cmd}: interrupted", file=sys.stderr)
         return 130
     except Exception as exc:  # noqa: BLE001 - a bug of ours: say so, keep the traceback, never exit 1
+        shadowed = _import_failure(exc)
+        if shadowed is not None:  # (helper 74: an empty `scipy` on PYTHONPATH failed numba's import: "internal error")
+            print(f"bitguard {args.cmd}: error: a package bitguard uses failed to import ({type(exc).__name__}: "
+                  f"{str(exc)[:300]}, in {shadowed}): a module on PYTHONPATH or in this folder may stand in for an "
+                  f"installed one (PYTHONPATH={os.environ.get('PYTHONPATH', '')!r}); run bitguard without it",
+                  file=sys.stderr)
+            return BadInput.exit_code
         saved = _save_traceback(args.cmd, argv)
         where = f"the traceback is in {saved}" if saved else "the traceback could not be saved"
         print(f"bitguard {args.cmd}: internal error ({type(exc).__name__}: {str(exc)[:300]}); {where}: please "
               f"report it with that file", file=sys.stderr)
         return INTERNAL_ERROR
+
+
+def _import_failure(exc: BaseException) -> str | None:
+    """The file where `exc` was raised when it was raised while Python imported a module of another
+    package than bitguard's (a dependency's import failed: an environment's fault, not bitguard's), else
+    None."""
+    roots = [os.path.abspath(p) + os.sep for p in _package_paths()]
+
+    def ours(frame) -> bool:
+        return os.path.abspath(frame.filename).startswith(tuple(roots))
+
+    frames = traceback.extract_tb(exc.__traceback__)  # (Python leaves importlib's own frames out)
+    importing = any(f.name == "<module>" and not ours(f) for f in frames)  # (a module's body running: its import)
+    return frames[-1].filename if frames and importing and not ours(frames[-1]) else None
+
+
+def _package_paths() -> list[str]:
+    """The folders of bitguard's own packages (one, installed; several, an editable install's)."""
+    return [path for name, module in list(sys.modules.items()) if name == "bitguard" or name.startswith("bitguard.")
+            for path in (getattr(module, "__path__", None) or ())]
 
 
 def _save_traceback(cmd: str, argv: list[str]) -> str | None:

@@ -74,3 +74,22 @@ def test_an_error_raised_in_bitguards_code_keeps_every_frame(tmp_path):
         bitguard.compare(tmp_path / "nowhere", tmp_path / "nowhere")
     text = _printed(info.value)
     assert "backend/" in text and "left out" not in text, text
+
+
+def test_a_dependency_that_fails_to_import_is_said_to_be_the_environment_not_an_internal_error(tmp_path):
+    """Helper 74: an empty `scipy` package on PYTHONPATH made numba's import fail (it reads scipy's
+    version): every command said "internal error ... please report it", exit 70. It says which package
+    failed and that something on PYTHONPATH may stand in for an installed one, exit 2."""
+    import os
+    import subprocess
+    import sys
+
+    (tmp_path / "scipy").mkdir()
+    (tmp_path / "scipy" / "__init__.py").write_text("")
+    env = dict(os.environ, PYTHONPATH=str(tmp_path))
+    out = subprocess.run([sys.executable, "-m", "bitguard", "compare", str(tmp_path / "a"), str(tmp_path / "b")],
+                         capture_output=True, text=True, env=env, cwd=tmp_path, timeout=120)
+    assert out.returncode == 2, out.stderr
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and "a package bitguard uses failed to import" in lines[0], out.stderr
+    assert "scipy" in lines[0] and str(tmp_path) in lines[0], lines[0]
