@@ -128,6 +128,12 @@ def blame(pivot: dict, events_a: pl.DataFrame, status: dict[int, str], diffs: pl
                                   "every event before matched: something outside the observed boundaries changed "
                                   "them (an update outside torch.optim, an EMA, an edit after the last optimizer "
                                   "step, a buffer updated in code no module call covers)"}
+        seen = events_a.filter((pl.col("boundary") == pivot["boundary"]) & (pl.col("kind") != "final"))
+        if not seen.height:  # (helper 74: an EMA reset at step 2 of 5 was said to differ "at step 5")
+            result["blame_window"]["detail"] += (
+                f"; {pivot['boundary']} is compared only here: the training keeps it but no call or step of it was "
+                f"recorded, so the change may have been made at any step before (a save of it each step would "
+                f"place it: saves are compared where they are written)")
     elif kind == "saved":
         result.update(fault_class="saved")
         result["blame_window"] = {"module": pivot["boundary"], "detail": (

@@ -1231,6 +1231,7 @@ def test_a_tensor_only_an_optimizer_holds_edited_through_data_after_the_last_ste
     fd = bitguard.compare(tmp_path / "a", tmp_path / "c").to_dict()["first_divergence"]
     assert (fd["kind"], fd["boundary"], fd["module_type"], fd["fault_class"]) == \
         ("final", "SGD", "optimizer", "final_state"), fd
+    assert "compared only here" not in fd["blame_window"]["detail"]  # (its params events were taken at each step)
 
 
 def test_tensors_trained_with_no_module_have_steps_and_their_edit_is_blamed_there(tmp_path):
@@ -2948,3 +2949,5 @@ def test_an_ema_kept_after_a_large_object_is_still_found(tmp_path):
 
     fd = _planted(tmp_path, train, False, True)
     assert (fd["kind"], fd["boundary"]) == ("final", "ema"), fd
+    # (the step is where it was seen, not made: helper 74)
+    assert "ema is compared only here" in fd["blame_window"]["detail"], fd["blame_window"]
