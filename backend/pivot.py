@@ -293,11 +293,17 @@ def blame(pivot: dict, events_a: pl.DataFrame, status: dict[int, str], diffs: pl
             "code updated them differently in this call (running statistics)")}
     elif phase == "forward" and "state" in differing:
         # (helper 35: a pruning mask flipped between steps, a spectral norm's weight_u edited: "computed differently")
-        result["blame_window"] = {"module": None, "detail":
-                                  "this module's output and buffers differ, its inputs matched: its computation, or "
-                                  "a buffer it reads (recorded as each call leaves it, not as the call found it) "
-                                  "changed since its last call outside any module call: a pruning mask, a spectral "
-                                  "norm's vectors or running statistics edited or set by hand"}
+        before = events_a.filter((pl.col("boundary") == pivot["boundary"]) & (pl.col("phase") == "forward")
+                                 & (pl.col("seq") < pivot["seq"]))
+        result["blame_window"] = {"module": pivot["boundary"], "detail": (
+            "this module's output and buffers differ, its inputs matched: its computation, or a buffer it reads "
+            "(recorded as each call leaves it, not as the call found it) changed since its last call outside any "
+            "module call: a pruning mask, a spectral norm's vectors or running statistics edited or set by hand"
+            if before.height else
+            # (helper 74: a codebook's k-means init, a rotary embedding's inv_freq: "changed since its last call")
+            "this module's output and buffers differ at its first call, its inputs matched: a buffer it reads was "
+            "made differently (its initialisation, or one this first call makes from the data: a k-means codebook, "
+            "a data-dependent norm), or its computation differs")}
     unseen = _unseen_inputs(diffs, pivot["seq"], inputs) if result["blame"] == "source" and kind == "module" else []
     if unseen:  # (helper 49: PyG's Index, a CSR adjacency: "inputs matched")
         window = result["blame_window"] or {"module": None, "detail": "they matched, and what it computed differs"}

@@ -2951,3 +2951,32 @@ def test_an_ema_kept_after_a_large_object_is_still_found(tmp_path):
     assert (fd["kind"], fd["boundary"]) == ("final", "ema"), fd
     # (the step is where it was seen, not made: helper 74)
     assert "ema is compared only here" in fd["blame_window"]["detail"], fd["blame_window"]
+
+
+def test_a_buffer_made_differently_is_said_to_be_at_its_module_s_first_call(tmp_path):
+    """Helper 74: a rotary embedding's `inv_freq` made with another base differs at its module's first call,
+    output and buffer: the explanation said the buffer "changed since its last call ... set by hand", of a
+    call that had none, and named no blame window."""
+    import torch
+
+    import bitguard
+
+    class Scale(torch.nn.Module):
+        def __init__(self, factor):
+            super().__init__()
+            self.register_buffer("s", torch.full((8,), factor), persistent=False)
+
+        def forward(self, x):
+            return x * self.s
+
+    def train(out, factor):
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(4, 8), Scale(factor), torch.nn.Linear(8, 1))
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        with bitguard.record(out, determinism=False):
+            _sgd_steps(model, opt, 2)
+
+    fd = _planted(tmp_path, train, 1.0, 2.0)
+    assert (fd["step"], fd["kind"], fd["boundary"], fd["blame"]) == (0, "module", "1", "source"), fd
+    assert fd["blame_window"]["module"] == "1", fd["blame_window"]
+    assert "differ at its first call" in fd["blame_window"]["detail"], fd["blame_window"]
