@@ -20,8 +20,9 @@ difference. A gradient a module's backward sends to an input, or one its output 
 run alone is a difference, not a signature change: that run computes a gradient the other does not
 (a detached input, a loss term dropped), and so is the RNG state a call began from in one run alone (it drew
 random numbers in that run only), and a tensor of the input batch one run alone gives the model (a hidden
-state carried into the call in one run, reset to None in the other). What a save wrote (kind `saved`) pairs by its full key
-only: a save of other tensors is a difference. This module knows nothing of digests, rules or pivots.
+state carried into the call in one run, reset to None in the other). What a save wrote (kind `saved`)
+pairs by its full key only: a save of other tensors is a difference. This module knows nothing of
+digests, rules or pivots.
 """
 
 from __future__ import annotations
