@@ -115,6 +115,8 @@ def blame(pivot: dict, events_a: pl.DataFrame, status: dict[int, str], diffs: pl
             # part's call: that part's batch was blamed on the data, though the flow was initialised differently)
             result.update(blame="consumer", fault_class="params")
             result["blame_window"] = {"module": None, "detail": unheld}
+        elif (again := _called_before(pivot, events_a)) is not None:
+            result["blame_window"] = {"module": None, "detail": again}
     elif kind == "final":
         buffers = "state" in differing
         result.update(fault_class="final_state")
@@ -414,6 +416,22 @@ def _unheld_weights(pivot: dict, events_a: pl.DataFrame, diffs: pl.DataFrame, he
                 "its seed, a loaded checkpoint) or changed before this step computes these inputs (the data it is "
                 "given may differ too)")
     return None
+
+
+def _called_before(pivot: dict, events_a: pl.DataFrame) -> str | None:
+    """For a data pivot at a root's second or later call in its step: the sentence that says the calls before
+    it matched, so that its input may be made from what they returned, not read from the data (helper 74:
+    generate() sampling at another temperature was blamed on the data with nothing more said); else None."""
+    if not pivot.get("call"):
+        return None
+    before = events_a.filter((pl.col("step") == pivot["step"]) & (pl.col("phase") == "forward")
+                             & (pl.col("boundary") == pivot["boundary"]) & (pl.col("seq") < pivot["seq"])).height
+    if not before:
+        return None
+    return (f"{pivot['boundary']} was called {before} time{'s' if before > 1 else ''} before in step {pivot['step']} "
+            f"and every event before matched: this input is either another batch of the data (several batches a "
+            "step) or made by the training's own code from what those calls returned (generation, sampling at "
+            "another temperature, outputs fed back in): look at the code between these calls, at the call stack below")
 
 
 EDITED_AFTER = "changed in place after it returned"  # (`_rewired`: an output edited before the next call read it)
