@@ -19,7 +19,9 @@ entry from torch into bitguard, outermost only), per step and per event.
 twice; `--breakdown` splits a recorded step's overhead by switching one part off at a time.
 `--paired N` measures the steady state of one long recording a mode instead, recorded and paused
 blocks alternated (recording_steady.py); `--hook-split N` splits the hooks' Python by hook and
-helper (hook_split.py).
+helper (hook_split.py). `--paired N --before DIR` runs that steady state in fresh Pythons, this
+checkout's recorder and an older one's (an export, benchmarks/export_commit.py) alternated run by
+run (recording_ab.py).
 
 Start-up cost (imports, kernel compilation) is measured separately in fresh processes. Memory:
 RSS growth of a long recorded run (small model, many steps) between an early and a late step, and
@@ -28,7 +30,7 @@ the peak size of the writer queue.
     python benchmarks/bench_recording.py [--model gpt|modules] [--rounds 20] [--steps 20] [--json]
                                          [--no-determinism] [--breakdown] [--team-pairs N] [--hook-time N]
                                          [--digest-bytes N] [--determinism-cost]
-                                         [--paired N [--block 4] [--warmup 12]]
+                                         [--paired N [--block 4] [--warmup 12] [--before DIR [--ab-runs K]]]
 """
 
 from __future__ import annotations
@@ -749,6 +751,10 @@ def main() -> None:
     p.add_argument("--mapped-ab", type=int, default=0, metavar="N",
                    help="only compare, in one recording (--split-mode), views digested in place against copied first, "
                         "N rounds (recording_steady.py)")
+    p.add_argument("--before", metavar="DIR",
+                   help="with --paired: also run an older bitguard (an export, benchmarks/export_commit.py), each run "
+                        "a fresh Python, alternated with this checkout's run by run (recording_ab.py)")
+    p.add_argument("--ab-runs", type=int, default=4, metavar="K", help="with --before: pairs of runs")
     p.add_argument("--block", type=int, default=4, help="with --paired: steps a block (the first is dropped)")
     p.add_argument("--warmup", type=int, default=12, help="with --paired: recorded steps before the first round")
     p.add_argument("--no-folds", action="store_true",
@@ -775,6 +781,15 @@ def main() -> None:
         doc = recording_steady.mapped_ab(args.mapped_ab, args.block, args.warmup, args.model, args.split_mode,
                                          args.determinism)
         print(json.dumps(doc, indent=2) if args.json else "\n".join(recording_steady.ab_text(doc)))
+        return
+    if args.before and not args.paired:
+        raise SystemExit("--before needs --paired N: the A/B runs are steady-state runs")
+    if args.before:
+        import recording_ab
+
+        doc = recording_ab.ab(args.before, args.ab_runs, args.paired, args.block, args.warmup, args.model,
+                              args.determinism)
+        print(json.dumps(doc, indent=2) if args.json else "\n".join(recording_ab.text(doc)))
         return
     if args.paired:
         import recording_steady
