@@ -242,11 +242,20 @@ def in_key_order(value: dict) -> list:
     """A saved dict's items in the order of their keys, not of their insertion: a checkpoint written as
     `{name: optimizer.state_dict()}` in the order the optimizers were made (Pyro's, made as a set of
     tensors is iterated: an order that changes from run to run) is read back by key, the same in every
-    run (helper 42). Keys of one type sort by value, others by type name and repr."""
+    run (helper 42). Keys of one type sort by value, others by type name and repr. Tensors as keys (a
+    pickled optimizer's state, keyed by its parameters) stay in the order they were put in: they compare
+    element by element (a RuntimeError for two shapes, helper 75: `torch.save` of an LR scheduler with a
+    momentum SGD made the run inconclusive), and their reprs are their values, which differ between runs."""
+    items = list(value.items())
+    if any(isinstance(k, torch.Tensor) for k, _ in items):
+        return items
     try:
-        return sorted(value.items(), key=lambda kv: (type(kv[0]).__name__, kv[0]))
-    except TypeError:  # (keys of a type without an order)
-        return sorted(value.items(), key=lambda kv: (type(kv[0]).__name__, repr(kv[0])))
+        return sorted(items, key=lambda kv: (type(kv[0]).__name__, kv[0]))
+    except Exception:  # (keys of a type without an order, or whose comparison raises)
+        try:
+            return sorted(items, key=lambda kv: (type(kv[0]).__name__, repr(kv[0])))
+        except Exception:  # (a repr that raises)
+            return items
 
 
 def name_of(value) -> str:

@@ -266,3 +266,18 @@ def test_the_strings_of_a_dict_by_index_are_compared_as_a_list_s():
     assert [p for p in pairs] == ["['names'][0] (python str)", "['names'][1] (python str)"], list(pairs)
     swapped = dict(_values_of({"names": {0: "green", 1: "red"}})[0])
     assert not torch.equal(pairs["['names'][0] (python str)"], swapped["['names'][0] (python str)"])
+
+
+def test_a_pickled_optimizers_state_keyed_by_its_parameters_is_walked_in_their_order():
+    """Helper 75 (skorch): `torch.save` of an LR scheduler, which holds its optimizer, whose momentum state
+    is a dict keyed by the parameters: sorting those keys compared tensors of two shapes (a RuntimeError), so
+    the save "could not be looked into" and the run was inconclusive."""
+    model = nn.Sequential(nn.Linear(8, 16), nn.Linear(16, 3))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    model(torch.randn(4, 8)).sum().backward()
+    opt.step()
+    pairs, why = _values_of({"sched": torch.optim.lr_scheduler.StepLR(opt, step_size=1)})
+    assert why is None, why
+    momenta = [t for p, t in pairs if p.endswith("['momentum_buffer']")]
+    assert [tuple(t.shape) for t in momenta] == [tuple(p.shape) for p in model.parameters()], [p for p, _ in pairs]
+    assert saved.in_key_order({"b": 1, "a": 2, 1: 3}) == [(1, 3), ("a", 2), ("b", 1)]  # (keys of one type by value)
