@@ -5,9 +5,11 @@ name. No module call meets them, so without this their final state, the weights 
 never compared.
 
 `found_in(frame, shapes)` looks through a frame's variables, its `self`'s attributes, and, DEPTH
-containers down, the dicts, lists, tuples, plain objects, modules and functions' closures (a hook's)
-they hold (a module's own attributes: an
-EMA object kept as `model.ema`), for modules, and for lists or dicts of tensors that need no
+containers down, the dicts, lists, tuples, deques, plain objects, modules, functions' closures (a
+hook's), partials' arguments, and the attributes of the user's own classes and the globals of the
+user's own modules (not an installed library's) they hold (a module's own attributes: an EMA object
+kept as `model.ema`; `Registry.ema`; `emalib._STATE["ema"]`, reached by `import emalib` or by a
+function imported from it), for modules, and for lists or dicts of tensors that need no
 gradient and have, in order, the shapes of a model's parameters (`shapes`: an EMA's shadow weights,
 not a batch of data); each named by where it was found (`state.ema`, `self.ema.m` as `ema.m`,
 `ema_unet.shadow_params`, `net.ema.shadow_params`). A weak proxy is passed over (its object is
@@ -17,6 +19,8 @@ recording. Knows nothing of events.
 
 from __future__ import annotations
 
+import functools
+import sys
 import types
 import weakref
 from collections import deque
@@ -119,19 +123,21 @@ def found_in(frame, shapes: set[tuple] = frozenset()) -> list[tuple[str, object,
     except Exception:  # noqa: BLE001 - nothing found is the safe answer
         return []
     queue = deque((key, value, DEPTH, key == "self", None) for key, value in variables
-                  if isinstance(key, str) and key.isidentifier())
-    found, budget = [], MAX_VISITS
+                  if isinstance(key, str) and key.isidentifier() and not key.startswith("__"))
+    found, budget, walked = [], MAX_VISITS, set()
     while queue and budget > 0:
         budget -= 1
-        found += _kept(*queue.popleft(), shapes, queue)
+        found += _kept(*queue.popleft(), shapes, queue, walked)
     return found
 
 
 def _kept(name: str, value, depth: int, owner: bool, place: tuple | None, shapes,
-          queue: deque) -> list[tuple[str, object, tuple | None]]:
+          queue: deque, walked: set) -> list[tuple[str, object, tuple | None]]:
     """What `value` (found as `name`, as attribute `place[1]` of `place[0]` where it is one) is, if it is
     kept, with what it holds put on `queue`, `depth` containers down at most; `owner`: the frame's
-    `self`, whose attributes are named by themselves (a method's `self.ema` is `ema`)."""
+    `self`, whose attributes are named by themselves (a method's `self.ema` is `ema`); `walked`: the ids
+    of the modules and classes whose attributes this look has queued already (each of a module's
+    functions leads to it again)."""
     try:
         if type(value) in weakref.ProxyTypes:  # (Lightning's profiler holds one of the model)
             return []
@@ -141,18 +147,39 @@ def _kept(name: str, value, depth: int, owner: bool, place: tuple | None, shapes
             if depth > 0:
                 _attributes(name, value, depth, owner, queue, _MODULE_INTERNALS)
             return [] if owner else [(name, value, None)]
-        if depth <= 0 or isinstance(value, (torch.Tensor, type, types.ModuleType)):
+        if depth <= 0 or isinstance(value, torch.Tensor):
+            return []
+        if isinstance(value, (types.ModuleType, type)):
+            if id(value) in walked:
+                return []
+            walked.add(id(value))
+        if isinstance(value, types.ModuleType):  # (the user's own module's globals: `emalib._STATE["ema"]`, h76)
+            if _own(getattr(value, "__file__", None)):
+                _attributes(name, value, depth, False, queue)
+            return []
+        if isinstance(value, type):  # (a class of the user's own code: its attributes, `Registry.ema`, h76)
+            if value.__module__ == "__main__" or _own(getattr(sys.modules.get(value.__module__), "__file__", None)):
+                items = [(f"{name}.{k}", v) for k, v in islice(vars(value).items(), MAX_ITEMS)
+                         if isinstance(k, str) and not k.startswith("__") and not isinstance(v, _CODE)]
+                queue.extend((n, v, depth - 1, False, None) for n, v in items)
             return []
         if isinstance(value, types.FunctionType):  # (a hook's closure: `register_step_post_hook(update)`)
             cells = islice(zip(value.__code__.co_freevars, value.__closure__ or ()), MAX_ITEMS)
             items = [(f"{name}.{var}", _contents(cell)) for var, cell in cells if var != "__class__"]
+            module = value.__module__  # (`from emalib import update`: the globals it updates, by the module's name)
+            if module != "__main__" and _own(getattr(sys.modules.get(module), "__file__", None)):
+                items.append((module, sys.modules[module]))
         elif isinstance(value, types.MethodType):  # (a bound method kept as a hook: its object)
             items = [(name, value.__self__)]
+        elif isinstance(value, functools.partial):  # (a hook bound to its arguments: what it was given, h76)
+            items = [(f"{name}.{i}", v) for i, v in enumerate(islice(value.args, MAX_ITEMS))]
+            items += [(f"{name}.{k}", v) for k, v in islice(value.keywords.items(), MAX_ITEMS)]
+            items.append((name, value.func))
         elif isinstance(value, dict):  # (string keys; int keys, a module's or an optimizer's hooks by the number
             # of their handle, which counts every hook the process made, by position)
             pairs = enumerate(islice(value.items(), MAX_ITEMS))
             items = [(f"{name}.{k if type(k) is str else i}", v) for i, (k, v) in pairs if type(k) in (str, int)]
-        elif type(value) in (list, tuple):
+        elif type(value) in (list, tuple, deque):
             items = [(f"{name}.{i}", v) for i, v in enumerate(islice(value, MAX_ITEMS))]
         else:
             _attributes(name, value, depth, owner, queue)
@@ -161,6 +188,16 @@ def _kept(name: str, value, depth: int, owner: bool, place: tuple | None, shapes
     except Exception:  # noqa: BLE001 - __slots__ only, an object whose lookups raise: nothing kept there
         pass
     return []
+
+
+_CODE = (types.FunctionType, types.BuiltinFunctionType, staticmethod, classmethod, property, type)  # (a class's methods)
+
+
+def _own(filename: str | None) -> bool:
+    """Whether a module's file is of the user's own code: neither an installed library's (its globals are
+    many, and an EMA is not kept there) nor the standard library's, torch's or bitguard's."""
+    return bool(filename) and _is_user(filename) and "site-packages" not in filename \
+        and "dist-packages" not in filename
 
 
 def _contents(cell):
@@ -176,8 +213,8 @@ def _attributes(name: str, value, depth: int, owner: bool, queue: deque, skip: f
     if type(attributes) is not dict:
         return
     queue.extend((key if owner else f"{name}.{key}", v, depth - 1, False, (value, key))
-                 for key, v in islice(((k, v) for k, v in attributes.items() if isinstance(k, str) and k not in skip),
-                                      MAX_ITEMS))
+                 for key, v in islice(((k, v) for k, v in attributes.items()
+                                       if isinstance(k, str) and k not in skip and not k.startswith("__")), MAX_ITEMS))
 
 
 def _shadow(value, shapes) -> bool:
