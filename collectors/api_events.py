@@ -33,6 +33,7 @@ stored or of what an invariant is.
 
 from __future__ import annotations
 
+import collections.abc
 import functools
 import hashlib
 import inspect
@@ -197,7 +198,7 @@ def _groups(optimizer) -> list[dict]:
     if isinstance(optimizer, torch.optim.Optimizer):
         return optimizer.param_groups
     hypers = getattr(optimizer, "hypers", None)
-    if isinstance(hypers, list):
+    if _sequence(hypers):  # (fastai's is a fastcore `L`, not a list: helper 75, an lr set after fit compared identical)
         return [h for h in hypers if isinstance(h, dict)]
     if isinstance(getattr(optimizer, "variables", None), (list, tuple)) and hasattr(optimizer, "learning_rate"):
         lr = optimizer.learning_rate
@@ -225,18 +226,49 @@ def _state_entries(optimizer):
         for entry in state.values():
             if isinstance(entry, dict):
                 yield from ((key, entry[key]) for key in sorted(entry, key=str))
+    yield from _held_state(optimizer)
 
 
-def _wrapper_stepping(optimizer, frame, depth: int = 6):
+# what an optimizer of another library holds that is its parameters, its settings or its state above
+_NOT_STATE = frozenset(("param_lists", "param_groups", "params", "hypers", "state", "defaults", "cbs"))
+
+
+def _held_state(optimizer):
+    """(name, value) of the numbers and tensors (alone, or in lists of them, two deep) an optimizer of another
+    library keeps in its own attributes: fastai's Lookahead's `slow_weights` and `count` (helper 75: its slow
+    weights halved after fit compared identical)."""
+    attributes = getattr(optimizer, "__dict__", None)
+    if type(attributes) is not dict:
+        return
+    for key in sorted(k for k in attributes if isinstance(k, str) and k not in _NOT_STATE and not k.startswith("_")):
+        value = attributes[key]
+        if isinstance(value, (bool, int, float, torch.Tensor)):
+            yield key, value
+        elif _sequence(value):
+            for i, inner in enumerate(value):
+                for j, t in enumerate(inner if _sequence(inner) else (inner,)):
+                    if isinstance(t, torch.Tensor):
+                        yield f"{key}.{i}.{j}", t
+
+
+def _sequence(value) -> bool:
+    """A list, a tuple or another sequence (fastcore's `L`), not a string."""
+    return isinstance(value, collections.abc.Sequence) and not isinstance(value, (str, bytes))
+
+
+def _wrapper_stepping(optimizer, frame, depth: int = 6, foreign: bool = False):
     """The optimizer whose step() called `optimizer`'s (a frame among the `depth` that called the step hook,
     whose `self` is another optimizer holding this one as an attribute), None without one: torch_optimizer's
     Lookahead keeps its slow weights in its own state and never calls Optimizer.__init__, so no step hook runs
-    for it (helper 54: its slow weights halved after the last step compared identical)."""
+    for it (helper 54: its slow weights halved after the last step compared identical). `foreign`: of another
+    library's optimizer, whose wrapper is no torch.optim one either (fastai's Lookahead): any object whose
+    `step` it is."""
     for _ in range(depth):
         if frame is None:
             return None
         owner = frame.f_locals.get("self") if "self" in frame.f_code.co_varnames else None
-        if owner is not optimizer and isinstance(owner, torch.optim.Optimizer):
+        if owner is not None and owner is not optimizer and (
+                isinstance(owner, torch.optim.Optimizer) or (foreign and frame.f_code.co_name == "step")):
             attributes = getattr(owner, "__dict__", None)
             if type(attributes) is dict and any(v is optimizer for v in attributes.values()):
                 return owner
@@ -615,6 +647,10 @@ class ApiRecorder(Guarded):
         """Another library's optimizer updated the weights (Keras', fastai's: collectors/foreign_steps.py):
         its settings and state are taken when the recording ends, as torch.optim's (helper 50)."""
         try:
+            if id(optimizer) not in self._stepped:  # (its first step: a wrapper that stepped it, fastai's Lookahead)
+                wrapper = _wrapper_stepping(optimizer, sys._getframe(1), foreign=True)
+                if wrapper is not None:
+                    self._stepped[id(wrapper)] = (weakref.ref(wrapper), [_settings(g) for g in _groups(wrapper)])
             self._stepped[id(optimizer)] = (weakref.ref(optimizer), [_settings(g) for g in _groups(optimizer)])
         except TypeError:  # (not weakly referable: left out)
             pass

@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import sys
 import types
+from collections.abc import Sequence
+
+import pytest
 
 from bitguard.collectors import foreign_steps
 
@@ -143,3 +146,90 @@ def test_a_keras_optimizer_s_state_edited_after_its_last_update_is_no_identical(
     c = bitguard.compare(tmp_path / "a", tmp_path / "c")
     assert [r["code"] for r in c.blocking_reasons()] == ["final_settings"], c.blocking_reasons()
     assert "optimizer_settings (BaseOptimizer#0): the optimizer's state" in c.blocking_reasons()[0]["message"]
+
+
+class _L:
+    """fastcore's `L` in small: a sequence that is not a list."""
+
+    def __init__(self, items):
+        self.items = list(items)
+
+    def __getitem__(self, i):
+        return self.items[i]
+
+    def __len__(self):
+        return len(self.items)
+
+
+Sequence.register(_L)
+
+
+def _fake_fastai(monkeypatch):
+    """fastai.optimizer's shapes: an `Optimizer` whose settings are `hypers`, an `L` of dicts, and a
+    `Lookahead` that steps it and keeps its slow weights in its own attribute."""
+    import torch
+
+    class Optimizer:  # (a group of parameters a layer, as fastai's splitters make them)
+        def __init__(self, groups, lr):
+            self.param_lists = _L(_L(group) for group in groups)
+            self.hypers = _L({"lr": lr, "mom": 0.9} for _ in groups)
+            self.state = {}
+
+        def step(self):
+            with torch.no_grad():
+                for group, hypers in zip(self.param_lists, self.hypers):
+                    for p in group:
+                        p -= hypers["lr"] * p.grad
+
+        def zero_grad(self):
+            for group in self.param_lists:
+                for p in group:
+                    p.grad = None
+
+    class Lookahead:  # (fastai's steps its `opt`, then every k steps pulls the weights to its slow ones)
+        def __init__(self, opt, k=2, alpha=0.5):
+            self.opt, self.k, self.alpha, self.count, self.slow_weights = opt, k, alpha, 0, None
+
+        def step(self):
+            if self.slow_weights is None:
+                self.slow_weights = _L(_L(p.detach().clone() for p in group) for group in self.opt.param_lists)
+            self.opt.step()
+            self.count += 1
+            if self.count % self.k == 0:
+                with torch.no_grad():
+                    for slow_group, fast_group in zip(self.slow_weights, self.opt.param_lists):
+                        for slow, fast in zip(slow_group, fast_group):
+                            slow.add_(fast - slow, alpha=self.alpha)
+                            fast.copy_(slow)
+
+    module = types.ModuleType("fastai.optimizer")
+    module.Optimizer, module.Lookahead = Optimizer, Lookahead
+    monkeypatch.setitem(sys.modules, "fastai.optimizer", module)
+    return module
+
+
+@pytest.mark.parametrize("edit", ["lr", "slow_weights"])
+def test_fastai_s_settings_and_a_lookahead_s_slow_weights_changed_after_fit_are_no_identical(monkeypatch, tmp_path, edit):
+    """Helper 75: fastai's `hypers` is an `L`, not a list, so its learning rate was never read (set after fit:
+    identical); its Lookahead keeps its slow weights in an attribute of its own (halved after fit: identical)."""
+    import torch
+
+    import bitguard
+
+    fastai = _fake_fastai(monkeypatch)
+    for name, edited in (("a", False), ("b", False), ("c", True)):
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Tanh(), torch.nn.Linear(4, 1))
+        opt = fastai.Lookahead(fastai.Optimizer([model[0].parameters(), model[2].parameters()], 0.1))
+        with bitguard.record(tmp_path / name, determinism=False):
+            for _ in range(3):
+                model(torch.randn(2, 4)).pow(2).mean().backward()
+                opt.step()
+                opt.opt.zero_grad()
+            if edited and edit == "lr":
+                opt.opt.hypers[0]["lr"] = 0.5
+            elif edited:
+                opt.slow_weights[0][0].mul_(0.5)
+    assert bitguard.compare(tmp_path / "a", tmp_path / "b").verdict == "identical"
+    c = bitguard.compare(tmp_path / "a", tmp_path / "c")
+    assert [r["code"] for r in c.blocking_reasons()] == ["final_settings"], (c.verdict, c.first_divergence)
