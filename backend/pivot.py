@@ -233,7 +233,8 @@ def blame(pivot: dict, events_a: pl.DataFrame, status: dict[int, str], diffs: pl
             result.update(blame="data", fault_class="data")
             rewired = None if events_b is None or tensors_b is None else \
                 _rewired_around(pivot, events_a, diffs, ((events_a, tensors_a), (events_b, tensors_b)))
-            if rewired is not None and EDITED_AFTER in rewired:  # (code between two calls: not the data)
+            if rewired is not None and (EDITED_AFTER in rewired or MADE_BETWEEN in rewired):  # (code between two calls:
+                # not the data)
                 result.update(blame="consumer", fault_class="forward")
             unheld = None if rewired is not None else _unheld_weights(pivot, events_a, diffs)
             if unheld is not None:  # (weights no call holds, made differently: conclusive, the data may differ too)
@@ -434,7 +435,8 @@ def _called_before(pivot: dict, events_a: pl.DataFrame) -> str | None:
             "another temperature, outputs fed back in): look at the code between these calls, at the call stack below")
 
 
-EDITED_AFTER = "changed in place after it returned"  # (`_rewired`: an output edited before the next call read it)
+EDITED_AFTER = "changed in place after it returned"
+MADE_BETWEEN = "made it from what was returned, or passed something else"  # (`_rewired`: not any module's output)  # (`_rewired`: an output edited before the next call read it)
 
 
 def _rewired(pivot: dict, diffs: pl.DataFrame, sides: tuple[tuple, tuple]) -> str | None:
@@ -443,7 +445,7 @@ def _rewired(pivot: dict, diffs: pl.DataFrame, sides: tuple[tuple, tuple]) -> st
     its two encoders' outputs swapped was said to get them from "the training's own code or data")."""
     if sides[0][1] is None:
         return None
-    said, edited = [], []
+    said, edited, remade = [], [], []
     for row, made in _producers(pivot, diffs, sides, 3):
         if made != [None, None] and made[0] != made[1]:
             for run, side, seq, other in (("A", sides[0], pivot["seq"], made[1]),
@@ -455,6 +457,10 @@ def _rewired(pivot: dict, diffs: pl.DataFrame, sides: tuple[tuple, tuple]) -> st
                                   "was given is no longer what was returned)")
                     break
             else:
+                if None in made:  # (one run's code made it from the module's output, or put another in its place)
+                    run, module = ("A", made[1]) if made[0] is None else ("B", made[0])
+                    remade.append(f"input {row['path'] or row['idx']} is what {module} returned in run "
+                                  f"{'AB'.replace(run, '')} and what no recorded module returned in run {run}")
                 said.append(f"input {row['path'] or row['idx']} is what {made[0] or 'no recorded module'} returned in "
                             f"run A and what {made[1] or 'no recorded module'} returned in run B")
     if edited:  # (helper 56: `out[:, 1].mul_(1.01)` between a model and its loss was said to be arguments swapped)
@@ -463,6 +469,10 @@ def _rewired(pivot: dict, diffs: pl.DataFrame, sides: tuple[tuple, tuple]) -> st
                 "`+=`, `clamp_()`, an assignment into it)")
     if not said:
         return None
+    if len(remade) == len(said):  # (helper 75: `out = out * 1.1` between a model and its loss was said to be swapped)
+        return (f"the inputs of {pivot['boundary']} differ, and no call around it had identical inputs: "
+                + "; ".join(remade) + f": that run's code between the calls {MADE_BETWEEN} (an out-of-place op on "
+                "the output, `out = out * s`, or another tensor given in its place)")
     return (f"the inputs of {pivot['boundary']} differ, and no call around it had identical inputs: " + "; ".join(said)
             + f": {pivot['boundary']} is given other modules' outputs (arguments swapped or passed from elsewhere), "
             "not other data")

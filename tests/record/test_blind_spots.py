@@ -2507,10 +2507,12 @@ def test_an_optimizer_made_after_the_last_step_is_compared_at_the_end(tmp_path, 
     assert [r["code"] for r in d["certification"]["reasons"] if r["code"] == "final_settings"], d["certification"]
 
 
-def test_a_model_output_edited_in_place_before_the_loss_is_said_to_be_edited_not_swapped(tmp_path):
+@pytest.mark.parametrize("how", ["in place", "out of place"])
+def test_a_model_output_edited_in_place_before_the_loss_is_said_to_be_edited_not_swapped(tmp_path, how):
     """Helper 56 (MONAI): `out[:, 1].mul_(1.01)` between a model and its loss module in one run was said
     to give the loss "other modules' outputs (arguments swapped or passed from elsewhere)", blamed on the
-    data: the loss's input is the very tensor the model returned, edited after it returned."""
+    data: the loss's input is the very tensor the model returned, edited after it returned. Helper 75
+    (fastai's `after_pred` callback): `out = out * 1.1` was said the same; that run's code made it."""
     import torch
 
     import bitguard
@@ -2523,8 +2525,10 @@ def test_a_model_output_edited_in_place_before_the_loss_is_said_to_be_edited_not
             for step in range(3):
                 opt.zero_grad()
                 out = model(x)
-                if edit and step == 1:
+                if edit and step == 1 and how == "in place":
                     out[:, 0].mul_(1.01)
+                elif edit and step == 1:
+                    out = out * 1.01
                 loss_fn(out, y).backward()
                 opt.step()
 
@@ -2535,7 +2539,9 @@ def test_a_model_output_edited_in_place_before_the_loss_is_said_to_be_edited_not
         fd = d["first_divergence"]
         assert (code, fd["step"], fd["boundary"], fd["blame"]) == (1, 1, "MSELoss", "consumer"), fd
         detail = fd["blame_window"]["detail"]
-        assert f"in run {run} it was changed in place after it returned" in detail and "swapped" not in detail, detail
+        said = (f"in run {run} it was changed in place after it returned" if how == "in place" else
+                f"what no recorded module returned in run {run}: that run's code between the calls made it")
+        assert said in detail and "swapped" not in detail, detail
 
 
 def test_a_structure_divergence_where_every_paired_event_is_equal_says_so(tmp_path):
