@@ -645,15 +645,19 @@ class ApiRecorder(Guarded):
 
     def foreign_stepped(self, optimizer) -> None:
         """Another library's optimizer updated the weights (Keras', fastai's: collectors/foreign_steps.py):
-        its settings and state are taken when the recording ends, as torch.optim's (helper 50)."""
+        its settings at each step, as torch.optim's (helper 75: fastai's lr raised from a step showed no
+        setting that differs), and its settings and state when the recording ends (helper 50)."""
+        settings = [_settings(g) for g in _groups(optimizer)]
         try:
             if id(optimizer) not in self._stepped:  # (its first step: a wrapper that stepped it, fastai's Lookahead)
                 wrapper = _wrapper_stepping(optimizer, sys._getframe(1), foreign=True)
                 if wrapper is not None:
                     self._stepped[id(wrapper)] = (weakref.ref(wrapper), [_settings(g) for g in _groups(wrapper)])
-            self._stepped[id(optimizer)] = (weakref.ref(optimizer), [_settings(g) for g in _groups(optimizer)])
+            self._stepped[id(optimizer)] = (weakref.ref(optimizer), settings)
         except TypeError:  # (not weakly referable: left out)
             pass
+        if settings:
+            self._add("optimizer_step", self._index(optimizer), {"groups": settings}, step=self.naming.ending_step())
 
     # -- root modules ----------------------------------------------------------------------
     def root_forward(self, module: torch.nn.Module, name: str, digested: dict | None = None) -> None:
