@@ -32,7 +32,7 @@ from bitguard.collectors.callstack import _is_user
 
 MAX_ITEMS = 64  # items of one container looked at (a list of a dataset's batches is not walked)
 DEPTH = 5  # containers looked into below a variable (composer's `trainer.state.algorithms[0].ema_model.named_parameters_dict`)
-MAX_VISITS = 4096  # values looked at in one look (an HF Trainer's attributes are not walked whole)
+MAX_VISITS = 8192  # values looked at in one look, over every frame (an HF Trainer's attributes are not walked whole)
 _MODULE_INTERNALS = frozenset(torch.nn.Module().__dict__)  # what every module holds: not looked into
 
 
@@ -110,20 +110,24 @@ def marks(frames, holders: frozenset = frozenset()) -> tuple:
     return tuple(out)
 
 
-def found_in(frame, shapes: set[tuple] = frozenset()) -> list[tuple[str, object, tuple | None]]:
-    """(name, module or list or dict of tensors, place) of what `frame`'s variables keep, as the
-    module docstring says (`shapes`: the parameters' shapes of each model the training holds, in
-    order; `place`: the object and attribute holding a list or dict, None for the rest); an object
-    that fails when looked at (a lazy import) is passed over. Breadth first: every variable before
-    what any of them holds, so a budget spent inside one large object (a script's ArgumentParser of a
-    dozen options: helper 74, whose EMA, a later global, was never found, and a reset of it compared
-    identical) is spent after the shallower places of every other."""
-    try:
-        variables = list(frame.f_locals.items())
-    except Exception:  # noqa: BLE001 - nothing found is the safe answer
-        return []
-    queue = deque((key, value, DEPTH, key == "self", None) for key, value in variables
-                  if isinstance(key, str) and key.isidentifier() and not key.startswith("__"))
+def found_in(frames, shapes: set[tuple] = frozenset()) -> list[tuple[str, object, tuple | None]]:
+    """(name, module or list or dict of tensors, place) of what the variables of `frames` (one frame, or
+    several, innermost first) keep, as the module docstring says (`shapes`: the parameters' shapes of each
+    model the training holds, in order; `place`: the object and attribute holding a list or dict, None
+    for the rest); an object that fails when looked at (a lazy import) is passed over. Breadth first,
+    over every frame at once: every variable of every frame before what any of them holds, so a budget
+    spent inside one large object (a script's ArgumentParser of a dozen options: helper 74, whose EMA, a
+    later global, was never found, and a reset of it compared identical) is spent after the shallower
+    places of every other; one budget for the look (a budget a frame cost a look under pytest, whose
+    thirty frames were all walked where the recording's block had returned, up to 120,000 values)."""
+    queue = deque()
+    for frame in frames if isinstance(frames, (list, tuple)) else (frames,):
+        try:
+            variables = list(frame.f_locals.items())
+        except Exception:  # noqa: BLE001 - nothing found there is the safe answer
+            continue
+        queue.extend((key, value, DEPTH, key == "self", None) for key, value in variables
+                     if isinstance(key, str) and key.isidentifier() and not key.startswith("__"))
     found, budget, walked = [], MAX_VISITS, set()
     while queue and budget > 0:
         budget -= 1

@@ -648,8 +648,7 @@ class WeightEvents:
                 params = [p for p in module.parameters() if not is_lazy(p)]  # (a lazy module never called: no shape)
                 shapes.add(tuple(tuple(p.shape) for p in params))
                 shapes.add(tuple(tuple(p.shape) for p in params if p.requires_grad))
-        for user in users:
-            found += kept.found_in(user, shapes)
+        found += kept.found_in(list(users), shapes)
         # one object found along several paths is named by the shortest (helper 30: accelerate's save hook's
         # closure holds the EMA too, and a run that registers no hook named it otherwise)
         found.sort(key=lambda item: item[0].count("."))
