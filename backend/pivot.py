@@ -159,8 +159,12 @@ def blame(pivot: dict, events_a: pl.DataFrame, status: dict[int, str], diffs: pl
         used = diffs.filter((pl.col("a_seq") == pivot["seq"]) & (pl.col("role") == "grad"))
         # the gradient step() used is the update's input: when it already differed, the fault is upstream of step()
         result.update(fault_class="optimizer", blame="consumer" if inputs_differ else "source")
-        result["blame_window"] = {"module": pivot["boundary"],
-                                  "detail": _optimizer_detail(pivot, events_a, status, used)}
+        detail = _optimizer_detail(pivot, events_a, status, used)
+        if differing == {"state"}:  # (helper 76: Lookahead's k changed: only its slow buffer differed, the text said
+            # "the parameter differs")
+            detail = ("only the optimizer's state for this parameter differs, the parameter itself matched: "
+                      + detail.replace("the parameter differs after step()", "the state differs after step()", 1))
+        result["blame_window"] = {"module": pivot["boundary"], "detail": detail}
         state = diffs.filter((pl.col("a_seq") == pivot["seq"]) & (pl.col("role") == "state") & pl.col("differs"))
         # (its step count: not a hyperparameter's doing)
         counted = state.filter(pl.col("path").cast(pl.String).str.contains("step"))
@@ -737,9 +741,11 @@ def structure_blame(event: dict, side: str, events: pl.DataFrame, twin: dict | N
         detail = (f"run {have} took the parameters of {event['boundary']} again at call {event['call']} of step "
                   f"{event['step']}, equal to those at its first call: the weights did not move, but run {have} "
                   f"called the model again in this step after a backward, or after its mode changed (train()/eval()), "
-                  f"where run {lack} did not: its step ended sooner (an optimizer step() after fewer micro-batches "
-                  f"of a gradient accumulation), it called the model fewer times, or its mode did not change; see "
-                  f"the training API calls that differ (`modes`, `backward`)")
+                  f"or after its trainable parameters changed (requires_grad_ set on or off between the calls: a "
+                  f"freeze or an unfreeze, peft's disable_adapter()), where run {lack} did not: its step ended sooner "
+                  f"(an optimizer step() after fewer micro-batches of a gradient accumulation), it called the model "
+                  f"fewer times, or its mode or trainable parameters did not change; see the training API calls that "
+                  f"differ (`modes`, `backward`, `requires_grad`)")
     elif event["kind"] == "params" and event["call"] > 0:  # (taken at a later call only when the weights moved)
         return {"blame": "source", "fault_class": "params", "differing_roles": ["param"],
                 "blame_window": {"module": event["boundary"], "detail": (

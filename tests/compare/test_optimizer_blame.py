@@ -59,7 +59,9 @@ def test_an_update_that_differs_on_a_matching_used_gradient_blames_the_optimizer
     a, b = _pair(tmp_path, world_size=2)
     _sql(b, f"UPDATE tensors SET xor = xor + 1 WHERE role = 'state' AND seq IN ({STEP_EVENTS} AND step = 1)")
     detail = _detail(a, b)
-    assert detail.startswith("the parameter differs after step() while the gradient step() used and the previous "
+    # (only the state was made to differ: helper 76, the text said the parameter did)
+    assert detail.startswith("only the optimizer's state for this parameter differs, the parameter itself matched: "
+                             "the state differs after step() while the gradient step() used and the previous "
                              "parameters matched"), detail
     # (helper 24: an edit of AdamW's moments between steps reads the same: the state is recorded after step())
     assert "or its state (momentum, Adam's moments) changed since its last step()" in detail, detail
