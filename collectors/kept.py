@@ -4,7 +4,7 @@ whose `shadow_params` list of tensors is updated in place), a dict of shadow ten
 name. No module call meets them, so without this their final state, the weights a user saves, was
 never compared.
 
-`found_in(frames, shapes)` looks through the frames' variables, its `self`'s attributes, and, DEPTH
+`found_in(frames, shapes)` looks through the frames' variables, each one's `self`'s attributes, and, DEPTH
 containers down, the dicts, lists, tuples, deques, plain objects, modules, functions' closures (a
 hook's), partials' arguments, and the attributes of the user's own classes and the globals of the
 user's own modules (not an installed library's) they hold (a module's own attributes: an EMA object
