@@ -159,11 +159,11 @@ def blame(pivot: dict, events_a: pl.DataFrame, status: dict[int, str], diffs: pl
         used = diffs.filter((pl.col("a_seq") == pivot["seq"]) & (pl.col("role") == "grad"))
         # the gradient step() used is the update's input: when it already differed, the fault is upstream of step()
         result.update(fault_class="optimizer", blame="consumer" if inputs_differ else "source")
-        detail = _optimizer_detail(pivot, events_a, status, used)
-        if differing == {"state"}:  # (helper 76: Lookahead's k changed: only its slow buffer differed, the text said
-            # "the parameter differs")
-            detail = ("only the optimizer's state for this parameter differs, the parameter itself matched: "
-                      + detail.replace("the parameter differs after step()", "the state differs after step()", 1))
+        # (helper 76: Lookahead's k changed: only its slow buffer differed, and the text said "the parameter differs")
+        state_only = differing == {"state"}
+        detail = _optimizer_detail(pivot, events_a, status, used, "the state" if state_only else "the parameter")
+        if state_only:
+            detail = "only the optimizer's state for this parameter differs, the parameter itself matched: " + detail
         result["blame_window"] = {"module": pivot["boundary"], "detail": detail}
         state = diffs.filter((pl.col("a_seq") == pivot["seq"]) & (pl.col("role") == "state") & pl.col("differs"))
         # (its step count: not a hyperparameter's doing)
@@ -626,7 +626,8 @@ def _same_collective(comm: pl.DataFrame, pivot: dict, issue: str | None) -> dict
     return None
 
 
-def _optimizer_detail(pivot: dict, events_a: pl.DataFrame, status: dict[int, str], used: pl.DataFrame) -> str:
+def _optimizer_detail(pivot: dict, events_a: pl.DataFrame, status: dict[int, str], used: pl.DataFrame,
+                      what: str = "the parameter") -> str:
     """What is known of the update's inputs: the gradient step() used (the step event's `grad`
     row, after any reduction across ranks), this step's gradient as autograd produced it, and the
     parameter before it. Only what was observed and compared equal is called "matched"."""
@@ -654,10 +655,10 @@ def _optimizer_detail(pivot: dict, events_a: pl.DataFrame, status: dict[int, str
              "under no_grad or through .data between backward() and step(): the parameter is recorded as the step's "
              "first call meets it and as step() leaves it, not as step() finds it)")
     if used_seen and prev_ok:
-        return ("the parameter differs after step() while the gradient step() used and the previous parameters "
+        return (f"{what} differs after step() while the gradient step() used and the previous parameters "
                 f"matched: {state}")
     if grad_ok and prev_ok and (pivot.get("world_size") or 1) == 1 and not used.height:
-        return f"the parameter differs after step() while its gradient and the previous parameters matched: {state}"
+        return f"{what} differs after step() while its gradient and the previous parameters matched: {state}"
     known = []
     if used_seen:
         known.append("the gradient step() used matched")
@@ -677,7 +678,7 @@ def _optimizer_detail(pivot: dict, events_a: pl.DataFrame, status: dict[int, str
     elif not before.height:
         known.append("no optimizer step before this one recorded the parameter (a model's parameters are compared "
                      "as each step begins, in its params event)")
-    return ("the parameter differs after step(); " + "; ".join(known)
+    return (f"{what} differs after step(); " + "; ".join(known)
             + ": the optimizer update, or an input of it that was not observed, computed differently")
 
 

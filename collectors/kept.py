@@ -162,7 +162,7 @@ def _kept(name: str, value, depth: int, owner: bool, place: tuple | None, shapes
                 _attributes(name, value, depth, False, queue)
             return []
         if isinstance(value, type):  # (a class of the user's own code: its attributes, `Registry.ema`, h76)
-            if value.__module__ == "__main__" or _own(getattr(sys.modules.get(value.__module__), "__file__", None)):
+            if value.__module__ == "__main__" or _own_module(value.__module__):
                 items = [(f"{name}.{k}", v) for k, v in islice(vars(value).items(), MAX_ITEMS)
                          if isinstance(k, str) and not k.startswith("__") and not isinstance(v, _CODE)]
                 queue.extend((n, v, depth - 1, False, None) for n, v in items)
@@ -171,7 +171,7 @@ def _kept(name: str, value, depth: int, owner: bool, place: tuple | None, shapes
             cells = islice(zip(value.__code__.co_freevars, value.__closure__ or ()), MAX_ITEMS)
             items = [(f"{name}.{var}", _contents(cell)) for var, cell in cells if var != "__class__"]
             module = value.__module__  # (`from emalib import update`: the globals it updates, by the module's name)
-            if module != "__main__" and _own(getattr(sys.modules.get(module), "__file__", None)):
+            if module != "__main__" and _own_module(module):
                 items.append((module, sys.modules[module]))
         elif isinstance(value, types.MethodType):  # (a bound method kept as a hook: its object)
             items = [(name, value.__self__)]
@@ -202,6 +202,11 @@ def _own(filename: str | None) -> bool:
     many, and an EMA is not kept there) nor the standard library's, torch's or bitguard's."""
     return bool(filename) and _is_user(filename) and "site-packages" not in filename \
         and "dist-packages" not in filename
+
+
+def _own_module(name: str) -> bool:
+    """Whether the module imported as `name` is of the user's own code (`_own`)."""
+    return _own(getattr(sys.modules.get(name), "__file__", None))
 
 
 def _contents(cell):
