@@ -28,7 +28,7 @@ from numba import njit
 
 from bitguard.backend import api_diff, certification, check, collectives, content_pairs, equivalence, granularity
 from bitguard.backend import pivot as pivot_mod
-from bitguard.backend import recompute, resumed
+from bitguard.backend import bypassed, recompute, resumed
 from bitguard.backend import propagation, rank_pool, rank_summary, retype
 from bitguard.backend.ingest import RunInfo, in_order, load_rank, open_run
 from bitguard.backend.rank_summary import RankSummary, hex16 as _hex, unobserved as _unobserved
@@ -356,9 +356,10 @@ def _compare_rank(rank: int, run_a: RunInfo, run_b: RunInfo, rules: RuleSet, fir
                  resumed_at=run_b.resume_from if run_b.step_shift else None,
                  windowed=any(r["code"] == "step_window" for r in reasons))
     gaps, recompute_reasons = recompute.one_sided(gaps, ea, eb, rank)  # checkpointing on one side only
+    gaps, bypassed_reasons = bypassed.one_sided(gaps, ea, eb, ta, tb, pairs, rank)  # children called one by one
     gaps, loaded_reasons = resumed.loaded_checkpoint(gaps, ea, ta, eb, tb, run_b.resume_from if run_b.step_shift else None,
                                                      rank)
-    reasons = reasons + recompute_reasons + loaded_reasons
+    reasons = reasons + recompute_reasons + bypassed_reasons + loaded_reasons
     gaps, region_reasons = granularity.inside(gaps, ea, eb, pairs, regions, rank)  # not observed in the other run
     rc = RankComparison(rank, ea, eb, ta, tb, sa, sb, al, pairs, diffs, gaps, reasons=reasons + region_reasons,
                         scope=scope, regions=regions, step_shift=run_b.step_shift,
@@ -587,7 +588,7 @@ SETTINGS_AFTER = ("scheduler_step", "loss_scale", "optimizer_settings")
 # recorded only by a bitguard since: a run without them (an older recording) is no difference
 RECORDED_SINCE = {"optimizer_settings"}
 # Reasons that stop a verdict from being `identical`; the others only describe what was compared.
-_INFORMATIONAL = {"modes", "granularity", "recompute", "retyped", "resumed"}
+_INFORMATIONAL = {"modes", "granularity", "recompute", "bypassed", "retyped", "resumed"}
 # reasons after which no computed value is compared: nothing was paired, or the steps are not the same steps
 # (helper 33: a run recorded with --steps 4: against a resumed one said "every recorded tensor is equal")
 _UNPAIRED = {"empty", "nothing_paired", "step_window"}

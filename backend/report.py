@@ -95,7 +95,8 @@ def _render(c) -> str:
                f"{al.identical_prefix}, band {al.band}, largest DP window {al.max_window}")
     if al.gaps_before_pivot:
         where = "before the pivot, " if fd is not None else ""
-        out.append(f"events on one side only {where}outside what could be certified (not compared):")
+        out.append(f"events on one side only {where}not compared (outside what could be certified, or explained by a "
+                   f"note below):")
         for g in al.gaps_before_pivot[:10]:
             # (a params event said "optimizer", its phase: helper 43)
             out.append(f"  only in {g.side.upper()}: step {g.step}, the {phase_words(g.phase, g.kind or '')} of "
@@ -134,7 +135,7 @@ def _retyped(fd: FirstDivergence) -> str:
     return f"paired across a change of its tensors: both runs run {fd.module_type}"
 
 
-_NOTES = ("modes", "recompute", "retyped")  # reasons that describe what was compared, printed as notes
+_NOTES = ("modes", "recompute", "bypassed", "retyped")  # reasons that describe what was compared, printed as notes
 
 
 def _said(reason, ranks: list[int]) -> str:
