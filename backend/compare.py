@@ -328,8 +328,8 @@ def _compare_rank(rank: int, run_a: RunInfo, run_b: RunInfo, rules: RuleSet, fir
         "reordered": al.reordered, "retyped": retyped, "resigned": resigned,
     }, schema={"a_pos": pl.Int64, "b_pos": pl.Int64, "a_seq": pl.Int64, "b_seq": pl.Int64, "reordered": pl.Boolean,
                "retyped": pl.Boolean, "resigned": pl.Boolean})
-    batches = ea.filter(pl.col("kind") == "batch")["seq"]
-    diffs = equivalence.apply(retype.pair_tensors(pairs, ta, tb, _pair_tensors, batches), fingerprint,
+    alone = ea.filter(pl.col("kind").is_in(["batch", "step"]))["seq"]  # (a tensor one side alone holds differs)
+    diffs = equivalence.apply(retype.pair_tensors(pairs, ta, tb, _pair_tensors, alone), fingerprint,
                               run_a.ranks[rank], run_b.ranks[rank])
     diffs = diffs.with_columns((pl.col("differs") & ~pl.col("unknown")).alias("differs"))
     diffs = _apply_ignore(diffs, ea, rules, rank, fired)

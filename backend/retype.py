@@ -19,8 +19,9 @@ such a pair is never certified identical, and a tensor both sides record still s
 difference. A gradient a module's backward sends to an input, or one its output receives, in one
 run alone is a difference, not a signature change: that run computes a gradient the other does not
 (a detached input, a loss term dropped), and so is the RNG state a call began from in one run alone (it drew
-random numbers in that run only), and a tensor of the input batch one run alone gives the model (a hidden
-state carried into the call in one run, reset to None in the other). What a save wrote (kind `saved`)
+random numbers in that run only), a tensor of the input batch one run alone gives the model (a hidden
+state carried into the call in one run, reset to None in the other), and an optimizer state one run alone
+keeps at a step (Lookahead's slow weights made a step earlier). What a save wrote (kind `saved`)
 pairs by its full key only: a save of other tensors is a difference. This module knows nothing of
 digests, rules or pivots.
 """
@@ -88,12 +89,14 @@ def _unless_saved(events: pl.DataFrame, column: str, rows: np.ndarray, side: int
 
 
 def pair_tensors(pairs: pl.DataFrame, ta: pl.DataFrame, tb: pl.DataFrame, pair,
-                 batches: pl.Series | None = None) -> pl.DataFrame:
+                 alone: pl.Series | None = None) -> pl.DataFrame:
     """`pair(pairs, ta, tb)` (compare.py's tensor join on role and idx), with the tensors of
     resigned pairs matched as the module docstring says first: B's matched tensors take their A
     partner's idx, and what one side alone records is a row marked unobserved, but in the events
-    of A whose seqs are `batches` (the input batches) and the roles of ALONE_DIFFERS: a difference
-    there (helper 71: a GRU's hidden state reset to None at a step was blamed on the GRU)."""
+    of A whose seqs are `alone` (the input batches and the optimizer steps) and the roles of ALONE_DIFFERS:
+    a difference there (helper 71: a GRU's hidden state reset to None at a step was blamed on the GRU;
+    helper 76: timm's Lookahead with k=2 against k=3 makes its slow weights a step earlier in one run, and
+    that state, kept by one run alone, was passed over as a signature change: the pivot came a step late)."""
     if "resigned" not in pairs.columns or not pairs["resigned"].any():
         return pair(pairs, ta, tb)
     resigned = pairs.filter(pl.col("resigned")).select("a_seq", "b_seq")
@@ -124,8 +127,8 @@ def pair_tensors(pairs: pl.DataFrame, ta: pl.DataFrame, tb: pl.DataFrame, pair,
         on=["b_seq", "role", "idx"], how="left").with_columns(pl.coalesce("idx_b", "idx").alias("idx_b"))
     in_resigned = pl.col("a_seq").is_in(resigned["a_seq"].implode())
     alone_differs = pl.col("role").is_in(ALONE_DIFFERS)
-    if batches is not None:
-        alone_differs = alone_differs | pl.col("a_seq").is_in(batches.implode())
+    if alone is not None:
+        alone_differs = alone_differs | pl.col("a_seq").is_in(alone.implode())
     d = d.with_columns(pl.when(in_resigned & pl.col("xor_b").is_null() & pl.col("pos_b").is_null()
                                & pl.col("unobserved_b").is_null() & ~alone_differs)
                        .then(pl.lit(ONLY_A)).otherwise(pl.col("unobserved_b")).alias("unobserved_b"))
@@ -199,7 +202,7 @@ def note(pairs: pl.DataFrame, a_seq: int | None, diffs: pl.DataFrame) -> list[st
     only_a = mine.filter(pl.col("unobserved_b") == ONLY_A).height
     only_b = mine.filter(pl.col("unobserved") == ONLY_B).height
     alone = [(role, side, mine.filter((pl.col("role") == role) & pl.col(digest).is_null() & pl.col(why).is_null()).height)
-             for role in (*ALONE_DIFFERS, "input")
+             for role in (*ALONE_DIFFERS, "input", "state")
              for side, digest, why in (("A", "xor_b", "unobserved_b"), ("B", "xor", "unobserved"))]
     out = [f"paired by position across a signature change (same module path and phase, other tensors): "
            f"{only_a} tensor(s) only in A, {only_b} only in B, the others paired by path, shape and dtype"] \
@@ -210,9 +213,13 @@ def note(pairs: pl.DataFrame, a_seq: int | None, diffs: pl.DataFrame) -> list[st
             out.append(f"run {side} alone sends a gradient back to {n} input(s) of this module: in run {other} that "
                        f"input does not require one (detached, made under no_grad, or its requires_grad changed), or "
                        f"this module's forward cut it off there (a .detach() or no_grad inside it)")
-        elif n and role == "input":  # (an input batch's: pair_tensors `batches`)
+        elif n and role == "input":  # (an input batch's: pair_tensors `alone`)
             out.append(f"run {side} alone gives the model {n} input(s) of this batch: in run {other} the call does not "
                        f"take it (an argument left out or passed as None: a hidden state reset, a mask dropped)")
+        elif n and role == "state":  # (an optimizer step's: pair_tensors `alone`)
+            out.append(f"run {side} alone keeps {n} optimizer state tensor(s) for this parameter here: its optimizer "
+                       f"made that state at this step in one run only (a setting that decides when, such as "
+                       f"Lookahead's k, another optimizer, or state loaded in one run)")
         elif n and role != "rng":  # (a draw in one run alone: the blame says so, pivot.py `_drew_alone`)
             out.append(f"{n} output(s) of this module receive a gradient in run {side} alone: in run {other} nothing "
                        f"backpropagates into them (a loss term dropped, an output detached or left unused), or this "

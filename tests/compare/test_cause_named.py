@@ -43,33 +43,47 @@ def test_a_trainable_toggled_between_two_calls_in_one_run_is_named_as_a_cause(tm
 class _Slow(torch.optim.Optimizer):
     """SGD keeping a slow copy of each parameter in its state (as a Lookahead does) that the update never reads."""
 
-    def __init__(self, params, lr, pull):
+    def __init__(self, params, lr, pull, start: int = 0):
         super().__init__(params, {"lr": lr})
-        self.pull = pull
+        self.pull, self.start, self.steps = pull, start, 0
 
     @torch.no_grad()
     def step(self):
         for group in self.param_groups:
             for p in group["params"]:
-                slow = self.state[p].setdefault("slow", p.detach().clone())
-                slow.add_(p - slow, alpha=self.pull)
+                if self.steps >= self.start:  # (the slow copy is made at step `start`)
+                    slow = self.state[p].setdefault("slow", p.detach().clone())
+                    slow.add_(p - slow, alpha=self.pull)
                 p.add_(p.grad, alpha=-group["lr"])
+        self.steps += 1
 
 
-def test_an_optimizer_state_alone_that_differs_is_said_to_be_the_state_not_the_parameter(tmp_path):
-    """Helper 76 (timm's Lookahead, k=2 against 3): only `lookahead_slow_buff` differed, and the pivot said
-    "the parameter differs after step()"."""
-    for name, pull in (("a", 0.5), ("b", 0.25)):
+def _slow_runs(tmp_path, *settings) -> dict:
+    for name, pull, start in settings:
         torch.manual_seed(0)
         m = nn.Linear(4, 1)
-        opt = _Slow(m.parameters(), 0.1, pull)
+        opt = _Slow(m.parameters(), 0.1, pull, start)
         with bitguard.record(tmp_path / name, determinism=False):
             for _ in range(2):
                 opt.zero_grad()
                 m(torch.randn(2, 4)).pow(2).mean().backward()
                 opt.step()
-    fd = bitguard.compare(tmp_path / "a", tmp_path / "b").first_divergence
+    return bitguard.compare(tmp_path / settings[0][0], tmp_path / settings[1][0]).first_divergence
+
+
+def test_an_optimizer_state_alone_that_differs_is_said_to_be_the_state_not_the_parameter(tmp_path):
+    """Helper 76 (timm's Lookahead, k=2 against 3): only `lookahead_slow_buff` differed, and the pivot said
+    "the parameter differs after step()"."""
+    fd = _slow_runs(tmp_path, ("a", 0.5, 0), ("b", 0.25, 0))
     assert (fd["phase"], fd["differing_roles"]) == ("optimizer", ["state"]), fd
     detail = fd["blame_window"]["detail"]
     assert detail.startswith("only the optimizer's state for this parameter differs") and \
         "the parameter differs" not in detail, detail
+
+
+def test_an_optimizer_state_one_run_alone_keeps_is_the_pivot_where_it_is_made(tmp_path):
+    """Helper 76 (timm's Lookahead, k=2 against 3: its slow weights made a step earlier in one run): the state
+    kept by one run alone was passed over as "the module's signature changed", and the pivot came a step late."""
+    fd = _slow_runs(tmp_path, ("a", 0.5, 0), ("b", 0.5, 1))
+    assert (fd["step"], fd["phase"], fd["differing_roles"]) == (0, "optimizer", ["state"]), fd
+    assert any(n.startswith("run A alone keeps 1 optimizer state tensor(s)") for n in fd["notes"]), fd["notes"]
