@@ -289,6 +289,11 @@ def _entered(d: opdiff.OpDifference, w: Window) -> str | None:
     node = (d.op or {}).get("node") or ""
     if w.phase == "backward" and "AccumulateGrad" in node:  # (helper 69: an EWC penalty drilled into the module)
         param = (d.op or {}).get("param") or "the parameter"
+        if str((d.op or {}).get("op", "")).startswith("aten.add_") and which == "0":
+            # (helper 75: fastai zeroes .grad in place, so both runs add into it: only what it held differed)
+            return (f"its input 0, the .grad of {param} that autograd adds the new gradient into, differs while the new "
+                    f"gradient matches: that .grad was not cleared since the last step in one run (a missed "
+                    f"zero_grad(), or gradient accumulation over another number of micro-batches)")
         return (f"its input {which} differs although no traced op before it does: this is autograd summing the "
                 f"gradients of {param} from each of its uses, so a use outside {w.boundary}'s call sends back another "
                 f"gradient (a regulariser in the loss such as an L2 or EWC penalty, a weight tied elsewhere), or the "

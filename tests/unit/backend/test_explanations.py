@@ -196,3 +196,21 @@ def test_a_parameter_s_accumulation_drilled_names_its_other_uses():
                     phase="backward")
     said = _entered(d, window)
     assert "summing the gradients of 0.bias from each of its uses" in said and "EWC penalty" in said, said
+
+
+def test_an_accumulation_into_a_grad_that_differs_alone_is_read_as_a_missed_zero_grad():
+    """Helper 75 (fastai zeroes .grad in place, so both runs add into it; a zero_grad skipped after step 2): drilled,
+    the first differing op was head.bias's `aten.add_` whose input 0 (the .grad added into) differed and input 1 (the
+    new gradient) matched, and the note spoke of the parameter's other uses."""
+    from bitguard.backend import opdiff
+    from bitguard.backend.drill import Window, _entered
+
+    d = opdiff.OpDifference(cause="digest", side_only=None, index_a=3, index_b=3,
+                            op_a={"node": "torch::autograd::AccumulateGrad", "param": "head.bias", "op": "aten.add_.Tensor"},
+                            op_b={}, inputs=[{"index": 0, "differs": True}, {"index": 1, "differs": False}], outputs=[],
+                            inputs_differ=True, args_differ=False, other_side=[], paired_before=3)
+    window = Window(rank=0, step=3, boundary="head", module_type="Linear", call=0, why="", seq_a=1, seq_b=1,
+                    phase="backward")
+    said = _entered(d, window)
+    assert "the .grad of head.bias that autograd adds the new gradient into, differs while the new gradient matches" \
+        in said and "missed zero_grad()" in said, said
