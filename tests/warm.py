@@ -7,6 +7,10 @@ not that start: each call runs the CLI's in-process path (`bitguard record --out
 -- SCRIPT ARGS`, what every rank runs under torchrun) in a process of its own, forked from the
 fork server of `sample_traces/recordings.py`, which has imported all of that once.
 
+`record_ranks` forks one such recording per rank of a gloo group at once, with the variables
+torchrun gives its ranks (RANK, WORLD_SIZE, MASTER_ADDR, ...): what each rank of `torchrun -m
+bitguard record` runs, without the three fresh Pythons (the agent, two ranks) that import torch.
+
 What this path does not do, and what the tests that need it use the real CLI for
 (tests/record/test_record.py, the stacks tier): the launcher's interpreter check, its journal
 fold after a killed child, and the manifest's `command` as typed (here it is `SCRIPT ARGS`,
@@ -120,4 +124,24 @@ def record_all(*calls: dict, check=True) -> list[Done]:
     for call, done in zip(calls, got):
         if check:
             assert done.returncode == 0, f"recording {call['out']} exited {done.returncode}:\n{done.stderr[-3000:]}"
+    return got
+
+
+def record_ranks(out, script, *args, nproc: int = 2, options=(), env=None, cwd=None, check=True) -> list[Done]:
+    """`bitguard record --out OUT OPTIONS -- SCRIPT ARGS` on each of `nproc` ranks of one group (the
+    variables torchrun sets, OMP_NUM_THREADS=1 as torchrun's default), forked at once; each rank's `Done`."""
+    import socket
+
+    assert nproc <= WORKERS, f"{nproc} ranks need {nproc} warm workers at once ({WORKERS})"
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    group = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port, "WORLD_SIZE": nproc, "LOCAL_WORLD_SIZE": nproc,
+             "GROUP_RANK": 0, "OMP_NUM_THREADS": 1}
+    waits = [submit(out, script, *args, options=options, cwd=cwd,
+                    env={**group, **(env or {}), "RANK": rank, "LOCAL_RANK": rank}) for rank in range(nproc)]
+    got = [wait() for wait in waits]
+    for rank, done in enumerate(got):
+        if check:
+            assert done.returncode == 0, f"rank {rank} of {out} exited {done.returncode}:\n{done.stderr[-3000:]}"
     return got

@@ -1,6 +1,6 @@
 """Collectives as `comm` events (collectors/comm.py) on a real two-rank gloo group: every c10d and
-functional form the collector wraps, synchronous and asynchronous, recorded under torchrun, with
-the collectives' results bitwise those of a plain run."""
+functional form the collector wraps, synchronous and asynchronous, recorded on each rank as under
+`torchrun -m bitguard record`, with the collectives' results bitwise those of a plain torchrun."""
 
 import json
 import os
@@ -8,6 +8,7 @@ import sys
 
 import polars as pl
 import pytest
+import warm
 
 from bitguard.backend.ingest import load_rank, open_run
 
@@ -27,9 +28,9 @@ def recorded(tmp_path_factory):
         if plain.returncode == 0 or TORN_DOWN not in plain.stderr:  # destructor): the reference is run again then
             break
     assert plain.returncode == 0, plain.stderr[-3000:]
-    rec = run([*TORCHRUN, "-m", "bitguard", "record", "--out", tmp / "run", "--", SCRIPTS / "collectives.py",
-               tmp / "recorded"], env=ENV)
-    assert rec.returncode == 0, rec.stderr[-3000:]
+    # each rank recording in-process as under `torchrun -m bitguard record`, forked from the warm recorder
+    # (tests/warm.py: two ranks without three fresh Pythons importing torch; torchrun is the stacks tier's)
+    warm.record_ranks(tmp / "run", SCRIPTS / "collectives.py", tmp / "recorded")
     info = open_run(tmp / "run")
     frames = {}
     for rank in (0, 1):

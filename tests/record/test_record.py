@@ -412,20 +412,31 @@ def test_torchrun_two_ranks_gloo(tmp_path):
     assert (fd["rank"], fd["step"], fd["phase"], fd["blame"]) == (1, 1, "data", "data")
 
 
+@pytest.fixture(scope="module")
+def ddp_runs(tmp_path_factory):
+    """ddp_train.py on two gloo ranks, each rank recording in-process as under `torchrun -m bitguard record`
+    (forked from the warm recorder, tests/warm.py: torchrun itself is test_torchrun_two_ranks_gloo's and the
+    stacks tier's): kept (torn down with the model alive), the same with a weight edited after the last step on
+    rank 1, and a replica whose weight drifts on rank 1 after step 1."""
+    import warm
+
+    tmp = tmp_path_factory.mktemp("ddp")
+    for name, env in (("kept", {"KEEP_MODEL": "1"}), ("edited", {"KEEP_MODEL": "1", "EDIT_AFTER_RANK": "1"}),
+                      ("drift", {"WEIGHT_FAULT_RANK": "1"})):
+        warm.record_ranks(tmp / name, SCRIPTS / "ddp_train.py", env=env)
+    return tmp
+
+
 @pytest.mark.slow
-def test_a_ddp_replica_whose_weights_drift_is_found_by_check(tmp_path):
+def test_a_ddp_replica_whose_weights_drift_is_found_by_check(ddp_runs):
     """One rank's weight edited after step 1: the all-reduced gradients still agree on every rank,
     so no collective shows it; the replicas' parameters at the start of step 2 do (`check`)."""
     from bitguard.backend.check import run_checks
-    from bitguard.backend.ingest import open_run
 
-    for name, env in (("clean", {}), ("drift", {"WEIGHT_FAULT_RANK": "1"})):
-        proc = _torchrun(tmp_path / name, env)
-        assert proc.returncode == 0, proc.stderr[-3000:]
-    clean = run_checks(open_run(tmp_path / "clean"))
+    clean = run_checks(open_run(ddp_runs / "kept"))
     replicas = next(c for c in clean.checks if c.name == "replicas")
     assert clean.verdict == "clean" and replicas.compared == 3 and replicas.findings == 0, clean
-    drift = run_checks(open_run(tmp_path / "drift"))
+    drift = run_checks(open_run(ddp_runs / "drift"))
     found = [f for f in drift.findings if f.check == "replicas"]
     # two ranks, no majority: rank 1's weights are not what its own step left them, rank 0's are
     assert drift.verdict == "findings" and [(f.rank, f.step, f.kind) for f in found] == [(1, 2, "params")], found
@@ -434,18 +445,12 @@ def test_a_ddp_replica_whose_weights_drift_is_found_by_check(tmp_path):
 
 
 @pytest.mark.slow
-def test_a_ddp_model_local_to_main_has_its_final_state_before_the_group_goes(tmp_path):
+def test_a_ddp_model_local_to_main_has_its_final_state_before_the_group_goes(ddp_runs):
     """A DDP model is not held past the script's own lifetime (its reducer would outlive the
     process group), and one local to main() is gone when the recording ends: a weight edited after
     the last step on one rank compared identical. Its final state is now taken in the script's
     destroy_process_group(), before the group goes."""
-    from concurrent.futures import ThreadPoolExecutor
-
-    jobs = {"a": {"KEEP_MODEL": "1"}, "b": {"KEEP_MODEL": "1", "EDIT_AFTER_RANK": "1"}}
-    with ThreadPoolExecutor(2) as pool:  # (both at once: each waits on its ranks' start more than it computes)
-        for proc in pool.map(lambda job: _torchrun(tmp_path / job[0], job[1]), jobs.items()):
-            assert proc.returncode == 0, proc.stderr[-3000:]
-    result = bitguard.compare(tmp_path / "a", tmp_path / "b")
+    result = bitguard.compare(ddp_runs / "kept", ddp_runs / "edited")
     fd = result.first_divergence
     assert result.verdict == "diverged" and (fd["rank"], fd["kind"], fd["step"]) == (1, "final", 3), fd
     assert [t["path"] for t in fd["tensors"] if t["differs"]] == [".module.2.bias"], fd["tensors"]

@@ -1,5 +1,5 @@
 """The cross-rank sensor: who is named when digests disagree (fast), and two-rank DDP on gloo under
-`torchrun -m bitguard record --mode online` (slow): a clean run raises nothing and trains bitwise
+`torchrun -m bitguard record --mode online`, each rank forked from the warm recorder (slow): a clean run raises nothing and trains bitwise
 as a plain one; a replica divergence planted on one rank, or a corrupted reduced gradient, is an
 alert on the step it starts, on the ranks of the tie, confirmed by the verifier."""
 
@@ -39,21 +39,31 @@ TORN_DOWN = "terminate called without an active exception"
 
 
 def _torchrun(out: Path, env: dict, online: bool = True) -> dict:
+    """ddp_replica.py on two gloo ranks: recorded online, each rank as under `torchrun -m bitguard record`
+    (forked from the warm recorder, tests/warm.py, without three fresh Pythons importing torch), or plain
+    under torchrun."""
     result = out.parent / f"{out.name}.result.json"
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
     # --budget 1 and a model wide enough that a step takes well over an exchange: the budget would
     # otherwise exchange every few steps only (the evidence then says between which steps a divergence
     # started), and the planted step might fall between two exchanges
-    cmd += ["-m", "bitguard", "record", "--mode", "online", "--budget", "1", "--out", str(out), "--"] if online else []
-    cmd += [str(HERE / "ddp_replica.py")]
-    for _ in range(2):  # torch's own gloo teardown can abort a plain run at exit (std::terminate), once in a
-        proc = subprocess.run(cmd, env={**os.environ, "PYTHONPATH": str(ROOT), "ONLINE_RESULT": str(result),
-                                              "ONLINE_WIDTH": "256", **env},
-                              capture_output=True, text=True, timeout=600, cwd=str(ROOT))
-        if online or proc.returncode == 0 or TORN_DOWN not in proc.stderr:  # while (seen in CI, unrecorded):
-            break  # a plain run is run again then (tests/record/test_comm.py does the same)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    return {"stderr": proc.stderr, "result": [json.loads(Path(f"{result}{s}").read_text()) for s in ("", ".r1")]}
+    variables = {"PYTHONPATH": str(ROOT), "ONLINE_RESULT": str(result), "ONLINE_WIDTH": "256", **env}
+    if online:
+        import warm
+
+        done = warm.record_ranks(out, HERE / "ddp_replica.py", options=("--mode", "online", "--budget", "1"),
+                                 env=variables, cwd=ROOT)
+        stderr = "".join(d.stderr for d in done)
+    else:
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+               str(HERE / "ddp_replica.py")]
+        for _ in range(2):  # torch's own gloo teardown can abort a plain run at exit (std::terminate), once in a
+            proc = subprocess.run(cmd, env={**os.environ, **variables}, capture_output=True, text=True, timeout=600,
+                                  cwd=str(ROOT))
+            if proc.returncode == 0 or TORN_DOWN not in proc.stderr:  # while (seen in CI, unrecorded): a plain
+                break  # run is run again then (tests/record/test_comm.py does the same)
+        assert proc.returncode == 0, proc.stderr[-4000:]
+        stderr = proc.stderr
+    return {"stderr": stderr, "result": [json.loads(Path(f"{result}{s}").read_text()) for s in ("", ".r1")]}
 
 
 @pytest.mark.slow
