@@ -40,11 +40,13 @@ def bound_elsewhere(originals, skip: tuple[str, ...] = ()) -> list[tuple[object,
     for module_name, module in list(sys.modules.items()):
         if module is None or module_name.startswith(skip):
             continue
-        try:
-            namespace = vars(module)
-        except TypeError:  # (an object standing in for a module, without a namespace)
+        try:  # (a copy: another thread may bind a name meanwhile)
+            namespace = vars(module).copy()
+        except (TypeError, AttributeError):  # (an object standing in for a module, without a namespace)
             continue
-        for name, value in list(namespace.items()):
+        if wanted.keys().isdisjoint(map(id, namespace.values())):  # (in C: most modules hold none)
+            continue
+        for name, value in namespace.items():
             if wanted.get(id(value)) is value is not None:
                 found.append((module, name, value))
     return found
