@@ -992,8 +992,20 @@ def compare(a, b, rules=None, rank: int | None = None, band: int = DEFAULT_BAND,
     if isinstance(resumed_at, bool) or not isinstance(resumed_at, int) or resumed_at < 0:
         raise BadInput(f"--resumed-at must be a step number of 0 or more, not {resumed_at!r}")
     probes = None if probes is None else list(probes)
-    run_a = a if isinstance(a, RunInfo) else open_run(a)
-    run_b = b if isinstance(b, RunInfo) else open_run(b)
+    # (runs opened here hold their rank files' connections for the first read: released when compared)
+    run_a = a if isinstance(a, RunInfo) else open_run(a, hold=True)
+    try:
+        run_b = b if isinstance(b, RunInfo) else open_run(b, hold=True)
+        try:
+            return _compare_runs(run_a, run_b, rules, rank, band, fingerprint, probes, jobs, ray, frames, resumed_at)
+        finally:
+            run_b.release()
+    finally:
+        run_a.release()
+
+
+def _compare_runs(run_a: RunInfo, run_b: RunInfo, rules, rank: int | None, band: int, fingerprint: str, probes,
+                  jobs: int | None, ray: str | None, frames: bool, resumed_at: int) -> Comparison:
     done = run_a.manifest.get("steps_completed")
     if resumed_at and isinstance(done, int) and not isinstance(done, bool) and resumed_at >= done > 0:
         other = run_b.manifest.get("steps_completed")

@@ -481,3 +481,26 @@ def test_a_readers_strings_come_as_views_and_read_as_duckdb_writes_them(pristine
             assert frame.select(columns).equals(want, null_equal=True) and frame.select(columns).schema == want.schema
     finally:
         plain.close()
+
+
+def test_a_held_connection_serves_the_first_read_is_never_pickled_and_is_released(pristine, monkeypatch):
+    """open_run(hold=True) (compare's) keeps the connection it checked each rank file through for that rank's
+    first load_rank: one DuckDB database opened per rank file, not two. A worker process gets none (it opens
+    its own), and release() closes what no read took."""
+    import pickle
+
+    opened, real = [], db.connect
+    monkeypatch.setattr(db, "connect", lambda path, *args, **kw: opened.append(os.path.basename(path))
+                        or real(path, *args, **kw))
+    info = open_run(pristine, hold=True)
+    assert sorted(info.held) == [0, 1] and sorted(opened) == ["rank-0.duckdb", "rank-1.duckdb"]
+    assert pickle.loads(pickle.dumps(info)).held == {} and info.held
+    events, _, _ = load_rank(info, 0)
+    assert events.height and sorted(info.held) == [1] and len(opened) == 2  # (rank 0 read through the held one)
+    left = info.held[1]
+    info.release()
+    assert info.held == {}
+    with pytest.raises(duckdb.ConnectionException):
+        left.execute("SELECT 1")
+    load_rank(info, 1)  # (a read after the release opens the file again)
+    assert opened.count("rank-1.duckdb") == 2
