@@ -417,26 +417,18 @@ def sources(cwd: str | None, command) -> dict[str, str]:
     working directory or the script's folder, outside installed packages (site-packages) and
     bitguard itself, at most MAX_SOURCES. A replay compares them: an edited model.py is named."""
     script = script_of(command)
-    roots = {Path(r).resolve() for r in (cwd, Path(cwd or ".", script).parent if script else None) if r}
+    roots = frozenset(Path(r).resolve() for r in (cwd, Path(cwd or ".", script).parent if script else None) if r)
+    kept = _kept_at.setdefault(roots, {})  # a module's file -> its resolved path if the user's own, else None
     out = {}
-    folders: dict[str, Path | None] = {}  # a module's folder, resolved: None where none of its files is kept
     for key, module in list(sys.modules.items()):
         name = getattr(module, "__file__", None)
         if key == "bitguard" or key.startswith("bitguard.") or not isinstance(name, str) or not name.endswith(".py"):
             continue
-        folder, file = os.path.split(name)
-        if folder not in folders:  # (thousands of modules in a few hundred folders: each resolved once)
-            where = _resolved(folder)
-            folders[folder] = where if _users_own(where, roots) else None
-        linked = _linked(name)
-        if linked is not None:  # (the file itself links elsewhere: resolved whole)
-            path = linked
-            if not _users_own(path, roots):
-                continue
-        elif folders[folder] is None:
+        if name not in kept:  # (each module file once a process: a recording's end walks thousands)
+            kept[name] = _users_file(name, roots)
+        path = kept[name]
+        if path is None:
             continue
-        else:
-            path = folders[folder] / file
         digest = file_sha256(path)
         if digest:
             out[str(path)] = digest
@@ -446,6 +438,18 @@ def sources(cwd: str | None, command) -> dict[str, str]:
 
 
 _resolved_at: dict[str, Path] = {}  # a folder of imported modules -> its real path
+_kept_at: dict[frozenset, dict[str, Path | None]] = {}  # sources' roots -> `_users_file` of each module file
+
+
+def _users_file(name: str, roots: frozenset) -> Path | None:
+    """The real path of module file `name` when it is the user's own (under `roots`, outside installed
+    packages), else None."""
+    linked = _linked(name)
+    if linked is not None:  # (the file itself links elsewhere: resolved whole)
+        return linked if _users_own(linked, roots) else None
+    folder, file = os.path.split(name)
+    where = _resolved(folder)  # (thousands of modules in a few hundred folders: each resolved once)
+    return where / file if _users_own(where, roots) else None
 _linked_at: dict[str, Path | None] = {}  # an imported module's file -> its real path if it is a link, else None
 
 

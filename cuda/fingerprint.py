@@ -39,6 +39,7 @@ Digest = tuple[int, int]  # (xor, pos), each an unsigned 64-bit value as a Pytho
 
 _digester: CudaDigester | None = None
 _digester_lock = threading.Lock()
+_warmed: set[tuple] = set()  # what warmup() has warmed in this process
 
 
 def digest(t: torch.Tensor) -> Digest:
@@ -292,7 +293,11 @@ def warmup(team: bool = True) -> None:
     """Compile (or load from Numba's cache) the kernels, so no training step pays for it.
     `team=False` leaves out the kernel that runs on torch's OpenMP team: running it starts the
     team's threads, and a process forked after that hangs in its first parallel op (GNU OpenMP is
-    not fork-safe), so a fork server warms up without it."""
+    not fork-safe), so a fork server warms up without it. Once a process for each of what it warms (the
+    team's size, the device): every recording calls it, and a notebook or a test makes many."""
+    done = (team and openmp_team().size, torch.cuda.is_available())
+    if done in _warmed:
+        return
     digest_buffer(np.zeros(9, dtype=np.uint8))  # whole words and a tail: the one CPU signature
     digest(torch.zeros(3))
     digest(torch.zeros(2, 3, 2).transpose(0, 1))  # a view read in place (digest_mapped_at)
@@ -302,3 +307,4 @@ def warmup(team: bool = True) -> None:
         digest_many([torch.zeros(TEAM_MIN_BYTES // 4 + 1)])
     if torch.cuda.is_available():
         digest(torch.zeros(9, dtype=torch.uint8, device="cuda"))
+    _warmed.add(done)
