@@ -8,8 +8,8 @@ recorded nothing. `ForeignStepWatch` wraps the update method of each class in OP
 `BaseOptimizer.apply` and the wrappers that call another optimizer's, `LossScaleOptimizer` and
 `MultiOptimizer`; fastai's `Optimizer.step`) once its library is imported, and calls `ended(optimizer)`
 when the outermost call returns without a torch.optim step having run in it (`stepped()` counts
-those: fastai's `OptimWrapper` steps a torch.optim optimizer). The weights it wrote are the next
-step's `params` event's. Knows nothing of events.
+those: fastai's `OptimWrapper` steps a torch.optim optimizer). What it wrote is recorded by weights.py
+(`_foreign_step`). Knows nothing of events.
 """
 
 from __future__ import annotations

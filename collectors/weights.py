@@ -13,7 +13,7 @@ import itertools
 import sys
 import time
 import weakref
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 import torch
 from torch.nn.parameter import is_lazy
@@ -127,6 +127,18 @@ def library_name(p: torch.Tensor) -> str | None:
         return None
     return f"pyro.param['{name}']" if isinstance(name, str) else None
 
+
+
+def _torch_shaped(optimizer) -> bool:
+    """Does `optimizer` (not torch.optim's) hold its parameters as torch.optim does: `param_groups`, a list of
+    dicts whose "params" are tensors, and a `state` mapping (fastai's `Optimizer`; not Keras')?"""
+    try:
+        groups, state = optimizer.param_groups, optimizer.state
+    except Exception:  # noqa: BLE001 - a property of another library's that fails: not that shape
+        return False
+    return isinstance(groups, list) and isinstance(state, Mapping) and all(
+        isinstance(g, Mapping) and isinstance(g.get("params"), Sequence) and not isinstance(g["params"], str)
+        and all(isinstance(p, torch.Tensor) for p in g["params"]) for g in groups)  # (fastai's are fastcore `L`s)
 
 class WeightEvents:
     """The weight events of `hooks.Collector`, which holds their state (slots: none here)."""
@@ -519,10 +531,14 @@ class WeightEvents:
 
     def _foreign_step(self, optimizer) -> None:
         """An optimizer that is not torch.optim's updated the weights (Keras', fastai's: collectors/foreign_steps.py):
-        the step ends as at torch.optim's; what it wrote is the next step's params event's."""
+        the step ends as at torch.optim's. One that keeps torch.optim's shape (`param_groups` of parameters,
+        `state` by parameter: fastai's) has an event per parameter it updated, as torch.optim's has: an update
+        that differs is found at its step (helper 75: fastai's lr raised from step 4 was found at step 5, in the
+        weights the next step began from, as "updated outside torch.optim"); another's (Keras') writes what the
+        next step's params event reads."""
         if self.api is not None:
             self.api.foreign_stepped(optimizer)
-        self._step_ended(None)
+        self._step_ended(optimizer if _torch_shaped(optimizer) else None)
 
     def _step_ended(self, optimizer) -> None:
         """A training step ends: an event per parameter torch.optim's `optimizer` updated (None:

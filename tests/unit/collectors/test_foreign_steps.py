@@ -175,6 +175,10 @@ def _fake_fastai(monkeypatch):
             self.hypers = _L({"lr": lr, "mom": 0.9} for _ in groups)
             self.state = {}
 
+        @property
+        def param_groups(self):  # (fastai's: torch.optim's shape, made of its lists)
+            return [{"params": group, **hypers} for group, hypers in zip(self.param_lists, self.hypers)]
+
         def step(self):
             with torch.no_grad():
                 for group, hypers in zip(self.param_lists, self.hypers):
@@ -233,3 +237,28 @@ def test_fastai_s_settings_and_a_lookahead_s_slow_weights_changed_after_fit_are_
     assert bitguard.compare(tmp_path / "a", tmp_path / "b").verdict == "identical"
     c = bitguard.compare(tmp_path / "a", tmp_path / "c")
     assert [r["code"] for r in c.blocking_reasons()] == ["final_settings"], (c.verdict, c.first_divergence)
+
+
+def test_a_fastai_update_that_differs_is_found_at_its_step(monkeypatch, tmp_path):
+    """Helper 75: fastai's lr raised from step 4 was found at step 5, in the weights that step began from, as an
+    update "outside torch.optim" with no setting named. An optimizer of torch.optim's shape (fastai's) now has an
+    event per parameter it updated, as torch.optim's has: the pivot is its step, with the lr that differs."""
+    import torch
+
+    import bitguard
+
+    fastai = _fake_fastai(monkeypatch)
+    for name, raised in (("a", False), ("b", True)):
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Tanh(), torch.nn.Linear(4, 1))
+        opt = fastai.Optimizer([model[0].parameters(), model[2].parameters()], 0.1)
+        with bitguard.record(tmp_path / name, determinism=False):
+            for step in range(3):
+                model(torch.randn(2, 4)).pow(2).mean().backward()
+                if raised and step == 1:
+                    opt.hypers[1]["lr"] = 0.2
+                opt.step()
+                opt.zero_grad()
+    fd = bitguard.compare(tmp_path / "a", tmp_path / "b").first_divergence
+    assert (fd["step"], fd["phase"], fd["boundary"], fd["blame"]) == (1, "optimizer", "2.weight", "source"), fd
+    assert any(d["field"] == "groups[1].lr" for d in fd["api_differences"]["differences"]), fd["api_differences"]
