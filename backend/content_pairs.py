@@ -8,8 +8,15 @@ differently.
 `by_content` re-pairs, among the events of one alignment key (step, phase, boundary, shapes and
 dtypes), A's and B's collectives whose inputs and outputs digest alike, the n-th of a content with
 the n-th; what no partner carries alike stays paired in the order of the runs, so a collective that
-did move different bytes is still paired and found. A re-paired pair is marked reordered. Only
-collectives: a module's call is named by its place in the model, and its order is the model's.
+did move different bytes is still paired and found. A re-paired pair is marked reordered.
+
+So are the optimizer steps of parameters that share a name within a step (two models whose parts
+have the same paths, an encoder's and a decoder's `fc.bias`), by the gradient each step used: Pyro
+steps each parameter's optimizer in the order of a set, which differs from process to process, and
+the k-th `fc.bias` of run A was compared with the other model's `fc.bias` in run B (helper 78: two
+recordings of one script diverged). A step is re-paired within its own step only.
+
+A module's call is named by its place in the model, and its order is the model's: not re-paired.
 This module knows nothing of rules, verdicts or pivots.
 """
 
@@ -22,14 +29,29 @@ import polars as pl
 
 from bitguard.backend.alignment import Alignment
 
-_CONTENT_ROLES = ("input", "output")
+_CONTENT_ROLES = {"comm": ("input", "output"), "optimizer": ("grad",)}  # what an event carries, by phase
+
+
+def _members(events: pl.DataFrame) -> np.ndarray:
+    """Positions of the events re-paired by content: the collectives, and the optimizer steps whose
+    parameter's name is another's in the same step."""
+    if not events.height:
+        return np.empty(0, np.int64)
+    steps = (pl.col("phase") == "optimizer") & (pl.col("kind") == "step")
+    twin = steps & pl.struct("step", "boundary").is_duplicated().over(steps)
+    return np.flatnonzero(events.select((pl.col("phase") == "comm") | twin.fill_null(False)).to_series().to_numpy())
 
 
 def _contents(events: pl.DataFrame, tensors: pl.DataFrame, positions: np.ndarray) -> list:
-    """A hash of each event's input and output digests (None when one of them was not observed),
-    for the events at `positions`."""
+    """A hash of each event's input and output digests (an optimizer step's: the gradient it used;
+    None when one of them was not observed), for the events at `positions`."""
     seqs = events["seq"].gather(positions)
-    rows = tensors.filter(pl.col("seq").is_in(seqs.implode()) & pl.col("role").is_in(_CONTENT_ROLES))
+    roles = events.select("seq", "phase").filter(pl.col("seq").is_in(seqs.implode()))
+    carried = pl.col("role").is_in(_CONTENT_ROLES["comm"]) & pl.col("seq").is_in(
+        roles.filter(pl.col("phase") == "comm")["seq"].implode())
+    carried = carried | (pl.col("role").is_in(_CONTENT_ROLES["optimizer"]) & pl.col("seq").is_in(
+        roles.filter(pl.col("phase") == "optimizer")["seq"].implode()))
+    rows = tensors.filter(pl.col("seq").is_in(seqs.implode()) & carried)
     per_event = rows.group_by("seq", maintain_order=True).agg(
         pl.struct("role", "idx", "xor", "pos").hash().alias("h"), pl.col("unobserved").is_not_null().any().alias("u"))
     per_event = per_event.select("seq", pl.when(pl.col("u")).then(None).otherwise(pl.col("h").hash()).alias("c"))
@@ -41,8 +63,7 @@ def by_content(al: Alignment, retyped: np.ndarray, resigned: np.ndarray, ea: pl.
                ta: pl.DataFrame, tb: pl.DataFrame) -> tuple[Alignment, np.ndarray, np.ndarray]:
     """(alignment, retyped, resigned) with each boundary's collectives re-paired by content, as the
     module docstring says; the arguments themselves when no boundary gains a pair alike."""
-    comm_a = np.flatnonzero(ea.select(pl.col("phase") == "comm").to_series().to_numpy())
-    comm_b = np.flatnonzero(eb.select(pl.col("phase") == "comm").to_series().to_numpy())
+    comm_a, comm_b = _members(ea), _members(eb)
     if not len(comm_a) or not len(comm_b) or len(comm_a) + len(comm_b) < 3 or "place_key" not in ea.columns:
         return al, retyped, resigned
     partner = np.full(ea.height, -1, np.int64)
@@ -92,12 +113,14 @@ def by_content(al: Alignment, retyped: np.ndarray, resigned: np.ndarray, ea: pl.
 
 
 class _Side:
-    """One run's collectives: by position, their content, step, alignment key and place."""
+    """One run's members: by position, their content, step, alignment key, place and the steps a
+    partner may be away (a collective's prefetch: one; an optimizer step: none)."""
 
     def __init__(self, events: pl.DataFrame, tensors: pl.DataFrame, positions: np.ndarray):
         at = positions.tolist()
         self.content = dict(zip(at, _contents(events, tensors, positions)))
         self.step = dict(zip(at, events["step"].gather(positions).to_list()))
+        self.slack = dict(zip(at, (int(p == "comm") for p in events["phase"].gather(positions).to_list())))
         self.key = dict(zip(at, events["key"].gather(positions).to_list()))
         self.place = dict(zip(at, events["place_key"].gather(positions).to_list()))
 
@@ -115,9 +138,10 @@ def _repair(members_a: list, members_b: list, run_a: _Side, run_b: _Side, partne
     pairs, left, used = [], [], set()
     for a in members_a:
         queue = waiting.get(run_a.content[a]) if run_a.content[a] is not None else None
-        while queue and run_b.step[queue[0]] < run_a.step[a] - 1:
+        slack = run_a.slack[a]
+        while queue and run_b.step[queue[0]] < run_a.step[a] - slack:
             queue.pop(0)  # too early for this A and for every later one
-        if queue and run_b.step[queue[0]] <= run_a.step[a] + 1:
+        if queue and run_b.step[queue[0]] <= run_a.step[a] + slack:
             b = queue.pop(0)
             pairs.append((a, b))
             used.add(b)

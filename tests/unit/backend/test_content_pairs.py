@@ -80,3 +80,39 @@ def test_a_gather_that_moved_other_bytes_is_the_first_divergence(tmp_path, order
     ta = c.ranks[0].tensors_a
     tensors = ta.filter((ta["seq"] == first["seq"]) & (ta["role"] == "input"))
     assert tensors["xor"][0] == _digest("w", 1, 2, False)
+
+
+def _two_models(path, order, scale=1.0) -> None:
+    """An encoder and a decoder whose parts have the same paths (`fc.weight`, `fc.bias`), each parameter with
+    an optimizer of its own, stepped in `order` (Pyro steps them in the order of a set); `scale` multiplies
+    the decoder's input at step 1."""
+    import torch
+    import torch.nn as nn
+
+    import bitguard
+
+    torch.manual_seed(0)
+    enc, dec = nn.Sequential(), nn.Sequential()
+    enc.fc, dec.fc = nn.Linear(4, 4), nn.Linear(4, 4)  # (the same shapes: nothing but the order tells them apart)
+    params = [*enc.parameters(), *dec.parameters()]
+    opts = [torch.optim.SGD([p], lr=0.1) for p in params]
+    with bitguard.record(path, determinism=False):
+        for step in range(3):
+            h = enc(torch.randn(5, 4))
+            dec(h * (scale if step == 1 else 1.0)).pow(2).mean().backward()
+            for i in order:
+                opts[i].step()
+                opts[i].zero_grad()
+
+
+def test_parameters_of_two_models_with_the_same_names_stepped_in_another_order_pair_by_their_gradients(tmp_path):
+    """Helper 78 (Pyro: an encoder and a decoder with an `fc` each, each parameter's optimizer stepped in a set's
+    order): the k-th `fc.bias` step of run A was compared with the other model's in run B, and two recordings of
+    one script diverged at step 0. A difference is still found at its step."""
+    _two_models(tmp_path / "a", [0, 1, 2, 3])
+    _two_models(tmp_path / "b", [2, 3, 0, 1])
+    _two_models(tmp_path / "c", [3, 1, 2, 0], scale=2.0)
+    same = compare(tmp_path / "a", tmp_path / "b")
+    assert same.verdict == "identical", same.first_divergence
+    fd = compare(tmp_path / "a", tmp_path / "c").first_divergence
+    assert fd is not None and fd["step"] == 1, fd
