@@ -333,9 +333,12 @@ class WeightEvents:
         None when not: at its first call in a step, and at a later one after a backward when the
         parameters may have changed since: before any optimizer step (step 0, or a loop that
         updates by hand, maybe through .data, which no version counter shows) always, otherwise
-        when a version counter moved (an optimizer that calls its closure again, LBFGS); and at the
-        first call after the module's mode changed (an evaluation between two training calls of a
-        step, Lightning's validation: weights edited or swapped for it, maybe through .data)."""
+        when a version counter moved (an optimizer that calls its closure again, LBFGS); at a later
+        one without a backward since when a version counter moved (weights swapped in place between
+        two calls: a schedule-free optimizer's `train()`/`eval()`, helper 77: one run took the event
+        because its mode changed too, the other not, and the pivot said its weights had not moved);
+        and at the first call after the module's mode changed (an evaluation between two training
+        calls of a step, Lightning's validation: weights edited or swapped for it, maybe through .data)."""
         at = self._params_at.get(id(module))
         if at is None or at[1] != self.step or at[0]() is not module:
             return module_versions(module)
@@ -343,9 +346,9 @@ class WeightEvents:
             return module_versions(module)  # tensors in place of its parameters (functional_call): each call's own weights
         if module.training is not at[4]:
             return module_versions(module)
-        if at[2] == self._grads:
-            return None
         versions = module_versions(module)
+        if at[2] == self._grads:
+            return versions if versions != at[3] and versions >= 0 and at[3] >= 0 else None
         return versions if self.step == 0 or versions < 0 or versions != at[3] else None
 
     def _start_params(self, module: torch.nn.Module, name: str, module_type: str, t0: int,

@@ -28,9 +28,9 @@ def test_a_source_after_a_backward_in_its_step_says_what_is_not_observed_there(t
     assert any("after its parameters were last recorded" in n for n in fd["notes"]), fd["notes"]
 
 
-def _rollout(path, edit: float):
+def _rollout(path, edit: float, data: bool = True):
     """SB3's shape: each step, the policy is called several times without gradients (a rollout, eval
-    mode), a callback between two calls, then trained once."""
+    mode), a callback between two calls, then trained once (`data`: its edit through .data)."""
     import torch
 
     torch.manual_seed(0)
@@ -42,8 +42,8 @@ def _rollout(path, edit: float):
             with torch.no_grad():
                 for call in range(3):
                     model(torch.randn(3, 4))
-                    if step == 1 and call == 0:
-                        model[2].weight[0, 1] += edit  # (a callback's in-place edit, under no_grad)
+                    if step == 1 and call == 0:  # (a callback's edit, under no_grad)
+                        (model[2].weight.data if data else model[2].weight)[0, 1] += edit
             model.train()
             opt.zero_grad()
             model(torch.randn(3, 4)).pow(2).mean().backward()
@@ -52,13 +52,19 @@ def _rollout(path, edit: float):
 
 def test_a_source_after_other_calls_in_its_step_says_what_is_not_observed_there(tmp_path):
     """Helper 28: a weight edited by a callback between two rollout calls of a step (no backward, no
-    change of mode between them) was blamed on the Linear as a source, reading as a faulty kernel."""
+    change of mode between them) was blamed on the Linear as a source, reading as a faulty kernel. Edited
+    through .data (no version counter moves) it still is, with the note; edited in place, the call after
+    the edit has a params event of its own (helper 77), where the edit is found."""
     _rollout(tmp_path / "a", 0.0)
     _rollout(tmp_path / "b", 1e-3)
     fd = bitguard.compare(tmp_path / "a", tmp_path / "b").first_divergence
     assert (fd["step"], fd["phase"], fd["boundary"], fd["call"], fd["blame"]) == (1, "forward", "2", 1, "source"), fd
     assert any("earlier call(s) of the model ran in step 1 after its parameters were last recorded" in n
                for n in fd["notes"]), fd["notes"]
+    _rollout(tmp_path / "c", 0.0, data=False)
+    _rollout(tmp_path / "d", 1e-3, data=False)
+    fd = bitguard.compare(tmp_path / "c", tmp_path / "d").first_divergence
+    assert (fd["step"], fd["kind"], fd["call"], fd["blame"], fd["fault_class"]) == (1, "params", 1, "source", "params"), fd
 
 
 def test_a_module_without_parameters_is_not_said_to_have_had_its_weights_edited(tmp_path):
@@ -118,7 +124,7 @@ def _tied(path, edit: float):
             with torch.no_grad():
                 model(idx)
                 if step == 1:
-                    model.head.weight[3] += edit  # the tied weight, between the two calls of the step
+                    model.head.weight.data[3] += edit  # the tied weight, between the two calls (no version moves)
             opt.zero_grad()
             model(idx).pow(2).mean().backward()
             opt.step()
