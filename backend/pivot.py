@@ -88,7 +88,9 @@ def _parts_run_uncalled(diffs: pl.DataFrame, a_seq: int) -> list[str]:
 
 
 def _owner(param_name: str) -> str:
-    return param_name.rpartition(".")[0]
+    """The module a parameter's name says holds it ("" for none: a tensor no module holds is named by its
+    place, `SGD.param_groups[0][1]`, or by a library, `pyro.param['s_loc']`: not a module `pyro`'s, helper 78)."""
+    return "" if param_name.endswith("]") else param_name.rpartition(".")[0]
 
 
 def blame(pivot: dict, events_a: pl.DataFrame, status: dict[int, str], diffs: pl.DataFrame,
@@ -212,6 +214,13 @@ def blame(pivot: dict, events_a: pl.DataFrame, status: dict[int, str], diffs: pl
                 window["detail"] = f"the gradient reaching {owner['boundary']}'s output already differed; " \
                                    + window["detail"]
             result["blame_window"] = window
+        elif "grad_input" in differing and owner is None and not _owner(pivot["boundary"]):
+            # (helper 78: a Pyro guide made of `pyro.param`s alone, reseeded: "a regulariser, a weight tied elsewhere")
+            result.update(fault_class="backward")
+            result["blame_window"] = {"module": None, "detail": (
+                f"the gradient computed for {pivot['boundary']}, a tensor no module holds, differs: what the training's "
+                f"code computed from it outside every recorded module differs (the loss, the random numbers drawn for "
+                f"it after a reseed or an extra draw, its inputs or its code); no recorded event before says which")}
         elif "grad_input" in differing:
             result.update(fault_class="backward")
             reaching = "while the gradient reaching its module matched" if owner is not None else \

@@ -128,7 +128,6 @@ def library_name(p: torch.Tensor) -> str | None:
     return f"pyro.param['{name}']" if isinstance(name, str) else None
 
 
-
 def _torch_shaped(optimizer) -> bool:
     """Does `optimizer` (not torch.optim's) hold its parameters as torch.optim does: `param_groups`, a list of
     dicts whose "params" are tensors, and a `state` mapping (fastai's `Optimizer`; not Keras')?"""
