@@ -127,12 +127,13 @@ def _manifest_diffs(r: CompareResult, shown: int = 6) -> list[str]:
 def _retyped(fd: FirstDivergence) -> str:
     """What changed between the two sides of a pair made across a type change: the module's type,
     or only a tensor's dtype (autocast, a half-precision copy), or its tensors (by position)."""
+    verb = "save" if fd.kind == "saved" else "run"  # (a save's type is the object it wrote: helper 77)
     if fd.module_type_b and fd.module_type_b != fd.module_type:
-        return f"paired across a type change: A runs {fd.module_type}, B runs {fd.module_type_b}"
+        return f"paired across a type change: A {verb}s {fd.module_type}, B {verb}s {fd.module_type_b}"
     changed = sorted({f"{t.dtype}→{t.dtype_b}" for t in fd.tensors if t.dtype and t.dtype_b and t.dtype != t.dtype_b})
     if changed:
-        return f"paired across a dtype change ({', '.join(changed)}): both runs run {fd.module_type}"
-    return f"paired across a change of its tensors: both runs run {fd.module_type}"
+        return f"paired across a dtype change ({', '.join(changed)}): both runs {verb} {fd.module_type}"
+    return f"paired across a change of its tensors: both runs {verb} {fd.module_type}"
 
 
 _NOTES = ("modes", "recompute", "bypassed", "retyped")  # reasons that describe what was compared, printed as notes

@@ -79,11 +79,14 @@ def align_retyped(ea: pl.DataFrame, eb: pl.DataFrame, band: int):
 
 
 def _unless_saved(events: pl.DataFrame, column: str, rows: np.ndarray, side: int) -> np.ndarray:
-    """The loose keys of `rows`, but for what a save wrote (kind `saved`), given a value the other
+    """The loose keys of `rows`, but for what a save wrote (kind `saved`) by place, given a value the other
     side's never equals: two saves of other tensors are a difference in what was saved (a structure
-    divergence), not a signature change whose one-sided tensors are passed over as unobserved."""
+    divergence), not a signature change whose one-sided tensors are passed over as unobserved. Two saves of
+    the same tensors in another container (a `dict` of a state_dict's tensors, an `OrderedDict`), or in
+    other dtypes, pair by the loose key: their tensors are compared (helper 77: the wrong weights saved in
+    a plain dict were "different tensors (roles, shapes or dtypes)", every digest said equal)."""
     keys = events[column].to_numpy().astype(np.uint64)[rows]
-    if "kind" in events.columns:
+    if column == "place_key" and "kind" in events.columns:
         keys[events["kind"].to_numpy()[rows] == "saved"] = side
     return keys
 

@@ -140,13 +140,14 @@ def test_tensors_of_a_resigned_pair_match_by_path_then_shape_and_dtype():
     assert sorted(matched) == [("input", 0, 0), ("output", 0, 0)] and lone_b == [("state", 0, 0)]
 
 
-def _pivot(module_type, module_type_b, dtypes):
+def _pivot(module_type, module_type_b, dtypes, kind="module"):
     from bitguard.backend.result import DigestPair, FirstDivergence, TensorPair
 
     none = DigestPair(xor=None, pos=None)
     tensors = [TensorPair(role="output", index=0, path="", shape=[2], dtype=a, dtype_b=b, a=none, b=none,
                           differs=True, ignored=False, rule_id=None) for a, b in dtypes]
-    return FirstDivergence.model_construct(module_type=module_type, module_type_b=module_type_b, tensors=tensors)
+    return FirstDivergence.model_construct(module_type=module_type, module_type_b=module_type_b, tensors=tensors,
+                                           kind=kind)
 
 
 def test_the_retype_note_says_what_changed_the_type_or_only_a_dtype():
@@ -157,6 +158,9 @@ def test_the_retype_note_says_what_changed_the_type_or_only_a_dtype():
         "paired across a dtype change (float32→bfloat16): both runs run Linear"
     assert _retyped(_pivot("LlamaSdpaAttention", "LlamaAttention", [("float32", "float32")])) == \
         "paired across a type change: A runs LlamaSdpaAttention, B runs LlamaAttention"
+    # (a save's type is the object it wrote, helper 77)
+    assert _retyped(_pivot("OrderedDict", "dict", [("float32", "float32")], kind="saved")) == \
+        "paired across a type change: A saves OrderedDict, B saves dict"
 
 
 class Shaped(nn.Module):
