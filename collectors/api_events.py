@@ -256,6 +256,16 @@ def _sequence(value) -> bool:
     return isinstance(value, collections.abc.Sequence) and not isinstance(value, (str, bytes))
 
 
+def _numbers(obj, prefix: str = "") -> dict:
+    """The public attributes of `obj` that are numbers (an optimizer wrapper's settings outside its param
+    groups: Opacus' DPOptimizer's `max_grad_norm` and `noise_multiplier`, helper 77), by name."""
+    attributes = getattr(obj, "__dict__", None)
+    if type(attributes) is not dict:
+        return {}
+    return {f"{prefix}{k}": _num(v) for k, v in list(attributes.items())
+            if not k.startswith("_") and isinstance(v, (int, float)) and not isinstance(v, bool)}
+
+
 def _wrapper_stepping(optimizer, frame, depth: int = 6, foreign: bool = False):
     """The optimizer whose step() called `optimizer`'s (a frame among the `depth` that called the step hook,
     whose `self` is another optimizer holding this one as an attribute), None without one: torch_optimizer's
@@ -345,6 +355,8 @@ class ApiRecorder(Guarded):
         self._overflow = False
         # id -> (ref, its settings at its last step) of each optimizer that stepped (`_optimizers_at_end`)
         self._stepped: dict[int, tuple[weakref.ref, list[dict]]] = {}
+        # id of an optimizer -> (it, the optimizer whose step() called its step, or None), found at its first step
+        self._wrappers: dict[int, tuple[weakref.ref, weakref.ref | None]] = {}
         self._made: dict[int, weakref.ref] = {}  # id -> ref of each torch.optim optimizer made while recording
 
     # -- installation ----------------------------------------------------------------------
@@ -619,9 +631,16 @@ class ApiRecorder(Guarded):
             wrapper = _wrapper_stepping(optimizer, sys._getframe(1))
             if wrapper is not None and id(wrapper) not in self._stepped:
                 self._stepped[id(wrapper)] = (weakref.ref(wrapper), [_settings(g) for g in _groups(wrapper)])
+            self._wrappers[id(optimizer)] = (weakref.ref(optimizer), weakref.ref(wrapper) if wrapper is not None else None)
         self._stepped[id(optimizer)] = (weakref.ref(optimizer), settings)
         groups = [{**s, "params": self._names(g["params"])} for s, g in zip(settings, optimizer.param_groups)]
-        self._add("optimizer_step", self._index(optimizer), {"groups": groups}, step=step)
+        value = {"groups": groups}
+        entry = self._wrappers.get(id(optimizer))
+        wrapper = entry[1]() if entry is not None and entry[0]() is optimizer and entry[1] is not None else None
+        numbers = {**_numbers(optimizer), **(_numbers(wrapper, f"{type(wrapper).__name__}.") if wrapper else {})}
+        if numbers:  # (none for torch.optim's own: its rows stay as they were)
+            value["attributes"] = numbers
+        self._add("optimizer_step", self._index(optimizer), value, step=step)
         self._end_step(step)
 
     def _optimizers_at_end(self) -> None:

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import duckdb
+import torch
 
 import bitguard
 
@@ -74,3 +75,36 @@ def test_a_used_gradient_that_could_not_be_observed_is_not_called_matched(tmp_pa
     _sql(b, f"UPDATE tensors SET xor = xor + 1 WHERE role = 'state' AND seq IN ({STEP_EVENTS} AND step = 1)")
     detail = _detail(a, b)
     assert "the gradient step() used could not be observed" in detail and "update computed differently:" not in detail
+
+
+class _Private(torch.optim.Optimizer):
+    """Opacus' DPOptimizer's shape: an optimizer wrapping another, its clipping threshold an attribute of its
+    own (not a param group's), clipping the gradients before it steps the one it wraps."""
+
+    def __init__(self, inner, max_grad_norm: float):
+        super().__init__(inner.param_groups, {})
+        self.original_optimizer, self.max_grad_norm = inner, max_grad_norm
+
+    def step(self, closure=None):
+        torch.nn.utils.clip_grad_norm_([p for g in self.param_groups for p in g["params"]], self.max_grad_norm)
+        return self.original_optimizer.step()
+
+
+def test_a_wrapping_optimizer_s_own_setting_that_differs_is_among_the_api_differences(tmp_path):
+    """Helper 77 (Opacus): DPOptimizer's max_grad_norm changed at a step: the pivot was right, and the API
+    differences it points to were empty."""
+    for name, at in (("a", None), ("b", 1)):
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Tanh(), torch.nn.Linear(4, 1))
+        opt = _Private(torch.optim.SGD(model.parameters(), lr=0.1), 1.0)
+        with bitguard.record(tmp_path / name, determinism=False):
+            for step in range(3):
+                if step == at:
+                    opt.max_grad_norm = 0.01
+                opt.zero_grad()
+                model(torch.randn(3, 4)).pow(2).mean().backward()
+                opt.step()
+    fd = bitguard.compare(tmp_path / "a", tmp_path / "b").first_divergence
+    assert (fd["step"], fd["phase"]) == (1, "optimizer"), fd
+    fields = {(d["field"], d["a"], d["b"]) for d in fd["api_differences"]["differences"]}
+    assert ("attributes._Private.max_grad_norm", 1.0, 0.01) in fields, fields
