@@ -75,9 +75,18 @@ def params_detail(pivot: dict, events_a: pl.DataFrame, diffs: pl.DataFrame,
                 "again (LBFGS) moves them inside step(), or by code between the two calls (a perturbation such as "
                 "SAM's first step, an edit through .data or by hand)")
     if stepped:
-        return ("the parameters differ at the start of this step although every optimizer step before matched: code "
+        text = ("the parameters differ at the start of this step although every optimizer step before matched: code "
                 "outside torch.optim changed them after the last step() (a clamp or an update through .data, a "
-                "hand-written update, load_state_dict, weights copied in)")
+                "hand-written update, load_state_dict, weights copied in")
+        left = {side: _as_last_step_left(seq, events, tensors) for side, seq, events, tensors in
+                (("A", pivot["seq"], events_a, tensors_a), ("B", pivot.get("b_seq"), events_b, tensors_b))}
+        moved = [side for side, same in left.items() if same is False]
+        if len(moved) == 1 and None not in left.values():  # (helper 77: which run's eval() swapped them)
+            other = "B" if moved[0] == "A" else "A"
+            return (f"{text}, or weights swapped for an evaluation, as a schedule-free optimizer's eval() or an EMA's "
+                    f"swap does): run {moved[0]}'s are not what its last step() left, run {other}'s are, so run "
+                    f"{moved[0]}'s code changed them")
+        return text + ")"
     if before.filter(pl.col("kind") == "grad").height:
         return ("the parameters differ at the start of this step although every gradient before matched, and no "
                 "optimizer step was recorded: the weights were updated outside torch.optim (by hand, through .data, "
@@ -157,3 +166,18 @@ def _stepped_later(pivot: dict, events_a: pl.DataFrame, tensors_a: pl.DataFrame)
     trained from there (a sweep's next model), not a copy kept beside the trained one (an EMA)."""
     later = events_a.filter((pl.col("seq") > pivot["seq"]) & (pl.col("phase") == "optimizer") & (pl.col("kind") == "step"))
     return _stepped_before(pivot, later, tensors_a)
+
+
+def _as_last_step_left(seq: int | None, events: pl.DataFrame | None, tensors: pl.DataFrame | None) -> bool | None:
+    """Are the parameters of params event `seq` (each by its tensor identity) what the last optimizer step
+    before it left them, digest for digest? None when that cannot be told (no step before holds one of them)."""
+    if seq is None or events is None or tensors is None or "tid" not in tensors.columns:
+        return None
+    mine = tensors.filter((pl.col("seq") == seq) & (pl.col("role") == "param")).select("tid", "xor", "pos")
+    steps = events.filter((pl.col("seq") < seq) & (pl.col("phase") == "optimizer") & (pl.col("kind") == "step"))["seq"]
+    last = tensors.filter(pl.col("seq").is_in(steps.implode()) & (pl.col("role") == "param")).sort("seq").group_by(
+        "tid").agg(pl.col("xor").last().alias("xor_left"), pl.col("pos").last().alias("pos_left"))
+    both = mine.join(last, on="tid", how="left")
+    if not both.height or both["xor_left"].null_count() or both["xor"].null_count():
+        return None
+    return bool(((both["xor"] == both["xor_left"]) & (both["pos"] == both["pos_left"])).all())

@@ -14,20 +14,23 @@ import bitguard
 from .test_blind_spots import _tiny
 
 
-def _train(path, back_at: int | None = None, train_at: int | None = None, mode: bool = True) -> None:
+def _train(path, back_at: int | None = None, train_at: int | None = None, mode: bool = True,
+           skip_at: int | None = None) -> None:
     """Three steps, each an evaluation call under no_grad, then a training call; the weights are moved in
     place for the evaluation and back after it (as a schedule-free optimizer's eval()/train()), and the
     model put in eval mode for it (`mode`). `back_at`: the step whose weights are not moved back;
-    `train_at`: the step whose model is not put back in training mode."""
+    `train_at`: the step whose model is not put back in training mode; `skip_at`: the step whose weights
+    are not moved at all (an `eval()` forgotten)."""
     model, opt = _tiny()
     with bitguard.record(path, determinism=False):
         for step in range(3):
             with torch.no_grad():
-                model[0].weight.mul_(0.5)
+                if step != skip_at:
+                    model[0].weight.mul_(0.5)
                 if mode:
                     model.eval()
                 model(torch.randn(2, 4))
-                if step != back_at:
+                if step not in (back_at, skip_at):
                     model[0].weight.mul_(2.0)
                 if step != train_at:
                     model.train()
@@ -55,3 +58,15 @@ def test_a_mode_left_unchanged_with_its_weights_swapped_back_is_not_said_to_leav
     c = bitguard.compare(tmp_path / "a", tmp_path / "d")
     assert c.verdict == "identical", c.first_divergence
     assert any(d["kind"] == "modes" for d in c.to_dict()["api_differences"]["differences"]), c.to_dict()["api_differences"]
+
+
+def test_weights_swapped_for_an_evaluation_in_one_run_alone_name_that_run(tmp_path):
+    """Helper 77 (schedule-free's optimizer.eval() forgotten before an evaluation): the params that differ at
+    the evaluation's call were said to be changed by "code outside torch.optim", without which run's: run A's
+    are not what its last step() left, run B's are."""
+    _train(tmp_path / "a")
+    _train(tmp_path / "e", skip_at=1)
+    fd = bitguard.compare(tmp_path / "a", tmp_path / "e").first_divergence
+    assert (fd["step"], fd["kind"], fd["call"], fd["fault_class"]) == (1, "params", 0, "params"), fd
+    assert fd["blame_window"]["detail"].endswith("run A's are not what its last step() left, run B's are, so run "
+                                                 "A's code changed them"), fd["blame_window"]
