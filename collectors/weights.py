@@ -139,6 +139,7 @@ def _torch_shaped(optimizer) -> bool:
         isinstance(g, Mapping) and isinstance(g.get("params"), Sequence) and not isinstance(g["params"], str)
         and all(isinstance(p, torch.Tensor) for p in g["params"]) for g in groups)  # (fastai's are fastcore `L`s)
 
+
 class WeightEvents:
     """The weight events of `hooks.Collector`, which holds their state (slots: none here)."""
 
