@@ -171,7 +171,7 @@ def _stepped_later(pivot: dict, events_a: pl.DataFrame, tensors_a: pl.DataFrame)
 def _as_last_step_left(seq: int | None, events: pl.DataFrame | None, tensors: pl.DataFrame | None) -> bool | None:
     """Are the parameters of params event `seq` (each by its tensor identity) what the last optimizer step
     before it left them, digest for digest? None when that cannot be told (no step before holds one of them)."""
-    if seq is None or events is None or tensors is None or "tid" not in tensors.columns:
+    if seq is None or events is None or tensors is None or not {"tid", "xor", "pos"} <= set(tensors.columns):
         return None
     mine = tensors.filter((pl.col("seq") == seq) & (pl.col("role") == "param")).select("tid", "xor", "pos")
     steps = events.filter((pl.col("seq") < seq) & (pl.col("phase") == "optimizer") & (pl.col("kind") == "step"))["seq"]

@@ -291,6 +291,18 @@ def render_check(r: CheckResult) -> str:
     return "\n".join(out).translate(_CONTROL)
 
 
+def _through_another(op: dict) -> str | None:
+    """The innermost module through which the other run calls the same function at the same line where a
+    structure op pivot's run calls it through another; None when it calls nothing so."""
+    mine = (op.get("modules") or [None])[-1]
+    for o in op.get("other_side") or []:
+        theirs = (o.get("modules") or [None])[-1]
+        if o.get("op") == op.get("op") and (o.get("file"), o.get("line")) == (op.get("file"), op.get("line")) \
+                and mine and theirs and theirs != mine:
+            return theirs
+    return None
+
+
 def render_drill(doc: dict) -> str:
     """The terminal report of a `bitguard.drill/1` document."""
     w, fd = doc["window"], doc["boundary_pivot"]
@@ -322,6 +334,10 @@ def render_drill(doc: dict) -> str:
                 when = "later" if moved["index"] > op["index_" + op["side_only"]] else "sooner"
                 out.append(f"  cause    structure: the order differs: run {other} calls it too, as its op "
                            f"{moved['index']}{at}, {when}, and its output differs (run {other} calls {there} here)")
+            elif _through_another(op):  # (helper 76: peft's set_adapter; both ran F.linear at layer.py:1102)
+                out.append(f"  cause    structure: run {side} calls it through {op['modules'][-1]}, run {other} calls "
+                           f"the same function at the same line through {_through_another(op)} there: the same "
+                           f"code reached through another module (an adapter or a branch switched)")
             else:
                 out.append(f"  cause    structure: run {side} alone calls it (run {other} calls {there} there)")
             then = op.get("then")

@@ -66,6 +66,23 @@ def test_a_value_difference_fed_by_a_structural_one_is_not_read_as_hardware():
     assert "hardware fault" in render_drill(doc)
 
 
+def test_the_same_function_at_the_same_line_through_another_module_is_said_so():
+    """Helper 76 (peft's set_adapter at a step): the drill said "run A alone calls torch.nn.functional.linear (run B
+    calls torch.nn.functional.linear (layer.py:1102) ... there)": the same op at the same line, reached through
+    lora_A.default in one run and lora_A.b in the other."""
+    from bitguard.backend.report import render_drill
+
+    where = {"op": "torch.nn.functional.linear", "file": "/x/layer.py", "line": 1102, "function": "forward"}
+    doc = {"verdict": "op_found", "window": {"boundary": "q", "module_type": "Linear", "call": 0, "why": "w"},
+           "boundary_pivot": {"step": 2, "rank": 0, "phase": "forward", "boundary": "q", "blame": "structure"},
+           "replay": {"detail": "reproduced"}, "records": {"a": "ra", "b": "rb"},
+           "op_pivot": {**where, "chain": ["q"], "cause": "structure", "side_only": "a", "modules": ["q", "q.lora_A.default"],
+                        "other_side": [{**where, "modules": ["q", "q.lora_A.b"]}]}}
+    line = next(x for x in render_drill(doc).splitlines() if x.startswith("  cause"))
+    assert line == ("  cause    structure: run A calls it through q.lora_A.default, run B calls the same function at "
+                    "the same line through q.lora_A.b there: the same code reached through another module (an adapter "
+                    "or a branch switched)"), line
+
 def test_a_pair_of_equal_keys_the_loose_pass_made_is_not_said_to_be_retyped():
     """Helper 57 (PPO with a minibatch dropped): after the pivot, an event paired by the loose pass although its
     full key was the same in both runs was said to be paired across "tensors of another dtype"; those tensors had
