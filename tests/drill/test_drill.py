@@ -155,13 +155,12 @@ def test_a_write_no_op_trace_sees_and_the_recorded_environment(tmp_path, monkeyp
     drill names the op whose input it changed and says where such a difference comes from; after
     the block's last op, no op differs and the drill says so with exit 1 (never a made-up op).
     The script reads its block's scale from TOY_SCALE: recorded (BITGUARD_RECORD_ENV), the replay runs
-    under the recorded value whatever the drilling shell has; not recorded, a changed value is a
-    replay that does not reproduce its record (exit 3)."""
+    under the recorded value whatever the drilling shell has (not recorded: the extended tier's
+    test_a_changed_environment_not_recorded_is_a_replay_that_does_not_reproduce)."""
     script = Path(__file__).parent / "scripts" / "untraced_write.py"
     kept = {"TOY_SCALE": "2", "BITGUARD_RECORD_ENV": "TOY_SCALE"}
     runs = record_all({tmp_path / "clean": ((), kept), tmp_path / "weight": (("--fault", "weight"), kept),
-                       tmp_path / "output": (("--fault", "output"), kept),
-                       tmp_path / "unrecorded": (("--fault", "output"), {"TOY_SCALE": "2"})}, script)
+                       tmp_path / "output": (("--fault", "output"), kept)}, script)
     monkeypatch.setenv("TOY_SCALE", "3")  # the drilling shell's value differs from the recording's
     # no tensor kept whole: a second pass keeps the differing 1-MiB chunks, and the signature reads them
     doc = drill(runs["clean"], runs["weight"], max_tensor_bytes=0).to_dict()
@@ -182,6 +181,16 @@ def test_a_write_no_op_trace_sees_and_the_recorded_environment(tmp_path, monkeyp
     doc = json.loads(got.stdout)
     assert doc["verdict"] == "no_difference" and doc["op_pivot"] is None and doc["replay"]["reproduced"]
     assert doc["boundary_signature"]["elements_differing"] == 1
+
+
+@pytest.mark.extended  # (two replays, 9 s of CPU: not_reproduced is also the edited script's, below)
+def test_a_changed_environment_not_recorded_is_a_replay_that_does_not_reproduce(tmp_path, monkeypatch):
+    """TOY_SCALE not recorded (no BITGUARD_RECORD_ENV): the drilling shell's other value is a replay that
+    does not reproduce its record, said of run B (exit 3)."""
+    script = Path(__file__).parent / "scripts" / "untraced_write.py"
+    runs = record_all({tmp_path / "clean": ((), {"TOY_SCALE": "2", "BITGUARD_RECORD_ENV": "TOY_SCALE"}),
+                       tmp_path / "unrecorded": (("--fault", "output"), {"TOY_SCALE": "2"})}, script)
+    monkeypatch.setenv("TOY_SCALE", "3")
     doc = bitguard_drill(runs["clean"], runs["unrecorded"])
     assert doc["verdict"] == "not_reproduced" and doc["op_pivot"] is None
     assert "run B" in doc["replay"]["detail"] and doc["replay"]["a"]["reproduced"], doc["replay"]["detail"]
