@@ -13,6 +13,9 @@
 - torch.compile's inductor caches (FX graphs, AOT autograd) go to a folder made fresh for the
   session and shared by its workers (TORCHINDUCTOR_CACHE_DIR, unless set): a compiled test run
   compiles from scratch once, and never reads a cache an earlier session left in /tmp;
+- on a clean clone, Numba's kernels are compiled into their on-disk caches once, before the
+  workers start (tests/precompile.py): each process the suite starts at once compiled them itself
+  until one had written them, 12 s of CPU each;
 - once the tests are collected, what the process holds then (torch, polars, the test modules, and
   what a first recording imports: FROZEN_IMPORTS) is moved out of the cyclic garbage collector's
   reach (`gc.freeze()`): the end of every recording made in the test's process runs a full
@@ -24,6 +27,8 @@ import gc
 import importlib
 import os
 import shutil
+import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
@@ -36,7 +41,13 @@ FIRST = ("scenarios", "stacks", "record", "drill", "fuzz", "unit/collectors", "b
 
 
 def pytest_configure(config):
-    if os.environ.get("PYTEST_XDIST_WORKER") or os.environ.get("TORCHINDUCTOR_CACHE_DIR"):
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        return
+    import precompile  # (tests/ is on the path: pytest's rootdir conftest)
+
+    if precompile.cold():  # (a clean clone: Numba's kernels compiled once, not in each process the suite starts)
+        subprocess.run([sys.executable, str(TESTS / "precompile.py")], check=False, cwd=str(TESTS.parent))
+    if os.environ.get("TORCHINDUCTOR_CACHE_DIR"):
         return  # a worker inherits the controller's folder; a folder the caller set is theirs
     config._bitguard_inductor_cache = tempfile.mkdtemp(prefix="bitguard-inductor-")
     os.environ["TORCHINDUCTOR_CACHE_DIR"] = config._bitguard_inductor_cache
