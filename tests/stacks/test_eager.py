@@ -1,4 +1,8 @@
-"""Eager training and bf16 autocast: the stacks tier's four claims (see harness.py)."""
+"""Eager training and bf16 autocast: the stacks tier's four claims (see harness.py). Both in the extended
+tier: eager training through the launcher is what the default tiers record everywhere else (the scenarios
+tier's eager tinygpt: reruns identical, faults localized; tests/record/test_numerics.py: recorded runs
+bitwise plain ones; tests/record/test_record.py: the launcher), so this fixture's four fresh Pythons (26 s
+of CPU) were a variant of them."""
 
 import pytest
 
@@ -7,7 +11,8 @@ from . import harness as h
 FAULT = {"STACK_FAULT": "module:step=2"}
 
 
-@pytest.fixture(scope="module", params=[(), pytest.param(("--autocast",), marks=pytest.mark.extended)],
+@pytest.fixture(scope="module", params=[pytest.param((), marks=pytest.mark.extended),
+                                        pytest.param(("--autocast",), marks=pytest.mark.extended)],
                 ids=["eager", "autocast"])
 def runs(request, tmp_path_factory):
     args = request.param
