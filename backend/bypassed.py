@@ -68,17 +68,16 @@ def _side(events: pl.DataFrame, tensors: pl.DataFrame, candidates: list[int], pa
     fwd = [by_seq[s] for s in candidates if s in by_seq and by_seq[s]["phase"] == "forward"]
     if not fwd:
         return {}
-    names = {r["boundary"] for r in fwd}
+    names = list({r["boundary"] for r in fwd})
+    # (filtered in polars first: a comparison of a million events with a few one-sided ones walks those only)
+    boundary = pl.col("boundary").cast(pl.String)
+    parent = boundary.str.replace(r"\.[^.]*$", "")
+    kids = modules.filter((pl.col("phase") == "forward") & boundary.str.contains(".", literal=True)
+                          & parent.is_in(names)).with_columns(parent.alias("_parent"))
     children: dict[tuple, list[dict]] = defaultdict(list)  # (step, thread, container) -> its children's forwards
-    backward: dict[tuple, int] = {}  # (boundary, step, call) -> a backward's seq
-    for r in modules.iter_rows(named=True):
-        if r["phase"] == "backward":
-            backward.setdefault((r["boundary"], r["step"], r["call"]), r["seq"])
-            continue
-        parent = r["boundary"].rpartition(".")[0]
-        if parent in names:
-            children[(r["step"], r["thread"], parent)].append(r)
-    plan = {}  # container seq -> (first child, last child, the children)
+    for r in kids.iter_rows(named=True):
+        children[(r["step"], r["thread"], r["_parent"])].append(r)
+    plan = {}  # container seq -> its children's forwards, in call order
     for c in fwd:
         if c["t_start_ns"] is None or c["t_end_ns"] is None:
             continue
@@ -111,6 +110,11 @@ def _side(events: pl.DataFrame, tensors: pl.DataFrame, candidates: list[int], pa
     grads = [by_seq[s] for s in candidates if s in by_seq and by_seq[s]["phase"] == "backward"
              and (by_seq[s]["boundary"], by_seq[s]["step"], by_seq[s]["call"]) in done]
     if grads:
+        backward: dict[tuple, int] = {}  # (boundary, step, call) -> the children's backwards' seqs
+        names_below = kids["boundary"].cast(pl.String).unique().implode()
+        below = modules.filter((pl.col("phase") == "backward") & boundary.is_in(names_below))
+        for r in below.iter_rows(named=True):
+            backward.setdefault((r["boundary"], r["step"], r["call"]), r["seq"])
         pairs = {}
         for g in grads:
             inner = plan[done[(g["boundary"], g["step"], g["call"])]]

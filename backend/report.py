@@ -334,9 +334,9 @@ def render_drill(doc: dict) -> str:
                 when = "later" if moved["index"] > op["index_" + op["side_only"]] else "sooner"
                 out.append(f"  cause    structure: the order differs: run {other} calls it too, as its op "
                            f"{moved['index']}{at}, {when}, and its output differs (run {other} calls {there} here)")
-            elif _through_another(op):  # (helper 76: peft's set_adapter; both ran F.linear at layer.py:1102)
+            elif theirs := _through_another(op):  # (helper 76: peft's set_adapter; both ran F.linear at layer.py:1102)
                 out.append(f"  cause    structure: run {side} calls it through {op['modules'][-1]}, run {other} calls "
-                           f"the same function at the same line through {_through_another(op)} there: the same "
+                           f"the same function at the same line through {theirs} there: the same "
                            f"code reached through another module (an adapter or a branch switched)")
             else:
                 out.append(f"  cause    structure: run {side} alone calls it (run {other} calls {there} there)")

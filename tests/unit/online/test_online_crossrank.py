@@ -38,7 +38,7 @@ def test_p90_of_the_other_ranks_gaps():
 TORN_DOWN = "terminate called without an active exception"
 
 
-def _torchrun(out: Path, env: dict, online: bool = True) -> dict:
+def _two_ranks(out: Path, env: dict, online: bool = True) -> dict:
     """ddp_replica.py on two gloo ranks: recorded online, each rank as under `torchrun -m bitguard record`
     (forked from the warm recorder, tests/warm.py, without three fresh Pythons importing torch), or plain
     under torchrun."""
@@ -68,13 +68,13 @@ def _torchrun(out: Path, env: dict, online: bool = True) -> dict:
 
 @pytest.mark.slow
 def test_two_rank_ddp_replica_divergence_is_named_on_its_step(tmp_path):
-    clean = _torchrun(tmp_path / "clean", {})
+    clean = _two_ranks(tmp_path / "clean", {})
     report = read_alerts(tmp_path / "clean")
     assert report.alerts == [], clean["stderr"]
     crossrank = next(c for c in report.coverage if c["sensor"] == "crossrank")
     assert crossrank["checked"] > 0 and crossrank["ranks"] == [0, 1]
 
-    param = _torchrun(tmp_path / "param", {"ONLINE_FAULT": "param:rank=1:step=2"})
+    param = _two_ranks(tmp_path / "param", {"ONLINE_FAULT": "param:rank=1:step=2"})
     alerts = [a for a in read_alerts(tmp_path / "param").alerts if a["sensor"] == "crossrank"]
     assert sorted((a["rank"], a["step"], a["op"], a["boundary"]) for a in alerts) == \
         [(0, 2, "replica", "2.weight"), (1, 2, "replica", "2.weight")], param["stderr"]
@@ -87,12 +87,12 @@ def test_two_rank_ddp_replica_divergence_is_named_on_its_step(tmp_path):
 @pytest.mark.slow
 @pytest.mark.extended  # (two more 2-rank torchruns, 20 s: the plain run's numbers and a second fault kind)
 def test_two_rank_ddp_numbers_unchanged_and_a_corrupted_reduced_gradient_is_named(tmp_path):
-    plain = _torchrun(tmp_path / "plain", {}, online=False)
-    clean = _torchrun(tmp_path / "clean", {})
+    plain = _two_ranks(tmp_path / "plain", {}, online=False)
+    clean = _two_ranks(tmp_path / "clean", {})
     assert clean["result"] == plain["result"], "the online monitor changed the training's numbers"
     # steps 0 to 2 are always exchanged (the stride at most doubles, from a cost measured from the second
     # exchange on), whatever this machine's load
-    grad = _torchrun(tmp_path / "grad", {"ONLINE_FAULT": "grad:rank=1:step=1"})
+    grad = _two_ranks(tmp_path / "grad", {"ONLINE_FAULT": "grad:rank=1:step=1"})
     alerts = [a for a in read_alerts(tmp_path / "grad").alerts if a["sensor"] == "crossrank"]
     assert sorted((a["rank"], a["step"], a["op"]) for a in alerts) == \
         [(0, 1, "allreduce"), (0, 1, "replica"), (1, 1, "allreduce"), (1, 1, "replica")], grad["stderr"]
