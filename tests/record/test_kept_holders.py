@@ -10,7 +10,7 @@ import textwrap
 
 import pytest
 
-from .test_blind_spots import _compare, _sgd_steps, _ShadowEMA, _tiny
+from .spots import ShadowEMA, compare_json, sgd_steps, tiny_mlp
 
 HELPER = """\
 _STATE = {}
@@ -24,17 +24,17 @@ def update(model):
 
 NUDGE = ".shadow_params[1].add_(1e-3)"  # (an edit of the EMA after the last step)
 SCRIPTS = {  # how the script makes its EMA, updates it a step, edits it at the end; the name it is found by
-    "class-attribute": ("class Registry:\n    ema = None\n\nRegistry.ema = _ShadowEMA(model)\n",
+    "class-attribute": ("class Registry:\n    ema = None\n\nRegistry.ema = ShadowEMA(model)\n",
                         "Registry.ema.step(model)", "Registry.ema" + NUDGE, "Registry.ema.shadow_params"),
     "class-attribute-module": ("import copy\nclass Registry:\n    ema = None\n\nRegistry.ema = copy.deepcopy(model)\n",
                                "pass", "Registry.ema[2].weight.add_(1e-3)", "Registry.ema"),
-    "module-imported": ("import emaholder\nemaholder.put(_ShadowEMA(model))\n",
+    "module-imported": ("import emaholder\nemaholder.put(ShadowEMA(model))\n",
                         "emaholder.update(model)", "emaholder._STATE['ema']" + NUDGE, "emaholder._STATE.ema.shadow_params"),
-    "module-by-name": ("from emaholder import put, update\nput(_ShadowEMA(model))\n", "update(model)",
+    "module-by-name": ("from emaholder import put, update\nput(ShadowEMA(model))\n", "update(model)",
                        "sys.modules['emaholder']._STATE['ema']" + NUDGE, "emaholder._STATE.ema.shadow_params"),
-    "partial": ("import functools\nhook = functools.partial(lambda model, ema: ema.step(model), ema=_ShadowEMA(model))\n",
+    "partial": ("import functools\nhook = functools.partial(lambda model, ema: ema.step(model), ema=ShadowEMA(model))\n",
                 "hook(model)", "hook.keywords['ema']" + NUDGE, "hook.ema.shadow_params"),
-    "deque": ("import collections\nemas = collections.deque([_ShadowEMA(model)], maxlen=1)\n",
+    "deque": ("import collections\nemas = collections.deque([ShadowEMA(model)], maxlen=1)\n",
               "emas[0].step(model)", "emas[0]" + NUDGE, "emas.0.shadow_params"),
 }
 
@@ -49,10 +49,10 @@ def test_a_kept_ema_held_out_of_a_variables_reach_is_found(tmp_path, holder, mon
     (tmp_path / "emaholder.py").write_text(HELPER)
     monkeypatch.syspath_prepend(str(tmp_path))
     script = tmp_path / "train.py"
-    script.write_text("import sys\nmodel, opt = _tiny()\n" + make + textwrap.dedent(f"""\
+    script.write_text("import sys\nmodel, opt = tiny_mlp()\n" + make + textwrap.dedent(f"""\
         with bitguard.record(OUT, determinism=False):
             for _ in range(3):
-                _sgd_steps(model, opt, 1)
+                sgd_steps(model, opt, 1)
                 {step}
             if EDIT:
                 with torch.no_grad():
@@ -61,10 +61,10 @@ def test_a_kept_ema_held_out_of_a_variables_reach_is_found(tmp_path, holder, mon
     for run, edited in (("a", False), ("b", False), ("c", True)):
         sys.modules.pop("emaholder", None)  # (each run its own module state, as each process has)
         exec(compile(script.read_text(), str(script), "exec"),
-             {"_tiny": _tiny, "_ShadowEMA": _ShadowEMA, "_sgd_steps": _sgd_steps, "bitguard": bitguard, "torch": torch,
+             {"tiny_mlp": tiny_mlp, "ShadowEMA": ShadowEMA, "sgd_steps": sgd_steps, "bitguard": bitguard, "torch": torch,
               "OUT": tmp_path / run, "EDIT": edited, "__name__": "__main__"})
     sys.modules.pop("emaholder", None)
-    assert _compare(tmp_path / "a", tmp_path / "b")[0] == 0
-    code, d = _compare(tmp_path / "a", tmp_path / "c")
+    assert compare_json(tmp_path / "a", tmp_path / "b")[0] == 0
+    code, d = compare_json(tmp_path / "a", tmp_path / "c")
     fd = d["first_divergence"]
     assert code == 1 and (fd["kind"], fd["boundary"].partition("#")[0]) == ("final", name), fd

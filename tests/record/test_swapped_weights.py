@@ -11,7 +11,7 @@ import torch
 
 import bitguard
 
-from .test_blind_spots import _tiny
+from .spots import tiny_mlp
 
 
 def _train(path, back_at: int | None = None, train_at: int | None = None, mode: bool = True,
@@ -21,7 +21,7 @@ def _train(path, back_at: int | None = None, train_at: int | None = None, mode: 
     model put in eval mode for it (`mode`). `back_at`: the step whose weights are not moved back;
     `train_at`: the step whose model is not put back in training mode; `skip_at`: the step whose weights
     are not moved at all (an `eval()` forgotten)."""
-    model, opt = _tiny()
+    model, opt = tiny_mlp()
     with bitguard.record(path, determinism=False):
         for step in range(3):
             with torch.no_grad():
