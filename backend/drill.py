@@ -37,6 +37,7 @@ import polars as pl
 
 from bitguard.backend import opdiff, replay
 from bitguard.backend.ingest import RunInfo, load_rank
+from bitguard.backend.params_blame import made_in_call
 from bitguard.backend.pivot import phase_words
 from bitguard.errors import BadInput, NotSupported
 
@@ -120,6 +121,10 @@ def plan(run_a: RunInfo, run_b: RunInfo, fd: dict) -> Window:
                            f"differently: they were made or passed by the training's code outside every module call "
                            f"(a batch, arguments swapped), so there is no operation to drill into; 'bitguard compare' "
                            f"says where they came from")
+    if kind == "params" and fd["blame"] == "source":  # parameters a module call made inside it: that call
+        made = _maker(run_a, run_b, fd)
+        if made is not None:
+            return made
     if (phase, kind) not in (("forward", "module"), ("backward", "module"), ("backward", "grad")):
         what = "optimizer step" if kind == "step" else phase_words(phase, kind)  # (as compare names it)
         raise NotSupported(f"not supported yet: drilling into a pivot that is the {what} of "
@@ -186,8 +191,28 @@ def plan(run_a: RunInfo, run_b: RunInfo, fd: dict) -> Window:
                   a["seq"] if a else None, b["seq"] if b else None)
 
 
+def _maker(run_a: RunInfo, run_b: RunInfo, fd: dict) -> Window | None:
+    """The window of a params pivot whose parameters a module call made inside it (collectors/weights.py,
+    `_made_params`: their event has that call's start time, helper 78's AutoNormal): the forward of that
+    call, where the line that made them runs. None when they were not made so."""
+    calls = []
+    for run, seq in ((run_a, fd.get("a_seq")), (run_b, fd.get("b_seq"))):
+        if seq is None:
+            return None
+        events = load_rank(run, fd["rank"])[0]
+        calls.append(None if made_in_call({"seq": seq, "boundary": fd["boundary"]}, events) is None
+                     else _window_event(events, fd["step"], fd["boundary"], seq))
+    a, b = calls
+    if a is None or b is None:
+        return None
+    return Window(fd["rank"], fd["step"], fd["boundary"], a["module_type"], a["call"],
+                  "parameters made inside a module call: the call that made them", a["seq"], b["seq"])
+
+
 def _spec(w: Window, fd: dict, out: Path, max_tensor_bytes: int = MAX_TENSOR_BYTES, windows: dict | None = None) -> dict:
     keep = [{"boundary": fd["boundary"], "phase": fd["phase"], "call": fd["call"]}]
+    if fd["kind"] == "params":  # (`_maker`: the call that made the parameters)
+        keep = [{"boundary": w.boundary, "phase": "forward", "call": w.call}]
     if fd["kind"] == "grad":
         keep[0]["kind"] = "grad"
     return {"schema": SPEC_SCHEMA, "step": w.step, "rank": w.rank,

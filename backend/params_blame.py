@@ -39,6 +39,15 @@ def params_detail(pivot: dict, events_a: pl.DataFrame, diffs: pl.DataFrame,
         return (f"{held} differ at the start of this step although every event before matched: code outside "
                 "torch.optim changed them after the last step() (an in-place edit under no_grad, through .data, a "
                 "clamp, load_state_dict)")
+    made = made_in_call(pivot, events_a)
+    if made is not None:
+        shown = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+        one = len(names) == 1
+        return (f"{shown or 'its parameters'} {'was' if one else 'were'} made during this {made} call of "
+                f"{pivot['boundary']}, inside it, and {'differs' if one else 'differ'} as made: made differently (their initialisation, its "
+                "scale or seed, the random numbers drawn before it, the shapes it met), or taken from a store the "
+                "run kept from before (Pyro's param store not cleared between two fits); `bitguard drill` names "
+                "the line that made them")
     # (a part called alone names its parameters from itself, `2.weight`; its optimizer events are named from
     # the model, `actor.2.weight`)
     stepped_names = steps["boundary"].to_list()
@@ -181,3 +190,18 @@ def _as_last_step_left(seq: int | None, events: pl.DataFrame | None, tensors: pl
     if not both.height or both["xor_left"].null_count() or both["xor"].null_count():
         return None
     return bool(((both["xor"] == both["xor_left"]) & (both["pos"] == both["pos_left"])).all())
+
+
+def made_in_call(pivot: dict, events_a: pl.DataFrame) -> str | None:
+    """The phase ("forward") of the module call during which the pivot's parameters were made, when they were
+    (collectors/weights.py, `_made_params`: their event is taken as that call ends, just before its event, and
+    starts when the first was made, after the call began)."""
+    if "t_start_ns" not in events_a.columns:
+        return None
+    own = events_a.filter(pl.col("seq") == pivot["seq"])
+    if own.is_empty() or own["t_start_ns"][0] is None:
+        return None
+    after = events_a.filter(pl.col("seq") > pivot["seq"]).sort("seq").head(1)
+    if after.is_empty() or after["kind"][0] != "module" or after["boundary"][0] != pivot["boundary"]:
+        return None  # (a params event taken as a call begins, a root's or swapped weights', starts with the call)
+    return after["phase"][0] if (after["t_start_ns"][0] or 0) < own["t_start_ns"][0] else None

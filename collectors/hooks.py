@@ -41,6 +41,7 @@ from functools import partial
 from pathlib import Path
 
 import torch
+from torch.nn.modules.module import register_module_parameter_registration_hook
 from torch.nn.parameter import is_lazy
 
 from bitguard.collectors import kept
@@ -75,7 +76,7 @@ class _Frame:
     """A module call in progress (a plain class with slots: one is made for every module call)."""
 
     __slots__ = ("module", "name", "depth", "t0", "record", "calls", "args", "inputs", "kwinputs", "rng", "stack_key",
-                 "recompute", "region")
+                 "recompute", "region", "made")
 
     def __init__(self, module: torch.nn.Module, name: str, depth: int, t0: int, record: bool, calls: list):
         self.module = module
@@ -91,6 +92,7 @@ class _Frame:
         self.stack_key: tuple | None = None  # user frames above the call (computed when a child needs it)
         self.recompute: str | None = None  # a checkpoint recompute: its kind (collectors/recompute.py)
         self.region: torch.nn.Module | None = None  # a compiled region: the module it compiles (compiled.py)
+        self.made: tuple | None = None  # parameters made during the call: (when, [(module, name, tensor)]) (weights.py)
 
 
 class _Backward:
@@ -384,6 +386,8 @@ class Collector(WeightEvents):
             self._handles.append(Patch(torch.distributed, "destroy_process_group", self._before_destroy))
         self._handles += aside_while_tracing(self)  # torch.jit's tracing, and the eager run its check makes
         self._handles.append(optim.register_optimizer_step_pre_hook(self._guard(self._on_optimizer_pre)))
+        # a parameter made inside a module call (a guide's in its first forward): a params event as the call ends
+        self._handles.append(register_module_parameter_registration_hook(self._guard(self._param_made)))
         self._handles.append(optim.register_optimizer_step_post_hook(self._guard(self._on_optimizer_step)))
         # last: its step hook runs after ours, with the step's events drained (removed after the final drain)
         self.api = ApiRecorder(self.store, CollectorNaming(self), self._fail, self.rank).install()
@@ -850,8 +854,11 @@ class Collector(WeightEvents):
             finally:
                 if frame is not None:
                     frame.calls.pop()
-            if frame is not None and frame.record:
-                leave(frame, kwargs, output)
+            if frame is not None:
+                if frame.made is not None:  # (its parameters made inside, Pyro's AutoNormal: before its event)
+                    self._made_params(frame)
+                if frame.record:
+                    leave(frame, kwargs, output)
             return output
 
         return _call_impl

@@ -365,10 +365,7 @@ class WeightEvents:
         if not rows:
             return None
         self._emit("optimizer", "params", name, module_type, 0, t0, rows)
-        if self._met_step != self.step:
-            self._met.clear()
-            self._met_step = self.step
-        self._met.update(id(p) for _, p in params)
+        self._note_met(params)
         swapped = [p for _, p in params if not isinstance(p, torch.nn.Parameter)]
         if swapped:
             self._foreign_call = self._generation  # (its parts' tensors are this event's: `_swapped_params`)
@@ -378,6 +375,51 @@ class WeightEvents:
                 self._foreign = name
         return {id(p): (r[8], r[9]) if type(r[8]) is int else r[8]
                 for (_, p), r in zip(params, rows) if r[12] is None and r[13] is None}
+
+    def _note_met(self, pairs: list) -> None:
+        """The tensors of (path, tensor) `pairs` had a params event in this step (`_on_optimizer_pre` reads it)."""
+        if self._met_step != self.step:
+            self._met.clear()
+            self._met_step = self.step
+        self._met.update(id(p) for _, p in pairs)
+
+    def _param_made(self, module: torch.nn.Module, name: str, param) -> None:
+        """A parameter registered on `module` (torch's global hook): one made inside a module call in the
+        step window, not already known, is noted on the innermost call in progress, whose end takes it
+        (`_made_params`)."""
+        frames = getattr(self._local, "frames", None)
+        if not frames or param is None or frames[-1].recompute is not None or not self._in_window():
+            return
+        frame = frames[-1]
+        entry = self._params.get(id(param))
+        if (entry is None or entry[0]() is not param) and not type(frame.module).__module__.startswith(
+                "torch.distributed"):  # (not one put back: FSDP's wrapper sets its views as parameters at each call)
+            if frame.made is None:
+                frame.made = (time.time_ns(), [])  # (when the first was made: the start of their event)
+            frame.made[1].append((module, name, param))
+
+    def _made_params(self, frame) -> None:
+        """The `params` event of the parameters made during the call of `frame` (Pyro's AutoNormal makes its
+        own in its first forward from the shapes it meets; a module that builds a layer when it first sees
+        its input), taken as the call ends, before its forward event: they are the call's weights, and a
+        difference in how they were made is theirs, not the call's computation (helper 78: an
+        AutoNormal's init_scale was blamed on its forward). Its start is when the first was made, inside
+        the call (backend/params_blame.py, `made_in_call`). Each is named by its path from the call's
+        module, or its own name where that does not reach it."""
+        (t0, made), frame.made = frame.made, None
+        try:  # (those still in their place: not functional_call's, put back as it returns)
+            ids = {id(p) for m, n, p in made if m._parameters.get(n) is p}
+            module = frame.module
+            pairs = [(f".{clean_name(eager_name(n))}", p) for n, p in module.named_parameters()
+                     if id(p) in ids and not is_lazy(p)]
+            reached = {id(p) for _, p in pairs}
+            pairs += [(f".{n}", p) for _, n, p in made if id(p) in ids and id(p) not in reached and not is_lazy(p)]
+            if not pairs:
+                return
+            self._emit("optimizer", "params", frame.name, type(module).__name__, 0, t0, self._param_digested(pairs))
+            self._note_met(pairs)
+        except Exception as exc:  # noqa: BLE001 - the training must go on
+            self._fail("_made_params", exc)
 
     def _swapped_params(self, module: torch.nn.Module, name: str, t0: int) -> None:
         """A `params` event for a call, inside another module's, of a module whose own parameters are

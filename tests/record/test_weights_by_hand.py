@@ -481,3 +481,46 @@ def test_a_regularised_parameter_of_a_bare_root_module_is_windowed_at_that_modul
     assert (fd["step"], fd["kind"], fd["blame"]) == (0, "grad", "source"), fd
     assert fd["blame_window"]["module"] == "Linear", fd["blame_window"]
     assert "while the gradient reaching its module matched" in fd["blame_window"]["detail"], fd["blame_window"]
+
+
+def test_parameters_a_module_makes_inside_its_call_are_blamed_as_made_there(tmp_path):
+    """Helper 78: Pyro's AutoNormal makes its parameters in its first forward, from the shapes it meets: a
+    changed init_scale was blamed on that forward computing differently, and the drill of a params pivot was
+    not supported. They are a params event as the call that made them ends (torch's parameter registration
+    hook), before its forward event; the drill traces that call."""
+    import torch
+
+    import bitguard
+    from bitguard.backend.drill import plan
+    from bitguard.backend.ingest import open_run
+
+    class Made(torch.nn.Module):
+        def __init__(self, scale):
+            super().__init__()
+            self.scale = scale
+
+        def forward(self, x):
+            if not hasattr(self, "w"):
+                self.w = torch.nn.Parameter(torch.randn(4) * self.scale)
+            return x * self.w
+
+    def train(name, scale):
+        torch.manual_seed(0)
+        net, made, opt = torch.nn.Linear(4, 4), Made(scale), None
+        with bitguard.record(tmp_path / name, determinism=False):
+            for _ in range(2):
+                out = made(net(torch.randn(2, 4)))
+                opt = opt or torch.optim.SGD([*net.parameters(), *made.parameters()], lr=0.1)
+                opt.zero_grad()
+                out.pow(2).mean().backward()
+                opt.step()
+
+    for name, scale in (("a", 1.0), ("b", 1.0), ("c", 1.1)):
+        train(name, scale)
+    assert bitguard.compare(tmp_path / "a", tmp_path / "b").verdict == "identical"
+    fd = bitguard.compare(tmp_path / "a", tmp_path / "c").to_dict()["first_divergence"]
+    assert (fd["kind"], fd["boundary"], fd["step"], fd["fault_class"], fd["blame"]) == (
+        "params", "Made", 0, "params", "source"), fd
+    assert "w was made during this forward call of Made" in fd["blame_window"]["detail"]
+    window = plan(open_run(tmp_path / "a"), open_run(tmp_path / "c"), fd)
+    assert (window.boundary, window.phase, window.call) == ("Made", "forward", 0)
