@@ -177,6 +177,7 @@ class _Walk:
             return
         self.seen.add(id(value))
         self.held.append(value)
+        reduced = self.save and _by_reduce(value)
         if self.save and isinstance(value, dict):  # (its keys: `label2id` with two labels swapped has the same values)
             keys = [k for k, _ in islice(in_key_order(value), MAX_ITEMS)
                     if type(k) is str and saved_string_compared(k, key, clock, True) and not _key_kind(k)[0]]
@@ -188,7 +189,7 @@ class _Walk:
             # swapped in ultralytics' best.pt compared identical)
             listed = type(value) in (list, tuple) or (type(value) is dict and bool(value)
                                                       and all(type(k) is int for k in islice(value, MAX_ITEMS)))
-            for sub, item in self.items(value, path):
+            for sub, item in (_reduce_items(value, path) if reduced else self.items(value, path)):
                 self.walk(item, sub, depth - 1, numbers, clock_below(sub, clock) if self.save else clock,
                           _key_of(sub[len(path):], key), listed)
         except Exception as exc:  # noqa: BLE001 - an object that fails when looked at (a proxy)
@@ -203,7 +204,10 @@ class _Walk:
             yield from ((f"{path}.{n}", t) for n, t in Module.named_buffers(value, remove_duplicate=False))
             for name, module in Module.named_modules(value, remove_duplicate=False):
                 where = f"{path}.{name}" if name else path
-                yield from ((f"{where}.{k}", v) for k, v in module.__dict__.items() if k not in _MODULE_OWN)
+                yield from ((f"{where}.{k}", v) for k, v in module.__dict__.items() if k not in _MODULE_OWN
+                            and not (k == "_graph" and isinstance(module, torch.fx.GraphModule)))
+                # (a GraphModule's graph: its __reduce__ leaves it out, its code is what pickle writes; e3nn's tensor
+                # products hold them, and `torch.save(net)` was inconclusive, "more than 32 containers deep": helper 79)
         elif isinstance(value, dict):  # (a save's in the order of its keys: see in_key_order)
             yield from self._counted((f"{path}[{k!r}]", v) for k, v in (in_key_order(value) if self.save else value.items()))
         elif isinstance(value, (list, tuple)):
@@ -233,6 +237,32 @@ class _Walk:
         if any(not isinstance(v, SCALARS) for _, v in pairs):  # (past the limit, only numbers are passed over)
             self.missing(f"a container holds more than {MAX_ITEMS:,} items, not all of them numbers or strings: "
                          "the rest was not looked at")
+
+
+def _by_reduce(value) -> bool:
+    """Whether pickle writes what `value`'s class makes of it in its own `__reduce_ex__` or `__reduce__`
+    (a torch.Generator, NumPy's Generator, whose `__getstate__` gives None, and its bit generator, a deque,
+    `random.Random`, a `functools.partial`), not its `__getstate__` or `__dict__` (helper 79: a
+    checkpoint's sampler generator seeded differently compared identical: nothing else shows its state)."""
+    cls = type(value)
+    return not isinstance(value, (torch.nn.Module, dict, list, tuple, set, frozenset)) and (
+        cls.__reduce_ex__ is not object.__reduce_ex__ or cls.__reduce__ is not object.__reduce__)
+
+
+def _reduce_items(value, path: str):
+    """(path, item) of what pickle writes of `value` through its `__reduce_ex__`: the arguments it is made
+    from, the state it is given, its items."""
+    made = value.__reduce_ex__(2)
+    if not isinstance(made, tuple):  # (a name: a module-level singleton)
+        return
+    parts = list(made) + [None] * (5 - len(made))
+    yield f"{path}.__reduce__()", parts[1]
+    if parts[2] is not None:
+        yield f"{path}.__setstate__()", parts[2]
+    if parts[3] is not None:
+        yield f"{path}.__reduce__()[items]", list(islice(parts[3], MAX_ITEMS + 1))
+    if parts[4] is not None:
+        yield f"{path}.__reduce__()[dict]", dict(islice(parts[4], MAX_ITEMS + 1))
 
 
 NAMED = (enum.Enum, type, torch.dtype, np.dtype, types.FunctionType, types.BuiltinFunctionType, types.MethodType)

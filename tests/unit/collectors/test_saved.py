@@ -171,6 +171,28 @@ def test_what_pickle_writes_is_walked_and_what_cannot_be_is_named():
     assert "deep" in tensors_in(deep)[1]
 
 
+def test_what_a_class_s_own_reduce_writes_is_walked_and_a_graph_module_s_graph_is_not():
+    """Helper 79: a checkpoint holding a torch.Generator (a sampler's) or NumPy's Generator seeded differently
+    compared identical: C types with no `__dict__` (NumPy's `__getstate__` gives None), whose state only their
+    `__reduce__` writes; and a model holding a torch.fx GraphModule (e3nn's) saved whole was inconclusive,
+    its graph "more than 32 containers deep", which GraphModule's `__reduce__` leaves out."""
+    import collections
+
+    def state(obj):
+        return {p: t.clone() for p, t in _values_of({"kept": obj})[0]}
+
+    for make in (lambda seed: torch.Generator().manual_seed(seed), np.random.default_rng,
+                 lambda seed: collections.deque([float(seed)], maxlen=3)):
+        one, same, other = state(make(1)), state(make(1)), state(make(2))
+        assert one and one.keys() == same.keys() == other.keys(), one
+        assert all(torch.equal(one[p], same[p]) for p in one)
+        assert not all(torch.equal(one[p], other[p]) for p in one), one
+    chain = nn.Sequential(nn.Linear(2, 2), *(nn.Tanh() for _ in range(saved.MAX_DEPTH + 4)))
+    model = nn.Sequential(torch.fx.symbolic_trace(chain))
+    pairs, why = tensors_in(model)
+    assert why is None and [p for p, _ in pairs][:2] == [".0.0.weight", ".0.0.bias"]
+
+
 def test_a_long_list_is_marked_where_it_is_cut(monkeypatch):
     monkeypatch.setattr(saved, "MAX_ITEMS", 10)
     assert "more than 10 items" in tensors_in({"items": [0] * 11 + [torch.ones(1)]})[1]
