@@ -264,7 +264,7 @@ class Collector(WeightEvents):
                  "_tids", "_tids_limit", "_wrapper", "_depths", "_in_child", "_walked", "_finaled", "_unheld", "_held_optimizers",
                  "_trainable", "_hooked_params", "_backwards", "_json", "_orphans", "_orphans_step", "_orphans_versions", "_known_at_step", "_given", "_kept_marks", "_stepped_roots", "_met", "_met_step",
                  "_kept_places", "_kept_holders", "began", "_buffers_seen", "_buffered",
-                 "_foreign_call", "_slots_of", "_step_after_pass")
+                 "_foreign_call", "_slots_of", "_step_after_pass", "_parts")
 
     def __init__(self, store, mode: str = "full", steps: tuple[int, int | None] | None = None,
                  rank: int = 0, world_size: int = 1, dump: bool = False, digest_cache: bool = True):
@@ -308,6 +308,7 @@ class Collector(WeightEvents):
         # id of a part named holding parameters -> (ref, ((name, ref of the parameter), ...) then): a call finding
         # another tensor in a slot is given other weights (weights.py, `_swapped_params`)
         self._slots_of: dict[int, tuple[weakref.ref, tuple[tuple[str, weakref.ref], ...]]] = {}
+        self._parts: dict[int, tuple[weakref.ref, set[int], int]] = {}  # a root called -> its parts' ids, at a step
         self._in_child = False  # a forked child's copy of this collector (`_forked`): it only reports saves
         self._kept_lists: dict[int, kept.KeptTensors] = {}  # id of a list or dict of shadow weights -> its root, held
         self._kept_marks: tuple | None = None  # what the user's frames held at the last look (kept.marks)
@@ -919,8 +920,12 @@ class Collector(WeightEvents):
             if record and recompute is None:
                 self._depths[name] = depth
             if parent is not None:  # the common case: a call inside a model
-                if in_window and recompute is None and (module._parameters or id(module) in self._slots_of):
-                    self._swapped_params(module, name, t0)
+                if in_window and recompute is None:
+                    if module._parameters or id(module) in self._slots_of:
+                        self._swapped_params(module, name, t0)
+                    parts = self._parts.get(id(frames[0].module))  # (not one of the root's parts: `_called_inside`)
+                    if parts is not None and id(module) not in parts[1] and parts[0]() is frames[0].module:
+                        self._called_inside(module, name, t0, parts[1])
                 if record:
                     if len(args) == 1 and isinstance(args[0], torch.Tensor):  # (what flatten and _rows give)
                         frame.args = [("[0]", args[0])]
@@ -937,6 +942,8 @@ class Collector(WeightEvents):
                         frame.rng = torch.get_rng_state()
                 frames.append(frame)
                 return frame
+            if recompute is None and in_window:
+                self._note_parts(module)
             is_model_root = recompute is None and in_window and any(True for _ in module.parameters())
             if record or is_model_root:
                 frame.args = flatten(args, numbers=True, walked=self._walked)

@@ -421,6 +421,26 @@ class WeightEvents:
         except Exception as exc:  # noqa: BLE001 - the training must go on
             self._fail("_made_params", exc)
 
+    def _note_parts(self, root: torch.nn.Module) -> None:
+        """The ids of the parts of `root`, called outside any other module, found again at each step (a part
+        added between steps): `_called_inside` tells a call inside it of a module that is not one of them."""
+        parts = self._parts.get(id(root))
+        if parts is None or parts[2] != self.step or parts[0]() is not root:
+            self._parts[id(root)] = (weakref.ref(root), {id(m) for m in root.modules()}, self.step)
+
+    def _called_inside(self, module: torch.nn.Module, name: str, t0: int, parts: set[int]) -> None:
+        """A module called inside a root's call that is not one of the root's parts (`parts`, which it joins
+        for the rest of the step): a target network given to the policy's forward (Tianshou's DQN,
+        `policy(batch, model=model_old)`), a teacher passed as an argument. Its weights are its call's as a
+        root's are: a params event as a call of a step first meets them (`_params_due`). Helper 80: a target
+        network synced at another step was blamed on its first Linear computing differently."""
+        parts.update(id(m) for m in module.modules())
+        if next(module.parameters(), None) is None:
+            return
+        versions = self._params_due(module)
+        if versions is not None:
+            self._start_params(module, name, type(module).__name__, t0, versions)
+
     def _swapped_params(self, module: torch.nn.Module, name: str, t0: int) -> None:
         """A `params` event for a call, inside another module's, of a module whose own parameters are
         tensors put in their place (`functional_call`, tensordict's `to_module`: a target network's

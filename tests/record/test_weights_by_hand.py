@@ -524,3 +524,43 @@ def test_parameters_a_module_makes_inside_its_call_are_blamed_as_made_there(tmp_
     assert "w was made during this forward call of Made" in fd["blame_window"]["detail"]
     window = plan(open_run(tmp_path / "a"), open_run(tmp_path / "c"), fd)
     assert (window.boundary, window.phase, window.call) == ("Made", "forward", 0)
+
+
+def test_a_target_network_called_inside_the_policy_s_call_has_its_weights_recorded_there(tmp_path):
+    """Helper 80 (Tianshou's DQN, `policy(batch, model=model_old)`): a target network given to another
+    module's forward and called there, not one of that root's parts, had no params event: a sync at another
+    step, or an edit by hand, was blamed on its first Linear computing differently. Such a call's weights are
+    taken as a root's are."""
+    import copy
+
+    import torch
+
+    import bitguard
+
+    class Policy(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
+
+        def forward(self, x, model=None):
+            return (model or self.model)(x)
+
+    def train(out, edit_at):
+        torch.manual_seed(0)
+        policy = Policy()
+        target = copy.deepcopy(policy.model)
+        opt = torch.optim.SGD(policy.parameters(), lr=0.1)
+        with bitguard.record(out, determinism=False):
+            for step in range(3):
+                with torch.no_grad():
+                    if step == edit_at:
+                        target[0].weight[0, 0] += 1e-3
+                    goal = policy(torch.randn(8, 4), model=target).max(1).values
+                opt.zero_grad()
+                (policy(torch.randn(8, 4)).max(1).values - goal).pow(2).mean().backward()
+                opt.step()
+
+    fd = planted_pair(tmp_path, train, None, 1)
+    assert (fd["step"], fd["kind"], fd["blame"], fd["fault_class"]) == (1, "params", "source", "params"), fd
+    assert [t["path"] for t in fd["tensors"] if t["differs"]] == [".0.weight"], fd["tensors"]
+    assert "a teacher or target network" in fd["blame_window"]["detail"], fd["blame_window"]
