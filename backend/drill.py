@@ -69,6 +69,10 @@ class Window:
                 "step": self.step, "rank": self.rank, "why": self.why}
 
 
+# What torch.jit.script and torch.jit.trace make of a module: run by TorchScript's interpreter, not traceable
+SCRIPTED = frozenset({"RecursiveScriptModule", "ScriptModule", "TopLevelTracedModule", "TracedModule"})
+
+
 def _parent(boundary: str, events: pl.DataFrame) -> str | None:
     """The module whose forward holds `boundary`'s call: the dotted parent, or the root; a root itself
     (helper 57: the second of two models was traced as the first, its parent)."""
@@ -175,6 +179,12 @@ def plan(run_a: RunInfo, run_b: RunInfo, fd: dict) -> Window:
                                f"{other} to compare op by op. What differs is whether a gradient reaches it (an output "
                                f"detached or made under no_grad, a parameter frozen, a loss term dropped): the code "
                                f"before the backward decides it, 'bitguard compare' gives its call stack")
+    scripted = (a or b)["module_type"]
+    if scripted in SCRIPTED:  # (helper 79: "no difference", exit 1, where nothing inside could be traced)
+        raise NotSupported(f"not supported yet: the window {target} of the pivot ({where}) is a TorchScript module "
+                           f"({scripted}): its operations run in TorchScript's interpreter, where the drill cannot "
+                           f"trace them; record the two runs with it not scripted (for e3nn: "
+                           f"e3nn.set_optimization_defaults(jit_mode=\"eager\")) to drill into it")
     if backward:
         why = why if kind == "grad" else f"{why}, its backward"
         return Window(rank, step, target, (a or b)["module_type"], fd["call"], why,

@@ -247,3 +247,37 @@ def test_the_backward_of_the_second_of_two_models_traces_that_model(tmp_path):
     assert (fd["phase"], fd["boundary"], fd["blame"]) == ("backward", "Sequential#2", "consumer"), fd
     w = plan(open_run(tmp_path / "a"), open_run(tmp_path / "b"), fd)
     assert (w.boundary, w.phase) == ("Sequential#2", "backward"), w
+
+
+def test_a_torchscript_window_is_said_not_to_be_traceable(tmp_path):
+    """Helper 79: a scripted submodule (e3nn's tensor products with jit on) whose constant changed: the
+    drill traced 0 operations inside it and said "no difference" (exit 1), as if none differed."""
+    import torch
+
+    import bitguard
+    from bitguard.backend.ingest import open_run
+
+    class Inner(torch.nn.Module):
+        def __init__(self, scale: float):
+            super().__init__()
+            self.lin = torch.nn.Linear(4, 4)
+            self.scale = scale
+
+        def forward(self, x):
+            return torch.tanh(self.lin(x)) * self.scale
+
+    def train(name, scale):
+        torch.manual_seed(0)
+        net = torch.nn.Sequential(torch.jit.script(Inner(scale)), torch.nn.Linear(4, 1))
+        opt = torch.optim.SGD(net.parameters(), lr=0.1)
+        with bitguard.record(tmp_path / name, determinism=False):
+            opt.zero_grad()
+            net(torch.randn(8, 4)).pow(2).mean().backward()
+            opt.step()
+
+    train("a", 0.5)
+    train("b", 0.7)
+    fd = bitguard.compare(tmp_path / "a", tmp_path / "b").first_divergence
+    assert (fd["phase"], fd["boundary"], fd["module_type"]) == ("forward", "0", "RecursiveScriptModule"), fd
+    with pytest.raises(NotSupported, match="is a TorchScript module .RecursiveScriptModule.: its operations run in"):
+        plan(open_run(tmp_path / "a"), open_run(tmp_path / "b"), fd)
