@@ -847,7 +847,28 @@ def _root_backward_differing(pivot: dict, events_a: pl.DataFrame, diffs: pl.Data
         return None
     d = diffs.filter(pl.col("a_seq").is_in(roots["seq"].implode()) & (pl.col("role") == "grad_output")
                      & pl.col("differs") & ~pl.col("ignored"))
-    return roots.filter(pl.col("seq") == d["a_seq"].min()).row(0, named=True) if d.height else None
+    if d.is_empty():
+        return None
+    differing = roots.filter(pl.col("seq").is_in(d["a_seq"].implode()))
+    owner = _forward_root(pivot, events_a)  # (helper 79: of two roots, the other one's was named)
+    mine = differing.filter(pl.col("boundary") == owner) if owner is not None else differing.clear()
+    return (mine if mine.height else differing).sort("seq").row(0, named=True)
+
+
+def _forward_root(pivot: dict, events_a: pl.DataFrame) -> str | None:
+    """The root whose forward calls hold every forward call of the pivot's module (its boundary and type) in
+    the pivot's step, when one does (two roots' parts may share paths: `1` in each, told apart by their type)."""
+    forwards = events_a.filter((pl.col("phase") == "forward") & (pl.col("kind") == "module")
+                               & (pl.col("step") == pivot["step"]))
+    mine = forwards.filter((pl.col("boundary") == pivot["boundary"]) & (pl.col("depth") > 0)
+                           & (pl.col("module_type") == pivot.get("module_type")))
+    roots = forwards.filter(pl.col("depth") == 0).select("boundary", "t_start_ns", "t_end_ns")
+    if mine.is_empty() or roots.is_empty():
+        return None
+    held = mine.select("t_start_ns", "t_end_ns").join(roots, how="cross", suffix="_root").filter(
+        (pl.col("t_start_ns_root") <= pl.col("t_start_ns")) & (pl.col("t_end_ns_root") >= pl.col("t_end_ns")))
+    owners = held["boundary"].unique()
+    return owners[0] if owners.len() == 1 and held.height == mine.height else None
 
 
 def _window(pivot: dict, events_a: pl.DataFrame, status: dict[int, str], diffs: pl.DataFrame) -> dict:

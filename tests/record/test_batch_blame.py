@@ -484,3 +484,35 @@ def test_a_model_output_edited_in_place_before_the_loss_is_said_to_be_edited_not
         said = (f"in run {run} it was changed in place after it returned" if how == "in place" else
                 f"what no recorded module returned in run {run}: that run's code between the calls made it")
         assert said in detail and "swapped" not in detail, detail
+
+
+def test_a_changed_loss_over_two_roots_names_the_root_that_holds_the_pivot(tmp_path):
+    """Helper 79 (torchsde's drift and diffusion networks, called in turn): a loss weight changed outside
+    every module was said to reach the output of the root whose backward came first, not of the one whose
+    part is the pivot (their parts share paths: `1` in each, a Tanh in one and a Sigmoid in the other)."""
+    import torch
+
+    import bitguard
+
+    class Drift(torch.nn.Sequential):
+        pass
+
+    class Diffusion(torch.nn.Sequential):
+        pass
+
+    def train(out, weight):
+        torch.manual_seed(0)
+        f = Drift(torch.nn.Linear(3, 8), torch.nn.Tanh(), torch.nn.Linear(8, 3))
+        g = Diffusion(torch.nn.Linear(3, 3), torch.nn.Sigmoid())
+        opt = torch.optim.SGD([*f.parameters(), *g.parameters()], lr=0.05)
+        y = torch.randn(8, 3)
+        with bitguard.record(out, determinism=False):
+            opt.zero_grad()
+            for _ in range(2):
+                y = y + 0.1 * f(y) + 0.1 * g(y)
+            ((y ** 2).mean() * weight).backward()
+            opt.step()
+
+    fd = planted_pair(tmp_path, train, 0.1, 0.2)
+    assert (fd["phase"], fd["boundary"], fd["module_type"]) == ("backward", "1", "Sigmoid"), fd
+    assert fd["blame_window"]["detail"].startswith("the gradient reaching Diffusion's output already differs"), fd
