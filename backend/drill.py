@@ -196,6 +196,12 @@ def plan(run_a: RunInfo, run_b: RunInfo, fd: dict) -> Window:
             a = _window_event(ea, step, target, None, call=b["call"])
         elif fd.get("b_seq") is None and a is not None:
             b = _window_event(eb, step, target, None, call=a["call"])
+    if a is None or b is None:  # (helper 79: "not reproduced: nondeterminism", where run B's replay was faithful)
+        alone, other = ("A", "B") if b is None else ("B", "A")
+        raise NotSupported(f"not supported yet: the window {target} of the pivot ({where}) is called in step {step} of "
+                           f"run {alone} only: run {other} does not call it there, so there are no two runs of its "
+                           f"operations to compare; what differs is whether the training's code calls it ('bitguard "
+                           f"compare' gives the call stack of run {alone}'s call)")
     call = (a or b)["call"]
     return Window(rank, step, target, (a or b)["module_type"], call, why,
                   a["seq"] if a else None, b["seq"] if b else None)

@@ -281,3 +281,40 @@ def test_a_torchscript_window_is_said_not_to_be_traceable(tmp_path):
     assert (fd["phase"], fd["boundary"], fd["module_type"]) == ("forward", "0", "RecursiveScriptModule"), fd
     with pytest.raises(NotSupported, match="is a TorchScript module .RecursiveScriptModule.: its operations run in"):
         plan(open_run(tmp_path / "a"), open_run(tmp_path / "b"), fd)
+
+
+def test_a_window_one_run_alone_calls_is_said_to_be_so_not_nondeterminism(tmp_path):
+    """Helper 79 (pytorch-metric-learning's miner skipped at a step in run B): the drill replayed both runs
+    and said "not reproduced: nondeterminism or a changed environment", though run B's replay was faithful:
+    run B never calls the window there."""
+    import torch
+
+    import bitguard
+    from bitguard.backend.ingest import open_run
+
+    class Miner(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.distance = torch.nn.Identity()
+
+        def forward(self, e):
+            return (self.distance(e @ e.T) > 0).float()
+
+    def train(name, skip_at):
+        torch.manual_seed(0)
+        net, miner = torch.nn.Linear(4, 4), Miner()
+        opt = torch.optim.SGD(net.parameters(), lr=0.1)
+        with bitguard.record(tmp_path / name, determinism=False):
+            for step in range(2):
+                opt.zero_grad()
+                e = net(torch.randn(8, 4))
+                w = miner(e.detach()) if step != skip_at else torch.ones(8, 8)
+                ((e @ e.T) * w).mean().backward()
+                opt.step()
+
+    train("a", None)
+    train("b", 1)
+    fd = bitguard.compare(tmp_path / "a", tmp_path / "b").first_divergence
+    assert (fd["cause"], fd["step"], fd["missing_side"]) == ("structure", 1, "b"), fd
+    with pytest.raises(NotSupported, match="is called in step 1 of run A only: run B does not call it there"):
+        plan(open_run(tmp_path / "a"), open_run(tmp_path / "b"), fd)
