@@ -269,19 +269,37 @@ def _steps(steps: list[int]) -> str:
     return f"step {text}" if len(steps) == 1 else f"steps {text}"
 
 
+def _extra_calls_grouped(differences: list[dict]) -> list[tuple[dict, list]]:
+    """(difference, its calls) for the terminal: the calls of a root module one run alone makes, one after another
+    in a step (a solver taking more steps: helper 79, a line each), as one, with their numbers."""
+    out: list[tuple[dict, list]] = []
+    for d in differences:
+        last = out[-1][0] if out else None
+        if (last is not None and d["field"] is None and d["kind"] == "modes" and last["field"] is None
+                and last["kind"] == "modes" and (d["target"], d["a"], d["step"], d.get("steps"))
+                == (last["target"], last["a"], last["step"], last.get("steps")) and d["call"] == out[-1][1][-1] + 1):
+            out[-1][1].append(d["call"])
+        else:
+            out.append((d, [d["call"]]))
+    return out
+
+
 def lines(diff: dict, indent: str = "  ", header: bool = True) -> list[str]:
     """The terminal report's lines for a `differences()` result (none when nothing differs)."""
     if not diff or not diff.get("differences"):
         return []
     out = [f"{indent}training API calls that differ (at or before this step; the likely cause):"] if header else []
-    for d in diff["differences"]:
+    for d, calls in _extra_calls_grouped(diff["differences"]):
         when = _steps(d.get("steps") or [d["step"]])
         what = (f"{d['kind']} ({d['target']})" + (f" call {d['call']}" if d["call"] else "")
                 + (f" at {d['at']}" if d.get("at") else ""))
         if d["field"] is None and d["kind"] == "modes":  # (the row each call of a root module begins with)
             more = "A" if d["a"] == "called" else "B"
-            out.append(f"{indent}  {when}: root module {d['target']}: run {more} calls it more often in the step "
-                       f"(its call {d['call']}, counted from 0, is made in {more} only)")
+            made = (f"its call {calls[0]}, counted from 0, is" if len(calls) == 1 else
+                    f"its calls {calls[0]}-{calls[-1]}, counted from 0, are")
+            out.append(f"{indent}  {when}: root module {d['target']}: run {more} calls it "
+                       f"{'more often' if len(calls) == 1 else f'{len(calls)} times more'} in the step ({made} made in "
+                       f"{more} only)")
         elif d["field"] is None:
             read = None if d.get("value") is None else value_pair(d["value"], d["value"])[0]
             value = "" if read is None else \

@@ -143,3 +143,13 @@ def test_reads_pair_by_the_line_that_read_them_not_by_their_order_in_the_step():
     places_b = {(5, "read", "item", 0): "x.py:70", (5, "read", "item", 0, "value"): 3.0}
     api_diff._reads_by_place(a, b, places_a, places_b)
     assert b == {5: {("read", "item", 0): {"value": 3.0}}} and places_b[(5, "read", "item", 0)] == "x.py:70"
+
+
+def test_the_calls_one_run_alone_makes_of_a_root_are_one_line():
+    """Helper 79 (torchsde, a smaller dt: the solver calls its networks more often): a line for each extra
+    call of each root filled the list, and the rest was cut."""
+    extra = [{"step": 2, "kind": "modes", "target": net, "call": call, "field": None, "a": "not called",
+              "b": "called"} for net in ("f_net", "g_net") for call in range(21, 26)]
+    text = api_diff.lines({"available": True, "differences": extra, "more": 0, "missing": []})
+    assert text[1:] == [f"    step 2: root module {net}: run B calls it 5 times more in the step (its calls 21-25, "
+                        f"counted from 0, are made in B only)" for net in ("f_net", "g_net")], text
