@@ -138,6 +138,8 @@ class _Walk:
             if numbers and isinstance(value, (int, float)) and compared(clock, value):
                 kind = bool if isinstance(value, bool) else int if isinstance(value, int) else float
                 self.found.append((path + NUMBER_MARK.format(kind.__name__), number_tensor(kind(value))))
+            elif numbers and isinstance(value, complex) and clock != "duration":  # (helper 79: passed over)
+                self.found.append((path + NUMBER_MARK.format("complex"), torch.tensor(value, dtype=torch.complex128)))
             elif self.save and type(value) is str and saved_string_compared(value, key, clock, listed):
                 self.found.append((path + STRING_MARK, string_tensor(value)))
             return
@@ -207,7 +209,8 @@ class _Walk:
                 yield from ((f"{where}.{k}", v) for k, v in module.__dict__.items() if k not in _MODULE_OWN
                             and not (k == "_graph" and isinstance(module, torch.fx.GraphModule)))
                 # (a GraphModule's graph: its __reduce__ leaves it out, its code is what pickle writes; e3nn's tensor
-                # products hold them, and `torch.save(net)` was inconclusive, "more than 32 containers deep": helper 79)
+                # products hold them, and `torch.save(net)` was inconclusive, "more than 32 containers deep":
+                # helper 79)
         elif isinstance(value, dict):  # (a save's in the order of its keys: see in_key_order)
             yield from self._counted((f"{path}[{k!r}]", v) for k, v in (in_key_order(value) if self.save else value.items()))
         elif isinstance(value, (list, tuple)):
@@ -216,6 +219,8 @@ class _Walk:
             if any(not isinstance(v, SCALARS) for v in islice(value, MAX_ITEMS)):
                 self.missing(f"{path or self.what} is a set of tensors or objects: they have no order "
                              "to be compared in")
+            else:  # (numbers or strings: in an order of their own, the same in every run; helper 79: passed over)
+                yield f"{path}[sorted]", sorted(value, key=lambda v: (type(v).__name__, repr(v)))
         else:
             own = getattr(type(value), "__getstate__", None)
             if own is not None and own is not getattr(object, "__getstate__", None):

@@ -174,7 +174,7 @@ def test_what_pickle_writes_is_walked_and_what_cannot_be_is_named():
 def test_what_a_class_s_own_reduce_writes_is_walked_and_a_graph_module_s_graph_is_not():
     """Helper 79: a checkpoint holding a torch.Generator (a sampler's) or NumPy's Generator seeded differently
     compared identical: C types with no `__dict__` (NumPy's `__getstate__` gives None), whose state only their
-    `__reduce__` writes; and a model holding a torch.fx GraphModule (e3nn's) saved whole was inconclusive,
+    `__reduce__` writes (a frozenset of numbers and a complex number were passed over too); and a model holding a torch.fx GraphModule (e3nn's) saved whole was inconclusive,
     its graph "more than 32 containers deep", which GraphModule's `__reduce__` leaves out."""
     import collections
 
@@ -182,7 +182,8 @@ def test_what_a_class_s_own_reduce_writes_is_walked_and_a_graph_module_s_graph_i
         return {p: t.clone() for p, t in _values_of({"kept": obj})[0]}
 
     for make in (lambda seed: torch.Generator().manual_seed(seed), np.random.default_rng,
-                 lambda seed: collections.deque([float(seed)], maxlen=3)):
+                 lambda seed: collections.deque([float(seed)], maxlen=3), lambda seed: frozenset({float(seed), "x"}),
+                 lambda seed: complex(seed, 1)):
         one, same, other = state(make(1)), state(make(1)), state(make(2))
         assert one and one.keys() == same.keys() == other.keys(), one
         assert all(torch.equal(one[p], same[p]) for p in one)
