@@ -887,9 +887,15 @@ def _window(pivot: dict, events_a: pl.DataFrame, status: dict[int, str], diffs: 
                          & ~pl.col("ignored"))
         if d.is_empty():
             unseen = _unseen_inputs(diffs, anc["seq"], input_roles)
+            changed = _own_buffers_changed(anc, events_a, diffs) if phase == "forward" else []
             return _between_children(anc, _children(anc, same, phase), pivot,
                                      (_unseen_words(unseen) if unseen else "")
-                                     + f"inputs of {anc['boundary']} matched; the difference arose in its own code")
+                                     + f"inputs of {anc['boundary']} matched; " + (
+                                         f"its buffers {', '.join(changed[:3])} differ as this call left them and "
+                                         f"matched as its last call left them: changed outside any module call "
+                                         f"since then (an edit by hand or through .data between steps, a load), and "
+                                         f"read here, or computed differently by its own code" if changed else
+                                         "the difference arose in its own code"))
     if phase == "forward":
         root = _root_window(pivot, events_a, diffs)
         if root is not None:
@@ -991,6 +997,23 @@ def _root_window(pivot: dict, events_a: pl.DataFrame, diffs: pl.DataFrame) -> di
     return _between_children(anc, kids.sort("seq").select("seq", "boundary").to_dicts(), pivot,
                              f"the inputs of {anc['boundary']} (this step's data) matched; the difference arose in "
                              f"its own code, which this mode does not observe module by module,")
+
+
+def _own_buffers_changed(anc: dict, events_a: pl.DataFrame, diffs: pl.DataFrame) -> list[str]:
+    """The paths of window `anc`'s buffers that differ as this call left them, where its last call left them
+    all equal (a memory bank a container gives its child, edited between steps: helper 79, "the difference
+    arose in its own code"); none otherwise."""
+    state = diffs.filter((pl.col("a_seq") == anc["seq"]) & (pl.col("role") == "state") & pl.col("differs"))
+    if state.is_empty():
+        return []
+    last = events_a.filter((pl.col("boundary") == anc["boundary"]) & (pl.col("phase") == "forward")
+                           & (pl.col("kind") == "module") & (pl.col("seq") < anc["seq"]))
+    if last.is_empty():
+        return []
+    before = diffs.filter((pl.col("a_seq") == last["seq"].max()) & (pl.col("role") == "state"))
+    if before.is_empty() or before["differs"].any():
+        return []
+    return state["path"].unique(maintain_order=True).to_list()
 
 
 def _between_children(anc: dict, children: list[dict], pivot: dict, head: str) -> dict:

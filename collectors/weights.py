@@ -255,12 +255,28 @@ class WeightEvents:
                 self._finaled.update(id(p) for _, p in pairs)
                 self._emit("optimizer", "final", label, "optimizer", 0, time.time_ns(), self._param_digested(pairs))
 
+    def _optimizer_state_ids(self) -> set[int]:
+        """The ids of the tensors in the state of each optimizer the training stepped (`_optimizers`)."""
+        ids = set()
+        for ref, _ in list(self._optimizers.values()):
+            optimizer = ref()
+            for state in (getattr(optimizer, "state", None) or {}).values() if optimizer is not None else ():
+                if isinstance(state, dict):
+                    ids.update(id(t) for t in state.values() if isinstance(t, torch.Tensor))
+        return ids
+
     def _final(self, module: torch.nn.Module, name: str) -> None:
         """The `final` event of root module `module`: every parameter and buffer as it is now (none
         for a module whose every tensor is on the meta device: a base model that holds no values,
         run through functional_call on weights of its own)."""
         if isinstance(module, kept.KeptTensors):
             module.refresh()  # (an EMA may have put new tensors in its container)
+            state = self._optimizer_state_ids()
+            if all(id(t) in state for t in module.buffers()):
+                # (an optimizer's own state, whose final event is the optimizer's: a loaded checkpoint's dict, which
+                # load_state_dict made an optimizer's state without a copy, kept in one run only was "the final state
+                # of ck.opt2.state.0", a structure divergence: helper 79)
+                return
         self._finaled.update(id(p) for p in module.parameters())
         if all(t.is_meta for t in itertools.chain(module.parameters(), module.buffers())):
             return

@@ -609,3 +609,89 @@ def test_a_buffer_made_differently_is_said_to_be_at_its_module_s_first_call(tmp_
     assert (fd["step"], fd["kind"], fd["boundary"], fd["blame"]) == (0, "module", "1", "source"), fd
     assert fd["blame_window"]["module"] == "1", fd["blame_window"]
     assert "differ at its first call" in fd["blame_window"]["detail"], fd["blame_window"]
+
+
+RESUMING = """\
+import sys
+import torch
+save_to, resume = sys.argv[1], sys.argv[2]
+torch.manual_seed(0)
+net, head = torch.nn.Linear(4, 3), torch.nn.Linear(3, 1, bias=False)  # (one parameter: its state, an EMA's shape)
+opt = torch.optim.Adam(net.parameters(), lr=1e-2)
+opt2 = torch.optim.SGD(head.parameters(), lr=0.1, momentum=0.9)
+xs = torch.arange(96.0).reshape(4, 8, 3)[..., [0, 1, 2, 0]] / 96
+start = 0
+if resume != "-":
+    ck = torch.load(resume)  # (kept to the end, as most resume code keeps it)
+    net.load_state_dict(ck["net"]), opt.load_state_dict(ck["opt"])
+    head.load_state_dict(ck["head"]), opt2.load_state_dict(ck["opt2"])
+    start = ck["step"] + 1
+for step in range(start, 4):
+    opt.zero_grad(), opt2.zero_grad()
+    head(net(xs[step])).pow(2).mean().backward()
+    opt.step(), opt2.step()
+    if step == 1 and save_to != "-":
+        torch.save({"net": net.state_dict(), "opt": opt.state_dict(), "head": head.state_dict(),
+                    "opt2": opt2.state_dict(), "step": step}, save_to)
+"""
+
+
+def test_a_loaded_checkpoint_holding_an_optimizer_s_own_state_is_no_kept_root(tmp_path):
+    """Helper 79: a run resumed from a checkpoint whose loaded dict it keeps (`ck`, as most resume code
+    does), with two optimizers: `load_state_dict` makes the dict's state tensors the optimizer's own, without
+    a copy, and the run was said to take "the final state of ck.opt2.state.0" where the uninterrupted run
+    goes on: a structure divergence, every event equal. An optimizer's own state is the optimizer's."""
+    import bitguard
+
+    script = tmp_path / "resuming.py"
+    script.write_text(RESUMING)
+    ck = str(tmp_path / "ck.pt")
+    record_together(dict(out=tmp_path / "full", script=script, script_args=(ck, "-")))
+    record_together(dict(out=tmp_path / "resumed", script=script, script_args=("-", ck)))
+    c = bitguard.compare(tmp_path / "full", tmp_path / "resumed", resumed_at=2)
+    assert c.verdict == "identical", c.to_dict()["first_divergence"]
+
+
+def test_a_container_s_buffer_edited_between_steps_is_said_to_be_its_buffer(tmp_path):
+    """Helper 79 (pytorch-metric-learning's CrossBatchMemory): a memory bank a container gives its child,
+    edited by hand between steps, was "the difference arose in its own code" of the container; a leaf
+    module's buffer was said to have changed since its last call."""
+    import torch
+
+    import bitguard
+
+    class Scorer(torch.nn.Module):
+        def forward(self, e, bank):
+            return e @ bank.T
+
+    class Memory(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.scorer = Scorer()
+            self.register_buffer("bank", torch.zeros(8, 4))
+            self.at = 0
+
+        def forward(self, e):
+            s = self.scorer(e, self.bank.clone())
+            with torch.no_grad():  # (a queue: the oldest rows replaced)
+                self.bank[self.at:self.at + 4] = e[:4].detach()
+                self.at = (self.at + 4) % 8
+            return s.logsumexp(1).mean()
+
+    def train(out, edit_at):
+        torch.manual_seed(0)
+        net, memory = torch.nn.Linear(3, 4), Memory()
+        opt = torch.optim.SGD(net.parameters(), lr=0.1)
+        with bitguard.record(out, determinism=False):
+            for step in range(3):
+                opt.zero_grad()
+                memory(net(torch.randn(8, 3))).backward()
+                opt.step()
+                if step == edit_at:
+                    with torch.no_grad():
+                        memory.bank.mul_(0.5)
+
+    fd = planted_pair(tmp_path, train, None, 0)
+    assert (fd["step"], fd["boundary"], fd["blame"]) == (1, "scorer", "consumer"), fd
+    assert "its buffers .bank differ as this call left them and matched as its last call left them" in \
+        fd["blame_window"]["detail"], fd["blame_window"]
