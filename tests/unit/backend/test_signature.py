@@ -202,6 +202,17 @@ def test_a_logic_change_is_large():
     assert "logic change" in s["reading"] and "lower-precision" not in s["reading"]
 
 
+def test_a_logic_change_beside_largest_value_placeholders_is_large():
+    """Helper 79 (pytorch-metric-learning fills the pairs a miner leaves out with finfo.max): their RMS, about
+    3e38, made a 0.2 change of values near 1 "few_ulp: 9.86e-33 ULP of the tensor's RMS value"."""
+    x = _randn(32, 32).abs() + 0.5
+    x[:, ::2] = torch.finfo(torch.float32).max
+    y = x.clone()
+    y[:, 1::4] += 0.2
+    s = signature(x, y)
+    assert s["kind"] == "large", s["reading"]
+
+
 def test_identical():
     x = _randn(3, 5, 7)
     s = _json(signature(x, x.clone()))
