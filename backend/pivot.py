@@ -214,7 +214,8 @@ def blame(pivot: dict, events_a: pl.DataFrame, status: dict[int, str], diffs: pl
                 window["detail"] = f"the gradient reaching {owner['boundary']}'s output already differed; " \
                                    + window["detail"]
             result["blame_window"] = window
-        elif "grad_input" in differing and owner is None and not _owner(pivot["boundary"]):
+        elif "grad_input" in differing and owner is None and not _owner(pivot["boundary"]) \
+                and not pivot.get("module_type"):  # (a root's own parameter has its module's type: `bias` of a Linear)
             # (helper 78: a Pyro guide made of `pyro.param`s alone, reseeded: "a regulariser, a weight tied elsewhere")
             result.update(fault_class="backward")
             result["blame_window"] = {"module": None, "detail": (
@@ -223,14 +224,18 @@ def blame(pivot: dict, events_a: pl.DataFrame, status: dict[int, str], diffs: pl
                 f"it after a reseed or an extra draw, its inputs or its code); no recorded event before says which")}
         elif "grad_input" in differing:
             result.update(fault_class="backward")
-            reaching = "while the gradient reaching its module matched" if owner is not None else \
-                "and no backward of its module was recorded in this step (it is used outside a call of the module)"
+            reaching = "while the gradient reaching its module matched" if owner is not None else (
+                f"(a parameter of a root {pivot.get('module_type')}: several roots of that type ran in this step, so "
+                f"which one's backward it came through is not told)" if not _owner(pivot["boundary"]) else
+                "and no backward of its module was recorded in this step (it is used outside a call of the module)")
             result["blame_window"] = {"module": owner["boundary"] if owner is not None else
                                       _owner(pivot["boundary"]) or pivot["boundary"], "detail":
                                       f"the gradient computed for this parameter differs {reaching}: the module's "
                                       "backward (weight gradient), or a use of the parameter outside the module "
                                       "whose gradient autograd sums into it (a regulariser in the loss such as an "
-                                      "L2 term, a weight tied elsewhere)"}
+                                      "L2 term, a weight tied elsewhere), or a hook the training put on the module's "
+                                      "output after its call returned (Tensor.register_hook: it changes the gradient "
+                                      "after bitguard read it; `bitguard drill` names it)"}
         else:
             result.update(fault_class="accumulation")
             result["blame_window"] = {"module": pivot["boundary"], "detail":
@@ -283,8 +288,10 @@ def blame(pivot: dict, events_a: pl.DataFrame, status: dict[int, str], diffs: pl
                                   "the gradient this call's backward returned (grad_input) differs while the gradient "
                                   "it started from (grad_output) matched: its backward computed differently (a kernel, "
                                   "a custom autograd Function), or the training changed that gradient before it was "
-                                  "read here: a hook on the input tensor (Tensor.register_hook, a gradient clamp or "
-                                  "scale) or the module's own backward hook (register_full_backward_hook); or code "
+                                  "read here: a hook on the input tensor, or on the module's output put after its "
+                                  "call returned (Tensor.register_hook, a gradient clamp or scale: it changes the "
+                                  "gradient after bitguard read it), or the module's own backward hook "
+                                  "(register_full_backward_hook); or code "
                                   "outside any module call that reads the same input sent back another gradient "
                                   "(what is recorded is the input's gradient, summed over everything that read it)"}
     elif drew and not inputs_differ:

@@ -8,7 +8,7 @@ import pytest
 from incli import run_cli
 
 from .conftest import as_older_schema
-from .spots import compare_json, sgd_steps, tiny_mlp
+from .spots import compare_json, planted_pair, sgd_steps, tiny_mlp
 
 pytestmark = pytest.mark.slow
 
@@ -358,3 +358,64 @@ def test_a_gradient_changed_in_a_root_s_own_code_is_windowed_there(tmp_path):
     window = fd["blame_window"]
     assert (window["module"], window["excluding_children"]) == ("M", ["lin"]), window
     assert "the gradient reaching M's output matched" in window["detail"], window
+
+
+def test_a_hook_on_a_module_s_output_that_scales_its_gradient_is_named_among_the_causes(tmp_path):
+    """Helper 79: a Tensor.register_hook the training put on a module's output after the call returned changes
+    the gradient after bitguard read it: the weight gradient's difference was said to be the module's backward
+    or a regulariser, "the gradient reaching its module matched"."""
+    import torch
+
+    import bitguard
+
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.l1, self.l2 = torch.nn.Linear(4, 8), torch.nn.Linear(8, 1)
+
+        def forward(self, x):
+            h = self.l1(x)
+            if self.hook:
+                h.register_hook(lambda g: g * 1.01)
+            return self.l2(torch.tanh(h))
+
+    def train(out, hook_at):
+        torch.manual_seed(0)
+        net = Net()
+        opt = torch.optim.SGD(net.parameters(), lr=0.1)
+        with bitguard.record(out, determinism=False):
+            for step in range(2):
+                opt.zero_grad()
+                net.hook = step == hook_at
+                net(torch.randn(8, 4)).pow(2).mean().backward()
+                opt.step()
+
+    fd = planted_pair(tmp_path, train, None, 1)
+    assert (fd["step"], fd["phase"], fd["blame"]) == (1, "backward", "source"), fd
+    assert "a hook the training put on the module's output after its call returned" in fd["blame_window"]["detail"]
+
+
+def test_a_parameter_of_one_of_two_roots_of_a_type_is_not_said_to_be_held_by_no_module(tmp_path):
+    """A bare Linear's own parameter is named `bias`, no module in its name: with two such roots in a step, its
+    module was not told, and the gradient was said to be of "a tensor no module holds" (the text of Pyro's)."""
+    import torch
+
+    import bitguard
+
+    def train(out, scale_at):
+        torch.manual_seed(0)
+        l1, l2 = torch.nn.Linear(4, 8), torch.nn.Linear(8, 1)
+        opt = torch.optim.SGD([*l1.parameters(), *l2.parameters()], lr=0.1)
+        with bitguard.record(out, determinism=False):
+            for step in range(2):
+                opt.zero_grad()
+                h = l1(torch.randn(8, 4))
+                if step == scale_at:
+                    h.register_hook(lambda g: g * 1.01)
+                l2(torch.tanh(h)).pow(2).mean().backward()
+                opt.step()
+
+    fd = planted_pair(tmp_path, train, None, 1)
+    assert (fd["step"], fd["phase"], fd["module_type"]) == (1, "backward", "Linear"), fd
+    assert "a tensor no module holds" not in fd["blame_window"]["detail"], fd["blame_window"]
+    assert "several roots of that type ran in this step" in fd["blame_window"]["detail"], fd["blame_window"]
