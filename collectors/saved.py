@@ -216,11 +216,12 @@ class _Walk:
         elif isinstance(value, (list, tuple)):
             yield from self._counted((f"{path}[{i}]", v) for i, v in enumerate(value))
         elif isinstance(value, (set, frozenset)):
-            if any(not isinstance(v, SCALARS) for v in islice(value, MAX_ITEMS)):
+            ordered = _in_own_order(value)
+            if ordered is None:
                 self.missing(f"{path or self.what} is a set of tensors or objects: they have no order "
                              "to be compared in")
-            else:  # (numbers or strings: in an order of their own, the same in every run; helper 79: passed over)
-                yield f"{path}[sorted]", sorted(value, key=lambda v: (type(v).__name__, repr(v)))
+            else:  # (helper 79: numbers or strings passed over; helper 82: escnn's representations, inconclusive)
+                yield f"{path}[sorted]", ordered
         else:
             own = getattr(type(value), "__getstate__", None)
             if own is not None and own is not getattr(object, "__getstate__", None):
@@ -242,6 +243,23 @@ class _Walk:
         if any(not isinstance(v, SCALARS) for _, v in pairs):  # (past the limit, only numbers are passed over)
             self.missing(f"a container holds more than {MAX_ITEMS:,} items, not all of them numbers or strings: "
                          "the rest was not looked at")
+
+
+def _in_own_order(items: set | frozenset) -> list | None:
+    """The items of a set in an order of their own, the same in every run: numbers and strings by type and value,
+    objects by what they print when each prints differently and no memory address (escnn's representations,
+    `C4|[regular]:4`, in the field type of every output); None where there is none (tensors, default reprs)."""
+    items = list(islice(items, MAX_ITEMS + 1))
+    if any(isinstance(v, (torch.Tensor, np.ndarray)) for v in items):
+        return None
+    keys = [(type(v).__name__, repr(v)) for v in items]
+    if len(set(keys)) < len(keys) or any(_ADDRESS.search(text) for v, (_, text) in zip(items, keys)
+                                         if not isinstance(v, SCALARS)):
+        return None
+    return [v for _, v in sorted(zip(keys, items), key=lambda pair: pair[0])]
+
+
+_ADDRESS = re.compile(r"0x[0-9a-fA-F]{6,}")  # (a default repr's `at 0x7f...`: another in every run)
 
 
 def _by_reduce(value) -> bool:

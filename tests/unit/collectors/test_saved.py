@@ -304,3 +304,24 @@ def test_a_pickled_optimizers_state_keyed_by_its_parameters_is_walked_in_their_o
     momenta = [t for p, t in pairs if p.endswith("['momentum_buffer']")]
     assert [tuple(t.shape) for t in momenta] == [tuple(p.shape) for p in model.parameters()], [p for p, _ in pairs]
     assert saved.in_key_order({"b": 1, "a": 2, 1: 3}) == [(1, 3), ("a", 2), ("b", 1)]  # (keys of one type by value)
+
+
+class _Rep:
+    """An escnn Representation in small: a name it prints, an array it holds."""
+
+    def __init__(self, name: str, scale: float):
+        self.name, self.basis = name, np.eye(2) * scale
+
+    def __repr__(self):
+        return f"C4|[{self.name}]"
+
+
+def test_a_set_of_objects_that_print_differently_is_walked_in_that_order():
+    """Helper 82: escnn's GeometricTensor, every module's output, holds a set of representations: two unchanged
+    recordings were inconclusive ("a set of tensors or objects: no order"). Objects that each print differently,
+    with no memory address, are walked in the order of what they print; others are still said unordered."""
+    one = _values_of({_Rep("b", 1.0), _Rep("a", 1.0)}, save=False)
+    other = _values_of({_Rep("a", 1.0), _Rep("b", 2.0)}, save=False)
+    assert one[1] is None and [p for p, _ in one[0]] == ["[sorted][0].basis", "[sorted][1].basis"], one
+    assert torch.equal(one[0][0][1], other[0][0][1]) and not torch.equal(one[0][1][1], other[0][1][1])
+    assert "no order" in tensors_in({object(), object()})[1]
