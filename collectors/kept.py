@@ -158,7 +158,9 @@ def _kept(name: str, value, depth: int, owner: bool, place: tuple | None, shapes
                 return []
             walked.add(id(value))
         if isinstance(value, types.ModuleType):  # (the user's own module's globals: `emalib._STATE["ema"]`, h76)
-            if _own(getattr(value, "__file__", None)):
+            # (read from its namespace: a lazy module's __getattr__ imports what it stands for, helper 82: SpeechBrain's
+            # imported transformers, accelerate and a thousand modules more into the user's process)
+            if _own(object.__getattribute__(value, "__dict__").get("__file__")):
                 _attributes(name, value, depth, False, queue)
             return []
         if isinstance(value, type):  # (a class of the user's own code: its attributes, `Registry.ema`, h76)

@@ -89,3 +89,23 @@ def test_shadow_weights_five_containers_down_are_found():
         types.SimpleNamespace(ema_model=ema_model)]))  # noqa: F841 - found as a local
     found = {name for name, _, _ in found_in(sys._getframe(), shapes={((6, 6), (6,))})}
     assert "trainer.state.algorithms.0.ema_model.named_parameters_dict" in found, found
+
+
+class _LazyModule(types.ModuleType):
+    """SpeechBrain's lazy redirect module in small: any attribute not in its namespace imports what it stands for."""
+
+    imported: list = []
+
+    def __getattr__(self, name):
+        _LazyModule.imported.append(name)
+        raise AttributeError(name)
+
+
+def test_looking_at_a_lazy_module_imports_nothing():
+    """Helper 82: the look read each module's `__file__` through getattr, and a lazy module's __getattr__
+    imported what it stands for: under `bitguard record`, `import speechbrain` pulled transformers, accelerate
+    and a thousand modules more into the training's process."""
+    lazy = _LazyModule("lazy_integrations")  # noqa: F841 - found by the look, as a global of a script is
+    _LazyModule.imported.clear()
+    found_in(sys._getframe())
+    assert _LazyModule.imported == []
