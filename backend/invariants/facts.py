@@ -67,9 +67,20 @@ class StepFacts:
 
     @property
     def params(self) -> dict[str, dict]:
-        """The trained root's `params` event (name -> requires_grad, dtype, device, xor, storage), or {}."""
+        """The trained root's `params` event (name -> requires_grad, dtype, device, xor, storage), or {}; with
+        the parameters of the other roots the step's optimizers step, under names the trained root's do not
+        take (a loss with weights and an optimizer of its own, pytorch-metric-learning's ArcFaceLoss: helper 79,
+        its weight frozen mid-run broke no invariant)."""
         row = self.params_row()
-        return row["value"] if row else {}
+        params = row["value"] if row else {}
+        others = [r["value"] for r in self.of("params") if r is not row and isinstance(r["value"], dict)]
+        if not others:
+            return params
+        stepped, params = self.optimizer_params() - set(params), dict(params)  # (names are each root's own)
+        for value in others:
+            if stepped.intersection(value):
+                params.update((n, p) for n, p in value.items() if n not in params)
+        return params
 
     def params_row(self) -> dict | None:
         """The `params` event of the root module this step trains. A step may call several roots

@@ -64,3 +64,20 @@ def test_a_run_without_api_events_is_bad_input_not_an_empty_pass(tmp_path):
     with pytest.raises(BadInput, match="no API events recorded"):
         facts_from_run(run)
     assert "re-record" in NO_API_EVENTS
+
+
+def test_the_parameters_of_every_root_the_step_s_optimizers_step_are_the_step_s():
+    """Helper 79: a loss with a weight and an optimizer of its own (pytorch-metric-learning's ArcFaceLoss): only
+    the trained model's parameters were the step's, and its weight frozen mid-run broke no invariant. A root no
+    optimizer steps (an EMA, a teacher) stays out, and a name the trained root takes stays its own."""
+    def row(ord_, kind, target, value):
+        return {"step": 1, "rank": 0, "ord": ord_, "kind": kind, "target": target, "value": json.dumps(value), "t_ns": ord_}
+
+    p = {"requires_grad": True, "dtype": "float32"}
+    api = [row(1, "params", "Teacher", {"w": {**p, "dtype": "float16"}, "t": p}),
+           row(2, "params", "Model", {"w": p, "b": p}),
+           row(3, "params", "Loss", {"W": {**p, "requires_grad": False}, "w": {**p, "dtype": "bfloat16"}}),
+           row(4, "optimizer_step", "Adam#0", {"groups": [{"lr": 0.1, "params": ["w", "b"]}]}),
+           row(5, "optimizer_step", "SGD#0", {"groups": [{"lr": 0.1, "params": ["W"]}]})]
+    f = step_facts(api, [], [])
+    assert f.params == {"w": p, "b": p, "W": {**p, "requires_grad": False}}
