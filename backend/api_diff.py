@@ -218,10 +218,20 @@ def differences(run_a, run_b, rank: int, step: int, computed: bool = False, rows
                 if fa.get(f) != fb.get(f) and not _in_effect_all_along(kind, f, fa, fb) \
                         and not (computed and kind == "read" and _timestamps(fa.get(f), fb.get(f))):
                     one = {**where, "field": f, "a": fa.get(f), "b": fb.get(f)}
+                    if kind == "modes" and f in ("training", "eval"):  # (a module one model alone has, by its name)
+                        one.update(_modules_apart(fa, fb))
                     if accepted is None or not accepted(one):
                         found.append(one)
     found = _merged(found)
     return {"available": True, "differences": found[:SHOWN], "more": max(0, len(found) - SHOWN), "missing": []}
+
+
+def _modules_apart(fa: dict, fb: dict) -> dict:
+    """`only_a` / `only_b`: the modules of a modes row one run's model has and the other's has in neither mode
+    (helper 82: a LayerNorm in place of a BatchNorm read "training: only in A [norm.norm]", as if B's were in eval)."""
+    names = [{n for f in ("training", "eval") for n in (side.get(f) or ()) if isinstance(n, str)} for side in (fa, fb)]
+    apart = {"only_a": sorted(names[0] - names[1]), "only_b": sorted(names[1] - names[0])}
+    return {k: v for k, v in apart.items() if v}
 
 
 def _timestamps(a, b) -> bool:
@@ -314,6 +324,11 @@ def lines(diff: dict, indent: str = "  ", header: bool = True) -> list[str]:
             only_b = [x for x in d["b"] if x not in d["a"]]
             change = "; ".join(part for part in (f"only in A {_show(only_a)}" if only_a else "",
                                                   f"only in B {_show(only_b)}" if only_b else "") if part)
+            apart = [f"{side}'s model alone has {_show(names)}" for side, names in
+                     (("A", [n for n in only_a if n in (d.get("only_a") or ())]),
+                      ("B", [n for n in only_b if n in (d.get("only_b") or ())])) if names]
+            if apart:  # (not a mode changed: a module the other model does not have)
+                change += f" ({'; '.join(apart)}, in neither mode in the other)"
             change = change or "the same items, in another order"
             out.append(f"{indent}  {when}: {what}: {d['field']}: {change}")
         else:

@@ -84,6 +84,9 @@ class ApiDifference(_Model):
                                              "where both recorded one); never compared")
     value: Any = Field(None, description="a read made in one run only (`field` None): the value it read there, at "
                                          "`step`")
+    only_a: list[str] | None = Field(None, description="a `modes` row's training or eval field: the modules run A's "
+                                                       "model has and run B's has in neither mode")
+    only_b: list[str] | None = Field(None, description="the same, of run B's model")
 
 
 class ApiDifferences(_Model):

@@ -5,6 +5,7 @@ import json
 
 from bitguard.backend import api_diff
 from bitguard.backend.ingest import open_run
+from bitguard.backend.result import ApiDifferences
 from invariant_loops import Loop, write_run
 
 
@@ -153,3 +154,15 @@ def test_the_calls_one_run_alone_makes_of_a_root_are_one_line():
     text = api_diff.lines({"available": True, "differences": extra, "more": 0, "missing": []})
     assert text[1:] == [f"    step 2: root module {net}: run B calls it 5 times more in the step (its calls 21-25, "
                         f"counted from 0, are made in B only)" for net in ("f_net", "g_net")], text
+
+
+def test_a_module_one_model_alone_has_is_not_read_as_a_mode_change():
+    """Helper 82 (SpeechBrain, a LayerNorm in place of a BatchNorm whose module is `norm.norm`): "training: only
+    in A [norm.norm]" read as if run B's were in eval mode; B's model has no such module."""
+    rows_a = [{"step": 0, "rank": 0, "ord": 0, "kind": "modes", "target": "Model",
+               "value": json.dumps({"training": ["norm", "norm.norm", "out"], "eval": []}), "t_ns": 0}]
+    rows_b = [{**rows_a[0], "value": json.dumps({"training": ["norm", "out"], "eval": []})}]
+    got = api_diff.differences(None, None, 0, 0, rows=(rows_a, rows_b))
+    text = "\n".join(api_diff.lines(got))
+    assert "training: only in A [norm.norm] (A's model alone has [norm.norm], in neither mode in the other)" in text, text
+    assert ApiDifferences(**got).differences[0].only_a == ["norm.norm"]  # (a field of the compare JSON)
