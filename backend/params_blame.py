@@ -44,10 +44,10 @@ def params_detail(pivot: dict, events_a: pl.DataFrame, diffs: pl.DataFrame,
         shown = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
         one = len(names) == 1
         return (f"{shown or 'its parameters'} {'was' if one else 'were'} made during this {made} call of "
-                f"{pivot['boundary']}, inside it, and {'differs' if one else 'differ'} as made: made differently (their initialisation, its "
-                "scale or seed, the random numbers drawn before it, the shapes it met), or taken from a store the "
-                "run kept from before (Pyro's param store not cleared between two fits); `bitguard drill` names "
-                "the line that made them")
+                f"{pivot['boundary']}, inside it, and {'differs' if one else 'differ'} as made: made differently "
+                "(their initialisation, its scale or seed, the random numbers drawn before it, the shapes it met), "
+                "or taken from a store the run kept from before (Pyro's param store not cleared between two fits); "
+                "`bitguard drill` names the line that made them")
     # (a part called alone names its parameters from itself, `2.weight`; its optimizer events are named from
     # the model, `actor.2.weight`)
     stepped_names = steps["boundary"].to_list()

@@ -76,7 +76,7 @@ class _Frame:
     """A module call in progress (a plain class with slots: one is made for every module call)."""
 
     __slots__ = ("module", "name", "depth", "t0", "record", "calls", "args", "inputs", "kwinputs", "rng", "stack_key",
-                 "recompute", "region", "made")
+                 "recompute", "region", "made", "parts")
 
     def __init__(self, module: torch.nn.Module, name: str, depth: int, t0: int, record: bool, calls: list):
         self.module = module
@@ -93,6 +93,7 @@ class _Frame:
         self.recompute: str | None = None  # a checkpoint recompute: its kind (collectors/recompute.py)
         self.region: torch.nn.Module | None = None  # a compiled region: the module it compiles (compiled.py)
         self.made: tuple | None = None  # parameters made during the call: (when, [(module, name, tensor)]) (weights.py)
+        self.parts: set[int] | None = None  # a root's call in the window: the ids of its parts (weights.py, `_parts_of`)
 
 
 class _Backward:
@@ -923,9 +924,9 @@ class Collector(WeightEvents):
                 if in_window and recompute is None:
                     if module._parameters or id(module) in self._slots_of:
                         self._swapped_params(module, name, t0)
-                    parts = self._parts.get(id(frames[0].module))  # (not one of the root's parts: `_called_inside`)
-                    if parts is not None and id(module) not in parts[1] and parts[0]() is frames[0].module:
-                        self._called_inside(module, name, t0, parts[1])
+                    parts = frames[0].parts  # (not one of the root's parts: `_called_inside`)
+                    if parts is not None and id(module) not in parts:
+                        self._called_inside(module, name, t0, parts)
                 if record:
                     if len(args) == 1 and isinstance(args[0], torch.Tensor):  # (what flatten and _rows give)
                         frame.args = [("[0]", args[0])]
@@ -943,7 +944,7 @@ class Collector(WeightEvents):
                 frames.append(frame)
                 return frame
             if recompute is None and in_window:
-                self._note_parts(module)
+                frame.parts = self._parts_of(module)
             is_model_root = recompute is None and in_window and any(True for _ in module.parameters())
             if record or is_model_root:
                 frame.args = flatten(args, numbers=True, walked=self._walked)

@@ -437,12 +437,14 @@ class WeightEvents:
         except Exception as exc:  # noqa: BLE001 - the training must go on
             self._fail("_made_params", exc)
 
-    def _note_parts(self, root: torch.nn.Module) -> None:
+    def _parts_of(self, root: torch.nn.Module) -> set[int]:
         """The ids of the parts of `root`, called outside any other module, found again at each step (a part
-        added between steps): `_called_inside` tells a call inside it of a module that is not one of them."""
+        added between steps); its call's frame holds them, and `_called_inside` tells a call inside it of a
+        module that is not one of them."""
         parts = self._parts.get(id(root))
         if parts is None or parts[2] != self.step or parts[0]() is not root:
-            self._parts[id(root)] = (weakref.ref(root), {id(m) for m in root.modules()}, self.step)
+            parts = self._parts[id(root)] = (weakref.ref(root), {id(m) for m in root.modules()}, self.step)
+        return parts[1]
 
     def _called_inside(self, module: torch.nn.Module, name: str, t0: int, parts: set[int]) -> None:
         """A module called inside a root's call that is not one of the root's parts (`parts`, which it joins
