@@ -584,9 +584,9 @@ def _first_pivot(ranks: dict[int, RankComparison]) -> RankComparison | None:
 
 
 # API calls whose values outlive the last optimizer step (what the next step would use): _final_settings_differ
-SETTINGS_AFTER = ("scheduler_step", "loss_scale", "optimizer_settings")
+SETTINGS_AFTER = ("scheduler_step", "loss_scale", "optimizer_settings", "scheduler_settings")
 # recorded only by a bitguard since: a run without them (an older recording) is no difference
-RECORDED_SINCE = {"optimizer_settings"}
+RECORDED_SINCE = {"optimizer_settings", "scheduler_settings"}
 # Reasons that stop a verdict from being `identical`; the others only describe what was compared.
 _INFORMATIONAL = {"modes", "granularity", "recompute", "bypassed", "retyped", "resumed"}
 # reasons after which no computed value is compared: nothing was paired, or the steps are not the same steps
@@ -724,7 +724,9 @@ class Comparison:
                              f"after the last optimizer step (step {last})")
                 else:
                     a, b = api_diff.value_pair(d["a"], d["b"])
-                    what += f": {d['field']} differs after the last optimizer step (step {last}: {a} in A, {b} in B)"
+                    when = ("when the recording ended" if d["kind"] == "scheduler_settings"  # (set when it was made)
+                            else "after the last optimizer step")
+                    what += f": {d['field']} differs {when} (step {last}: {a} in A, {b} in B)"
                 return [certification.reason("final_settings", (
                     f"{what} while every recorded tensor is equal: no recorded step used it, but a training that "
                     f"went on, or resumed from this state, would differ"), rank=rank)]

@@ -259,8 +259,10 @@ API_EVENTS = Table(
                "read out of a tensor: `item()`, `float()`, `int()`, an f-string, `tolist()`, `numpy()`, `np.asarray()`, "
                "`print()` or `str()`, a condition (`bool()`, `if t > best:`), an index (`range(t)`), `equal()` or "
                "`allclose()` (methods or torch's functions), a torchmetrics `compute()`; the first 1,024 "
-               "a step; its reader's `file:line` in `at`, and `timed` where that line names what it reads a time: not compared) | optimizer_settings (when the recording ends: each stepped "
-               "optimizer's param groups' settings and one digest of its state, `state`)"),
+               "a step; its reader's `file:line` in `at`, and `timed` where that line names what it reads a time: not compared) | optimizer_settings (when the recording ends, or "
+               "when it is freed before: each optimizer's param groups' settings and one digest of its state, `state`, "
+               "none for one freed with state on a device) | scheduler_settings (likewise each LR scheduler's `class` "
+               "and `state`: its `state_dict()` as JSON)"),
         Column("target", "VARCHAR", "optimizer or scheduler `Class#i` (i: the order it was first seen in; an "
                "optimizer of tensors Pyro's param store names: `Class(pyro.param['name'], ...)`), a module "
                "name (Module.zero_grad, params, modes: a root module), `loss` (backward), `clip`, or the method a "

@@ -33,12 +33,9 @@ stored or of what an invariant is.
 
 from __future__ import annotations
 
-import collections.abc
 import functools
-import hashlib
 import inspect
 import json
-import math
 import re
 import sys
 import threading
@@ -50,9 +47,10 @@ import torch
 from bitguard.collectors.compiled import eager_name, is_compiling
 from bitguard.collectors.guarded import Guarded
 from bitguard.collectors.reads import Reads
+from bitguard.collectors.settings import FinalSettings, groups_of, num, numbers_of, plain, settings_of
 from bitguard.collectors.sharded import clean_name
 from bitguard.collectors.weights import initialising_step, library_name
-from bitguard.cuda.fingerprint import digest_async, digest_many, resolve
+from bitguard.cuda.fingerprint import digest_many, resolve
 from bitguard.schema import API_EVENTS, EVENTS, TENSORS, VIOLATIONS
 
 _MODE_CLASSES = re.compile(r"Dropout|BatchNorm")  # modules whose mode matters even if forward hides it
@@ -168,104 +166,6 @@ class _Params(list):
     __slots__ = ()
 
 
-def _num(x):
-    """A float for JSON: finite as it is, otherwise 'nan', 'inf' or '-inf' (JSON has no such numbers)."""
-    x = float(x)
-    return x if math.isfinite(x) else str(x)
-
-
-def _plain(v):
-    """A hyperparameter as JSON can hold it (a one-element tensor as its float), or None to leave out."""
-    if isinstance(v, bool) or v is None or isinstance(v, str):
-        return v
-    if isinstance(v, (int, float)):
-        return _num(v) if isinstance(v, float) else v
-    if isinstance(v, torch.Tensor) and v.numel() == 1:
-        return _num(v.item())
-    if isinstance(v, (tuple, list)) and all(isinstance(x, (int, float, torch.Tensor)) for x in v):
-        items = [_plain(x) for x in v]
-        return None if any(x is None for x in items) else items
-    return None
-
-
-def _settings(group: dict) -> dict:
-    """A param group's hyperparameters as JSON holds them (those it can)."""
-    return {k: v for k, v in ((k, _plain(v)) for k, v in group.items() if k != "params") if v is not None}
-
-
-def _groups(optimizer) -> list[dict]:
-    """An optimizer's param groups: torch.optim's, fastai's `hypers`, Keras' learning rate (a variable)."""
-    if isinstance(optimizer, torch.optim.Optimizer):
-        return optimizer.param_groups
-    hypers = getattr(optimizer, "hypers", None)
-    if _sequence(hypers):  # (fastai's is a fastcore `L`, not a list: helper 75, an lr set after fit compared identical)
-        return [h for h in hypers if isinstance(h, dict)]
-    if isinstance(getattr(optimizer, "variables", None), (list, tuple)) and hasattr(optimizer, "learning_rate"):
-        lr = optimizer.learning_rate
-        return [{"learning_rate": getattr(lr, "value", lr)}]
-    return []
-
-
-def _state_entries(optimizer):
-    """(key, value) of an optimizer's state in a fixed order: torch.optim's each parameter's entries in
-    its groups' order; Keras' variables (its moments and iterations; its learning rate is a setting); fastai's per
-    parameter state in the order it was made."""
-    if isinstance(optimizer, torch.optim.Optimizer):
-        for group in optimizer.param_groups:
-            for p in group["params"]:
-                state = optimizer.state.get(p) or {}
-                yield from ((key, state[key]) for key in sorted(state, key=str))
-        return
-    variables = getattr(optimizer, "variables", None)
-    if isinstance(variables, (list, tuple)):  # (Keras: a KerasVariable's tensor is its `value`)
-        rate = getattr(optimizer, "learning_rate", None)  # (`_groups`)
-        yield from ((getattr(v, "path", i), getattr(v, "value", v)) for i, v in enumerate(variables) if v is not rate)
-        return
-    state = getattr(optimizer, "state", None)
-    if isinstance(state, dict):
-        for entry in state.values():
-            if isinstance(entry, dict):
-                yield from ((key, entry[key]) for key in sorted(entry, key=str))
-    yield from _held_state(optimizer)
-
-
-# what an optimizer of another library holds that is its parameters, its settings or its state above
-_NOT_STATE = frozenset(("param_lists", "param_groups", "params", "hypers", "state", "defaults", "cbs"))
-
-
-def _held_state(optimizer):
-    """(name, value) of the numbers and tensors (alone, or in lists of them, two deep) an optimizer of another
-    library keeps in its own attributes: fastai's Lookahead's `slow_weights` and `count` (helper 75: its slow
-    weights halved after fit compared identical)."""
-    attributes = getattr(optimizer, "__dict__", None)
-    if type(attributes) is not dict:
-        return
-    for key in sorted(k for k in attributes if isinstance(k, str) and k not in _NOT_STATE and not k.startswith("_")):
-        value = attributes[key]
-        if isinstance(value, (bool, int, float, torch.Tensor)):
-            yield key, value
-        elif _sequence(value):
-            for i, inner in enumerate(value):
-                for j, t in enumerate(inner if _sequence(inner) else (inner,)):
-                    if isinstance(t, torch.Tensor):
-                        yield f"{key}.{i}.{j}", t
-
-
-def _sequence(value) -> bool:
-    """A list, a tuple or another sequence (fastcore's `L`), not a string."""
-    return isinstance(value, collections.abc.Sequence) and not isinstance(value, (str, bytes))
-
-
-def _numbers(obj, prefix: str = "") -> dict:
-    """The public attributes of `obj` that are numbers (an optimizer wrapper's settings outside its param
-    groups: Opacus' DPOptimizer's `max_grad_norm` and `noise_multiplier`, helper 77), by name."""
-    attributes = getattr(obj, "__dict__", None)
-    if type(attributes) is not dict:
-        return {}
-    return {f"{prefix}{k}": _num(v) for k, v in list(attributes.items())
-            if not k.startswith("_") and isinstance(v, (int, float)) and not isinstance(v, bool)}
-
-
 def _wrapper_stepping(optimizer, frame, depth: int = 6, foreign: bool = False):
     """The optimizer whose step() called `optimizer`'s (a frame among the `depth` that called the step hook,
     whose `self` is another optimizer holding this one as an attribute), None without one: torch_optimizer's
@@ -284,26 +184,6 @@ def _wrapper_stepping(optimizer, frame, depth: int = 6, foreign: bool = False):
                 return owner
         frame = frame.f_back
     return None
-
-
-def _state_digest(optimizer) -> str:
-    """One 64-bit hex digest of an optimizer's state (`_state_entries`): tensors by their digests (one
-    that cannot be read by its type), other values by their repr."""
-    parts, digests = [], []
-    for key, value in _state_entries(optimizer):
-        if isinstance(value, torch.Tensor):
-            try:
-                digests.append(digest_async(value.detach()))
-                parts.append(None)
-                continue
-            except Exception as exc:  # noqa: BLE001 - a layout the digest refuses: its type stands in
-                value = f"unread {type(exc).__name__}"
-        parts.append(f"{key}={_plain(value) if _plain(value) is not None else type(value).__name__}")
-    answers = iter(resolve(digests))
-    h = hashlib.blake2b(digest_size=8)
-    for part in parts:
-        h.update(("%016x%016x" % next(answers) if part is None else part).encode() + b"\0")
-    return h.hexdigest()
 
 
 def _readable(params) -> list:
@@ -353,11 +233,10 @@ class ApiRecorder(Guarded):
         self._reads: Reads | None = None  # what the training reads out of its tensors (collectors/reads.py)
         self._store_add = None
         self._overflow = False
-        # id -> (ref, its settings at its last step) of each optimizer that stepped (`_optimizers_at_end`)
-        self._stepped: dict[int, tuple[weakref.ref, list[dict]]] = {}
+        # the optimizers and schedulers made or stepped, for the end of the recording (collectors/settings.py)
+        self._final = FinalSettings(self._index, self._guarded)
         # id of an optimizer -> (it, the optimizer whose step() called its step, or None), found at its first step
         self._wrappers: dict[int, tuple[weakref.ref, weakref.ref | None]] = {}
-        self._made: dict[int, weakref.ref] = {}  # id -> ref of each torch.optim optimizer made while recording
 
     # -- installation ----------------------------------------------------------------------
     def install(self) -> ApiRecorder:
@@ -388,6 +267,8 @@ class ApiRecorder(Guarded):
         for cls in dict.fromkeys([lr_scheduler.LRScheduler, *schedulers]):
             if "step" in vars(cls):
                 self._wrap(cls, "step", self._on_scheduler_step, outermost="scheduler")
+            if "__init__" in vars(cls):  # (ReduceLROnPlateau's constructor takes no step: seen when made)
+                self._wrap(cls, "__init__", self._on_scheduler_made, outermost="scheduler_made")
         # an averaged copy (SWA, EMA) is updated and often never called: its final state is the model saved
         self._wrap(swa_utils.AveragedModel, "update_parameters", self._on_averaged_update)
         self._wrap(torch.optim.Optimizer, "__init__", self._on_optimizer_made, outermost="optimizer_made")
@@ -396,11 +277,12 @@ class ApiRecorder(Guarded):
         self._handles.append(optim.register_optimizer_step_post_hook(self.guard(self._on_optimizer_step)))
         # the numbers the training reads out of tensors (an evaluation's loss or accuracy, a logged metric,
         # a prediction's score): what it makes of the model's outputs outside every module (helper 33)
-        self._reads = Reads(self, _num).install()
+        self._reads = Reads(self, num).install()
+        self._final.install()
 
     def remove(self) -> None:
         """Write what the last step left, check it, and put every wrapped function back."""
-        self.guard(self._optimizers_at_end)()
+        self.guard(self._settings_at_end)()
         self.guard(self._end_step)(None)
         self.guard(self._check_through)(None)
         for handle in self._handles:
@@ -578,7 +460,7 @@ class ApiRecorder(Guarded):
         total = kwargs.get("total_norm", args[2] if len(args) > 2 else None)
         norm_type = getattr(self._norm_type, "value", None)
         self._norm_type.value = None
-        value = {"max_norm": _plain(max_norm), "norm_type": _plain(norm_type), "total_norm": None,
+        value = {"max_norm": plain(max_norm), "norm_type": plain(norm_type), "total_norm": None,
                  "params": self._names(params)}
         later = [("total_norm", total.detach(), None)] if isinstance(total, torch.Tensor) else []
         self._add("clip_grad_norm", "clip", value, later)
@@ -586,20 +468,25 @@ class ApiRecorder(Guarded):
     def _on_clip_value(self, args, kwargs):
         params = _readable(args[0] if args else kwargs.get("parameters"))
         clip = kwargs.get("clip_value", args[1] if len(args) > 1 else None)
-        self._add("clip_grad_value", "clip", {"clip_value": _plain(clip), "params": self._names(params)})
+        self._add("clip_grad_value", "clip", {"clip_value": plain(clip), "params": self._names(params)})
 
     def _on_scheduler_step(self, args, kwargs, out):
         sched = args[0]
         # (nothing is set on the scheduler: its state_dict() holds every attribute it has)
         initial = getattr(sched, "_step_count", None) == 1  # 0 before the step its constructor takes
         last = sched.get_last_lr() if hasattr(sched, "get_last_lr") else []
-        value = {"last_lr": [_plain(x) for x in last], "class": type(sched).__name__,
+        value = {"last_lr": [plain(x) for x in last], "class": type(sched).__name__,
                  "optimizer": self._index(sched.optimizer) if hasattr(sched, "optimizer") else None}
         epoch = getattr(sched, "last_epoch", None)  # (its count: a scheduler a resume did not restore differs here
         if type(epoch) is int:  # first, steps before its learning rate does: helper 38)
             value["last_epoch"] = epoch
         # the scheduler's constructor steps it once: a scheduler exists, it was not stepped by the loop
         self._add("scheduler_init" if initial else "scheduler_step", self._index(sched), value)
+        self._final.scheduler_seen(sched)
+
+    def _on_scheduler_made(self, args, kwargs, out):
+        if args:
+            self._final.scheduler_seen(args[0])
 
     def _on_averaged_update(self, args, kwargs, out):
         if args and isinstance(args[0], torch.nn.Module):
@@ -607,7 +494,7 @@ class ApiRecorder(Guarded):
 
     def _on_optimizer_made(self, args, kwargs, out):
         if args and isinstance(args[0], torch.optim.Optimizer):
-            self._made[id(args[0])] = weakref.ref(args[0])
+            self._final.optimizer_made(args[0])
 
     def _on_scale(self, args, kwargs, out):
         if isinstance(out, torch.Tensor):
@@ -625,54 +512,45 @@ class ApiRecorder(Guarded):
         if initialising_step():  # (torch.distributed.checkpoint filling the state in: no training step)
             return
         step = self.naming.ending_step()
-        settings = [_settings(g) for g in optimizer.param_groups]
-        known = self._stepped.get(id(optimizer))
-        if known is None or known[0]() is not optimizer:  # its first step: who stepped it (not every step's cost)
+        settings = [settings_of(g) for g in optimizer.param_groups]
+        target = self._index(optimizer)
+        if not self._final.known(optimizer):  # its first step: who stepped it (not every step's cost)
             wrapper = _wrapper_stepping(optimizer, sys._getframe(1))
-            if wrapper is not None and id(wrapper) not in self._stepped:
-                self._stepped[id(wrapper)] = (weakref.ref(wrapper), [_settings(g) for g in _groups(wrapper)])
+            if wrapper is not None and id(wrapper) not in self._final.stepped:
+                self._final.optimizer_stepped(wrapper, [settings_of(g) for g in groups_of(wrapper)], self._index(wrapper))
             self._wrappers[id(optimizer)] = (weakref.ref(optimizer), weakref.ref(wrapper) if wrapper is not None else None)
-        self._stepped[id(optimizer)] = (weakref.ref(optimizer), settings)
+        self._final.optimizer_stepped(optimizer, settings, target)
         groups = [{**s, "params": self._names(g["params"])} for s, g in zip(settings, optimizer.param_groups)]
         value = {"groups": groups}
         entry = self._wrappers.get(id(optimizer))
         wrapper = entry[1]() if entry is not None and entry[0]() is optimizer and entry[1] is not None else None
-        numbers = {**_numbers(optimizer), **(_numbers(wrapper, f"{type(wrapper).__name__}.") if wrapper else {})}
+        numbers = {**numbers_of(optimizer), **(numbers_of(wrapper, f"{type(wrapper).__name__}.") if wrapper else {})}
         if numbers:  # (none for torch.optim's own: its rows stay as they were)
             value["attributes"] = numbers
-        self._add("optimizer_step", self._index(optimizer), value, step=step)
+        self._add("optimizer_step", target, value, step=step)
         self._end_step(step)
 
-    def _optimizers_at_end(self) -> None:
-        """When the recording ends, each stepped optimizer's settings and state as the training left
-        them (`optimizer_settings`): a learning rate set by hand after the last step() (a plateau
-        callback's, helper 50), a momentum buffer edited, reach no recorded tensor, yet a training that
-        went on or resumed from here would differ (backend/compare.py, `final_settings`). `set_after_step`:
-        the settings are not those of its last step (two runs that asked for other settings throughout,
-        to no effect, differ at every step alike: that is no difference made after the last one)."""
-        stepped = list(self._stepped.values())
-        # (helper 65: an optimizer made after the last step() and never stepped, holding the state a training that
-        # went on would use: its state loaded in one run and not in the other compared identical)
-        stepped += [(ref, None) for key, ref in self._made.items() if ref() is not None
-                    and (key not in self._stepped or self._stepped[key][0]() is not ref())]
-        for ref, at_step in stepped:
-            optimizer = ref()
-            if optimizer is not None:
-                settings = [_settings(g) for g in _groups(optimizer)]
-                self._add("optimizer_settings", self._index(optimizer),
-                          {"groups": settings, "set_after_step": settings != at_step, "state": _state_digest(optimizer)})
+    def _settings_at_end(self) -> None:
+        """When the recording ends, each optimizer's and scheduler's settings and state as the training left
+        them (`optimizer_settings`, `scheduler_settings`: collectors/settings.py): a learning rate set by hand
+        after the last step() (a plateau callback's, helper 50), a momentum buffer edited, a scheduler's
+        patience, reach no recorded tensor, yet a training that went on or resumed from here would differ
+        (backend/compare.py, `final_settings`)."""
+        for kind, target, value in self._final.rows():
+            self._add(kind, target, value)
 
     def foreign_stepped(self, optimizer) -> None:
         """Another library's optimizer updated the weights (Keras', fastai's: collectors/foreign_steps.py):
         its settings at each step, as torch.optim's (helper 75: fastai's lr raised from a step showed no
         setting that differs), and its settings and state when the recording ends (helper 50)."""
-        settings = [_settings(g) for g in _groups(optimizer)]
+        settings = [settings_of(g) for g in groups_of(optimizer)]
         try:
-            if id(optimizer) not in self._stepped:  # (its first step: a wrapper that stepped it, fastai's Lookahead)
+            if id(optimizer) not in self._final.stepped:  # (its first step: a wrapper that stepped it, fastai's Lookahead)
                 wrapper = _wrapper_stepping(optimizer, sys._getframe(1), foreign=True)
                 if wrapper is not None:
-                    self._stepped[id(wrapper)] = (weakref.ref(wrapper), [_settings(g) for g in _groups(wrapper)])
-            self._stepped[id(optimizer)] = (weakref.ref(optimizer), settings)
+                    self._final.optimizer_stepped(wrapper, [settings_of(g) for g in groups_of(wrapper)],
+                                                  self._index(wrapper))
+            self._final.optimizer_stepped(optimizer, settings, self._index(optimizer))
         except TypeError:  # (not weakly referable: left out)
             pass
         if settings:
@@ -758,7 +636,7 @@ class ApiRecorder(Guarded):
                 if how == "xor":
                     value[key]["xor"] = f"{next(answers)[0]:016x}"
                 else:
-                    value[key] = _num(v)
+                    value[key] = num(v)
             if r.kind == "backward":
                 value["calls_in_step"] = self._backwards.get(r.step, 0)
             elif r.kind != "params":

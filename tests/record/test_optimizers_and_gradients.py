@@ -419,3 +419,34 @@ def test_a_parameter_of_one_of_two_roots_of_a_type_is_not_said_to_be_held_by_no_
     assert (fd["step"], fd["phase"], fd["module_type"]) == (1, "backward", "Linear"), fd
     assert "a tensor no module holds" not in fd["blame_window"]["detail"], fd["blame_window"]
     assert "several roots of that type ran in this step" in fd["blame_window"]["detail"], fd["blame_window"]
+
+
+@pytest.mark.parametrize("change", ["lr", "patience"])
+def test_an_optimizer_or_scheduler_freed_before_the_recording_ends_is_compared_as_it_was_then(tmp_path, change):
+    """Most scripts train inside a function: its optimizer and scheduler are freed when it returns, before the
+    recording ends, and a learning rate set after the last step() there compared identical (only a script's
+    globals were read at the end). A ReduceLROnPlateau's patience, which no recorded step used, compared
+    identical without a word (helper 81). Each is read when it is freed (collectors/settings.py)."""
+    import torch
+
+    import bitguard
+
+    def train(changed):
+        model, _ = tiny_mlp()
+        opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+        plateau = torch.optim.lr_scheduler.ReduceLROnPlateau(opt, patience=4 if changed and change == "patience" else 9)
+        sgd_steps(model, opt, 2)
+        plateau.step(1.0)
+        if changed and change == "lr":
+            opt.param_groups[0]["lr"] = 0.05
+
+    for name, changed in (("a", False), ("b", False), ("c", True)):
+        with bitguard.record(tmp_path / name, determinism=False):
+            train(changed)
+        assert "__del__" not in vars(torch.optim.Optimizer), "the finalizer outlived the recording"
+    assert compare_json(tmp_path / "a", tmp_path / "b")[0] == 0
+    code, d = compare_json(tmp_path / "a", tmp_path / "c")
+    assert code == 3 and [r["code"] for r in d["inconclusive"]["reasons"]] == ["final_settings"], d["verdict"]
+    said = "groups[0].lr differs after the last optimizer step" if change == "lr" else \
+        "ReduceLROnPlateau#0): state.patience differs when the recording ended (step 2: 9 in A, 4 in B)"
+    assert said in d["inconclusive"]["reasons"][0]["message"], d["inconclusive"]["reasons"]
