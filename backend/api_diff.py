@@ -31,6 +31,8 @@ COMPUTED = {"backward": {"value"}, "clip_grad_norm": {"total_norm"}, "params": {
 PLACES = {"read": "at"}
 SHOWN = 12  # differences kept in the document; `more` counts the rest
 EVERY_STEP = 2**62  # `differences(..., step)`: no step left out
+# kinds a bitguard records only since: where one run has none (an older build recorded it), left out of both
+RECORDED_SINCE = frozenset(("optimizer_settings", "scheduler_settings"))
 
 
 def _api_rows(info, rank: int):
@@ -175,8 +177,18 @@ def value_pair(a, b) -> tuple[str, str]:
 
 
 def rows_of(run_a, run_b, rank: int) -> tuple:
-    """Rank `rank`'s API event rows of runs A and B, read once for several `differences` calls."""
-    return _api_rows(run_a, rank), _api_rows(run_b, rank)
+    """Rank `rank`'s API event rows of runs A and B, read once for several `differences` calls
+    (`recorded_by_both`)."""
+    return recorded_by_both(_api_rows(run_a, rank), _api_rows(run_b, rank))
+
+
+def recorded_by_both(rows_a: list | None, rows_b: list | None) -> tuple:
+    """The rows, but those of a kind one run has none of where an older build did not record it
+    (`RECORDED_SINCE`): no difference of the runs (helper 86: "scheduler_settings: not called in A")."""
+    if not rows_a or not rows_b:
+        return rows_a, rows_b
+    newer = {kind for kind in RECORDED_SINCE if not all(any(r["kind"] == kind for r in rows) for rows in (rows_a, rows_b))}
+    return (rows_a, rows_b) if not newer else tuple([r for r in rows if r["kind"] not in newer] for rows in (rows_a, rows_b))
 
 
 def differences(run_a, run_b, rank: int, step: int, computed: bool = False, rows: tuple | None = None,
@@ -222,7 +234,7 @@ def differences(run_a, run_b, rank: int, step: int, computed: bool = False, rows
                         one.update(_modules_apart(fa, fb))
                     if accepted is None or not accepted(one):
                         found.append(one)
-    found = _merged(found)
+    found = _folded(_merged(found))
     return {"available": True, "differences": found[:SHOWN], "more": max(0, len(found) - SHOWN), "missing": []}
 
 
@@ -279,18 +291,23 @@ def _steps(steps: list[int]) -> str:
     return f"step {text}" if len(steps) == 1 else f"steps {text}"
 
 
-def _extra_calls_grouped(differences: list[dict]) -> list[tuple[dict, list]]:
-    """(difference, its calls) for the terminal: the calls of a root module one run alone makes, one after another
-    in a step (a solver taking more steps: helper 79, a line each), as one, with their numbers."""
-    out: list[tuple[dict, list]] = []
-    for d in differences:
-        last = out[-1][0] if out else None
-        if (last is not None and d["field"] is None and d["kind"] == "modes" and last["field"] is None
-                and last["kind"] == "modes" and (d["target"], d["a"], d["step"], d.get("steps"))
-                == (last["target"], last["a"], last["step"], last.get("steps")) and d["call"] == out[-1][1][-1] + 1):
-            out[-1][1].append(d["call"])
+# calls one run alone makes that are listed as one entry when they follow one another
+_FOLDED = ("modes", "read")
+
+
+def _folded(found: list[dict]) -> list[dict]:
+    """The calls of a root module one run alone makes, one after another in a step (a solver taking more
+    steps: helper 79), or the reads one run alone makes at one line (a dataset's `np.asarray` in a loop, or
+    moved into DataLoader workers: helper 81, a list of one line each), as one entry with their count, `calls`."""
+    out: list[dict] = []
+    for d in found:
+        last = out[-1] if out else None
+        if (last is not None and d["field"] is None and d["kind"] in _FOLDED and last["field"] is None
+                and all(d.get(k) == last.get(k) for k in ("kind", "target", "at", "a", "b", "step", "steps"))
+                and d["call"] == last["call"] + last.get("calls", 1)):
+            last["calls"] = last.get("calls", 1) + 1
         else:
-            out.append((d, [d["call"]]))
+            out.append(dict(d))
     return out
 
 
@@ -299,21 +316,24 @@ def lines(diff: dict, indent: str = "  ", header: bool = True) -> list[str]:
     if not diff or not diff.get("differences"):
         return []
     out = [f"{indent}training API calls that differ (at or before this step; the likely cause):"] if header else []
-    for d, calls in _extra_calls_grouped(diff["differences"]):
+    for d in diff["differences"]:
         when = _steps(d.get("steps") or [d["step"]])
-        what = (f"{d['kind']} ({d['target']})" + (f" call {d['call']}" if d["call"] else "")
+        calls = d.get("calls") or 1
+        call = f"call {d['call']}" if calls == 1 else f"calls {d['call']}-{d['call'] + calls - 1}"
+        what = (f"{d['kind']} ({d['target']})" + (f" {call}" if d["call"] or calls > 1 else "")
                 + (f" at {d['at']}" if d.get("at") else ""))
         if d["field"] is None and d["kind"] == "modes":  # (the row each call of a root module begins with)
             more = "A" if d["a"] == "called" else "B"
-            made = (f"its call {calls[0]}, counted from 0, is" if len(calls) == 1 else
-                    f"its calls {calls[0]}-{calls[-1]}, counted from 0, are")
+            made = (f"its call {d['call']}, counted from 0, is" if calls == 1 else
+                    f"its {call}, counted from 0, are")
             out.append(f"{indent}  {when}: root module {d['target']}: run {more} calls it "
-                       f"{'more often' if len(calls) == 1 else f'{len(calls)} times more'} in the step ({made} made in "
+                       f"{'more often' if calls == 1 else f'{calls} times more'} in the step ({made} made in "
                        f"{more} only)")
         elif d["field"] is None:
             read = None if d.get("value") is None else value_pair(d["value"], d["value"])[0]
             value = "" if read is None else \
-                f" (it read {read}" + (f" at step {d['step']})" if len(d.get("steps") or ()) > 1 else ")")
+                f" ({'the first read' if calls > 1 else 'it read'} {read}" + \
+                (f" at step {d['step']})" if len(d.get("steps") or ()) > 1 else ")")
             out.append(f"{indent}  {when}: {what}: {d['a']} in A, {d['b']} in B{value}")
         elif _numbers(d["a"], d["b"]):  # per position (a learning rate per group), not a set of names
             pairs = [value_pair(x, y) for x, y in zip(d["a"], d["b"])]

@@ -585,8 +585,6 @@ def _first_pivot(ranks: dict[int, RankComparison]) -> RankComparison | None:
 
 # API calls whose values outlive the last optimizer step (what the next step would use): _final_settings_differ
 SETTINGS_AFTER = ("scheduler_step", "loss_scale", "optimizer_settings", "scheduler_settings")
-# recorded only by a bitguard since: a run without them (an older recording) is no difference
-RECORDED_SINCE = {"optimizer_settings", "scheduler_settings"}
 # Reasons that stop a verdict from being `identical`; the others only describe what was compared.
 _INFORMATIONAL = {"modes", "granularity", "recompute", "bypassed", "retyped", "resumed"}
 # reasons after which no computed value is compared: nothing was paired, or the steps are not the same steps
@@ -702,9 +700,8 @@ class Comparison:
             last = max((r["step"] for r in rows_a + rows_b if r["step"] is not None), default=None)
             if last is None or any(r["kind"] == "optimizer_step" and r["step"] == last for r in rows_a + rows_b):
                 continue
+            # (a kind an older build did not record is out of both: api_diff.rows_of)
             tail = [[r for r in rows if r["step"] == last and r["kind"] in SETTINGS_AFTER] for rows in (rows_a, rows_b)]
-            newer = {kind for kind in RECORDED_SINCE if not all(any(r["kind"] == kind for r in rows) for rows in tail)}
-            tail = [[r for r in rows if r["kind"] not in newer] for rows in tail]
             if not tail[0] and not tail[1]:
                 continue
             found = api_diff.differences(self.run_a, self.run_b, rank, api_diff.EVERY_STEP, rows=tuple(tail)) \

@@ -87,6 +87,9 @@ class ApiDifference(_Model):
     only_a: list[str] | None = Field(None, description="a `modes` row's training or eval field: the modules run A's "
                                                        "model has and run B's has in neither mode")
     only_b: list[str] | None = Field(None, description="the same, of run B's model")
+    calls: int | None = Field(None, description="`field` None: the calls this entry stands for, from `call` on, one "
+                                                "after another (a root module's calls, or the reads at one line, that "
+                                                "one run alone makes)")
 
 
 class ApiDifferences(_Model):

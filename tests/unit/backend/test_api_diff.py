@@ -146,14 +146,26 @@ def test_reads_pair_by_the_line_that_read_them_not_by_their_order_in_the_step():
     assert b == {5: {("read", "item", 0): {"value": 3.0}}} and places_b[(5, "read", "item", 0)] == "x.py:70"
 
 
-def test_the_calls_one_run_alone_makes_of_a_root_are_one_line():
+def test_the_calls_one_run_alone_makes_of_a_root_or_at_one_read_s_line_are_one_entry():
     """Helper 79 (torchsde, a smaller dt: the solver calls its networks more often): a line for each extra
-    call of each root filled the list, and the rest was cut."""
+    call of each root filled the list, and the rest was cut. Helper 81 (pytorch-forecasting, its dataset's
+    `np.asarray` reads moved into DataLoader workers): about 130 lines of reads, one a call, led the list."""
     extra = [{"step": 2, "kind": "modes", "target": net, "call": call, "field": None, "a": "not called",
               "b": "called"} for net in ("f_net", "g_net") for call in range(21, 26)]
-    text = api_diff.lines({"available": True, "differences": extra, "more": 0, "missing": []})
+    reads = [{"step": 2, "kind": "read", "target": "array", "call": call, "field": None, "a": "called",
+              "b": "not called", "at": at, "value": f"{call:016x}:0000000000000001", "steps": [2, 3]}
+             for at, calls in (("ds.py:8", range(40)), ("ds.py:9", range(40, 42))) for call in calls]
+    folded = api_diff._folded(extra + reads)
+    assert [d.get("calls") for d in folded] == [5, 5, 40, 2], folded
+    assert ApiDifferences(available=True, differences=folded, more=0).differences[2].calls == 40  # (the JSON's)
+    text = api_diff.lines({"available": True, "differences": folded, "more": 0, "missing": []})
     assert text[1:] == [f"    step 2: root module {net}: run B calls it 5 times more in the step (its calls 21-25, "
-                        f"counted from 0, are made in B only)" for net in ("f_net", "g_net")], text
+                        f"counted from 0, are made in B only)" for net in ("f_net", "g_net")] + [
+        '    steps 2-3: read (array) calls 0-39 at ds.py:8: called in A, not called in B (the first read '
+        '"0000000000000000:0000000000000001" at step 2)',
+        '    steps 2-3: read (array) calls 40-41 at ds.py:9: called in A, not called in B (the first read '
+        '"0000000000000028:0000000000000001" at step 2)'], text
+    assert api_diff._folded(reads[:1] + reads[2:3])[1].get("calls") is None  # (not one after another: apart)
 
 
 def test_a_module_one_model_alone_has_is_not_read_as_a_mode_change():
@@ -166,3 +178,17 @@ def test_a_module_one_model_alone_has_is_not_read_as_a_mode_change():
     text = "\n".join(api_diff.lines(got))
     assert "training: only in A [norm.norm] (A's model alone has [norm.norm], in neither mode in the other)" in text, text
     assert ApiDifferences(**got).differences[0].only_a == ["norm.norm"]  # (a field of the compare JSON)
+
+
+def test_a_kind_an_older_build_did_not_record_is_no_difference():
+    """Helper 86 (a run recorded before `scheduler_settings` rows were): "scheduler_settings (ReduceLROnPlateau#0):
+    not called in A, called in B" was listed among the API calls that differ."""
+    row = {"step": 3, "rank": 0, "ord": 0, "kind": "scheduler_settings", "target": "ReduceLROnPlateau#0",
+           "value": json.dumps({"class": "ReduceLROnPlateau", "state": {"patience": 4}}), "t_ns": 0}
+    step = {**row, "kind": "optimizer_step", "target": "SGD#0", "value": json.dumps({"groups": [{"lr": 0.1}]})}
+    older, newer = api_diff.recorded_by_both([step], [step, row])
+    assert older == newer == [step]
+    assert not api_diff.differences(None, None, 0, api_diff.EVERY_STEP, rows=(older, newer))["differences"]
+    both = api_diff.recorded_by_both([step, row], [step, {**row, "value": row["value"].replace("4", "9")}])
+    found = api_diff.differences(None, None, 0, api_diff.EVERY_STEP, rows=both)["differences"]
+    assert [(d["kind"], d["field"], d["a"], d["b"]) for d in found] == [("scheduler_settings", "state.patience", 4, 9)]
