@@ -705,7 +705,8 @@ class Comparison:
             if not tail[0] and not tail[1]:
                 continue
             found = api_diff.differences(self.run_a, self.run_b, rank, api_diff.EVERY_STEP, rows=tuple(tail)) \
-                if tail[0] and tail[1] else {"differences": [{"kind": r["kind"], "target": r["target"], "field": None}
+                if tail[0] and tail[1] else {"differences": [{"kind": r["kind"], "target": r["target"], "field": None,
+                                                              "a": "called" if tail[0] else "not called"}
                                                              for r in tail[0] or tail[1]]}
             # (a field one build records and the other not is no difference of the runs: the manifests say so)
             found = [d for d in found["differences"] if d["field"] is None or (d["a"] is not None and d["b"] is not None)]
@@ -714,7 +715,7 @@ class Comparison:
                 d = found[0]
                 what = f"{d['kind']} ({d['target']})"
                 if d["field"] is None:
-                    side = "A" if tail[0] else "B"
+                    side = "A" if d["a"] == "called" else "B"  # (helper 86: both runs may have rows there)
                     what += f" is called after the last optimizer step (step {last}) in run {side} only"
                 elif d["kind"] == "optimizer_settings" and d["field"] == "state":  # (a digest: its values say nothing)
                     what += (f": the optimizer's state (its momentum buffers, moment estimates, step counts) differs "

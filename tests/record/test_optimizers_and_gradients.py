@@ -450,3 +450,29 @@ def test_an_optimizer_or_scheduler_freed_before_the_recording_ends_is_compared_a
     said = "groups[0].lr differs after the last optimizer step" if change == "lr" else \
         "ReduceLROnPlateau#0): state.patience differs when the recording ended (step 2: 9 in A, 4 in B)"
     assert said in d["inconclusive"]["reasons"][0]["message"], d["inconclusive"]["reasons"]
+
+
+@pytest.mark.parametrize("plateau_in", ["a", "b"])
+def test_a_scheduler_stepped_after_the_last_step_in_one_run_names_that_run(tmp_path, plateau_in):
+    """Helper 86 (a ReduceLROnPlateau that never reduced, added in run B): "scheduler_step (ReduceLROnPlateau#0)
+    is called after the last optimizer step in run A only": A was named because it has rows there too (its
+    optimizer's settings at the end)."""
+    import torch
+
+    import bitguard
+
+    def train(path, plateau):
+        model, opt = tiny_mlp()
+        with bitguard.record(path, determinism=False):
+            scheduler = torch.optim.lr_scheduler.ReduceLROnPlateau(opt) if plateau else None
+            sgd_steps(model, opt, 2)
+            if scheduler is not None:
+                scheduler.step(1.0)
+
+    for name in ("a", "b"):
+        train(tmp_path / name, name == plateau_in)
+    code, d = compare_json(tmp_path / "a", tmp_path / "b")
+    assert code == 3 and [r["code"] for r in d["inconclusive"]["reasons"]] == ["final_settings"], d["verdict"]
+    said = f"scheduler_step (ReduceLROnPlateau#0) is called after the last optimizer step (step 2) in run " \
+           f"{plateau_in.upper()} only"
+    assert said in d["inconclusive"]["reasons"][0]["message"], d["inconclusive"]["reasons"]
