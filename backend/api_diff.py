@@ -208,7 +208,7 @@ def differences(run_a, run_b, rank: int, step: int, computed: bool = False, rows
     found: list[dict] = []
     for s in sorted(set(a) | set(b)):
         calls_a, calls_b = a.get(s, {}), b.get(s, {})
-        for key in sorted(set(calls_a) | set(calls_b), key=lambda k: (k[0], str(k[1]), k[2])):
+        for key in _in_call_order(calls_a, calls_b):
             kind, target, n = key
             where = {"step": s, "kind": kind, "target": target, "call": n}
             place = places_a.get((s, *key)) or places_b.get((s, *key))
@@ -251,6 +251,21 @@ def _timestamps(a, b) -> bool:
     reads one out of a tensor to agree on it across ranks (helper 59: mmengine's Runner broadcasts its
     start time as `torch.tensor(time.time())` and reads it back with `.item()`)?"""
     return all(isinstance(v, (int, float)) and not isinstance(v, bool) and not timed.compared(None, v) for v in (a, b))
+
+
+def _in_call_order(calls_a: dict, calls_b: dict) -> list[tuple]:
+    """The calls of one step, of both runs, in the order run A made them (its rows' order), each call B alone
+    made after the call B made before it (helper 86: the first of two metrics' values that differ was
+    said to be the one whose name sorts first)."""
+    at = {key: i for i, key in enumerate(calls_a)}
+    rank: dict[tuple, tuple] = {key: (i, 0) for key, i in at.items()}
+    before = -1
+    for j, key in enumerate(calls_b):
+        if key in at:
+            before = at[key]
+        else:
+            rank[key] = (before, 1 + j)
+    return sorted(rank, key=rank.__getitem__)
 
 
 def _in_effect_all_along(kind: str, field: str, fa: dict, fb: dict) -> bool:
@@ -300,14 +315,17 @@ def _folded(found: list[dict]) -> list[dict]:
     steps: helper 79), or the reads one run alone makes at one line (a dataset's `np.asarray` in a loop, or
     moved into DataLoader workers: helper 81, a list of one line each), as one entry with their count, `calls`."""
     out: list[dict] = []
+    open_: dict[tuple, dict] = {}  # what an entry folds by -> the last entry of it (two roots' calls alternate)
     for d in found:
-        last = out[-1] if out else None
-        if (last is not None and d["field"] is None and d["kind"] in _FOLDED and last["field"] is None
-                and all(d.get(k) == last.get(k) for k in ("kind", "target", "at", "a", "b", "step", "steps"))
-                and d["call"] == last["call"] + last.get("calls", 1)):
+        key = None if d["field"] is not None or d["kind"] not in _FOLDED else \
+            tuple(repr(d.get(k)) for k in ("kind", "target", "at", "a", "b", "step", "steps"))
+        last = open_.get(key)
+        if last is not None and d["call"] == last["call"] + last.get("calls", 1):
             last["calls"] = last.get("calls", 1) + 1
-        else:
-            out.append(dict(d))
+            continue
+        out.append(dict(d))
+        if key is not None:
+            open_[key] = out[-1]
     return out
 
 

@@ -192,3 +192,21 @@ def test_a_kind_an_older_build_did_not_record_is_no_difference():
     both = api_diff.recorded_by_both([step, row], [step, {**row, "value": row["value"].replace("4", "9")}])
     found = api_diff.differences(None, None, 0, api_diff.EVERY_STEP, rows=both)["differences"]
     assert [(d["kind"], d["field"], d["a"], d["b"]) for d in found] == [("scheduler_settings", "state.patience", 4, 9)]
+
+
+def test_differences_of_a_step_are_listed_in_the_order_the_calls_were_made():
+    """Helper 86 (torchmetrics, a metric's reset skipped): the first computed value that differs was said to be
+    MeanSquaredError's, read after MulticlassAccuracy's, whose name sorts later; a call run B alone made is
+    listed where B made it."""
+    def read(target, value, ord_):
+        return {"step": 4, "rank": 0, "ord": ord_, "kind": "read", "target": target,
+                "value": json.dumps({"value": value, "at": f"m.py:{len(target)}"}), "t_ns": 0}
+
+    rows_a = [read("MulticlassAccuracy.compute", 0.5, 62), read("MeanSquaredError.compute", 1.0, 63)]
+    rows_b = [read("MulticlassAccuracy.compute", 0.6, 62), read("item", 3.0, 63), read("MeanSquaredError.compute", 2.0, 64)]
+    found = api_diff.differences(None, None, 0, api_diff.EVERY_STEP, computed=True, rows=(rows_a, rows_b))
+    assert [d["target"] for d in found["differences"]] == ["MulticlassAccuracy.compute", "MeanSquaredError.compute"]
+    found = api_diff.differences(None, None, 0, api_diff.EVERY_STEP, rows=(rows_a, rows_b))
+    assert [(d["target"], d["a"]) for d in found["differences"]] == [("item", "not called")], found
+    assert api_diff._in_call_order({"a": 0, "c": 0}, {"b": 0, "a": 0, "d": 0, "c": 0, "e": 0}) == \
+        ["b", "a", "d", "c", "e"]
