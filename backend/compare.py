@@ -29,7 +29,7 @@ from numba import njit
 from bitguard.backend import api_diff, certification, check, collectives, content_pairs, equivalence, granularity
 from bitguard.backend import pivot as pivot_mod
 from bitguard.backend import bypassed, recompute, resumed
-from bitguard.backend import propagation, rank_pool, rank_summary, retype
+from bitguard.backend import propagation, rank_pool, rank_summary, retype, threads
 from bitguard.backend.ingest import RunInfo, in_order, load_rank, open_run
 from bitguard.backend.rank_summary import RankSummary, hex16 as _hex, unobserved as _unobserved
 from bitguard.backend.result import COMPARE_SCHEMA, EXIT_STATUS, CompareResult
@@ -328,11 +328,12 @@ def _compare_rank(rank: int, run_a: RunInfo, run_b: RunInfo, rules: RuleSet, fir
         "reordered": al.reordered, "retyped": retyped, "resigned": resigned,
     }, schema={"a_pos": pl.Int64, "b_pos": pl.Int64, "a_seq": pl.Int64, "b_seq": pl.Int64, "reordered": pl.Boolean,
                "retyped": pl.Boolean, "resigned": pl.Boolean})
-    alone = ea.filter(pl.col("kind").is_in(["batch", "step"]))["seq"]  # (a tensor one side alone holds differs)
+    # (a tensor one side alone holds differs: a parameter one model alone has, helper 86, is an architecture changed)
+    alone = ea.filter(pl.col("kind").is_in(["batch", "step", "params"]))["seq"]
     diffs = equivalence.apply(retype.pair_tensors(pairs, ta, tb, _pair_tensors, alone), fingerprint,
                               run_a.ranks[rank], run_b.ranks[rank])
     diffs = diffs.with_columns((pl.col("differs") & ~pl.col("unknown")).alias("differs"))
-    diffs = _apply_ignore(diffs, ea, rules, rank, fired)
+    diffs = _apply_ignore(diffs, ea, threads.rules_for(rules, run_a, run_b, rank), rank, fired)
     per_pair = diffs.group_by("a_seq").agg(
         (pl.col("differs") & ~pl.col("ignored")).any().alias("diverged"),
         (pl.col("differs") & pl.col("ignored")).any().alias("benign"),
@@ -351,7 +352,7 @@ def _compare_rank(rank: int, run_a: RunInfo, run_b: RunInfo, rules: RuleSet, fir
     pairs = _follows_accepted(pairs, diffs, ea, ta)
     nothing = certification.empty_or_unpaired(rank, ea, eb, pairs.height, tuple(
         run.manifest.get("status") == "failed" for run in (run_a, run_b)))
-    reasons = mode_reasons + reasons + ([nothing] if nothing else [])
+    reasons = mode_reasons + threads.reason(run_a, run_b, rank) + reasons + ([nothing] if nothing else [])
     gaps = _gaps(rank, ea, eb, al, rules, fired, scope, counted=nothing is None,
                  resumed_at=run_b.resume_from if run_b.step_shift else None,
                  windowed=any(r["code"] == "step_window" for r in reasons))
@@ -511,6 +512,8 @@ def _find_pivot(rc: RankComparison) -> None:
                                                 rc.tensors_b.filter(pl.col("seq") == seq_b))
         rc.blame = pivot_mod.structure_blame(event, side, events, twin, change,
                                              rc.tensors_a if side == "a" else rc.tensors_b)
+        if twin is None:  # (a container's random pick: the RNG state its call began from differs)
+            rc.blame = pivot_mod.drawn_apart(rc.blame, event, side, events, rc.pairs, rc.diffs)
         seed = event["seq"] if side == "a" else None
     if seed is not None:
         divergent = pl.concat([diverged["a_seq"], pl.Series([seed], dtype=pl.Int64)]).unique().to_numpy()
@@ -583,10 +586,12 @@ def _first_pivot(ranks: dict[int, RankComparison]) -> RankComparison | None:
     return chosen
 
 
+# API calls that compute: one run alone makes one, every recorded tensor equal, is no identical (`_calls_in_one_run`)
+_TRAINING_CALLS = ("backward", "optimizer_step")
 # API calls whose values outlive the last optimizer step (what the next step would use): _final_settings_differ
 SETTINGS_AFTER = ("scheduler_step", "loss_scale", "optimizer_settings", "scheduler_settings")
 # Reasons that stop a verdict from being `identical`; the others only describe what was compared.
-_INFORMATIONAL = {"modes", "granularity", "recompute", "bypassed", "retyped", "resumed"}
+_INFORMATIONAL = {"modes", "granularity", "recompute", "bypassed", "retyped", "resumed", "threads"}
 # reasons after which no computed value is compared: nothing was paired, or the steps are not the same steps
 # (helper 33: a run recorded with --steps 4: against a resumed one said "every recorded tensor is equal")
 _UNPAIRED = {"empty", "nothing_paired", "step_window"}
@@ -687,7 +692,36 @@ class Comparison:
                 return [certification.reason("computed", (
                     f"{what} differs at step {d['step']} ({a} in A, {b} in B) while every recorded tensor is equal: "
                     f"{where}{accept}"), rank=rank)]
-        return self._final_settings_differ()
+        return self._calls_in_one_run() or self._final_settings_differ()
+
+    def _calls_in_one_run(self) -> list[dict]:
+        """When no event differs: a backward() or an optimizer step one run alone made, at a step both runs
+        recorded: a computation no recorded boundary saw (helper 83: a BoTorch script that never called
+        `fit_gpytorch_mll`, whose gpytorch modules are called past nn.Module's call, compared identical to one
+        that did, "backward (loss): called in A, not called in B" in a note). Not identical."""
+        for rank in sorted(self.ranks):
+            rows = [[r for r in side or () if r["kind"] in _TRAINING_CALLS and r["step"] is not None]
+                    for side in self._api_rows(rank)]
+            steps = [{r["step"] for r in side or () if r["step"] is not None} for side in self._api_rows(rank)]
+            if not steps[0] or not steps[1]:
+                continue
+            # (the steps both runs recorded: a killed run's missing tail or a resumed run's head is no call it missed)
+            first, last = max(min(s) for s in steps), min(max(s) for s in steps)
+            rows = [[r for r in side if first <= r["step"] <= last] for side in rows]
+            if not rows[0] and not rows[1]:
+                continue
+            found = [d for d in api_diff.differences(self.run_a, self.run_b, rank, last, rows=(rows[0] or [], rows[1] or []))
+                     ["differences"] if d["field"] is None] if rows[0] and rows[1] else \
+                [{"step": r["step"], "kind": r["kind"], "target": r["target"], "a": "called" if rows[0] else "not called"}
+                 for r in rows[0] or rows[1]]
+            if found:
+                d = found[0]
+                side = "A" if d["a"] == "called" else "B"
+                return [certification.reason("computed", (
+                    f"{d['kind']} ({d['target']}) is called at step {d['step']} in run {side} only while every recorded "
+                    f"tensor is equal: what it computed is outside every recorded boundary (modules called past "
+                    f"nn.Module's call, as gpytorch's are; tensors no module holds)"), rank=rank)]
+        return []
 
     def _final_settings_differ(self) -> list[dict]:
         """A setting the training's API calls made after its last optimizer step (a scheduler's

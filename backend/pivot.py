@@ -784,15 +784,40 @@ def structure_blame(event: dict, side: str, events: pl.DataFrame, twin: dict | N
                   f"changed, it ran a different number of times, or run {lack}'s recording stopped")
     parent = None
     if event["phase"] == "forward" and event["kind"] == "module":
-        same = events.filter((pl.col("phase") == "forward") & (pl.col("kind") == "module")
-                             & (pl.col("step") == event["step"]) & (pl.col("depth") < event["depth"])
-                             & (pl.col("t_start_ns") <= event["t_start_ns"]) & (pl.col("t_end_ns") >= event["t_end_ns"]))
+        same = _calls_around(events, event).filter(pl.col("depth") < event["depth"])
         if same.height:
             parent = same.sort("depth", descending=True)["boundary"][0]
     elif "." in event["boundary"] and event["kind"] not in ("saved", "final", "params"):  # (torch.save, SGD#1)
         parent = _owner(event["boundary"])
     return {"blame": "structure", "fault_class": fault, "differing_roles": [],
             "blame_window": {"module": parent or event["boundary"], "detail": detail}}
+
+
+def drawn_apart(blame: dict, event: dict, side: str, events: pl.DataFrame, pairs: pl.DataFrame,
+                diffs: pl.DataFrame) -> dict:
+    """A structure pivot's `blame` (its `event` of run `side`, whose `events` these are), or, where the forward call
+    of its window's module around it began from an RNG state that differs between the runs (`pairs`, `diffs`:
+    the rank's), `data`/`rng` there (helper 84: a container picking a child at random, kornia's random_apply,
+    torchvision's RandomChoice, reseeded, was "a module skipped or added", the RNG never named)."""
+    parent = blame["blame_window"]["module"]
+    if parent is None or event["phase"] != "forward" or event["kind"] != "module":
+        return blame
+    seqs = _calls_around(events, event).filter(pl.col("boundary") == parent)["seq"].head(1)
+    if side == "b":
+        seqs = pairs.filter(pl.col("b_seq").is_in(seqs.implode()))["a_seq"]
+    if not seqs.len() or not diffs.filter((pl.col("a_seq") == seqs[0]) & (pl.col("role") == "rng") & pl.col("differs")
+                                          & ~pl.col("ignored")).height:
+        return blame
+    return {"blame": "data", "fault_class": "rng", "differing_roles": ["rng"], "blame_window": {"module": parent, "detail": (
+        f"{blame['blame_window']['detail']}; the RNG state the call of {parent} around it began from differs between the "
+        f"runs, while every event before matched: its draws chose another branch (a reseed, an extra draw before it, a "
+        f"changed sampler)")}}
+
+
+def _calls_around(events: pl.DataFrame, event: dict) -> pl.DataFrame:
+    """The forward module calls of `events` in `event`'s step whose time spans its own (it, and those it ran inside)."""
+    return events.filter((pl.col("phase") == "forward") & (pl.col("kind") == "module") & (pl.col("step") == event["step"])
+                         & (pl.col("t_start_ns") <= event["t_start_ns"]) & (pl.col("t_end_ns") >= event["t_end_ns"]))
 
 
 def _earlier_of_its_class(event: dict, events: pl.DataFrame) -> str | None:

@@ -171,7 +171,8 @@ class AlignmentSummary(_Model):
 class Reason(_Model):
     code: Literal["incomplete", "missing_ranks", "damaged", "unobserved", "collector_errors", "nothing_paired",
                   "empty", "step_window", "modes", "follows_accepted", "granularity", "recompute", "bypassed",
-                  "online", "digest_build", "retyped", "computed", "resumed", "final_settings", "resume_setup"]
+                  "online", "digest_build", "retyped", "computed", "resumed", "final_settings", "resume_setup",
+                  "threads"]
     message: str = Field(description="what could not be certified and why, in one sentence")
     side: Literal["a", "b"] | None = None
     rank: int | None = None

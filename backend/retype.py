@@ -20,8 +20,9 @@ difference. A gradient a module's backward sends to an input, or one its output 
 run alone is a difference, not a signature change: that run computes a gradient the other does not
 (a detached input, a loss term dropped), and so is the RNG state a call began from in one run alone (it drew
 random numbers in that run only), a tensor of the input batch one run alone gives the model (a hidden
-state carried into the call in one run, reset to None in the other), and an optimizer state one run alone
-keeps at a step (Lookahead's slow weights made a step earlier). What a save wrote (kind `saved`)
+state carried into the call in one run, reset to None in the other), an optimizer state one run alone
+keeps at a step (Lookahead's slow weights made a step earlier), and a parameter one run's model alone has (its
+params event: the models are built differently). What a save wrote (kind `saved`)
 pairs by its full key only: a save of other tensors is a difference. This module knows nothing of
 digests, rules or pivots.
 """
@@ -205,7 +206,7 @@ def note(pairs: pl.DataFrame, a_seq: int | None, diffs: pl.DataFrame) -> list[st
     only_a = mine.filter(pl.col("unobserved_b") == ONLY_A).height
     only_b = mine.filter(pl.col("unobserved") == ONLY_B).height
     alone = [(role, side, mine.filter((pl.col("role") == role) & pl.col(digest).is_null() & pl.col(why).is_null()).height)
-             for role in (*ALONE_DIFFERS, "input", "state")
+             for role in (*ALONE_DIFFERS, "input", "state", "param")
              for side, digest, why in (("A", "xor_b", "unobserved_b"), ("B", "xor", "unobserved"))]
     out = [f"paired by position across a signature change (same module path and phase, other tensors): "
            f"{only_a} tensor(s) only in A, {only_b} only in B, the others paired by path, shape and dtype"] \
@@ -223,6 +224,13 @@ def note(pairs: pl.DataFrame, a_seq: int | None, diffs: pl.DataFrame) -> list[st
             out.append(f"run {side} alone keeps {n} optimizer state tensor(s) for this parameter here: its optimizer "
                        f"made that state at this step in one run only (a setting that decides when, such as "
                        f"Lookahead's k, another optimizer, or state loaded in one run)")
+        elif n and role == "param":  # (a params event's: pair_tensors `alone`)
+            digest, why = ("xor_b", "unobserved_b") if side == "A" else ("xor", "unobserved")
+            names = mine.filter((pl.col("role") == "param") & pl.col(digest).is_null() & pl.col(why).is_null())["path"]
+            shown = ", ".join(str(p).lstrip(".") for p in names.head(4)) + (", ..." if n > 4 else "")
+            out.append(f"run {side}'s model alone has {n} parameter(s) here ({shown}): the two models are built "
+                       f"differently (a layer added or removed, another head or output distribution, a size or "
+                       f"option of the model's constructor changed)")
         elif n and role != "rng":  # (a draw in one run alone: the blame says so, pivot.py `_drew_alone`)
             out.append(f"{n} output(s) of this module receive a gradient in run {side} alone: in run {other} nothing "
                        f"backpropagates into them (a loss term dropped, an output detached or left unused), or this "

@@ -115,6 +115,8 @@ class RankMeta(BaseModel):
     collector_errors: list[str] | None = _field("a list of messages (strings)")
     steps_completed: int | None = _field("a non-negative integer", ge=0)
     events: int | None = _field("a non-negative integer", ge=0)
+    threads_not_recorded: dict[str, int] | None = _field(
+        "an object mapping thread names to the module calls made there and not recorded (integers)")
 
 
 def _shown(value: Any) -> str:

@@ -182,6 +182,7 @@ class record:
         self.collector = Collector(self.store, self.mode, self.steps, rank, world, dump=self.dump,
                                    digest_cache=self.digest_cache)
         self.collector.began = sys._getframe(1)  # (`with bitguard.record()`'s frame; run_script's for the CLI)
+        self.collector.thread = threading.get_ident()  # (module calls on other threads are not recorded)
         if drill is not None:  # its module-call wrapper goes under the collector's
             drill.install(self)
             self.drill = drill
@@ -241,13 +242,15 @@ class record:
         from bitguard.collectors.determinism import FILL, TOUCHED, give_back
 
         collector, self.collector = self.collector, None
+        elsewhere = {}
         if self.monitor is not None:
             collector.remove()
             steps_seen, events = collector.steps_seen(), 0
         else:
             collector.remove(final_state=status == "complete")  # a failed run's weights are not its result
-            collector.began = None  # (the frame let go)
+            collector.began = collector.script_globals = None  # (the frame and the script's globals let go)
             steps_seen, events = collector.step + (1 if collector._advance else 0), collector._seq
+            elsewhere = collector.calls_elsewhere()
         if self.drill is not None:
             self.drill.close()
         refused = []
@@ -262,7 +265,8 @@ class record:
                   f"off at {refused[0]}): what torch.empty makes reads as a fixed value in both runs, not as the "
                   f"bytes the memory held (--no-determinism leaves it as the script sets it)", file=sys.stderr)
         self.store.close(status, {"end_time_ns": time.time_ns(), "steps_completed": steps_seen,
-                                  "events": events, **({"fill_kept_on": refused} if refused else {})})
+                                  "events": events, **({"fill_kept_on": refused} if refused else {}),
+                                  **({"threads_not_recorded": elsewhere} if elsewhere else {})})
         if self.rank == 0:
             self._manifest.update(status=status, complete=status == "complete", exit_status=exit_status,
                                   end_time=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
@@ -346,6 +350,13 @@ def _exit_code(exc_type, exc) -> int:
     return 1
 
 
+def _from_script(tb, filename: str):
+    """The traceback from the frame of `filename`'s code on (the script's), None without one."""
+    while tb is not None and tb.tb_frame.f_code.co_filename != filename:
+        tb = tb.tb_next
+    return tb
+
+
 def run_script(script: str, args: list[str], **record_kwargs) -> int:
     """Run SCRIPT with ARGS as `python SCRIPT ARGS` would, inside a recording. Returns its exit status."""
     path = Path(script)
@@ -362,15 +373,17 @@ def run_script(script: str, args: list[str], **record_kwargs) -> int:
         script_globals = runpy.run_path(main, run_name="__main__")
     except SystemExit as exc:
         failure = (SystemExit, exc, exc.__traceback__)
+        ended = _from_script(exc.__traceback__, main)  # (a script that ends with sys.exit(0): helper 83)
+        script_globals = ended.tb_frame.f_globals if ended is not None else None
         if not isinstance(exc.code, (int, type(None))):
             print(exc.code, file=sys.stderr)
     except BaseException as exc:  # noqa: BLE001 - the script's own failure, reported as python would
         failure = (type(exc), exc, exc.__traceback__)
-        shown = exc.__traceback__  # from the script's own frame, as python prints it (not runpy's and ours)
-        while shown is not None and shown.tb_frame.f_code.co_filename != main:
-            shown = shown.tb_next
+        shown = _from_script(exc.__traceback__, main)  # as python prints it (not runpy's frames and ours)
         print_failure(exc, shown or exc.__traceback__)  # (bitguard's module-call wrapper frames left out)
     finally:
+        if hasattr(recording.collector, "script_globals"):  # (the last look for kept models reads them)
+            recording.collector.script_globals = script_globals
         recording.__exit__(*failure)
         del script_globals
     return _exit_code(failure[0], failure[1])

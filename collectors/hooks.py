@@ -264,7 +264,7 @@ class Collector(WeightEvents):
                  "_foreign", "_kept_lists", "_rng_free", "_root_names", "_roots", "_seq", "_sharded", "_stacks", "_thread_names",
                  "_tids", "_tids_limit", "_wrapper", "_depths", "_in_child", "_walked", "_finaled", "_unheld", "_held_optimizers",
                  "_trainable", "_hooked_params", "_backwards", "_json", "_orphans", "_orphans_step", "_orphans_versions", "_known_at_step", "_given", "_kept_marks", "_stepped_roots", "_met", "_met_step",
-                 "_kept_places", "_kept_holders", "began", "_buffers_seen", "_buffered",
+                 "_kept_places", "_kept_holders", "began", "script_globals", "thread", "_elsewhere", "_buffers_seen", "_buffered",
                  "_foreign_call", "_slots_of", "_step_after_pass", "_parts")
 
     def __init__(self, store, mode: str = "full", steps: tuple[int, int | None] | None = None,
@@ -289,6 +289,8 @@ class Collector(WeightEvents):
         self._calls: dict[tuple, int] = {}  # (name, phase, kind) -> calls so far in step `_calls_step`
         self._calls_step = 0
         self._thread_names: dict[int, str] = {}  # ident -> name, for threads threading does not list
+        self.thread = threading.get_ident()  # the recording's thread: module calls made on another are not recorded
+        self._elsewhere: dict[str, int] = {}  # thread name -> module calls made there outside any other (`_enter`)
         self._names: dict[int, tuple[weakref.ref, str]] = {}
         self._root_names: set[str] = set()
         self._roots: list[tuple[weakref.ref, str]] = []  # root modules met, for the final-state event
@@ -314,6 +316,7 @@ class Collector(WeightEvents):
         self._kept_lists: dict[int, kept.KeptTensors] = {}  # id of a list or dict of shadow weights -> its root, held
         self._kept_marks: tuple | None = None  # what the user's frames held at the last look (kept.marks)
         self.began = None  # the frame that began the recording (Recording.__enter__'s caller; kept.user_frames)
+        self.script_globals: dict | None = None  # `bitguard record`'s script's, once it has run (`_finals`)
         # (id of an object, attribute), or the path of a variable of the user's code -> its root
         self._kept_places: dict[tuple[int, str] | str, kept.KeptTensors] = {}
         self._kept_holders: frozenset = frozenset()  # the variables and attributes the last look found kept models in
@@ -400,6 +403,12 @@ class Collector(WeightEvents):
         remove every hook this collector installed."""
         self._guard(self._flush_backward)()
         self._guard(self._child_saves)()
+        if self._elsewhere and not self._root_names:  # (before the end's look names the models the script keeps)
+            threads = ", ".join(sorted(self._elsewhere))
+            self._fail("module calls", NotSupported(
+                f"the model was called only on thread(s) {threads}, not on the thread that began the recording, and "
+                f"module calls on other threads are not recorded: begin the recording on the training's thread "
+                f"(`with bitguard.record(...):` inside the function that thread runs)"))
         if final_state:
             self._guard(self._json_written)(True)
             self._guard(self._emit_final)()
@@ -865,6 +874,19 @@ class Collector(WeightEvents):
 
         return _call_impl
 
+    def _called_elsewhere(self) -> None:
+        """A module called on a thread other than the recording's (a prefetching DataLoader's augmentation,
+        MONAI's ThreadDataLoader and CacheDataset, an actor's policy): not recorded. Its calls interleave with
+        the training's steps by timing, so they were numbered and paired by chance (helper 84: unchanged reruns
+        diverged); what they compute reaches the training as its inputs, which are recorded. Counted by thread
+        (the rank's meta, `threads_not_recorded`; compare says so and leaves the CPU generator's state out)."""
+        name = threading.current_thread().name
+        self._elsewhere[name] = self._elsewhere.get(name, 0) + 1
+
+    def calls_elsewhere(self) -> dict[str, int]:
+        """Module calls made on other threads than the recording's, outside any other, by thread name."""
+        return dict(self._elsewhere)
+
     def _inside_a_call(self) -> bool:
         """Whether this thread is inside a module call (the module-call wrapper's frames)."""
         return bool(getattr(self._local, "frames", None))
@@ -887,6 +909,8 @@ class Collector(WeightEvents):
                 frames = self._local.frames
             except AttributeError:
                 frames = self._local.frames = []
+            if not frames and threading.get_ident() != self.thread and recompute_kind() is None:
+                return self._called_elsewhere()
             if self._advance:
                 self._maybe_advance()
             if frames:

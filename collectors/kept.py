@@ -62,6 +62,17 @@ class KeptTensors(torch.nn.Module):
                 self.register_buffer(str(i), t)
 
 
+class Globals:
+    """A script's globals where its frame has returned (`bitguard record`, runpy's result), looked through
+    as a frame's variables are."""
+
+    __slots__ = ("f_locals",)
+    f_code = None
+
+    def __init__(self, variables: dict):
+        self.f_locals = variables
+
+
 def user_frames(frame, began=None) -> list:
     """`frame` and the frames that called it, innermost first, but bitguard's, torch's and the standard
     library's (callstack.py). Past `began`, the frame that began the recording (`with

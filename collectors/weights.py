@@ -189,8 +189,14 @@ class WeightEvents:
         """The `final` events of every root, kept model and tensor only an optimizer holds, as they are
         now (`frame`: the user's code, where kept models made since the last look are found): when the
         recording ends, or when a step window ends (`_window_ends`)."""
-        if self._steps_taken:  # what was made after the last look (an EMA made at the end): the code ending a
-            self._guard(self._adopt_kept)(kept.user_frames(frame, self.began))  # `with bitguard.record()` still holds it
+        # what was made after the last look (an EMA made at the end), or with no look at all: a model no torch.optim
+        # step trained (BoTorch's fit_gpytorch_mll drives SciPy's optimizer, and gpytorch's modules are called past
+        # nn.Module's call: helper 83, its weights edited after the fit compared identical). The code ending a `with
+        # bitguard.record()` still holds it; of `bitguard record`, the script's globals (its frame has returned).
+        users = kept.user_frames(frame, self.began)
+        if self.script_globals is not None:
+            users.append(kept.Globals(self.script_globals))
+        self._guard(self._adopt_kept)(users)
         gc.collect()  # a model only a reference cycle kept alive is gone in every run alike, not by chance
         for ref, name in self._roots:
             module = ref()

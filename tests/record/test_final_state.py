@@ -695,3 +695,45 @@ def test_a_container_s_buffer_edited_between_steps_is_said_to_be_its_buffer(tmp_
     assert (fd["step"], fd["boundary"], fd["blame"]) == (1, "scorer", "consumer"), fd
     assert "its buffers .bank differ as this call left them and matched as its last call left them" in \
         fd["blame_window"]["detail"], fd["blame_window"]
+
+
+UNSTEPPED = """\
+import sys
+import torch
+class GP(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.ones(3))
+    def __call__(self, x):  # (as gpytorch's modules: past nn.Module's call, so no module event)
+        return self.forward(x)
+    def forward(self, x):
+        return x @ self.w
+torch.manual_seed(0)
+model = GP()
+x = torch.nn.LayerNorm(3)(torch.randn(8, 3)).detach()  # (one recorded call: BoTorch's outcome transform)
+for i in range(3):  # (SciPy's optimizer, for BoTorch's fit_gpytorch_mll: no torch.optim step)
+    g, = torch.autograd.grad(model(x).pow(2).mean(), model.w)
+    with torch.no_grad():
+        model.w -= 0.1 * g
+if sys.argv[1] == "edit":
+    with torch.no_grad():
+        model.w.mul_(1.5)
+if sys.argv[2] == "exit":  # (the script's globals are its frame's, in the SystemExit's traceback)
+    raise SystemExit(0)
+"""
+
+
+def test_a_model_no_optimizer_step_trained_has_its_final_state(tmp_path):
+    """Helper 83 (BoTorch: `fit_gpytorch_mll` drives SciPy's optimizer, and gpytorch's modules are called past
+    nn.Module's call): no step, so no look for the models the script keeps, and the fitted model's weights
+    edited after the fit compared identical (the one event, an outcome transform's call, equal). The end of
+    the recording looks through the script's globals, its frame returned (or raised SystemExit(0))."""
+    script = tmp_path / "unstepped.py"
+    script.write_text(UNSTEPPED)
+    record_together(*(dict(out=tmp_path / name, script=script, script_args=args) for name, args in (
+        ("a", ("same", "return")), ("b", ("same", "exit")), ("c", ("edit", "return")), ("d", ("edit", "exit")))))
+    assert compare_json(tmp_path / "a", tmp_path / "b")[0] == 0
+    for edited in ("c", "d"):
+        code, d = compare_json(tmp_path / "a", tmp_path / edited)
+        fd = d["first_divergence"]
+        assert code == 1 and (fd["kind"], fd["boundary"], fd["blame"]) == ("final", "model", "source"), (code, fd)

@@ -476,3 +476,36 @@ def test_a_scheduler_stepped_after_the_last_step_in_one_run_names_that_run(tmp_p
     said = f"scheduler_step (ReduceLROnPlateau#0) is called after the last optimizer step (step 2) in run " \
            f"{plateau_in.upper()} only"
     assert said in d["inconclusive"]["reasons"][0]["message"], d["inconclusive"]["reasons"]
+
+
+@pytest.mark.parametrize("call", ["backward", "step"])
+def test_a_backward_or_step_one_run_alone_makes_unobserved_is_no_identical(tmp_path, call):
+    """Helper 83 (a BoTorch script that never called `fit_gpytorch_mll`, whose gpytorch modules are called past
+    nn.Module's call, against one that did): every recorded event equal, "backward (loss): called in A, not
+    called in B" in a note, and the verdict identical."""
+    import torch
+
+    import bitguard
+
+    def train(path, extra):
+        model, _ = tiny_mlp()
+        w = torch.ones(3, requires_grad=True)  # (no module holds it, no optimizer steps it before)
+        opt = torch.optim.SGD([w], lr=0.1) if call == "step" else None
+        with bitguard.record(path, determinism=False):
+            model(torch.randn(2, 4))
+            if extra:
+                (w * 2).sum().backward()
+                if opt is not None:
+                    opt.step()
+
+    for name, extra in (("a", False), ("b", False), ("c", True)):
+        train(tmp_path / name, extra)
+    assert compare_json(tmp_path / "a", tmp_path / "b")[0] == 0
+    code, d = compare_json(tmp_path / "c", tmp_path / "a")
+    if call == "step":  # (the step it took moves the end of the recording: a structure divergence there)
+        assert code == 1 and d["first_divergence"]["kind"] == "final", d["first_divergence"]
+        return
+    assert code == 3, d["verdict"]
+    (reason,) = d["inconclusive"]["reasons"]
+    assert reason["code"] == "computed" and "backward (loss) is called at step 0 in run A only" in reason["message"], \
+        reason

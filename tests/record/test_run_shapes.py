@@ -479,3 +479,129 @@ def test_a_step_ended_after_another_micro_batch_is_not_said_to_be_a_mode_change(
     fd = bitguard.compare(tmp_path / "a", tmp_path / "b").first_divergence
     assert (fd["step"], fd["kind"], fd["blame"]) == (0, "params", "structure"), fd
     assert "its step ended sooner (an optimizer step() after fewer micro-batches" in fd["blame_window"]["detail"], fd
+
+
+def test_a_parameter_one_model_alone_has_is_the_pivot_at_its_params_event(tmp_path):
+    """Helper 86 (GluonTS: a StudentT output's three projections against a Normal's two): the params event
+    holding the extra head's parameters was passed over as a signature change, and the pivot came at the
+    batch, "the RNG state differs" (the extra head drew its initial weights)."""
+    import torch
+
+    import bitguard
+
+    class Heads(torch.nn.Module):
+        def __init__(self, heads):
+            super().__init__()
+            self.body = torch.nn.Linear(4, 8)
+            self.proj = torch.nn.ModuleList(torch.nn.Linear(8, 1) for _ in range(heads))
+
+        def forward(self, x):
+            h = self.body(x).relu()
+            return sum(p(h) for p in self.proj)
+
+    def train(path, heads):
+        torch.manual_seed(0)
+        model = Heads(heads)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        with bitguard.record(path, determinism=False):
+            sgd_steps(model, opt, 2)
+
+    for name, heads in (("a", 3), ("b", 3), ("c", 2)):
+        train(tmp_path / name, heads)
+    assert compare_json(tmp_path / "a", tmp_path / "b")[0] == 0
+    code, d = compare_json(tmp_path / "a", tmp_path / "c")
+    fd = d["first_divergence"]
+    assert code == 1 and (fd["step"], fd["kind"], fd["boundary"]) == (0, "params", "Heads"), fd
+    assert any("run A's model alone has 2 parameter(s) here (proj.2.weight, proj.2.bias)" in n for n in fd["notes"]), \
+        fd["notes"]
+
+
+@pytest.mark.parametrize("planted", [False, True])
+def test_module_calls_on_another_thread_are_not_paired_by_timing(tmp_path, planted):
+    """Helper 84 (MONAI's ThreadDataLoader and CacheDataset, kornia's augmentations: modules called on a
+    prefetching thread): their events took the training's step by timing, and unchanged reruns diverged
+    (a structure pivot, "optimizer_step called in A, not called in B"; the augmentation's draws from the
+    CPU generator moved its state between the training's steps). Here the thread runs ahead of the training
+    in one run and alongside it in the other. Their calls are not recorded; what they make is, as the
+    model's input; the CPU generator's state is not compared there, and the report says both."""
+    import queue
+    import threading
+
+    import torch
+
+    import bitguard
+
+    class Flip(torch.nn.Module):  # (draws from the CPU generator, as kornia's augmentations do)
+        def __init__(self, p):
+            super().__init__()
+            self.p = p
+
+        def forward(self, x):
+            return x.flip(-1) if torch.rand(()) < self.p else x
+
+    def train(path, ahead, p):
+        model, opt = tiny_mlp()
+        batches = torch.arange(48.0).reshape(6, 2, 4) / 48
+        flip, made = Flip(p), queue.Queue(maxsize=0 if ahead else 1)
+        with bitguard.record(path, determinism=False):
+            producer = threading.Thread(target=lambda: [made.put(flip(b)) for b in batches], name="prefetch")
+            producer.start()
+            if ahead:
+                producer.join()
+            for _ in batches:
+                opt.zero_grad()
+                model(made.get()).pow(2).mean().backward()
+                opt.step()
+            producer.join()
+
+    train(tmp_path / "a", True, 0.5)
+    train(tmp_path / "b", False, 0.9 if planted else 0.5)
+    code, d = compare_json(tmp_path / "a", tmp_path / "b")
+    reasons = [r["message"] for r in d["certification"]["reasons"] if r["code"] == "threads"]
+    assert reasons and "(run A: 6 on prefetch; run B: 6 on prefetch)" in reasons[0], d["certification"]["reasons"]
+    if planted:  # (the flips the augmentation drew differ: the model's input does)
+        fd = d["first_divergence"]
+        assert code == 1 and (fd["kind"], fd["blame"]) == ("batch", "data"), fd
+    else:
+        assert code == 0, (d["verdict"], d["first_divergence"])
+
+
+def test_a_container_whose_random_pick_changed_is_said_to_be_the_rng(tmp_path):
+    """Helper 84 (kornia's AugmentationSequential(random_apply=1), torchvision's RandomChoice, reseeded at step 2):
+    the child the container picked changed, and the pivot said "a module was skipped or added, a branch changed",
+    never naming the RNG state the container's call began from, which differs."""
+    import torch
+
+    import bitguard
+
+    class Flip(torch.nn.Module):
+        def forward(self, x):
+            return x.flip(-1)
+
+    class Shift(torch.nn.Module):
+        def forward(self, x):
+            return x + 0.01
+
+    class PickOne(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.opts = torch.nn.ModuleList([Flip(), Shift()])
+
+        def forward(self, x):
+            return self.opts[int(torch.randint(0, 2, ()))](x)
+
+    def train(name, reseed):
+        model, opt = tiny_mlp()
+        pick, batches = PickOne(), torch.arange(40.0).reshape(5, 2, 4) / 40
+        with bitguard.record(tmp_path / name, determinism=False):
+            for step, x in enumerate(batches):
+                if reseed and step == 2:
+                    torch.manual_seed(123)
+                opt.zero_grad()
+                model(pick(x)).pow(2).mean().backward()
+                opt.step()
+
+    train("a", False), train("b", True)
+    fd = bitguard.compare(tmp_path / "a", tmp_path / "b").first_divergence
+    assert (fd["step"], fd["blame"], fd["fault_class"], fd["blame_window"]["module"]) == (2, "data", "rng", "PickOne"), fd
+    assert "the RNG state the call of PickOne around it began from differs" in fd["blame_window"]["detail"]

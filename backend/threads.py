@@ -1,0 +1,48 @@
+"""Module calls made on threads other than the recording's: not recorded (collectors/hooks.py
+`_called_elsewhere`: they interleave with the training's steps by timing), counted by thread in each
+rank's meta (`threads_not_recorded`).
+
+What such a call computes reaches the training as its inputs, which are recorded and compared. But
+one that draws from the CPU generator (an augmentation's random flip on a prefetching thread: helper
+84, kornia in MONAI's ThreadDataLoader) moves the generator's state between the training's draws by
+timing, so the CPU RNG state a step or a call began from (role `rng`) is no fact of the training
+there: where either run's rank made such calls, a built-in rule (`RULE`) accepts differences of
+`rng` tensors, counted in `rules_fired` like a user's, and `reason` says why (informational: what
+the training computed is still compared). Knows nothing of alignment or pivots.
+"""
+
+from __future__ import annotations
+
+from bitguard.backend.certification import reason as make_reason
+from bitguard.backend.rules import Rule, RuleSet
+
+RULE = Rule(id="bitguard:rng-drawn-on-other-threads", action="ignore", match={"role": "rng"},
+            note="module calls on another thread than the recording's may draw from the CPU generator by timing",
+            author="bitguard")
+
+
+def elsewhere(run, rank: int) -> dict[str, int]:
+    """Thread name -> module calls made there, not recorded, in `run`'s rank `rank`."""
+    found = (run.rank_meta.get(rank) or {}).get("threads_not_recorded")
+    return {str(k): v for k, v in found.items() if isinstance(v, int)} if isinstance(found, dict) else {}
+
+
+def rules_for(rules: RuleSet, run_a, run_b, rank: int) -> RuleSet:
+    """`rules`, with `RULE` where either run made module calls on other threads at this rank."""
+    if not (elsewhere(run_a, rank) or elsewhere(run_b, rank)) or any(r.id == RULE.id for r in rules.rules):
+        return rules
+    return RuleSet(rules.rules + (RULE,))
+
+
+def reason(run_a, run_b, rank: int) -> list[dict]:
+    """The informational reason (code `threads`) where either run made module calls on other threads."""
+    sides = [(label, elsewhere(run, rank)) for label, run in (("A", run_a), ("B", run_b))]
+    if not any(calls for _, calls in sides):
+        return []
+    said = "; ".join(f"run {label}: " + ", ".join(f"{n} on {name}" for name, n in sorted(calls.items()))
+                     for label, calls in sides if calls)
+    return [make_reason("threads", (
+        f"module calls made on threads other than the recording's were not recorded ({said}): they interleave with "
+        f"the training's steps by timing; what they computed is compared where it reaches the training (its "
+        f"inputs), and the CPU generator's state (rng) is not compared (rule {RULE.id}: they may draw from it)"),
+        rank=rank)]
