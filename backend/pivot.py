@@ -240,7 +240,9 @@ def blame(pivot: dict, events_a: pl.DataFrame, status: dict[int, str], diffs: pl
             result.update(fault_class="accumulation")
             result["blame_window"] = {"module": pivot["boundary"], "detail":
                                       "the incoming gradient matched but .grad after accumulation differs: "
-                                      "gradient accumulation (a missed zero_grad, a wrong accumulate)"}
+                                      "gradient accumulation (a missed zero_grad, a wrong accumulate), or a hook on "
+                                      "the parameter (param.register_hook, register_post_accumulate_grad_hook) that "
+                                      "changes its gradient (`bitguard drill` names it)"}
     elif inputs_differ:
         result["blame"] = "consumer"
         result["blame_window"] = _window(pivot, events_a, status, diffs)

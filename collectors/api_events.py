@@ -194,12 +194,18 @@ def _readable(params) -> list:
     return list(params) if isinstance(params, (list, tuple)) else []
 
 
-def _mode_matters(cls: type) -> bool:
-    """Is a module class's training/eval mode part of what it computes (Dropout*, BatchNorm*, or a
-    forward that reads self.training)?"""
+def _mode_matters(module: torch.nn.Module) -> bool:
+    """Is a module's training/eval mode part of what it computes (Dropout*, BatchNorm*, a forward that reads
+    self.training, or a forward pre-hook that does: torch.nn.utils.spectral_norm's power iteration, helper 85)?"""
+    cls = type(module)
     if any(_MODE_CLASSES.search(k.__name__) for k in cls.__mro__ if k is not torch.nn.Module):
         return True
-    code = getattr(getattr(cls, "forward", None), "__code__", None)
+    return any(_reads_training(fn) for fn in (getattr(cls, "forward", None), *module._forward_pre_hooks.values()))
+
+
+def _reads_training(fn) -> bool:
+    """Does a function, or a callable object's __call__, name `training`?"""
+    code = getattr(fn, "__code__", None) or getattr(getattr(type(fn), "__call__", None), "__code__", None)
     return code is not None and "training" in code.co_names
 
 
@@ -606,7 +612,7 @@ class ApiRecorder(Guarded):
         entry = self._mode_modules.get(id(module))
         if entry is None or entry[0]() is not module:
             subs = [(self.naming.module_name(m) or clean_name(eager_name(n)) or name, weakref.ref(m))
-                    for n, m in module.named_modules() if m is not module and _mode_matters(type(m))]
+                    for n, m in module.named_modules() if m is not module and _mode_matters(m)]
             entry = self._mode_modules[id(module)] = (weakref.ref(module), [(name, weakref.ref(module))] + subs)
         modes = {"training": [], "eval": []}
         for n, ref in entry[1]:

@@ -509,3 +509,27 @@ def test_a_backward_or_step_one_run_alone_makes_unobserved_is_no_identical(tmp_p
     (reason,) = d["inconclusive"]["reasons"]
     assert reason["code"] == "computed" and "backward (loss) is called at step 0 in run A only" in reason["message"], \
         reason
+
+
+def test_a_hook_on_a_parameter_is_named_among_the_causes_of_an_accumulation_pivot(tmp_path):
+    """Helper 85 (`fc.weight.register_hook(lambda g: g * 0.5)` from step 2, four micro-batches a step): the pivot
+    said "a missed zero_grad, a wrong accumulate" only, where no zero_grad call differed."""
+    import torch
+
+    import bitguard
+
+    def train(path, hooked):
+        model, opt = tiny_mlp()
+        with bitguard.record(path, determinism=False):
+            for step in range(3):
+                if hooked and step == 2:
+                    model[2].weight.register_hook(lambda g: g * 0.5)
+                opt.zero_grad()
+                for x in torch.arange(16.0).reshape(4, 1, 4) / 16:
+                    model(x).pow(2).mean().backward()
+                opt.step()
+
+    train(tmp_path / "a", False), train(tmp_path / "b", True)
+    fd = bitguard.compare(tmp_path / "a", tmp_path / "b").first_divergence
+    assert (fd["step"], fd["fault_class"]) == (2, "accumulation"), fd
+    assert "a hook on the parameter (param.register_hook" in fd["blame_window"]["detail"], fd["blame_window"]

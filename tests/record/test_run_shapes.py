@@ -605,3 +605,28 @@ def test_a_container_whose_random_pick_changed_is_said_to_be_the_rng(tmp_path):
     fd = bitguard.compare(tmp_path / "a", tmp_path / "b").first_divergence
     assert (fd["step"], fd["blame"], fd["fault_class"], fd["blame_window"]["module"]) == (2, "data", "rng", "PickOne"), fd
     assert "the RNG state the call of PickOne around it began from differs" in fd["blame_window"]["detail"]
+
+
+def test_a_mode_change_a_forward_pre_hook_reads_is_listed(tmp_path):
+    """Helper 85 (torch.nn.utils.spectral_norm, the hook-based one: its forward pre-hook runs the power iteration in
+    training mode only): eval() at step 2 in one run was said to be "spectral norm's vectors edited", with no mode
+    change listed among the training API calls that differ."""
+    import torch
+
+    import bitguard
+
+    def train(path, evaluated):
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.utils.spectral_norm(torch.nn.Linear(4, 4)), torch.nn.Tanh(),
+                                    torch.nn.Linear(4, 1))
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        with bitguard.record(path, determinism=False):
+            for step in range(3):
+                model[0].train(not (evaluated and step == 2))  # (the layer alone: the root's mode is listed anyway)
+                opt.zero_grad()
+                model(torch.ones(2, 4) * (step + 1)).pow(2).mean().backward()
+                opt.step()
+
+    train(tmp_path / "a", False), train(tmp_path / "b", True)
+    api = compare_json(tmp_path / "a", tmp_path / "b")[1]["first_divergence"]["api_differences"]["differences"]
+    assert [(d["step"], d["kind"], d["field"]) for d in api if d["kind"] == "modes"][:1] == [(2, "modes", "eval")], api
