@@ -166,8 +166,13 @@ def plan(run_a: RunInfo, run_b: RunInfo, fd: dict) -> Window:
                                f"as a module in step {step} of either run: its weights are used directly (a fused "
                                f"loss, a tied weight), so there is no module call to replay; the blame window of "
                                f"'bitguard compare' says where the gradient came from")
+        full = all(run.manifest.get("mode") == "full" for run in (run_a, run_b))
         raise NotSupported(f"not supported yet: the window {target} of the pivot ({where}) is not a recorded module "
-                           f"call in step {step} of either run (trusted mode or a compiled region?); record in full mode")
+                           f"call in step {step} of either run " + (
+                               "(both runs were recorded in full mode: it is called past nn.Module's call, as "
+                               "gpytorch's modules are, or run through its .forward(), or compiled); the blame window "
+                               "of 'bitguard compare' says where the difference came from" if full else
+                               "(trusted mode or a compiled region?); record in full mode"))
     if backward and fd.get("cause") == "structure" and (fd.get("a_seq") is None) != (fd.get("b_seq") is None):
         alone, other, events = ("B", "A", ea) if fd.get("a_seq") is None else ("A", "B", eb)
         if not events.filter((pl.col("step") == step) & (pl.col("phase") == "backward")
