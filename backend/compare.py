@@ -29,7 +29,7 @@ from numba import njit
 from bitguard.backend import api_diff, certification, check, collectives, content_pairs, equivalence, granularity
 from bitguard.backend import pivot as pivot_mod
 from bitguard.backend import bypassed, recompute, resumed
-from bitguard.backend import propagation, rank_pool, rank_summary, retype, threads
+from bitguard.backend import params_blame, propagation, rank_pool, rank_summary, retype, threads
 from bitguard.backend.ingest import RunInfo, in_order, load_rank, open_run
 from bitguard.backend.rank_summary import RankSummary, hex16 as _hex, unobserved as _unobserved
 from bitguard.backend.result import COMPARE_SCHEMA, EXIT_STATUS, CompareResult
@@ -488,6 +488,8 @@ def _find_pivot(rc: RankComparison) -> None:
             fed = pivot_mod.fed_by_model(rc.pivot, ((rc.events_a, rc.tensors_a), (rc.events_b, rc.tensors_b)), rc.diffs)
             if fed is not None:
                 rc.blame["blame_window"] = {"module": None, "detail": fed}
+        if rc.blame["blame"] in ("consumer", "data") and rc.blame["fault_class"] != "rng":
+            rc.blame = params_blame.made_apart(rc.blame, rc.pivot, rc.events_a, rc.diffs)
         seed = event["seq"]
     else:
         gap = counted.row(0, named=True)

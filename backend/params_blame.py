@@ -205,3 +205,29 @@ def made_in_call(pivot: dict, events_a: pl.DataFrame) -> str | None:
     if after.is_empty() or after["kind"][0] != "module" or after["boundary"][0] != pivot["boundary"]:
         return None  # (a params event taken as a call begins, a root's or swapped weights', starts with the call)
     return after["phase"][0] if (after["t_start_ns"][0] or 0) < own["t_start_ns"][0] else None
+
+
+def made_apart(blame: dict, pivot: dict, events_a: pl.DataFrame, diffs: pl.DataFrame) -> dict:
+    """A `consumer` or `data` pivot's `blame`, or, where the parameters an optimizer holds differ before its first
+    update later in the pivot's step (its `(before its first step)` params event) and no params event before the
+    pivot held them, `source`/`params` there: the weights were made differently, and no module call observed them
+    before the pivot (helper 83: gpytorch's models, called past nn.Module's call, initialised differently, were
+    said to differ "by the loss", or to come from the data under LBFGS)."""
+    later = events_a.filter((pl.col("step") == pivot["step"]) & (pl.col("seq") > pivot["seq"])
+                            & (pl.col("kind") == "params") & pl.col("boundary").cast(pl.String).str.ends_with(FIRST_STEP))
+    if later.is_empty() or events_a.filter((pl.col("seq") < pivot["seq"]) & (pl.col("kind") == "params")).height:
+        return blame
+    for event in later.iter_rows(named=True):
+        differing = diffs.filter((pl.col("a_seq") == event["seq"]) & (pl.col("role") == "param") & pl.col("differs")
+                                 & ~pl.col("ignored"))
+        if differing.is_empty():
+            continue
+        names = ", ".join(p.lstrip(".") for p in differing["path"].head(3).to_list())
+        return {"blame": "source", "fault_class": "params", "differing_roles": ["param"], "blame_window": {
+            "module": event["boundary"], "detail": (
+                f"the parameters {event['boundary'].removesuffix(FIRST_STEP)} holds ({names}) already differ before "
+                f"its first update, later in this step, and no module call observed them before: they were made "
+                f"differently (the initialisation, its seed, a loaded checkpoint, a value set by hand); the model is "
+                f"called past nn.Module's call (gpytorch's are) or through its .forward(), so its first observed "
+                f"consequence comes first ({blame['blame']}: {blame['blame_window']['detail']})")}}
+    return blame

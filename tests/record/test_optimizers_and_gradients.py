@@ -533,3 +533,4 @@ def test_a_hook_on_a_parameter_is_named_among_the_causes_of_an_accumulation_pivo
     fd = bitguard.compare(tmp_path / "a", tmp_path / "b").first_divergence
     assert (fd["step"], fd["fault_class"]) == (2, "accumulation"), fd
     assert "a hook on the parameter (param.register_hook" in fd["blame_window"]["detail"], fd["blame_window"]
+
