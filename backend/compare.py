@@ -702,20 +702,15 @@ class Comparison:
         `fit_gpytorch_mll`, whose gpytorch modules are called past nn.Module's call, compared identical to one
         that did, "backward (loss): called in A, not called in B" in a note). Not identical."""
         for rank in sorted(self.ranks):
-            rows = [[r for r in side or () if r["kind"] in _TRAINING_CALLS and r["step"] is not None]
-                    for side in self._api_rows(rank)]
-            steps = [{r["step"] for r in side or () if r["step"] is not None} for side in self._api_rows(rank)]
+            sides = [side or [] for side in self._api_rows(rank)]
+            steps = [{r["step"] for r in side if r["step"] is not None} for side in sides]
             if not steps[0] or not steps[1]:
                 continue
             # (the steps both runs recorded: a killed run's missing tail or a resumed run's head is no call it missed)
             first, last = max(min(s) for s in steps), min(max(s) for s in steps)
-            rows = [[r for r in side if first <= r["step"] <= last] for side in rows]
-            if not rows[0] and not rows[1]:
-                continue
-            found = [d for d in api_diff.differences(self.run_a, self.run_b, rank, last, rows=(rows[0] or [], rows[1] or []))
-                     ["differences"] if d["field"] is None] if rows[0] and rows[1] else \
-                [{"step": r["step"], "kind": r["kind"], "target": r["target"], "a": "called" if rows[0] else "not called"}
-                 for r in rows[0] or rows[1]]
+            rows = [[r for r in side if r["kind"] in _TRAINING_CALLS and r["step"] is not None
+                     and first <= r["step"] <= last] for side in sides]
+            found = [d for d in self._apart(rank, rows, last) if d["field"] is None]
             if found:
                 d = found[0]
                 side = "A" if d["a"] == "called" else "B"
@@ -724,6 +719,14 @@ class Comparison:
                     f"tensor is equal: what it computed is outside every recorded boundary (modules called past "
                     f"nn.Module's call, as gpytorch's are; tensors no module holds)"), rank=rank)]
         return []
+
+    def _apart(self, rank: int, rows: list[list], step: int) -> list[dict]:
+        """The differences of two runs' API rows (`api_diff.differences`, up to `step`); where one run has none,
+        each call of the other's, made in it alone."""
+        if rows[0] and rows[1]:
+            return api_diff.differences(self.run_a, self.run_b, rank, step, rows=tuple(rows))["differences"]
+        return [{"step": r["step"], "kind": r["kind"], "target": r["target"], "field": None,
+                 "a": "called" if rows[0] else "not called"} for r in rows[0] or rows[1]]
 
     def _final_settings_differ(self) -> list[dict]:
         """A setting the training's API calls made after its last optimizer step (a scheduler's
@@ -740,12 +743,9 @@ class Comparison:
             tail = [[r for r in rows if r["step"] == last and r["kind"] in SETTINGS_AFTER] for rows in (rows_a, rows_b)]
             if not tail[0] and not tail[1]:
                 continue
-            found = api_diff.differences(self.run_a, self.run_b, rank, api_diff.EVERY_STEP, rows=tuple(tail)) \
-                if tail[0] and tail[1] else {"differences": [{"kind": r["kind"], "target": r["target"], "field": None,
-                                                              "a": "called" if tail[0] else "not called"}
-                                                             for r in tail[0] or tail[1]]}
             # (a field one build records and the other not is no difference of the runs: the manifests say so)
-            found = [d for d in found["differences"] if d["field"] is None or (d["a"] is not None and d["b"] is not None)]
+            found = [d for d in self._apart(rank, tail, api_diff.EVERY_STEP)
+                     if d["field"] is None or (d["a"] is not None and d["b"] is not None)]
             found.sort(key=lambda d: SETTINGS_AFTER.index(d["kind"]))  # (what changed the settings, before them)
             if found:
                 d = found[0]

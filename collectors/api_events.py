@@ -289,6 +289,7 @@ class ApiRecorder(Guarded):
     def remove(self) -> None:
         """Write what the last step left, check it, and put every wrapped function back."""
         self.guard(self._settings_at_end)()
+        self._final.remove()  # (the finalizers out even where a failure disabled the recorder)
         self.guard(self._end_step)(None)
         self.guard(self._check_through)(None)
         for handle in self._handles:

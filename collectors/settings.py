@@ -271,7 +271,7 @@ class FinalSettings:
                 rows.append(("optimizer_settings", name, _optimizer_value(optimizer, at_step)))
         # (helper 65: an optimizer made after the last step() and never stepped, holding the state a training that
         # went on would use: its state loaded in one run and not in the other compared identical)
-        for key, ref in list(self.made.items()):
+        for ref in list(self.made.values()):
             optimizer = ref()
             if optimizer is not None and not self.known(optimizer):
                 rows.append(("optimizer_settings", self._index(optimizer), _optimizer_value(optimizer, None)))
