@@ -136,7 +136,7 @@ def _retyped(fd: FirstDivergence) -> str:
     return f"paired across a change of its tensors: both runs {verb} {fd.module_type}"
 
 
-_NOTES = ("modes", "recompute", "bypassed", "retyped")  # reasons that describe what was compared, printed as notes
+_NOTES = ("modes", "recompute", "bypassed", "retyped", "threads")  # reasons that describe what was compared: notes
 
 
 def _said(reason, ranks: list[int]) -> str:
