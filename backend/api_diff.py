@@ -234,6 +234,8 @@ def differences(run_a, run_b, rank: int, step: int, computed: bool = False, rows
                         one.update(_modules_apart(fa, fb))
                     if accepted is None or not accepted(one):
                         found.append(one)
+    if not computed:  # (a step's reads after its calls to the training API: most are what the cause changed, helper
+        found.sort(key=lambda d: (d["step"], d["kind"] == "read"))  # 84's and 88's library reads led "the likely cause")
     found = _folded(_merged(found))
     return {"available": True, "differences": found[:SHOWN], "more": max(0, len(found) - SHOWN), "missing": []}
 

@@ -210,3 +210,16 @@ def test_differences_of_a_step_are_listed_in_the_order_the_calls_were_made():
     assert [(d["target"], d["a"]) for d in found["differences"]] == [("item", "not called")], found
     assert api_diff._in_call_order({"a": 0, "c": 0}, {"b": 0, "a": 0, "d": 0, "c": 0, "e": 0}) == \
         ["b", "a", "d", "c", "e"]
+
+
+def test_a_step_s_reads_come_after_its_calls_to_the_training_api():
+    """Helpers 84 and 88 (MONAI's type conversions, torchaudio's masking: values read inside the library, after
+    the cause changed them): a step's reads led the list of "the likely cause", before the lr that differed."""
+    rows_a = [{"step": 3, "rank": 0, "ord": 0, "kind": "read", "target": "item",
+               "value": json.dumps({"value": 1.0, "at": "lib.py:9"}), "t_ns": 0},
+              {"step": 3, "rank": 0, "ord": 1, "kind": "optimizer_step", "target": "SGD#0",
+               "value": json.dumps({"groups": [{"lr": 0.1}]}), "t_ns": 0}]
+    rows_b = [rows_a[0], {**rows_a[0], "ord": 1, "value": json.dumps({"value": 2.0, "at": "lib.py:9"})},
+              {**rows_a[1], "ord": 2, "value": json.dumps({"groups": [{"lr": 0.05}]})}]
+    found = api_diff.differences(None, None, 0, api_diff.EVERY_STEP, rows=(rows_a, rows_b))["differences"]
+    assert [(d["kind"], d["field"]) for d in found] == [("optimizer_step", "groups[0].lr"), ("read", None)], found
