@@ -27,6 +27,9 @@ from bitguard import timed
 # what the training computes (a consequence of a divergence, never its cause), per kind
 COMPUTED = {"backward": {"value"}, "clip_grad_norm": {"total_norm"}, "params": {"xor"},
             "read": {"value"}}  # (a `read`: a number the training took out of a tensor, `.item()`, `float()`)
+# fields both compared as computed and listed as a call's: a read's shape and dtype ([1.5] and [1.5, 0.0, 0.0] digest
+# alike: helper 88's decodes, [] and [0], compared identical, their shape listed as a setting)
+ALSO_COMPUTED = {"read": {"shape", "dtype"}}
 # where a call was made (a read's file:line): shown beside its difference, never compared (code moves between runs)
 PLACES = {"read": "at"}
 SHOWN = 12  # differences kept in the document; `more` counts the rest
@@ -66,14 +69,15 @@ def _decode(text):
 
 
 def _flat(value, kind: str, path: str = "", out: dict | None = None, computed: bool = False) -> dict:
-    """{field path: scalar} of one event's value: the computed fields left out, or (`computed`) only they."""
+    """{field path: scalar} of one event's value: the computed fields left out, or (`computed`) only they
+    (`ALSO_COMPUTED` fields in both)."""
     out = {} if out is None else out
     if isinstance(value, dict):
         for k, v in value.items():
             leaf = k if not path else f"{path}.{k}"
             if not path and k == PLACES.get(kind):
                 continue
-            if k in COMPUTED.get(kind, ()):
+            if k in COMPUTED.get(kind, ()) or (computed and k in ALSO_COMPUTED.get(kind, ())):
                 if computed:
                     out[leaf] = v
                 continue

@@ -522,6 +522,11 @@ def _find_pivot(rc: RankComparison) -> None:
         rc.propagation = propagation.build(rc.rank, rc.events_a, rc.tensors_a, divergent, seed)
 
 
+def _read_field(d: dict) -> str:
+    """` in its shape` where a read's values differ in their shape or dtype, not only their digest (helper 88)."""
+    return f" in its {d['field']}" if d["kind"] == "read" and d["field"] not in (None, "value") else ""
+
+
 def _in_a_steps(run_a: RunInfo, run_b: RunInfo) -> tuple[dict, dict]:
     """The two manifests with their recorded step windows as compare reads them (--resumed-at:
     certification.compared_windows)."""
@@ -692,7 +697,8 @@ class Comparison:
                           f'{{"id": "...", "action": "ignore", "match": {{"phase": "read", "path": "*{_place(d["at"])}"}}}}'
                           if d["kind"] == "read" and d.get("at") else "")
                 return [certification.reason("computed", (
-                    f"{what} differs at step {d['step']} ({a} in A, {b} in B) while every recorded tensor is equal: "
+                    f"{what} differs{_read_field(d)} at step {d['step']} ({a} in A, {b} in B) while every recorded "
+                    f"tensor is equal: "
                     f"{where}{accept}"), rank=rank)]
         return self._calls_in_one_run() or self._final_settings_differ()
 

@@ -229,3 +229,27 @@ def test_a_value_read_in_one_run_only_is_shown_with_what_it_read(tmp_path):
     assert reads and reads[0]["b"] == "called" and isinstance(reads[0]["value"], float), reads
     shown = run_cli("compare", tmp_path / "a", tmp_path / "b").stdout
     assert "not called in A, called in B (it read " in shown, shown
+
+
+def test_values_read_that_differ_only_in_their_shape_are_not_identical(tmp_path):
+    """Helper 88 (torchaudio, a greedy CTC decode read with tolist(): [[], [], []] against [[0], [0], [0]]): values
+    read that differ by zeros only ([1.5] and [1.5, 0.0, 0.0]) digest alike, and their shape, which differs, was
+    taken for a setting: "identical", with "read (tolist) shape [1] (A) vs [3] (B)" in a note."""
+    import torch
+
+    import bitguard
+
+    def train(path, n):
+        model, opt = tiny_mlp()
+        with bitguard.record(path, determinism=False):
+            sgd_steps(model, opt, 2)
+            kept = torch.zeros(n)
+            kept[0] = 1.5
+            kept.tolist()
+
+    for name, n in (("a", 1), ("b", 1), ("c", 3)):
+        train(tmp_path / name, n)
+    assert compare_json(tmp_path / "a", tmp_path / "b")[0] == 0
+    code, d = compare_json(tmp_path / "a", tmp_path / "c")
+    assert code == 3 and [r["code"] for r in d["inconclusive"]["reasons"]] == ["computed"], d["verdict"]
+    assert "differs in its shape at step 2 ([1] in A, [3] in B)" in d["inconclusive"]["reasons"][0]["message"]
