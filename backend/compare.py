@@ -706,7 +706,10 @@ class Comparison:
         """When no event differs: a backward() or an optimizer step one run alone made, at a step both runs
         recorded: a computation no recorded boundary saw (helper 83: a BoTorch script that never called
         `fit_gpytorch_mll`, whose gpytorch modules are called past nn.Module's call, compared identical to one
-        that did, "backward (loss): called in A, not called in B" in a note). Not identical."""
+        that did, "backward (loss): called in A, not called in B" in a note). Not identical. Not where a run is
+        incomplete: its last step's calls are missing because it stopped (helper 87: a run that crashed in step 2)."""
+        if self.run_a.incomplete_reason() or self.run_b.incomplete_reason():
+            return []
         for rank in sorted(self.ranks):
             sides = [side or [] for side in self._api_rows(rank)]
             steps = [{r["step"] for r in side if r["step"] is not None} for side in sides]

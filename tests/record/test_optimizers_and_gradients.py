@@ -534,3 +534,28 @@ def test_a_hook_on_a_parameter_is_named_among_the_causes_of_an_accumulation_pivo
     assert (fd["step"], fd["fault_class"]) == (2, "accumulation"), fd
     assert "a hook on the parameter (param.register_hook" in fd["blame_window"]["detail"], fd["blame_window"]
 
+
+
+def test_a_run_that_failed_is_not_said_to_lack_the_calls_it_never_reached(tmp_path):
+    """Helper 87 (torchvision detection, eval() forgotten: the model raised in run B's step 2): besides `incomplete`,
+    compare said "backward (loss) is called at step 2 in run A only ... outside every recorded boundary"."""
+    import torch
+
+    import bitguard
+
+    def train(path, fail):
+        model, opt = tiny_mlp()
+        try:
+            with bitguard.record(path, determinism=False):
+                sgd_steps(model, opt, 2)
+                loss = model(torch.randn(2, 4)).pow(2).mean()
+                if fail:
+                    raise RuntimeError("the model raised")
+                loss.backward()
+                opt.step()
+        except RuntimeError:
+            pass
+
+    train(tmp_path / "a", False), train(tmp_path / "b", True)
+    code, d = compare_json(tmp_path / "a", tmp_path / "b")
+    assert code == 3 and "computed" not in [r["code"] for r in d["inconclusive"]["reasons"]], d["inconclusive"]
