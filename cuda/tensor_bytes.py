@@ -32,7 +32,10 @@ def tensor_bytes(t: torch.Tensor) -> torch.Tensor:
         t = t.as_subclass(torch.Tensor)  # a subclass's overrides must not see our views
     if t.is_conj() or t.is_neg():
         t = t.resolve_conj().resolve_neg()  # lazy bits: the logical value is not the stored bytes
-    return t.contiguous().reshape(-1).view(torch.uint8)
+    flat = t.contiguous().reshape(-1)
+    if flat.stride(-1) != 1:  # (one element or none, "contiguous" whatever its stride: x[0:1, 2], helper 87's drill)
+        flat = flat.as_strided((flat.numel(),), (1,))
+    return flat.view(torch.uint8)
 
 
 def quantized_bytes(t: torch.Tensor) -> torch.Tensor:

@@ -384,3 +384,17 @@ def test_a_run_longer_than_the_cap_is_stepped_as_an_outer_dimension(same_digest,
         plan = fingerprint.mapped_plan(t)
         assert plan is not None and plan[-1].size <= 8, "a run of at most 8 words"
         same_digest(digest(t), digest_tensor_reference(t), f"{dtype} {tuple(t.shape)} {t.stride()}")
+
+
+@pytest.mark.parametrize("make", [lambda: torch.arange(20.0).reshape(4, 5)[0:1, 2],
+                                  lambda: torch.arange(20.0).reshape(4, 5)[0:0, 2],
+                                  lambda: torch.arange(20.0).reshape(4, 5)[2:3, 1:2].squeeze(0)])
+def test_one_element_with_a_stride_other_than_one_is_read(make):
+    """Helper 87 (torchvision's detection heads, a drill's op tracer): a one-element slice `x[0:1, 2]` is
+    "contiguous" with stride 5, and its bytes could not be viewed ("self.stride(-1) must be 1 to view Float as
+    Byte"): the tracer stopped, and the drill said the replay did not reproduce the recording."""
+    from bitguard.cuda.tensor_bytes import tensor_bytes
+
+    t = make()
+    assert tensor_bytes(t).tolist() == tensor_bytes(t.clone(memory_format=torch.contiguous_format)).tolist()
+    assert digest(t) == digest(t.contiguous().clone())
