@@ -48,6 +48,9 @@ MAX_STACK = 64  # user frames kept in an op's `stack` (innermost ones)
 TORCH, OWN, TRANSPARENT, USER, DYNAMO = range(5)
 _TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
 _DYNAMO_DIR = os.path.join(_TORCH_DIR, "_dynamo", "")
+# dynamo's files of plain helpers the model's code calls as it runs, no compiled code (helper 87: torchvision's
+# roi_align calls torch._dynamo.utils.is_compile_supported, and the drill said compiled code ran in its window)
+_DYNAMO_HELPERS = frozenset(("utils.py", "external_utils.py"))
 _TRANSPARENT: set = set()  # code objects of bitguard's module-call wrappers (`transparent`)
 _TRANSPARENT_NAMES = {"hooks.py": ("_call_impl",), "compiled.py": ("observed", "<lambda>")}
 _kinds: dict = {}  # code object -> kind
@@ -84,7 +87,8 @@ def _kind(code) -> int:
         if code in _TRANSPARENT:
             kind = TRANSPARENT
         elif real.startswith(_TORCH_DIR) or path.startswith(_TORCH_DIR):
-            in_dynamo = real.startswith(_DYNAMO_DIR) or path.startswith(_DYNAMO_DIR)
+            in_dynamo = (real.startswith(_DYNAMO_DIR) or path.startswith(_DYNAMO_DIR)) \
+                and os.path.basename(real) not in _DYNAMO_HELPERS
             kind = DYNAMO if in_dynamo and not _disabling(code) else TORCH
         elif real.startswith(_OWN_DIRS) and not real.startswith(_SAMPLE_DIRS):
             names = _TRANSPARENT_NAMES.get(os.path.basename(real), ())

@@ -392,3 +392,16 @@ def test_gradient_checkpointing_in_the_window_is_no_compiled_code(tmp_path, monk
     assert trace["found"] and trace["complete"] and not trace["errors"], trace["errors"]
     assert [op["op"] for op in trace["ops"]][:1] == ["torch.Tensor.mul"]
     assert "torch.nn.functional.linear" in [op["op"] for op in trace["ops"]]
+
+
+def test_dynamo_s_helpers_a_model_calls_are_torch_s_code_not_compiled_code():
+    """Helper 87 (torchvision's roi_align calls torch._dynamo.utils.is_compile_supported as it runs): the drill's
+    tracer took the call for compiled code running in the window, stopped, and the drill said the replay did not
+    reproduce the recording. Dynamo's frame evaluation is still what it is."""
+    import torch._dynamo.eval_frame
+    import torch._dynamo.utils
+
+    from bitguard.collectors import ops
+
+    assert ops._kind(torch._dynamo.utils.is_compile_supported.__code__) == ops.TORCH
+    assert ops._kind(torch._dynamo.eval_frame.OptimizedModule.__call__.__code__) == ops.DYNAMO
