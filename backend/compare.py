@@ -488,7 +488,7 @@ def _find_pivot(rc: RankComparison) -> None:
             fed = pivot_mod.fed_by_model(rc.pivot, ((rc.events_a, rc.tensors_a), (rc.events_b, rc.tensors_b)), rc.diffs)
             if fed is not None:
                 rc.blame["blame_window"] = {"module": None, "detail": fed}
-        if rc.blame["blame"] in ("consumer", "data") and rc.blame["fault_class"] != "rng":
+        if rc.blame["blame"] in ("consumer", "data") and rc.blame["fault_class"] not in ("rng", "params"):
             rc.blame = params_blame.made_apart(rc.blame, rc.pivot, rc.events_a, rc.diffs)
         seed = event["seq"]
     else:

@@ -208,9 +208,9 @@ def made_in_call(pivot: dict, events_a: pl.DataFrame) -> str | None:
 
 
 def made_apart(blame: dict, pivot: dict, events_a: pl.DataFrame, diffs: pl.DataFrame) -> dict:
-    """A `consumer` or `data` pivot's `blame`, or, where the parameters an optimizer holds differ before its first
-    update later in the pivot's step (its `(before its first step)` params event) and no params event before the
-    pivot held them, `source`/`params` there: the weights were made differently, and no module call observed them
+    """A `consumer` or `data` pivot's `blame` (one not naming the weights already), or, where the parameters an
+    optimizer holds differ before its first update later in the pivot's step (its `(before its first step)` params
+    event) and no params event before the pivot held them, `source`/`params` there: the weights were made differently, and no module call observed them
     before the pivot (helper 83: gpytorch's models, called past nn.Module's call, initialised differently, were
     said to differ "by the loss", or to come from the data under LBFGS)."""
     later = events_a.filter((pl.col("step") == pivot["step"]) & (pl.col("seq") > pivot["seq"])
