@@ -6,9 +6,12 @@ What such a call computes reaches the training as its inputs, which are recorded
 one that draws from the CPU generator (an augmentation's random flip on a prefetching thread: helper
 84, kornia in MONAI's ThreadDataLoader) moves the generator's state between the training's draws by
 timing, so the CPU RNG state a step or a call began from (role `rng`) is no fact of the training
-there: where either run's rank made such calls, a built-in rule (`RULE`) accepts differences of
-`rng` tensors, counted in `rules_fired` like a user's, and `reason` says why (informational: what
-the training computed is still compared). Knows nothing of alignment or pivots.
+there: where either run's rank made such calls and one of them moved a generator's state
+(`threads_drew_rng`; a recording made before that was counted is taken to have drawn), a built-in
+rule (`RULE`) accepts differences of `rng` tensors, counted in `rules_fired` like a user's, and
+`reason` says why (informational: what the training computed is still compared). Calls that drew
+nothing leave the generators' states compared: a reseed nothing drew from after is a difference.
+Knows nothing of alignment or pivots.
 """
 
 from __future__ import annotations
@@ -21,15 +24,28 @@ RULE = Rule(id="bitguard:rng-drawn-on-other-threads", action="ignore", match={"r
             author="bitguard")
 
 
+def _counts(run, rank: int, field: str) -> dict[str, int] | None:
+    found = (run.rank_meta.get(rank) or {}).get(field)
+    return {str(k): v for k, v in found.items() if isinstance(v, int)} if isinstance(found, dict) else None
+
+
 def elsewhere(run, rank: int) -> dict[str, int]:
     """Thread name -> module calls made there, not recorded, in `run`'s rank `rank`."""
-    found = (run.rank_meta.get(rank) or {}).get("threads_not_recorded")
-    return {str(k): v for k, v in found.items() if isinstance(v, int)} if isinstance(found, dict) else {}
+    return _counts(run, rank, "threads_not_recorded") or {}
+
+
+def drew(run, rank: int) -> bool:
+    """Whether a module call on another thread moved a generator's state in `run`'s rank `rank` (a recording
+    that counted calls but not draws, made before they were: taken to have drawn)."""
+    if not elsewhere(run, rank):
+        return False
+    moved = _counts(run, rank, "threads_drew_rng")
+    return moved is None or any(moved.values())
 
 
 def rules_for(rules: RuleSet, run_a, run_b, rank: int) -> RuleSet:
-    """`rules`, with `RULE` where either run made module calls on other threads at this rank."""
-    if not (elsewhere(run_a, rank) or elsewhere(run_b, rank)) or any(r.id == RULE.id for r in rules.rules):
+    """`rules`, with `RULE` where either run's calls on other threads drew from a generator at this rank."""
+    if not (drew(run_a, rank) or drew(run_b, rank)) or any(r.id == RULE.id for r in rules.rules):
         return rules
     return RuleSet(rules.rules + (RULE,))
 
@@ -44,5 +60,8 @@ def reason(run_a, run_b, rank: int) -> list[dict]:
     return [make_reason("threads", (
         f"module calls made on threads other than the recording's were not recorded ({said}): they interleave with "
         f"the training's steps by timing; what they computed is compared where it reaches the training (its "
-        f"inputs), and the CPU generator's state (rng) is not compared (rule {RULE.id}: they may draw from it)"),
+        f"inputs), and " + (
+            f"the generators' states (rng) are not compared (rule {RULE.id}: those calls drew from them)"
+            if drew(run_a, rank) or drew(run_b, rank) else
+            "the generators' states (rng) are compared (those calls did not draw from them)")),
         rank=rank)]

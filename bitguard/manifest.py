@@ -117,6 +117,8 @@ class RankMeta(BaseModel):
     events: int | None = _field("a non-negative integer", ge=0)
     threads_not_recorded: dict[str, int] | None = _field(
         "an object mapping thread names to the module calls made there and not recorded (integers)")
+    threads_drew_rng: dict[str, int] | None = _field(
+        "an object mapping thread names to those of their calls that moved a generator's state (integers)")
 
 
 def _shown(value: Any) -> str:

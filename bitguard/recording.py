@@ -242,7 +242,7 @@ class record:
         from bitguard.collectors.determinism import FILL, TOUCHED, give_back
 
         collector, self.collector = self.collector, None
-        elsewhere = {}
+        elsewhere, drew = {}, {}
         if self.monitor is not None:
             collector.remove()
             steps_seen, events = collector.steps_seen(), 0
@@ -250,7 +250,7 @@ class record:
             collector.remove(final_state=status == "complete")  # a failed run's weights are not its result
             collector.began = collector.script_globals = None  # (the frame and the script's globals let go)
             steps_seen, events = collector.step + (1 if collector._advance else 0), collector._seq
-            elsewhere = collector.calls_elsewhere()
+            elsewhere, drew = collector.calls_elsewhere()
         if self.drill is not None:
             self.drill.close()
         refused = []
@@ -266,7 +266,8 @@ class record:
                   f"bytes the memory held (--no-determinism leaves it as the script sets it)", file=sys.stderr)
         self.store.close(status, {"end_time_ns": time.time_ns(), "steps_completed": steps_seen,
                                   "events": events, **({"fill_kept_on": refused} if refused else {}),
-                                  **({"threads_not_recorded": elsewhere} if elsewhere else {})})
+                                  **({"threads_not_recorded": elsewhere, "threads_drew_rng": drew}
+                                     if elsewhere else {})})
         if self.rank == 0:
             self._manifest.update(status=status, complete=status == "complete", exit_status=exit_status,
                                   end_time=time.strftime("%Y-%m-%dT%H:%M:%S%z"),

@@ -62,6 +62,7 @@ from bitguard.collectors.foreign_steps import ForeignStepWatch
 from bitguard.collectors.scaler import ScalerWatch
 from bitguard.collectors.sharded import ShardedParams, clean_name
 from bitguard.collectors.store import MAX_REPORTED_ERRORS
+from bitguard.collectors.threads import OtherThreads
 from bitguard.collectors.weights import WeightEvents, buffered_below, is_distributed, module_versions
 from bitguard.cuda.fingerprint import digest_async, digest_host_at, in_place_on_host
 from bitguard.cuda.tensor_bytes import tensor_bytes
@@ -70,6 +71,7 @@ from bitguard.modes import HEAVY_MODULES  # what trusted mode observes of module
 
 QUEUED_EVENTS = 256  # events queued before they are numbered and handed to the store
 MAX_WAITING_CALLS = 65536  # module calls waiting for a backward that may never come (_flush_backward)
+_ELSEWHERE = object()  # `_enter`: a call on another thread than the recording's, run by `OtherThreads.call`
 
 
 class _Frame:
@@ -290,7 +292,7 @@ class Collector(WeightEvents):
         self._calls_step = 0
         self._thread_names: dict[int, str] = {}  # ident -> name, for threads threading does not list
         self.thread = threading.get_ident()  # the recording's thread: module calls made on another are not recorded
-        self._elsewhere: dict[str, int] = {}  # thread name -> module calls made there outside any other (`_enter`)
+        self._elsewhere = OtherThreads()  # module calls made there, not recorded (`_enter`, collectors/threads.py)
         self._names: dict[int, tuple[weakref.ref, str]] = {}
         self._root_names: set[str] = set()
         self._roots: list[tuple[weakref.ref, str]] = []  # root modules met, for the final-state event
@@ -403,8 +405,8 @@ class Collector(WeightEvents):
         remove every hook this collector installed."""
         self._guard(self._flush_backward)()
         self._guard(self._child_saves)()
-        if self._elsewhere and not self._root_names:  # (before the end's look names the models the script keeps)
-            threads = ", ".join(sorted(self._elsewhere))
+        if self._elsewhere.calls and not self._root_names:  # (before the end's look names the models the script keeps)
+            threads = ", ".join(sorted(self._elsewhere.calls))
             self._fail("module calls", NotSupported(
                 f"the model was called only on thread(s) {threads}, not on the thread that began the recording, and "
                 f"module calls on other threads are not recorded: begin the recording on the training's thread "
@@ -860,6 +862,8 @@ class Collector(WeightEvents):
             if is_compiling() or not self.enabled or jit_tracing() is not None:
                 return inner(module, *args, **kwargs)
             frame = enter(module, args, kwargs)
+            if frame is _ELSEWHERE:
+                return self._elsewhere.call(inner, module, args, kwargs)
             try:
                 output = inner(module, *args, **kwargs)
             finally:
@@ -874,18 +878,10 @@ class Collector(WeightEvents):
 
         return _call_impl
 
-    def _called_elsewhere(self) -> None:
-        """A module called on a thread other than the recording's (a prefetching DataLoader's augmentation,
-        MONAI's ThreadDataLoader and CacheDataset, an actor's policy): not recorded. Its calls interleave with
-        the training's steps by timing, so they were numbered and paired by chance (helper 84: unchanged reruns
-        diverged); what they compute reaches the training as its inputs, which are recorded. Counted by thread
-        (the rank's meta, `threads_not_recorded`; compare says so and leaves the CPU generator's state out)."""
-        name = threading.current_thread().name
-        self._elsewhere[name] = self._elsewhere.get(name, 0) + 1
-
-    def calls_elsewhere(self) -> dict[str, int]:
-        """Module calls made on other threads than the recording's, outside any other, by thread name."""
-        return dict(self._elsewhere)
+    def calls_elsewhere(self) -> tuple[dict[str, int], dict[str, int]]:
+        """Module calls made on other threads than the recording's, outside any other, by thread name; and
+        those of them that moved a generator's state (collectors/threads.py)."""
+        return dict(self._elsewhere.calls), dict(self._elsewhere.drew)
 
     def _inside_a_call(self) -> bool:
         """Whether this thread is inside a module call (the module-call wrapper's frames)."""
@@ -899,7 +895,7 @@ class Collector(WeightEvents):
     def _keep_out_of_dynamo(self) -> None:
         keep_out_of_dynamo(self._wrapper, ENTRIES)  # see collectors/compiled.py
 
-    def _enter(self, module, args, kwargs=None) -> _Frame | None:
+    def _enter(self, module, args, kwargs=None) -> _Frame | object | None:
         """A module call begins: its frame, pushed last (None, and nothing pushed, on failure: the
         wrapper needs the frame back, so this contains its failures itself instead of `_guarded`).
         This runs for every module call, between kernels that left the caches cold: the common
@@ -910,7 +906,7 @@ class Collector(WeightEvents):
             except AttributeError:
                 frames = self._local.frames = []
             if not frames and threading.get_ident() != self.thread and recompute_kind() is None:
-                return self._called_elsewhere()
+                return _ELSEWHERE  # (the wrapper runs it, counted: collectors/threads.py)
             if self._advance:
                 self._maybe_advance()
             if frames:

@@ -566,6 +566,46 @@ def test_module_calls_on_another_thread_are_not_paired_by_timing(tmp_path, plant
         assert code == 0, (d["verdict"], d["first_divergence"])
 
 
+def test_a_thread_that_never_draws_leaves_the_generators_state_compared(tmp_path):
+    """Module calls on another thread left the CPU generator's state out of the comparison in every case,
+    also where that thread never drew from it: a reseed at step 2 that nothing drew from after (the data
+    made on a prefetching thread by a module that draws nothing) compared identical. The generator is left
+    out only where a thread's calls moved it."""
+    import queue
+    import threading
+
+    import torch
+
+    import bitguard
+
+    class Scale(torch.nn.Module):
+        def forward(self, x):
+            return x * 0.5
+
+    def train(path, reseed):
+        model, opt = tiny_mlp()
+        batches = torch.arange(48.0).reshape(6, 2, 4) / 48
+        scale, made = Scale(), queue.Queue()
+        with bitguard.record(path, determinism=False):
+            producer = threading.Thread(target=lambda: [made.put(scale(b)) for b in batches], name="prefetch")
+            producer.start()
+            producer.join()
+            for step, _ in enumerate(batches):
+                if reseed and step == 2:
+                    torch.manual_seed(7)
+                opt.zero_grad()
+                model(made.get()).pow(2).mean().backward()
+                opt.step()
+
+    train(tmp_path / "a", False)
+    train(tmp_path / "b", True)
+    code, d = compare_json(tmp_path / "a", tmp_path / "b")
+    fd = d["first_divergence"]
+    assert code == 1 and fd["step"] == 2 and "rng" in {t.get("role") for t in fd["tensors"]}, (d["verdict"], fd)
+    reasons = [r["message"] for r in d["certification"]["reasons"] if r["code"] == "threads"]
+    assert reasons and "did not draw" in reasons[0], d["certification"]["reasons"]
+
+
 def test_a_container_whose_random_pick_changed_is_said_to_be_the_rng(tmp_path):
     """Helper 84 (kornia's AugmentationSequential(random_apply=1), torchvision's RandomChoice, reseeded at step 2):
     the child the container picked changed, and the pivot said "a module was skipped or added, a branch changed",
