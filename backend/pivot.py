@@ -929,6 +929,7 @@ def _window(pivot: dict, events_a: pl.DataFrame, status: dict[int, str], diffs: 
                                          f"matched as its last call left them: changed outside any module call "
                                          f"since then (an edit by hand or through .data between steps, a load), and "
                                          f"read here, or computed differently by its own code" if changed else
+                                         _RAN_AGAIN.format(m=anc["boundary"]) if phase == "recompute" else
                                          "the difference arose in its own code"))
     if phase == "forward":
         root = _root_window(pivot, events_a, diffs)
@@ -957,6 +958,12 @@ def _window(pivot: dict, events_a: pl.DataFrame, status: dict[int, str], diffs: 
         return _recompute_window(pivot, events_a)  # enclosing call's own recompute never ends, no event)
     return {"module": None, "detail": "no enclosing module had identical inputs: the fault is upstream of every "
                                       "observed boundary (e.g. in the data pipeline or in code outside modules)"}
+
+
+# a recompute's window: the pivot's forward in the step came first and matched (it would be the pivot otherwise)
+_RAN_AGAIN = ("activation checkpointing ran {m}'s code again in backward (code that reads a flag or a state changed "
+              "between forward and backward, or an RNG state not preserved with preserve_rng_state=False, computes "
+              "otherwise then), and the difference arose in its own code")
 
 
 def _recompute_window(pivot: dict, events_a: pl.DataFrame) -> dict:

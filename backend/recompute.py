@@ -24,9 +24,14 @@ the forward). Module buffers are not compared: a module that updates them in for
 norm's running statistics) updates them again when recomputed, by design. A pair holding a
 tensor that could not be observed is not compared, and said so.
 
-What this does not know: a recompute cut short (non-reentrant checkpointing stops recomputing
-once the last saved tensor is back, so the region's outermost call usually has no recompute
-event, nor a dropout whose mask is the last saved tensor) has nothing to compare; checkpointing
+A recompute cut short (non-reentrant checkpointing stops recomputing once the last saved tensor is
+back, by an exception through the calls it is inside: the region's outermost call, a dropout whose
+mask is that tensor) is recorded with its inputs and no outputs: its inputs, and the RNG state it
+began from where it drew before the cut, are compared with its forward's (a dropout recomputed from
+another RNG state is found so); outputs it never made are not, and the note says how many.
+
+What this does not know: what a region computes after its last saved tensor is not recomputed, so
+a difference there (code that reads a counter) is not seen; checkpointing
 outside torch.utils.checkpoint (DeepSpeed's, Megatron's) is not recognised as a recompute by the
 collectors. A recompute whose RNG state differs from its forward's (preserve_rng_state=False) is a
 finding: the backward then used activations the forward never computed.
@@ -77,6 +82,12 @@ def _differences(expected: dict, got: dict, roles: tuple[str, ...]) -> list[Tens
 
 def _unobserved(t: dict, roles: tuple[str, ...]) -> bool:
     return any(row["unobserved"] is not None for k, row in t.items() if k[0] in roles)
+
+
+def _cut_short(got: dict, expected: dict) -> bool:
+    """A recompute recorded with no outputs where its forward made some: one non-reentrant checkpointing
+    stopped inside (collectors/hooks.py records such a call when the stop passes through it)."""
+    return not any(k[0] == "output" for k in got) and any(k[0] == "output" for k in expected)
 
 
 def _pair(recomputes: list[dict], forwards: list[dict], digests: dict) -> list[tuple[dict, dict | None]]:
@@ -134,7 +145,7 @@ def _check_rank(run: LoadedRun, rank: int, outcome: Outcome) -> None:
     for row in forwards.select(columns).sort("seq").iter_rows(named=True):
         by_key.setdefault((row["step"], row["boundary"]), []).append(row)
     digests = _tensor_map(run.tensors(rank), recomputes["seq"].to_list() + forwards["seq"].to_list())
-    unpaired = unobserved = 0
+    unpaired = unobserved = cut = 0
     groups: dict[tuple, list[dict]] = {}
     for row in recomputes.select(columns).sort("seq").iter_rows(named=True):
         groups.setdefault((row["step"], row["boundary"]), []).append(row)
@@ -148,6 +159,13 @@ def _check_rank(run: LoadedRun, rank: int, outcome: Outcome) -> None:
                 unobserved += 1
                 continue
             outcome.compared += 1
+            if _cut_short(got, expected):
+                cut += 1
+                inputs = _differences({k: v for k, v in expected.items() if k in got or k[0] != "rng"}, got,
+                                      INPUT_ROLES)  # (a draw after the cut was not made again: no rng row)
+                if inputs:
+                    outcome.findings.append(_finding(rank, r, f, inputs, True))
+                continue
             diffs = _differences(expected, got, COMPARED_ROLES)
             if diffs:
                 inputs = _differences(expected, got, INPUT_ROLES)
@@ -155,6 +173,11 @@ def _check_rank(run: LoadedRun, rank: int, outcome: Outcome) -> None:
     if unpaired:
         outcome.notes.append(f"rank {rank}: {unpaired} recompute(s) had no forward of their module recorded before "
                              f"them in their step (outside the recorded step window?): not checked")
+    if cut:
+        outcome.notes.append(f"rank {rank}: {cut} recompute(s) were cut short by non-reentrant checkpointing (it stops "
+                             f"once the last saved tensor is back): their inputs, and the RNG state they began from, "
+                             f"were compared with their forward's; outputs they never made were not, nor what the "
+                             f"region computes after its last saved tensor")
     if unobserved:
         outcome.notes.append(f"rank {rank}: {unobserved} recompute(s) hold a tensor that could not be observed "
                              f"(on a side): not checked")

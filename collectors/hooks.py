@@ -56,7 +56,7 @@ from bitguard.collectors.flatten import NotFlattened, flatten
 from bitguard.collectors.observation import NO_DIGEST, PLAIN, dims, observe, transformed, unwrapped
 from bitguard.collectors.patching import Patch
 from bitguard.collectors.processes import ProcessWatch
-from bitguard.collectors.recompute import NON_REENTRANT, recompute_kind
+from bitguard.collectors.recompute import CUT_SHORT, NON_REENTRANT, recompute_kind
 from bitguard.collectors.saved import SaveWatch
 from bitguard.collectors.foreign_steps import ForeignStepWatch
 from bitguard.collectors.scaler import ScalerWatch
@@ -866,6 +866,13 @@ class Collector(WeightEvents):
                 return self._elsewhere.call(inner, module, args, kwargs)
             try:
                 output = inner(module, *args, **kwargs)
+            except CUT_SHORT:  # a non-reentrant checkpoint's recompute stopped inside this call: its inputs
+                if frame is not None:  # (and the RNG state it began from) are recorded, with no outputs
+                    frame.calls.pop()
+                    if frame.record and frame.recompute is not None:
+                        leave(frame, kwargs, None)
+                    frame = None
+                raise
             finally:
                 if frame is not None:
                     frame.calls.pop()

@@ -32,6 +32,9 @@ from torch.utils import checkpoint as _checkpoint
 
 REENTRANT = "reentrant"
 NON_REENTRANT = "non-reentrant"
+# A non-reentrant recompute stops once the last saved tensor is back, by raising this through the calls it is
+# inside: hooks.py records their inputs (and the RNG state they began from), with no outputs
+CUT_SHORT = getattr(_checkpoint, "_StopRecomputationError", ())
 
 
 def _code_named(function, name: str):

@@ -123,13 +123,15 @@ def test_checkpointing_changes_no_number_and_compares_identical_to_no_checkpoint
     assert doc["alignment"]["gaps_b"] == events(runs["a"]).filter(pl.col("phase") == "recompute").height
 
 
-def test_check_finds_a_recompute_that_draws_other_random_numbers(tmp_path):
+@pytest.mark.parametrize("mode", [(), pytest.param(("--reentrant",), marks=pytest.mark.extended)],
+                         ids=["non-reentrant", "reentrant"])
+def test_check_finds_a_recompute_that_draws_other_random_numbers(tmp_path, mode):
     # preserve_rng_state=False: each dropout recompute draws another mask than its forward did (a real
-    # nondeterminism of the training). Reentrant: non-reentrant stops recomputing at the dropout's mask,
-    # the last saved tensor of the block, so no recompute of it completes to be compared.
-    got = h.together({"plain": lambda: h.plain("checkpointing.py", tmp_path, "--reentrant", "--no-preserve-rng"),
-                      "run": lambda: h.recorded("checkpointing.py", tmp_path / "norng", "--reentrant",
-                                                "--no-preserve-rng")})
+    # nondeterminism of the training). Non-reentrant stops recomputing at the dropout's mask, the last saved
+    # tensor of the block, so the dropout's recompute is cut short: helper 85's `check` said clean, comparing
+    # nothing of it; the cut call is now recorded with its inputs and the RNG state it began from.
+    got = h.together({"plain": lambda: h.plain("checkpointing.py", tmp_path, *mode, "--no-preserve-rng"),
+                      "run": lambda: h.recorded("checkpointing.py", tmp_path / "norng", *mode, "--no-preserve-rng")})
     plain, (run, result) = got["plain"], got["run"]
     h.assert_unchanged(plain, result)
     code, doc = h.check(run)
@@ -137,3 +139,5 @@ def test_check_finds_a_recompute_that_draws_other_random_numbers(tmp_path):
     drops = [f for f in doc["findings"] if f["boundary"].endswith(".drop")]
     assert drops and all("rng" in f["differing_roles"] and "RNG state" in f["detail"] for f in drops), doc["findings"]
     assert {f["step"] for f in drops} == set(range(STEPS))
+    notes = [n for c in doc["checks"] if c["name"] == "recompute" for n in c["notes"]]
+    assert not mode == any("cut short" in n for n in notes), doc["checks"]
