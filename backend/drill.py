@@ -45,6 +45,9 @@ DRILL_SCHEMA = "bitguard.drill/1"
 SPEC_SCHEMA = "bitguard.drill-spec/1"
 EXIT_STATUS = {"op_pivot": 0, "no_difference": 1, "not_reproduced": 3}
 NOT_REPRODUCED = "the replay does not reproduce the record: nondeterminism or a changed environment"
+TRACE_INCOMPLETE = ("both replays reproduced their records up to the window, but the op trace is incomplete: bitguard's "
+                    "op tracer could not follow the window's code (a limit of the tool, not nondeterminism of the runs; "
+                    "the boundary pivot stands)")
 MAX_TENSOR_BYTES = 64 << 20
 MAX_TOTAL_BYTES = 512 << 20
 DEFAULT_TIMEOUT_S = 3600.0
@@ -557,7 +560,11 @@ def _not_reproduced(replays: list, checks: dict, problems: list) -> dict:
     if any(checks[s]["compared"] and not checks[s]["reproduced"] for s in ("a", "b")):
         details.append("if the script reads environment variables bitguard does not record, record them with "
                        "BITGUARD_RECORD_ENV=NAME,... (docs/DRILL.md)")
-    return {"reproduced": False, "detail": f"{NOT_REPRODUCED} (" + "; ".join(details) + ")", **checks}
+    if all(checks[s]["reproduced"] for s in ("a", "b")) and not failed:  # (helper 87: a tracer failure read as
+        return {"reproduced": False, "cause": "op_trace", **checks,  # nondeterminism that was not there)
+                "detail": f"{TRACE_INCOMPLETE} (" + "; ".join(details) + ")"}
+    return {"reproduced": False, "cause": "replay", "detail": f"{NOT_REPRODUCED} (" + "; ".join(details) + ")",
+            **checks}
 
 
 def _analyse(doc: dict, w: Window, fd: dict, dirs: dict, traces: dict, checks: dict) -> tuple:
