@@ -14,7 +14,8 @@ Edges run forward in time between divergent events of one rank:
   recording's final state holds);
 - inferred: a divergent forward call whose input tensor no observed event produced (a
   functional op between modules made it) -> from the divergent forward call completed just before;
-  the same in backward, and a part's backward that is its step's first divergent one, whose incoming
+  the same in backward (a root's backward from the root backward just before it: a loss module fed a
+  view of the model's output), and a part's backward that is its step's first divergent one, whose incoming
   gradient no backward returned -> from the divergent root forward before it (the loss the root computed).
 The graph is returned summarised: one node per (phase, kind, boundary) with the first step
 reached and the number of divergent events, one edge per (source node, target node, kind).
@@ -142,9 +143,11 @@ def graph(events: pl.DataFrame, tensors: pl.DataFrame, divergent, loss: bool = F
                 .group_by("tid").agg(pl.col("seq").min().alias("producer")))
     outs = tens.filter((pl.col("role") == "grad_output") & (pl.col("tid") > 0)).join(first_in, on="tid", how="left")
     orphans = outs.filter(pl.col("producer").is_null() | (pl.col("producer") >= pl.col("seq")))["seq"].unique()
+    # (a root's gradient comes from its loss: from the backward before it where that is a root's too, a loss
+    # module fed a view of the model's output, as CTC's (T, N, C) is: helper 88, "reached 2 nodes" of 1,249)
     parts.append(back.select(pl.col("seq").shift().alias("src"), pl.col("seq").alias("dst"),
                              pl.lit("inferred").alias("kind"), (pl.col("step").shift() == pl.col("step")).alias("_same"),
-                             (pl.col("depth") > 0).alias("_inner"))  # (a root's gradient comes from its loss)
+                             ((pl.col("depth") > 0) | (pl.col("depth").shift() == 0)).alias("_inner"))
                  .filter(pl.col("dst").is_in(orphans.implode()) & pl.col("_same").fill_null(False) & pl.col("_inner"))
                  .drop("_same", "_inner"))
     # such a backward of a part that is its step's first divergent backward: the code of the root call around

@@ -97,3 +97,27 @@ def test_a_backward_fault_propagates_through_a_functional_op_to_the_modules_befo
     assert (fd["phase"], fd["boundary"]) == ("backward", "l2"), fd
     edges = {(e["source"], e["target"], e["kind"]) for e in c.to_dict()["propagation"]["edges"]}
     assert any("l2" in s and "l1" in t and kind == "inferred" for s, t, kind in edges), edges
+
+
+def test_a_loss_module_fed_a_view_of_the_output_reaches_the_models_backward(tmp_path):
+    """Helper 88 (CTC fed `logp.transpose(0, 1)`, as CTC wants (T, N, C)): a changed label smoothing of a loss
+    module given a transposed view of the model's output "reached 2 nodes" (the loss's forward and backward)
+    while every gradient and weight after it differed: the model's backward receives the view's gradient, which
+    no observed backward returned, and a root's backward was never hung off the one before it."""
+    import torch
+
+    for name, smoothing in (("a", 0.0), ("b", 0.1)):
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 3))
+        loss_fn = nn.CrossEntropyLoss(label_smoothing=smoothing)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        with bitguard.record(tmp_path / name, determinism=False):
+            for _ in range(2):
+                opt.zero_grad()
+                loss_fn(model(torch.randn(5, 2, 4)).transpose(1, 2), torch.randint(0, 3, (5, 2))).backward()
+                opt.step()
+    c = bitguard.compare(tmp_path / "a", tmp_path / "b")
+    assert (c.first_divergence["boundary"], c.first_divergence["blame"]) == ("CrossEntropyLoss", "source")
+    edges = {(e["source"].split(":", 1)[1], e["target"].split(":", 1)[1]) for e in c.to_dict()["propagation"]["edges"]}
+    assert ("backward:module:CrossEntropyLoss", "backward:module:Sequential") in edges, edges
+    assert ("backward:grad:0.weight", "optimizer:step:0.weight") in edges, edges
