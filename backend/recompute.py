@@ -45,12 +45,13 @@ from bitguard.backend.check import Against, DigestPair, Finding, LoadedRun, Outc
 
 INPUT_ROLES = ("input", "rng")
 COMPARED_ROLES = ("output",)
+STATE_ROLES = ("state",)  # a module's own buffers as the call left them: not compared, read to explain a finding
 
 
 def _tensor_map(tensors: pl.DataFrame, seqs: list[int]) -> dict[int, dict[tuple[str, int], dict]]:
     """seq -> (role, idx) -> tensor row, for the events `seqs`."""
     out: dict[int, dict[tuple[str, int], dict]] = {s: {} for s in seqs}
-    rows = tensors.filter(pl.col("seq").is_in(seqs) & pl.col("role").is_in(INPUT_ROLES + COMPARED_ROLES))
+    rows = tensors.filter(pl.col("seq").is_in(seqs) & pl.col("role").is_in(INPUT_ROLES + COMPARED_ROLES + STATE_ROLES))
     for row in rows.iter_rows(named=True):
         out[row["seq"]][(row["role"], row["idx"])] = row
     return out
@@ -110,10 +111,21 @@ def _pair(recomputes: list[dict], forwards: list[dict], digests: dict) -> list[t
     return out
 
 
-def _finding(rank: int, r: dict, f: dict, diffs: list[TensorDiff], inputs_differ: bool) -> Finding:
+def _finding(rank: int, r: dict, f: dict, diffs: list[TensorDiff], inputs_differ: bool,
+             state: list[TensorDiff] = ()) -> Finding:
     roles = sorted({d.role for d in diffs})
     where = f"the recompute of {r['boundary']} at step {r['step']} (recompute call {r['call']})"
-    if inputs_differ and {d.role for d in diffs if d.role in INPUT_ROLES} == {"rng"}:
+    if state and not inputs_differ:  # (helper 85: spectral_norm's power iteration, checkpointed, read as SDC)
+        paths = ", ".join(d.path for d in state[:3])
+        detail = (f"{where} returned different {', '.join(roles)} from its original forward (call {f['call']}) on "
+                  f"bitwise the same inputs, and its buffers ({paths}) differ as the two calls left them: the module "
+                  f"updates its own buffers when called (spectral norm's power iteration, a running estimate), so the "
+                  f"recompute began from the buffers the forward left and computed otherwise: the backward used "
+                  f"other activations than the forward (checkpointing a module that updates its state), not "
+                  f"silent data corruption")
+        diffs = diffs + list(state)
+        roles = sorted({d.role for d in diffs})
+    elif inputs_differ and {d.role for d in diffs if d.role in INPUT_ROLES} == {"rng"}:
         detail = (f"{where} started from another RNG state than its original forward (call {f['call']}), so it drew "
                   f"other random numbers (checkpoint(..., preserve_rng_state=False), or a generator the checkpoint "
                   f"does not restore): the backward used activations the forward never computed")
@@ -130,6 +142,22 @@ def _finding(rank: int, r: dict, f: dict, diffs: list[TensorDiff], inputs_differ
                    against=Against(rank=rank, seq=f["seq"], phase=f["phase"], call=f["call"]),
                    blame="consumer" if inputs_differ else "source", differing_roles=roles, tensors=diffs,
                    detail=detail)
+
+
+def _inner_first(findings: list[Finding]) -> None:
+    """A source finding whose call holds an earlier source finding of the same step (the parametrization inside
+    a parametrized Linear, the Linear inside its block) says so rather than naming silent data corruption: the
+    call inside computed differently first, and this one returned what it made."""
+    by_step: dict[int, list[Finding]] = {}
+    for f in findings:
+        if f.blame == "source":
+            by_step.setdefault(f.step, []).append(f)
+    for f in (f for same in by_step.values() for f in same):
+        inner = next((g for g in by_step[f.step] if g.seq < f.seq and g.boundary.startswith(f"{f.boundary}.")), None)
+        if inner is not None:
+            f.detail = (f"the recompute of {f.boundary} at step {f.step} (recompute call {f.call}) returned different "
+                        f"{', '.join(f.differing_roles)} from its original forward (call {f.against.call}) on bitwise "
+                        f"the same inputs: {inner.boundary}, a call inside it, computed differently first (its finding)")
 
 
 def _check_rank(run: LoadedRun, rank: int, outcome: Outcome) -> None:
@@ -169,10 +197,12 @@ def _check_rank(run: LoadedRun, rank: int, outcome: Outcome) -> None:
             diffs = _differences(expected, got, COMPARED_ROLES)
             if diffs:
                 inputs = _differences(expected, got, INPUT_ROLES)
-                outcome.findings.append(_finding(rank, r, f, inputs + diffs, bool(inputs)))
+                outcome.findings.append(_finding(rank, r, f, inputs + diffs, bool(inputs),
+                                                 _differences(expected, got, STATE_ROLES)))
     if unpaired:
         outcome.notes.append(f"rank {rank}: {unpaired} recompute(s) had no forward of their module recorded before "
                              f"them in their step (outside the recorded step window?): not checked")
+    _inner_first([f for f in outcome.findings if f.rank == rank])
     if cut:
         outcome.notes.append(f"rank {rank}: {cut} recompute(s) were cut short by non-reentrant checkpointing (it stops "
                              f"once the last saved tensor is back): their inputs, and the RNG state they began from, "

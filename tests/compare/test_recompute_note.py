@@ -76,3 +76,28 @@ def test_a_recompute_given_other_inputs_than_its_forward_is_blamed_on_the_module
     assert (fd["step"], fd["phase"], fd["boundary"]) == (1, "recompute", "block.fc2"), fd
     assert fd["blame_window"]["module"] == "block", fd["blame_window"]
     assert "ran block's code again in backward" in fd["blame_window"]["detail"], fd["blame_window"]
+
+
+def test_a_checkpointed_module_that_updates_its_buffers_is_named_not_silent_data_corruption(tmp_path):
+    """Helper 85: spectral_norm inside a checkpoint (its power iteration updates _u and _v on every call, so the
+    recompute starts from the vectors the forward left): `check` found it, rightly, and called each finding
+    "silent data corruption, a nondeterministic kernel, or code that behaves differently when recomputed", the
+    parametrization's and the Linear's around it alike."""
+    from torch.nn.utils.parametrizations import spectral_norm
+
+    from bitguard.backend.check import run_checks
+
+    torch.manual_seed(0)
+    block = nn.Sequential(spectral_norm(nn.Linear(8, 8)), nn.Tanh(), nn.Linear(8, 8))
+    opt = torch.optim.SGD(block.parameters(), lr=0.1)
+    with bitguard.record(tmp_path / "run", determinism=False):
+        for _ in range(2):
+            opt.zero_grad()
+            checkpoint(block, torch.randn(4, 8), use_reentrant=False).pow(2).mean().backward()
+            opt.step()
+    found = [f for f in run_checks(tmp_path / "run").findings if f.step == 0 and f.blame == "source"]
+    assert found and found[0].module_type == "_SpectralNorm", [(f.boundary, f.detail) for f in found]
+    assert "updates its own buffers" in found[0].detail and "state" in found[0].differing_roles, found[0].detail
+    around = [f for f in found[1:] if found[0].boundary.startswith(f"{f.boundary}.")]
+    assert around and all(f"{found[0].boundary}, a call inside it" in f.detail for f in around), \
+        [(f.boundary, f.detail) for f in found]
