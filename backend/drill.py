@@ -123,6 +123,10 @@ def plan(run_a: RunInfo, run_b: RunInfo, fd: dict) -> Window:
     if kind == "batch":
         raise NotSupported(f"the pivot ({where}) is the input batch: there is no operation to drill into; the "
                            f"batch or the RNG state differs before the model runs (see 'bitguard compare')")
+    if fd["blame"] == "data" and fd.get("fault_class") == "rng":  # (helper 84: a reseeded augmentation's call)
+        raise NotSupported(f"the pivot ({where}) differs by the RNG state its call began from, its tensors matching: "
+                           f"random numbers were drawn differently before it (a reseed, a draw outside module calls), "
+                           f"so there is no operation inside it to drill into; 'bitguard compare' says where")
     if fd["blame"] == "data":  # (helper 48: a loss given its inputs swapped was called "the input batch")
         raise NotSupported(f"the pivot ({where}) differs by its inputs, which no observed call before it made "
                            f"differently: they were made or passed by the training's code outside every module call "

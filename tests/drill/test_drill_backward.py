@@ -115,6 +115,9 @@ def test_a_forward_pivot_blamed_on_its_inputs_is_not_called_the_batch():
     fd = {"phase": "forward", "kind": "module", "boundary": "Loss", "step": 0, "blame": "data"}
     with pytest.raises(NotSupported, match="differs by its inputs, which no observed call before it made differently"):
         plan(None, None, fd)
+    # (helper 84: a reseeded augmentation's call, its tensors matching, was said to differ by its inputs)
+    with pytest.raises(NotSupported, match="differs by the RNG state its call began from, its tensors matching"):
+        plan(None, None, {**fd, "fault_class": "rng"})
     with pytest.raises(NotSupported, match="is the input batch"):
         plan(None, None, {**fd, "phase": "data", "kind": "batch"})
     # (helper 68: the weights of a flow trained through its .inverse(), never called, differ: not "the batch")
