@@ -3,7 +3,8 @@ not see between two observations could explain it. Each is a sentence or nothing
 events and tensors: weights edited between calls after their last params event (`unstepped_note`,
 `midstep_note`), an input whose digest was reused from an earlier call (`cached_input_note`), a
 backward's input that the root also returned to the training's code (`returned_input_note`), a
-backward that ran on activations checkpointing recomputed (`recompute_note`); and
+backward that ran on activations checkpointing recomputed (`recompute_note`); beside a pivot of the
+RNG state, a model's weights that differ later in its step (`weights_later_note`); and
 beside any pivot, tensors whose memory layout differs between the runs (`layout_note`). Knows nothing
 of how the pivot was found (pivot.py)."""
 
@@ -194,3 +195,21 @@ def recompute_note(pivot: dict, events_a: pl.DataFrame) -> list[str]:
             f"flag or a state changed between the two, an RNG state not preserved) shows first here, as if the "
             f"backward computed differently; a non-reentrant checkpoint stops recomputing once it has what the "
             f"backward needs, so the call that differs may have no recompute event"]
+
+
+def weights_later_note(pivot: dict, events_a: pl.DataFrame, diffs: pl.DataFrame) -> list[str]:
+    """A pivot of the RNG state a call began from (fault_class rng), followed in its step by a model's parameters
+    that differ as its first call meets them (a `params` event): code that made or changed those weights before
+    the step, an initialisation, drew from the same generator, and is the likelier cause (helper 88: a reinit of
+    one weight before a standalone augmentation was said to be an extra draw, the weights never named)."""
+    later = events_a.filter((pl.col("step") == pivot["step"]) & (pl.col("seq") > pivot["seq"])
+                            & (pl.col("phase") == "optimizer") & (pl.col("kind") == "params"))
+    if later.is_empty():
+        return []
+    differing = diffs.filter(pl.col("differs") & ~pl.col("ignored") & pl.col("a_seq").is_in(later["seq"].implode()))
+    if differing.is_empty():
+        return []
+    first = later.filter(pl.col("seq") == differing["a_seq"].min()).row(0, named=True)
+    return [f"the parameters of {first['boundary']} differ too, as its first call later in this step meets them (its "
+            f"params event): code that made or changed those weights before, an initialisation, draws from the same "
+            f"generator and would explain the different draws here"]

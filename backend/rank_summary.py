@@ -179,6 +179,8 @@ def _divergence(rc, run_a=None) -> dict | None:
     notes += retype.note(rc.pairs, None if structure else p["seq"], rc.diffs)
     notes += [] if structure else pivot_notes.layout_note(p, rc.tensors_a, rc.tensors_b)
     notes += granularity.note(rc.regions, p)
+    if not structure and rc.blame and rc.blame.get("fault_class") == "rng":
+        notes += pivot_notes.weights_later_note(p, rc.events_a, rc.diffs)
     if not structure and rc.blame and rc.blame.get("blame") == "source":
         names = None if run_a is None else (lambda: api_diff.param_names(run_a, rc.rank, p["step"]))
         notes += pivot_notes.unstepped_note(p, rc.events_a) + pivot_notes.midstep_note(p, rc.events_a, rc.tensors_a, names) \
