@@ -169,7 +169,8 @@ class CompileWatch:
             def torch_compile(model=None, **kwargs):
                 if model is None:  # @torch.compile(mode=...): the decorator
                     return lambda fn: torch_compile(fn, **kwargs)
-                why = compiled_function(model) if patch.active else None
+                # (disable=True, as `@torch.compile(disable=not args.compile)` leaves it: nothing is traced, helper 92)
+                why = compiled_function(model) if patch.active and not kwargs.get("disable") else None
                 compiled = original(model, **kwargs)
                 return compiled if why is None or not callable(compiled) else watch.reporting(compiled, why, patch)
             return torch_compile
