@@ -522,9 +522,13 @@ class WeightEvents:
         before the step had updated them.) Named apart from their params events at the start of each
         step after: a resumed run's first step takes this one after its batches, where the run it
         resumed took those before (compare leaves params events of the resumed step unpaired). An
-        optimizer whose tensors were all known, and are as many, is passed over at once."""
-        if not self._in_window() or initialising_step():
+        optimizer whose tensors were all known, and are as many, is passed over at once. Before a step window
+        (a drill's replay of step K) they are adopted all the same, with no event: the window's first root call
+        then takes their params event as the whole recording did (helper 92: a learned temperature's event was
+        "missing from the replay", and drill said nondeterminism)."""
+        if initialising_step():
             return
+        in_window = self._in_window()
         size = sum(len(group["params"]) for group in optimizer.param_groups)
         known = self._known_at_step.get(id(optimizer))
         fresh = known is None or known[0]() is not optimizer or known[1] != size
@@ -534,9 +538,10 @@ class WeightEvents:
         # the optimizer, param_groups[0][20], in what compare says: a tensor a model the user's code holds holds has
         # its row in the optimizer's params event named as that model names it, `model.flows.2.s`)
         held = self._kept_names(sys._getframe(1)) if unnamed else {}
-        if not any(a is not None for a in args[1:]) and kwargs.get("closure") is None:  # (args: the optimizer first;
-            self._take_given(optimizer)  # a closure calls the model inside step(): its gradients and params are made
-            self._uncalled_roots(optimizer, size)  # there)
+        # (args: the optimizer first; a closure calls the model inside step(): its gradients and params are made there)
+        if in_window and not any(a is not None for a in args[1:]) and kwargs.get("closure") is None:
+            self._take_given(optimizer)
+            self._uncalled_roots(optimizer, size)
         if not fresh:
             return
         label, new = None, []
@@ -546,7 +551,8 @@ class WeightEvents:
             if id(p) in self._orphans:
                 new.append(self._orphans[id(p)][1:] + (p,))
         self._known_at_step[id(optimizer)] = (weakref.ref(optimizer), size)
-        self._emit_orphans(new, time.time_ns(), FIRST_STEP)
+        if in_window:
+            self._emit_orphans(new, time.time_ns(), FIRST_STEP)
 
     def _kept_names(self, frame) -> dict[int, str]:
         """id of each parameter of the models the user's frames above `frame` hold -> its name there (it contains
