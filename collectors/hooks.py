@@ -56,7 +56,7 @@ from bitguard.collectors.flatten import NotFlattened, flatten
 from bitguard.collectors.observation import NO_DIGEST, PLAIN, dims, observe, transformed, unwrapped
 from bitguard.collectors.patching import Patch
 from bitguard.collectors.processes import ProcessWatch
-from bitguard.collectors.recompute import CUT_SHORT, NON_REENTRANT, recompute_kind
+from bitguard.collectors.recompute import CUT_SHORT, NON_REENTRANT, PASS_THROUGH, recompute_kind
 from bitguard.collectors.saved import SaveWatch
 from bitguard.collectors.foreign_steps import ForeignStepWatch
 from bitguard.collectors.scaler import ScalerWatch
@@ -914,6 +914,8 @@ class Collector(WeightEvents):
                 frames = self._local.frames = []
             if not frames and threading.get_ident() != self.thread and recompute_kind() is None:
                 return _ELSEWHERE  # (the wrapper runs it, counted: collectors/threads.py)
+            if type(module) in PASS_THROUGH:
+                return None  # (torch's checkpoint_wrapper: the module it wraps is recorded, under the same name)
             if self._advance:
                 self._maybe_advance()
             if frames:

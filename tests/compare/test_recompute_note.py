@@ -101,3 +101,41 @@ def test_a_checkpointed_module_that_updates_its_buffers_is_named_not_silent_data
     around = [f for f in found[1:] if found[0].boundary.startswith(f"{f.boundary}.")]
     assert around and all(f"{found[0].boundary}, a call inside it" in f.detail for f in around), \
         [(f.boundary, f.detail) for f in found]
+
+
+def test_torchs_checkpoint_wrapper_on_or_off_changes_no_event_and_a_later_difference_is_found(tmp_path):
+    """Helper 93 (torchtune's set_activation_checkpointing, torch's apply_activation_checkpointing): the wrapper and
+    the module it wraps were recorded under one name and one call counter, so a run with the wrapper against one
+    without diverged at step 0 ("run A lacks the forward of 0 (CheckpointWrapper, call 1)") with every paired event
+    equal, and an lr changed at step 2 was never named."""
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import apply_activation_checkpointing
+
+    class Residual(nn.Module):  # (one child: the wrapper's call and the block's were paired across micro-batches)
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(8, 8)
+
+        def forward(self, x):
+            return x + torch.tanh(self.fc(x))
+
+    def run(path, wrap: bool, lr_at_2: float = 0.1):
+        torch.manual_seed(0)
+        model = nn.Sequential(Residual(), Residual(), nn.Linear(8, 1))
+        if wrap:
+            apply_activation_checkpointing(model, check_fn=lambda m: isinstance(m, Residual))
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        with bitguard.record(path, determinism=False):
+            for step in range(3):
+                opt.param_groups[0]["lr"] = lr_at_2 if step == 2 else 0.1
+                for _ in range(2):  # (two micro-batches: the second call of each block)
+                    model(torch.randn(4, 8)).pow(2).mean().backward()
+                opt.step()
+                opt.zero_grad()
+
+    run(tmp_path / "plain", False)
+    run(tmp_path / "wrapped", True)
+    run(tmp_path / "lr", True, 0.05)
+    c = bitguard.compare(tmp_path / "plain", tmp_path / "wrapped")
+    assert c.verdict == "identical", c.first_divergence
+    fd = bitguard.compare(tmp_path / "plain", tmp_path / "lr").first_divergence
+    assert (fd["step"], fd["phase"]) == (2, "optimizer"), fd
