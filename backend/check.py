@@ -60,6 +60,8 @@ class CheckSummary(_Model):
     compared: int = Field(description="comparisons made (0: nothing in this run the check applies to)")
     findings: int
     notes: list[str] = Field(description="what the check could not check, and why")
+    inputs_only: int = Field(0, description="of `compared`, comparisons of inputs alone (recomputes non-reentrant "
+                                            "checkpointing cut short: their outputs were never made)")
 
 
 class CheckReason(_Model):
@@ -92,6 +94,7 @@ class Outcome:
     compared: int  # comparisons made: 0 when nothing in the run is what the check applies to
     findings: list[Finding] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)  # what could not be checked, one sentence each
+    inputs_only: int = 0  # of `compared`, those of inputs alone (a recompute cut short: no outputs to compare)
 
 
 @dataclass
@@ -190,7 +193,7 @@ def run_checks(run, rank: int | None = None, frames: dict | None = None) -> Chec
         outcome = fn(loaded)
         findings += outcome.findings
         summaries.append(CheckSummary(name=name, compared=outcome.compared, findings=len(outcome.findings),
-                                      notes=outcome.notes))
+                                      notes=outcome.notes, inputs_only=outcome.inputs_only))
     findings.sort(key=lambda f: (f.step, f.rank, f.seq))
     reasons = _run_reasons(info, ranks)
     if not any(s.compared for s in summaries):

@@ -203,6 +203,7 @@ def _check_rank(run: LoadedRun, rank: int, outcome: Outcome) -> None:
         outcome.notes.append(f"rank {rank}: {unpaired} recompute(s) had no forward of their module recorded before "
                              f"them in their step (outside the recorded step window?): not checked")
     _inner_first([f for f in outcome.findings if f.rank == rank])
+    outcome.inputs_only += cut
     if cut:
         outcome.notes.append(f"rank {rank}: {cut} recompute(s) were cut short by non-reentrant checkpointing (it stops "
                              f"once the last saved tensor is back): their inputs, and the RNG state they began from, "

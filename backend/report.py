@@ -279,7 +279,10 @@ def render_check(r: CheckResult) -> str:
         out.append(f"VERDICT: findings — {len(r.findings)} computation(s) that must agree within the run differ:")
         out += _findings(r.findings, "  ")
     elif r.verdict == "clean":
-        out.append(f"VERDICT: clean — {compared} in-run comparison(s), every one bitwise equal.")
+        partly = sum(c.inputs_only for c in r.checks)
+        out.append(f"VERDICT: clean — {compared} in-run comparison(s), every one bitwise equal" + (
+            f"; {partly} of them of inputs alone (recomputes cut short by non-reentrant checkpointing: what they "
+            f"would have computed after their last saved tensor was not compared, see the note)." if partly else "."))
     else:
         out.append(f"VERDICT: inconclusive — no finding in {compared} in-run comparison(s), but the run cannot be "
                    f"called clean:")
