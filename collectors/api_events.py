@@ -513,7 +513,11 @@ class ApiRecorder(Guarded):
         enabled = bool(getattr(scaler, "_enabled", True))
         scale = getattr(scaler, "_scale", None)
         later = [("scale", scale.detach().clone(), None)] if enabled and isinstance(scale, torch.Tensor) else []
-        self._add("loss_scale", self._index(scaler), {"scale": None if later else 1.0, "enabled": enabled}, later)
+        # (its schedule too: growth_factor 2 against 3, never reached in the window, compared identical: helper 92)
+        schedule = {k: plain(getattr(scaler, f"_{k}", None)) for k in ("growth_factor", "backoff_factor",
+                                                                        "growth_interval")}
+        self._add("loss_scale", self._index(scaler), {"scale": None if later else 1.0, "enabled": enabled,
+                                                      **{k: v for k, v in schedule.items() if v is not None}}, later)
 
     def _on_optimizer_step(self, optimizer, args, kwargs) -> None:
         if initialising_step():  # (torch.distributed.checkpoint filling the state in: no training step)

@@ -168,6 +168,32 @@ def test_a_step_the_loss_scaler_skipped_is_a_step_run_b_lacks(tmp_path):
     assert steps == [0, 1, 2, 3], steps  # four steps, one of them skipped
 
 
+def test_a_loss_scalers_schedule_that_differs_is_no_identical(tmp_path):
+    """Helper 92: GradScaler(growth_factor=2) against 3, its growth interval never reached in the window, compared
+    identical: a training that went on, or resumed from the scaler's state_dict, would differ."""
+    import torch
+
+    import bitguard
+
+    def train(path, growth_factor):
+        model, opt = tiny_mlp()
+        scaler = torch.amp.GradScaler("cpu", growth_factor=growth_factor)
+        with bitguard.record(path, determinism=False):
+            for x in torch.arange(24.0).reshape(3, 2, 4) / 24:
+                opt.zero_grad()
+                with torch.autocast("cpu", dtype=torch.bfloat16):
+                    loss = model(x).float().pow(2).mean()
+                scaler.scale(loss).backward()
+                scaler.step(opt)
+                scaler.update()
+
+    train(tmp_path / "a", 2.0)
+    train(tmp_path / "b", 3.0)
+    code, d = compare_json(tmp_path / "a", tmp_path / "b")
+    reasons = [r["message"] for r in d["certification"]["reasons"] if r["code"] == "final_settings"]
+    assert code == 3 and reasons and "growth_factor differs" in reasons[0], (d["verdict"], d["certification"])
+
+
 def test_identical_across_a_module_type_change_says_so(tmp_path):
     """A module swapped for another class that computes the same (pytorch/examples' PixelShuffle
     for a subclass): identical, and the report says the events were paired across the change."""
