@@ -382,11 +382,14 @@ class WeightEvents:
         that reads the weight. Notes the step and `versions` (its `module_versions`) in `_params_at`, which
         `_params_due` and `_uncalled_roots` read. Returns what the API recorder's params row can take of it:
         id of a parameter -> its digest (a whole, observed parameter's only)."""
+        first = id(module) not in self._params_at
         self._params_at[id(module)] = (weakref.ref(module), self.step, self._grads, versions, module.training)
         rows, params = self._param_rows(module)
         if not rows:
             return None
         self._emit("optimizer", "params", name, module_type, 0, t0, rows)
+        if first:
+            self._never_written(name, params)
         self._note_met(params)
         swapped = [p for _, p in params if not isinstance(p, torch.nn.Parameter)]
         if swapped:
@@ -397,6 +400,24 @@ class WeightEvents:
                 self._foreign = name
         return {id(p): (r[8], r[9]) if type(r[8]) is int else r[8]
                 for (_, p), r in zip(params, rows) if r[12] is None and r[13] is None}
+
+    def _never_written(self, name: str, params: list) -> None:
+        """Say so where a model's parameters hold NaN in every element at its first call: memory never written
+        after torch.empty or `to_empty()` (a reset_parameters() forgotten), which torch's deterministic mode fills
+        with NaN, where a plain run reads whatever the memory held (helper 92: every loss NaN, two recordings
+        identical, the plain runs' numbers different each time). Once per model; it contains its failures."""
+        try:
+            empty = [path.lstrip(".") for path, p in params
+                     if p.is_floating_point() and p.numel() and bool(torch.isnan(p.detach()).all())]
+        except Exception:  # noqa: BLE001 - a parameter that cannot be read here (a meta tensor): nothing to say
+            return
+        if empty:
+            filled = torch.are_deterministic_algorithms_enabled() and torch.utils.deterministic.fill_uninitialized_memory
+            print(f"bitguard: warning: {len(empty)} parameter(s) of {name} hold NaN in every element as it is first "
+                  f"called ({', '.join(empty[:3])}{' ...' if len(empty) > 3 else ''}): never written since they were "
+                  f"made (torch.empty, to_empty() without reset_parameters())" + (
+                      ", which the determinism controls fill with NaN: a plain run reads whatever the memory held "
+                      "there, other numbers each time" if filled else ""), file=sys.stderr)
 
     def _note_met(self, pairs: list) -> None:
         """The tensors of (path, tensor) `pairs` had a params event in this step (`_on_optimizer_pre` reads it)."""

@@ -594,3 +594,22 @@ def test_a_step_window_records_the_tensors_only_an_optimizer_holds_as_the_whole_
     train(tmp_path / "window", (2, 3))
     assert ("optimizer", "params", "SGD") in step_two(tmp_path / "whole")
     assert step_two(tmp_path / "window") == step_two(tmp_path / "whole")
+
+
+def test_parameters_never_written_after_to_empty_are_said_to_hold_the_fill(tmp_path, capfd):
+    """Helper 92: a model made on the meta device and moved with to_empty() whose last layer's reset_parameters()
+    was forgotten trains on uninitialised memory: the determinism controls fill it with NaN (every loss NaN, two
+    recordings identical) where a plain run reads whatever the memory held, and nothing said so."""
+    import torch
+
+    import bitguard
+
+    with torch.device("meta"):
+        model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 1))
+    with bitguard.record(tmp_path / "run"):
+        model = model.to_empty(device="cpu")
+        model[0].reset_parameters()  # (not model[1]'s)
+        model(torch.ones(2, 4)).sum().backward()
+    err = capfd.readouterr().err
+    assert "2 parameter(s) of Sequential hold NaN in every element as it is first called (1.weight, 1.bias)" in err, err
+    assert "the determinism controls fill with NaN" in err, err
