@@ -48,6 +48,11 @@ def params_detail(pivot: dict, events_a: pl.DataFrame, diffs: pl.DataFrame,
                 "(their initialisation, its scale or seed, the random numbers drawn before it, the shapes it met), "
                 "or taken from a store the run kept from before (Pyro's param store not cleared between two fits); "
                 "`bitguard drill` names the line that made them")
+    if pivot["call"] > 0 and _other_tensors(pivot, before, tensors_a):
+        # (helpers 85 and 92: a teacher pass through functional_call with 0.8 x params was said to be an edit)
+        return ("the parameters differ at this call of the step, and they are other tensors than its earlier call met "
+                "(torch.func.functional_call or torch.nn.utils.stateless.functional_call given tensors, weights swapped "
+                "in for this call): the tensors the training's code gave this call were made differently")
     # (a part called alone names its parameters from itself, `2.weight`; its optimizer events are named from
     # the model, `actor.2.weight`)
     stepped_names = steps["boundary"].to_list()
@@ -231,3 +236,19 @@ def made_apart(blame: dict, pivot: dict, events_a: pl.DataFrame, diffs: pl.DataF
                 f"called past nn.Module's call (gpytorch's are) or through its .forward(), so its first observed "
                 f"consequence comes first ({blame['blame']}: {blame['blame_window']['detail']})")}}
     return blame
+
+
+def _other_tensors(pivot: dict, before: pl.DataFrame, tensors_a: pl.DataFrame | None) -> bool:
+    """Whether the pivot's params event holds other tensors (identities) than the same root's params event of an
+    earlier call in its step: the call ran on tensors given to it, not on the module's own."""
+    if tensors_a is None or "tid" not in tensors_a.columns:
+        return False
+    earlier = before.filter((pl.col("boundary") == pivot["boundary"]) & (pl.col("kind") == "params")
+                            & (pl.col("step") == pivot["step"]))
+    if earlier.is_empty():
+        return False
+    def tids(seq: int) -> dict:
+        rows = tensors_a.filter((pl.col("seq") == seq) & (pl.col("role") == "param"))
+        return dict(zip(rows["path"].to_list(), rows["tid"].to_list()))
+    mine, theirs = tids(pivot["seq"]), tids(earlier["seq"].max())
+    return any(tid != theirs.get(path) for path, tid in mine.items() if path in theirs and tid)

@@ -613,3 +613,33 @@ def test_parameters_never_written_after_to_empty_are_said_to_hold_the_fill(tmp_p
     err = capfd.readouterr().err
     assert "2 parameter(s) of Sequential hold NaN in every element as it is first called (1.weight, 1.bias)" in err, err
     assert "the determinism controls fill with NaN" in err, err
+
+
+def test_a_call_given_other_weights_through_functional_call_says_so(tmp_path):
+    """Helpers 85 and 92: a teacher pass through functional_call with 0.9 x the weights (0.8 x at step 1 in run B),
+    after the student's own call: the pivot, the params event of that second call, was explained as weights that
+    "changed inside the step" (LBFGS, SAM, an edit through .data), though nothing edited them."""
+    import torch
+    from torch.func import functional_call
+
+    import bitguard
+
+    def train(out, scale_at_1):
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Tanh(), torch.nn.Linear(4, 1))
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        with bitguard.record(out, determinism=False):
+            for step in range(3):
+                x = torch.randn(2, 4)
+                scale = scale_at_1 if step == 1 else 0.9
+                teacher = {k: v.detach() * scale for k, v in model.named_parameters()}
+                loss = (model(x) - functional_call(model, teacher, (x,))).pow(2).mean()
+                opt.zero_grad()
+                loss.backward()
+                opt.step()
+
+    train(tmp_path / "a", 0.9)
+    train(tmp_path / "b", 0.8)
+    fd = compare_json(tmp_path / "a", tmp_path / "b")[1]["first_divergence"]
+    assert (fd["step"], fd["kind"], fd["call"]) == (1, "params", 1), fd
+    assert "other tensors than its earlier call met" in fd["blame_window"]["detail"], fd["blame_window"]
