@@ -309,7 +309,10 @@ def _through_another(op: dict) -> str | None:
 def render_drill(doc: dict) -> str:
     """The terminal report of a `bitguard.drill/1` document."""
     w, fd = doc["window"], doc["boundary_pivot"]
-    out = [_line("═"), f"bitguard drill: {doc['verdict'].replace('_', ' ')}", _line("═"),
+    headline = doc["verdict"].replace("_", " ")
+    if (doc.get("replay") or {}).get("cause") == "op_trace":  # (helper 92: "not reproduced" over "both reproduced")
+        headline += " — the op trace is incomplete; both replays reproduced their records"
+    out = [_line("═"), f"bitguard drill: {headline}", _line("═"),
            f"boundary pivot   step {fd['step']} rank {fd['rank']} {fd['phase']} {fd['boundary']} ({fd['blame']})",
            f"window traced    {w['boundary']} ({w.get('module_type')}), call {w['call']}: {w['why']}",
            f"replay           {doc['replay']['detail']}"]

@@ -30,3 +30,17 @@ def test_a_replay_that_differs_from_its_record_is_still_not_reproduced(tmp_path,
     monkeypatch.setattr("bitguard.backend.replay.log_tail", lambda r: "")
     doc = _not_reproduced(_replays(tmp_path), _checks(False), [])
     assert doc["cause"] == "replay" and doc["detail"].startswith(NOT_REPRODUCED), doc
+
+
+def test_the_headline_of_an_incomplete_op_trace_says_the_replays_reproduced(tmp_path):
+    """Helper 92 (selective activation checkpointing, which the op tracer cannot follow): the headline read
+    "not reproduced" over a detail saying both replays reproduced their records."""
+    from bitguard.backend.report import render_drill
+
+    doc = {"verdict": "not_reproduced", "window": {"boundary": "b", "module_type": "Block", "call": 0, "why": "w"},
+           "boundary_pivot": {"step": 2, "rank": 0, "phase": "backward", "boundary": "b", "blame": "source"},
+           "replay": _not_reproduced(_replays(tmp_path), _checks(True), ["run A's op trace is incomplete: x"]),
+           "records": {"a": "ra", "b": "rb"}, "op_pivot": None}
+    headline = render_drill(doc).splitlines()[1]
+    assert headline == ("bitguard drill: not reproduced — the op trace is incomplete; both replays reproduced their "
+                        "records"), headline
