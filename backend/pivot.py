@@ -329,6 +329,14 @@ def blame(pivot: dict, events_a: pl.DataFrame, status: dict[int, str], diffs: pl
             "this module's output and buffers differ at its first call, its inputs matched: a buffer it reads was "
             "made differently (its initialisation, or one this first call makes from the data: a k-means codebook, "
             "a data-dependent norm), or its computation differs")}
+    if result["blame_window"] is None and phase == "forward" and kind == "module" and result["blame"] == "source":
+        # (helper 92: a global forward pre-hook scaling one Linear's input read as that Linear computing differently)
+        result["blame_window"] = {"module": None, "detail": (
+            "its inputs matched and its output differs: its forward computed differently (its code, a kernel, a "
+            "setting or state it reads), or a forward hook changed its input or output inside the call (its own, "
+            "register_forward_pre_hook or register_forward_hook, or a global one, register_module_forward_pre_hook or "
+            "register_module_forward_hook: the inputs are read before the hooks run, the output after); `bitguard "
+            "drill` names the operation")}
     unseen = _unseen_inputs(diffs, pivot["seq"], inputs) if result["blame"] == "source" and kind == "module" else []
     if unseen:  # (helper 49: PyG's Index, a CSR adjacency: "inputs matched")
         window = result["blame_window"] or {"module": None, "detail": "they matched, and what it computed differs"}

@@ -121,3 +121,30 @@ def test_a_loss_module_fed_a_view_of_the_output_reaches_the_models_backward(tmp_
     edges = {(e["source"].split(":", 1)[1], e["target"].split(":", 1)[1]) for e in c.to_dict()["propagation"]["edges"]}
     assert ("backward:module:CrossEntropyLoss", "backward:module:Sequential") in edges, edges
     assert ("backward:grad:0.weight", "optimizer:step:0.weight") in edges, edges
+
+
+def test_a_forward_source_pivot_names_the_forward_hooks_that_can_change_it(tmp_path):
+    """Helper 92: a global forward pre-hook (register_module_forward_pre_hook) scaling the last Linear's input at
+    step 1 gave a source pivot at that Linear, "blame window: none", and no word of hooks, which run inside the
+    call, after its inputs were read."""
+    import torch
+    from torch.nn.modules.module import register_module_forward_pre_hook
+
+    for name, scale in (("a", 1.0), ("b", 1.01)):
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(4, 4), nn.Tanh(), nn.Linear(4, 1))
+        at = {"step": 0}
+        handle = register_module_forward_pre_hook(
+            lambda m, args: (args[0] * scale,) if m is model[2] and at["step"] == 1 else None)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        try:
+            with bitguard.record(tmp_path / name, determinism=False):
+                for at["step"] in range(2):
+                    opt.zero_grad()
+                    model(torch.ones(2, 4)).pow(2).mean().backward()
+                    opt.step()
+        finally:
+            handle.remove()
+    fd = bitguard.compare(tmp_path / "a", tmp_path / "b").first_divergence
+    assert (fd["step"], fd["boundary"], fd["blame"]) == (1, "2", "source"), fd
+    assert "register_module_forward_pre_hook" in fd["blame_window"]["detail"], fd["blame_window"]
