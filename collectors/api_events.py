@@ -44,7 +44,7 @@ import weakref
 
 import torch
 
-from bitguard.collectors.compiled import eager_name, is_compiling
+from bitguard.collectors.compiled import eager_name, is_compiling, original
 from bitguard.collectors.guarded import Guarded
 from bitguard.collectors.reads import Reads
 from bitguard.collectors.settings import FinalSettings, groups_of, num, numbers_of, plain, settings_of
@@ -429,8 +429,8 @@ class ApiRecorder(Guarded):
             if optimizer:
                 params = [p for g in this.param_groups for p in g["params"]]
                 target = self._index(this)
-            else:
-                params = list(this.parameters())
+            else:  # (a compiled model's zero_grad is its model's: helper 90, "called in B" beside "not called in B")
+                params, this = list(this.parameters()), original(this)
                 target = self.naming.module_name(this) or type(this).__name__
             self._add("zero_grad", target, {"set_to_none": bool(set_to_none), "params": self._names(params)})
 

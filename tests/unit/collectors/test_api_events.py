@@ -229,6 +229,17 @@ def test_module_zero_grad_and_autograd_backward_with_two_roots(tmp_path):
     assert [r["kind"] for r in step0].count("params") == 1 and [r["kind"] for r in step0].count("modes") == 2
 
 
+
+def test_a_compiled_models_zero_grad_is_its_models(tmp_path):
+    """Helper 90 (the HF Trainer with torch_compile): zero_grad of the OptimizedModule was listed among the likely
+    causes as "called in B" beside the model's own "not called in B", against an eager run: the same call."""
+    torch.manual_seed(0)
+    model = torch.nn.Linear(3, 1)
+    compiled = torch.compile(model, backend="eager")
+    with bitguard.record(tmp_path / "run"):
+        compiled.zero_grad()
+    assert [r["target"] for r in api_rows(tmp_path / "run") if r["kind"] == "zero_grad"] == ["Linear"]
+
 BUGGY = textwrap.dedent("""
     import sys, torch
     torch.manual_seed(int(sys.argv[1]))
