@@ -44,7 +44,8 @@ import weakref
 
 import torch
 
-from bitguard.collectors.compiled import eager_name, is_compiling, original
+from bitguard.collectors.compiled import eager_name, is_compiling
+from bitguard.collectors.compiled import original as uncompiled
 from bitguard.collectors.guarded import Guarded
 from bitguard.collectors.reads import Reads
 from bitguard.collectors.settings import FinalSettings, groups_of, num, numbers_of, plain, settings_of
@@ -430,7 +431,7 @@ class ApiRecorder(Guarded):
                 params = [p for g in this.param_groups for p in g["params"]]
                 target = self._index(this)
             else:  # (a compiled model's zero_grad is its model's: helper 90, "called in B" beside "not called in B")
-                params, this = list(this.parameters()), original(this)
+                params, this = list(this.parameters()), uncompiled(this)
                 target = self.naming.module_name(this) or type(this).__name__
             self._add("zero_grad", target, {"set_to_none": bool(set_to_none), "params": self._names(params)})
 
