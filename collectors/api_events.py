@@ -44,8 +44,7 @@ import weakref
 
 import torch
 
-from bitguard.collectors.compiled import eager_name, is_compiling
-from bitguard.collectors.compiled import original as uncompiled
+from bitguard.collectors.compiled import eager_name, is_compiling, original as uncompiled
 from bitguard.collectors.guarded import Guarded
 from bitguard.collectors.reads import Reads
 from bitguard.collectors.settings import FinalSettings, groups_of, num, numbers_of, plain, settings_of
