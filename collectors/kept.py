@@ -5,13 +5,13 @@ name. No module call meets them, so without this their final state, the weights 
 never compared.
 
 `found_in(frames, shapes)` looks through the frames' variables, each one's `self`'s attributes, and, DEPTH
-containers down, the dicts, lists, tuples, deques, plain objects, modules, functions' closures (a
-hook's), partials' arguments, and the attributes of the user's own classes and the globals of the
+containers down, the dicts, lists, tuples, deques, plain objects, modules, functions' closures and
+default arguments (a hook's), partials' arguments, and the attributes of the user's own classes and the globals of the
 user's own modules (not an installed library's) they hold (a module's own attributes: an EMA object
 kept as `model.ema`; `Registry.ema`; `emalib._STATE["ema"]`, reached by `import emalib` or by a
 function imported from it), for modules, and for lists or dicts of tensors that need no
-gradient and have, in order, the shapes of a model's parameters (`shapes`: an EMA's shadow weights,
-not a batch of data); each named by where it was found (`state.ema`, `self.ema.m` as `ema.m`,
+gradient and have, in order, the shapes of a model's parameters or of two or more consecutive ones
+(`shapes`: an EMA's shadow weights, of the model or of a part of it, not a batch of data); each named by where it was found (`state.ema`, `self.ema.m` as `ema.m`,
 `ema_unet.shadow_params`, `net.ema.shadow_params`). A weak proxy is passed over (its object is
 found where it is held). The collector (weights.py) makes each a root held to the end of the
 recording. Knows nothing of events.
@@ -183,6 +183,11 @@ def _kept(name: str, value, depth: int, owner: bool, place: tuple | None, shapes
         if isinstance(value, types.FunctionType):  # (a hook's closure: `register_step_post_hook(update)`)
             cells = islice(zip(value.__code__.co_freevars, value.__closure__ or ()), MAX_ITEMS)
             items = [(f"{name}.{var}", _contents(cell)) for var, cell in cells if var != "__class__"]
+            # (and its defaults: `def hook(opt, args, kwargs, _ema=EMAModel(...))`, helper 89)
+            code, defaults = value.__code__, value.__defaults__ or ()
+            names = code.co_varnames[code.co_argcount - len(defaults):code.co_argcount]
+            items += [(f"{name}.{var}", v) for var, v in zip(names, islice(defaults, MAX_ITEMS))]
+            items += [(f"{name}.{k}", v) for k, v in islice((value.__kwdefaults__ or {}).items(), MAX_ITEMS)]
             module = value.__module__  # (`from emalib import update`: the globals it updates, by the module's name)
             if module != "__main__" and _own_module(module):
                 items.append((module, sys.modules[module]))
@@ -241,7 +246,9 @@ def _attributes(name: str, value, depth: int, owner: bool, queue: deque, skip: f
 
 def _shadow(value, shapes) -> bool:
     """A list, or a dict by name, of floating-point tensors that need no gradient and have, in
-    order, the shapes of a model's parameters (an EMA's shadow weights; a batch is not one)."""
+    order, the shapes of a model's parameters (an EMA's shadow weights; a batch is not one), or, two
+    or more, of a run of them: a part's (helper 89: diffusers' EMAModel of `model.up_blocks` compared
+    identical whatever its decay; a part's parameters follow one another in its model's)."""
     if type(value) is dict:
         value = list(value.values())
     elif type(value) is not list:
@@ -251,7 +258,14 @@ def _shadow(value, shapes) -> bool:
     if not all(type(t) in (torch.Tensor, torch.nn.Parameter) and t.is_floating_point() and not t.requires_grad
                for t in value):
         return False
-    return tuple(tuple(t.shape) for t in value) in shapes
+    mine = tuple(tuple(t.shape) for t in value)
+    return mine in shapes or (len(mine) > 1 and any(_runs_in(mine, model) for model in shapes))
+
+
+def _runs_in(part: tuple, whole: tuple) -> bool:
+    """Whether `part` is a run of consecutive items of `whole`."""
+    n = len(part)
+    return any(whole[i:i + n] == part for i in range(len(whole) - n + 1) if whole[i] == part[0])
 
 
 def _is_module(value) -> bool:

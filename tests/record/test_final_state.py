@@ -737,3 +737,34 @@ def test_a_model_no_optimizer_step_trained_has_its_final_state(tmp_path):
         code, d = compare_json(tmp_path / "a", tmp_path / edited)
         fd = d["first_divergence"]
         assert code == 1 and (fd["kind"], fd["boundary"], fd["blame"]) == ("final", "model", "source"), (code, fd)
+
+
+@pytest.mark.parametrize("where", ["part", "hook default"])
+def test_an_ema_of_a_part_or_held_by_a_hooks_default_is_compared(tmp_path, where):
+    """Helper 89 (diffusers' EMAModel): an EMA of `model.up_blocks` only (its shadow tensors the shapes of a run of
+    the model's parameters, not of all of them), and one held only as a default argument of an optimizer step
+    hook (`def hook(opt, args, kwargs, _ema=EMAModel(...))`), compared identical whatever their decay."""
+    import torch
+
+    import bitguard
+
+    def train(out, rate):
+        model, opt = tiny_mlp()
+        if where == "part":
+            ema = ShadowEMA(model[2])
+        else:
+            def hook(optimizer, args, kwargs, _ema=ShadowEMA(model)):
+                with torch.no_grad():
+                    for s, p in zip(_ema.shadow_params, model.parameters()):
+                        s.lerp_(p, rate)
+            opt.register_step_post_hook(hook)
+        with bitguard.record(out, determinism=False):
+            for _ in range(3):
+                sgd_steps(model, opt, 1)
+                if where == "part":
+                    with torch.no_grad():
+                        for s, p in zip(ema.shadow_params, model[2].parameters()):
+                            s.lerp_(p, rate)
+
+    fd = planted_pair(tmp_path, train, 0.1, 0.5)
+    assert fd["kind"] == "final" and fd["boundary"].endswith("shadow_params"), fd
