@@ -153,6 +153,7 @@ class CompileWatch:
         self._inside = inside
         self._patches: list[Patch] = []
         self._wrapped: list = []  # (weakref to the module, the compiled callable torch set)
+        self._noted = False
 
     def install(self) -> None:
         watch = self
@@ -162,6 +163,7 @@ class CompileWatch:
                 out = original(module, *args, **kwargs)
                 if patch.active:
                     watch.wrap(module)
+                    watch.note_determinism(kwargs)
                 return out
             return compile
 
@@ -169,6 +171,8 @@ class CompileWatch:
             def torch_compile(model=None, **kwargs):
                 if model is None:  # @torch.compile(mode=...): the decorator
                     return lambda fn: torch_compile(fn, **kwargs)
+                if patch.active:
+                    watch.note_determinism(kwargs)
                 # (disable=True, as `@torch.compile(disable=not args.compile)` leaves it: nothing is traced, helper 92)
                 why = compiled_function(model) if patch.active and not kwargs.get("disable") else None
                 compiled = original(model, **kwargs)
@@ -176,6 +180,19 @@ class CompileWatch:
             return torch_compile
 
         self._patches = [Patch(torch.nn.Module, "compile", make_compile), Patch(torch, "compile", make_torch_compile)]
+
+    def note_determinism(self, kwargs: dict) -> None:
+        """Say once, on stderr, that deterministic algorithms (the determinism controls) change what inductor
+        generates: a compiled run's numbers recorded so can differ from a plain run's (helper 90: equal losses,
+        final weights a few ULPs apart; docs/STACKS.md)."""
+        if self._noted or kwargs.get("disable") or not torch.are_deterministic_algorithms_enabled():
+            return
+        self._noted = True
+        print("bitguard: note: deterministic algorithms are on while recording (the determinism controls), and "
+              "torch.compile then generates deterministic kernels: the recorded numbers can differ from a plain "
+              "run's by a few ULPs (a plain run with torch.use_deterministic_algorithms(True) and "
+              "TORCHINDUCTOR_DETERMINISTIC=1 computes the recorded ones; --no-determinism records the plain run's "
+              "kernels)", file=sys.stderr)
 
     def reporting(self, compiled, why: str, patch):
         """`compiled` (a function torch.compile made), saying `why` at its first call outside every

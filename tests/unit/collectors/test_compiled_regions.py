@@ -282,3 +282,15 @@ def test_a_function_compiled_and_run_inside_a_module_call_is_observed_there(tmp_
         assert json.loads((tmp_path / name / "manifest.json").read_text())["collector_errors"] == []
     assert bitguard.compare(tmp_path / "a", tmp_path / "b").verdict == "identical"
     assert bitguard.compare(tmp_path / "a", tmp_path / "c").verdict == "diverged"
+
+
+@pytest.mark.parametrize("determinism", [True, False])
+def test_compiling_under_the_determinism_controls_is_said_once(tmp_path, capfd, determinism):
+    """Helper 90: a compiled run recorded under the determinism controls ends with other weights than a plain run
+    (inductor's deterministic kernels), documented in docs/STACKS.md and said nowhere while recording."""
+    dynamo.reset()
+    with bitguard.record(tmp_path / "run", determinism=determinism):
+        for _ in range(2):
+            torch.compile(Net(), backend="eager")
+    said = capfd.readouterr().err.count("torch.compile then generates deterministic kernels")
+    assert said == (1 if determinism else 0), said
