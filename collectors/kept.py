@@ -4,17 +4,17 @@ whose `shadow_params` list of tensors is updated in place), a dict of shadow ten
 name. No module call meets them, so without this their final state, the weights a user saves, was
 never compared.
 
-`found_in(frames, shapes)` looks through the frames' variables, each one's `self`'s attributes, and, DEPTH
-containers down, the dicts, lists, tuples, deques, plain objects, modules, functions' closures and
-default arguments (a hook's), partials' arguments, and the attributes of the user's own classes and the globals of the
-user's own modules (not an installed library's) they hold (a module's own attributes: an EMA object
-kept as `model.ema`; `Registry.ema`; `emalib._STATE["ema"]`, reached by `import emalib` or by a
-function imported from it), for modules, and for lists or dicts of tensors that need no
-gradient and have, in order, the shapes of a model's parameters or of two or more consecutive ones
-(`shapes`: an EMA's shadow weights, of the model or of a part of it, not a batch of data); each named by where it was found (`state.ema`, `self.ema.m` as `ema.m`,
-`ema_unet.shadow_params`, `net.ema.shadow_params`). A weak proxy is passed over (its object is
-found where it is held). The collector (weights.py) makes each a root held to the end of the
-recording. Knows nothing of events.
+`found_in(frames, shapes)` looks through the frames' variables, each one's `self`'s attributes, and,
+DEPTH containers down, the dicts, lists, tuples, deques, plain objects, modules, functions' closures and
+default arguments (a hook's), partials' arguments, and the attributes of the user's own classes and the
+globals of the user's own modules (not an installed library's) they hold (a module's own attributes: an
+EMA object kept as `model.ema`; `Registry.ema`; `emalib._STATE["ema"]`, reached by `import emalib` or by
+a function imported from it), for modules, and for lists or dicts of tensors that need no gradient and
+have, in order, the shapes of a model's parameters or of two or more consecutive ones (`shapes`: an
+EMA's shadow weights, of the model or of a part of it, not a batch of data); each named by where it was
+found (`state.ema`, `self.ema.m` as `ema.m`, `ema_unet.shadow_params`, `net.ema.shadow_params`). A weak
+proxy is passed over (its object is found where it is held). The collector (weights.py) makes each a
+root held to the end of the recording. Knows nothing of events.
 """
 
 from __future__ import annotations

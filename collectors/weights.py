@@ -412,7 +412,8 @@ class WeightEvents:
         except Exception:  # noqa: BLE001 - a parameter that cannot be read here (a meta tensor): nothing to say
             return
         if empty:
-            filled = torch.are_deterministic_algorithms_enabled() and torch.utils.deterministic.fill_uninitialized_memory
+            filled = torch.are_deterministic_algorithms_enabled() and getattr(
+                getattr(torch.utils, "deterministic", None), "fill_uninitialized_memory", False)
             print(f"bitguard: warning: {len(empty)} parameter(s) of {name} hold NaN in every element as it is first "
                   f"called ({', '.join(empty[:3])}{' ...' if len(empty) > 3 else ''}): never written since they were "
                   f"made (torch.empty, to_empty() without reset_parameters())" + (
