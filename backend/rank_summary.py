@@ -157,6 +157,12 @@ def _divergence(rc, run_a=None) -> dict | None:
     stack_b = None if structure else rc.stacks_b.get(event_b["stack_id"], [])
     stack_b = stack_b if stack_b and stack and stack_b != stack else None  # (only where it says more)
     notes = [] if stack_b is None else _extra_call_note(rc, p, event_b, stack, stack_b)
+    if stack_b is not None and not notes and p.get("retyped") and stack[-1] != stack_b[-1]:
+        # (helper 91: TD3's policy_delay 2 -> 1, the rollout's predict in A paired with the actor update's call in B)
+        notes.append(f"the two calls paired here are made from different places ({stack[-1]} in A, {stack_b[-1]} in "
+                     f"B) and have other tensors: the runs likely call {p['boundary']} in another order, or one makes "
+                     f"a call the other does not, and the pairing by position is off; see both stacks and the training "
+                     f"API calls that differ")
     if p["side"] is None or p["side"] == "a":
         earlier = rc.pairs.filter((pl.col("status") == "unobserved") & (pl.col("a_pos") < p["order"]))
         if earlier.height:

@@ -59,3 +59,35 @@ def test_a_pivot_whose_stacks_differ_by_the_callers_lines_only_has_no_extra_call
     fd = bitguard.compare(runs / "a", runs / "lr").first_divergence
     assert fd["phase"] == "optimizer" and fd["stack"] and fd["stack_b"] and fd["stack"] != fd["stack_b"], fd
     assert not any("does not" in n for n in fd["notes"]), fd["notes"]
+
+
+def test_calls_from_two_places_paired_across_a_signature_change_say_the_pairing_is_off(tmp_path):
+    """Helper 91 (TD3's policy_delay 2 -> 1): the rollout's predict in run A, on one observation, was paired with the
+    actor update's call in run B, on a batch of 32, and blamed on the data, with no word that the two calls were
+    made from different places."""
+
+    def predict(model):
+        with torch.no_grad():
+            model(torch.ones(1, 4))  # ROLLOUT
+
+    def update(model):
+        with torch.no_grad():
+            model(torch.ones(3, 4))  # UPDATE
+
+    def train(path, other: bool):
+        torch.manual_seed(0)
+        model = nn.Linear(4, 1)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        with bitguard.record(path, determinism=False):
+            for step in range(3):
+                (update if other and step == 1 else predict)(model)
+                model(torch.ones(2, 4)).pow(2).mean().backward()
+                opt.step()
+                opt.zero_grad()
+
+    train(tmp_path / "a", False)
+    train(tmp_path / "b", True)
+    fd = bitguard.compare(tmp_path / "a", tmp_path / "b").first_divergence
+    assert fd["step"] == 1, fd
+    assert any(n.startswith("the two calls paired here are made from different places") for n in fd["notes"]), \
+        fd["notes"]
