@@ -218,16 +218,12 @@ def made_apart(blame: dict, pivot: dict, events_a: pl.DataFrame, diffs: pl.DataF
     event) and no params event before the pivot held them, `source`/`params` there: the weights were made differently, and no module call observed them
     before the pivot (helper 83: gpytorch's models, called past nn.Module's call, initialised differently, were
     said to differ "by the loss", or to come from the data under LBFGS)."""
-    later = events_a.filter((pl.col("step") == pivot["step"]) & (pl.col("seq") > pivot["seq"])
-                            & (pl.col("kind") == "params") & pl.col("boundary").cast(pl.String).str.ends_with(FIRST_STEP))
-    if later.is_empty() or events_a.filter((pl.col("seq") < pivot["seq"]) & (pl.col("kind") == "params")).height:
+    if events_a.filter((pl.col("seq") < pivot["seq"]) & (pl.col("kind") == "params")).height:
         return blame
-    for event in later.iter_rows(named=True):
-        differing = diffs.filter((pl.col("a_seq") == event["seq"]) & (pl.col("role") == "param") & pl.col("differs")
-                                 & ~pl.col("ignored"))
-        if differing.is_empty():
-            continue
-        names = ", ".join(p.lstrip(".") for p in differing["path"].head(3).to_list())
+    found = differing_later(pivot, events_a, diffs, FIRST_STEP)
+    if found is not None:
+        event, paths = found
+        names = ", ".join(p.lstrip(".") for p in paths[:3])
         return {"blame": "source", "fault_class": "params", "differing_roles": ["param"], "blame_window": {
             "module": event["boundary"], "detail": (
                 f"the parameters {event['boundary'].removesuffix(FIRST_STEP)} holds ({names}) already differ before "
@@ -236,6 +232,21 @@ def made_apart(blame: dict, pivot: dict, events_a: pl.DataFrame, diffs: pl.DataF
                 f"called past nn.Module's call (gpytorch's are) or through its .forward(), so its first observed "
                 f"consequence comes first ({blame['blame']}: {blame['blame_window']['detail']})")}}
     return blame
+
+
+def differing_later(pivot: dict, events_a: pl.DataFrame, diffs: pl.DataFrame,
+                    suffix: str = "") -> tuple[dict, list[str]] | None:
+    """The first params event after the pivot in its step (of a boundary ending in `suffix`) whose parameters
+    differ, and their paths; None where none does. (`made_apart`; pivot_notes.weights_later_note)"""
+    later = events_a.filter((pl.col("step") == pivot["step"]) & (pl.col("seq") > pivot["seq"])
+                            & (pl.col("kind") == "params") & pl.col("boundary").cast(pl.String).str.ends_with(suffix))
+    differing = diffs.filter(pl.col("a_seq").is_in(later["seq"].implode()) & (pl.col("role") == "param")
+                             & pl.col("differs") & ~pl.col("ignored"))
+    if differing.is_empty():
+        return None
+    seq = differing["a_seq"].min()
+    paths = differing.filter(pl.col("a_seq") == seq)["path"].to_list()
+    return later.filter(pl.col("seq") == seq).row(0, named=True), paths
 
 
 def _other_tensors(pivot: dict, before: pl.DataFrame, tensors_a: pl.DataFrame | None) -> bool:

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import polars as pl
 
+from bitguard.backend.params_blame import differing_later
+
 
 def unstepped_note(pivot: dict, events_a: pl.DataFrame) -> list[str]:
     """A module call blamed as a source (its inputs matched, an output differs) whose parameters
@@ -202,14 +204,10 @@ def weights_later_note(pivot: dict, events_a: pl.DataFrame, diffs: pl.DataFrame)
     that differ as its first call meets them (a `params` event): code that made or changed those weights before
     the step, an initialisation, drew from the same generator, and is the likelier cause (helper 88: a reinit of
     one weight before a standalone augmentation was said to be an extra draw, the weights never named)."""
-    later = events_a.filter((pl.col("step") == pivot["step"]) & (pl.col("seq") > pivot["seq"])
-                            & (pl.col("phase") == "optimizer") & (pl.col("kind") == "params"))
-    if later.is_empty():
+    found = differing_later(pivot, events_a, diffs)
+    if found is None:
         return []
-    differing = diffs.filter(pl.col("differs") & ~pl.col("ignored") & pl.col("a_seq").is_in(later["seq"].implode()))
-    if differing.is_empty():
-        return []
-    first = later.filter(pl.col("seq") == differing["a_seq"].min()).row(0, named=True)
+    first = found[0]
     return [f"the parameters of {first['boundary']} differ too, as its first call later in this step meets them (its "
             f"params event): code that made or changed those weights before, an initialisation, draws from the same "
             f"generator and would explain the different draws here"]
